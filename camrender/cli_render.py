@@ -1,0 +1,3 @@
+"""`camrender render` and `camrender selftest` (torch/diffusers imported inside the commands)."""
+
+COMMANDS = []

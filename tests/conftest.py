@@ -1,0 +1,10 @@
+"""Test-wide setup: run Triton kernels through the interpreter on CPU.
+
+TRITON_INTERPRET must be set before triton is first imported, so it is set here,
+at the top of the first module pytest loads.
+"""
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
