@@ -1,3 +1,219 @@
 """`camrender render` and `camrender selftest` (torch/diffusers imported inside the commands)."""
+from __future__ import annotations
 
-COMMANDS = []
+import sys
+from pathlib import Path
+
+import click
+
+from camrender.errors import CamrenderError
+
+DEFAULT_MODEL = "Efficient-Large-Model/SANA-WM_bidirectional-diffusers"
+RELEASE_SIZE = (704, 1280)  # (height, width) the released model was trained at
+TINY_SIZE = (64, 112)  # the offline tiny model's default: about the release aspect, small enough for a CPU
+RELEASE_STEPS, TINY_STEPS = 60, 10  # default denoising steps (the tiny model's frames are noise anyway)
+
+
+def companion_path(video: Path, suffix: str) -> Path:
+    """`out/orbit.mp4` -> `out/orbit<suffix>` (e.g. ".traj.json", ".path.png")."""
+    return video.with_name(video.stem + suffix) if video.suffix else video.with_name(video.name + suffix)
+
+
+class _StepBar:
+    """`progress(done, total, info)` callable drawing a click progress bar on stderr."""
+
+    def __init__(self, label: str):
+        self.label = label
+        self.bar = None
+        self.done = 0
+        self.info = ""
+
+    def __call__(self, done: int, total: int, info: str = "") -> None:
+        if self.bar is None or self.bar.length != total:
+            self.close()
+            self.bar = click.progressbar(length=total, label=self.label, file=sys.stderr, show_pos=True,
+                                         item_show_func=lambda _: self.info or None)
+            self.bar.__enter__()
+            self.done = 0
+        self.info = info
+        self.bar.update(max(0, done - self.done))
+        self.done = done
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(None, None, None)
+            self.bar = None
+
+
+def _default_steps(options: dict):
+    """--steps, else the mode's default: segment mode has its own step list (None), full mode 60 (tiny: 10)."""
+    if options["steps"] is not None:
+        return options["steps"]
+    if options["mode"] == "segments":
+        return None
+    return TINY_STEPS if options["model"] == "tiny" else RELEASE_STEPS
+
+
+def _resolve_request(options: dict):
+    """Trajectory, prompt, image, size and frame count from the options and the trajectory file.
+
+    Everything a user can get wrong is checked here, before the model loads; nothing is written.
+    """
+    from camrender import trajectory
+    from camrender.render import RenderRequest, open_image
+    from camrender.video import check_output_path
+
+    out = check_output_path(options["out"])
+    traj = trajectory.load(options["traj"]).validate()
+    traj = trajectory.to_model_frames(traj, options["frames"])
+    image = options["image"] if options["image"] is not None else traj.image
+    if image is not None:
+        open_image(image)  # missing/unreadable -> CamrenderError now, not after the model loads
+        image = str(Path(image).resolve())
+    default_h, default_w = TINY_SIZE if options["model"] == "tiny" else RELEASE_SIZE
+    height = options["height"] or default_h
+    width = options["width"] or default_w
+    if height % 2 or width % 2:
+        raise CamrenderError(f"H.264 needs an even frame size, got {width}x{height}", field="size")
+    first = lambda *values: next((v for v in values if v is not None), None)  # noqa: E731
+    prompt = first(options["prompt"], traj.prompt, "")
+    negative = first(options["negative_prompt"], traj.negative_prompt, "")
+    seed = first(options["seed"], traj.seed, 0)
+    fps = first(options["fps"], traj.fps)
+    resolved = traj.replace(prompt=prompt, negative_prompt=negative, image=image, seed=seed, fps=fps)
+    return RenderRequest(
+        traj=resolved,
+        prompt=prompt,
+        negative_prompt=negative,
+        image=image,
+        steps=_default_steps(options),
+        guidance=options["guidance"],
+        seed=seed,
+        num_frames=resolved.num_frames,
+        fps=fps,
+        height=height,
+        width=width,
+        model=options["model"],
+        dtype=options["dtype"],
+        device=options["device"],
+        offload=options["offload"],
+        transformer_weights=options["transformer_weights"],
+        kernels=options["kernels"],
+        mode=options["mode"],
+        segment_frames=options["segment_frames"],
+        cached_segments=options["cached_segments"],
+        out=out,
+    )
+
+
+def _write_companions(request) -> list:
+    """`VIDEO.traj.json` (the resolved trajectory: re-run it to reproduce) and `VIDEO.path.png`."""
+    from camrender import trajectory
+
+    written = [companion_path(request.out, ".traj.json")]
+    trajectory.save(request.traj, written[0])
+    try:
+        from camrender.plot import plot_trajectory
+    except ImportError:
+        return written
+    written.append(companion_path(request.out, ".path.png"))
+    plot_trajectory(request.traj, written[1])
+    return written
+
+
+def _quiet_libraries() -> None:
+    """Hub/offload chatter of diffusers and transformers goes away; our errors say what matters."""
+    import warnings
+
+    from diffusers.utils import logging as diffusers_logging
+    from transformers.utils import logging as transformers_logging
+
+    diffusers_logging.set_verbosity_error()
+    transformers_logging.set_verbosity_error()
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"(diffusers|transformers|torch)\b")
+
+
+@click.command()
+@click.option("--traj", "traj", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="Trajectory file (v1 JSON, RealEstate10K .txt, nerfstudio camera_path.json, ...).")
+@click.option("--out", "out", required=True, type=click.Path(path_type=Path), help="Output video (.mp4).")
+@click.option("--prompt", default=None, help="Text prompt (default: the trajectory's).")
+@click.option("--negative-prompt", default=None, help="Negative prompt (default: the trajectory's, else empty).")
+@click.option("--image", default=None, type=click.Path(path_type=Path),
+              help="First-frame image (default: the trajectory's).")
+@click.option("--steps", default=None, type=click.IntRange(min=1), help="Denoising steps (full mode: 60, tiny: 10; segment mode: its 4-step schedule).")
+@click.option("--guidance", default=5.0, show_default=True, type=float, help="Classifier-free guidance (<= 1: off).")
+@click.option("--seed", default=None, type=int, help="Noise seed (default: the trajectory's, else 0).")
+@click.option("--frames", default=None, type=click.IntRange(min=1),
+              help="Video frames, 8k+1 (default: the trajectory re-timed to the nearest 8k+1).")
+@click.option("--fps", default=None, type=click.FloatRange(min=0, min_open=True),
+              help="Output frame rate (default: the trajectory's).")
+@click.option("--height", default=None, type=click.IntRange(min=1), help="Video height (default 704; tiny: 64).")
+@click.option("--width", default=None, type=click.IntRange(min=1), help="Video width (default 1280; tiny: 112).")
+@click.option("--model", default=DEFAULT_MODEL, show_default=True,
+              help="Hub id, local diffusers folder, or 'tiny' (offline random-weight model: frames are noise).")
+@click.option("--dtype", default="auto", show_default=True,
+              type=click.Choice(["auto", "bfloat16", "float16", "float32"]), help="auto: bf16 on GPU, fp32 on CPU.")
+@click.option("--device", default=None, help="cuda, cuda:N or cpu (default: cuda when available).")
+@click.option("--offload", is_flag=True, help="Model CPU offload: components visit the GPU only while they run.")
+@click.option("--transformer-weights", default=None, type=click.Path(path_type=Path),
+              help="Original-format DiT weights (.safetensors or .pt) loaded over the transformer.")
+@click.option("--kernels", default="fused", show_default=True, type=click.Choice(["fused", "torch"]),
+              help="fused: Triton kernels (PyTorch on CPU); torch: PyTorch references.")
+@click.option("--mode", default="full", show_default=True, type=click.Choice(["full", "segments"]),
+              help="full: whole clip at once; segments: segment by segment with cached state.")
+@click.option("--segment-frames", default=3, show_default=True, type=click.IntRange(min=1),
+              help="Latent frames per segment (segments mode).")
+@click.option("--cached-segments", default=2, show_default=True, type=click.IntRange(min=0),
+              help="Recent segments the softmax blocks attend to (segments mode).")
+def render(**options):
+    """Render a video along a camera path.
+
+    \b
+    camrender --traj trajectories/orbit.json --out orbit.mp4 --model tiny
+    camrender render --traj path.json --image first.png --prompt "..." --out video.mp4
+
+    Writes VIDEO.mp4 (H.264), VIDEO.traj.json (the resolved trajectory: prompt, image, seed,
+    frames; render it again to reproduce) and VIDEO.path.png (a plot of the path).
+    """
+    request = _resolve_request(options)
+
+    _quiet_libraries()
+    from camrender.loading import load_pipeline
+    from camrender.patch import patch_transformer
+    from camrender.render import check_request, render_frames
+    from camrender.video import VideoWriter
+
+    log = lambda line: click.echo(f"camrender: {line}", err=True)  # noqa: E731
+    click.echo(f"camrender: loading {request.model}", err=True)
+    pipe = load_pipeline(request.model, dtype=request.dtype, device=request.device, offload=request.offload,
+                         transformer_weights=request.transformer_weights, log=log)
+    patch_transformer(pipe.transformer, kernels=request.kernels)
+    check_request(pipe, request)
+
+    bar = _StepBar("denoising" if request.mode == "full" else "segments")
+    try:
+        with VideoWriter(request.out, fps=request.fps) as video:
+            for frames in render_frames(pipe, request, bar):
+                video.append(frames)
+    finally:
+        bar.close()
+    companions = _write_companions(request)
+    click.echo(f"camrender: wrote {request.out} ({video.frames_written} frames, {request.width}x{request.height}, "
+               f"{request.fps:g} fps) and {', '.join(str(p) for p in companions)}", err=True)
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+def selftest(as_json):
+    """Check every fused kernel against its PyTorch reference on small shapes.
+
+    Runs on the GPU when there is one, else through the Triton interpreter on the CPU.
+    Exit code 1 when any kernel disagrees with its reference.
+    """
+    from camrender.selftest import main as selftest_main
+
+    sys.exit(selftest_main(as_json=as_json))
+
+
+COMMANDS = [render, selftest]

@@ -64,3 +64,136 @@ def delta_scan_ref(q, k, v, beta, decay, *, initial_state=None, segment_starts=N
             rev_state = rev_state * keep
         rev_out[t] = q[:, :, t] @ rev_state
     return out + torch.stack(rev_out, dim=2), state
+
+
+# ---------------------------------------------------------------------------
+# Camera branch (UCPE): prep, decode and the whole branch, fp32
+# ---------------------------------------------------------------------------
+
+def _rms_normalize(x, weight, eps):
+    """Full-channel RMSNorm of (B, N, H, D) over C = H*D per token, fp32; weight (C,)."""
+    batch, tokens, heads, dim = x.shape
+    flat = x.reshape(batch, tokens, heads * dim)
+    flat = flat * torch.rsqrt(flat.square().mean(dim=-1, keepdim=True) + eps) * weight.float()
+    return flat.reshape(batch, tokens, heads, dim)
+
+
+def _rope_tables(rope_cam, tokens, dim):
+    """Complex RoPE (..., N, D/4) -> (cos, sin) fp32 (N, D/4), or None."""
+    if rope_cam is None:
+        return None
+    freqs = rope_cam.reshape(tokens, dim // 4)
+    return freqs.real.float(), freqs.imag.float()
+
+
+def ucpe_transform_ref(x, matrix, rope_tables, *, inverse_rope=False):
+    """Per-token UCPE: x' = M x on each group of 4 of the first D/2 dims, RoPE on the rest.
+
+    Args:
+        x: (B, H, N, D) fp32.
+        matrix: (B, N, 4, 4) per-token matrix M.
+        rope_tables: (cos, sin) each (N, D/4), or None (second half unchanged). Pair i is
+            dims (D/2 + 2i, D/2 + 2i + 1) as (real, imag).
+        inverse_rope: rotate by the conjugate angle (decode).
+    Returns (B, H, N, D) fp32.
+    """
+    batch, heads, tokens, dim = x.shape
+    half = dim // 2
+    groups = x[..., :half].reshape(batch, heads, tokens, half // 4, 4)
+    mixed = (matrix.float()[:, None, :, None, :, :] * groups[..., None, :]).sum(-1)
+    rotated = x[..., half:]
+    if rope_tables is not None:
+        cos, sin = rope_tables
+        if inverse_rope:
+            sin = -sin
+        re, im = rotated[..., 0::2], rotated[..., 1::2]
+        rotated = torch.stack((re * cos - im * sin, re * sin + im * cos), dim=-1).flatten(-2)
+    return torch.cat((mixed.reshape(batch, heads, tokens, half), rotated), dim=-1)
+
+
+def cam_prep_ref(q, k, v, ray_transforms, *, num_frames, q_norm_weight=None, k_norm_weight=None,
+                 norm_eps=1e-5, downscale=True):
+    """Camera-branch prep of raw projections, fp32.
+
+    q, k, v: (B, N, H, D) raw camera projections (k after conv_k_cam). RMSNorm over C = H*D
+    (when a weight is given) and ReLU on q and k, k *= D^-0.5 * S^-0.5 (S = N / num_frames),
+    UCPE (P_T on q, P_inv on k and v) + RoPE, then (downscale=True, diffusers' behaviour) each
+    token's head vector is scaled down to its pre-UCPE RMS over D (eps 1e-6).
+
+    Returns (q_enc, k_enc, v_enc, inflation_sq): encodings (B, H, T, S, D) fp32 and the
+    per-token key inflation (|k_after| / |k_before|)^2, norms clamped at 1e-6, (B, H, T, S).
+    """
+    _, p_t, p_inv, rope_cam = ray_transforms
+    batch, tokens, heads, dim = q.shape
+    frames = num_frames
+    spatial = tokens // frames
+    q, k, v = q.float(), k.float(), v.float()
+    if q_norm_weight is not None:
+        q = _rms_normalize(q, q_norm_weight, norm_eps)
+    if k_norm_weight is not None:
+        k = _rms_normalize(k, k_norm_weight, norm_eps)
+    q = torch.relu(q)
+    k = torch.relu(k) * (dim ** -0.5 * spatial ** -0.5)
+    tables = _rope_tables(rope_cam, tokens, dim)
+
+    def encode(x, matrix):
+        x = x.permute(0, 2, 1, 3)  # (B, H, N, D)
+        y = ucpe_transform_ref(x, matrix, tables)
+        if downscale:
+            ref_rms = (x.square().mean(-1, keepdim=True) + 1e-6).sqrt()
+            out_rms = (y.square().mean(-1, keepdim=True) + 1e-6).sqrt()
+            y = y * (ref_rms / out_rms.clamp_min(1e-6)).clamp(max=1.0)
+        return x, y
+
+    _, q_enc = encode(q, p_t)
+    k_pre, k_enc = encode(k, p_inv)
+    _, v_enc = encode(v, p_inv)
+    inflation = (k_enc.norm(dim=-1).clamp_min(1e-6) / k_pre.norm(dim=-1).clamp_min(1e-6)).square()
+
+    def frames_view(x):
+        return x.reshape(batch, heads, frames, spatial, *x.shape[3:])
+
+    return frames_view(q_enc), frames_view(k_enc), frames_view(v_enc), frames_view(inflation)
+
+
+def discount_beta_ref(beta, inflation_sq):
+    """Dynamic beta discounting: beta / max(1, mean over the frame's S tokens of inflation).
+
+    beta (B, H, T, S), inflation_sq (B, H, T, S) -> (B, H, T, S) fp32.
+    """
+    frame = inflation_sq.float().mean(dim=-1, keepdim=True)
+    return beta.float() / frame.clamp_min(1.0)
+
+
+def cam_decode_ref(x, p, rope_cam):
+    """Inverse UCPE of the scan output: P on the first half, conjugate RoPE on the second.
+
+    x: (B, H, N, D) (or (B, H, T, S, D)); p: (B, N, 4, 4); rope_cam complex (..., N, D/4) or None.
+    Returns (B, N, H*D) fp32.
+    """
+    batch, heads = x.shape[:2]
+    dim = x.shape[-1]
+    x = x.float().reshape(batch, heads, -1, dim)
+    tokens = x.shape[2]
+    y = ucpe_transform_ref(x, p, _rope_tables(rope_cam, tokens, dim), inverse_rope=True)
+    return y.permute(0, 2, 1, 3).reshape(batch, tokens, heads * dim)
+
+
+def camera_branch_ref(q, k, v, beta, decay, ray_transforms, *, q_norm_weight=None, k_norm_weight=None,
+                      norm_eps=1e-5, initial_state=None, segment_starts=None, downscale=True,
+                      return_final_state=False):
+    """The whole camera branch from raw projections, fp32 (see kernels.camera_branch).
+
+    q, k, v (B, N, H, D); beta (B, H, T, S); decay (B, H, T); ray_transforms (P, P_T, P_inv,
+    rope_cam). Returns (B, N, H*D) in v's dtype, plus the forward state (B, H, D, D) fp32 when
+    return_final_state.
+    """
+    frames = decay.shape[-1]
+    q_enc, k_enc, v_enc, inflation = cam_prep_ref(
+        q, k, v, ray_transforms, num_frames=frames, q_norm_weight=q_norm_weight,
+        k_norm_weight=k_norm_weight, norm_eps=norm_eps, downscale=downscale)
+    beta_cam = discount_beta_ref(beta, inflation)
+    out, state = delta_scan_ref(q_enc, k_enc, v_enc, beta_cam, decay, initial_state=initial_state,
+                                segment_starts=segment_starts, reverse=True)
+    out = cam_decode_ref(out, ray_transforms[0], ray_transforms[3]).to(v.dtype)
+    return (out, state) if return_final_state else out

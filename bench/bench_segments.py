@@ -1,0 +1,292 @@
+"""GPU benchmark of segment mode (camrender.render_segments) against full mode, random weights.
+
+Measures, at the release resolution (704x1280, LTX-2 VAE 8x32x32, 128 latent channels,
+SANA-WM 1.6B DiT in bfloat16):
+
+- segment mode on paths of 3, 10 and 30 segments (3 latent frames each, the first 4):
+  peak GPU memory (flat in the path length is the goal), stage-1 and decode seconds, and video
+  frames produced per second of wall time (stage 1 + streaming decode; 4-step list, no CFG);
+- segment mode on the 161-frame path (21 latent frames, 6 segments);
+- full mode on the same 161-frame path: the 4-step list without CFG (measured), and the released
+  full-mode recipe, 60 steps with CFG (2 guided steps measured, extrapolated to 60), plus one
+  whole-clip causal decode.
+
+No text encoder and no VAE encoder run (random text embeddings and first-frame latent): stage 1
+plus decode is what the figures cover. Results print as JSON on stdout (one line per
+measurement as it finishes, then the whole document); `--out FILE` also writes the document.
+
+    python3 bench/bench_segments.py --out $OUT/bench_segments.json            # release shape
+    python3 bench/bench_segments.py --quick                                   # small smoke run
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+import traceback
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from camrender.render_segments import DEFAULT_SEGMENT_TIMESTEPS, SegmentInputs, sample_segments  # noqa: E402
+from camrender.segment_decode import CausalStreamDecoder, to_uint8_frames  # noqa: E402
+from camrender.segments import SegmentOptions, segment_bounds  # noqa: E402
+
+GIB = 1024**3
+SPATIAL = 32  # VAE spatial stride (8 for the --cpu-smoke tiny VAE)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small config (8 blocks, 352x640, paths of 2/4/8 segments)")
+    parser.add_argument("--segments", default=None, help="comma-separated path lengths in segments (default 3,10,30)")
+    parser.add_argument("--kernels", default="fused", choices=["fused", "torch"], help="fused: Triton kernels on CUDA")
+    parser.add_argument("--skip-full", action="store_true", help="skip the full-mode measurements")
+    parser.add_argument("--full-cfg-steps", type=int, default=2, help="guided full-mode steps measured (extrapolated to 60)")
+    parser.add_argument("--out", default=None, help="also write the JSON document here")
+    parser.add_argument("--cpu-smoke", action="store_true",
+                        help="run the whole script on the CPU with the tiny test models (checks the script, no figures)")
+    return parser.parse_args(argv)
+
+
+def build_models(args, device, dtype):
+    from diffusers import AutoencoderKLLTX2Video, SanaWMTransformer3DModel
+
+    if args.cpu_smoke:
+        from camrender.tiny import build_tiny_transformer, build_tiny_vae
+
+        return build_tiny_transformer(seed=0).to(dtype), build_tiny_vae(latent_channels=8).to(dtype)
+    config = dict(num_layers=8) if args.quick else {}
+    torch.manual_seed(0)
+    with torch.device(device):
+        transformer = SanaWMTransformer3DModel(**config)
+        vae = AutoencoderKLLTX2Video(spatial_compression_ratio=32, temporal_compression_ratio=8)
+    transformer = transformer.to(dtype).eval()
+    vae = vae.to(dtype).eval()
+    if args.kernels == "fused":
+        from camrender.patch import patch_transformer  # full mode runs through the patched blocks, as the CLI
+
+        patch_transformer(transformer, kernels="fused")
+    return transformer, vae
+
+
+def path_inputs(transformer, latent_frames, height, width, device, dtype, guidance=1.0, seed=0):
+    """Random conditioning for a path of `latent_frames` (a slow forward dolly with a turn)."""
+    generator = torch.Generator().manual_seed(seed)
+    h, w = height // SPATIAL, width // SPATIAL
+    batch = 2 if guidance > 1 else 1
+    rows = []
+    for f in range(latent_frames):
+        angle = 0.02 * f
+        c2w = torch.eye(4)
+        c2w[:3, :3] = torch.tensor([[math.cos(angle), 0, math.sin(angle)], [0, 1, 0],
+                                    [-math.sin(angle), 0, math.cos(angle)]])
+        c2w[2, 3] = 0.1 * f
+        rows.append(torch.cat([c2w.flatten(), torch.tensor([0.8 * w, 0.8 * w, w / 2, h / 2])]))
+    conditions = torch.stack(rows)[None].expand(batch, -1, -1).to(device, dtype)
+    plucker = torch.randn(1, 48, latent_frames, h, w, generator=generator).expand(batch, -1, -1, -1, -1)
+    text = torch.randn(batch, 1, 300, transformer.config.caption_channels, generator=generator)
+    mask = torch.zeros(batch, 300, dtype=torch.long)
+    mask[:, :120] = 1
+    channels = transformer.config.in_channels
+    return SegmentInputs(
+        text=text.to(device, dtype), text_mask=mask.to(device), camera_conditions=conditions,
+        chunk_plucker=plucker.to(device, dtype),
+        first_latent=torch.randn(1, channels, 1, h, w, generator=generator).to(device, dtype),
+        noise=torch.randn(1, channels, latent_frames, h, w, generator=generator).to(dtype), guidance=guidance,
+    )
+
+
+def sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def peak_bytes():
+    return torch.cuda.max_memory_allocated() if torch.cuda.is_available() else 0
+
+
+def allocated_bytes():
+    return torch.cuda.memory_allocated() if torch.cuda.is_available() else 0
+
+
+def reset_peak():
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def run_segment_path(transformer, vae, latent_frames, height, width, options, device, dtype):
+    """Render a path of `latent_frames` latent frames in segments; times stage 1 and decode separately.
+    A path of n segments has 1 + 3 n latent frames (8 (1 + 3 n) - 7 video frames)."""
+    inputs = path_inputs(transformer, latent_frames, height, width, device, dtype)
+    bounds = segment_bounds(latent_frames, 3)
+    decoder = CausalStreamDecoder(vae)
+    reset_peak()
+    base = allocated_bytes()
+    stage1 = decode = 0.0
+    frames = 0
+    per_segment_peak = []
+    with torch.no_grad():
+        sync()
+        start = time.perf_counter()
+        for _, _, _, latents in sample_segments(transformer, inputs, bounds, list(DEFAULT_SEGMENT_TIMESTEPS),
+                                                options, device):
+            sync()
+            mid = time.perf_counter()
+            stage1 += mid - start
+            frames += len(to_uint8_frames(decoder.decode(latents)))
+            sync()
+            start = time.perf_counter()
+            decode += start - mid
+            per_segment_peak.append(peak_bytes() / GIB)
+    total = stage1 + decode
+    return dict(
+        segments=len(bounds), latent_frames=latent_frames, video_frames=frames,
+        stage1_s=round(stage1, 3), decode_s=round(decode, 3), total_s=round(total, 3),
+        video_fps=round(frames / total, 2), stage1_fps=round(frames / stage1, 2),
+        peak_gib=round(peak_bytes() / GIB, 3),
+        peak_above_weights_gib=round((peak_bytes() - base) / GIB, 3),
+        peak_after_first_segment_gib=round(per_segment_peak[0], 3),
+    )
+
+
+def run_full(transformer, vae, latent_frames, height, width, steps, guidance, device, dtype, measure_steps=None):
+    """Full mode: every latent frame denoised together (frame 0 pinned), then one causal decode.
+
+    With `measure_steps`, only that many steps run (after one warm-up step) and the stage-1
+    time is extrapolated to `len(steps)` steps."""
+    inputs = path_inputs(transformer, latent_frames, height, width, device, dtype, guidance=guidance)
+    batch = inputs.text.shape[0]
+    latents = inputs.noise.to(device)
+    latents[:, :, :1] = inputs.first_latent
+    noisy = torch.ones(1, 1, latent_frames, device=device)
+    noisy[..., 0] = 0
+    sigmas = [t / 1000 for t in steps] + [0.0]
+
+    def step(index):
+        nonlocal latents
+        timestep = (steps[index] * noisy).expand(batch, 1, latent_frames)
+        velocity = transformer(latents.expand(batch, -1, -1, -1, -1), timestep, inputs.text, mask=inputs.text_mask,
+                               camera_conditions=inputs.camera_conditions, chunk_plucker=inputs.chunk_plucker,
+                               return_dict=False)[0].float()
+        if batch == 2:
+            velocity = velocity[:1] + guidance * (velocity[1:] - velocity[:1])
+        stepped = (latents.float() + (sigmas[index + 1] - sigmas[index]) * velocity).to(dtype)
+        latents = torch.where(noisy[:, :, :, None, None].bool(), stepped, latents)
+
+    reset_peak()
+    with torch.no_grad():
+        if measure_steps:
+            step(0)
+        sync()
+        start = time.perf_counter()
+        count = measure_steps or len(steps)
+        for index in range(count):
+            step(min(index + (1 if measure_steps else 0), len(steps) - 1))
+        sync()
+        per_step = (time.perf_counter() - start) / count
+        stage1 = per_step * len(steps)
+        start = time.perf_counter()
+        frames = len(to_uint8_frames(CausalStreamDecoder(vae).decode(latents)))
+        sync()
+        decode = time.perf_counter() - start
+    total = stage1 + decode
+    return dict(
+        latent_frames=latent_frames, video_frames=frames, steps=len(steps), cfg=batch == 2,
+        measured_steps=count, step_s=round(per_step, 3), stage1_s=round(stage1, 3), decode_s=round(decode, 3),
+        total_s=round(total, 3), video_fps=round(frames / total, 2),
+        peak_gib=round(peak_bytes() / GIB, 3),
+        extrapolated=bool(measure_steps),
+    )
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    global SPATIAL
+    if args.cpu_smoke:
+        device, dtype = torch.device("cpu"), torch.float32
+        SPATIAL = 8
+        height, width = 32, 32
+        args.segments = args.segments or "1,2"
+    elif not torch.cuda.is_available():
+        print(json.dumps({"error": "no CUDA device (use --cpu-smoke to check the script on a CPU)"}))
+        return 1
+    else:
+        device, dtype = torch.device("cuda"), torch.bfloat16
+        height, width = (352, 640) if args.quick else (704, 1280)
+    lengths = [int(x) for x in args.segments.split(",")] if args.segments else ([2, 4, 8] if args.quick else [3, 10, 30])
+    options = SegmentOptions(cached_segments=2, backend="auto" if args.kernels == "fused" else "torch")
+    results = dict(
+        device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu", torch=torch.__version__, quick=args.quick, kernels=args.kernels,
+        height=height, width=width, dtype=str(dtype).replace("torch.", ""), segment_timesteps=list(DEFAULT_SEGMENT_TIMESTEPS),
+        cached_segments=options.cached_segments, segments={}, errors={},
+    )
+    try:
+        import triton
+
+        results["triton"] = triton.__version__
+    except ImportError:
+        pass
+
+    def record(name, fn):
+        began = time.perf_counter()
+        try:
+            value = fn()
+        except Exception as error:  # keep going: one failed measurement must not lose the others
+            reset_peak()
+            results["errors"][name] = f"{type(error).__name__}: {str(error)[:300]} | " + \
+                traceback.format_exc().strip().splitlines()[-3][:200]
+            print(json.dumps({name: "error", "detail": results["errors"][name]}), flush=True)
+            return None
+        value["wall_s"] = round(time.perf_counter() - began, 1)
+        print(json.dumps({name: value}), flush=True)
+        return value
+
+    began = time.perf_counter()
+    transformer, vae = build_models(args, device, dtype)
+    results["weights_gib"] = round(allocated_bytes() / GIB, 3)
+    results["build_s"] = round(time.perf_counter() - began, 1)
+
+    # Warm-up: compile the kernels for the first (4-frame) and later (3-frame) segment shapes.
+    record("warmup", lambda: run_segment_path(transformer, vae, 7, height, width, options, device, dtype))
+    for length in lengths:
+        value = record(f"segments_{length}", lambda: run_segment_path(transformer, vae, 1 + 3 * length, height, width,
+                                                                     options, device, dtype))
+        if value is not None:
+            results["segments"][str(length)] = value
+    peaks = [v["peak_gib"] for v in results["segments"].values()]
+    if len(peaks) > 1 and min(peaks) > 0:
+        results["peak_spread_pct"] = round(100 * (max(peaks) - min(peaks)) / min(peaks), 2)
+
+    # The 161-frame path: 21 latent frames (segments (0,4), (4,7), ..., (16,21)).
+    results["segments_161_frames"] = record(
+        "segments_161_frames", lambda: run_segment_path(transformer, vae, 21, height, width, options, device, dtype))
+    if not args.skip_full:
+        steps4 = list(DEFAULT_SEGMENT_TIMESTEPS)
+        results["full_161_frames_4_steps"] = record(
+            "full_161_frames_4_steps",
+            lambda: run_full(transformer, vae, 21, height, width, steps4, 1.0, device, dtype))
+        from diffusers import FlowMatchEulerDiscreteScheduler
+
+        scheduler = FlowMatchEulerDiscreteScheduler()
+        scheduler.set_timesteps(60)
+        steps60 = [float(t) for t in scheduler.timesteps]
+        results["full_161_frames_60_steps_cfg"] = record(
+            "full_161_frames_60_steps_cfg",
+            lambda: run_full(transformer, vae, 21, height, width, steps60, 5.0, device, dtype,
+                             measure_steps=args.full_cfg_steps))
+    text = json.dumps(results, indent=1)
+    print(text, flush=True)
+    if args.out:
+        with open(args.out, "w") as handle:
+            handle.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

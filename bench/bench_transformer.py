@@ -1,0 +1,295 @@
+"""One SANA-WM denoising step, stock diffusers vs camrender-patched, side by side (GPU).
+
+Builds the release-config `SanaWMTransformer3DModel` in code (20 layers, C=2240, 20 heads of
+D=112, softmax blocks 3/7/11/15/19, patch (1,1,1), 128 latent channels; random weights, bf16)
+and runs one transformer forward at the release shape: B=2 (classifier-free guidance),
+161 frames at 704x1280 -> T=21 latent frames of 22x40 tokens, a 300-token prompt, camera
+inputs from an orbit path (`camrender.camera.build_camera_inputs`).
+
+Prints one JSON object (also written to --out):
+- ms_per_step: median of --repeats timed forwards (CUDA events), stock and patched;
+- breakdown_ms: per part, summed over the blocks of one forward, timed with CUDA events
+  around module / kernel calls (a separate, instrumented forward):
+    gdn_main    stock: SanaWMBidirectionalGDNAttention (RoPE + both scans + division);
+                patched: the same module, or kernels.main_branch once the main branch is fused
+    gdn_camera  stock: RMSNorm+ReLU excluded, SanaWMBidirectionalGDNCamAttention (UCPE, RMS
+                downscale, beta discount, scans, decode); patched: kernels.camera_branch (which
+                also does the RMSNorm+ReLU)
+    gdn_other   rest of the GDN attention: projections, short convs, norms, gates, out proj
+    softmax_blocks, ffn, cross_attn, rest (embedders, adaLN, final layer, ...)
+- peak_memory_gib per variant; agreement: cosine and max relative error (max |a-b| / max |b|)
+  of the patched output against the stock output.
+
+    python bench/bench_transformer.py                 # release shape (H200: ~1-2 min)
+    python bench/bench_transformer.py --quick         # 4 layers, 41 frames: a fast check
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+RELEASE_CONFIG = dict(  # SanaWMTransformer3DModel defaults == the SANA-WM_bidirectional release
+    in_channels=128, num_layers=20, hidden_size=2240, num_attention_heads=20, linear_head_dim=112,
+    softmax_every_n=4, patch_size=(1, 1, 1), caption_channels=2304, mlp_ratio=3.0,
+)
+TARGETS = {"camera_branch_ms_per_step": 20.0, "ms_per_step": 1400.0, "cosine": 0.9999}
+
+
+def orbit_trajectory(frames: int):
+    """A 90-degree orbit around a point 3 units ahead, 60-degree horizontal FOV, 1280x704 pixels."""
+    from camrender.trajectory import Trajectory
+
+    c2w = np.tile(np.eye(4), (frames, 1, 1))
+    for index, angle in enumerate(np.linspace(0.0, np.pi / 2, frames)):
+        rotation = np.array([[np.cos(angle), 0, np.sin(angle)], [0, 1, 0], [-np.sin(angle), 0, np.cos(angle)]])
+        c2w[index, :3, :3] = rotation
+        c2w[index, :3, 3] = np.array([0, 0, 3.0]) - rotation @ np.array([0, 0, 3.0])
+    focal = 640 / np.tan(np.radians(30))
+    intrinsics = np.tile([focal, focal, 640.0, 352.0], (frames, 1))
+    return Trajectory(c2w=c2w, intrinsics=intrinsics, width=1280, height=704, fps=16)
+
+
+def build_model(config, device, dtype, seed=0):
+    """Release-architecture transformer with random weights; zero-initialised projections made live."""
+    from diffusers import SanaWMTransformer3DModel
+
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = SanaWMTransformer3DModel(**config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.ndim > 1 and not param.any():  # plucker embedder etc.: zero at init
+                param.normal_(0.0, 0.02)
+    return model.to(dtype).eval()
+
+
+def make_inputs(config, frames, height, width, device, dtype, seed=1):
+    from camrender.camera import build_camera_inputs
+
+    gen = torch.Generator().manual_seed(seed)
+    t, h, w = (frames - 1) // 8 + 1, height // 32, width // 32
+    camera = build_camera_inputs(orbit_trajectory(frames), height=height, width=width, vae_stride=(8, 32, 32))
+    mask = torch.ones(2, 300, dtype=torch.long)
+    mask[0, 40:] = 0  # negative prompt shorter than the prompt
+    mask[1, 120:] = 0
+    timestep = torch.full((2, 1, t), 700.0)
+    timestep[:, :, 0] = 0.0
+    return dict(
+        hidden_states=torch.randn(2, config["in_channels"], t, h, w, generator=gen).to(device, dtype),
+        timestep=timestep.to(device),
+        encoder_hidden_states=torch.randn(2, 1, 300, config["caption_channels"], generator=gen).to(device, dtype),
+        encoder_attention_mask=mask.to(device),
+        camera_conditions=camera["camera_conditions"][None].expand(2, -1, -1).to(device, dtype),
+        chunk_plucker=camera["chunk_plucker"][None].expand(2, -1, -1, -1, -1).to(device, dtype),
+        return_dict=False,
+    )
+
+
+class Timer:
+    """Sums CUDA-event (or wall-clock on CPU) intervals per label; nested intervals are allowed."""
+
+    def __init__(self, device):
+        self.cuda = device.type == "cuda"
+        self.pending = collections.defaultdict(list)
+
+    def start(self):
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def stop(self, label, started):
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.pending[label].append((started, event))
+        else:
+            self.pending[label].append((started, time.perf_counter()))
+
+    def totals(self) -> dict:
+        if self.cuda:
+            torch.cuda.synchronize()
+            return {k: sum(a.elapsed_time(b) for a, b in v) for k, v in self.pending.items()}
+        return {k: sum((b - a) * 1e3 for a, b in v) for k, v in self.pending.items()}
+
+
+@contextlib.contextmanager
+def instrumented(model, timer):
+    """Time module calls by part with forward hooks, and the kernels' entry points by wrapping them."""
+    import kernels
+    from diffusers.models.transformers.transformer_sana_wm import (
+        BidirectionalGDNUCPESinglePathLiteLA,
+        SanaWMBidirectionalGDNAttention,
+        SanaWMBidirectionalGDNCamAttention,
+    )
+
+    handles, restores = [], []
+
+    def hook(module, label):
+        state = {}
+
+        def pre(*_):
+            state.setdefault("stack", []).append(timer.start())
+
+        def post(*_):
+            timer.stop(label, state["stack"].pop())
+
+        handles.append(module.register_forward_pre_hook(pre))
+        handles.append(module.register_forward_hook(post))
+
+    def wrap_function(owner, name, label):
+        original = getattr(owner, name, None)
+        if original is None:
+            return
+
+        def timed(*args, **kwargs):
+            started = timer.start()
+            result = original(*args, **kwargs)
+            timer.stop(label, started)
+            return result
+
+        setattr(owner, name, timed)
+        restores.append((owner, name, original))
+
+    hook(model, "total")
+    for block in model.blocks:
+        gdn = isinstance(block.attn, BidirectionalGDNUCPESinglePathLiteLA)
+        hook(block.attn, "gdn_attention" if gdn else "softmax_blocks")
+        hook(block.mlp, "ffn")
+        hook(block.cross_attn, "cross_attn")
+        for child in block.attn.children():
+            if isinstance(child, SanaWMBidirectionalGDNAttention) and gdn:
+                hook(child, "gdn_main")
+            elif isinstance(child, SanaWMBidirectionalGDNCamAttention) and gdn:
+                hook(child, "gdn_camera")
+    wrap_function(kernels, "camera_branch", "gdn_camera")
+    wrap_function(kernels, "main_branch", "gdn_main")
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+        for owner, name, original in restores:
+            setattr(owner, name, original)
+
+
+def breakdown(model, inputs, device) -> dict:
+    timer = Timer(device)
+    with torch.no_grad(), instrumented(model, timer):
+        model(**inputs)
+    t = collections.defaultdict(float, timer.totals())
+    parts = {
+        "gdn_main": t["gdn_main"],
+        "gdn_camera": t["gdn_camera"],
+        "gdn_other": t["gdn_attention"] - t["gdn_main"] - t["gdn_camera"],
+        "softmax_blocks": t["softmax_blocks"],
+        "ffn": t["ffn"],
+        "cross_attn": t["cross_attn"],
+    }
+    parts["rest"] = t["total"] - sum(parts.values())
+    parts["total"] = t["total"]
+    return {k: round(v, 2) for k, v in parts.items()}
+
+
+def timed_steps(model, inputs, device, repeats, warmup) -> tuple[list, float, torch.Tensor]:
+    """(per-step ms list, peak memory GiB, output of the last step)."""
+    with torch.no_grad():
+        for _ in range(warmup):
+            out = model(**inputs)[0]
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        times = []
+        for _ in range(repeats):
+            timer = Timer(device)
+            started = timer.start()
+            out = model(**inputs)[0]
+            timer.stop("step", started)
+            times.append(timer.totals()["step"])
+    peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else float("nan")
+    return times, peak, out
+
+
+def agreement(out, ref) -> dict:
+    a, b = out.double().flatten(), ref.double().flatten()
+    cosine = float(torch.nn.functional.cosine_similarity(a, b, dim=0))
+    max_rel = float((a - b).abs().max() / b.abs().max())
+    return {"cosine": round(cosine, 7), "max_rel_error": max_rel}
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="4 layers (softmax at 3), 41 frames: a fast check")
+    parser.add_argument("--tiny", action="store_true", help="CPU smoke test of this script (tiny model)")
+    parser.add_argument("--frames", type=int, default=None, help="video frames, 8k+1 (default 161)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--precision", default="tf32", choices=["tf32", "ieee"])
+    parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
+    args = parser.parse_args(argv)
+
+    from camrender.patch import patch_transformer
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    config, frames, height, width = dict(RELEASE_CONFIG), 161, 704, 1280
+    if args.quick:
+        config["num_layers"], frames = 4, 41
+    if args.tiny:
+        config.update(num_layers=2, hidden_size=64, num_attention_heads=2, linear_head_dim=32, softmax_every_n=2,
+                      in_channels=8, caption_channels=32, mlp_ratio=2.0)
+        frames, height, width = 17, 128, 192
+    frames = args.frames or frames
+
+    model = build_model(config, device, dtype)
+    inputs = make_inputs(config, frames, height, width, device, dtype)
+    t, h, w = inputs["hidden_states"].shape[2:]
+    result = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "dtype": str(dtype).replace("torch.", ""),
+        "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in config.items()},
+        "shape": {"batch": 2, "frames": frames, "height": height, "width": width, "T": t, "h": h, "w": w,
+                  "tokens": t * h * w},
+        "precision": args.precision,
+    }
+
+    stock_times, stock_peak, stock_out = timed_steps(model, inputs, device, args.repeats, args.warmup)
+    result["stock"] = {"ms_per_step": round(float(np.median(stock_times)), 2), "peak_memory_gib": round(stock_peak, 3),
+                       "breakdown_ms": breakdown(model, inputs, device)}
+    stock_out = stock_out.float().cpu()
+
+    patch_transformer(model, kernels="fused", precision=args.precision)
+    patched_times, patched_peak, patched_out = timed_steps(model, inputs, device, args.repeats, args.warmup)
+    result["patched"] = {"ms_per_step": round(float(np.median(patched_times)), 2),
+                         "peak_memory_gib": round(patched_peak, 3),
+                         "breakdown_ms": breakdown(model, inputs, device)}
+    result["agreement"] = agreement(patched_out.float().cpu(), stock_out)
+    result["targets"] = TARGETS
+    if not args.quick and not args.tiny and frames == 161:
+        result["meets_targets"] = {
+            "camera_branch": result["patched"]["breakdown_ms"]["gdn_camera"] <= TARGETS["camera_branch_ms_per_step"],
+            "step": result["patched"]["ms_per_step"] <= TARGETS["ms_per_step"],
+            "cosine": result["agreement"]["cosine"] >= TARGETS["cosine"],
+        }
+    text = json.dumps(result, indent=2, allow_nan=True)
+    print(text)
+    if args.out is not None:
+        args.out.write_text(text + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+"""Trajectory file formats: a registry of importer/exporter modules.
+
+A format is one module with:
+    NAME         short name used by ``--from`` / ``--to`` (e.g. "nerfstudio")
+    SUFFIXES     file suffixes it claims, lower case (e.g. (".json",))
+    DESCRIPTION  one line for help texts
+    read(path) -> Trajectory
+    write(traj, path)            only if the format can be exported (write atomically)
+    sniff(doc_or_text) -> bool   optional: when several formats share a suffix, the
+                                 first module whose sniff accepts the content wins
+                                 (JSON suffixes get the parsed document, others the text)
+To add a format, write the module and append it to FORMAT_MODULES.
+"""
+from __future__ import annotations
+
+import os
+
+from camrender.errors import CamrenderError
+from camrender.formats import actions, colmap, nerfstudio, realestate10k, transforms_json, v1
+from camrender.formats.fileio import parse_json, read_text
+
+FORMAT_MODULES = [v1, realestate10k, nerfstudio, actions, colmap, transforms_json]
+
+
+def names(exportable: bool = False) -> list[str]:
+    return [m.NAME for m in FORMAT_MODULES if not exportable or hasattr(m, "write")]
+
+
+def get(name: str):
+    """The format module called ``name``."""
+    for module in FORMAT_MODULES:
+        if module.NAME == name:
+            return module
+    raise CamrenderError(f"unknown format {name!r} (known: {', '.join(names())})", field="format")
+
+
+def _suffix(path) -> str:
+    return os.path.splitext(os.fspath(path))[1].lower()
+
+
+def detect(path, *, for_writing: bool = False):
+    """Pick the format module for ``path``: by suffix, then by content when a suffix is shared.
+
+    For writing, only the suffix counts and the first exportable module claiming it wins.
+    """
+    suffix = _suffix(path)
+    candidates = [m for m in FORMAT_MODULES if suffix in m.SUFFIXES]
+    if for_writing and candidates and not any(hasattr(m, "write") for m in candidates):
+        raise CamrenderError(
+            f"format {candidates[0].NAME} can be read but not written "
+            f"(writable: {', '.join(names(exportable=True))})",
+            path=os.fspath(path),
+        )
+    if for_writing:
+        candidates = [m for m in candidates if hasattr(m, "write")]
+    if not candidates:
+        usable = names(exportable=for_writing)
+        raise CamrenderError(
+            f"cannot tell the format from the suffix {suffix or '(none)'!r}; pass one of: {', '.join(usable)}",
+            path=os.fspath(path),
+        )
+    if for_writing or len(candidates) == 1:
+        return candidates[0]
+    text = read_text(path)
+    content = parse_json(text, os.fspath(path)) if suffix == ".json" else text
+    for module in candidates:
+        sniff = getattr(module, "sniff", None)
+        if sniff is not None and sniff(content):
+            return module
+    return candidates[0]
+
+
+def import_file(path, fmt: str | None = None):
+    """Read ``path`` as format ``fmt`` (or the detected one) into a validated Trajectory."""
+    module = get(fmt) if fmt else detect(path)
+    return module.read(path)
+
+
+def export_file(traj, path, fmt: str | None = None) -> None:
+    """Write ``traj`` to ``path`` in format ``fmt`` (or the one its suffix names)."""
+    module = get(fmt) if fmt else detect(path, for_writing=True)
+    if not hasattr(module, "write"):
+        raise CamrenderError(
+            f"format {module.NAME} can be read but not written (writable: {', '.join(names(exportable=True))})",
+            path=os.fspath(path),
+        )
+    module.write(traj, path)

@@ -1,0 +1,90 @@
+"""Reading and atomically writing trajectory files, with every failure turned into CamrenderError."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+
+from camrender.errors import CamrenderError
+
+MAX_FILE_BYTES = 512 * 1024 * 1024
+
+
+def read_text(path) -> str:
+    """The file's UTF-8 text; CamrenderError naming the file if it cannot be read."""
+    path = os.fspath(path)
+    try:
+        if os.path.isdir(path):
+            raise CamrenderError("is a directory, not a trajectory file", path=path)
+        if os.path.getsize(path) > MAX_FILE_BYTES:
+            raise CamrenderError(f"file is larger than {MAX_FILE_BYTES >> 20} MiB", path=path)
+        with open(path, "rb") as handle:
+            data = handle.read()
+    except FileNotFoundError:
+        raise CamrenderError("file not found", path=path) from None
+    except OSError as error:
+        raise CamrenderError(f"cannot read file: {error.strerror or error}", path=path) from None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        raise CamrenderError(f"not UTF-8 text (byte {error.start})", path=path) from None
+
+
+def parse_json(text: str, path) -> object:
+    """Parse JSON text; errors name the line and column."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise CamrenderError(f"invalid JSON at line {error.lineno} column {error.colno}: {error.msg}", path=path) from None
+    except RecursionError:
+        raise CamrenderError("invalid JSON: nested too deeply", path=path) from None
+    except ValueError as error:  # e.g. integers with too many digits
+        raise CamrenderError(f"invalid JSON: {error}", path=path) from None
+
+
+def read_json(path) -> object:
+    return parse_json(read_text(path), os.fspath(path))
+
+
+def atomic_write_text(path, text: str) -> None:
+    """Write ``text`` to a temporary file next to ``path`` and rename it into place (no partial file)."""
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise CamrenderError(f"output folder does not exist: {folder}", path=path)
+    try:
+        handle, temp = tempfile.mkstemp(prefix=".tmp-", suffix=os.path.basename(path)[-32:], dir=folder)
+    except OSError as error:
+        raise CamrenderError(f"cannot write: {error.strerror or error}", path=path) from None
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8", newline="\n") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temp, path)
+    except BaseException as error:
+        try:
+            os.unlink(temp)
+        except OSError:
+            pass
+        if isinstance(error, OSError):
+            raise CamrenderError(f"cannot write: {error.strerror or error}", path=path) from None
+        raise
+
+
+def dump_json(doc) -> str:
+    """JSON text with one list item (frame, keyframe) per line: short, readable and diffable."""
+
+    def one_line(value):
+        return json.dumps(value, allow_nan=False, separators=(", ", ": "))
+
+    if not isinstance(doc, dict):
+        return one_line(doc) + "\n"
+    lines = []
+    for key, value in doc.items():
+        if isinstance(value, list) and value and all(isinstance(item, dict) for item in value):
+            items = ",\n".join("    " + one_line(item) for item in value)
+            lines.append(f"  {json.dumps(key)}: [\n{items}\n  ]")
+        else:
+            lines.append(f"  {json.dumps(key)}: {one_line(value)}")
+    return "{\n" + ",\n".join(lines) + "\n}\n"

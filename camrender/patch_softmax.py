@@ -1,0 +1,138 @@
+"""Fused attention for SANA-WM's softmax blocks (every 4th block: 3, 7, 11, 15, 19).
+
+`PatchedSoftmaxAttention.adopt(stock, kernels=..., precision=...)` takes over a stock
+`_SoftmaxUCPESinglePathLiteLA`'s parameters, buffers and sub-modules (no copies: the
+transformer's `state_dict()` is unchanged). With kernels="fused":
+- main branch: qkv -> `kernels.main_prep` (full-C RMSNorm + RoPE, written straight in the SDPA
+  dtype) -> SDPA over all N tokens at head dim D (flash attention in bf16 on CUDA); V is read in
+  place from the qkv output.
+- camera branch: q/k/v_proj_cam -> `kernels.softmax_cam.cam_softmax_encode` (RMSNorm, UCPE,
+  RoPE, RMS downscale, zero-padded to 128, SDPA dtype) -> SDPA (scale 1/sqrt(128), as stock) ->
+  `cam_softmax_decode` (P, inverse RoPE) -> out_proj_cam.
+- combine: proj((main + cam) * silu(output_gate(x))), gate in fp32, as stock.
+kernels="torch" (or a padded-frame mask, or a block without RMSNorm) runs the stock forward.
+Off CUDA and without TRITON_INTERPRET=1 the same fused structure runs on the PyTorch references.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+from diffusers.models.transformers.transformer_sana_wm import _prepare_ucpe_ray_transforms, _SoftmaxUCPESinglePathLiteLA
+
+
+def _sdpa_dtype(dtype, override):
+    """SDPA operand dtype: the override, else the stock rule (fp32 -> bf16, other dtypes unchanged)."""
+    if override is not None:
+        return override
+    return torch.bfloat16 if dtype == torch.float32 else dtype
+
+
+class PatchedSoftmaxAttention(_SoftmaxUCPESinglePathLiteLA):
+    """Softmax-block attention on the fused prep / UCPE kernels; x (B, N, C) -> (B, N, C).
+
+    Attributes:
+        kernels: "fused" or "torch" (stock forward).
+        precision: kept for symmetry with the GDN blocks (SDPA has no tf32/ieee switch).
+        sdpa_dtype: None (stock rule: fp32 inputs attend in bf16) or a dtype to attend in.
+    """
+
+    kernels: str = "fused"
+    precision: str = "tf32"
+    sdpa_dtype = None
+
+    @classmethod
+    def adopt(cls, stock: _SoftmaxUCPESinglePathLiteLA, *, kernels: str = "fused", precision: str = "tf32"):
+        patched = cls.__new__(cls)
+        state = dict(stock.__dict__)
+        for container in ("_parameters", "_buffers", "_modules"):
+            state[container] = type(state[container])(state[container])
+        state["_non_persistent_buffers_set"] = set(state["_non_persistent_buffers_set"])
+        patched.__dict__.update(state)
+        patched.kernels = kernels
+        patched.precision = precision
+        return patched
+
+    def _fusable(self, frame_valid_mask) -> bool:
+        return (
+            self.kernels == "fused"
+            and frame_valid_mask is None
+            and getattr(self.q_norm, "weight", None) is not None
+            and getattr(self.k_norm, "weight", None) is not None
+            and self.dim % 2 == 0
+            and self.cam_head_dim % 8 == 0
+        )
+
+    def forward(self, x, mask=None, HW=None, rotary_emb=None, block_mask=None, camera_conditions=None,
+                chunk_size=None, *, frame_valid_mask=None, ucpe_ray_transforms=None):
+        if HW is None:
+            raise ValueError("HW (T, H, W) must be provided for softmax attention.")
+        if not self._fusable(frame_valid_mask):
+            return super().forward(x, mask, HW, rotary_emb, block_mask, camera_conditions, chunk_size,
+                                   frame_valid_mask=frame_valid_mask, ucpe_ray_transforms=ucpe_ray_transforms)
+        use_triton = x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+        attn_dtype = _sdpa_dtype(x.dtype, self.sdpa_dtype)
+        out = self._main_softmax(x, rotary_emb, attn_dtype, use_triton)
+        if camera_conditions is not None:
+            ray_transforms = ucpe_ray_transforms
+            if ray_transforms is None:
+                ray_transforms = _prepare_ucpe_ray_transforms(
+                    head_dim=self.cam_head_dim, camera_conditions=camera_conditions, HW=HW,
+                    patch_size=self.patch_size, rotary_emb=rotary_emb)
+            out = out + self.out_proj_cam(self._camera_softmax(x, ray_transforms, attn_dtype, use_triton))
+        if self.use_output_gate and self.output_gate is not None:
+            out = out * F.silu(self.output_gate(x).to(torch.float32))
+        return self.proj(out.to(x.dtype))
+
+    def _main_softmax(self, x, rotary_emb, attn_dtype, use_triton):
+        """Main branch up to (not including) the gate: (B, N, C) in x.dtype."""
+        from kernels.main_prep import main_prep
+        from kernels.main_reference import main_prep_ref
+
+        batch, tokens, channels = x.shape
+        heads, dim = self.heads, self.dim
+        qkv = self.qkv(x)
+        q_raw, k_raw, v = qkv[..., :channels], qkv[..., channels:2 * channels], qkv[..., 2 * channels:]
+        if use_triton:
+            q = torch.empty(batch, tokens, channels, device=x.device, dtype=attn_dtype)
+            k = torch.empty_like(q)
+            main_prep(q_raw, self.q_norm.weight, heads, norm_eps=self.q_norm.eps, relu=False, rope=rotary_emb, out=q)
+            main_prep(k_raw, self.k_norm.weight, heads, norm_eps=self.k_norm.eps, relu=False, rope=rotary_emb, out=k)
+        else:
+            q = main_prep_ref(q_raw, self.q_norm.weight, heads, norm_eps=self.q_norm.eps, relu=False,
+                              rope=rotary_emb).to(attn_dtype)
+            k = main_prep_ref(k_raw, self.k_norm.weight, heads, norm_eps=self.k_norm.eps, relu=False,
+                              rope=rotary_emb).to(attn_dtype)
+        v = v.to(attn_dtype)
+
+        def heads_first(t):
+            return t.reshape(batch, tokens, heads, dim).transpose(1, 2)
+
+        o = F.scaled_dot_product_attention(heads_first(q), heads_first(k), heads_first(v))
+        return o.transpose(1, 2).reshape(batch, tokens, channels).to(x.dtype)
+
+    def _camera_softmax(self, x, ray_transforms, attn_dtype, use_triton):
+        """Camera branch up to (not including) out_proj_cam: (B, N, C) in x.dtype, world space."""
+        if use_triton:
+            from kernels.softmax_cam import cam_softmax_decode, cam_softmax_encode
+        else:
+            from kernels.main_reference import cam_softmax_decode_ref as cam_softmax_decode
+            from kernels.main_reference import cam_softmax_encode_ref as cam_softmax_encode
+
+        q_enc, k_enc, v_enc = cam_softmax_encode(
+            self.q_proj_cam(x), self.k_proj_cam(x), self.v_proj_cam(x), ray_transforms,
+            q_norm_weight=self.q_norm_cam.weight, k_norm_weight=self.k_norm_cam.weight,
+            norm_eps=self.q_norm_cam.eps, heads=self.cam_heads, out_dtype=attn_dtype)
+        o = F.scaled_dot_product_attention(q_enc.transpose(1, 2), k_enc.transpose(1, 2), v_enc.transpose(1, 2))
+        return cam_softmax_decode(o, ray_transforms, dim=self.cam_head_dim, out_dtype=x.dtype)
+
+
+def patch_softmax_block(attention, *, kernels: str = "fused", precision: str = "tf32"):
+    """Return the patched softmax attention for `attention` (updates it in place if already patched)."""
+    if isinstance(attention, PatchedSoftmaxAttention):
+        attention.kernels, attention.precision = kernels, precision
+        return attention
+    if not isinstance(attention, _SoftmaxUCPESinglePathLiteLA):
+        raise TypeError(f"expected a softmax-block attention, got {type(attention).__name__}")
+    return PatchedSoftmaxAttention.adopt(attention, kernels=kernels, precision=precision)

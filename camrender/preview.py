@@ -1,0 +1,447 @@
+"""CPU preview of a camera path through a synthetic proxy scene (numpy only, no torch).
+
+The proxy scene lives in the OpenCV world frame the trajectory uses (+x right, +y down,
++z forward), so "up" is -y. With ``scale = 1`` (world units of the trajectory):
+
+* ground: the plane y = +1.5 (1.5 units below the origin), a 1-unit checker with grid
+  lines; the world x axis (z = 0) is drawn red, the z axis (x = 0) blue;
+* sky: a gradient from a pale horizon to a deep blue zenith, with fog over the ground
+  so the horizon line is visible;
+* landmarks standing on the ground (see `LANDMARKS`): red ahead (+z), magenta right
+  (+x), cyan left (-x), orange behind (-z), and others, so a glance tells where the
+  camera looks.
+
+By default poses are taken relative to frame 0 (``inv(c2w_0) @ c2w_f``), as the model
+sees them (SPEC section 1.1): the first frame always looks from the origin along +z at
+the red sphere. Pixel (column u, row v) has image coordinates (u, v) (OpenCV: pixel
+centres at integer coordinates), ray direction ((u - cx) / fx, (v - cy) / fy, 1) in the
+camera frame -- the same grid the model's Plucker maps use.
+
+Rendering is per-pixel analytic ray casting, vectorised over bands of rows (threads
+share the bands: numpy releases the GIL on large array operations).
+"""
+from __future__ import annotations
+
+import inspect
+import sys
+import math
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from camrender.errors import CamrenderError
+
+GROUND_Y = 1.5
+"""World y of the ground plane for scale 1 (OpenCV +y is down: the ground is 1.5 units below the origin)."""
+
+def _rgb255(r, g, b):
+    # colours on a 0..255 scale plus 0.5: blends stay inside, truncation to uint8 rounds
+    return np.array([r, g, b], np.float32) * 255.0 + 0.5
+
+
+_SKY_HORIZON = _rgb255(0.80, 0.86, 0.92)
+_SKY_ZENITH = _rgb255(0.25, 0.45, 0.80)
+_X_AXIS_LINE = _rgb255(0.80, 0.15, 0.10)
+_Z_AXIS_LINE = _rgb255(0.10, 0.25, 0.85)
+# the ground is a grey luminance (checker + grid lines) times a warm tint
+_GROUND_TINT = np.array([1.0, 0.97, 0.90], np.float32)
+_GROUND_LIGHT_L = np.float32(0.64 * 255)
+_GROUND_DARK_L = np.float32(0.53 * 255)
+_GRID_LINE_L = np.float32(0.30 * 255)
+_LIGHT_DIR = np.array([0.4, -0.8, -0.3])  # towards the light (from above, right, behind)
+_LIGHT_DIR = _LIGHT_DIR / np.linalg.norm(_LIGHT_DIR)
+_FOG_DISTANCE = 60.0  # world units at scale 1 over which the ground fades ~63% into the horizon colour
+_GRID_SPACING = 1.0
+_GRID_WIDTH = 0.03
+_AXIS_WIDTH = 0.08
+_BAND_ROWS = 32
+PREVIEW_X264_PRESET = "veryfast"
+
+
+@dataclass(frozen=True)
+class Landmark:
+    """One coloured object of the proxy scene (positions in world units at scale 1).
+
+    kind: "sphere" (size = radius) or "box" (size = half extents (x, y, z), axis aligned).
+    colour: RGB in [0, 1].
+    """
+
+    name: str
+    kind: str
+    center: tuple[float, float, float]
+    size: float | tuple[float, float, float]
+    colour: tuple[float, float, float]
+
+
+LANDMARKS: tuple[Landmark, ...] = (
+    Landmark("red sphere (ahead)", "sphere", (0.0, 1.0, 3.0), 0.5, (0.90, 0.12, 0.10)),
+    # a thin post on the first view axis, 2 units ahead: the default orbit centre
+    Landmark("dark post (orbit centre)", "box", (0.0, 0.25, 2.0), (0.04, 1.25, 0.04), (0.20, 0.20, 0.22)),
+    Landmark("green box", "box", (3.0, 1.0, 6.0), (0.5, 0.5, 0.5), (0.15, 0.70, 0.20)),
+    Landmark("blue sphere", "sphere", (-3.0, 0.9, 6.0), 0.6, (0.15, 0.30, 0.90)),
+    Landmark("yellow pillar (far ahead)", "box", (0.0, 0.0, 12.0), (0.3, 1.5, 0.3), (0.95, 0.85, 0.10)),
+    Landmark("magenta sphere (right)", "sphere", (5.0, 1.0, 0.0), 0.5, (0.85, 0.15, 0.75)),
+    Landmark("cyan sphere (left)", "sphere", (-5.0, 1.0, 0.0), 0.5, (0.10, 0.80, 0.85)),
+    Landmark("orange box (behind)", "box", (0.0, 0.9, -5.0), (0.6, 0.6, 0.6), (0.95, 0.50, 0.10)),
+    Landmark("white pillar", "box", (-6.0, 0.0, 9.0), (0.25, 1.5, 0.25), (0.92, 0.92, 0.92)),
+)
+
+
+@dataclass(frozen=True)
+class _Object:
+    kind: str
+    center: np.ndarray  # (3,) float64
+    size: np.ndarray  # (1,) radius or (3,) half extents
+    colour: np.ndarray  # (3,) float32
+    corners: np.ndarray  # (8, 3) bounding-box corners, world
+
+
+class ProxyScene:
+    """The synthetic scene, scaled by `scale` (world units per scene unit) about the origin."""
+
+    def __init__(self, scale: float = 1.0, landmarks: tuple[Landmark, ...] = LANDMARKS):
+        if not (math.isfinite(scale) and scale > 0):
+            raise CamrenderError(f"scene scale must be a positive number, got {scale}", field="scale")
+        self.scale = float(scale)
+        self.ground_y = GROUND_Y * self.scale
+        self.landmarks = landmarks
+        self._objects = [self._object(lm) for lm in landmarks]
+
+    def _object(self, lm: Landmark) -> _Object:
+        center = np.asarray(lm.center, np.float64) * self.scale
+        if lm.kind == "sphere":
+            size = np.array([float(lm.size)]) * self.scale
+            half = np.repeat(size, 3)
+        elif lm.kind == "box":
+            size = np.asarray(lm.size, np.float64) * self.scale
+            half = size
+        else:
+            raise ValueError(f"unknown landmark kind {lm.kind!r}")
+        signs = np.array([[sx, sy, sz] for sx in (-1, 1) for sy in (-1, 1) for sz in (-1, 1)], np.float64)
+        return _Object(lm.kind, center, size, np.asarray(lm.colour, np.float32), center + signs * half)
+
+    def landmark_center(self, name_prefix: str) -> np.ndarray:
+        """World position (3,) of the first landmark whose name starts with `name_prefix`."""
+        for lm, obj in zip(self.landmarks, self._objects):
+            if lm.name.startswith(name_prefix):
+                return obj.center.copy()
+        raise KeyError(name_prefix)
+
+    # -- rendering ---------------------------------------------------------------------------
+
+    def render(self, c2w: np.ndarray, intrinsics, width: int, height: int, *,
+               executor: ThreadPoolExecutor | None = None) -> np.ndarray:
+        """Render one frame.
+
+        c2w: (4, 4) OpenCV camera-to-world; intrinsics: (fx, fy, cx, cy) in pixels of
+        width x height. Returns (height, width, 3) uint8 RGB. `executor` spreads bands of
+        rows over threads.
+        """
+        fx, fy, cx, cy = (float(v) for v in intrinsics)
+        if not (fx > 0 and fy > 0):
+            raise CamrenderError(f"focal lengths must be positive, got fx={fx}, fy={fy}", field="intrinsics")
+        c2w = np.asarray(c2w, np.float64)
+        rot = c2w[:3, :3]
+        cols = (np.arange(width, dtype=np.float64) - cx) / fx
+        rows = (np.arange(height, dtype=np.float64) - cy) / fy
+        # unnormalised world ray directions d = R @ (x, y, 1) split as column term + row term,
+        # so each component of a band costs one broadcast add. The camera-frame z component of
+        # d is 1: a ray parameter t is the depth along the optical axis.
+        col_terms = (rot[:, 0:1] * cols[None, :]).astype(np.float32)  # (3, W)
+        row_terms = (rot[:, 1:2] * rows[None, :] + rot[:, 2:3]).astype(np.float32)  # (3, H)
+        frame = _Frame(
+            origin=c2w[:3, 3].copy(),
+            col_terms=col_terms,
+            row_terms=row_terms,
+            pixel_angle=0.5 / fx + 0.5 / fy,
+            windows=[self._screen_window(obj, c2w, (fx, fy, cx, cy), width, height) for obj in self._objects],
+        )
+        image = np.empty((height, width, 3), np.uint8)
+        bands = [(r0, min(r0 + _BAND_ROWS, height)) for r0 in range(0, height, _BAND_ROWS)]
+        if executor is not None:
+            list(executor.map(lambda band: self._render_band(frame, band, image), bands))
+        else:
+            for band in bands:
+                self._render_band(frame, band, image)
+        return image
+
+    def _screen_window(self, obj: _Object, c2w, intr, width, height):
+        """Pixel rectangle (v0, v1, u0, u1) that can contain the object, or None when it cannot be seen."""
+        fx, fy, cx, cy = intr
+        cam = (obj.corners - c2w[:3, 3]) @ c2w[:3, :3]  # (8, 3) corners in the camera frame
+        z = cam[:, 2]
+        if np.all(z <= 0):
+            return None
+        if np.any(z <= 1e-6):  # the box straddles the camera plane: no bounded projection
+            return (0, height, 0, width)
+        u = fx * cam[:, 0] / z + cx
+        v = fy * cam[:, 1] / z + cy
+        u0, u1 = int(max(0, math.floor(u.min()) - 1)), int(min(width, math.ceil(u.max()) + 2))
+        v0, v1 = int(max(0, math.floor(v.min()) - 1)), int(min(height, math.ceil(v.max()) + 2))
+        if u0 >= u1 or v0 >= v1:
+            return None
+        return (v0, v1, u0, u1)
+
+    def _render_band(self, frame: "_Frame", band, image: np.ndarray) -> None:
+        """Shade rows [r0, r1) into image[r0:r1] (colours are kept on a 0..255 scale plus 0.5,
+        so that the final float -> uint8 truncation rounds)."""
+        r0, r1 = band
+        ct, rt = frame.col_terms, frame.row_terms
+        dx = ct[0][None, :] + rt[0, r0:r1, None]
+        dy = ct[1][None, :] + rt[1, r0:r1, None]
+        dz = ct[2][None, :] + rt[2, r0:r1, None]
+        norm = np.sqrt(dx * dx + dy * dy + dz * dz)
+        down = dy / norm  # sine of the angle below the horizon
+        above = self.ground_y - frame.origin[1]  # camera height over the ground (+y is down)
+
+        # sky: pale at the horizon, deeper towards the zenith
+        up = np.minimum(down, 0)
+        np.sqrt(-up, out=up)
+
+        # the ground plane is seen from above (rays going down) or, with the camera under it,
+        # from below; bands without such rays are sky only
+        sees_ground = (above > 0 and dy.max() > 0) or (above < 0 and dy.min() < 0)
+        if sees_ground:
+            t, planes = self._ground(frame, above, dx, dy, dz, norm, down, up)
+        else:
+            t = np.full(dx.shape, np.float32(np.inf))
+            planes = [_SKY_HORIZON[c] + up * (_SKY_ZENITH[c] - _SKY_HORIZON[c]) for c in range(3)]
+
+        for obj, window in zip(self._objects, frame.windows):
+            if window is None:
+                continue
+            v0, v1, u0, u1 = window
+            a, b = max(v0, r0), min(v1, r1)
+            if a >= b:
+                continue
+            sl = (slice(a - r0, b - r0), slice(u0, u1))
+            self._object_hits(obj, frame.origin, dx[sl], dy[sl], dz[sl], norm[sl],
+                              [p[sl] for p in planes], t[sl])
+        for c in range(3):
+            image[r0:r1, :, c] = planes[c]
+
+    def _ground(self, frame, above, dx, dy, dz, norm, down, up):
+        """Ray depth t to the ground (huge where a ray misses it) and the 3 colour planes of
+        ground blended with sky; `up` (sky gradient weight) is zeroed under the horizon when
+        the camera is below the ground."""
+        if above > 0:
+            t = np.float32(above) / np.maximum(dy, np.float32(1e-12))
+        else:
+            t = np.float32(above) / np.minimum(dy, np.float32(-1e-12))
+            up *= dy >= 0
+        s_inv = np.float32(1.0 / (self.scale * _GRID_SPACING))
+        gx = (np.float32(frame.origin[0]) + t * dx) * s_inv  # ground point in grid cells
+        gz = (np.float32(frame.origin[2]) + t * dz) * s_inv
+        fog = t * norm
+        fog *= np.float32(1.0 / (_FOG_DISTANCE * self.scale))
+        fog += 1
+        np.divide(1, fog, out=fog)  # 1 near the camera, -> 0 far away and for rays missing the ground
+        if above > 0:
+            fog *= dy > 0  # (guards the 1e-12 clamp on rays exactly at the horizon)
+        # checker (0 light, 1 dark)
+        checker = np.floor(gx) + np.floor(gz)
+        checker *= 0.5
+        checker -= np.floor(checker)
+        # pixel footprint on the ground in grid cells (stretched at grazing angles); the
+        # box-filtered line coverage then fades thin far lines instead of aliasing.
+        inv_fp = np.sqrt(np.maximum(np.abs(down), np.float32(0.02)))
+        inv_fp /= t
+        inv_fp *= np.float32(1.0 / (frame.pixel_angle * s_inv))
+        dist = np.minimum(np.abs(gx - np.rint(gx)), np.abs(gz - np.rint(gz)))
+        grid = _cover(dist, _GRID_WIDTH * 0.5, inv_fp)
+        lum = _GROUND_LIGHT_L + checker * np.float32(_GROUND_DARK_L - _GROUND_LIGHT_L)
+        lum += grid * (np.float32(_GRID_LINE_L) - lum)
+        # axis lines (world x axis at z = 0, z axis at x = 0), blended only in bands that show them
+        axis_half = _AXIS_WIDTH * 0.5 * self.scale * s_inv
+        cover_x_axis = _cover(np.abs(gz), axis_half, inv_fp)
+        cover_z_axis = _cover(np.abs(gx), axis_half, inv_fp)
+        has_x_axis, has_z_axis = cover_x_axis.any(), cover_z_axis.any()
+        planes = []
+        for c in range(3):
+            g = lum * _GROUND_TINT[c]
+            if has_x_axis:
+                g += cover_x_axis * (_X_AXIS_LINE[c] - g)
+            if has_z_axis:
+                g += cover_z_axis * (_Z_AXIS_LINE[c] - g)
+            g -= _SKY_HORIZON[c]
+            g *= fog
+            g += up * (_SKY_ZENITH[c] - _SKY_HORIZON[c])
+            g += _SKY_HORIZON[c]
+            planes.append(g)
+        return t, planes
+
+    def _object_hits(self, obj: _Object, origin, dx, dy, dz, norm, planes, depth):
+        """Shade the object into `planes` (3 views of (h, w)) where it is nearer than `depth` (updated)."""
+        ox, oy, oz = (origin - obj.center).astype(np.float32)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            if obj.kind == "sphere":
+                r = np.float32(obj.size[0])
+                a = norm * norm
+                b = dx * ox + dy * oy + dz * oz
+                c = np.float32(ox * ox + oy * oy + oz * oz - r * r)
+                disc = b * b - a * c
+                hit = disc >= 0
+                if not hit.any():
+                    return
+                t = (-b - np.sqrt(np.maximum(disc, 0))) / a
+                hit &= (t > 0) & (t < depth)
+                if not hit.any():
+                    return
+                nx = (ox + t * dx) / r
+                ny = (oy + t * dy) / r
+                nz = (oz + t * dz) / r
+            else:
+                tnear = np.full(dx.shape, -np.inf, np.float32)
+                tfar = np.full(dx.shape, np.inf, np.float32)
+                face = np.zeros(dx.shape, np.int8)
+                for axis, (o, d, h) in enumerate(zip((ox, oy, oz), (dx, dy, dz), obj.size.astype(np.float32))):
+                    t1 = (-h - o) / d
+                    t2 = (h - o) / d
+                    lo = np.minimum(t1, t2)
+                    hi = np.maximum(t1, t2)
+                    parallel = d == 0  # ray inside the slab: unbounded; outside: miss
+                    if parallel.any():
+                        inside = abs(o) <= h
+                        lo[parallel] = -np.inf if inside else np.inf
+                        hi[parallel] = np.inf if inside else -np.inf
+                    face[lo > tnear] = axis
+                    np.maximum(tnear, lo, out=tnear)
+                    np.minimum(tfar, hi, out=tfar)
+                t = tnear
+                hit = (tfar >= tnear) & (tnear > 0) & (t < depth)
+                if not hit.any():
+                    return
+                nx = np.where(face == 0, -np.sign(dx), 0).astype(np.float32)
+                ny = np.where(face == 1, -np.sign(dy), 0).astype(np.float32)
+                nz = np.where(face == 2, -np.sign(dz), 0).astype(np.float32)
+        lx, ly, lz = _LIGHT_DIR.astype(np.float32)
+        shade = np.float32(0.45) + np.float32(0.55) * np.maximum(nx * lx + ny * ly + nz * lz, 0)
+        fog = 1 / (1 + t * norm * np.float32(1.0 / (_FOG_DISTANCE * self.scale)))
+        for c in range(3):
+            value = _SKY_HORIZON[c] + fog * (obj.colour[c] * 255.0 * shade + 0.5 - _SKY_HORIZON[c])
+            np.copyto(planes[c], value, where=hit)
+        np.copyto(depth, t, where=hit)
+
+
+@dataclass
+class _Frame:
+    origin: np.ndarray  # (3,) float64 camera centre, world
+    col_terms: np.ndarray  # (3, W) float32: R[:, 0] * (u - cx) / fx
+    row_terms: np.ndarray  # (3, H) float32: R[:, 1] * (v - cy) / fy + R[:, 2]
+    pixel_angle: float  # radians per pixel at the image centre (mean of 1/fx, 1/fy)
+    windows: list  # per object: (v0, v1, u0, u1) or None
+
+
+def _cover(dist, half_width, inv_footprint):
+    """Fraction of a pixel covered by a line of half width `half_width` at distance `dist`
+    (same units); a box filter of width 1 / inv_footprint. Returns float32 in [0, 1]."""
+    cover = np.float32(half_width) * inv_footprint
+    cap = np.minimum(cover + cover, np.float32(1))  # a line thinner than a pixel covers 2w/fp at most
+    cover += np.float32(0.5)
+    cover -= dist * inv_footprint
+    np.maximum(cover, 0, out=cover)
+    np.minimum(cover, cap, out=cover)
+    return cover
+
+
+# -- whole paths -------------------------------------------------------------------------------
+
+
+def preview_size(traj, width: int | None = None, height: int | None = None) -> tuple[int, int]:
+    """Output (width, height): the trajectory's own size, or the requested one (the missing side
+    keeps the aspect ratio; both rounded to even numbers for H.264)."""
+    if width is None and height is None:
+        w, h = traj.width, traj.height
+    elif height is None:
+        w, h = width, width * traj.height / traj.width
+    elif width is None:
+        w, h = height * traj.width / traj.height, height
+    else:
+        w, h = width, height
+    w, h = max(2, int(math.floor(w / 2 + 0.5)) * 2), max(2, int(math.floor(h / 2 + 0.5)) * 2)
+    return w, h
+
+
+def scaled_intrinsics(traj, width: int, height: int) -> np.ndarray:
+    """(F, 4) intrinsics of `traj` rescaled to width x height (fx, cx times width/W; fy, cy times height/H)."""
+    k = np.asarray(traj.intrinsics, np.float64).copy()
+    k[:, [0, 2]] *= width / traj.width
+    k[:, [1, 3]] *= height / traj.height
+    return k
+
+
+def relative_poses(c2w: np.ndarray) -> np.ndarray:
+    """(F, 4, 4) poses relative to frame 0: inv(c2w_0) @ c2w_f (the model's view of the path)."""
+    c2w = np.asarray(c2w, np.float64)
+    return np.linalg.inv(c2w[0]) @ c2w
+
+
+def pose_angles(c2w: np.ndarray) -> tuple[float, float, float]:
+    """(yaw, pitch, roll) in degrees of an OpenCV c2w: yaw > 0 turned towards +x, pitch > 0
+    looking up (towards -y), roll about the view axis (right-handed about +z)."""
+    r = np.asarray(c2w)[:3, :3]
+    yaw = math.degrees(math.atan2(r[0, 2], r[2, 2]))
+    pitch = math.degrees(math.asin(max(-1.0, min(1.0, -r[1, 2]))))
+    roll = math.degrees(math.atan2(r[1, 0], r[1, 1]))
+    return yaw + 0.0, pitch + 0.0, roll + 0.0  # + 0.0 turns -0.0 into 0.0 for display
+
+
+def render_frames(traj, *, width: int | None = None, height: int | None = None, overlay: bool = False,
+                  scene_scale: float = 1.0, relative: bool = True, threads: int | None = None):
+    """Yield one (H, W, 3) uint8 frame per trajectory frame (see module docstring)."""
+    from camrender.overlay import draw_text
+
+    w, h = preview_size(traj, width, height)
+    intr = scaled_intrinsics(traj, w, h)
+    poses = relative_poses(traj.c2w) if relative else np.asarray(traj.c2w, np.float64)
+    scene = ProxyScene(scene_scale)
+    threads = threads or min(8, os.cpu_count() or 1)
+    executor = ThreadPoolExecutor(threads) if threads > 1 else None
+    try:
+        for f in range(len(poses)):
+            image = scene.render(poses[f], intr[f], w, h, executor=executor)
+            if overlay:
+                draw_text(image, overlay_lines(f, len(poses), poses[f], intr[f], w, h))
+            yield image
+    finally:
+        if executor is not None:
+            executor.shutdown()
+
+
+def overlay_lines(frame: int, num_frames: int, c2w, intrinsics, width: int, height: int) -> list[str]:
+    """Text drawn by --overlay: frame number, camera position, yaw/pitch/roll and horizontal fov."""
+    x, y, z = np.asarray(c2w)[:3, 3]
+    yaw, pitch, roll = pose_angles(c2w)
+    fx, _, cx, _ = intrinsics
+    hfov = math.degrees(math.atan(cx / fx) + math.atan((width - cx) / fx))
+    return [
+        f"frame {frame}/{num_frames - 1}",
+        f"x {x:+.2f} y {y:+.2f} z {z:+.2f}",
+        f"yaw {yaw:+.1f} pitch {pitch:+.1f} roll {roll:+.1f}",
+        f"hfov {hfov:.1f}",
+    ]
+
+
+def write_preview(traj, path, *, width: int | None = None, height: int | None = None, overlay: bool = False,
+                  scene_scale: float = 1.0, relative: bool = True, progress: bool = False) -> tuple[int, int]:
+    """Render the preview of `traj` to an mp4 at `path` (atomic); returns the (width, height) written."""
+    import click
+
+    from camrender.video import VideoWriter
+
+    w, h = preview_size(traj, width, height)
+    frames = render_frames(traj, width=w, height=h, overlay=overlay, scene_scale=scene_scale, relative=relative)
+    options = {}
+    if "preset" in inspect.signature(VideoWriter).parameters:
+        options["preset"] = PREVIEW_X264_PRESET  # x264's default ("medium") costs more than the rendering
+    with VideoWriter(path, traj.fps, **options) as writer:
+        if progress:
+            with click.progressbar(frames, length=traj.num_frames, label="preview", file=sys.stderr) as bar:
+                for image in bar:
+                    writer.append(image[None])
+        else:
+            for image in frames:
+                writer.append(image[None])
+    return w, h

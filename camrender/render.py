@@ -1,0 +1,322 @@
+"""Render requests and the full-clip sampler.
+
+`RenderRequest` holds everything one render needs (what to render and with which model).
+`render_frames(pipe, request, progress)` is the one entry the CLI calls: it yields uint8
+video frames (F_chunk, H, W, 3) in order, to be appended to a `camrender.video.VideoWriter`.
+It dispatches on `request.mode`:
+
+- "full": `render_full` below denoises the whole clip at once and yields all frames.
+- "segments": `camrender.render_segments.render_segments(pipe, request, progress)`, which must
+  have the same contract (a generator of uint8 frame chunks, one per finished segment).
+
+`progress` is None or a callable `progress(done, total, info="")`: `done` of `total` units
+(denoising steps here, segments there) finished; `info` is a short free-text status.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional
+
+import numpy as np
+
+from camrender.errors import CamrenderError
+
+DEFAULT_MODEL = "Efficient-Large-Model/SANA-WM_bidirectional-diffusers"
+DEFAULT_NEGATIVE_PROMPT = ""
+
+
+@dataclasses.dataclass
+class RenderRequest:
+    """One render: a camera path plus the sampling and model settings.
+
+    Attributes:
+        traj: the resolved `camrender.trajectory.Trajectory` (c2w (F, 4, 4) OpenCV, intrinsics
+            (F, 4) pixels of `traj.width` x `traj.height`).
+        prompt, negative_prompt: text conditioning (negative only used with guidance > 1).
+        image: first-frame image path (str/Path) or a PIL image; None -> zero first frame.
+        steps: denoising steps (None: the mode's default schedule; full mode needs a number).
+        guidance: classifier-free guidance scale (<= 1 disables CFG).
+        seed: noise seed (CPU generator, so renders repeat across devices).
+        num_frames: video frames F = 8k + 1; fps: output frame rate.
+        height, width: output size in pixels (multiples of the VAE's spatial stride).
+        model: hub id, local diffusers folder, or "tiny".
+        dtype: "auto" (bfloat16 on CUDA, float32 on CPU) | "bfloat16" | "float16" | "float32".
+        device: "cuda", "cuda:1", "cpu", ... or None for auto (CUDA when available).
+        offload: model CPU offload (components move to the device only while they run).
+        transformer_weights: optional original-format DiT file loaded over the transformer.
+        kernels: "fused" | "torch" (which camera-branch implementation the patch uses).
+        mode: "full" (whole clip at once) | "segments" (chunk-causal, state-cached).
+        segment_frames: latent frames per segment (segment mode).
+        cached_segments: how many recent segments softmax blocks attend to (segment mode).
+        out: output video path.
+    """
+
+    traj: Any
+    prompt: str = ""
+    negative_prompt: str = DEFAULT_NEGATIVE_PROMPT
+    image: Any = None
+    steps: Optional[int] = 60
+    guidance: float = 5.0
+    seed: int = 0
+    num_frames: int = 161
+    fps: float = 16.0
+    height: int = 704
+    width: int = 1280
+    model: str = DEFAULT_MODEL
+    dtype: str = "auto"
+    device: Optional[str] = None
+    offload: bool = False
+    transformer_weights: Optional[str] = None
+    kernels: str = "fused"
+    mode: str = "full"
+    segment_frames: int = 3
+    cached_segments: int = 2
+    out: Optional[Path] = None
+
+
+MODES = ("full", "segments")
+DTYPES = ("auto", "bfloat16", "float16", "float32")
+MAX_SEQUENCE_LENGTH = 300  # prompt tokens, as the released pipeline
+Progress = Optional[Callable[..., None]]
+
+
+# ----------------------------------------------------------------------------- entry point
+def render_frames(pipe, request: RenderRequest, progress: Progress = None) -> Iterator[np.ndarray]:
+    """Yield the video of `request` as uint8 (F_chunk, H, W, 3) chunks, in order (see module docstring)."""
+    if request.mode == "full":
+        yield from render_full(pipe, request, progress)
+    elif request.mode == "segments":
+        try:
+            from camrender.render_segments import render_segments
+        except ModuleNotFoundError as error:
+            if error.name != "camrender.render_segments":
+                raise
+            raise CamrenderError("segment mode is not available in this build", field="mode") from None
+        yield from render_segments(pipe, request, progress)
+    else:
+        raise CamrenderError(f"must be one of {', '.join(MODES)}, got {request.mode!r}", field="mode")
+
+
+def render_full(pipe, request: RenderRequest, progress: Progress = None) -> Iterator[np.ndarray]:
+    """Full-clip render: denoise all latent frames together, decode, yield every frame at once."""
+    yield to_uint8(sample_video(pipe, request, progress))
+
+
+# ----------------------------------------------------------------------------- inputs
+def open_image(image):
+    """The first-frame image as an RGB PIL image; `image` is a path or a PIL image.
+
+    Raises CamrenderError (naming the file, field "image") when it is missing or unreadable.
+    """
+    import PIL.Image
+
+    if isinstance(image, PIL.Image.Image):
+        return image.convert("RGB")
+    path = Path(image)
+    if not path.exists():
+        raise CamrenderError("first-frame image not found", path=path, field="image")
+    if path.is_dir():
+        raise CamrenderError("first-frame image is a directory", path=path, field="image")
+    try:
+        with PIL.Image.open(path) as handle:
+            handle.load()
+            return handle.convert("RGB")
+    except (OSError, ValueError, PIL.Image.DecompressionBombError) as error:
+        raise CamrenderError(f"cannot read the image ({error})", path=path, field="image") from None
+
+
+def first_frame_pixels(image, height: int, width: int):
+    """Resize (aspect kept, cover) and center-crop to height x width; (1, 3, H, W) float32 in [-1, 1].
+
+    The same resize+crop rule maps the trajectory's intrinsics (`camrender.camera`).
+    """
+    import torch
+    from diffusers.pipelines.sana_wm.cam_utils import resize_and_center_crop
+
+    cropped = resize_and_center_crop(open_image(image), height, width)[0]
+    pixels = torch.from_numpy(np.asarray(cropped, dtype=np.float32) / 255.0)
+    return (pixels.permute(2, 0, 1)[None] * 2.0 - 1.0).contiguous()
+
+
+def neutral_first_frame(height: int, width: int):
+    """Mid-gray (1, 3, H, W) frame: the stand-in first frame of the tiny offline model."""
+    import torch
+
+    return torch.zeros(1, 3, height, width)
+
+
+def check_request(pipe, request: RenderRequest) -> None:
+    """Raise CamrenderError when the request does not fit the model's strides."""
+    t_stride, s_stride = pipe.vae_temporal_compression_ratio, pipe.vae_spatial_compression_ratio
+    patch = pipe.transformer.config.patch_size
+    frames = request.traj.num_frames
+    if frames != request.num_frames:
+        raise CamrenderError(f"trajectory has {frames} frames but {request.num_frames} were requested", field="frames")
+    if (frames - 1) % t_stride:
+        raise CamrenderError(f"the model renders {t_stride}k+1 frames, got {frames}", field="frames")
+    for name, size, step in (("height", request.height, s_stride * patch[1]), ("width", request.width, s_stride * patch[2])):
+        if size <= 0 or size % step:
+            raise CamrenderError(f"must be a positive multiple of {step} for this model, got {size}", field=name)
+    if request.steps is not None and request.steps < 1:
+        raise CamrenderError(f"must be at least 1, got {request.steps}", field="steps")
+
+
+# ----------------------------------------------------------------------------- model pieces
+def encode_text(pipe, request: RenderRequest, device, guidance: bool):
+    """Gemma-2 prompt embeddings as the released pipeline builds them (chi prefix, right padding).
+
+    Returns (embeds (B, 1, L, D), mask (B, L)) with B = 2 ([negative, prompt]) under guidance, else 1.
+    """
+    import torch
+    from diffusers.pipelines.sana_wm.pipeline_sana_wm import DEFAULT_CHI_PROMPT
+
+    cond, cond_mask, neg, neg_mask = pipe.encode_prompt(
+        request.prompt or "",
+        request.negative_prompt or "",
+        device=device,
+        max_sequence_length=MAX_SEQUENCE_LENGTH,
+        chi_prompt=DEFAULT_CHI_PROMPT,
+    )
+    if not guidance:
+        return cond, cond_mask
+    return torch.cat([neg, cond]), torch.cat([neg_mask, cond_mask])
+
+
+def encode_first_frame(vae, pixels, device, dtype):
+    """VAE posterior mode of the first frame, normalised: (1, C_lat, 1, h, w) in `dtype`."""
+    z = vae.encode(pixels[:, :, None].to(device, dtype=vae.dtype)).latent_dist.mode()
+    mean = vae.latents_mean.view(1, -1, 1, 1, 1).to(z)
+    std = vae.latents_std.view(1, -1, 1, 1, 1).to(z)
+    return ((z - mean) * vae.config.scaling_factor / std).to(dtype)
+
+
+def decode_latents(vae, latents):
+    """Latents (1, C_lat, T, h, w) -> video (F, H, W, 3) float32 in [0, 1] on the CPU."""
+    latents = latents.to(dtype=vae.dtype)
+    mean = vae.latents_mean.view(1, -1, 1, 1, 1).to(latents)
+    std = vae.latents_std.view(1, -1, 1, 1, 1).to(latents)
+    video = vae.decode(latents / vae.config.scaling_factor * std + mean, return_dict=False)[0]
+    return (video[0].float() / 2 + 0.5).clamp(0, 1).permute(1, 2, 3, 0).cpu()
+
+
+def to_uint8(video) -> np.ndarray:
+    """(F, H, W, 3) float in [0, 1] -> uint8 numpy."""
+    import torch
+
+    return (video * 255).round().clamp(0, 255).to(torch.uint8).numpy()
+
+
+def camera_tensors(pipe, request: RenderRequest, device, dtype, batch: int) -> dict:
+    """Camera conditioning from our trajectory (per-frame poses and intrinsics) for the transformer.
+
+    Returns camera_conditions (B, T, 20) and chunk_plucker (B, 48, T, h, w) in `dtype`.
+    """
+    from camrender.camera import build_camera_inputs
+
+    s_stride = pipe.vae_spatial_compression_ratio
+    camera = build_camera_inputs(
+        request.traj,
+        height=request.height,
+        width=request.width,
+        vae_stride=(pipe.vae_temporal_compression_ratio, s_stride, s_stride),
+        patch_size=tuple(pipe.transformer.config.patch_size),
+    )
+    return {
+        "camera_conditions": camera["camera_conditions"][None].to(device, dtype).expand(batch, -1, -1),
+        "chunk_plucker": camera["chunk_plucker"][None].to(device, dtype).expand(batch, -1, -1, -1, -1),
+    }
+
+
+def initial_latents(first_latent, num_latent_frames: int, height: int, width: int, seed: int, device, dtype):
+    """Gaussian noise (1, C, T, h, w) drawn on the CPU from `seed` (repeatable across devices), frame 0 = image latent."""
+    import torch
+
+    generator = torch.Generator("cpu").manual_seed(int(seed))
+    shape = (1, first_latent.shape[1], num_latent_frames, height, width)
+    latents = torch.randn(shape, generator=generator, dtype=dtype).to(device)
+    latents[:, :, :1] = first_latent
+    return latents
+
+
+# ----------------------------------------------------------------------------- sampler
+def sample_latents(pipe, request: RenderRequest, progress: Progress = None):
+    """Flow-match Euler with classifier-free guidance over the whole clip; returns (1, C, T, h, w).
+
+    Latent frame 0 holds the encoded first image and stays clean (its timestep is 0
+    throughout); every other frame starts from noise and follows the scheduler's sigmas.
+    """
+    import torch
+
+    check_request(pipe, request)
+    if request.steps is None:
+        raise CamrenderError("full mode needs a number of denoising steps", field="steps")
+    transformer, scheduler = pipe.transformer, pipe.scheduler
+    device = pipe._execution_device
+    dtype = transformer.dtype
+    guidance = request.guidance > 1.0
+    batch = 2 if guidance else 1
+
+    with torch.no_grad():
+        if request.image is not None:
+            pixels = first_frame_pixels(request.image, request.height, request.width)
+        elif request.model == "tiny":
+            pixels = neutral_first_frame(request.height, request.width)
+        else:
+            raise CamrenderError("SANA-WM needs a first-frame image: pass --image or set \"image\" in the trajectory",
+                                 field="image")
+        text, text_mask = encode_text(pipe, request, device, guidance)
+        first = encode_first_frame(pipe.vae, pixels, device, dtype)
+        camera = camera_tensors(pipe, request, device, dtype, batch)
+
+        frames = (request.num_frames - 1) // pipe.vae_temporal_compression_ratio + 1
+        h = request.height // pipe.vae_spatial_compression_ratio
+        w = request.width // pipe.vae_spatial_compression_ratio
+        latents = initial_latents(first, frames, h, w, request.seed, device, dtype)
+        channels = latents.shape[1]
+        scheduler.set_timesteps(request.steps, device=device)
+        timesteps = scheduler.timesteps
+
+        frame_is_noisy = torch.ones(1, 1, frames, device=device)
+        frame_is_noisy[..., 0] = 0.0  # the conditioning frame is pinned clean
+        token_is_noisy = frame_is_noisy[:, 0, :, None].expand(1, frames, h * w).reshape(1, -1)
+        image_hw = torch.tensor([[request.height, request.width]], dtype=torch.float, device=device)
+
+        for index, t in enumerate(timesteps):
+            frame_timesteps = (t.float() * frame_is_noisy).expand(batch, 1, frames)
+            prediction = transformer(
+                latents.expand(batch, -1, -1, -1, -1),
+                frame_timesteps,
+                text,
+                mask=text_mask,
+                data_info={"img_hw": image_hw},
+                return_dict=False,
+                **camera,
+            )[0]
+            if guidance:
+                uncond, cond = prediction.chunk(2)
+                prediction = uncond + request.guidance * (cond - uncond)
+            stepped = scheduler.step(
+                -prediction.reshape(1, channels, -1).transpose(1, 2),
+                t,
+                latents.reshape(1, channels, -1).transpose(1, 2),
+                per_token_timesteps=t.float() * token_is_noisy,
+                return_dict=False,
+            )[0]
+            stepped = stepped.transpose(1, 2).reshape(latents.shape)
+            latents = torch.where(frame_is_noisy[:, :, :, None, None].bool(), stepped, latents).to(dtype)
+            if progress is not None:
+                progress(index + 1, len(timesteps), f"step {index + 1}/{len(timesteps)}")
+    return latents
+
+
+def sample_video(pipe, request: RenderRequest, progress: Progress = None):
+    """Sample and decode the whole clip: (F, H, W, 3) float32 in [0, 1] on the CPU."""
+    import torch
+
+    latents = sample_latents(pipe, request, progress)
+    with torch.no_grad():
+        video = decode_latents(pipe.vae, latents)
+    if hasattr(pipe, "maybe_free_model_hooks"):
+        pipe.maybe_free_model_hooks()
+    return video

@@ -1,0 +1,203 @@
+"""Segment mode: render a camera path segment by segment with cached block state, streaming the video out.
+
+For every segment of latent frames (`camrender.segments.segment_bounds`: 0, 4, 7, 10, ...):
+
+1. denoise it with the flow-match Euler sampler over a short timestep list (default 1000, 960,
+   889, 727, as the streaming checkpoint was trained; `--steps N` takes the scheduler's N-step
+   list instead), reading the caches of the finished segments; latent frame 0 of the clip is the
+   encoded first image, pinned clean (timestep 0); classifier-free guidance is optional;
+2. run the model once more at timestep 0 on the clean segment: that pass alone writes the caches;
+3. decode the segment with the streaming causal VAE decoder (frames equal a whole-clip causal
+   decode) and yield its frames at once (the CLI appends them to the fragmented mp4).
+
+GPU memory stays flat in the path length: caches hold a fixed number of frames and states.
+`render_segments(pipe, request, progress)` has `camrender.render.render_frames`' contract.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable, Iterator, Optional
+
+import numpy as np
+
+from camrender.errors import CamrenderError
+
+DEFAULT_SEGMENT_TIMESTEPS = (1000.0, 960.0, 889.0, 727.0)
+KERNEL_BACKENDS = {"fused": "auto", "torch": "torch"}  # request.kernels -> SegmentOptions.backend
+
+
+def segment_timesteps(scheduler, steps: Optional[int]) -> list:
+    """Timesteps (in [0, 1000], sigma = t / 1000) each segment is denoised through.
+
+    None -> `DEFAULT_SEGMENT_TIMESTEPS`; an int -> the scheduler's own `steps`-step list.
+    """
+    if steps is None:
+        return list(DEFAULT_SEGMENT_TIMESTEPS)
+    if steps < 1:
+        raise CamrenderError(f"must be at least 1, got {steps}", field="steps")
+    scheduler.set_timesteps(int(steps), device="cpu")
+    return [float(t) for t in scheduler.timesteps]
+
+
+@dataclasses.dataclass
+class SegmentInputs:
+    """Conditioning of one render, whole trajectory (sliced per segment).
+
+    text (B, 1, L, D) and text_mask (B, L) with B = 2 ([negative, prompt]) under guidance, else 1;
+    camera_conditions (B, T, 20) and chunk_plucker (B, 48, T, h, w) or None; first_latent
+    (1, C, 1, h, w) normalised image latent or None; noise (1, C, T, h, w) on the CPU.
+    """
+
+    text: object
+    text_mask: object
+    camera_conditions: object
+    chunk_plucker: object
+    first_latent: object
+    noise: object
+    guidance: float = 1.0
+
+
+def sample_segment(model, inputs: SegmentInputs, start: int, stop: int, cache, timesteps, options, device):
+    """Denoise latent frames [start, stop) and write their caches; returns the clean (1, C, t, h, w).
+
+    Euler on the flow prediction v (x_next = x + (sigma_next - sigma) v, sigma = t / 1000, the last
+    step lands on 0); frame 0 of the clip stays pinned to the image latent at timestep 0.
+    """
+    import torch
+
+    from camrender.segments import prepare_conditioning, segment_forward
+
+    dtype = model.dtype
+    batch = inputs.text.shape[0]
+    frames = stop - start
+    latents = inputs.noise[:, :, start:stop].to(device=device, dtype=dtype).clone()
+    pinned = torch.zeros(frames, dtype=torch.bool, device=device)
+    if start == 0 and inputs.first_latent is not None:
+        latents[:, :, :1] = inputs.first_latent.to(device=device, dtype=dtype)
+        pinned[0] = True
+
+    camera, plucker = inputs.camera_conditions, inputs.chunk_plucker
+    p_t, p_h, p_w = model.patch_size
+    conditioning = prepare_conditioning(
+        model, (frames // p_t, latents.shape[3] // p_h, latents.shape[4] // p_w), inputs.text, inputs.text_mask,
+        camera_conditions=None if camera is None else camera[:, start:stop],
+        chunk_plucker=None if plucker is None else plucker[:, :, start:stop],
+        frame_start=start,
+    )
+
+    def forward(x, timestep, write=False):
+        return segment_forward(
+            model,
+            x.expand(batch, -1, -1, -1, -1),
+            timestep.expand(batch, 1, frames),
+            frame_start=start,
+            cache=cache,
+            write_cache=write,
+            options=options,
+            conditioning=conditioning,
+        )
+
+    sigmas = [t / 1000.0 for t in timesteps] + [0.0]
+    for index, t in enumerate(timesteps):
+        frame_timesteps = torch.full((1, 1, frames), float(t), device=device)
+        frame_timesteps[..., pinned] = 0.0
+        velocity = forward(latents, frame_timesteps).float()
+        if batch == 2:
+            uncond, cond = velocity.chunk(2)
+            velocity = uncond + inputs.guidance * (cond - uncond)
+        stepped = latents.float() + (sigmas[index + 1] - sigmas[index]) * velocity
+        latents = torch.where(pinned[None, None, :, None, None], latents, stepped.to(dtype))
+    forward(latents, torch.zeros(1, 1, frames, device=device), write=True)
+    return latents
+
+
+def sample_segments(model, inputs: SegmentInputs, bounds, timesteps, options, device) -> Iterator:
+    """Yield `(index, start, stop, latents)` for each segment in order, carrying one `SegmentCache`
+    (an offloaded transformer is brought back to the GPU before each segment)."""
+    from camrender.segments import SegmentCache
+
+    cache = SegmentCache.empty(model)
+    for index, (start, stop) in enumerate(bounds):
+        _bring_to_device(model)
+        yield index, start, stop, sample_segment(model, inputs, start, stop, cache, timesteps, options, device)
+
+
+def prepare_inputs(pipe, request, device) -> SegmentInputs:
+    """Text, first-image latent, whole-trajectory camera tensors and noise for `request`
+    (the same conditioning and noise as a full-mode render of the same request)."""
+    import torch
+
+    from camrender import render
+
+    dtype = pipe.transformer.dtype
+    guidance = request.guidance is not None and request.guidance > 1.0
+    batch = 2 if guidance else 1
+    if request.image is not None:
+        pixels = render.first_frame_pixels(request.image, request.height, request.width)
+    elif request.model == "tiny":
+        pixels = render.neutral_first_frame(request.height, request.width)
+    else:
+        raise CamrenderError("SANA-WM needs a first-frame image: pass --image or set \"image\" in the trajectory",
+                             field="image")
+    with torch.no_grad():
+        text, text_mask = render.encode_text(pipe, request, device, guidance)
+        first = render.encode_first_frame(pipe.vae, pixels, device, dtype)
+        camera = render.camera_tensors(pipe, request, device, dtype, batch)
+    frames = (request.num_frames - 1) // pipe.vae_temporal_compression_ratio + 1
+    h = request.height // pipe.vae_spatial_compression_ratio
+    w = request.width // pipe.vae_spatial_compression_ratio
+    noise = render.initial_latents(first.cpu(), frames, h, w, request.seed, "cpu", dtype)
+    return SegmentInputs(text=text, text_mask=text_mask, camera_conditions=camera["camera_conditions"],
+                         chunk_plucker=camera["chunk_plucker"], first_latent=first, noise=noise,
+                         guidance=float(request.guidance or 1.0))
+
+
+def _bring_to_device(module) -> None:
+    """With model CPU offload, run the module's offload hook (as its forward would) so it sits on the GPU."""
+    hook = getattr(module, "_hf_hook", None)
+    if hook is not None and hasattr(hook, "pre_forward"):
+        hook.pre_forward(module)
+
+
+def render_segments(pipe, request, progress: Optional[Callable[..., None]] = None) -> Iterator[np.ndarray]:
+    """Yield the video of `request` as uint8 (F_segment, H, W, 3) chunks, one per finished segment.
+
+    `progress(done, total, info)` is called after each segment (done/total in segments; info:
+    frames written, seconds of video, video frames per second of wall time).
+    """
+    import torch
+
+    from camrender import render
+    from camrender.segment_decode import CausalStreamDecoder, to_uint8_frames
+    from camrender.segments import SegmentOptions, segment_bounds
+
+    render.check_request(pipe, dataclasses.replace(request, steps=request.steps or 1))
+    if request.segment_frames < 1:
+        raise CamrenderError(f"must be at least 1, got {request.segment_frames}", field="segment-frames")
+    if request.cached_segments < 0:
+        raise CamrenderError(f"must be 0 or more, got {request.cached_segments}", field="cached-segments")
+    device = pipe._execution_device
+    model = pipe.transformer
+    options = SegmentOptions(
+        cached_segments=request.cached_segments,
+        backend=KERNEL_BACKENDS.get(request.kernels, "auto"),
+    )
+    timesteps = segment_timesteps(pipe.scheduler, request.steps)
+    inputs = prepare_inputs(pipe, request, device)
+    bounds = segment_bounds(inputs.noise.shape[2], request.segment_frames)
+    decoder = CausalStreamDecoder(pipe.vae)
+
+    written = 0
+    started = time.perf_counter()
+    with torch.no_grad():
+        for index, start, stop, latents in sample_segments(model, inputs, bounds, timesteps, options, device):
+            frames = to_uint8_frames(decoder.decode(latents))
+            written += len(frames)
+            if progress is not None:
+                elapsed = max(time.perf_counter() - started, 1e-9)
+                progress(index + 1, len(bounds), f"{written} frames, {written / request.fps:.1f} s of video, "
+                                                 f"{written / elapsed:.1f} frames/s")
+            yield frames
+    if hasattr(pipe, "maybe_free_model_hooks"):
+        pipe.maybe_free_model_hooks()

@@ -1,0 +1,869 @@
+"""Chunk-causal, state-cached forward of `SanaWMTransformer3DModel`, one segment of latent frames at a time.
+
+A *segment* is a run of latent frames (`segment_bounds`). Information only flows forward across
+segment boundaries, through a per-block cache (`BlockCache`) that the extra timestep-0 pass on a
+finished segment writes (`write_cache=True`) and every denoising pass only reads:
+
+- GDN blocks: the forward scans start from the final states of the previous segment (main KV state,
+  main Z state, camera KV state); reverse scans stay inside the segment. The main short conv's causal
+  half sees the last `K - 1` frames of raw K of earlier segments; its anti-causal half and the whole
+  camera short conv stay inside the segment (zero-padded).
+- Softmax blocks: queries attend to the cached K/V (main K after RoPE, camera K/V after UCPE) of the
+  first segment (the sink) and of the `cached_segments` most recent segments, plus their own segment.
+- FFN temporal conv (kernel 3): the first frame of a segment sees the last frame of the previous
+  segment, the last frame sees zero.
+
+`segment_forward` runs the model on a call holding one segment (with a cache) or several segments
+(with no cache): the latter, `dense_reference_forward`, is the whole-sequence forward with the same
+attention pattern, expressed with reverse-scan restarts and attention masks instead of caches.
+
+The model is read, never modified: every layer call uses the transformer's own submodules.
+Shapes: B batch, T latent frames of the call, S = h * w tokens per frame, N = T * S, C channels,
+H heads, D head dim. Frame indices are absolute latent-frame indices (RoPE and camera inputs keep
+their whole-trajectory positions).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from diffusers.models.normalization import RMSNorm
+
+from kernels.reference import delta_scan_ref
+
+__all__ = [
+    "BlockCache",
+    "SegmentCache",
+    "SegmentOptions",
+    "segment_bounds",
+    "segment_forward",
+    "prepare_conditioning",
+    "SegmentConditioning",
+    "dense_reference_forward",
+]
+
+
+def segment_bounds(num_frames: int, segment_frames: int = 3) -> list[tuple[int, int]]:
+    """Split `num_frames` latent frames into segments: the first holds the conditioning frame plus
+    `segment_frames`, later ones `segment_frames` each; a trailing remainder shorter than
+    `segment_frames` merges into the last segment.
+
+    Returns half-open `(start, stop)` latent-frame ranges, e.g. 21 frames, 3 per segment ->
+    (0, 4), (4, 7), (7, 10), (10, 13), (13, 16), (16, 21).
+    """
+    if num_frames < 1:
+        raise ValueError(f"need at least one latent frame, got {num_frames}")
+    if segment_frames < 1:
+        raise ValueError(f"segment_frames must be >= 1, got {segment_frames}")
+    starts = [0] + list(range(1 + segment_frames, num_frames, segment_frames))
+    if len(starts) > 1 and num_frames - starts[-1] < segment_frames:
+        starts.pop()
+    stops = starts[1:] + [num_frames]
+    return list(zip(starts, stops))
+
+
+@dataclasses.dataclass(frozen=True)
+class SegmentOptions:
+    """How the segment forward computes.
+
+    Attributes:
+        cached_segments: recent segments (besides the sink) softmax blocks attend to.
+        main_softmax_scale: scale of the main softmax attention; None -> 1/sqrt(padded head dim)
+            (1/sqrt(128) for D = 112: both main and camera SDPA pad to 128 in the cached path).
+            Pass 1/sqrt(D) to reproduce the stock bidirectional model.
+        sdpa_dtype: dtype of the softmax attention; None -> bfloat16 for fp32 activations (as
+            diffusers does), the activation dtype otherwise.
+        backend: "torch" (plain PyTorch scans, `kernels.reference`), "auto" (the fused Triton
+            kernels on CUDA when they are importable, PyTorch otherwise) or "fused" (the kernels,
+            an error if they are missing).
+    """
+
+    cached_segments: int = 2
+    main_softmax_scale: Optional[float] = None
+    sdpa_dtype: Optional[torch.dtype] = None
+    backend: str = "torch"
+
+
+@dataclasses.dataclass
+class SoftmaxKV:
+    """Keys and values of one segment for a softmax block, (B, H, n, D) each, in the SDPA dtype
+    (main K after RoPE, camera K and V after UCPE and RMS downscale)."""
+
+    key: torch.Tensor
+    value: torch.Tensor
+    cam_key: Optional[torch.Tensor]
+    cam_value: Optional[torch.Tensor]
+
+
+@dataclasses.dataclass
+class BlockCache:
+    """What one block carries from finished segments to the next one (None before the first write).
+
+    GDN blocks: `kv_state` (B, H, D, D) and `z_state` (B, H, D, 1) main forward-scan states, fp32;
+    `cam_state` (B, H, D, D) camera forward-scan state, fp32; `key_tail` (B, <= K-1, S, C) raw main K
+    (before the short conv) of the latest frames. Softmax blocks: `sink` (first segment) and
+    `recent` (at most `cached_segments` later segments, oldest first). Both: `ffn_tail` (B, C, 1, S),
+    the last frame entering the FFN temporal conv.
+    """
+
+    kv_state: Optional[torch.Tensor] = None
+    z_state: Optional[torch.Tensor] = None
+    cam_state: Optional[torch.Tensor] = None
+    key_tail: Optional[torch.Tensor] = None
+    sink: Optional[SoftmaxKV] = None
+    recent: list = dataclasses.field(default_factory=list)
+    ffn_tail: Optional[torch.Tensor] = None
+
+    def softmax_context(self) -> list:
+        """Cached segments a new segment's queries attend to: the sink, then the recent ones."""
+        return ([self.sink] if self.sink is not None else []) + list(self.recent)
+
+    def nbytes(self) -> int:
+        """Memory held by this cache, in bytes."""
+        tensors = [self.kv_state, self.z_state, self.cam_state, self.key_tail, self.ffn_tail]
+        for kv in self.softmax_context():
+            tensors += [kv.key, kv.value, kv.cam_key, kv.cam_value]
+        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+@dataclasses.dataclass
+class SegmentCache:
+    """Per-block caches of one render, plus the next latent frame the cache expects."""
+
+    blocks: list
+    next_frame: int = 0
+
+    @classmethod
+    def empty(cls, model) -> "SegmentCache":
+        return cls(blocks=[BlockCache() for _ in model.blocks])
+
+    def nbytes(self) -> int:
+        return sum(block.nbytes() for block in self.blocks)
+
+
+# ---------------------------------------------------------------------------------------------
+# Call context: which segments one forward call holds and what it reads from / writes to
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _Call:
+    """Layout of one forward call. `segments` are (start, stop) frame ranges relative to the call."""
+
+    num_frames: int
+    height: int
+    width: int
+    segments: list
+    options: SegmentOptions
+    write: bool
+
+    @property
+    def spatial(self) -> int:
+        return self.height * self.width
+
+    def segment_starts(self, device) -> Optional[torch.Tensor]:
+        """Bool (T,) marking frames that open a segment (None for a single segment)."""
+        if len(self.segments) == 1:
+            return None
+        starts = torch.zeros(self.num_frames, dtype=torch.bool, device=device)
+        for start, _ in self.segments:
+            starts[start] = True
+        return starts
+
+    def segment_index(self, device) -> torch.Tensor:
+        """Long (T,) segment number of every frame of the call."""
+        index = torch.empty(self.num_frames, dtype=torch.long, device=device)
+        for i, (start, stop) in enumerate(self.segments):
+            index[start:stop] = i
+        return index
+
+
+# ---------------------------------------------------------------------------------------------
+# Small shared operations
+# ---------------------------------------------------------------------------------------------
+
+
+def _fused_kernels(backend: str, device: torch.device):
+    """The fused branch kernels `(main_branch, camera_branch)` for this backend, or None for PyTorch.
+
+    "torch": always None. "auto": the kernels on CUDA when importable. "fused": the kernels, an
+    ImportError if missing (on CPU they run through the Triton interpreter: tests only).
+    """
+    if backend == "torch":
+        return None
+    if backend not in ("auto", "fused"):
+        raise ValueError(f"unknown backend {backend!r} (torch, auto, fused)")
+    if backend == "auto" and device.type != "cuda":
+        return None
+    try:
+        import kernels
+        from kernels.main_branch import main_branch
+
+        camera_branch = kernels.camera_branch
+    except (ImportError, AttributeError):
+        if backend == "fused":
+            raise ImportError("the fused kernels (kernels.main_branch, kernels.camera_branch) are not available")
+        return None
+    return main_branch, camera_branch
+
+
+def _rope_for_frames(rope_module, frame_start: int, num_frames: int, height: int, width: int, device):
+    """Complex RoPE table (1, 1, N, D/2) of latent frames [frame_start, frame_start + num_frames),
+    equal to the matching rows of the whole-trajectory table `rope_module((T, h, w))`."""
+    head_dim = rope_module.attention_head_dim
+    if frame_start + num_frames > rope_module.max_seq_len:
+        raise ValueError(
+            f"latent frame {frame_start + num_frames - 1} is past the model's RoPE table "
+            f"({rope_module.max_seq_len} frames)"
+        )
+    freqs_t, freqs_h, freqs_w = rope_module.freqs.to(device).split_with_sizes(
+        [head_dim // 2 - 2 * (head_dim // 6), head_dim // 6, head_dim // 6], dim=1
+    )
+    shape = (num_frames, height, width)
+    freqs = torch.cat(
+        [
+            freqs_t[frame_start : frame_start + num_frames].view(num_frames, 1, 1, -1).expand(*shape, -1),
+            freqs_h[:height].view(1, height, 1, -1).expand(*shape, -1),
+            freqs_w[:width].view(1, 1, width, -1).expand(*shape, -1),
+        ],
+        dim=-1,
+    )
+    return freqs.reshape(1, 1, num_frames * height * width, -1)
+
+
+def _rotate(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    """RoPE on (B, N, H, D) features with a complex (1, 1, N, D/2) table; pairs (2i, 2i+1) rotate together."""
+    batch, tokens, heads, dim = x.shape
+    pairs = torch.view_as_complex(x.float().reshape(batch, tokens, heads, dim // 2, 2))
+    rotated = pairs * freqs.reshape(1, tokens, 1, dim // 2)
+    return torch.view_as_real(rotated).reshape(batch, tokens, heads, dim).type_as(x)
+
+
+def _to_scan_layout(x: torch.Tensor, num_frames: int) -> torch.Tensor:
+    """(B, N, H, D) -> (B, H, T, S, D)."""
+    batch, tokens, heads, dim = x.shape
+    return x.reshape(batch, num_frames, tokens // num_frames, heads, dim).permute(0, 3, 1, 2, 4)
+
+
+def _from_scan_layout(x: torch.Tensor) -> torch.Tensor:
+    """(B, H, T, S, D) -> (B, N, H * D)."""
+    batch, heads, frames, spatial, dim = x.shape
+    return x.permute(0, 2, 3, 1, 4).reshape(batch, frames * spatial, heads * dim)
+
+
+def _downscale_to_rms(reference: torch.Tensor, transformed: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """Shrink `transformed` (B, H, N, D) per (b, h, n) to at most the RMS over D of `reference`."""
+    reference_rms = reference.square().mean(dim=-1, keepdim=True).add(eps).sqrt()
+    transformed_rms = transformed.square().mean(dim=-1, keepdim=True).add(eps).sqrt()
+    return transformed * (reference_rms / transformed_rms.clamp_min(eps)).clamp(max=1.0)
+
+
+def _ucpe(feats: torch.Tensor, matrix: torch.Tensor, freqs_cam, inverse: bool = False) -> torch.Tensor:
+    """UCPE transform of (B, H, N, D) features: per-token 4x4 on the first half, RoPE on the second."""
+    from diffusers.models.transformers.transformer_sana_wm import _apply_ucpe_transform
+
+    return _apply_ucpe_transform(feats, matrix, freqs_cam, inverse_rope=inverse)
+
+
+def _ray_transforms(model, camera_conditions: torch.Tensor, grid: tuple, rope: torch.Tensor):
+    """(P, P_T, P_inv, RoPE_cam) for the call's frames; P (B, N, 4, 4). Ray matrices are per frame,
+    so a slice of the trajectory gives the rows of the whole-trajectory matrices."""
+    from diffusers.models.transformers.transformer_sana_wm import (
+        _prepare_ucpe_ray_transforms,
+        _process_camera_conditions_ucpe,
+    )
+
+    raymats, absmap = _process_camera_conditions_ucpe(
+        camera_conditions, camera_conditions.shape[0], grid, model.patch_size
+    )
+    transforms = _prepare_ucpe_ray_transforms(
+        head_dim=model.linear_head_dim,
+        camera_conditions=camera_conditions,
+        HW=grid,
+        patch_size=model.patch_size,
+        rotary_emb=rope,
+        raymats=raymats,
+    )
+    return transforms, absmap
+
+
+def _sdpa(query, key, value, *, scale: float, mask=None, dtype=None) -> torch.Tensor:
+    """Softmax attention on (B, H, n, D) tensors zero-padded to the FlashAttention head dims
+    (32, 64, 128, 256); returns (B, H, n, D) in the query's dtype."""
+    out_dtype = query.dtype
+    if dtype is not None:
+        query, key, value = query.to(dtype), key.to(dtype), value.to(dtype)
+    head_dim = query.shape[-1]
+    padded = _padded_head_dim(head_dim)
+    if padded != head_dim:
+        pad = (0, padded - head_dim)
+        query, key, value = F.pad(query, pad), F.pad(key, pad), F.pad(value, pad)
+    out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale)
+    return out[..., :head_dim].to(out_dtype)
+
+
+def _padded_head_dim(head_dim: int) -> int:
+    if head_dim in (32, 64, 128, 256) or head_dim >= 256:
+        return head_dim
+    return 128 if head_dim <= 128 else 256
+
+
+def _sdpa_dtype(options: SegmentOptions, activations: torch.Tensor) -> torch.dtype:
+    if options.sdpa_dtype is not None:
+        return options.sdpa_dtype
+    return torch.bfloat16 if activations.dtype == torch.float32 else activations.dtype
+
+
+# ---------------------------------------------------------------------------------------------
+# Temporal convolutions
+# ---------------------------------------------------------------------------------------------
+
+
+def _short_conv(conv, x: torch.Tensor, call: _Call, left: Optional[torch.Tensor]) -> torch.Tensor:
+    """SANA-WM's bidirectional depthwise short conv over frames, chunk-causal.
+
+    y = causal(x) + anticausal(x) - w_last * x (diffusers `SanaWMTemporalShortConvolution`), where the
+    causal half reads `left` (B, L, S, C), the raw frames before the call (zeros where missing), and
+    the anti-causal half stops at the end of each segment.
+
+    Args:
+        conv: the block's `SanaWMTemporalShortConvolution` (weight (C, 1, K)).
+        x: (B, T, S, C) raw projections of the call.
+        left: (B, L, S, C) raw frames right before the call, or None.
+    Returns (B, T, S, C).
+    """
+    taps = conv.kernel_size
+    weight = conv.weight[:, 0, :].to(x.dtype)  # (C, K); weight[:, -1] multiplies x[t]
+    batch, frames, spatial, channels = x.shape
+    history = x.new_zeros(batch, taps - 1, spatial, channels)
+    if left is not None and left.shape[1] > 0:
+        keep = min(taps - 1, left.shape[1])
+        history[:, taps - 1 - keep :] = left[:, -keep:].to(x.dtype)
+    extended = torch.cat([history, x], dim=1)  # frame t of x is extended[t + K - 1]
+    causal = sum(weight[:, j] * extended[:, j : j + frames] for j in range(taps))
+
+    anticausal = torch.zeros_like(x)
+    for start, stop in call.segments:
+        segment = F.pad(x[:, start:stop], (0, 0, 0, 0, 0, taps - 1))  # zeros past the segment end
+        length = stop - start
+        anticausal[:, start:stop] = sum(weight[:, taps - 1 - j] * segment[:, j : j + length] for j in range(taps))
+
+    out = causal + anticausal - weight[:, -1] * x
+    if conv.bias is not None:
+        out = out + 2 * conv.bias.to(x.dtype)  # both halves carry the bias in diffusers
+    return out
+
+
+def _segment_local_conv(conv, x: torch.Tensor, call: _Call) -> torch.Tensor:
+    """The stock bidirectional short conv applied to each segment alone. x (B, N, C) -> (B, N, C)."""
+    spatial = call.spatial
+    pieces = [
+        conv(x[:, start * spatial : stop * spatial], stop - start) for start, stop in call.segments
+    ]
+    return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1)
+
+
+def _ffn(mlp, x: torch.Tensor, call: _Call, cache: BlockCache) -> torch.Tensor:
+    """Block FFN on (B, N, C). For `GLUMBConvTemp`, the residual temporal conv (kernel 3) reads the
+    cached last frame of the previous segment on the left and zero past each segment's end."""
+    from diffusers.models.transformers.transformer_sana_wm import GLUMBConvTemp
+
+    if not isinstance(mlp, GLUMBConvTemp):
+        return mlp(x)  # token-wise MLP: nothing crosses frames
+    batch, tokens, channels = x.shape
+    frames, height, width = call.num_frames, call.height, call.width
+    hidden = x.reshape(batch * frames, height, width, channels).permute(0, 3, 1, 2)
+    hidden = mlp.inverted_conv(hidden)
+    hidden = mlp.depth_conv(hidden)
+    value, gate = torch.chunk(hidden, 2, dim=1)
+    hidden = mlp.point_conv(value * mlp.glu_act(gate))
+    out_channels = hidden.shape[1]
+    hidden = hidden.reshape(batch, frames, out_channels, height * width).permute(0, 2, 1, 3)  # (B, C, T, S)
+
+    weight = mlp.t_conv.weight  # (C, C, 3, 1)
+    reach = weight.shape[2] // 2
+    if reach != 1:
+        raise NotImplementedError("segment mode supports the temporal kernel 3 of the released models")
+    temporal = torch.empty_like(hidden)
+    for start, stop in call.segments:
+        if start > 0:
+            left = hidden[:, :, start - 1 : start]
+        elif cache.ffn_tail is not None:
+            left = cache.ffn_tail.to(hidden.dtype)
+        else:
+            left = hidden.new_zeros(batch, out_channels, 1, height * width)
+        right = hidden.new_zeros(batch, out_channels, 1, height * width)
+        window = torch.cat([left, hidden[:, :, start:stop], right], dim=2)
+        temporal[:, :, start:stop] = F.conv2d(window, weight.to(hidden.dtype))
+    if call.write:
+        cache.ffn_tail = hidden[:, :, -1:].detach().clone()
+    hidden = hidden + temporal
+    return hidden.permute(0, 2, 3, 1).reshape(batch, tokens, out_channels)
+
+
+# ---------------------------------------------------------------------------------------------
+# Attention: GDN block (main + camera branch) and softmax block
+# ---------------------------------------------------------------------------------------------
+
+
+def _gdn_gates(attn, x: torch.Tensor, call: _Call):
+    """beta (B, H, T, S) per token and decay (B, H, T) per frame, from the block input."""
+    batch, _, channels = x.shape
+    frames, spatial = call.num_frames, call.spatial
+    beta = attn.beta_proj(x).sigmoid().reshape(batch, frames, spatial, attn.heads).permute(0, 3, 1, 2)
+    frame_mean = x.reshape(batch, frames, spatial, channels).mean(dim=2)
+    gate = attn.gate_proj(frame_mean).float()
+    rate = attn.A_log.float().exp().view(1, 1, -1)
+    decay = (-rate * F.softplus(gate + attn.dt_bias.float().view(1, 1, -1))).exp().transpose(1, 2)
+    return beta, decay
+
+
+def _gdn_main(attn, x, beta, decay, rope, call: _Call, cache: BlockCache, fused) -> torch.Tensor:
+    """Main GDN branch -> (B, N, C) before the output gate: RoPE'd numerator (KV) and unrotated
+    denominator (Z) streams, forward from the cached states, reverse inside each segment."""
+    batch, tokens, channels = x.shape
+    heads, dim = attn.heads, attn.dim
+    frames, spatial = call.num_frames, call.spatial
+    query, key, value = attn.qkv(x).reshape(batch, tokens, 3, heads, dim).unbind(2)
+
+    if attn.conv_q is not None or attn.conv_v is not None:
+        raise NotImplementedError("segment mode supports k_conv_only models (the released ones)")
+    if attn.conv_k is not None:
+        raw_key = key.reshape(batch, frames, spatial, channels)
+        key = _short_conv(attn.conv_k, raw_key, call, cache.key_tail).reshape(batch, tokens, heads, dim)
+        if call.write:
+            history = raw_key if cache.key_tail is None else torch.cat([cache.key_tail.to(raw_key.dtype), raw_key], 1)
+            cache.key_tail = history[:, -(attn.conv_k.kernel_size - 1) :].detach().clone()
+
+    starts = call.segment_starts(x.device)
+    initial = None if cache.kv_state is None else (cache.kv_state, cache.z_state)
+    if fused is not None and rope is not None and isinstance(attn.q_norm, RMSNorm):
+        main_branch, _ = fused
+        out, (kv_state, z_state) = main_branch(
+            query.reshape(batch, tokens, channels),
+            key.reshape(batch, tokens, channels),
+            value.reshape(batch, tokens, channels),
+            beta,
+            decay,
+            rope,
+            q_norm_weight=attn.q_norm.weight,
+            k_norm_weight=attn.k_norm.weight,
+            norm_eps=attn.q_norm.eps,
+            eps=attn.attn.eps,
+            initial_state=initial,
+            segment_starts=starts,
+            backend="auto",
+            return_final_state=True,
+        )
+    else:
+        query = attn.q_norm(query.reshape(batch, tokens, channels)).reshape(batch, tokens, heads, dim)
+        key = attn.k_norm(key.reshape(batch, tokens, channels)).reshape(batch, tokens, heads, dim)
+        query, key = attn.kernel_func(query), attn.kernel_func(key)
+        key = key * (dim**-0.5 * spatial**-0.5)
+        query_rot, key_rot = (_rotate(query, rope), _rotate(key, rope)) if rope is not None else (query, key)
+        scan_beta, scan_decay = beta.float(), decay.float()
+        numerator, kv_state = delta_scan_ref(
+            _to_scan_layout(query_rot, frames).float(),
+            _to_scan_layout(key_rot, frames).float(),
+            _to_scan_layout(value, frames).float(),
+            scan_beta,
+            scan_decay,
+            initial_state=None if initial is None else initial[0],
+            segment_starts=starts,
+        )
+        ones = torch.ones(batch, heads, frames, spatial, 1, device=x.device, dtype=torch.float32)
+        denominator, z_state = delta_scan_ref(
+            _to_scan_layout(query, frames).float(),
+            _to_scan_layout(key, frames).float(),
+            ones,
+            scan_beta,
+            scan_decay,
+            initial_state=None if initial is None else initial[1],
+            segment_starts=starts,
+        )
+        out = _from_scan_layout((numerator / (denominator + attn.attn.eps)).to(value.dtype))
+    if call.write:
+        cache.kv_state, cache.z_state = kv_state.detach(), z_state.detach()
+    return out
+
+
+def _camera_projections(attn, x, call: _Call, conv: bool, norm: bool = True):
+    """Camera q, k, v (B, N, H, D); with `conv` the segment-local short conv on k, with `norm` the
+    RMSNorms on q and k."""
+    batch, tokens, _ = x.shape
+    heads, dim = attn.cam_heads, attn.cam_head_dim
+    query, key, value = attn.q_proj_cam(x), attn.k_proj_cam(x), attn.v_proj_cam(x)
+    if conv:
+        if attn.conv_q_cam is not None or attn.conv_v_cam is not None:
+            raise NotImplementedError("segment mode supports k_conv_only models (the released ones)")
+        if attn.conv_k_cam is not None:
+            key = _segment_local_conv(attn.conv_k_cam, key, call)
+    if norm:
+        query, key = attn.q_norm_cam(query), attn.k_norm_cam(key)
+    shape = (batch, tokens, heads, dim)
+    return query.reshape(shape), key.reshape(shape), value.reshape(shape)
+
+
+def _gdn_camera(attn, x, beta, decay, rays, call: _Call, cache: BlockCache, fused) -> torch.Tensor:
+    """UCPE camera branch of a GDN block -> (B, N, C) before `out_proj_cam`: numerator-only delta
+    rule in ray space, forward from the cached camera state, reverse inside each segment."""
+    batch, tokens, _ = x.shape
+    heads, dim = attn.cam_heads, attn.cam_head_dim
+    frames, spatial = call.num_frames, call.spatial
+    starts = call.segment_starts(x.device)
+
+    if fused is not None and isinstance(attn.q_norm_cam, RMSNorm):
+        _, camera_branch = fused
+        query, key, value = _camera_projections(attn, x, call, conv=True, norm=False)
+        out, cam_state = camera_branch(
+            query,
+            key,
+            value,
+            beta,
+            decay,
+            rays,
+            q_norm_weight=attn.q_norm_cam.weight,
+            k_norm_weight=attn.k_norm_cam.weight,
+            norm_eps=attn.q_norm_cam.eps,
+            initial_state=cache.cam_state,
+            segment_starts=starts,
+            backend="auto",
+            return_final_state=True,
+        )
+        if call.write:
+            cache.cam_state = cam_state.detach()
+        return out
+
+    query, key, value = (t.transpose(1, 2) for t in _camera_projections(attn, x, call, conv=True))
+    query, key = attn.kernel_func(query), attn.kernel_func(key)
+    key = key * (dim**-0.5 * spatial**-0.5)
+
+    P, P_T, P_inv, freqs_cam = rays
+    key_norm_before = torch.linalg.vector_norm(key, dim=-1).clamp_min(1e-6)
+    query_ucpe = _downscale_to_rms(query, _ucpe(query, P_T, freqs_cam))
+    key_ucpe = _downscale_to_rms(key, _ucpe(key, P_inv, freqs_cam))
+    value_ucpe = _downscale_to_rms(value, _ucpe(value, P_inv, freqs_cam))
+    key_norm_after = torch.linalg.vector_norm(key_ucpe, dim=-1).clamp_min(1e-6)
+    inflation = (key_norm_after / key_norm_before).square().reshape(batch, heads, frames, spatial).mean(-1)
+    cam_beta = beta / inflation.clamp_min(1.0).unsqueeze(-1)
+
+    def frames_first(t):  # (B, H, N, D) -> (B, H, T, S, D)
+        return t.reshape(batch, heads, frames, spatial, dim).float()
+
+    out, cam_state = delta_scan_ref(
+        frames_first(query_ucpe),
+        frames_first(key_ucpe),
+        frames_first(value_ucpe),
+        cam_beta.float(),
+        decay.float(),
+        initial_state=cache.cam_state,
+        segment_starts=starts,
+    )
+    if call.write:
+        cache.cam_state = cam_state.detach()
+    out = out.to(value.dtype).reshape(batch, heads, tokens, dim)
+    out = _ucpe(out, P, freqs_cam, inverse=True)
+    return out.transpose(1, 2).reshape(batch, tokens, heads * dim)
+
+
+def _gdn_attention(attn, x, rope, rays, call: _Call, cache: BlockCache, options: SegmentOptions):
+    """`BidirectionalGDNUCPESinglePathLiteLA.forward`, chunk-causal. x (B, N, C) -> (B, N, C)."""
+    fused = _fused_kernels(options.backend, x.device)
+    beta, decay = _gdn_gates(attn, x, call)
+    out = _gdn_main(attn, x, beta, decay, rope, call, cache, fused)
+    if rays is not None:
+        out = out + attn.out_proj_cam(_gdn_camera(attn, x, beta, decay, rays, call, cache, fused))
+    if attn.use_output_gate and attn.output_gate is not None:
+        out = out * F.silu(attn.output_gate(x).to(torch.float32))
+    return attn.proj(out.to(x.dtype))
+
+
+def _softmax_mask(call: _Call, options: SegmentOptions, device) -> Optional[torch.Tensor]:
+    """Bool (N, N) attention pattern of a multi-segment call: a query of segment i sees segment 0,
+    segments i - cached_segments .. i - 1, and its own segment. None for a single segment."""
+    if len(call.segments) == 1:
+        return None
+    seg = call.segment_index(device)
+    q_seg, k_seg = seg[:, None], seg[None, :]
+    allowed = (k_seg == q_seg) | (k_seg == 0) | ((k_seg < q_seg) & (k_seg >= q_seg - options.cached_segments))
+    return allowed.repeat_interleave(call.spatial, 0).repeat_interleave(call.spatial, 1)
+
+
+def _softmax_attention(attn, x, rope, rays, call: _Call, cache: BlockCache, options: SegmentOptions):
+    """`_SoftmaxUCPESinglePathLiteLA.forward`, chunk-causal: queries of the call attend to the cached
+    sink / recent segments and to the call's own keys (masked per segment). x (B, N, C) -> (B, N, C)."""
+    batch, tokens, channels = x.shape
+    heads, dim = attn.heads, attn.dim
+    sdpa_dtype = _sdpa_dtype(options, x)
+    context = cache.softmax_context()
+    if context and len(call.segments) > 1:
+        raise ValueError("a call with several segments must start from an empty cache")
+    mask = _softmax_mask(call, options, x.device)
+
+    query, key, value = attn.qkv(x).reshape(batch, tokens, 3, heads, dim).unbind(2)
+    query = attn.q_norm(query.reshape(batch, tokens, channels)).reshape(batch, tokens, heads, dim)
+    key = attn.k_norm(key.reshape(batch, tokens, channels)).reshape(batch, tokens, heads, dim)
+    if rope is not None:
+        query, key = _rotate(query, rope), _rotate(key, rope)
+    query, key, value = (t.transpose(1, 2).to(sdpa_dtype) for t in (query, key, value))
+    main_scale = options.main_softmax_scale or 1.0 / math.sqrt(_padded_head_dim(dim))
+    out = _sdpa(
+        query,
+        torch.cat([kv.key for kv in context] + [key], dim=2),
+        torch.cat([kv.value for kv in context] + [value], dim=2),
+        scale=main_scale,
+        mask=mask,
+    )
+    out = out.transpose(1, 2).reshape(batch, tokens, heads * dim).to(x.dtype)
+
+    cam_key = cam_value = None
+    if rays is not None:
+        P, P_T, P_inv, freqs_cam = rays
+        cam_query, cam_key, cam_value = (t.transpose(1, 2) for t in _camera_projections(attn, x, call, conv=False))
+        cam_query = _downscale_to_rms(cam_query, _ucpe(cam_query, P_T, freqs_cam)).to(sdpa_dtype)
+        cam_key = _downscale_to_rms(cam_key, _ucpe(cam_key, P_inv, freqs_cam)).to(sdpa_dtype)
+        cam_value = _downscale_to_rms(cam_value, _ucpe(cam_value, P_inv, freqs_cam)).to(sdpa_dtype)
+        cam_out = _sdpa(
+            cam_query,
+            torch.cat([kv.cam_key for kv in context] + [cam_key], dim=2),
+            torch.cat([kv.cam_value for kv in context] + [cam_value], dim=2),
+            scale=1.0 / math.sqrt(_padded_head_dim(attn.cam_head_dim)),
+            mask=mask,
+        )
+        cam_out = _ucpe(cam_out.to(x.dtype), P, freqs_cam, inverse=True)
+        cam_out = cam_out.transpose(1, 2).reshape(batch, tokens, channels)
+        out = out + attn.out_proj_cam(cam_out)
+
+    if call.write:
+        entry = SoftmaxKV(key.detach(), value.detach(), _detach(cam_key), _detach(cam_value))
+        if cache.sink is None:
+            cache.sink = entry
+        elif options.cached_segments > 0:
+            cache.recent = (cache.recent + [entry])[-options.cached_segments :]
+
+    if attn.use_output_gate and attn.output_gate is not None:
+        out = out * F.silu(attn.output_gate(x).to(torch.float32))
+    return attn.proj(out.to(x.dtype))
+
+
+def _detach(t):
+    return None if t is None else t.detach()
+
+
+# ---------------------------------------------------------------------------------------------
+# Block and model
+# ---------------------------------------------------------------------------------------------
+
+
+def _block_forward(block, x, y, y_mask, modulation, rope, rays, plucker, call, cache, options):
+    """`SanaVideoMSCamCtrlBlock.forward` (no frame-valid mask), chunk-causal.
+
+    x (B, N, C); y (B, 1, L, C) text; modulation (B, 1, T, 6C) per-frame adaLN input.
+    """
+    from diffusers.models.transformers.transformer_sana_wm import _SoftmaxUCPESinglePathLiteLA
+
+    batch, tokens, channels = x.shape
+    frames = modulation.shape[2]
+    shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = (
+        block.scale_shift_table[None, None] + modulation.reshape(batch, frames, 6, -1)
+    ).chunk(6, dim=-2)
+
+    def per_frame(t):  # (B, N, C) -> (B, T, S, C)
+        return t.reshape(batch, frames, -1, channels)
+
+    attn_in = (per_frame(block.norm1(x)) * (1 + scale_msa) + shift_msa).reshape(batch, tokens, channels)
+    if isinstance(block.attn, _SoftmaxUCPESinglePathLiteLA):
+        attn_out = _softmax_attention(block.attn, attn_in, rope, rays, call, cache, options)
+    else:
+        attn_out = _gdn_attention(block.attn, attn_in, rope, rays, call, cache, options)
+    x = x + (gate_msa * per_frame(attn_out)).reshape(batch, tokens, channels)
+
+    if plucker is not None and hasattr(block, "plucker_proj"):
+        x = x + block.plucker_proj(plucker)
+    x = x + block.cross_attn(x, y, mask=y_mask)
+
+    mlp_in = (per_frame(block.norm2(x)) * (1 + scale_mlp) + shift_mlp).reshape(batch, tokens, channels)
+    mlp_out = _ffn(block.mlp, mlp_in, call, cache)
+    return x + (gate_mlp * per_frame(mlp_out)).reshape(batch, tokens, channels)
+
+
+@dataclasses.dataclass
+class SegmentConditioning:
+    """Inputs of a call that stay fixed over its denoising steps (compute once per segment).
+
+    rope: complex (1, 1, N, D/2) RoPE rows of the call's absolute frames, or None; rays:
+    (P, P_T, P_inv, RoPE_cam) UCPE transforms, or None (no camera); raymap: (B, N, C) absmap
+    embedding added to the input (models without Plucker inputs), or None; plucker: (B, N, C)
+    embedded Plucker maps for the blocks, or None; plucker_input: the same when added to the input;
+    text: (B, 1, L, C) embedded, normed text; text_mask: (B, L) int16.
+    """
+
+    frame_start: int
+    num_frames: int
+    rope: Optional[torch.Tensor]
+    rays: Optional[tuple]
+    raymap: Optional[torch.Tensor]
+    plucker: Optional[torch.Tensor]
+    plucker_input: Optional[torch.Tensor]
+    text: torch.Tensor
+    text_mask: torch.Tensor
+
+
+def prepare_conditioning(
+    model,
+    grid: tuple,
+    encoder_hidden_states: torch.Tensor,
+    encoder_attention_mask: torch.Tensor,
+    *,
+    camera_conditions: Optional[torch.Tensor] = None,
+    chunk_plucker: Optional[torch.Tensor] = None,
+    frame_start: int = 0,
+) -> SegmentConditioning:
+    """Embed the text, camera and positions of latent frames [frame_start, frame_start + T).
+
+    grid: (T, h, w) after patching; other arguments as `segment_forward`.
+    """
+    frames, height, width = grid
+    dtype = model.dtype
+    device = encoder_hidden_states.device
+    rope = _rope_for_frames(model.rope, frame_start, frames, height, width, device) if model.use_pe else None
+    rays = raymap = plucker = plucker_input = None
+    if camera_conditions is not None:
+        rays, absmap = _ray_transforms(model, camera_conditions, grid, rope)
+        if not (model.use_chunk_plucker_input or model.use_chunk_plucker_post_attn):
+            raymap = model.raymap_embedder(absmap.permute(0, 4, 1, 2, 3).to(dtype))
+    if chunk_plucker is not None and (model.use_chunk_plucker_input or model.use_chunk_plucker_post_attn):
+        embedded = model.plucker_embedder(chunk_plucker.to(dtype))
+        plucker_input = embedded if model.use_chunk_plucker_input else None
+        plucker = embedded if model.use_chunk_plucker_post_attn else None
+
+    text = model.y_embedder(encoder_hidden_states.to(dtype))
+    if model.y_norm:
+        text = model.attention_y_norm(text)
+    text_mask = encoder_attention_mask.to(torch.int16)
+    if text_mask.shape[0] != text.shape[0]:
+        text_mask = text_mask.repeat(text.shape[0] // text_mask.shape[0], 1)
+    text_mask = text_mask.squeeze(1).squeeze(1)
+    return SegmentConditioning(frame_start, frames, rope, rays, raymap, plucker, plucker_input, text, text_mask)
+
+
+def segment_forward(
+    model,
+    hidden_states: torch.Tensor,
+    timestep: torch.Tensor,
+    encoder_hidden_states: Optional[torch.Tensor] = None,
+    encoder_attention_mask: Optional[torch.Tensor] = None,
+    *,
+    camera_conditions: Optional[torch.Tensor] = None,
+    chunk_plucker: Optional[torch.Tensor] = None,
+    frame_start: int = 0,
+    cache: Optional[SegmentCache] = None,
+    write_cache: bool = False,
+    segments: Optional[Sequence[tuple]] = None,
+    options: SegmentOptions = SegmentOptions(),
+    conditioning: Optional[SegmentConditioning] = None,
+) -> torch.Tensor:
+    """Run `model` (a `SanaWMTransformer3DModel`) on latent frames [frame_start, frame_start + T).
+
+    Args:
+        hidden_states: (B, C_lat, T, h, w) latents of the call.
+        timestep: (B, 1, T) or (B, T) per-frame timesteps in [0, 1000] (truncated to integers).
+        encoder_hidden_states: (B, 1, L, C_text) text embeddings; encoder_attention_mask (B, L).
+        camera_conditions: (B, T, 20) rows [frame_start, frame_start + T) of the whole trajectory's
+            conditions (poses relative to global frame 0), or None (no camera branch).
+        chunk_plucker: (B, 48, T, h, w) rows of the whole trajectory's Plucker maps, or None.
+        frame_start: absolute index of the first latent frame (RoPE positions).
+        cache: the render's `SegmentCache` (None: start from nothing, write nothing).
+        write_cache: store this call's states / keys / tails in `cache` (the timestep-0 pass on a
+            finished segment). Requires a single-segment call.
+        segments: (start, stop) frame ranges relative to the call; default one segment.
+        options: `SegmentOptions`.
+        conditioning: `prepare_conditioning`'s result for this call, reused across denoising
+            steps; when given, the text / camera / Plucker arguments are not read.
+
+    Returns:
+        (B, C_lat, T, h, w) model output (flow prediction), in the model's dtype.
+    """
+    if getattr(model, "pack_latents", False):
+        raise NotImplementedError("packed latents are not supported in segment mode")
+    if model.timestep_norm_scale_factor != 1.0:
+        raise NotImplementedError("timestep_norm_scale_factor != 1 is not used by SANA-WM")
+    dtype = model.dtype
+    batch = hidden_states.shape[0]
+    p_t, p_h, p_w = model.patch_size
+    grid = (hidden_states.shape[2] // p_t, hidden_states.shape[3] // p_h, hidden_states.shape[4] // p_w)
+    frames, height, width = grid
+    segments = [tuple(s) for s in (segments or [(0, frames)])]
+    if segments[0][0] != 0 or segments[-1][1] != frames or any(a[1] != b[0] for a, b in zip(segments, segments[1:])):
+        raise ValueError(f"segments {segments} must tile the {frames} frames of the call")
+    if write_cache and (cache is None or len(segments) != 1):
+        raise ValueError("write_cache needs a cache and a single-segment call")
+    if cache is not None and cache.next_frame != frame_start:
+        raise ValueError(f"cache expects latent frame {cache.next_frame}, call starts at {frame_start}")
+    if conditioning is None:
+        conditioning = prepare_conditioning(
+            model, grid, encoder_hidden_states, encoder_attention_mask,
+            camera_conditions=camera_conditions, chunk_plucker=chunk_plucker, frame_start=frame_start,
+        )
+    elif (conditioning.frame_start, conditioning.num_frames) != (frame_start, frames):
+        raise ValueError("conditioning was prepared for other frames")
+    call = _Call(frames, height, width, segments, options, write_cache)
+    block_caches = cache.blocks if cache is not None else [BlockCache() for _ in model.blocks]
+
+    x = model.x_embedder(hidden_states.to(dtype))
+    if conditioning.raymap is not None:
+        x = x + conditioning.raymap
+    if conditioning.plucker_input is not None:
+        x = x + conditioning.plucker_input
+
+    timestep = timestep.reshape(batch, 1, -1).long().to(torch.float32)
+    t = model.t_embedder(model.time_proj(timestep.flatten()).to(dtype))
+    modulation = model.t_block(t).unflatten(0, timestep.shape)
+    t = t.unflatten(0, timestep.shape)
+
+    for block, block_cache in zip(model.blocks, block_caches):
+        x = _block_forward(block, x, conditioning.text, conditioning.text_mask, modulation, conditioning.rope,
+                           conditioning.rays, conditioning.plucker, call, block_cache, options)
+
+    x = model.final_layer(x, t)
+    if write_cache:
+        cache.next_frame = frame_start + frames
+    return model.unpatchify(x, frames, height, width)
+
+
+def dense_reference_forward(
+    model,
+    hidden_states: torch.Tensor,
+    timestep: torch.Tensor,
+    encoder_hidden_states: torch.Tensor,
+    encoder_attention_mask: torch.Tensor,
+    *,
+    segments: Sequence[tuple],
+    camera_conditions: Optional[torch.Tensor] = None,
+    chunk_plucker: Optional[torch.Tensor] = None,
+    options: SegmentOptions = SegmentOptions(),
+) -> torch.Tensor:
+    """Whole-sequence forward with the chunk-causal pattern and no cache (the reference the cached
+    segment-by-segment forward must equal): reverse scans restart at every segment, the short conv's
+    anti-causal half and the FFN temporal conv stop at segment ends, and softmax attention is masked
+    so that segment i sees segment 0, the `cached_segments` segments before it, and itself.
+
+    Pass timestep 0 on the frames of finished segments to reproduce what their cache passes saw.
+    Shapes as `segment_forward` with T the whole sequence; `segments` tile [0, T).
+    """
+    return segment_forward(
+        model,
+        hidden_states,
+        timestep,
+        encoder_hidden_states,
+        encoder_attention_mask,
+        camera_conditions=camera_conditions,
+        chunk_plucker=chunk_plucker,
+        frame_start=0,
+        cache=None,
+        segments=segments,
+        options=options,
+    )

@@ -1,0 +1,332 @@
+"""`camrender selftest`: every fused kernel against its PyTorch reference on small shapes.
+
+Runs on the GPU when one is present, else through the Triton interpreter on the CPU
+(TRITON_INTERPRET=1 must be set before triton is imported; when it is not and triton is
+already loaded, the test re-runs itself in a fresh interpreter process).
+
+Cases come from `kernels.SELFTEST_CASES` when the kernels package exposes that list, else
+from `default_cases()` below. A case is a `SelftestCase` (or a dict with the same keys):
+`name`, `shape` (a label), `run(device) -> (actual, expected)` where both are tensors or
+equal-length tuples of tensors, and `tolerance`: the case passes when
+max |actual - expected| <= tolerance * max(1, max |expected|).
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from typing import Callable
+
+
+@dataclasses.dataclass
+class SelftestCase:
+    name: str
+    shape: str
+    run: Callable
+    tolerance: float = 1e-4
+
+
+@dataclasses.dataclass
+class SelftestResult:
+    kernel: str
+    shape: str
+    max_error: float
+    time_ms: float
+    passed: bool
+    error: str = ""
+
+
+# ----------------------------------------------------------------------------- random inputs
+def _generator(device, seed):
+    import torch
+
+    return torch.Generator(device="cpu").manual_seed(seed)
+
+
+def _randn(shape, generator, device, scale=1.0):
+    import torch
+
+    return (torch.randn(shape, generator=generator) * scale).to(device)
+
+
+def _rand(shape, generator, device, low=0.0, high=1.0):
+    import torch
+
+    return (low + (high - low) * torch.rand(shape, generator=generator)).to(device)
+
+
+def _random_se3(count, generator, device):
+    """(count, 4, 4) random rigid transforms (rotation from QR, det +1; translation ~ N(0, 1))."""
+    import torch
+
+    q, r = torch.linalg.qr(torch.randn(count, 3, 3, generator=generator))
+    q = q * torch.sign(torch.diagonal(r, dim1=-2, dim2=-1))[:, None, :]
+    q[torch.det(q) < 0, :, 0] *= -1
+    m = torch.eye(4).repeat(count, 1, 1)
+    m[:, :3, :3] = q
+    m[:, :3, 3] = torch.randn(count, 3, generator=generator)
+    return m.to(device)
+
+
+def _ray_transforms(batch, tokens, dim, generator, device):
+    """(P, P_T, P_inv, rope_cam) shaped like diffusers' `_prepare_ucpe_ray_transforms` output."""
+    import torch
+
+    p = _random_se3(batch * tokens, generator, device).reshape(batch, tokens, 4, 4)
+    p_inv = torch.linalg.inv(p)
+    angles = torch.rand(1, 1, tokens, dim // 4, generator=generator) * 2 * math.pi
+    rope = torch.polar(torch.ones_like(angles), angles).to(device)
+    return p, p.transpose(-1, -2).contiguous(), p_inv.contiguous(), rope
+
+
+# ----------------------------------------------------------------------------- default cases
+def _scan_case(batch, heads, frames, spatial, dim):
+    def run(device):
+        import kernels
+
+        g = _generator(device, 1)
+        q = _randn((batch, heads, frames, spatial, dim), g, device, 0.3)
+        k = _randn((batch, heads, frames, spatial, dim), g, device, 0.3)
+        v = _randn((batch, heads, frames, spatial, dim), g, device)
+        beta = _rand((batch, heads, frames, spatial), g, device)
+        decay = _rand((batch, heads, frames), g, device, 0.5, 1.0)
+        state = _randn((batch, heads, dim, dim), g, device, 0.1)
+        starts = torch_bool_starts(frames, device)
+        args = (q, k, v, beta, decay)
+        kwargs = dict(initial_state=state, segment_starts=starts)
+        return kernels.delta_scan(*args, precision="ieee", **kwargs), kernels.delta_scan_ref(*args, **kwargs)
+
+    return SelftestCase("delta_scan", f"B{batch} H{heads} T{frames} S{spatial} D{dim}", run)
+
+
+def torch_bool_starts(frames, device):
+    import torch
+
+    starts = torch.zeros(frames, dtype=torch.bool, device=device)
+    starts[frames // 2] = True
+    return starts
+
+
+def _camera_inputs(batch, heads, frames, spatial, dim, device):
+    g = _generator(device, 2)
+    tokens = frames * spatial
+    q, k, v = (_randn((batch, tokens, heads, dim), g, device) for _ in range(3))
+    beta = _rand((batch, heads, frames, spatial), g, device)
+    decay = _rand((batch, heads, frames), g, device, 0.5, 1.0)
+    rays = _ray_transforms(batch, tokens, dim, g, device)
+    qw = _rand((heads * dim,), g, device, 0.5, 1.5)
+    kw = _rand((heads * dim,), g, device, 0.5, 1.5)
+    state = _randn((batch, heads, dim, dim), g, device, 0.1)
+    return q, k, v, beta, decay, rays, qw, kw, state
+
+
+def _cam_prep_case(batch, heads, frames, spatial, dim):
+    def run(device):
+        import kernels
+
+        q, k, v, _, _, rays, qw, kw, _ = _camera_inputs(batch, heads, frames, spatial, dim, device)
+        kwargs = dict(num_frames=frames, q_norm_weight=qw, k_norm_weight=kw)
+        return kernels.cam_prep(q, k, v, rays, **kwargs), kernels.cam_prep_ref(q, k, v, rays, **kwargs)
+
+    return SelftestCase("cam_prep", f"B{batch} H{heads} T{frames} S{spatial} D{dim}", run)
+
+
+def _cam_decode_case(batch, heads, frames, spatial, dim):
+    def run(device):
+        import kernels
+
+        g = _generator(device, 3)
+        tokens = frames * spatial
+        x = _randn((batch, heads, tokens, dim), g, device)
+        p, _, _, rope = _ray_transforms(batch, tokens, dim, g, device)
+        return kernels.cam_decode(x, p, rope), kernels.cam_decode_ref(x, p, rope)
+
+    return SelftestCase("cam_decode", f"B{batch} H{heads} N{frames * spatial} D{dim}", run)
+
+
+def _camera_branch_case(batch, heads, frames, spatial, dim):
+    def run(device):
+        import kernels
+
+        q, k, v, beta, decay, rays, qw, kw, state = _camera_inputs(batch, heads, frames, spatial, dim, device)
+        kwargs = dict(q_norm_weight=qw, k_norm_weight=kw, initial_state=state, return_final_state=True)
+        fused = kernels.camera_branch(q, k, v, beta, decay, rays, precision="ieee", backend="triton", **kwargs)
+        reference = kernels.camera_branch(q, k, v, beta, decay, rays, backend="torch", **kwargs)
+        return fused, reference
+
+    return SelftestCase("camera_branch", f"B{batch} H{heads} T{frames} S{spatial} D{dim}", run)
+
+
+def _main_cases(batch, heads, frames, spatial, dim):
+    """Main-branch kernels, included when their modules exist."""
+    cases = []
+    try:
+        ref = importlib.import_module("kernels.main_reference")
+        short_conv = importlib.import_module("kernels.short_conv").short_conv
+        main_prep = importlib.import_module("kernels.main_prep").main_prep
+        main_branch = importlib.import_module("kernels.main_branch").main_branch
+    except (ImportError, AttributeError):
+        return cases
+    channels, tokens = heads * dim, frames * spatial
+    label = f"B{batch} H{heads} T{frames} S{spatial} D{dim}"
+
+    def inputs(device):
+        g = _generator(device, 4)
+        x = _randn((batch, tokens, channels), g, device)
+        weight = _randn((channels, 1, 4), g, device, 0.5)
+        norm_w = _rand((channels,), g, device, 0.5, 1.5)
+        angles = torch_angles(tokens, dim // 2, g, device)
+        return g, x, weight, norm_w, angles
+
+    def run_conv(device):
+        _, x, weight, _, _ = inputs(device)
+        return (short_conv(x, weight, frames, backend="triton"), ref.short_conv_ref(x, weight, frames))
+
+    def run_prep(device):
+        _, x, _, norm_w, rope = inputs(device)
+        kwargs = dict(scale=dim ** -0.5, rope=rope)
+        return main_prep(x, norm_w, heads, **kwargs), ref.main_prep_ref(x, norm_w, heads, **kwargs)
+
+    def run_branch(device):
+        g, x, _, norm_w, rope = inputs(device)
+        k = _randn((batch, tokens, channels), g, device)
+        v = _randn((batch, tokens, channels), g, device)
+        beta = _rand((batch, heads, frames, spatial), g, device)
+        decay = _rand((batch, heads, frames), g, device, 0.5, 1.0)
+        kwargs = dict(q_norm_weight=norm_w, k_norm_weight=norm_w)
+        fused = main_branch(x, k, v, beta, decay, rope, precision="ieee", backend="triton", **kwargs)
+        return fused, ref.main_branch_ref(x, k, v, beta, decay, rope, **kwargs)
+
+    cases.append(SelftestCase("short_conv", label, run_conv))
+    cases.append(SelftestCase("main_prep", label, run_prep))
+    cases.append(SelftestCase("main_branch", label, run_branch))
+    return cases
+
+
+def torch_angles(tokens, pairs, generator, device):
+    import torch
+
+    angles = torch.rand(1, 1, tokens, pairs, generator=generator) * 2 * math.pi
+    return torch.polar(torch.ones_like(angles), angles).to(device)
+
+
+def default_cases() -> list:
+    """Small shapes covering each kernel: head dims 16 and 112 (the release), odd frame/token counts."""
+    cases = []
+    for batch, heads, frames, spatial, dim in ((1, 2, 3, 6, 16), (2, 1, 2, 5, 112)):
+        cases += [
+            _scan_case(batch, heads, frames, spatial, dim),
+            _cam_prep_case(batch, heads, frames, spatial, dim),
+            _cam_decode_case(batch, heads, frames, spatial, dim),
+            _camera_branch_case(batch, heads, frames, spatial, dim),
+        ]
+    cases += _main_cases(1, 2, 3, 6, 16)
+    return cases
+
+
+def collect_cases() -> list:
+    import kernels
+
+    listed = getattr(kernels, "SELFTEST_CASES", None)
+    if listed is None:
+        return default_cases()
+    return [case if isinstance(case, SelftestCase) else SelftestCase(**case) for case in listed]
+
+
+# ----------------------------------------------------------------------------- running
+def _as_tuple(value):
+    return tuple(value) if isinstance(value, (tuple, list)) else (value,)
+
+
+def compare(actual, expected) -> tuple[float, float]:
+    """(max abs error, max |expected|) over all paired tensors."""
+    actual, expected = _as_tuple(actual), _as_tuple(expected)
+    if len(actual) != len(expected):
+        raise ValueError(f"kernel returned {len(actual)} outputs, reference {len(expected)}")
+    error, scale = 0.0, 0.0
+    for a, e in zip(actual, expected):
+        if tuple(a.shape) != tuple(e.shape):
+            raise ValueError(f"shape {tuple(a.shape)} != reference {tuple(e.shape)}")
+        a, e = a.float(), e.float()
+        error = max(error, float((a - e).abs().max()) if a.numel() else 0.0)
+        scale = max(scale, float(e.abs().max()) if e.numel() else 0.0)
+    return error, scale
+
+
+def run_case(case: SelftestCase, device) -> SelftestResult:
+    import torch
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    try:
+        if device.type == "cuda":
+            case.run(device)  # compile and warm up; the timed run below is the measured one
+        sync()
+        start = time.perf_counter()
+        actual, expected = case.run(device)
+        sync()
+        elapsed = (time.perf_counter() - start) * 1e3
+        error, scale = compare(actual, expected)
+        passed = math.isfinite(error) and error <= case.tolerance * max(1.0, scale)
+        return SelftestResult(case.name, case.shape, error, elapsed, passed)
+    except Exception as exc:  # a crashing kernel is a failed case, reported like the others
+        return SelftestResult(case.name, case.shape, float("nan"), float("nan"), False, f"{type(exc).__name__}: {exc}")
+
+
+def format_table(results, mode: str) -> str:
+    rows = [("kernel", "shape", "max error", "time", "pass")]
+    for r in results:
+        time_text = "-" if math.isnan(r.time_ms) else f"{r.time_ms:.1f} ms"
+        rows.append((r.kernel, r.shape, f"{r.max_error:.2e}", time_text, "ok" if r.passed else "FAIL"))
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    lines = [f"camrender selftest ({mode})"]
+    for index, row in enumerate(rows):
+        lines.append("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+        if index == 0:
+            lines.append("  ".join("-" * width for width in widths))
+    lines += [f"{r.kernel} [{r.shape}]: {r.error}" for r in results if r.error]
+    passed = sum(r.passed for r in results)
+    lines.append(f"{passed}/{len(results)} passed")
+    return "\n".join(lines)
+
+
+def _needs_fresh_interpreter() -> bool:
+    import torch
+
+    if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
+        return False
+    if "triton" in sys.modules:
+        return True
+    os.environ["TRITON_INTERPRET"] = "1"  # triton not imported yet: the setting still takes effect
+    return False
+
+
+def main(as_json: bool = False, cases=None) -> int:
+    """Run the cases, print the table (or JSON); return 0 when all pass, 1 otherwise."""
+    if cases is None and _needs_fresh_interpreter():
+        env = dict(os.environ, TRITON_INTERPRET="1")
+        argv = [sys.executable, "-m", "camrender.selftest"] + (["--json"] if as_json else [])
+        return subprocess.run(argv, env=env).returncode
+    import torch
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    mode = f"GPU: {torch.cuda.get_device_name(device)}" if device.type == "cuda" else "CPU, Triton interpreter"
+    results = [run_case(case, device) for case in (collect_cases() if cases is None else cases)]
+    ok = bool(results) and all(r.passed for r in results)
+    if as_json:
+        payload = {"device": mode, "passed": ok, "cases": [dataclasses.asdict(r) for r in results]}
+        print(json.dumps(payload, indent=2, allow_nan=True))
+    else:
+        print(format_table(results, mode))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(as_json="--json" in sys.argv[1:]))

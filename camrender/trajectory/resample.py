@@ -1,0 +1,71 @@
+"""The 8k+1 frame rule: the LTX-2 VAE maps 8k+1 video frames to k+1 latent frames.
+
+Rule (`to_model_frames`): a trajectory whose frame count F is already 8k+1 is used
+as is. Otherwise the path is re-timed to M = 8k+1 frames -- M = ``num_frames`` when
+given (rejected unless 8k+1), else the 8k+1 count nearest to F (ties go up, so no
+part of the path is lost). Re-timing keeps the first and last pose, the fps and the
+path itself: frame j of the result sits at position j*(F-1)/(M-1) along the original
+frames, interpolated between its two neighbours (position linearly, rotation by
+slerp, focal length in tan(fov/2) space). The clip becomes (M-F)/fps seconds longer
+or shorter; nothing is ever truncated.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from camrender.errors import CamrenderError
+from camrender.trajectory import interpolate
+from camrender.trajectory.model import Trajectory
+
+TIME_STRIDE = 8
+
+
+def is_model_length(num_frames: int, stride: int = TIME_STRIDE) -> bool:
+    return num_frames >= 1 and (num_frames - 1) % stride == 0
+
+
+def nearest_model_length(num_frames: int, stride: int = TIME_STRIDE) -> int:
+    """The stride*k+1 count closest to ``num_frames`` (ties -> the larger)."""
+    if num_frames <= 1:
+        return 1
+    below = num_frames - (num_frames - 1) % stride
+    above = below + stride
+    return below if below == num_frames or (num_frames - below) < (above - num_frames) else above
+
+
+def resample_frames(traj: Trajectory, num_frames: int) -> Trajectory:
+    """Re-time the path to ``num_frames`` frames (see module docstring); fps unchanged."""
+    if num_frames < 1:
+        raise CamrenderError(f"must be at least 1, got {num_frames}", path=traj.source, field="num_frames")
+    if num_frames == traj.num_frames:
+        return traj.replace()
+    old = traj.num_frames
+    positions = np.arange(old, dtype=np.float64)
+    samples = (
+        np.zeros(num_frames) if num_frames == 1 else np.arange(num_frames) * ((old - 1) / (num_frames - 1))
+    )
+    c2w, intrinsics = interpolate.sample_path(
+        positions, traj.c2w, traj.intrinsics, samples, traj.width, traj.height, position="linear", rotation="slerp"
+    )
+    if old > 1 and num_frames > 1:
+        # Pin the ends exactly (avoid round-off in the last sample).
+        c2w[0], c2w[-1] = traj.c2w[0], traj.c2w[-1]
+        intrinsics[0], intrinsics[-1] = traj.intrinsics[0], traj.intrinsics[-1]
+    return traj.replace(c2w=c2w, intrinsics=intrinsics)
+
+
+def to_model_frames(traj: Trajectory, num_frames: int | None = None) -> Trajectory:
+    """Return a trajectory with an 8k+1 frame count the model accepts (see module docstring)."""
+    if num_frames is not None:
+        if isinstance(num_frames, bool) or not isinstance(num_frames, (int, np.integer)):
+            raise CamrenderError(f"must be an integer, got {num_frames!r}", field="num_frames")
+        if not is_model_length(int(num_frames)):
+            near = nearest_model_length(max(int(num_frames), 1))
+            raise CamrenderError(
+                f"{num_frames} frames is not 8k+1 (the model needs 8k+1 video frames, e.g. {near})",
+                field="num_frames",
+            )
+        return resample_frames(traj, int(num_frames))
+    if is_model_length(traj.num_frames):
+        return traj.replace()
+    return resample_frames(traj, nearest_model_length(traj.num_frames))

@@ -1,0 +1,55 @@
+"""Summary numbers of a trajectory (what `camrender traj check` prints)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from camrender.trajectory.model import Trajectory
+
+
+@dataclass
+class PathStats:
+    num_frames: int
+    fps: float
+    duration: float  # seconds, (F - 1) / fps
+    path_length: float  # world units, sum of frame-to-frame camera centre distances
+    fov_h: tuple[float, float]  # (min, max) horizontal field of view, degrees
+    fov_v: tuple[float, float]  # (min, max) vertical field of view, degrees
+    max_move: float  # largest frame-to-frame translation, world units
+    max_move_frame: int  # frame that ends that step
+    max_turn: float  # largest frame-to-frame rotation angle, degrees
+    max_turn_frame: int
+
+
+def rotation_angles(c2w: np.ndarray) -> np.ndarray:
+    """(F-1,) angle in degrees between consecutive camera rotations."""
+    relative = np.einsum("fji,fjk->fik", c2w[:-1, :3, :3], c2w[1:, :3, :3])
+    cos = np.clip((np.trace(relative, axis1=1, axis2=2) - 1.0) / 2.0, -1.0, 1.0)
+    return np.degrees(np.arccos(cos))
+
+
+def compute(traj: Trajectory) -> PathStats:
+    centres = traj.c2w[:, :3, 3]
+    steps = np.linalg.norm(np.diff(centres, axis=0), axis=1)
+    turns = rotation_angles(traj.c2w)
+    fov_h = np.degrees(2 * np.arctan(0.5 * traj.width / traj.intrinsics[:, 0]))
+    fov_v = np.degrees(2 * np.arctan(0.5 * traj.height / traj.intrinsics[:, 1]))
+    has_steps = len(steps) > 0
+    return PathStats(
+        num_frames=traj.num_frames,
+        fps=traj.fps,
+        duration=traj.duration,
+        path_length=float(steps.sum()),
+        fov_h=(float(fov_h.min()), float(fov_h.max())),
+        fov_v=(float(fov_v.min()), float(fov_v.max())),
+        max_move=float(steps.max()) if has_steps else 0.0,
+        max_move_frame=int(np.argmax(steps)) + 1 if has_steps else 0,
+        max_turn=float(turns.max()) if has_steps else 0.0,
+        max_turn_frame=int(np.argmax(turns)) + 1 if has_steps else 0,
+    )
+
+
+def fmt_number(x: float) -> str:
+    return f"{x:.4g}" if math.isfinite(x) else str(x)

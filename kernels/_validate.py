@@ -1,0 +1,36 @@
+"""Argument checks shared by the kernel entry points: each failure is a ValueError naming the
+argument and the expected shape."""
+import torch
+
+
+def check_tensor(name, x, shape, *, floating=True, contiguous=True, last_dim_contiguous=False):
+    """Check x is a tensor of `shape` (ints; None = any) and a float dtype; raise ValueError."""
+    want = "(" + ", ".join("*" if s is None else str(s) for s in shape) + ")"
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"{name} must be a tensor of shape {want}, got {type(x).__name__}")
+    if x.dim() != len(shape) or any(s is not None and s != got for s, got in zip(shape, x.shape)):
+        raise ValueError(f"{name} must have shape {want}, got {tuple(x.shape)}")
+    if floating and not x.dtype.is_floating_point:
+        raise ValueError(f"{name} must be a floating-point tensor of shape {want}, got dtype {x.dtype}")
+    if contiguous and not x.is_contiguous():
+        raise ValueError(f"{name} must be contiguous, shape {want}")
+    if last_dim_contiguous and x.shape[-1] > 1 and x.stride(-1) != 1:
+        raise ValueError(f"{name} must have a contiguous last dimension, shape {want}")
+
+
+def check_choice(name, value, choices):
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+
+
+def segment_starts_tensor(segment_starts, batch, frames, device):
+    """bool (T,) or (B, T) -> int32 (B, T) contiguous on device, or None."""
+    if segment_starts is None:
+        return None
+    if not isinstance(segment_starts, torch.Tensor):
+        segment_starts = torch.as_tensor(segment_starts)
+    if segment_starts.shape not in ((frames,), (batch, frames), (1, frames)):
+        raise ValueError(f"segment_starts must have shape ({frames},) or ({batch}, {frames}), "
+                         f"got {tuple(segment_starts.shape)}")
+    starts = segment_starts.to(device=device, dtype=torch.bool).reshape(-1, frames)
+    return starts.expand(batch, frames).to(torch.int32).contiguous()

@@ -1,0 +1,91 @@
+"""The whole SANA-WM camera branch, raw projections -> (B, N, C), as one entry point.
+
+Equals diffusers' block code `q_norm_cam` / `k_norm_cam` (RMSNorm over C) + ReLU followed by
+`SanaWMBidirectionalGDNCamAttention.forward`: k-scale D^-0.5 S^-0.5, UCPE encode (P_T on q,
+P_inv on k and v, RoPE on the second half), downscale to the pre-UCPE RMS, dynamic beta
+discounting, forward (inclusive) + reverse (exclusive) numerator-only delta rule, decode.
+"""
+import os
+
+import torch
+
+from . import reference
+from ._validate import check_choice, check_tensor, segment_starts_tensor
+from .cam_prep import check_norm_weight, check_projections, inv_rms, ray_tables
+from .delta_scan import PRECISIONS, run_scan
+
+BACKENDS = ("auto", "triton", "torch")
+
+
+def resolve_backend(backend, device):
+    """"auto" -> "triton" on CUDA or under TRITON_INTERPRET=1, else "torch"."""
+    check_choice("backend", backend, BACKENDS)
+    if backend != "auto":
+        return backend
+    if device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+        return "triton"
+    return "torch"
+
+
+def camera_branch(q, k, v, beta, decay, ray_transforms, *, q_norm_weight, k_norm_weight, norm_eps=1e-5,
+                  initial_state=None, segment_starts=None, downscale=True, precision="tf32", backend="auto",
+                  return_final_state=False, tuning=None):
+    """Camera branch of a SANA-WM GDN block.
+
+    Args:
+        q, k, v: (B, N, H, D) raw camera projections (k already through conv_k_cam), before
+            RMSNorm; contiguous, any float dtype; D/2 divisible by 4.
+        beta: (B, H, T, S) sigmoid gate as diffusers computes it (N = T*S).
+        decay: (B, H, T) per-frame decay.
+        ray_transforms: (P, P_T, P_inv, rope_cam) as diffusers' _prepare_ucpe_ray_transforms
+            returns them: P* (B, N, 4, 4), rope_cam complex (1, 1, N, D/4) or None.
+        q_norm_weight, k_norm_weight: (C,) RMSNorm weights over C = H*D, or None (no norm).
+        norm_eps: RMSNorm epsilon.
+        initial_state: (B, H, D, D) forward state before frame 0 (rows = key dim), fp32.
+        segment_starts: bool (T,) or (B, T): the reverse pass does not cross into a frame
+            marked True from the frame after it.
+        downscale: scale each encoded vector down to its pre-UCPE RMS (diffusers: True).
+        precision: "tf32" or "ieee" for the kernels' matrix products.
+        backend: "triton", "torch" (fp32 references) or "auto".
+        return_final_state: also return the forward state after the last frame.
+        tuning: optional dict of launch parameters (block_s, s_split, block_v, num_warps).
+
+    Returns:
+        (B, N, H*D) in v's dtype, or (out, final_state (B, H, D, D) fp32).
+    """
+    batch, tokens, heads, dim = check_projections(q, k, v)
+    check_tensor("decay", decay, (batch, heads, None), contiguous=False)
+    frames = decay.shape[-1]
+    if frames <= 0 or tokens % frames:
+        raise ValueError(f"decay must have shape (B, H, T) with T dividing N={tokens}, got {tuple(decay.shape)}")
+    spatial = tokens // frames
+    check_tensor("beta", beta, (batch, heads, frames, spatial), contiguous=False)
+    channels = heads * dim
+    check_norm_weight("q_norm_weight", q_norm_weight, channels)
+    check_norm_weight("k_norm_weight", k_norm_weight, channels)
+    if initial_state is not None:
+        check_tensor("initial_state", initial_state, (batch, heads, dim, dim), contiguous=False)
+    check_choice("precision", precision, PRECISIONS)
+    p, p_t, p_inv, cos, sin = ray_tables(ray_transforms, batch, tokens, dim, q.device)
+    starts = segment_starts_tensor(segment_starts, batch, frames, q.device)
+
+    if resolve_backend(backend, q.device) == "torch":
+        return reference.camera_branch_ref(
+            q, k, v, beta, decay, ray_transforms, q_norm_weight=q_norm_weight, k_norm_weight=k_norm_weight,
+            norm_eps=norm_eps, initial_state=initial_state, segment_starts=segment_starts, downscale=downscale,
+            return_final_state=return_final_state)
+
+    cam = dict(p=p, p_t=p_t, p_inv=p_inv, cos=cos, sin=sin, downscale=downscale,
+               k_scale=dim ** -0.5 * spatial ** -0.5,
+               qw=q_norm_weight, kw=k_norm_weight,
+               q_rms=inv_rms(q, norm_eps) if q_norm_weight is not None else None,
+               k_rms=inv_rms(k, norm_eps) if k_norm_weight is not None else None)
+    out = torch.empty(batch, tokens, channels, device=q.device, dtype=v.dtype)
+    # Raw (B, N, H, D) seen as (B, H, T, S, D): strides of b, h, t, s in elements.
+    raw_strides = (tokens * channels, dim, spatial * channels, channels)
+    final = run_scan(k=k, v=v, q=q, beta=beta, decay=decay, out=out, k_strides=raw_strides,
+                     v_strides=raw_strides, q_strides=raw_strides, out_strides=raw_strides,
+                     batch=batch, heads=heads, frames=frames, spatial=spatial, dk=dim, dv=dim,
+                     initial_state=initial_state.float().contiguous() if initial_state is not None else None,
+                     starts=starts, reverse=True, precision=precision, cam=cam, **(tuning or {}))
+    return (out, final) if return_final_state else out

@@ -1,0 +1,280 @@
+"""Chunkwise (frame-parallel) Triton delta-rule scan: forward (inclusive) + reverse (exclusive).
+
+Three launches, the same for the plain scan and the fused camera branch:
+
+1. transitions, one program per (b, h, t): A_t = K_t^T diag(beta_t) K_t and U_t = K_t^T
+   diag(beta_t) V_t as tl.dot GEMMs over the frame's S tokens; W_t = g_t (I - A_t). In camera
+   mode the program reads the raw projections and runs the camera prep on each tile (RMSNorm,
+   ReLU, k-scale, UCPE, RoPE, downscale), accumulating the frame's key inflation; the beta
+   discount 1 / max(1, mean inflation) is a per-frame scalar, applied to A_t and U_t at the end.
+2. recurrence, one program per (b, h, block of value columns, direction): the short serial
+   D x D scan M_t = W_t M_{t-1} + U_t (forward, from the initial state) and R_t = W_{t+1}
+   R_{t+1} + U_{t+1} (reverse, cut where segment_starts[t+1]); every state is stored.
+3. output, one program per (b, h, t, token split): O_t = Q_t (M_t + R_t). In camera mode the
+   program preps the raw q tile and decodes the output (inverse UCPE) before storing (B, N, C).
+
+All states and accumulations are fp32; tl.dot runs in `precision` ("tf32" or "ieee").
+Dims are padded to powers of two (>= 16) with masks, so any Dk, Dv >= 1 works.
+"""
+import torch
+import triton
+import triton.language as tl
+
+from . import ucpe_tiles
+from ._validate import check_choice, check_tensor, segment_starts_tensor
+
+PRECISIONS = ("tf32", "ieee")
+
+
+@triton.jit
+def _frame_transition(k_base, v_base, beta_base, sk_s, sv_s, sb_s, g, w_out, u_out, b, h, t, T, S,
+                      k_rms_ptr, kw_ptr, pinv_ptr, cos_ptr, sin_ptr, k_scale,
+                      DK: tl.constexpr, DV: tl.constexpr, DKP: tl.constexpr, DVP: tl.constexpr,
+                      BS: tl.constexpr, NGU: tl.constexpr, CAM: tl.constexpr, HAS_KNORM: tl.constexpr,
+                      HAS_ROPE: tl.constexpr, DOWNSCALE: tl.constexpr, PREC: tl.constexpr,
+                      WANT_W: tl.constexpr, WANT_U: tl.constexpr):
+    """Accumulate one frame's Gram products over its S tokens; store W_t and/or U_t (padded)."""
+    dk = tl.arange(0, DKP)
+    dv = tl.arange(0, DVP)
+    if WANT_W:
+        acc_a = tl.zeros((DKP, DKP), dtype=tl.float32)
+    if WANT_U:
+        acc_u = tl.zeros((DKP, DVP), dtype=tl.float32)
+    infl = tl.zeros((BS,), dtype=tl.float32)
+    for s0 in range(0, S, BS):
+        s = s0 + tl.arange(0, BS)
+        smask = s < S
+        kt = tl.load(k_base + s[:, None] * sk_s + dk[None, :],
+                     mask=smask[:, None] & (dk[None, :] < DK), other=0.0).to(tl.float32)
+        if WANT_U:
+            vt = tl.load(v_base + s[:, None] * sv_s + dv[None, :],
+                         mask=smask[:, None] & (dv[None, :] < DV), other=0.0).to(tl.float32)
+        bt = tl.load(beta_base + s * sb_s, mask=smask, other=0.0).to(tl.float32)
+        if CAM:
+            n = (t * S + s).to(tl.int64)
+            tok = b * T * S + n
+            kt, pre, post = ucpe_tiles.encode_tile(kt, tok, n, smask, k_rms_ptr, kw_ptr + h * DK, pinv_ptr,
+                                                   cos_ptr, sin_ptr, k_scale, BS, DK, DKP, NGU, HAS_KNORM,
+                                                   True, HAS_ROPE, DOWNSCALE)
+            infl += ucpe_tiles.inflation_sq(pre, post, smask)
+            if WANT_U:
+                vt, _, _ = ucpe_tiles.encode_tile(vt, tok, n, smask, k_rms_ptr, kw_ptr, pinv_ptr, cos_ptr,
+                                                  sin_ptr, 1.0, BS, DK, DKP, NGU, False, False, HAS_ROPE,
+                                                  DOWNSCALE)
+        kb = tl.trans(kt * bt[:, None])
+        if WANT_W:
+            acc_a = tl.dot(kb, kt, acc_a, input_precision=PREC)
+        if WANT_U:
+            acc_u = tl.dot(kb, vt, acc_u, input_precision=PREC)
+    # Beta discount: a per-frame scalar, so it scales the products after the fact.
+    discount = 1.0
+    if CAM:
+        discount = 1.0 / tl.maximum(tl.sum(infl, axis=0) / S, 1.0)
+    if WANT_W:
+        eye = ((dk[:, None] == dk[None, :]) & (dk[:, None] < DK)).to(tl.float32)
+        tl.store(w_out + dk[:, None] * DKP + dk[None, :], g * (eye - acc_a * discount))
+    if WANT_U:
+        tl.store(u_out + dk[:, None] * DVP + dv[None, :], acc_u * discount)
+
+
+@triton.jit
+def _transition_kernel(k_ptr, v_ptr, beta_ptr, decay_ptr, w_ptr, u_ptr,
+                       sk_b, sk_h, sk_t, sk_s, sv_b, sv_h, sv_t, sv_s,
+                       sb_b, sb_h, sb_t, sb_s, sg_b, sg_h, sg_t,
+                       k_rms_ptr, kw_ptr, pinv_ptr, cos_ptr, sin_ptr, k_scale,
+                       H, T, S,
+                       DK: tl.constexpr, DV: tl.constexpr, DKP: tl.constexpr, DVP: tl.constexpr,
+                       BS: tl.constexpr, NGU: tl.constexpr, CAM: tl.constexpr, HAS_KNORM: tl.constexpr,
+                       HAS_ROPE: tl.constexpr, DOWNSCALE: tl.constexpr, PREC: tl.constexpr,
+                       SPLIT: tl.constexpr):
+    """One program per (b, h, t) (x2 when SPLIT: program_id(1) 0 builds W_t, 1 builds U_t)."""
+    pid = tl.program_id(0)
+    t = pid % T
+    bh = pid // T
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    k_base = k_ptr + b * sk_b + h * sk_h + t * sk_t
+    v_base = v_ptr + b * sv_b + h * sv_h + t * sv_t
+    beta_base = beta_ptr + b * sb_b + h * sb_h + t * sb_t
+    g = tl.load(decay_ptr + b * sg_b + h * sg_h + t * sg_t).to(tl.float32)
+    frame = bh.to(tl.int64) * T + t
+    w_out = w_ptr + frame * DKP * DKP
+    u_out = u_ptr + frame * DKP * DVP
+    if SPLIT:
+        if tl.program_id(1) == 0:
+            _frame_transition(k_base, v_base, beta_base, sk_s, sv_s, sb_s, g, w_out, u_out, b, h, t, T, S,
+                              k_rms_ptr, kw_ptr, pinv_ptr, cos_ptr, sin_ptr, k_scale, DK, DV, DKP, DVP, BS,
+                              NGU, CAM, HAS_KNORM, HAS_ROPE, DOWNSCALE, PREC, True, False)
+        else:
+            _frame_transition(k_base, v_base, beta_base, sk_s, sv_s, sb_s, g, w_out, u_out, b, h, t, T, S,
+                              k_rms_ptr, kw_ptr, pinv_ptr, cos_ptr, sin_ptr, k_scale, DK, DV, DKP, DVP, BS,
+                              NGU, CAM, HAS_KNORM, HAS_ROPE, DOWNSCALE, PREC, False, True)
+    else:
+        _frame_transition(k_base, v_base, beta_base, sk_s, sv_s, sb_s, g, w_out, u_out, b, h, t, T, S,
+                          k_rms_ptr, kw_ptr, pinv_ptr, cos_ptr, sin_ptr, k_scale, DK, DV, DKP, DVP, BS,
+                          NGU, CAM, HAS_KNORM, HAS_ROPE, DOWNSCALE, PREC, True, True)
+
+
+@triton.jit
+def _recurrence_kernel(w_ptr, u_ptr, st_ptr, init_ptr, final_ptr, starts_ptr, H, T, BH, NCB,
+                       DK: tl.constexpr, DV: tl.constexpr, DKP: tl.constexpr, DVP: tl.constexpr,
+                       BV: tl.constexpr, HAS_INIT: tl.constexpr, HAS_STARTS: tl.constexpr,
+                       PREC: tl.constexpr):
+    pid = tl.program_id(0)
+    direction = tl.program_id(1)
+    cb = pid % NCB
+    bh = (pid // NCB).to(tl.int64)
+    b = bh // H
+    rows = tl.arange(0, DKP)
+    cols = cb * BV + tl.arange(0, BV)
+    w_tile = rows[:, None] * DKP + rows[None, :]
+    u_tile = rows[:, None] * DVP + cols[None, :]
+    w_base = w_ptr + bh * T * DKP * DKP
+    u_base = u_ptr + bh * T * DKP * DVP
+    st_base = st_ptr + (direction * BH + bh) * T * DKP * DVP
+    if direction == 0:
+        valid = (rows[:, None] < DK) & (cols[None, :] < DV)
+        state_off = bh * DK * DV + rows[:, None] * DV + cols[None, :]
+        if HAS_INIT:
+            m = tl.load(init_ptr + state_off, mask=valid, other=0.0)
+        else:
+            m = tl.zeros((DKP, BV), dtype=tl.float32)
+        for t in range(T):
+            w = tl.load(w_base + t * DKP * DKP + w_tile)
+            u = tl.load(u_base + t * DKP * DVP + u_tile)
+            m = tl.dot(w, m, u, input_precision=PREC)
+            tl.store(st_base + t * DKP * DVP + u_tile, m)
+        tl.store(final_ptr + state_off, m, mask=valid)
+    else:
+        r = tl.zeros((DKP, BV), dtype=tl.float32)
+        tl.store(st_base + (T - 1) * DKP * DVP + u_tile, r)
+        for i in range(T - 1):
+            t = T - 2 - i
+            w = tl.load(w_base + (t + 1) * DKP * DKP + w_tile)
+            u = tl.load(u_base + (t + 1) * DKP * DVP + u_tile)
+            r = tl.dot(w, r, u, input_precision=PREC)
+            if HAS_STARTS:
+                cut = tl.load(starts_ptr + b * T + t + 1)
+                r = r * (1 - cut).to(tl.float32)
+            tl.store(st_base + t * DKP * DVP + u_tile, r)
+
+
+@triton.jit
+def _output_kernel(q_ptr, st_ptr, out_ptr, sq_b, sq_h, sq_t, sq_s, so_b, so_h, so_t, so_s,
+                   q_rms_ptr, qw_ptr, pt_ptr, p_ptr, cos_ptr, sin_ptr,
+                   H, T, S, BH, S_PER_PROG,
+                   DK: tl.constexpr, DV: tl.constexpr, DKP: tl.constexpr, DVP: tl.constexpr,
+                   BS: tl.constexpr, NGU: tl.constexpr, CAM: tl.constexpr, HAS_QNORM: tl.constexpr,
+                   HAS_ROPE: tl.constexpr, DOWNSCALE: tl.constexpr, REVERSE: tl.constexpr,
+                   PREC: tl.constexpr):
+    pid = tl.program_id(0)
+    t = pid % T
+    bh = (pid // T).to(tl.int64)
+    b = bh // H
+    h = bh % H
+    dk = tl.arange(0, DKP)
+    dv = tl.arange(0, DVP)
+    st_off = (bh * T + t) * DKP * DVP + dk[:, None] * DVP + dv[None, :]
+    state = tl.load(st_ptr + st_off)
+    if REVERSE:
+        state += tl.load(st_ptr + BH * T * DKP * DVP + st_off)
+    q_base = q_ptr + b * sq_b + h * sq_h + t * sq_t
+    o_base = out_ptr + b * so_b + h * so_h + t * so_t
+    s_begin = tl.program_id(1) * S_PER_PROG
+    s_end = tl.minimum(s_begin + S_PER_PROG, S)
+    for s0 in range(s_begin, s_end, BS):
+        s = s0 + tl.arange(0, BS)
+        smask = s < s_end
+        qt = tl.load(q_base + s[:, None] * sq_s + dk[None, :],
+                     mask=smask[:, None] & (dk[None, :] < DK), other=0.0).to(tl.float32)
+        if CAM:
+            n = (t * S + s).to(tl.int64)
+            tok = b * T * S + n
+            qt, _, _ = ucpe_tiles.encode_tile(qt, tok, n, smask, q_rms_ptr, qw_ptr + h * DK, pt_ptr, cos_ptr,
+                                              sin_ptr, 1.0, BS, DK, DKP, NGU, HAS_QNORM, True, HAS_ROPE,
+                                              DOWNSCALE)
+        o = tl.dot(qt, state, input_precision=PREC)
+        if CAM:
+            o = ucpe_tiles.ucpe_rope(o, p_ptr, tok, cos_ptr, sin_ptr, n, smask, BS, DVP, NGU, HAS_ROPE, True)
+        tl.store(o_base + s[:, None] * so_s + dv[None, :], o.to(out_ptr.dtype.element_ty),
+                 mask=smask[:, None] & (dv[None, :] < DV))
+
+
+def padded(dim):
+    return max(16, triton.next_power_of_2(dim))
+
+
+def run_scan(*, k, v, q, beta, decay, out, k_strides, v_strides, q_strides, out_strides,
+             batch, heads, frames, spatial, dk, dv, initial_state, starts, reverse, precision,
+             cam=None, block_s=None, s_split=None, block_v=None, num_warps=(8, 4, 8), split=True):
+    """Launch the three scan kernels. Strides are (b, h, t, s) element strides of each tensor
+    viewed as (B, H, T, S, D) with unit stride on D. `cam` (dict) switches the camera prep on.
+
+    Returns the final forward state (B, H, Dk, Dv) fp32.
+    """
+    device = k.device
+    dkp, dvp = padded(dk), padded(dv)
+    bs = block_s or max(16, min(32, triton.next_power_of_2(spatial)))
+    bh = batch * heads
+    w_buf = torch.empty(bh, frames, dkp, dkp, device=device, dtype=torch.float32)
+    u_buf = torch.empty(bh, frames, dkp, dvp, device=device, dtype=torch.float32)
+    st_buf = torch.empty(2 if reverse else 1, bh, frames, dkp, dvp, device=device, dtype=torch.float32)
+    final = torch.empty(batch, heads, dk, dv, device=device, dtype=torch.float32)
+    cam = cam or {}
+    dummy = w_buf
+    c = {name: cam.get(name) if cam.get(name) is not None else dummy
+         for name in ("k_rms", "kw", "q_rms", "qw", "p", "p_t", "p_inv", "cos", "sin")}
+    flags = dict(CAM=bool(cam), HAS_ROPE=cam.get("cos") is not None, DOWNSCALE=bool(cam.get("downscale")),
+                 NGU=max(dk // 8, 1), PREC=precision)
+    _transition_kernel[(bh * frames, 2 if split else 1)](
+        k, v, beta, decay, w_buf, u_buf, *k_strides, *v_strides, *beta.stride(), *decay.stride(),
+        c["k_rms"], c["kw"], c["p_inv"], c["cos"], c["sin"], float(cam.get("k_scale", 1.0)),
+        heads, frames, spatial, DK=dk, DV=dv, DKP=dkp, DVP=dvp, BS=bs,
+        HAS_KNORM=cam.get("kw") is not None, SPLIT=bool(split), **flags, num_warps=num_warps[0])
+    bv = block_v or min(dvp, 32)
+    ncb = dvp // bv
+    _recurrence_kernel[(bh * ncb, 2 if reverse else 1)](
+        w_buf, u_buf, st_buf, initial_state if initial_state is not None else dummy, final,
+        starts if starts is not None else dummy, heads, frames, bh, ncb,
+        DK=dk, DV=dv, DKP=dkp, DVP=dvp, BV=bv, HAS_INIT=initial_state is not None,
+        HAS_STARTS=starts is not None, PREC=precision, num_warps=num_warps[1])
+    split = s_split or max(1, min(triton.cdiv(spatial, bs), 4))
+    per_prog = triton.cdiv(triton.cdiv(spatial, split), bs) * bs
+    _output_kernel[(bh * frames, triton.cdiv(spatial, per_prog))](
+        q, st_buf, out, *q_strides, *out_strides,
+        c["q_rms"], c["qw"], c["p_t"], c["p"], c["cos"], c["sin"],
+        heads, frames, spatial, bh, per_prog, DK=dk, DV=dv, DKP=dkp, DVP=dvp, BS=bs,
+        HAS_QNORM=cam.get("qw") is not None, REVERSE=bool(reverse), **flags, num_warps=num_warps[2])
+    return final
+
+
+def delta_scan(q, k, v, beta, decay, *, initial_state=None, segment_starts=None, reverse=True,
+               precision="tf32"):
+    """Triton delta-rule scan with delta_scan_ref's signature and semantics.
+
+    q, k: (B, H, T, S, Dk); v: (B, H, T, S, Dv); beta (B, H, T, S); decay (B, H, T);
+    initial_state (B, H, Dk, Dv); segment_starts bool (T,) or (B, T). Any strides with a
+    contiguous last dim (e.g. a permuted (B, N, H, D) view); any float dtypes.
+    `precision`: "tf32" (default, fast) or "ieee" (exact fp32 products).
+
+    Returns (out (B, H, T, S, Dv) fp32, final_state (B, H, Dk, Dv) fp32).
+    """
+    check_choice("precision", precision, PRECISIONS)
+    check_tensor("k", k, (None, None, None, None, None), contiguous=False, last_dim_contiguous=True)
+    batch, heads, frames, spatial, dk = k.shape
+    check_tensor("q", q, (batch, heads, frames, spatial, dk), contiguous=False, last_dim_contiguous=True)
+    check_tensor("v", v, (batch, heads, frames, spatial, None), contiguous=False, last_dim_contiguous=True)
+    dv = v.shape[-1]
+    check_tensor("beta", beta, (batch, heads, frames, spatial), contiguous=False)
+    check_tensor("decay", decay, (batch, heads, frames), contiguous=False)
+    if initial_state is not None:
+        check_tensor("initial_state", initial_state, (batch, heads, dk, dv), contiguous=False)
+        initial_state = initial_state.float().contiguous()
+    starts = segment_starts_tensor(segment_starts, batch, frames, k.device) if reverse else None
+    out = torch.empty(batch, heads, frames, spatial, dv, device=k.device, dtype=torch.float32)
+    final = run_scan(k=k, v=v, q=q, beta=beta, decay=decay, out=out,
+                     k_strides=k.stride()[:4], v_strides=v.stride()[:4], q_strides=q.stride()[:4],
+                     out_strides=out.stride()[:4], batch=batch, heads=heads, frames=frames,
+                     spatial=spatial, dk=dk, dv=dv, initial_state=initial_state, starts=starts,
+                     reverse=reverse, precision=precision)
+    return out, final

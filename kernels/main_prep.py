@@ -1,0 +1,104 @@
+"""Fused main-branch prep: full-C RMSNorm per token (across heads), ReLU, scale, optional RoPE.
+
+One program handles BLOCK_N tokens: pass 1 sums squares over all C channels (no separate
+PyTorch reduction), pass 2 normalises, applies the weight, ReLU, the scale and (optionally)
+RoPE on interleaved pairs, and writes (B, N, C) contiguous in the input dtype.
+Reference: `kernels.main_reference.main_prep_ref` (same signature).
+"""
+import torch
+import triton
+import triton.language as tl
+
+from .main_reference import rope_tables
+
+
+@triton.jit
+def _main_prep_kernel(
+    x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, rot_ptr,
+    stride_xb, stride_xn,
+    N, C, D, norm_eps, scale,
+    RELU: tl.constexpr, ROPE: tl.constexpr, WRITE_PLAIN: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    b = tl.program_id(1)
+    n_offs = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = n_offs < N
+    row = x_ptr + b.to(tl.int64) * stride_xb + n_offs.to(tl.int64)[:, None] * stride_xn
+    sumsq = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for c0 in range(0, C, BLOCK_C):
+        c_offs = c0 + tl.arange(0, BLOCK_C)
+        m = n_mask[:, None] & (c_offs < C)[None, :]
+        x = tl.load(row + c_offs[None, :], mask=m, other=0.0).to(tl.float32)
+        sumsq += tl.sum(x * x, axis=1)
+    rstd = 1.0 / tl.sqrt(sumsq / C + norm_eps)
+    out_row = (b.to(tl.int64) * N + n_offs.to(tl.int64))[:, None] * C
+    for c0 in range(0, C, BLOCK_C):
+        c_offs = c0 + tl.arange(0, BLOCK_C)
+        c_mask = c_offs < C
+        m = n_mask[:, None] & c_mask[None, :]
+        x = tl.load(row + c_offs[None, :], mask=m, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + c_offs, mask=c_mask, other=0.0).to(tl.float32)
+        y = x * rstd[:, None] * w[None, :]
+        if RELU:
+            y = tl.maximum(y, 0.0)
+        y = y * scale
+        if WRITE_PLAIN:
+            tl.store(out_ptr + out_row + c_offs[None, :], y.to(out_ptr.dtype.element_ty), mask=m)
+        if ROPE:
+            # the pair partner of channel c is c ^ 1 (heads start at even channels)
+            partner = c_offs ^ 1
+            xp = tl.load(row + partner[None, :], mask=m, other=0.0).to(tl.float32)
+            wp = tl.load(w_ptr + partner, mask=c_mask, other=0.0).to(tl.float32)
+            yp = xp * rstd[:, None] * wp[None, :]
+            if RELU:
+                yp = tl.maximum(yp, 0.0)
+            yp = yp * scale
+            half = D // 2
+            pair = (c_offs % D) // 2
+            tab = n_offs.to(tl.int64)[:, None] * half + pair[None, :]
+            cos = tl.load(cos_ptr + tab, mask=m, other=1.0)
+            sin = tl.load(sin_ptr + tab, mask=m, other=0.0)
+            sign = tl.where((c_offs % 2) == 0, -1.0, 1.0)
+            y = y * cos + yp * sin * sign[None, :]
+            tl.store(rot_ptr + out_row + c_offs[None, :], y.to(rot_ptr.dtype.element_ty), mask=m)
+
+
+def main_prep(x, weight, heads, *, norm_eps=1e-5, scale=1.0, relu=True, rope=None, out=None,
+              keep_unrotated=False):
+    """Full-C RMSNorm, ReLU, scale, RoPE; see `kernels.main_reference.main_prep_ref`.
+
+    Args:
+        x: (B, N, C) raw projection; channel stride must be 1 (a slice of the qkv output is fine).
+        weight: (C,) RMSNorm weight. heads: H.
+        rope: None, diffusers' complex table (1, 1, N, D/2), or (cos, sin) of (N, D/2).
+        out: optional contiguous (B, N, C) buffer for the result (the rotated one when rope is given).
+        keep_unrotated: with rope, also write the un-rotated result (one pass over x for both).
+
+    Returns:
+        (B, N, C) contiguous, x.dtype; with rope and keep_unrotated, (unrotated, rotated).
+    """
+    batch, tokens, channels = x.shape
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    if out is None:
+        out = torch.empty(batch, tokens, channels, device=x.device, dtype=x.dtype)
+    write_plain = rope is None or keep_unrotated
+    plain = rot = out
+    if rope is not None and keep_unrotated:
+        plain = torch.empty_like(out)
+    if rope is not None:
+        cos, sin = rope_tables(rope)
+        cos, sin = cos.to(x.device), sin.to(x.device)
+    else:
+        cos = sin = weight
+    block_n, block_c = 4, 256
+    grid = (triton.cdiv(tokens, block_n), batch)
+    _main_prep_kernel[grid](
+        x, weight, cos, sin, plain, rot, x.stride(0), x.stride(1),
+        tokens, channels, channels // heads, float(norm_eps), float(scale),
+        RELU=relu, ROPE=rope is not None, WRITE_PLAIN=write_plain, BLOCK_N=block_n, BLOCK_C=block_c, num_warps=4,
+    )
+    if rope is not None and keep_unrotated:
+        return plain, rot
+    return out

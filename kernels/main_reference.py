@@ -1,0 +1,195 @@
+"""Plain PyTorch (fp32) references for the main-branch kernels (short conv, prep, main branch).
+
+Same signatures as the fast kernels in `kernels.short_conv`, `kernels.main_prep` and
+`kernels.main_branch`. Layouts: B batch, N = T*S tokens (frame-major), C = H*D channels.
+"""
+import torch
+
+from .reference import delta_scan_ref
+
+
+def rope_tables(rope):
+    """Return fp32 (cos, sin), each (N, D/2), from a rotary table.
+
+    `rope` is either diffusers' complex table (1, 1, N, D/2) / (N, D/2), or a (cos, sin) pair.
+    Pair i of a head vector is dims (2i, 2i+1).
+    """
+    if isinstance(rope, (tuple, list)):
+        cos, sin = rope
+        return cos.float().reshape(-1, cos.shape[-1]).contiguous(), sin.float().reshape(-1, sin.shape[-1]).contiguous()
+    rope = rope.reshape(-1, rope.shape[-1])
+    return rope.real.float().contiguous(), rope.imag.float().contiguous()
+
+
+def apply_rope_ref(x, cos, sin, inverse=False):
+    """Rotate interleaved pairs of x (B, N, H, D) by angles given by cos/sin (N, D/2); fp32 out."""
+    x = x.float()
+    even, odd = x[..., 0::2], x[..., 1::2]
+    c = cos[None, :, None, :]
+    s = sin[None, :, None, :]
+    if inverse:
+        s = -s
+    out = torch.empty_like(x)
+    out[..., 0::2] = even * c - odd * s
+    out[..., 1::2] = even * s + odd * c
+    return out
+
+
+def short_conv_ref(x, weight, num_frames, *, left_context=None):
+    """Bidirectional depthwise temporal convolution (kernel K over T, spatial axis in the batch).
+
+    y[t] = sum_j w_j x[t-K+1+j] + sum_j w_j x[t+K-1-j] - w_{K-1} x[t], zero outside the clip,
+    which equals diffusers' `SanaWMTemporalShortConvolution`.
+
+    Args:
+        x: (B, N, C) with N = num_frames * S (any strides).
+        weight: (C, 1, K) or (C, K) conv weight.
+        num_frames: T.
+        left_context: optional (B, F*S, C), F <= K-1, raw input of the F frames just before x
+            (oldest first). The causal half reads it instead of zeros (segment mode); the
+            anti-causal half stays inside x. None gives the plain bidirectional form.
+
+    Returns:
+        (B, N, C) in x.dtype.
+    """
+    batch, tokens, channels = x.shape
+    frames = num_frames
+    spatial = tokens // frames
+    w = weight.reshape(channels, -1).float()
+    ksize = w.shape[1]
+    xf = x.float().reshape(batch, frames, spatial, channels)
+    left = xf.new_zeros(batch, ksize - 1, spatial, channels)
+    if left_context is not None and left_context.shape[1] > 0:
+        ctx = left_context.float().reshape(batch, -1, spatial, channels)
+        left[:, ksize - 1 - ctx.shape[1]:] = ctx
+    right = xf.new_zeros(batch, ksize - 1, spatial, channels)
+    padded = torch.cat([left, xf, right], dim=1)  # frame t of x sits at t + K - 1
+    out = -w[:, ksize - 1] * xf
+    for j in range(ksize):
+        causal = padded[:, j:j + frames]
+        anti = padded[:, 2 * (ksize - 1) - j:2 * (ksize - 1) - j + frames]
+        out = out + w[:, j] * (causal + anti)
+    return out.reshape(batch, tokens, channels).to(x.dtype)
+
+
+def main_prep_ref(x, weight, heads, *, norm_eps=1e-5, scale=1.0, relu=True, rope=None):
+    """Full-C RMSNorm per token (across heads), optional ReLU, scale, optional RoPE.
+
+    Args:
+        x: (B, N, C) raw projection (any strides).
+        weight: (C,) RMSNorm weight.
+        heads: H (C = H * D).
+        scale: multiplies the result (D^-0.5 * S^-0.5 for the GDN key, 1 otherwise).
+        rope: optional rotary table (see `rope_tables`) applied per head after the scale.
+
+    Returns:
+        (B, N, C) in x.dtype.
+    """
+    batch, tokens, channels = x.shape
+    xf = x.float()
+    rstd = torch.rsqrt(xf.square().mean(-1, keepdim=True) + norm_eps)
+    y = xf * rstd * weight.float()
+    if relu:
+        y = torch.relu(y)
+    y = y * scale
+    if rope is not None:
+        cos, sin = rope_tables(rope)
+        y = apply_rope_ref(y.reshape(batch, tokens, heads, -1), cos, sin).reshape(batch, tokens, channels)
+    return y.to(x.dtype)
+
+
+def _to_scan(x, frames, heads):
+    """(B, N, H, D) or (B, N, C) -> (B, H, T, S, D) fp32."""
+    batch, tokens = x.shape[:2]
+    x = x.reshape(batch, frames, tokens // frames, heads, -1).float()
+    return x.permute(0, 3, 1, 2, 4)
+
+
+def main_branch_ref(q, k, v, beta, decay, rope, *, q_norm_weight, k_norm_weight, norm_eps=1e-5, eps=1e-8,
+                    initial_state=None, segment_starts=None, precision="ieee", backend="torch",
+                    return_final_state=False, config=None):
+    """Main GDN branch: prep, KV (RoPE'd) and Z (un-rotated) bidirectional delta scans, division.
+
+    Args:
+        q: (B, N, C) raw query projection; k: (B, N, C) key after the short conv; v: (B, N, C) value
+            (any strides; C = H * D).
+        beta: (B, H, T, S) write strength; decay: (B, H, T) per-frame decay.
+        rope: rotary table, diffusers' complex (1, 1, N, D/2) or a (cos, sin) pair of (N, D/2).
+        q_norm_weight, k_norm_weight: (C,) RMSNorm weights; norm_eps their epsilon.
+        eps: denominator epsilon (the released block passes 1e-8).
+        initial_state: optional (kv (B, H, D, D), z (B, H, D, 1)) fp32 forward states.
+        segment_starts: optional bool (T,) or (B, T): the reverse scans restart where t+1 starts a segment.
+        precision, backend, config: accepted for signature parity; the reference is always fp32 PyTorch.
+        return_final_state: also return (kv, z), the forward states after the last frame.
+
+    Returns:
+        out (B, N, C) in v.dtype, or (out, (kv, z)).
+    """
+    del precision, backend, config
+    heads, frames, spatial = beta.shape[1], beta.shape[2], beta.shape[3]
+    batch, tokens, channels = v.shape[0], v.shape[1], q_norm_weight.shape[0]
+    head_dim = channels // heads
+    qn = main_prep_ref(q.float().reshape(batch, tokens, channels), q_norm_weight, heads, norm_eps=norm_eps)
+    kn = main_prep_ref(k.float().reshape(batch, tokens, channels), k_norm_weight, heads, norm_eps=norm_eps,
+                       scale=head_dim ** -0.5 * spatial ** -0.5)
+    cos, sin = rope_tables(rope)
+    q_rot = apply_rope_ref(qn.reshape(batch, tokens, heads, head_dim), cos, sin)
+    k_rot = apply_rope_ref(kn.reshape(batch, tokens, heads, head_dim), cos, sin)
+    init_kv = init_z = None
+    if initial_state is not None:
+        init_kv, init_z = initial_state
+    num, kv = delta_scan_ref(_to_scan(q_rot, frames, heads), _to_scan(k_rot, frames, heads),
+                             _to_scan(v, frames, heads), beta, decay, initial_state=init_kv,
+                             segment_starts=segment_starts)
+    q_s, k_s = _to_scan(qn, frames, heads), _to_scan(kn, frames, heads)
+    den, z = delta_scan_ref(q_s, k_s, torch.ones_like(k_s[..., :1]), beta, decay, initial_state=init_z,
+                            segment_starts=segment_starts)
+    out = num / (den + eps)  # (B, H, T, S, D)
+    out = out.permute(0, 2, 3, 1, 4).reshape(batch, tokens, channels).to(v.dtype)
+    if return_final_state:
+        return out, (kv, z)
+    return out
+
+
+def _ucpe_ref(x, mats, rope_cam, inverse_rope=False):
+    """x (B, N, H, D) fp32; mats (B, N, 4, 4): first half y = M x per group of 4; second half RoPE."""
+    batch, tokens, heads, dim = x.shape
+    half = dim // 2
+    groups = x[..., :half].reshape(batch, tokens, heads, -1, 4)
+    projected = torch.einsum("bnij,bnhgj->bnhgi", mats.float(), groups).reshape(batch, tokens, heads, half)
+    rotated = x[..., half:]
+    if rope_cam is not None:
+        cos, sin = rope_tables(rope_cam)
+        rotated = apply_rope_ref(rotated, cos, sin, inverse=inverse_rope)
+    return torch.cat([projected, rotated], dim=-1)
+
+
+def cam_softmax_encode_ref(q, k, v, ray_transforms, *, q_norm_weight=None, k_norm_weight=None, norm_eps=1e-5,
+                           heads, downscale=True, out_dtype=None):
+    """Reference for `kernels.softmax_cam.cam_softmax_encode`: (q, k, v) each (B, N, H, DPAD), zero padded."""
+    batch, tokens, channels = q.shape
+    dim = channels // heads
+    dpad = 128 if dim <= 128 else 256
+    _, p_t, p_inv, rope_cam = ray_transforms
+    outs = []
+    for x, w, mats in ((q, q_norm_weight, p_t), (k, k_norm_weight, p_inv), (v, None, p_inv)):
+        x = x.float()
+        if w is not None:
+            x = main_prep_ref(x, w, heads, norm_eps=norm_eps, relu=False).float()
+        x = x.reshape(batch, tokens, heads, dim)
+        y = _ucpe_ref(x, mats.expand(batch, tokens, 4, 4), rope_cam)
+        if downscale:
+            ref_rms = x.square().mean(-1, keepdim=True).add(1e-6).sqrt()
+            out_rms = y.square().mean(-1, keepdim=True).add(1e-6).sqrt()
+            y = y * (ref_rms / out_rms.clamp_min(1e-6)).clamp(max=1.0)
+        outs.append(torch.nn.functional.pad(y, (0, dpad - dim)).to(out_dtype or q.dtype))
+    return tuple(outs)
+
+
+def cam_softmax_decode_ref(o, ray_transforms, *, dim, out_dtype=None):
+    """Reference for `kernels.softmax_cam.cam_softmax_decode`: (B, H, N, DPAD) -> (B, N, H * dim)."""
+    batch, heads, tokens, _ = o.shape
+    p, _, _, rope_cam = ray_transforms
+    x = o[..., :dim].float().transpose(1, 2)
+    y = _ucpe_ref(x, p.expand(batch, tokens, 4, 4), rope_cam, inverse_rope=True)
+    return y.reshape(batch, tokens, heads * dim).to(out_dtype or o.dtype)

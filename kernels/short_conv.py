@@ -1,0 +1,131 @@
+"""Fused bidirectional temporal short convolution (depthwise, kernel K over T).
+
+Reads the projection output in place: `x` may be a strided slice of the fused qkv output
+(B, N, 3C)[..., C:2C]; only the channel axis must be contiguous. One program computes a
+(BLOCK_S tokens x BLOCK_C channels) tile of one frame from the 2K-1 neighbouring frames.
+Reference: `kernels.main_reference.short_conv_ref` (same signature).
+"""
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from .main_reference import short_conv_ref
+
+
+@triton.jit
+def _short_conv_kernel(
+    x_ptr, w_ptr, ctx_ptr, out_ptr,
+    stride_xb, stride_xn,
+    stride_cb, stride_cn,
+    T, S, C, CTX_FRAMES,
+    K: tl.constexpr, HAS_CTX: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    pid_ts = tl.program_id(0)
+    pid_c = tl.program_id(1)
+    b = tl.program_id(2)
+    n_sblocks = tl.cdiv(S, BLOCK_S)
+    t = pid_ts // n_sblocks
+    s_offs = (pid_ts % n_sblocks) * BLOCK_S + tl.arange(0, BLOCK_S)
+    c_offs = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    s_mask = s_offs < S
+    c_mask = c_offs < C
+    tile_mask = s_mask[:, None] & c_mask[None, :]
+    x_base = x_ptr + b.to(tl.int64) * stride_xb + c_offs[None, :]
+
+    w_last = tl.load(w_ptr + c_offs * K + (K - 1), mask=c_mask, other=0.0)
+    row = (t * S + s_offs).to(tl.int64)
+    centre = tl.load(x_base + row[:, None] * stride_xn, mask=tile_mask, other=0.0).to(tl.float32)
+    acc = centre * w_last[None, :]
+    for j in tl.static_range(K - 1):
+        w_j = tl.load(w_ptr + c_offs * K + j, mask=c_mask, other=0.0)
+        # causal tap: frame t - (K-1) + j; before frame 0 it reads the cached left context
+        tc = t - (K - 1) + j
+        rows_c = (tc * S + s_offs).to(tl.int64)
+        val_c = tl.load(x_base + rows_c[:, None] * stride_xn, mask=tile_mask & (rows_c[:, None] >= 0), other=0.0).to(tl.float32)
+        if HAS_CTX:
+            tctx = tc + CTX_FRAMES  # index into the context frames
+            rows_x = (tctx * S + s_offs).to(tl.int64)
+            use_ctx = (rows_c[:, None] < 0) & (rows_x[:, None] >= 0)
+            val_x = tl.load(ctx_ptr + b.to(tl.int64) * stride_cb + rows_x[:, None] * stride_cn + c_offs[None, :],
+                            mask=tile_mask & use_ctx, other=0.0).to(tl.float32)
+            val_c += val_x
+        # anti-causal tap: frame t + (K-1) - j, zero past the end
+        ta = t + (K - 1) - j
+        rows_a = (ta * S + s_offs).to(tl.int64)
+        val_a = tl.load(x_base + rows_a[:, None] * stride_xn, mask=tile_mask & (rows_a[:, None] < T * S), other=0.0).to(tl.float32)
+        acc += w_j[None, :] * (val_c + val_a)
+    out_offs = b.to(tl.int64) * T * S * C + row[:, None] * C + c_offs[None, :]
+    tl.store(out_ptr + out_offs, acc.to(out_ptr.dtype.element_ty), mask=tile_mask)
+
+
+def use_triton(x, backend="auto"):
+    """Whether to run the Triton kernels: backend "triton", or "auto" on CUDA / under TRITON_INTERPRET=1."""
+    if backend not in ("auto", "triton", "torch"):
+        raise ValueError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
+    if backend == "auto":
+        return x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+    return backend == "triton"
+
+
+def short_conv(x, weight, num_frames, *, left_context=None, out=None, backend="auto"):
+    """Bidirectional depthwise temporal conv of x; see `kernels.main_reference.short_conv_ref`.
+
+    Args:
+        x: (B, N, C), N = num_frames * S; channel stride must be 1 (a slice of the qkv output is fine).
+        weight: (C, 1, K) or (C, K).
+        num_frames: T.
+        left_context: optional (B, F*S, C), F <= K-1 frames of raw input preceding x (segment mode:
+            the causal half reads them, the anti-causal half stays inside x).
+        out: optional contiguous (B, N, C) output buffer.
+        backend: "auto" (Triton on CUDA or under TRITON_INTERPRET=1, else PyTorch), "triton", "torch".
+
+    Returns:
+        (B, N, C) contiguous, x.dtype.
+    """
+    if not use_triton(x, backend):
+        y = short_conv_ref(x, weight, num_frames, left_context=left_context)
+        return y if out is None else out.copy_(y)
+    batch, tokens, channels = x.shape
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    spatial = tokens // num_frames
+    w = weight.reshape(channels, -1).float().contiguous()
+    ksize = w.shape[1]
+    if out is None:
+        out = torch.empty(batch, tokens, channels, device=x.device, dtype=x.dtype)
+    has_ctx = left_context is not None and left_context.shape[1] > 0
+    if has_ctx:
+        if left_context.stride(-1) != 1:
+            left_context = left_context.contiguous()
+        ctx_frames = left_context.shape[1] // spatial
+        if ctx_frames > ksize - 1 or ctx_frames * spatial != left_context.shape[1]:
+            raise ValueError(f"left_context must hold at most {ksize - 1} whole frames, got {left_context.shape[1]} tokens")
+        ctx, stride_cb, stride_cn = left_context, left_context.stride(0), left_context.stride(1)
+    else:
+        ctx, stride_cb, stride_cn, ctx_frames = x, 0, 0, 0
+    block_s, block_c = 32, 128
+    grid = (num_frames * triton.cdiv(spatial, block_s), triton.cdiv(channels, block_c), batch)
+    _short_conv_kernel[grid](
+        x, w, ctx, out, x.stride(0), x.stride(1), stride_cb, stride_cn,
+        num_frames, spatial, channels, ctx_frames,
+        K=ksize, HAS_CTX=has_ctx, BLOCK_S=block_s, BLOCK_C=block_c, num_warps=4,
+    )
+    return out
+
+
+def short_conv_context(x, num_frames, previous=None, frames=3):
+    """Raw input of the last `frames` frames seen so far (for the next segment's left context).
+
+    Args:
+        x: (B, N, C) current segment input; previous: the context handed to this segment or None.
+
+    Returns:
+        (B, F*S, C) with F = min(frames, frames available), a contiguous copy.
+    """
+    spatial = x.shape[1] // num_frames
+    seq = x if previous is None else torch.cat([previous, x], dim=1)
+    keep = min(frames, seq.shape[1] // spatial)
+    return seq[:, seq.shape[1] - keep * spatial:].contiguous()

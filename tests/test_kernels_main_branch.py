@@ -1,0 +1,98 @@
+"""Fused main GDN branch (kernels.main_prep, kernels.main_branch) against diffusers (CPU interpreter, ieee)."""
+import pytest
+import torch
+from diffusers.models.normalization import RMSNorm
+from diffusers.models.transformers.transformer_sana_wm import (
+    SanaWMBidirectionalGDNAttention,
+    SanaWMRotaryPosEmbed,
+    _apply_rotary_emb,
+)
+
+from kernels.main_branch import main_branch
+from kernels.main_prep import main_prep
+from kernels.main_reference import main_branch_ref, main_prep_ref
+
+
+def _rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def _inputs(seed, batch=2, frames=4, hw=(2, 3), heads=2, head_dim=24):
+    gen = torch.Generator().manual_seed(seed)
+    spatial, channels = hw[0] * hw[1], heads * head_dim
+    tokens = frames * spatial
+    qkv = torch.randn(batch, tokens, 3 * channels, generator=gen)
+    q, k, v = qkv[..., :channels], qkv[..., channels:2 * channels], qkv[..., 2 * channels:]
+    # gates in the layouts the block produces: permuted / transposed views
+    beta = torch.rand(batch, frames, spatial, heads, generator=gen).permute(0, 3, 1, 2)
+    decay = (0.3 + 0.7 * torch.rand(batch, frames, heads, generator=gen)).transpose(1, 2)
+    weights = [1 + 0.3 * torch.randn(channels, generator=gen) for _ in range(2)]
+    rope = SanaWMRotaryPosEmbed(head_dim, (1, 1, 1), 64)((frames, *hw))
+    return q, k, v, beta, decay, rope, weights
+
+
+def _diffusers_main(q, k, v, beta, decay, rope, weights, frames, heads):
+    batch, tokens, channels = v.shape
+    shape = (batch, tokens, heads, channels // heads)
+    q_norm, k_norm = RMSNorm(channels, 1e-5), RMSNorm(channels, 1e-5)
+    q_norm.weight.data, k_norm.weight.data = weights
+    query = torch.relu(q_norm(q)).reshape(shape)
+    key = torch.relu(k_norm(k)).reshape(shape)
+    attn = SanaWMBidirectionalGDNAttention(eps=1e-8)
+    return attn(query, key, v.reshape(shape), beta, decay, torch.zeros(1), frames, rotary_emb=rope)
+
+
+def test_main_prep_matches_rmsnorm_relu_and_rope():
+    q, k, _, _, _, rope, (w, _) = _inputs(0, heads=3, head_dim=16)
+    batch, tokens, channels = q.shape
+    norm = RMSNorm(channels, 1e-5)
+    norm.weight.data = w
+    with torch.no_grad():
+        want = torch.relu(norm(q)) * 0.25
+        assert _rel(main_prep(q, w, 3, scale=0.25), want) < 1e-6
+        assert _rel(main_prep_ref(q, w, 3, scale=0.25), want) < 1e-6
+        heads_last = norm(k).reshape(batch, tokens, 3, 16)
+        rotated = _apply_rotary_emb(heads_last.permute(0, 2, 3, 1), rope).permute(0, 3, 1, 2).reshape(q.shape)
+        assert _rel(main_prep(k, w, 3, relu=False, rope=rope), rotated) < 1e-6
+        assert _rel(main_prep_ref(k, w, 3, relu=False, rope=rope), rotated) < 1e-6
+
+
+@pytest.mark.parametrize("seed,config", [(0, {"scan": "chunkwise"}), (1, {"scan": "recurrent", "rope_on_load": True}),
+                                         (2, {"scan": "recurrent", "rope_on_load": False})])
+def test_main_branch_matches_diffusers(seed, config):
+    q, k, v, beta, decay, rope, weights = _inputs(seed)
+    with torch.no_grad():
+        want = _diffusers_main(q, k, v, beta, decay, rope, weights, 4, 2)
+    kw = dict(q_norm_weight=weights[0], k_norm_weight=weights[1])
+    got = main_branch(q, k, v, beta, decay, rope, precision="ieee", backend="triton", config=config, **kw)
+    ref = main_branch_ref(q, k, v, beta, decay, rope, **kw)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    assert _rel(got, want) < 1e-4
+    assert _rel(ref, want) < 1e-5
+    assert torch.equal(main_branch(q, k, v, beta, decay, rope, backend="torch", **kw), ref)
+
+
+@pytest.mark.parametrize("scan", ["chunkwise", "recurrent"])
+def test_states_and_segment_split_resume(scan):
+    # Anchor: forward scans are global (state carried), reverse scans segment-local.
+    q, k, v, beta, decay, rope, weights = _inputs(2, batch=1, frames=5)
+    kw = dict(q_norm_weight=weights[0], k_norm_weight=weights[1], precision="ieee", backend="triton",
+              config={"scan": scan})
+    gen = torch.Generator().manual_seed(7)
+    init = (0.1 * torch.randn(1, 2, 24, 24, generator=gen), torch.rand(1, 2, 24, 1, generator=gen))
+    starts = torch.tensor([True, False, True, False, False])
+    full, (kv, z) = main_branch(q, k, v, beta, decay, rope, initial_state=init, segment_starts=starts,
+                                return_final_state=True, **kw)
+    ref, (kv_ref, z_ref) = main_branch_ref(q, k, v, beta, decay, rope, initial_state=init,
+                                           segment_starts=starts, return_final_state=True, **kw)
+    assert _rel(full, ref) < 1e-4
+    assert _rel(kv, kv_ref) < 1e-5 and _rel(z, z_ref) < 1e-5
+    assert kv.shape == (1, 2, 24, 24) and z.shape == (1, 2, 24, 1)
+
+    cut = 2 * 6  # tokens of frames [0, 2)
+    cos, sin = rope.real.reshape(-1, 12), rope.imag.reshape(-1, 12)
+    first, state = main_branch(q[:, :cut], k[:, :cut], v[:, :cut], beta[:, :, :2], decay[:, :, :2],
+                               (cos[:cut], sin[:cut]), initial_state=init, return_final_state=True, **kw)
+    second = main_branch(q[:, cut:], k[:, cut:], v[:, cut:], beta[:, :, 2:], decay[:, :, 2:],
+                         (cos[cut:], sin[cut:]), initial_state=state, segment_starts=starts[2:], **kw)
+    assert _rel(torch.cat([first, second], dim=1), full) < 1e-5

@@ -1,0 +1,74 @@
+"""Fused temporal short convolution (kernels.short_conv) against diffusers' module (CPU interpreter)."""
+import torch
+from diffusers.models.transformers.transformer_sana_wm import SanaWMTemporalShortConvolution
+
+from kernels.main_reference import short_conv_ref
+from kernels.short_conv import short_conv, short_conv_context
+
+
+def _module(channels, seed):
+    torch.manual_seed(seed)
+    module = SanaWMTemporalShortConvolution(channels, 4)
+    torch.nn.init.normal_(module.weight)
+    return module
+
+
+def _rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def test_bidirectional_reads_qkv_slice_in_place():
+    batch, frames, spatial, channels = 2, 5, 33, 40  # S > tile, C not a multiple of the tile
+    module = _module(channels, 0)
+    qkv = torch.randn(batch, frames * spatial, 3 * channels)
+    key = qkv[..., channels:2 * channels]  # strided view, as in the block
+    with torch.no_grad():
+        want = module(key, frames)
+        got = short_conv(key, module.weight, frames)
+        ref = short_conv_ref(key, module.weight, frames)
+    assert got.shape == want.shape and got.is_contiguous()
+    assert _rel(got, want) < 1e-6
+    assert _rel(ref, want) < 1e-6
+
+
+def test_short_clips_and_bf16():
+    module = _module(16, 1)
+    for frames in (1, 2, 3):  # shorter than the kernel: every tap past either end is zero
+        x = torch.randn(1, frames * 4, 16)
+        with torch.no_grad():
+            assert _rel(short_conv(x, module.weight, frames), module(x, frames)) < 1e-6
+    x = torch.randn(2, 4 * 6, 16).bfloat16()
+    with torch.no_grad():
+        got = short_conv(x, module.weight, 4)
+        want = short_conv_ref(x.float(), module.weight, 4)
+    assert got.dtype == torch.bfloat16 and _rel(got, want) < 1e-2
+
+
+def test_cached_causal_form_matches_dense_segment_rule():
+    # Segment mode: the causal half sees up to 3 cached frames before the segment, the anti-causal
+    # half stays inside the segment. Dense reference from diffusers' own causal conv.
+    batch, frames, spatial, channels = 2, 7, 5, 24
+    module = _module(channels, 2)
+    x = torch.randn(batch, frames * spatial, channels)
+
+    def frame_major(t):
+        return t.reshape(batch, -1, spatial, channels).permute(0, 2, 1, 3).reshape(batch * spatial, -1, channels)
+
+    def back(t, count):
+        return t.reshape(batch, spatial, count, channels).permute(0, 2, 1, 3).reshape(batch, count * spatial, channels)
+
+    w_last = module.weight[:, 0, -1]
+    with torch.no_grad():
+        causal_full = module._causal_conv(frame_major(x))
+        previous = None
+        for start, stop in ((0, 1), (1, 3), (3, 7)):  # contexts of 0, 1 and 3 frames
+            seg = x[:, start * spatial:stop * spatial]
+            count = stop - start
+            anti = module._causal_conv(frame_major(seg).flip(1)).flip(1)
+            want = back(causal_full[:, start:stop] + anti, count) - seg * w_last
+            got = short_conv(seg, module.weight, count, left_context=previous)
+            ref = short_conv_ref(seg, module.weight, count, left_context=previous)
+            assert _rel(got, want) < 1e-6, (start, stop)
+            assert _rel(ref, want) < 1e-6, (start, stop)
+            previous = short_conv_context(seg, count, previous)
+            assert previous.shape[1] == min(3, stop) * spatial

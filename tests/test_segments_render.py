@@ -1,0 +1,174 @@
+"""Segment-mode rendering on the tiny pipeline: sampler, streaming output, CLI, original-format DiT files."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from camrender.render import RenderRequest
+from camrender.render_segments import (
+    DEFAULT_SEGMENT_TIMESTEPS,
+    prepare_inputs,
+    render_segments,
+    sample_segments,
+    segment_timesteps,
+)
+from camrender.segment_decode import CausalStreamDecoder, to_uint8_frames
+from camrender.segments import SegmentOptions, dense_reference_forward, segment_bounds, segment_forward
+from camrender.tiny import build_tiny_pipeline, build_tiny_transformer
+from camrender.trajectory import Trajectory
+
+FRAMES = 57  # 8 latent frames -> segments (0, 4), (4, 8)
+SIZE = 32
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny tensors: one intra-op thread is faster than several fighting over shared CI cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def pipe():
+    pipe = build_tiny_pipeline(seed=0)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def request_for(**changes):
+    c2w = np.tile(np.eye(4), (FRAMES, 1, 1))
+    c2w[:, 0, 3] = np.linspace(0.0, 1.0, FRAMES)  # truck right
+    c2w[:, 2, 3] = np.linspace(0.0, 0.5, FRAMES)  # and forward
+    traj = Trajectory(c2w=c2w, intrinsics=np.tile([28.0, 28.0, 16.0, 16.0], (FRAMES, 1)), width=SIZE,
+                      height=SIZE, fps=16)
+    fields = dict(traj=traj, prompt="a quiet street", steps=None, guidance=1.0, num_frames=FRAMES, height=SIZE,
+                  width=SIZE, model="tiny", dtype="float32", kernels="torch", mode="segments")
+    fields.update(changes)
+    return RenderRequest(**fields)
+
+
+def dense_sampler(model, inputs, bounds, timesteps, options):
+    """The segment sampler written against the dense reference forward: every step of segment k runs
+    the whole prefix [0, stop) with finished segments clean at timestep 0. Returns (1, C, T, h, w)."""
+    clean = inputs.noise.clone()
+    batch = inputs.text.shape[0]
+    sigmas = [t / 1000.0 for t in timesteps] + [0.0]
+    for index, (start, stop) in enumerate(bounds):
+        x = inputs.noise[:, :, start:stop].clone()
+        if start == 0:
+            x[:, :, 0] = inputs.first_latent[:, :, 0]
+        for step, t in enumerate(timesteps):
+            timestep = torch.zeros(1, 1, stop)
+            timestep[..., start:] = t
+            timestep[..., 0] = 0.0
+            prefix = torch.cat([clean[:, :, :start], x], dim=2)
+            velocity = dense_reference_forward(
+                model, prefix.expand(batch, -1, -1, -1, -1), timestep.expand(batch, 1, stop), inputs.text,
+                inputs.text_mask, segments=bounds[: index + 1], camera_conditions=inputs.camera_conditions[:, :stop],
+                chunk_plucker=inputs.chunk_plucker[:, :, :stop], options=options,
+            )[:, :, start:]
+            if batch == 2:
+                velocity = velocity[:1] + inputs.guidance * (velocity[1:] - velocity[:1])
+            stepped = x + (sigmas[step + 1] - sigmas[step]) * velocity
+            if start == 0:
+                stepped[:, :, 0] = x[:, :, 0]
+            x = stepped
+        clean[:, :, start:stop] = x
+    return clean
+
+
+@pytest.mark.parametrize("guidance", [1.0, 3.0])
+def test_segment_sampler_equals_dense_sampler(pipe, guidance):
+    request = request_for(guidance=guidance, steps=2 if guidance > 1 else None)
+    inputs = prepare_inputs(pipe, request, torch.device("cpu"))
+    assert inputs.text.shape[0] == (2 if guidance > 1 else 1)
+    bounds = segment_bounds(inputs.noise.shape[2], 3)
+    assert bounds == [(0, 4), (4, 8)]
+    timesteps = segment_timesteps(pipe.scheduler, request.steps)
+    options = SegmentOptions(sdpa_dtype=torch.float32)
+    with torch.no_grad():
+        cached = torch.cat([latents for *_, latents in sample_segments(pipe.transformer, inputs, bounds, timesteps,
+                                                                       options, torch.device("cpu"))], dim=2)
+        dense = dense_sampler(pipe.transformer, inputs, bounds, timesteps, options)
+    torch.testing.assert_close(cached, dense, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(cached[:, :, :1], inputs.first_latent)  # the image frame stays pinned
+    assert (cached[:, :, 1:] - inputs.noise[:, :, 1:]).abs().min() > 0  # every other frame was denoised
+
+
+def test_render_segments_streams_one_chunk_per_segment(pipe):
+    request = request_for()
+    calls = []
+    chunks = list(render_segments(pipe, request, lambda done, total, info: calls.append((done, total, info))))
+    assert [len(chunk) for chunk in chunks] == [25, 32]
+    assert all(chunk.dtype == np.uint8 and chunk.shape[1:] == (SIZE, SIZE, 3) for chunk in chunks)
+    assert [call[:2] for call in calls] == [(1, 2), (2, 2)]
+    assert calls[-1][2].startswith("57 frames, 3.6 s of video")
+
+    # The streamed frames are the whole-clip causal decode of the sampled latents.
+    inputs = prepare_inputs(pipe, request, torch.device("cpu"))
+    bounds = segment_bounds(inputs.noise.shape[2])
+    with torch.no_grad():
+        latents = torch.cat([x for *_, x in sample_segments(pipe.transformer, inputs, bounds,
+                                                            list(DEFAULT_SEGMENT_TIMESTEPS), SegmentOptions(),
+                                                            torch.device("cpu"))], dim=2)
+        whole = to_uint8_frames(CausalStreamDecoder(pipe.vae).decode(latents))
+    assert np.abs(np.concatenate(chunks).astype(int) - whole.astype(int)).max() <= 1
+
+
+def test_step_list():
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    assert segment_timesteps(None, None) == [1000.0, 960.0, 889.0, 727.0]
+    eight = segment_timesteps(FlowMatchEulerDiscreteScheduler(), 8)
+    assert len(eight) == 8 and eight[0] == 1000.0 and eight == sorted(eight, reverse=True) and eight[-1] > 0
+
+
+def test_cli_segments_mode_writes_a_playable_video(tmp_path):
+    import imageio.v3 as iio
+
+    from camrender.cli import main
+
+    out = tmp_path / "orbit.mp4"
+    traj = Path(__file__).resolve().parents[1] / "trajectories" / "orbit.json"
+    with pytest.raises(SystemExit) as done:
+        main(["--traj", str(traj), "--out", str(out), "--model", "tiny", "--mode", "segments", "--frames", "25",
+              "--height", "32", "--width", "32", "--steps", "2", "--guidance", "1", "--segment-frames", "1"])
+    assert done.value.code == 0
+    frames = np.stack(list(iio.imiter(out)))
+    assert frames.shape == (25, 32, 32, 3)
+    assert not list(tmp_path.glob(".orbit.mp4.*"))  # no partial file left behind
+
+
+@pytest.mark.parametrize("fmt", ["chunk_causal_safetensors", "streaming_pt"])
+def test_original_format_dit_files_load_and_render(tmp_path, fmt):
+    """Tiny chunk-causal (.safetensors) and streaming (.pt: `generator` entry, `model.` prefixes) files
+    load into a differently-initialised transformer, which then gives the source model's segment outputs."""
+    from safetensors.torch import save_file
+
+    from camrender.loading import load_transformer_weights
+
+    source = build_tiny_transformer(seed=5)
+    state = {name: tensor.clone().contiguous() for name, tensor in source.state_dict().items()}
+    if fmt == "chunk_causal_safetensors":
+        path = tmp_path / "sana_wm_chunk_causal_tiny.safetensors"
+        save_file({**state, "pos_embed": torch.zeros(1, 4, 32)}, str(path))
+    else:
+        path = tmp_path / "model.pt"
+        torch.save({"generator": {f"model.{name}": tensor for name, tensor in state.items()}, "step": 7}, path)
+
+    target = build_tiny_transformer(seed=6)
+    report = load_transformer_weights(target, path)
+    assert set(report.loaded) == set(state) and not report.missing
+    for name, tensor in target.state_dict().items():
+        torch.testing.assert_close(tensor, state[name], rtol=0, atol=0)
+
+    latents = torch.randn(1, 8, 4, 2, 2, generator=torch.Generator().manual_seed(1))
+    text, mask = torch.randn(1, 1, 5, 32), torch.ones(1, 5, dtype=torch.long)
+    timestep = torch.tensor([[[0.0, 889.0, 889.0, 889.0]]])
+    with torch.no_grad():
+        expected = segment_forward(source, latents, timestep, text, mask)
+        got = segment_forward(target, latents, timestep, text, mask)
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
