@@ -79,7 +79,7 @@ def bench_main(args, res):
         SanaWMTemporalShortConvolution,
     )
 
-    from kernels.main_branch import SCAN_CONFIG, main_branch, main_scan
+    from kernels.main_branch import SCAN_CONFIG, _chunkwise, main_branch, main_scan
     from kernels.main_prep import main_prep
     from kernels.main_reference import rope_tables
     from kernels.short_conv import short_conv
@@ -148,13 +148,15 @@ def bench_main(args, res):
         qn, qr = main_prep(qkv[..., :C], qn16.weight, H, rope=(cos, sin), keep_unrotated=True)
         kn, kr = main_prep(k_conv, kn16.weight, H, scale=D ** -0.5 * S ** -0.5, rope=(cos, sin), keep_unrotated=True)
         v = qkv[..., 2 * C:]
-        t["part_scan"] = _bench(lambda: main_scan(qn, kn, v, beta, decay, cos, sin, q_rot=qr, k_rot=kr), args.quick)
-        num, den, _ = main_scan(qn, kn, v, beta, decay, cos, sin, q_rot=qr, k_rot=kr)
-        t["part_divide_approx"] = t["ours_main_branch"] - t["part_short_conv"] - t[
-            "part_prep_q_and_k_with_rotated_copies"] - t["part_scan"]
+        out_buf = torch.empty(B, N, C, device=dev, dtype=torch.bfloat16)
+        t["part_scans_chunkwise_kv_z_divide"] = _bench(lambda: _chunkwise(
+            qn, kn, qr, kr, v, beta, decay, out_buf, eps=1e-8, initial_state=None, segment_starts=None,
+            precision="tf32", return_final_state=False), args.quick)
+        t["part_scan_recurrent_BV32"] = _bench(lambda: main_scan(qn, kn, v, beta, decay, cos, sin, q_rot=qr, k_rot=kr,
+                                                                 config={"BV": 32}), args.quick)
         variants = []
-        for cfg in ([{"rope_on_load": True}, {"BV": 32}, {"BV": 32, "num_warps": 8}, {"BS": 32},
-                     {"BS": 128, "num_warps": 8}, {"num_warps": 8}, {"num_stages": 3}, {"BV": 64, "num_warps": 8}]):
+        for cfg in ([{"scan": "recurrent", "BV": 32}, {"scan": "recurrent", "BV": 16},
+                     {"scan": "recurrent", "BV": 32, "num_stages": 3}]):
             full = dict(SCAN_CONFIG, **cfg)
             try:
                 out = ours(qkv, (conv16, qn16, kn16), config=full)
@@ -257,7 +259,66 @@ def bench_softmax(args, res):
             "ours_block_attention": _bench(lambda: patched(x16, **kw), args.quick),
         }
         res["softmax_peak_MiB"] = {"stock": _peak(lambda: block16(x16, **kw)), "ours": _peak(lambda: patched(x16, **kw))}
+        for label, backends in (("flash_only", ["FLASH_ATTENTION"]),
+                                ("cudnn_first", ["CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH"])):
+            try:
+                patched.sdpa_backends = backends
+                out = patched(x16, **kw)
+                res["softmax_ms"][f"ours_{label}"] = _bench(lambda: patched(x16, **kw), args.quick)
+                res["softmax_accuracy"][f"ours_{label}_vs_stock_fp32"] = _stats(out, ref32)
+            except Exception as exc:
+                res["softmax_ms"][f"ours_{label}"] = repr(exc)[:300]
+        patched.sdpa_backends = None
+        q16 = torch.randn(B, H, N, 128, device=dev, generator=gen).bfloat16()
+        from camrender.patch_softmax import _sdpa
+        for label, backends in (("flash", ["FLASH_ATTENTION"]), ("cudnn", ["CUDNN_ATTENTION"])):
+            try:
+                res["softmax_ms"][f"sdpa_only_d128_{label}"] = _bench(lambda: _sdpa(q16, q16, q16, backends), args.quick)
+            except Exception as exc:
+                res["softmax_ms"][f"sdpa_only_d128_{label}"] = repr(exc)[:300]
     print(json.dumps(res["softmax_ms"]), flush=True)
+
+
+def bench_gdn_block(args, res):
+    """Whole GDN block attention with the camera branch off: stock vs camrender.patch (main branch + glue)."""
+    import copy
+
+    from diffusers.models.transformers.transformer_sana_wm import (
+        BidirectionalGDNUCPESinglePathLiteLA,
+        SanaWMRotaryPosEmbed,
+    )
+
+    from camrender.patch import PatchedGDNAttention
+
+    dev = torch.device(args.device)
+    B, T, hh, ww, H, D = args.batch, args.frames, args.height, args.width, args.heads, args.head_dim
+    C = H * D
+    N = T * hh * ww
+    gen = torch.Generator(device=dev).manual_seed(2)
+    torch.manual_seed(2)
+    block = BidirectionalGDNUCPESinglePathLiteLA(C, C, cam_dim=C, cam_heads=H, heads=H, dim=D, qk_norm=True,
+                                                 eps=1e-8, patch_size=(1, 1, 1)).to(dev)
+    with torch.no_grad():
+        for name, p in block.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1 + 0.1 * torch.randn(p.shape, device=dev, generator=gen))
+            elif name.startswith("conv_k"):
+                p.copy_(0.5 * torch.randn(p.shape, device=dev, generator=gen))
+    x = torch.randn(B, N, C, device=dev, generator=gen)
+    rope = SanaWMRotaryPosEmbed(D, (1, 1, 1), 1024)((T, hh, ww), device=dev)
+    kw = dict(HW=(T, hh, ww), rotary_emb=rope)
+    block16 = copy.deepcopy(block).to(torch.bfloat16)
+    patched = PatchedGDNAttention.adopt(block16, kernels="fused", precision="tf32")
+    x16 = x.bfloat16()
+    with torch.no_grad():
+        ref32 = block(x, **kw)
+        res["gdn_block_main_only_accuracy"] = {
+            "ours_bf16_vs_stock_fp32": _stats(patched(x16, **kw), ref32),
+            "stock_bf16_vs_stock_fp32": _stats(block16(x16, **kw), ref32),
+        }
+        res["gdn_block_main_only_ms"] = {"stock": _bench(lambda: block16(x16, **kw), args.quick),
+                                         "ours": _bench(lambda: patched(x16, **kw), args.quick)}
+    print(json.dumps(res["gdn_block_main_only_ms"]), flush=True)
 
 
 def main():
@@ -280,7 +341,7 @@ def main():
 
     res = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "torch": torch.__version__, "triton": triton.__version__}
     start = time.time()
-    for name, fn in (("main", bench_main), ("softmax", bench_softmax)):
+    for name, fn in (("main", bench_main), ("softmax", bench_softmax), ("gdn_block", bench_gdn_block)):
         if (name == "softmax" and args.skip_softmax) or (name == "main" and args.skip_main):
             continue
         try:

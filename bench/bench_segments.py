@@ -42,14 +42,18 @@ SPATIAL = 32  # VAE spatial stride (8 for the --cpu-smoke tiny VAE)
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="small config (8 blocks, 352x640, paths of 2/4/8 segments)")
-    parser.add_argument("--segments", default=None, help="comma-separated path lengths in segments (default 3,10,30)")
+    parser.add_argument("--quick", action="store_true",
+                        help="small config (8 blocks, 352x640, paths of 2/4/8 segments)")
+    parser.add_argument("--segments", default=None,
+                        help="comma-separated path lengths in segments (default 3,10,30)")
     parser.add_argument("--kernels", default="fused", choices=["fused", "torch"], help="fused: Triton kernels on CUDA")
     parser.add_argument("--skip-full", action="store_true", help="skip the full-mode measurements")
-    parser.add_argument("--full-cfg-steps", type=int, default=2, help="guided full-mode steps measured (extrapolated to 60)")
+    parser.add_argument("--full-cfg-steps", type=int, default=2,
+                        help="guided full-mode steps measured (extrapolated to 60)")
     parser.add_argument("--out", default=None, help="also write the JSON document here")
+    parser.add_argument("--markdown", default=None, help="also write the figures as a markdown table here")
     parser.add_argument("--cpu-smoke", action="store_true",
-                        help="run the whole script on the CPU with the tiny test models (checks the script, no figures)")
+                        help="run on the CPU with the tiny test models (checks the script; no figures)")
     return parser.parse_args(argv)
 
 
@@ -191,8 +195,11 @@ def run_full(transformer, vae, latent_frames, height, width, steps, guidance, de
         sync()
         per_step = (time.perf_counter() - start) / count
         stage1 = per_step * len(steps)
+        # Decode in segment-sized chunks with the streaming decoder: the frames equal one whole-clip
+        # causal decode (tests/test_segments_decode.py), without its activation peak (see decode_whole_clip).
         start = time.perf_counter()
-        frames = len(to_uint8_frames(CausalStreamDecoder(vae).decode(latents)))
+        decoder = CausalStreamDecoder(vae)
+        frames = sum(len(to_uint8_frames(decoder.decode(latents[:, :, a:b]))) for a, b in segment_bounds(latent_frames))
         sync()
         decode = time.perf_counter() - start
     total = stage1 + decode
@@ -203,6 +210,22 @@ def run_full(transformer, vae, latent_frames, height, width, steps, guidance, de
         peak_gib=round(peak_bytes() / GIB, 3),
         extrapolated=bool(measure_steps),
     )
+
+
+def decode_whole_clip(vae, latent_frames, height, width, device, dtype):
+    """One `vae.decode(z, causal=True)` of the whole clip, as a full-mode render decodes: time and peak memory."""
+    generator = torch.Generator().manual_seed(0)
+    z = torch.randn(1, vae.config.latent_channels, latent_frames, height // SPATIAL, width // SPATIAL,
+                    generator=generator).to(device, dtype)
+    reset_peak()
+    with torch.no_grad():
+        sync()
+        start = time.perf_counter()
+        video = vae.decode(z, causal=True, return_dict=False)[0]
+        sync()
+        seconds = time.perf_counter() - start
+    return dict(latent_frames=latent_frames, video_frames=int(video.shape[2]), decode_s=round(seconds, 3),
+                peak_gib=round(peak_bytes() / GIB, 3))
 
 
 def main(argv=None):
@@ -219,12 +242,14 @@ def main(argv=None):
     else:
         device, dtype = torch.device("cuda"), torch.bfloat16
         height, width = (352, 640) if args.quick else (704, 1280)
-    lengths = [int(x) for x in args.segments.split(",")] if args.segments else ([2, 4, 8] if args.quick else [3, 10, 30])
+    default_lengths = [2, 4, 8] if args.quick else [3, 10, 30]
+    lengths = [int(x) for x in args.segments.split(",")] if args.segments else default_lengths
     options = SegmentOptions(cached_segments=2, backend="auto" if args.kernels == "fused" else "torch")
     results = dict(
-        device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu", torch=torch.__version__, quick=args.quick, kernels=args.kernels,
-        height=height, width=width, dtype=str(dtype).replace("torch.", ""), segment_timesteps=list(DEFAULT_SEGMENT_TIMESTEPS),
-        cached_segments=options.cached_segments, segments={}, errors={},
+        device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu", torch=torch.__version__,
+        quick=args.quick, kernels=args.kernels, height=height, width=width, dtype=str(dtype).replace("torch.", ""),
+        segment_timesteps=list(DEFAULT_SEGMENT_TIMESTEPS), cached_segments=options.cached_segments,
+        segments={}, errors={},
     )
     try:
         import triton
@@ -253,7 +278,12 @@ def main(argv=None):
     results["build_s"] = round(time.perf_counter() - began, 1)
 
     # Warm-up: compile the kernels for the first (4-frame) and later (3-frame) segment shapes.
-    record("warmup", lambda: run_segment_path(transformer, vae, 7, height, width, options, device, dtype))
+    if record("warmup", lambda: run_segment_path(transformer, vae, 7, height, width, options, device, dtype)) is None \
+            and options.backend != "torch":
+        # Keep measuring with the PyTorch scans rather than stopping; the error above says what failed.
+        options = SegmentOptions(cached_segments=options.cached_segments, backend="torch")
+        results["segment_backend_fallback"] = "torch"
+        record("warmup_torch", lambda: run_segment_path(transformer, vae, 7, height, width, options, device, dtype))
     for length in lengths:
         value = record(f"segments_{length}", lambda: run_segment_path(transformer, vae, 1 + 3 * length, height, width,
                                                                      options, device, dtype))
@@ -271,6 +301,8 @@ def main(argv=None):
         results["full_161_frames_4_steps"] = record(
             "full_161_frames_4_steps",
             lambda: run_full(transformer, vae, 21, height, width, steps4, 1.0, device, dtype))
+        results["full_161_frames_whole_clip_decode"] = record(
+            "full_161_frames_whole_clip_decode", lambda: decode_whole_clip(vae, 21, height, width, device, dtype))
         from diffusers import FlowMatchEulerDiscreteScheduler
 
         scheduler = FlowMatchEulerDiscreteScheduler()
@@ -285,7 +317,38 @@ def main(argv=None):
     if args.out:
         with open(args.out, "w") as handle:
             handle.write(text + "\n")
+    if args.markdown:
+        with open(args.markdown, "w") as handle:
+            handle.write(markdown_table(results))
     return 0
+
+
+def markdown_table(results) -> str:
+    """The figures as a markdown table (for docs/performance.md)."""
+    rows = [("segment mode, " + str(v["segments"]) + " segments", v) for v in results["segments"].values()]
+    for key, label in (("segments_161_frames", "segment mode, 161 frames"),
+                       ("full_161_frames_4_steps", "full mode, 161 frames, 4 steps"),
+                       ("full_161_frames_60_steps_cfg", "full mode, 161 frames, 60 steps + CFG (extrapolated)")):
+        if results.get(key):
+            rows.append((label, results[key]))
+    lines = [
+        f"{results['device']}, torch {results['torch']}, triton {results.get('triton', '?')}, "
+        f"{results['width']}x{results['height']}, {results['dtype']}, kernels {results['kernels']}, random weights",
+        "",
+        "| run | video frames | stage 1 (s) | decode (s) | video frames / s | peak GPU memory (GiB) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for label, v in rows:
+        lines.append(f"| {label} | {v['video_frames']} | {v['stage1_s']} | {v['decode_s']} | {v['video_fps']} "
+                     f"| {v['peak_gib']} |")
+    if "peak_spread_pct" in results:
+        lines += ["", f"Peak memory spread over the segment paths: {results['peak_spread_pct']} %."]
+    whole = results.get("full_161_frames_whole_clip_decode")
+    if whole:
+        lines += [f"Whole-clip causal decode of 161 frames: {whole['decode_s']} s, peak {whole['peak_gib']} GiB."]
+    if results["errors"]:
+        lines += ["", "Errors: " + "; ".join(f"{k}: {v}" for k, v in results["errors"].items())]
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ Prints one JSON object (also written to --out):
 - breakdown_ms: per part, summed over the blocks of one forward, timed with CUDA events
   around module / kernel calls (a separate, instrumented forward):
     gdn_main    stock: SanaWMBidirectionalGDNAttention (RoPE + both scans + division);
-                patched: the same module, or kernels.main_branch once the main branch is fused
+                patched: kernels.main_branch (RMSNorm, ReLU, RoPE, scans, division; the short
+                conv on K runs before it and counts as gdn_other), or the stock module as above
     gdn_camera  stock: RMSNorm+ReLU excluded, SanaWMBidirectionalGDNCamAttention (UCPE, RMS
                 downscale, beta discount, scans, decode); patched: kernels.camera_branch (which
                 also does the RMSNorm+ReLU)
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import importlib
 import json
 import math
 import sys
@@ -175,7 +177,12 @@ def instrumented(model, timer):
             elif isinstance(child, SanaWMBidirectionalGDNCamAttention) and gdn:
                 hook(child, "gdn_camera")
     wrap_function(kernels, "camera_branch", "gdn_camera")
-    wrap_function(kernels, "main_branch", "gdn_main")
+    try:  # the patched main branch imports `main_branch` from this module at call time
+        main_module = importlib.import_module("kernels.main_branch")
+    except ImportError:
+        main_module = None
+    if main_module is not None:
+        wrap_function(main_module, "main_branch", "gdn_main")
     try:
         yield
     finally:

@@ -12,20 +12,21 @@ The proxy scene lives in the OpenCV world frame the trajectory uses (+x right, +
   camera looks.
 
 By default poses are taken relative to frame 0 (``inv(c2w_0) @ c2w_f``), as the model
-sees them (SPEC section 1.1): the first frame always looks from the origin along +z at
-the red sphere. Pixel (column u, row v) has image coordinates (u, v) (OpenCV: pixel
+sees them (SPEC section 1.1): the first frame always looks from the origin along +z
+(dark post 2 units ahead, red sphere behind it). Pixel (column u, row v) has image coordinates (u, v) (OpenCV: pixel
 centres at integer coordinates), ray direction ((u - cx) / fx, (v - cy) / fy, 1) in the
 camera frame -- the same grid the model's Plucker maps use.
 
-Rendering is per-pixel analytic ray casting, vectorised over bands of rows (threads
-share the bands: numpy releases the GIL on large array operations).
+Rendering is per-pixel analytic ray casting in float32: sky and ground vectorised over
+bands of rows (threads share the bands: numpy releases the GIL on large array
+operations), each landmark over the pixel window its projection can cover.
 """
 from __future__ import annotations
 
 import inspect
-import sys
 import math
 import os
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -35,6 +36,7 @@ from camrender.errors import CamrenderError
 
 GROUND_Y = 1.5
 """World y of the ground plane for scale 1 (OpenCV +y is down: the ground is 1.5 units below the origin)."""
+
 
 def _rgb255(r, g, b):
     # colours on a 0..255 scale plus 0.5: blends stay inside, truncation to uint8 rounds
@@ -52,7 +54,7 @@ _GROUND_DARK_L = np.float32(0.53 * 255)
 _GRID_LINE_L = np.float32(0.30 * 255)
 _LIGHT_DIR = np.array([0.4, -0.8, -0.3])  # towards the light (from above, right, behind)
 _LIGHT_DIR = _LIGHT_DIR / np.linalg.norm(_LIGHT_DIR)
-_FOG_DISTANCE = 60.0  # world units at scale 1 over which the ground fades ~63% into the horizon colour
+_FOG_DISTANCE = 60.0  # world units (scale 1) at which ground and landmarks are half faded into the horizon colour
 _GRID_SPACING = 1.0
 _GRID_WIDTH = 0.03
 _AXIS_WIDTH = 0.08
@@ -158,41 +160,74 @@ class ProxyScene:
             pixel_angle=0.5 / fx + 0.5 / fy,
             windows=[self._screen_window(obj, c2w, (fx, fy, cx, cy), width, height) for obj in self._objects],
         )
+        planes = np.empty((3, height, width), np.float32)  # colour, 0..255 + 0.5
+        depth = np.empty((height, width), np.float32)  # ray parameter t of the nearest surface
         image = np.empty((height, width, 3), np.uint8)
         bands = [(r0, min(r0 + _BAND_ROWS, height)) for r0 in range(0, height, _BAND_ROWS)]
-        if executor is not None:
-            list(executor.map(lambda band: self._render_band(frame, band, image), bands))
-        else:
-            for band in bands:
-                self._render_band(frame, band, image)
+
+        def run(function):
+            if executor is not None:
+                list(executor.map(function, bands))
+            else:
+                for band in bands:
+                    function(band)
+
+        # 1. sky and ground, band by band (cache sized, spread over threads)
+        run(lambda band: self._background_band(frame, band, planes, depth))
+        # 2. landmarks, each over the pixel window it can cover (one pass per object keeps
+        #    the Python overhead per frame small)
+        for obj, window in zip(self._objects, frame.windows):
+            if window is not None:
+                self._object_hits(obj, frame, window, planes, depth)
+
+        # 3. float planes -> interleaved uint8 (truncation rounds: colours carry + 0.5)
+        def to_uint8(band):
+            r0, r1 = band
+            for c in range(3):
+                image[r0:r1, :, c] = planes[c, r0:r1]
+
+        run(to_uint8)
         return image
 
     def _screen_window(self, obj: _Object, c2w, intr, width, height):
         """Pixel rectangle (v0, v1, u0, u1) that can contain the object, or None when it cannot be seen."""
         fx, fy, cx, cy = intr
-        cam = (obj.corners - c2w[:3, 3]) @ c2w[:3, :3]  # (8, 3) corners in the camera frame
-        z = cam[:, 2]
-        if np.all(z <= 0):
-            return None
-        if np.any(z <= 1e-6):  # the box straddles the camera plane: no bounded projection
-            return (0, height, 0, width)
-        u = fx * cam[:, 0] / z + cx
-        v = fy * cam[:, 1] / z + cy
-        u0, u1 = int(max(0, math.floor(u.min()) - 1)), int(min(width, math.ceil(u.max()) + 2))
-        v0, v1 = int(max(0, math.floor(v.min()) - 1)), int(min(height, math.ceil(v.max()) + 2))
+        if obj.kind == "sphere":
+            centre = (obj.center - c2w[:3, 3]) @ c2w[:3, :3]  # camera frame
+            spans = [_sphere_span(centre[axis], centre[2], obj.size[0], f, c, size)
+                     for axis, f, c, size in ((0, fx, cx, width), (1, fy, cy, height))]
+            if spans[0] is None or spans[1] is None:
+                return None
+            (u_lo, u_hi), (v_lo, v_hi) = spans
+        else:
+            cam = (obj.corners - c2w[:3, 3]) @ c2w[:3, :3]  # (8, 3) corners in the camera frame
+            z = cam[:, 2]
+            if np.all(z <= 0):
+                return None
+            if np.any(z <= 1e-6):  # the box straddles the camera plane: no bounded projection
+                return (0, height, 0, width)
+            u = fx * cam[:, 0] / z + cx
+            v = fy * cam[:, 1] / z + cy
+            u_lo, u_hi, v_lo, v_hi = u.min(), u.max(), v.min(), v.max()
+        u0, u1 = int(max(0, math.floor(u_lo) - 1)), int(min(width, math.ceil(u_hi) + 2))
+        v0, v1 = int(max(0, math.floor(v_lo) - 1)), int(min(height, math.ceil(v_hi) + 2))
         if u0 >= u1 or v0 >= v1:
             return None
         return (v0, v1, u0, u1)
 
-    def _render_band(self, frame: "_Frame", band, image: np.ndarray) -> None:
-        """Shade rows [r0, r1) into image[r0:r1] (colours are kept on a 0..255 scale plus 0.5,
-        so that the final float -> uint8 truncation rounds)."""
-        r0, r1 = band
+    def _rays(self, frame: "_Frame", rows: slice, cols: slice):
+        """World ray directions dx, dy, dz (each (h, w) float32) and their length for a pixel block."""
         ct, rt = frame.col_terms, frame.row_terms
-        dx = ct[0][None, :] + rt[0, r0:r1, None]
-        dy = ct[1][None, :] + rt[1, r0:r1, None]
-        dz = ct[2][None, :] + rt[2, r0:r1, None]
+        dx = ct[0, None, cols] + rt[0, rows, None]
+        dy = ct[1, None, cols] + rt[1, rows, None]
+        dz = ct[2, None, cols] + rt[2, rows, None]
         norm = np.sqrt(dx * dx + dy * dy + dz * dz)
+        return dx, dy, dz, norm
+
+    def _background_band(self, frame: "_Frame", band, planes: np.ndarray, depth: np.ndarray) -> None:
+        """Sky and ground for rows [r0, r1) into planes[:, r0:r1] and depth[r0:r1]."""
+        r0, r1 = band
+        dx, dy, dz, norm = self._rays(frame, slice(r0, r1), slice(None))
         down = dy / norm  # sine of the angle below the horizon
         above = self.ground_y - frame.origin[1]  # camera height over the ground (+y is down)
 
@@ -204,28 +239,17 @@ class ProxyScene:
         # from below; bands without such rays are sky only
         sees_ground = (above > 0 and dy.max() > 0) or (above < 0 and dy.min() < 0)
         if sees_ground:
-            t, planes = self._ground(frame, above, dx, dy, dz, norm, down, up)
+            depth[r0:r1] = self._ground(frame, above, dx, dy, dz, norm, down, up, planes[:, r0:r1])
         else:
-            t = np.full(dx.shape, np.float32(np.inf))
-            planes = [_SKY_HORIZON[c] + up * (_SKY_ZENITH[c] - _SKY_HORIZON[c]) for c in range(3)]
+            depth[r0:r1] = np.inf
+            for c in range(3):
+                np.multiply(up, _SKY_ZENITH[c] - _SKY_HORIZON[c], out=planes[c, r0:r1])
+                planes[c, r0:r1] += _SKY_HORIZON[c]
 
-        for obj, window in zip(self._objects, frame.windows):
-            if window is None:
-                continue
-            v0, v1, u0, u1 = window
-            a, b = max(v0, r0), min(v1, r1)
-            if a >= b:
-                continue
-            sl = (slice(a - r0, b - r0), slice(u0, u1))
-            self._object_hits(obj, frame.origin, dx[sl], dy[sl], dz[sl], norm[sl],
-                              [p[sl] for p in planes], t[sl])
-        for c in range(3):
-            image[r0:r1, :, c] = planes[c]
-
-    def _ground(self, frame, above, dx, dy, dz, norm, down, up):
-        """Ray depth t to the ground (huge where a ray misses it) and the 3 colour planes of
-        ground blended with sky; `up` (sky gradient weight) is zeroed under the horizon when
-        the camera is below the ground."""
+    def _ground(self, frame, above, dx, dy, dz, norm, down, up, out):
+        """Ground blended with sky into `out` (3, h, w); returns the ray depth t to the ground
+        (huge where a ray misses it). `up` (sky gradient weight) is zeroed under the horizon
+        when the camera is below the ground."""
         if above > 0:
             t = np.float32(above) / np.maximum(dy, np.float32(1e-12))
         else:
@@ -258,7 +282,6 @@ class ProxyScene:
         cover_x_axis = _cover(np.abs(gz), axis_half, inv_fp)
         cover_z_axis = _cover(np.abs(gx), axis_half, inv_fp)
         has_x_axis, has_z_axis = cover_x_axis.any(), cover_z_axis.any()
-        planes = []
         for c in range(3):
             g = lum * _GROUND_TINT[c]
             if has_x_axis:
@@ -268,13 +291,17 @@ class ProxyScene:
             g -= _SKY_HORIZON[c]
             g *= fog
             g += up * (_SKY_ZENITH[c] - _SKY_HORIZON[c])
-            g += _SKY_HORIZON[c]
-            planes.append(g)
-        return t, planes
+            np.add(g, _SKY_HORIZON[c], out=out[c])
+        return t
 
-    def _object_hits(self, obj: _Object, origin, dx, dy, dz, norm, planes, depth):
-        """Shade the object into `planes` (3 views of (h, w)) where it is nearer than `depth` (updated)."""
-        ox, oy, oz = (origin - obj.center).astype(np.float32)
+    def _object_hits(self, obj: _Object, frame: "_Frame", window, all_planes, all_depth):
+        """Shade the object into `all_planes` (3, H, W) inside `window` where it is nearer than
+        `all_depth` (H, W), which is updated."""
+        v0, v1, u0, u1 = window
+        dx, dy, dz, norm = self._rays(frame, slice(v0, v1), slice(u0, u1))
+        planes = all_planes[:, v0:v1, u0:u1]
+        depth = all_depth[v0:v1, u0:u1]
+        ox, oy, oz = (frame.origin - obj.center).astype(np.float32)
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             if obj.kind == "sphere":
                 r = np.float32(obj.size[0])
@@ -332,6 +359,25 @@ class _Frame:
     row_terms: np.ndarray  # (3, H) float32: R[:, 1] * (v - cy) / fy + R[:, 2]
     pixel_angle: float  # radians per pixel at the image centre (mean of 1/fx, 1/fy)
     windows: list  # per object: (v0, v1, u0, u1) or None
+
+
+def _sphere_span(a: float, z: float, radius: float, focal: float, centre: float, size: int):
+    """Pixel range (lo, hi) along one image axis covered by a sphere whose centre is at (a, z)
+    in the plane of that camera axis and the optical axis, or None when it is out of view.
+
+    The planes through the camera centre that contain the other image axis and touch the
+    sphere make angles atan2(a, z) +- asin(r / hypot(a, z)) with the optical axis.
+    """
+    distance = math.hypot(a, z)
+    if distance <= radius * 1.000001:  # camera inside (or on) the sphere's cylinder of view
+        return (-1.0, size + 1.0) if z + radius > 0 else None
+    middle, half = math.atan2(a, z), math.asin(radius / distance)
+    lo, hi = middle - half, middle + half
+    limit = math.pi / 2 - 1e-6
+    if hi <= -limit or lo >= limit:
+        return None  # entirely behind the camera plane on this axis
+    lo, hi = max(lo, -limit), min(hi, limit)
+    return centre + focal * math.tan(lo), centre + focal * math.tan(hi)
 
 
 def _cover(dist, half_width, inv_footprint):

@@ -31,6 +31,13 @@ from typing import Optional, Sequence
 import torch
 import torch.nn.functional as F
 from diffusers.models.normalization import RMSNorm
+from diffusers.models.transformers.transformer_sana_wm import (
+    GLUMBConvTemp,
+    _apply_ucpe_transform,
+    _prepare_ucpe_ray_transforms,
+    _process_camera_conditions_ucpe,
+    _SoftmaxUCPESinglePathLiteLA,
+)
 
 from kernels.reference import delta_scan_ref
 
@@ -157,7 +164,6 @@ class _Call:
     height: int
     width: int
     segments: list
-    options: SegmentOptions
     write: bool
 
     @property
@@ -263,19 +269,12 @@ def _downscale_to_rms(reference: torch.Tensor, transformed: torch.Tensor, eps: f
 
 def _ucpe(feats: torch.Tensor, matrix: torch.Tensor, freqs_cam, inverse: bool = False) -> torch.Tensor:
     """UCPE transform of (B, H, N, D) features: per-token 4x4 on the first half, RoPE on the second."""
-    from diffusers.models.transformers.transformer_sana_wm import _apply_ucpe_transform
-
     return _apply_ucpe_transform(feats, matrix, freqs_cam, inverse_rope=inverse)
 
 
 def _ray_transforms(model, camera_conditions: torch.Tensor, grid: tuple, rope: torch.Tensor):
     """(P, P_T, P_inv, RoPE_cam) for the call's frames; P (B, N, 4, 4). Ray matrices are per frame,
     so a slice of the trajectory gives the rows of the whole-trajectory matrices."""
-    from diffusers.models.transformers.transformer_sana_wm import (
-        _prepare_ucpe_ray_transforms,
-        _process_camera_conditions_ucpe,
-    )
-
     raymats, absmap = _process_camera_conditions_ucpe(
         camera_conditions, camera_conditions.shape[0], grid, model.patch_size
     )
@@ -290,19 +289,16 @@ def _ray_transforms(model, camera_conditions: torch.Tensor, grid: tuple, rope: t
     return transforms, absmap
 
 
-def _sdpa(query, key, value, *, scale: float, mask=None, dtype=None) -> torch.Tensor:
+def _sdpa(query, key, value, *, scale: float, mask=None) -> torch.Tensor:
     """Softmax attention on (B, H, n, D) tensors zero-padded to the FlashAttention head dims
-    (32, 64, 128, 256); returns (B, H, n, D) in the query's dtype."""
-    out_dtype = query.dtype
-    if dtype is not None:
-        query, key, value = query.to(dtype), key.to(dtype), value.to(dtype)
+    (32, 64, 128, 256); mask: optional bool (n_q, n_k), True = attend. Returns (B, H, n_q, D)."""
     head_dim = query.shape[-1]
     padded = _padded_head_dim(head_dim)
     if padded != head_dim:
         pad = (0, padded - head_dim)
         query, key, value = F.pad(query, pad), F.pad(key, pad), F.pad(value, pad)
     out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale)
-    return out[..., :head_dim].to(out_dtype)
+    return out[..., :head_dim]
 
 
 def _padded_head_dim(head_dim: int) -> int:
@@ -369,8 +365,6 @@ def _segment_local_conv(conv, x: torch.Tensor, call: _Call) -> torch.Tensor:
 def _ffn(mlp, x: torch.Tensor, call: _Call, cache: BlockCache) -> torch.Tensor:
     """Block FFN on (B, N, C). For `GLUMBConvTemp`, the residual temporal conv (kernel 3) reads the
     cached last frame of the previous segment on the left and zero past each segment's end."""
-    from diffusers.models.transformers.transformer_sana_wm import GLUMBConvTemp
-
     if not isinstance(mlp, GLUMBConvTemp):
         return mlp(x)  # token-wise MLP: nothing crosses frames
     batch, tokens, channels = x.shape
@@ -638,7 +632,7 @@ def _softmax_attention(attn, x, rope, rays, call: _Call, cache: BlockCache, opti
         out = out + attn.out_proj_cam(cam_out)
 
     if call.write:
-        entry = SoftmaxKV(key.detach(), value.detach(), _detach(cam_key), _detach(cam_value))
+        entry = SoftmaxKV(*(_compact(t) for t in (key, value, cam_key, cam_value)))
         if cache.sink is None:
             cache.sink = entry
         elif options.cached_segments > 0:
@@ -649,8 +643,9 @@ def _softmax_attention(attn, x, rope, rays, call: _Call, cache: BlockCache, opti
     return attn.proj(out.to(x.dtype))
 
 
-def _detach(t):
-    return None if t is None else t.detach()
+def _compact(t):
+    """A cache-owned copy: never a view that would keep a whole projection buffer alive."""
+    return None if t is None else t.detach().clone(memory_format=torch.contiguous_format)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -663,8 +658,6 @@ def _block_forward(block, x, y, y_mask, modulation, rope, rays, plucker, call, c
 
     x (B, N, C); y (B, 1, L, C) text; modulation (B, 1, T, 6C) per-frame adaLN input.
     """
-    from diffusers.models.transformers.transformer_sana_wm import _SoftmaxUCPESinglePathLiteLA
-
     batch, tokens, channels = x.shape
     frames = modulation.shape[2]
     shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = (
@@ -810,7 +803,7 @@ def segment_forward(
         )
     elif (conditioning.frame_start, conditioning.num_frames) != (frame_start, frames):
         raise ValueError("conditioning was prepared for other frames")
-    call = _Call(frames, height, width, segments, options, write_cache)
+    call = _Call(frames, height, width, segments, write_cache)
     block_caches = cache.blocks if cache is not None else [BlockCache() for _ in model.blocks]
 
     x = model.x_embedder(hidden_states.to(dtype))

@@ -1,9 +1,9 @@
-"""Camera-branch prep: full-channel RMSNorm statistics and the fused UCPE encode kernel.
+"""Camera-branch prep: one pass over raw q, k, v doing the full-channel RMSNorm (per token,
+across heads, computed inside), ReLU, k-scale, UCPE + RoPE, RMS downscale and key inflation,
+writing the scan layout (B, H, N, D) = (B, H, T, S, D).
 
-The fused camera branch (kernels.camera_branch) does not materialise the prepped tensors: its
-scan kernels call the same device code (kernels.ucpe_tiles.encode_tile) on raw tiles. The
-standalone `cam_prep` here writes the encodings out, for tests and for callers that need the
-encoded q, k, v themselves (e.g. a camera SDPA).
+kernels.camera_branch stores the encodings in fp16 (tf32 mode: the same 10-bit mantissa the
+tf32 matrix products keep) or fp32 (ieee mode), beta-folded; `cam_prep` writes plain fp32.
 """
 import torch
 import triton
@@ -11,32 +11,6 @@ import triton.language as tl
 
 from . import ucpe_tiles
 from ._validate import check_tensor
-
-
-@triton.jit
-def _inv_rms_kernel(x_ptr, out_ptr, rows, cols, eps, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
-    """out[r] = 1 / sqrt(mean_c x[r, c]^2 + eps) for a (rows, cols) row-major x, fp32."""
-    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    rmask = r < rows
-    base = r.to(tl.int64)[:, None] * cols
-    acc = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32)
-    for c0 in range(0, cols, BLOCK_C):
-        c = c0 + tl.arange(0, BLOCK_C)
-        x = tl.load(x_ptr + base + c[None, :], mask=rmask[:, None] & (c[None, :] < cols), other=0.0)
-        x = x.to(tl.float32)
-        acc += x * x
-    tl.store(out_ptr + r, 1.0 / tl.sqrt(tl.sum(acc, axis=1) / cols + eps), mask=rmask)
-
-
-def inv_rms(x, eps):
-    """Per-token 1/RMS over all channels: x (B, N, H, D) contiguous -> (B*N,) fp32."""
-    rows = x.shape[0] * x.shape[1]
-    cols = x.numel() // max(rows, 1)
-    out = torch.empty(rows, device=x.device, dtype=torch.float32)
-    block_r = 4
-    _inv_rms_kernel[(triton.cdiv(rows, block_r),)](x, out, rows, cols, float(eps),
-                                                    BLOCK_R=block_r, BLOCK_C=512, num_warps=4)
-    return out
 
 
 def ray_tables(ray_transforms, batch, tokens, dim, device):
@@ -64,49 +38,100 @@ def ray_tables(ray_transforms, batch, tokens, dim, device):
     return (*mats, rope.real.float().contiguous(), rope.imag.float().contiguous())
 
 
-def tile_config(spatial, dim):
-    """Padded head dim and token block for a frame of `spatial` tokens."""
-    dp = max(16, triton.next_power_of_2(dim))
-    bs = max(16, min(32, triton.next_power_of_2(spatial)))
-    return dp, bs
-
-
 @triton.jit
-def _cam_prep_kernel(q_ptr, k_ptr, v_ptr, q_rms_ptr, k_rms_ptr, qw_ptr, kw_ptr,
-                     pt_ptr, pinv_ptr, cos_ptr, sin_ptr,
-                     q_out, k_out, v_out, infl_out,
-                     H, T, S, k_scale,
-                     D: tl.constexpr, DP: tl.constexpr, BS: tl.constexpr, NGU: tl.constexpr,
-                     HAS_QNORM: tl.constexpr, HAS_KNORM: tl.constexpr, HAS_ROPE: tl.constexpr,
-                     DOWNSCALE: tl.constexpr):
-    """One program per (b, h, t, block of BS tokens): raw (B, N, H, D) -> encoded (B, H, T, S, D)."""
-    pid = tl.program_id(0)
-    s = tl.program_id(1) * BS + tl.arange(0, BS)
-    t = pid % T
-    bh = pid // T
-    b = bh // H
-    h = bh % H
-    d = tl.arange(0, DP)
-    smask = s < S
-    n = (t * S + s).to(tl.int64)
-    tok = b.to(tl.int64) * T * S + n
-    raw = (tok * H + h)[:, None] * D + d[None, :]
-    m2 = smask[:, None] & (d[None, :] < D)
-    enc = ((bh.to(tl.int64) * T + t) * S + s)[:, None] * D + d[None, :]
+def _cam_stage_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, sb_b, sb_h, sb_t, sb_s,
+                      qw_ptr, kw_ptr, pt_ptr, pinv_ptr, cos_ptr, sin_ptr,
+                      q_out, k_out, v_out, infl_out,
+                      N, S, norm_eps, k_scale,
+                      H: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, BS: tl.constexpr, BC: tl.constexpr,
+                      NGU: tl.constexpr, HAS_QNORM: tl.constexpr, HAS_KNORM: tl.constexpr,
+                      HAS_ROPE: tl.constexpr, DOWNSCALE: tl.constexpr, FOLD_BETA: tl.constexpr):
+    """One program per (block of BS tokens, b), looping over all H heads.
 
-    x = tl.load(q_ptr + raw, mask=m2, other=0.0).to(tl.float32)
-    y, _, _ = ucpe_tiles.encode_tile(x, tok, n, smask, q_rms_ptr, qw_ptr + h * D, pt_ptr, cos_ptr, sin_ptr,
-                                     1.0, BS, D, DP, NGU, HAS_QNORM, True, HAS_ROPE, DOWNSCALE)
-    tl.store(q_out + enc, y, mask=m2)
-    x = tl.load(k_ptr + raw, mask=m2, other=0.0).to(tl.float32)
-    y, pre, post = ucpe_tiles.encode_tile(x, tok, n, smask, k_rms_ptr, kw_ptr + h * D, pinv_ptr, cos_ptr,
-                                          sin_ptr, k_scale, BS, D, DP, NGU, HAS_KNORM, True, HAS_ROPE, DOWNSCALE)
-    tl.store(k_out + enc, y, mask=m2)
-    tl.store(infl_out + (bh.to(tl.int64) * T + t) * S + s, ucpe_tiles.inflation_sq(pre, post, smask), mask=smask)
-    x = tl.load(v_ptr + raw, mask=m2, other=0.0).to(tl.float32)
-    y, _, _ = ucpe_tiles.encode_tile(x, tok, n, smask, k_rms_ptr, kw_ptr, pinv_ptr, cos_ptr, sin_ptr,
-                                     1.0, BS, D, DP, NGU, False, False, HAS_ROPE, DOWNSCALE)
-    tl.store(v_out + enc, y, mask=m2)
+    Raw (B, N, H, D) -> encoded (B, H, N, D) (the scan layout (B, H, T, S, D)) in the output
+    pointers' dtype, plus the per-token key inflation (B, H, N) fp32. The full-channel RMS of
+    q and k is computed first, over the token rows (C = H*D contiguous values each). With
+    FOLD_BETA the stored key is sqrt(beta) * k / k_scale and the value sqrt(beta) * v, so the
+    scan's Gram products need no beta and the k-scale is applied to the fp32 accumulators.
+    """
+    b = tl.program_id(1).to(tl.int64)
+    n = tl.program_id(0) * BS + tl.arange(0, BS)
+    nmask = n < N
+    C: tl.constexpr = H * D
+    row = n[:, None] * C  # int32 offsets inside this batch row
+    q_base = q_ptr + b * N * C
+    k_base = k_ptr + b * N * C
+    v_base = v_ptr + b * N * C
+    q_rms = tl.zeros((BS,), dtype=tl.float32)
+    k_rms = tl.zeros((BS,), dtype=tl.float32)
+    if HAS_QNORM or HAS_KNORM:
+        acc_q = tl.zeros((BS, BC), dtype=tl.float32)
+        acc_k = tl.zeros((BS, BC), dtype=tl.float32)
+        for c0 in range(0, C, BC):
+            c = c0 + tl.arange(0, BC)
+            m2 = nmask[:, None] & (c[None, :] < C)
+            if HAS_QNORM:
+                xq = tl.load(q_base + row + c[None, :], mask=m2, other=0.0).to(tl.float32)
+                acc_q += xq * xq
+            if HAS_KNORM:
+                xk = tl.load(k_base + row + c[None, :], mask=m2, other=0.0).to(tl.float32)
+                acc_k += xk * xk
+        q_rms = 1.0 / tl.sqrt(tl.sum(acc_q, axis=1) / C + norm_eps)
+        k_rms = 1.0 / tl.sqrt(tl.sum(acc_k, axis=1) / C + norm_eps)
+    d = tl.arange(0, DP)
+    m2 = nmask[:, None] & (d[None, :] < D)
+    tok = b * N + n
+    if FOLD_BETA:
+        t = n // S
+        sb_off = t * sb_t + (n - t * S) * sb_s
+    for h in range(H):
+        src = row + h * D + d[None, :]
+        dst = (b * H + h) * N * D
+        dst_off = n[:, None] * D + d[None, :]
+        x = tl.load(q_base + src, mask=m2, other=0.0).to(tl.float32)
+        y, _, _ = ucpe_tiles.encode_tile(x, tok, n, nmask, q_rms, qw_ptr + h * D, pt_ptr, cos_ptr, sin_ptr,
+                                         1.0, BS, D, DP, NGU, HAS_QNORM, True, HAS_ROPE, DOWNSCALE)
+        tl.store(q_out + dst + dst_off, y.to(q_out.dtype.element_ty), mask=m2)
+        if FOLD_BETA:
+            root = tl.sqrt(tl.load(beta_ptr + b * sb_b + h * sb_h + sb_off, mask=nmask, other=0.0).to(tl.float32))
+        x = tl.load(k_base + src, mask=m2, other=0.0).to(tl.float32)
+        y, pre, post = ucpe_tiles.encode_tile(x, tok, n, nmask, k_rms, kw_ptr + h * D, pinv_ptr, cos_ptr,
+                                              sin_ptr, k_scale, BS, D, DP, NGU, HAS_KNORM, True, HAS_ROPE,
+                                              DOWNSCALE)
+        tl.store(infl_out + (b * H + h) * N + n, ucpe_tiles.inflation_sq(pre, post, nmask), mask=nmask)
+        if FOLD_BETA:
+            y = y * (root / k_scale)[:, None]
+        tl.store(k_out + dst + dst_off, y.to(k_out.dtype.element_ty), mask=m2)
+        x = tl.load(v_base + src, mask=m2, other=0.0).to(tl.float32)
+        y, _, _ = ucpe_tiles.encode_tile(x, tok, n, nmask, q_rms, qw_ptr, pinv_ptr, cos_ptr, sin_ptr,
+                                         1.0, BS, D, DP, NGU, False, False, HAS_ROPE, DOWNSCALE)
+        if FOLD_BETA:
+            y = y * root[:, None]
+        tl.store(v_out + dst + dst_off, y.to(v_out.dtype.element_ty), mask=m2)
+
+
+def cam_stage(q, k, v, tables, *, num_frames, q_norm_weight, k_norm_weight, norm_eps, downscale,
+              beta=None, out_dtype=torch.float32, block_s=32, num_warps=4):
+    """Launch the stage kernel. tables = ray_tables(...). Returns (q', k', v', inflation_sq)
+    with encodings (B, H, N, D) in out_dtype and inflation (B, H, N) fp32. With `beta` the
+    key/value are stored beta-folded (see _cam_stage_kernel)."""
+    batch, tokens, heads, dim = q.shape
+    spatial = tokens // num_frames
+    _, p_t, p_inv, cos, sin = tables
+    outs = [torch.empty(batch, heads, tokens, dim, device=q.device, dtype=out_dtype) for _ in range(3)]
+    infl = torch.empty(batch, heads, tokens, device=q.device, dtype=torch.float32)
+    dummy = p_t
+    beta_args = (beta, *beta.stride()) if beta is not None else (dummy, 0, 0, 0, 0)
+    _cam_stage_kernel[(triton.cdiv(tokens, block_s), batch)](
+        q, k, v, *beta_args,
+        q_norm_weight if q_norm_weight is not None else dummy,
+        k_norm_weight if k_norm_weight is not None else dummy,
+        p_t, p_inv, cos if cos is not None else dummy, sin if sin is not None else dummy,
+        outs[0], outs[1], outs[2], infl, tokens, spatial, float(norm_eps), float(dim ** -0.5 * spatial ** -0.5),
+        H=heads, D=dim, DP=max(16, triton.next_power_of_2(dim)), BS=block_s, BC=256, NGU=dim // 8,
+        HAS_QNORM=q_norm_weight is not None, HAS_KNORM=k_norm_weight is not None, HAS_ROPE=cos is not None,
+        DOWNSCALE=bool(downscale), FOLD_BETA=beta is not None, num_warps=num_warps)
+    return outs[0], outs[1], outs[2], infl
 
 
 def check_projections(q, k, v):
@@ -139,21 +164,8 @@ def cam_prep(q, k, v, ray_transforms, *, num_frames, q_norm_weight=None, k_norm_
     frames, spatial = num_frames, tokens // num_frames
     check_norm_weight("q_norm_weight", q_norm_weight, heads * dim)
     check_norm_weight("k_norm_weight", k_norm_weight, heads * dim)
-    _, p_t, p_inv, cos, sin = ray_tables(ray_transforms, batch, tokens, dim, q.device)
-    dummy = p_t
-    q_rms = inv_rms(q, norm_eps) if q_norm_weight is not None else dummy
-    k_rms = inv_rms(k, norm_eps) if k_norm_weight is not None else dummy
-    out = [torch.empty(batch, heads, frames, spatial, dim, device=q.device, dtype=torch.float32) for _ in range(3)]
-    infl = torch.empty(batch, heads, frames, spatial, device=q.device, dtype=torch.float32)
-    dp, bs = tile_config(spatial, dim)
-    grid = (batch * heads * frames, triton.cdiv(spatial, bs))
-    _cam_prep_kernel[grid](
-        q, k, v, q_rms, k_rms,
-        q_norm_weight if q_norm_weight is not None else dummy,
-        k_norm_weight if k_norm_weight is not None else dummy,
-        p_t, p_inv, cos if cos is not None else dummy, sin if sin is not None else dummy,
-        out[0], out[1], out[2], infl, heads, frames, spatial, float(dim ** -0.5 * spatial ** -0.5),
-        D=dim, DP=dp, BS=bs, NGU=dim // 8, HAS_QNORM=q_norm_weight is not None,
-        HAS_KNORM=k_norm_weight is not None, HAS_ROPE=cos is not None, DOWNSCALE=bool(downscale),
-        num_warps=4)
-    return out[0], out[1], out[2], infl
+    tables = ray_tables(ray_transforms, batch, tokens, dim, q.device)
+    q_enc, k_enc, v_enc, infl = cam_stage(q, k, v, tables, num_frames=frames, q_norm_weight=q_norm_weight,
+                                          k_norm_weight=k_norm_weight, norm_eps=norm_eps, downscale=downscale)
+    shape = (batch, heads, frames, spatial, dim)
+    return q_enc.view(shape), k_enc.view(shape), v_enc.view(shape), infl.view(shape[:4])

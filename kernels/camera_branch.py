@@ -11,7 +11,7 @@ import torch
 
 from . import reference
 from ._validate import check_choice, check_tensor, segment_starts_tensor
-from .cam_prep import check_norm_weight, check_projections, inv_rms, ray_tables
+from .cam_prep import cam_stage, check_norm_weight, check_projections, ray_tables
 from .delta_scan import PRECISIONS, run_scan
 
 BACKENDS = ("auto", "triton", "torch")
@@ -48,7 +48,8 @@ def camera_branch(q, k, v, beta, decay, ray_transforms, *, q_norm_weight, k_norm
         precision: "tf32" or "ieee" for the kernels' matrix products.
         backend: "triton", "torch" (fp32 references) or "auto".
         return_final_state: also return the forward state after the last frame.
-        tuning: optional dict of launch parameters (block_s, s_split, block_v, num_warps).
+        tuning: optional dict of launch parameters (block_s, s_split, block_v, num_warps,
+            split, stage_block_s, stage_num_warps), for benchmarks.
 
     Returns:
         (B, N, H*D) in v's dtype, or (out, final_state (B, H, D, D) fp32).
@@ -75,17 +76,22 @@ def camera_branch(q, k, v, beta, decay, ray_transforms, *, q_norm_weight, k_norm
             norm_eps=norm_eps, initial_state=initial_state, segment_starts=segment_starts, downscale=downscale,
             return_final_state=return_final_state)
 
-    cam = dict(p=p, p_t=p_t, p_inv=p_inv, cos=cos, sin=sin, downscale=downscale,
-               k_scale=dim ** -0.5 * spatial ** -0.5,
-               qw=q_norm_weight, kw=k_norm_weight,
-               q_rms=inv_rms(q, norm_eps) if q_norm_weight is not None else None,
-               k_rms=inv_rms(k, norm_eps) if k_norm_weight is not None else None)
+    # Stage: encode q, k, v once (beta folded into k and v), fp16 for tf32 (same mantissa), fp32 for ieee.
+    tuning = dict(tuning or {})
+    stage_tuning = {key: tuning.pop(key) for key in ("stage_block_s", "stage_num_warps") if key in tuning}
+    stage_dtype = torch.float16 if precision == "tf32" else torch.float32
+    k_scale = dim ** -0.5 * spatial ** -0.5
+    q_enc, k_enc, v_enc, infl = cam_stage(
+        q, k, v, (p, p_t, p_inv, cos, sin), num_frames=frames, q_norm_weight=q_norm_weight,
+        k_norm_weight=k_norm_weight, norm_eps=norm_eps, downscale=downscale, beta=beta, out_dtype=stage_dtype,
+        block_s=stage_tuning.get("stage_block_s", 32), num_warps=stage_tuning.get("stage_num_warps", 4))
     out = torch.empty(batch, tokens, channels, device=q.device, dtype=v.dtype)
-    # Raw (B, N, H, D) seen as (B, H, T, S, D): strides of b, h, t, s in elements.
-    raw_strides = (tokens * channels, dim, spatial * channels, channels)
-    final = run_scan(k=k, v=v, q=q, beta=beta, decay=decay, out=out, k_strides=raw_strides,
-                     v_strides=raw_strides, q_strides=raw_strides, out_strides=raw_strides,
+    enc_strides = (heads * tokens * dim, tokens * dim, spatial * dim, dim)  # (B, H, N, D) as (B, H, T, S, D)
+    out_strides = (tokens * channels, dim, spatial * channels, channels)    # (B, N, H*D) likewise
+    final = run_scan(k=k_enc, v=v_enc, q=q_enc, beta=None, decay=decay, out=out, k_strides=enc_strides,
+                     v_strides=enc_strides, q_strides=enc_strides, out_strides=out_strides,
                      batch=batch, heads=heads, frames=frames, spatial=spatial, dk=dim, dv=dim,
                      initial_state=initial_state.float().contiguous() if initial_state is not None else None,
-                     starts=starts, reverse=True, precision=precision, cam=cam, **(tuning or {}))
+                     starts=starts, reverse=True, precision=precision, infl=infl, scale_a=k_scale * k_scale,
+                     scale_u=k_scale, decode=(p, cos, sin), f16_dot=precision == "tf32", **tuning)
     return (out, final) if return_final_state else out

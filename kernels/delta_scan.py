@@ -2,16 +2,16 @@
 
 Three launches, the same for the plain scan and the fused camera branch:
 
-1. transitions, one program per (b, h, t): A_t = K_t^T diag(beta_t) K_t and U_t = K_t^T
-   diag(beta_t) V_t as tl.dot GEMMs over the frame's S tokens; W_t = g_t (I - A_t). In camera
-   mode the program reads the raw projections and runs the camera prep on each tile (RMSNorm,
-   ReLU, k-scale, UCPE, RoPE, downscale), accumulating the frame's key inflation; the beta
-   discount 1 / max(1, mean inflation) is a per-frame scalar, applied to A_t and U_t at the end.
+1. transitions, one program per (b, h, t) (two with `split`: one for W, one for U):
+   A_t = K_t^T diag(beta_t) K_t and U_t = K_t^T diag(beta_t) V_t as tl.dot GEMMs over the
+   frame's S tokens; W_t = g_t (I - A_t). In camera mode k and v come from the prep kernel
+   with beta folded in, and the beta discount 1 / max(1, mean inflation) -- a per-frame scalar
+   -- scales A_t and U_t at the end.
 2. recurrence, one program per (b, h, block of value columns, direction): the short serial
    D x D scan M_t = W_t M_{t-1} + U_t (forward, from the initial state) and R_t = W_{t+1}
    R_{t+1} + U_{t+1} (reverse, cut where segment_starts[t+1]); every state is stored.
 3. output, one program per (b, h, t, token split): O_t = Q_t (M_t + R_t). In camera mode the
-   program preps the raw q tile and decodes the output (inverse UCPE) before storing (B, N, C).
+   program decodes the output (inverse UCPE) before storing (B, N, C).
 
 All states and accumulations are fp32; tl.dot runs in `precision` ("tf32" or "ieee").
 Dims are padded to powers of two (>= 16) with masks, so any Dk, Dv >= 1 works.
@@ -27,12 +27,11 @@ PRECISIONS = ("tf32", "ieee")
 
 
 @triton.jit
-def _frame_transition(k_base, v_base, beta_base, sk_s, sv_s, sb_s, g, w_out, u_out, b, h, t, T, S,
-                      k_rms_ptr, kw_ptr, pinv_ptr, cos_ptr, sin_ptr, k_scale,
+def _frame_transition(k_base, v_base, beta_base, infl_base, sk_s, sv_s, sb_s, g, scale_a, scale_u,
+                      w_out, u_out, S,
                       DK: tl.constexpr, DV: tl.constexpr, DKP: tl.constexpr, DVP: tl.constexpr,
-                      BS: tl.constexpr, NGU: tl.constexpr, CAM: tl.constexpr, HAS_KNORM: tl.constexpr,
-                      HAS_ROPE: tl.constexpr, DOWNSCALE: tl.constexpr, PREC: tl.constexpr,
-                      WANT_W: tl.constexpr, WANT_U: tl.constexpr):
+                      BS: tl.constexpr, HAS_BETA: tl.constexpr, HAS_INFL: tl.constexpr,
+                      F16_DOT: tl.constexpr, PREC: tl.constexpr, WANT_W: tl.constexpr, WANT_U: tl.constexpr):
     """Accumulate one frame's Gram products over its S tokens; store W_t and/or U_t (padded)."""
     dk = tl.arange(0, DKP)
     dv = tl.arange(0, DVP)
@@ -44,50 +43,54 @@ def _frame_transition(k_base, v_base, beta_base, sk_s, sv_s, sb_s, g, w_out, u_o
     for s0 in range(0, S, BS):
         s = s0 + tl.arange(0, BS)
         smask = s < S
-        kt = tl.load(k_base + s[:, None] * sk_s + dk[None, :],
-                     mask=smask[:, None] & (dk[None, :] < DK), other=0.0).to(tl.float32)
+        kt = tl.load(k_base + s[:, None] * sk_s + dk[None, :], mask=smask[:, None] & (dk[None, :] < DK), other=0.0)
         if WANT_U:
-            vt = tl.load(v_base + s[:, None] * sv_s + dv[None, :],
-                         mask=smask[:, None] & (dv[None, :] < DV), other=0.0).to(tl.float32)
-        bt = tl.load(beta_base + s * sb_s, mask=smask, other=0.0).to(tl.float32)
-        if CAM:
-            n = (t * S + s).to(tl.int64)
-            tok = b * T * S + n
-            kt, pre, post = ucpe_tiles.encode_tile(kt, tok, n, smask, k_rms_ptr, kw_ptr + h * DK, pinv_ptr,
-                                                   cos_ptr, sin_ptr, k_scale, BS, DK, DKP, NGU, HAS_KNORM,
-                                                   True, HAS_ROPE, DOWNSCALE)
-            infl += ucpe_tiles.inflation_sq(pre, post, smask)
+            vt = tl.load(v_base + s[:, None] * sv_s + dv[None, :], mask=smask[:, None] & (dv[None, :] < DV),
+                         other=0.0)
+        if HAS_BETA:
+            bt = tl.load(beta_base + s * sb_s, mask=smask, other=0.0).to(tl.float32)
+            kb = kt.to(tl.float32) * bt[:, None]
+        else:
+            kb = kt
+        if HAS_INFL:
+            infl += tl.load(infl_base + s, mask=smask, other=0.0)
+        if F16_DOT:
+            kb = tl.trans(kb.to(tl.float16))
+            if WANT_W:
+                acc_a = tl.dot(kb, kt.to(tl.float16), acc_a)
             if WANT_U:
-                vt, _, _ = ucpe_tiles.encode_tile(vt, tok, n, smask, k_rms_ptr, kw_ptr, pinv_ptr, cos_ptr,
-                                                  sin_ptr, 1.0, BS, DK, DKP, NGU, False, False, HAS_ROPE,
-                                                  DOWNSCALE)
-        kb = tl.trans(kt * bt[:, None])
-        if WANT_W:
-            acc_a = tl.dot(kb, kt, acc_a, input_precision=PREC)
-        if WANT_U:
-            acc_u = tl.dot(kb, vt, acc_u, input_precision=PREC)
-    # Beta discount: a per-frame scalar, so it scales the products after the fact.
+                acc_u = tl.dot(kb, vt.to(tl.float16), acc_u)
+        else:
+            kb = tl.trans(kb.to(tl.float32))
+            if WANT_W:
+                acc_a = tl.dot(kb, kt.to(tl.float32), acc_a, input_precision=PREC)
+            if WANT_U:
+                acc_u = tl.dot(kb, vt.to(tl.float32), acc_u, input_precision=PREC)
+    # Beta discount (camera): a per-frame scalar, so it scales the products after the fact.
     discount = 1.0
-    if CAM:
+    if HAS_INFL:
         discount = 1.0 / tl.maximum(tl.sum(infl, axis=0) / S, 1.0)
     if WANT_W:
         eye = ((dk[:, None] == dk[None, :]) & (dk[:, None] < DK)).to(tl.float32)
-        tl.store(w_out + dk[:, None] * DKP + dk[None, :], g * (eye - acc_a * discount))
+        tl.store(w_out + dk[:, None] * DKP + dk[None, :], g * (eye - acc_a * (scale_a * discount)))
     if WANT_U:
-        tl.store(u_out + dk[:, None] * DVP + dv[None, :], acc_u * discount)
+        tl.store(u_out + dk[:, None] * DVP + dv[None, :], acc_u * (scale_u * discount))
 
 
 @triton.jit
-def _transition_kernel(k_ptr, v_ptr, beta_ptr, decay_ptr, w_ptr, u_ptr,
+def _transition_kernel(k_ptr, v_ptr, beta_ptr, decay_ptr, infl_ptr, w_ptr, u_ptr,
                        sk_b, sk_h, sk_t, sk_s, sv_b, sv_h, sv_t, sv_s,
-                       sb_b, sb_h, sb_t, sb_s, sg_b, sg_h, sg_t,
-                       k_rms_ptr, kw_ptr, pinv_ptr, cos_ptr, sin_ptr, k_scale,
+                       sb_b, sb_h, sb_t, sb_s, sg_b, sg_h, sg_t, scale_a, scale_u,
                        H, T, S,
                        DK: tl.constexpr, DV: tl.constexpr, DKP: tl.constexpr, DVP: tl.constexpr,
-                       BS: tl.constexpr, NGU: tl.constexpr, CAM: tl.constexpr, HAS_KNORM: tl.constexpr,
-                       HAS_ROPE: tl.constexpr, DOWNSCALE: tl.constexpr, PREC: tl.constexpr,
-                       SPLIT: tl.constexpr):
-    """One program per (b, h, t) (x2 when SPLIT: program_id(1) 0 builds W_t, 1 builds U_t)."""
+                       BS: tl.constexpr, HAS_BETA: tl.constexpr, HAS_INFL: tl.constexpr,
+                       F16_DOT: tl.constexpr, PREC: tl.constexpr, SPLIT: tl.constexpr):
+    """One program per (b, h, t) (x2 when SPLIT: program_id(1) 0 builds W_t, 1 builds U_t).
+
+    W_t = g_t (I - scale_a * disc * sum_s beta k k^T), U_t = scale_u * disc * sum_s beta k v^T,
+    disc = 1 / max(1, mean inflation of the frame) when HAS_INFL (infl_ptr (B, H, T, S)
+    contiguous), else 1; without HAS_BETA the beta is already folded into k and v.
+    """
     pid = tl.program_id(0)
     t = pid % T
     bh = pid // T
@@ -96,23 +99,24 @@ def _transition_kernel(k_ptr, v_ptr, beta_ptr, decay_ptr, w_ptr, u_ptr,
     k_base = k_ptr + b * sk_b + h * sk_h + t * sk_t
     v_base = v_ptr + b * sv_b + h * sv_h + t * sv_t
     beta_base = beta_ptr + b * sb_b + h * sb_h + t * sb_t
-    g = tl.load(decay_ptr + b * sg_b + h * sg_h + t * sg_t).to(tl.float32)
     frame = bh.to(tl.int64) * T + t
+    infl_base = infl_ptr + frame * S
+    g = tl.load(decay_ptr + b * sg_b + h * sg_h + t * sg_t).to(tl.float32)
     w_out = w_ptr + frame * DKP * DKP
     u_out = u_ptr + frame * DKP * DVP
     if SPLIT:
         if tl.program_id(1) == 0:
-            _frame_transition(k_base, v_base, beta_base, sk_s, sv_s, sb_s, g, w_out, u_out, b, h, t, T, S,
-                              k_rms_ptr, kw_ptr, pinv_ptr, cos_ptr, sin_ptr, k_scale, DK, DV, DKP, DVP, BS,
-                              NGU, CAM, HAS_KNORM, HAS_ROPE, DOWNSCALE, PREC, True, False)
+            _frame_transition(k_base, v_base, beta_base, infl_base, sk_s, sv_s, sb_s, g, scale_a, scale_u,
+                              w_out, u_out, S, DK, DV, DKP, DVP, BS, HAS_BETA, HAS_INFL, F16_DOT, PREC,
+                              True, False)
         else:
-            _frame_transition(k_base, v_base, beta_base, sk_s, sv_s, sb_s, g, w_out, u_out, b, h, t, T, S,
-                              k_rms_ptr, kw_ptr, pinv_ptr, cos_ptr, sin_ptr, k_scale, DK, DV, DKP, DVP, BS,
-                              NGU, CAM, HAS_KNORM, HAS_ROPE, DOWNSCALE, PREC, False, True)
+            _frame_transition(k_base, v_base, beta_base, infl_base, sk_s, sv_s, sb_s, g, scale_a, scale_u,
+                              w_out, u_out, S, DK, DV, DKP, DVP, BS, HAS_BETA, HAS_INFL, F16_DOT, PREC,
+                              False, True)
     else:
-        _frame_transition(k_base, v_base, beta_base, sk_s, sv_s, sb_s, g, w_out, u_out, b, h, t, T, S,
-                          k_rms_ptr, kw_ptr, pinv_ptr, cos_ptr, sin_ptr, k_scale, DK, DV, DKP, DVP, BS,
-                          NGU, CAM, HAS_KNORM, HAS_ROPE, DOWNSCALE, PREC, True, True)
+        _frame_transition(k_base, v_base, beta_base, infl_base, sk_s, sv_s, sb_s, g, scale_a, scale_u,
+                          w_out, u_out, S, DK, DV, DKP, DVP, BS, HAS_BETA, HAS_INFL, F16_DOT, PREC,
+                          True, True)
 
 
 @triton.jit
@@ -161,12 +165,12 @@ def _recurrence_kernel(w_ptr, u_ptr, st_ptr, init_ptr, final_ptr, starts_ptr, H,
 
 @triton.jit
 def _output_kernel(q_ptr, st_ptr, out_ptr, sq_b, sq_h, sq_t, sq_s, so_b, so_h, so_t, so_s,
-                   q_rms_ptr, qw_ptr, pt_ptr, p_ptr, cos_ptr, sin_ptr,
-                   H, T, S, BH, S_PER_PROG,
+                   p_ptr, cos_ptr, sin_ptr, H, T, S, BH, S_PER_PROG,
                    DK: tl.constexpr, DV: tl.constexpr, DKP: tl.constexpr, DVP: tl.constexpr,
-                   BS: tl.constexpr, NGU: tl.constexpr, CAM: tl.constexpr, HAS_QNORM: tl.constexpr,
-                   HAS_ROPE: tl.constexpr, DOWNSCALE: tl.constexpr, REVERSE: tl.constexpr,
-                   PREC: tl.constexpr):
+                   BS: tl.constexpr, NGU: tl.constexpr, DECODE: tl.constexpr, HAS_ROPE: tl.constexpr,
+                   REVERSE: tl.constexpr, F16_DOT: tl.constexpr, PREC: tl.constexpr):
+    """One program per (b, h, t, token split): O = Q_t (M_t + R_t), decoded (inverse UCPE with
+    the token's P and conjugate RoPE) when DECODE, stored in out's dtype."""
     pid = tl.program_id(0)
     t = pid % T
     bh = (pid // T).to(tl.int64)
@@ -178,6 +182,8 @@ def _output_kernel(q_ptr, st_ptr, out_ptr, sq_b, sq_h, sq_t, sq_s, so_b, so_h, s
     state = tl.load(st_ptr + st_off)
     if REVERSE:
         state += tl.load(st_ptr + BH * T * DKP * DVP + st_off)
+    if F16_DOT:
+        state = state.to(tl.float16)
     q_base = q_ptr + b * sq_b + h * sq_h + t * sq_t
     o_base = out_ptr + b * so_b + h * so_h + t * so_t
     s_begin = tl.program_id(1) * S_PER_PROG
@@ -185,17 +191,15 @@ def _output_kernel(q_ptr, st_ptr, out_ptr, sq_b, sq_h, sq_t, sq_s, so_b, so_h, s
     for s0 in range(s_begin, s_end, BS):
         s = s0 + tl.arange(0, BS)
         smask = s < s_end
-        qt = tl.load(q_base + s[:, None] * sq_s + dk[None, :],
-                     mask=smask[:, None] & (dk[None, :] < DK), other=0.0).to(tl.float32)
-        if CAM:
-            n = (t * S + s).to(tl.int64)
-            tok = b * T * S + n
-            qt, _, _ = ucpe_tiles.encode_tile(qt, tok, n, smask, q_rms_ptr, qw_ptr + h * DK, pt_ptr, cos_ptr,
-                                              sin_ptr, 1.0, BS, DK, DKP, NGU, HAS_QNORM, True, HAS_ROPE,
-                                              DOWNSCALE)
-        o = tl.dot(qt, state, input_precision=PREC)
-        if CAM:
-            o = ucpe_tiles.ucpe_rope(o, p_ptr, tok, cos_ptr, sin_ptr, n, smask, BS, DVP, NGU, HAS_ROPE, True)
+        qt = tl.load(q_base + s[:, None] * sq_s + dk[None, :], mask=smask[:, None] & (dk[None, :] < DK), other=0.0)
+        if F16_DOT:
+            o = tl.dot(qt.to(tl.float16), state)
+        else:
+            o = tl.dot(qt.to(tl.float32), state, input_precision=PREC)
+        if DECODE:
+            n = t * S + s
+            o = ucpe_tiles.ucpe_rope(o, p_ptr, b * T * S + n, cos_ptr, sin_ptr, n, smask, BS, DVP, NGU,
+                                     HAS_ROPE, True)
         tl.store(o_base + s[:, None] * so_s + dv[None, :], o.to(out_ptr.dtype.element_ty),
                  mask=smask[:, None] & (dv[None, :] < DV))
 
@@ -206,31 +210,33 @@ def padded(dim):
 
 def run_scan(*, k, v, q, beta, decay, out, k_strides, v_strides, q_strides, out_strides,
              batch, heads, frames, spatial, dk, dv, initial_state, starts, reverse, precision,
-             cam=None, block_s=None, s_split=None, block_v=None, num_warps=(8, 4, 8), split=True):
-    """Launch the three scan kernels. Strides are (b, h, t, s) element strides of each tensor
-    viewed as (B, H, T, S, D) with unit stride on D. `cam` (dict) switches the camera prep on.
+             infl=None, scale_a=1.0, scale_u=1.0, decode=None, f16_dot=False,
+             block_s=None, s_split=None, block_v=None, num_warps=(4, 4, 4), split=True):
+    """Launch the transition, recurrence and output kernels.
+
+    Strides are the (b, h, t, s) element strides of each tensor viewed as (B, H, T, S, D) with
+    unit stride on D. beta None means beta is folded into k and v. infl: per-token inflation
+    (B, H, T, S) fp32 contiguous for the camera beta discount. decode: (p (B*N, 4, 4), cos, sin)
+    to decode the output. f16_dot: operands are rounded to fp16 (10-bit mantissa, like tf32).
 
     Returns the final forward state (B, H, Dk, Dv) fp32.
     """
     device = k.device
     dkp, dvp = padded(dk), padded(dv)
-    bs = block_s or max(16, min(32, triton.next_power_of_2(spatial)))
+    bs = block_s or max(16, min(64, triton.next_power_of_2(spatial)))
     bh = batch * heads
     w_buf = torch.empty(bh, frames, dkp, dkp, device=device, dtype=torch.float32)
     u_buf = torch.empty(bh, frames, dkp, dvp, device=device, dtype=torch.float32)
     st_buf = torch.empty(2 if reverse else 1, bh, frames, dkp, dvp, device=device, dtype=torch.float32)
     final = torch.empty(batch, heads, dk, dv, device=device, dtype=torch.float32)
-    cam = cam or {}
     dummy = w_buf
-    c = {name: cam.get(name) if cam.get(name) is not None else dummy
-         for name in ("k_rms", "kw", "q_rms", "qw", "p", "p_t", "p_inv", "cos", "sin")}
-    flags = dict(CAM=bool(cam), HAS_ROPE=cam.get("cos") is not None, DOWNSCALE=bool(cam.get("downscale")),
-                 NGU=max(dk // 8, 1), PREC=precision)
+    beta_args = (beta, *beta.stride()) if beta is not None else (dummy, 0, 0, 0, 0)
     _transition_kernel[(bh * frames, 2 if split else 1)](
-        k, v, beta, decay, w_buf, u_buf, *k_strides, *v_strides, *beta.stride(), *decay.stride(),
-        c["k_rms"], c["kw"], c["p_inv"], c["cos"], c["sin"], float(cam.get("k_scale", 1.0)),
-        heads, frames, spatial, DK=dk, DV=dv, DKP=dkp, DVP=dvp, BS=bs,
-        HAS_KNORM=cam.get("kw") is not None, SPLIT=bool(split), **flags, num_warps=num_warps[0])
+        k, v, beta_args[0], decay, infl if infl is not None else dummy, w_buf, u_buf,
+        *k_strides, *v_strides, *beta_args[1:], *decay.stride(), float(scale_a), float(scale_u),
+        heads, frames, spatial, DK=dk, DV=dv, DKP=dkp, DVP=dvp, BS=bs, HAS_BETA=beta is not None,
+        HAS_INFL=infl is not None, F16_DOT=bool(f16_dot), PREC=precision, SPLIT=bool(split),
+        num_warps=num_warps[0])
     bv = block_v or min(dvp, 32)
     ncb = dvp // bv
     _recurrence_kernel[(bh * ncb, 2 if reverse else 1)](
@@ -238,13 +244,15 @@ def run_scan(*, k, v, q, beta, decay, out, k_strides, v_strides, q_strides, out_
         starts if starts is not None else dummy, heads, frames, bh, ncb,
         DK=dk, DV=dv, DKP=dkp, DVP=dvp, BV=bv, HAS_INIT=initial_state is not None,
         HAS_STARTS=starts is not None, PREC=precision, num_warps=num_warps[1])
-    split = s_split or max(1, min(triton.cdiv(spatial, bs), 4))
-    per_prog = triton.cdiv(triton.cdiv(spatial, split), bs) * bs
+    split_s = s_split or max(1, min(triton.cdiv(spatial, bs), 4))
+    per_prog = triton.cdiv(triton.cdiv(spatial, split_s), bs) * bs
+    p, cos, sin = decode if decode is not None else (dummy, None, None)
     _output_kernel[(bh * frames, triton.cdiv(spatial, per_prog))](
-        q, st_buf, out, *q_strides, *out_strides,
-        c["q_rms"], c["qw"], c["p_t"], c["p"], c["cos"], c["sin"],
-        heads, frames, spatial, bh, per_prog, DK=dk, DV=dv, DKP=dkp, DVP=dvp, BS=bs,
-        HAS_QNORM=cam.get("qw") is not None, REVERSE=bool(reverse), **flags, num_warps=num_warps[2])
+        q, st_buf, out, *q_strides, *out_strides, p, cos if cos is not None else dummy,
+        sin if sin is not None else dummy, heads, frames, spatial, bh, per_prog,
+        DK=dk, DV=dv, DKP=dkp, DVP=dvp, BS=bs, NGU=max(dv // 8, 1), DECODE=decode is not None,
+        HAS_ROPE=cos is not None, REVERSE=bool(reverse), F16_DOT=bool(f16_dot), PREC=precision,
+        num_warps=num_warps[2])
     return final
 
 

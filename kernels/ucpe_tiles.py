@@ -65,7 +65,7 @@ def ucpe_rope(x, mat_ptr, tok, cos_ptr, sin_ptr, pos, tok_mask,
     if HAS_ROPE:
         in_rope = (g >= NGU) & (g < 2 * NGU) & tok_mask[:, None]
         pair = 2 * (g - NGU)  # first complex pair of the group
-        off = pos[:, None] * (2 * NGU) + pair
+        off = pos.to(tl.int32)[:, None] * (2 * NGU) + pair
         c0 = tl.load(cos_ptr + off, mask=in_rope, other=0.0)
         s0 = tl.load(sin_ptr + off, mask=in_rope, other=0.0)
         c1 = tl.load(cos_ptr + off + 1, mask=in_rope, other=0.0)
@@ -90,22 +90,21 @@ def ucpe_rope(x, mat_ptr, tok, cos_ptr, sin_ptr, pos, tok_mask,
 
 
 @triton.jit
-def encode_tile(x, tok, pos, tok_mask, inv_rms_ptr, w_ptr, mat_ptr, cos_ptr, sin_ptr, scale,
+def encode_tile(x, tok, pos, tok_mask, inv_rms, w_ptr, mat_ptr, cos_ptr, sin_ptr, scale,
                 BS: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, NGU: tl.constexpr,
                 HAS_NORM: tl.constexpr, RELU: tl.constexpr, HAS_ROPE: tl.constexpr,
                 DOWNSCALE: tl.constexpr):
     """Camera prep of one raw (BS, DP) tile of a single head.
 
-    Optional full-channel RMSNorm (inv_rms per token at inv_rms_ptr[tok], weight slice of this
-    head at w_ptr[0:D]), optional ReLU, multiply by `scale`, UCPE + RoPE, optional downscale to
+    Optional full-channel RMSNorm (inv_rms (BS,) per token, weight slice of this head at
+    w_ptr[0:D]), optional ReLU, multiply by `scale`, UCPE + RoPE, optional downscale to
     the pre-UCPE RMS. Returns (y (BS, DP), pre_sq (BS,), post_sq (BS,)): the squared norms of
     the row before the transform and after it (after the downscale when on).
     """
     d = tl.arange(0, DP)
     if HAS_NORM:
-        r = tl.load(inv_rms_ptr + tok, mask=tok_mask, other=0.0)
         w = tl.load(w_ptr + d, mask=d < D, other=0.0).to(tl.float32)
-        x = x * r[:, None] * w[None, :]
+        x = x * inv_rms[:, None] * w[None, :]
     if RELU:
         x = tl.maximum(x, 0.0)
     x = x * scale

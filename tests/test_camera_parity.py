@@ -82,11 +82,12 @@ def test_parity_patch_size_2():
     _check(_wobbly(9, 640, 360, seed=2), height=256, width=256, patch_size=(1, 2, 2))
 
 
-def test_parity_release_shape_on_the_demo_file():
-    traj = load(os.path.join(ROOT, "trajectories", "orbit.json"))
+@pytest.mark.parametrize("name,latent_frames", [("orbit.json", 21)])
+def test_parity_release_shape_on_example_files(name, latent_frames):
+    traj = load(os.path.join(ROOT, "trajectories", name))
     out = _check(traj, height=704, width=1280)
-    assert out["chunk_plucker"].shape == (48, 21, 22, 40)
-    assert out["P_inv"].shape == (21 * 22 * 40, 4, 4)
+    assert out["chunk_plucker"].shape == (48, latent_frames, 22, 40)
+    assert out["P_inv"].shape == (latent_frames * 22 * 40, 4, 4)
 
 
 def test_first_latent_frame_is_identity_and_relative():

@@ -170,7 +170,7 @@ def test_plot_and_preview_every_example(path, tmp_path, capsys):
         assert done.value.code == 0, capsys.readouterr().err
     plot = iio.imread(png)
     assert plot.shape[:2] == (800, 1200) and plot.std() > 10
-    video = iio.imread(mp4, index=None, plugin="pyav" if _has_pyav() else None)
+    video = iio.imread(mp4, index=None)
     w, h = preview_size(traj, width=48)
     assert video.shape == (traj.num_frames, h, w, 3)
     assert video.std() > 10
@@ -180,10 +180,3 @@ def test_plot_and_preview_every_example(path, tmp_path, capsys):
 def test_examples_exist():
     assert any(p.endswith("orbit.json") for p in EXAMPLES)
 
-
-def _has_pyav():
-    try:
-        import av  # noqa: F401
-    except ImportError:
-        return False
-    return True

@@ -138,6 +138,9 @@ def test_save_then_load_is_exact_and_keeps_metadata(tmp_path):
     assert back.image == t.image and back.prompt == "p" and back.seed == 3 and back.fps == t.fps
     assert json.loads((sub / "render.traj.json").read_text())["image"] == "../a.png"
     assert [p.name for p in sub.iterdir()] == ["render.traj.json"]  # no temp files left
+    mask = os.umask(0)
+    os.umask(mask)
+    assert (sub / "render.traj.json").stat().st_mode & 0o777 == 0o666 & ~mask  # not mkstemp's 0600
 
 
 BAD = [

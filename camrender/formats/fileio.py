@@ -57,6 +57,7 @@ def atomic_write_text(path, text: str) -> None:
     except OSError as error:
         raise CamrenderError(f"cannot write: {error.strerror or error}", path=path) from None
     try:
+        os.chmod(temp, _file_mode(path))  # mkstemp makes 0600 files; use what a plain open() would give
         with os.fdopen(handle, "w", encoding="utf-8", newline="\n") as out:
             out.write(text)
             out.flush()
@@ -70,6 +71,16 @@ def atomic_write_text(path, text: str) -> None:
         if isinstance(error, OSError):
             raise CamrenderError(f"cannot write: {error.strerror or error}", path=path) from None
         raise
+
+
+def _file_mode(path: str) -> int:
+    """The existing file's permissions, or 0666 minus the process umask for a new file."""
+    try:
+        return os.stat(path).st_mode & 0o7777
+    except OSError:
+        mask = os.umask(0)
+        os.umask(mask)
+        return 0o666 & ~mask
 
 
 def dump_json(doc) -> str:

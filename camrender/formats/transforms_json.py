@@ -27,7 +27,6 @@ import os
 
 import numpy as np
 
-from camrender.errors import CamrenderError
 from camrender.formats.colmap import _warn, natural_key
 from camrender.formats.fileio import atomic_write_text, dump_json, read_json
 from camrender.trajectory.fields import Where, matrix4, number, string
