@@ -277,13 +277,13 @@ def main(argv=None):
     results["weights_gib"] = round(allocated_bytes() / GIB, 3)
     results["build_s"] = round(time.perf_counter() - began, 1)
 
-    # Warm-up: compile the kernels for the first (4-frame) and later (3-frame) segment shapes.
-    if record("warmup", lambda: run_segment_path(transformer, vae, 7, height, width, options, device, dtype)) is None \
+    # Warm-up on the 161-frame path: compiles the kernels for its 4-, 3- and 5-frame segments.
+    if record("warmup", lambda: run_segment_path(transformer, vae, 21, height, width, options, device, dtype)) is None \
             and options.backend != "torch":
         # Keep measuring with the PyTorch scans rather than stopping; the error above says what failed.
         options = SegmentOptions(cached_segments=options.cached_segments, backend="torch")
         results["segment_backend_fallback"] = "torch"
-        record("warmup_torch", lambda: run_segment_path(transformer, vae, 7, height, width, options, device, dtype))
+        record("warmup_torch", lambda: run_segment_path(transformer, vae, 21, height, width, options, device, dtype))
     for length in lengths:
         value = record(f"segments_{length}", lambda: run_segment_path(transformer, vae, 1 + 3 * length, height, width,
                                                                      options, device, dtype))

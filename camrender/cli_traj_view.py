@@ -40,15 +40,16 @@ def plot_command(file, out, every):
 @click.option("--height", type=click.IntRange(min=2), default=None,
               help="Output height in pixels (the missing side keeps the aspect ratio).")
 @click.option("--scene-scale", type=float, default=1.0, show_default=True,
-              help="Size of the proxy scene in the trajectory's world units (landmarks at 1.5 x this below/around).")
+              help="Scale of the proxy scene in the trajectory's world units (1: ground 1.5 units below the first camera).")
 @click.option("--absolute", is_flag=True,
               help="Use the poses as given instead of relative to frame 0 (the model's view).")
 def preview_command(file, out, overlay, width, height, scene_scale, absolute):
     """Render the path through a synthetic scene (ground grid, landmarks, horizon) on CPU.
 
     \b
-    Frame 0 looks from the origin along +z at the red sphere (unless --absolute).
-    Landmarks: red sphere ahead (+z), magenta right (+x), cyan left (-x), orange box behind.
+    Frame 0 stands at the origin looking along +z (unless --absolute); up is -y.
+    Ground 1.5 units below; red sphere ahead (+z), magenta right (+x), cyan left
+    (-x), orange box behind (-z); a dark post 2 units ahead. See docs/preview.md.
     """
     from camrender.preview import write_preview
 

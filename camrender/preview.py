@@ -79,8 +79,9 @@ class Landmark:
 
 LANDMARKS: tuple[Landmark, ...] = (
     Landmark("red sphere (ahead)", "sphere", (0.0, 1.0, 3.0), 0.5, (0.90, 0.12, 0.10)),
-    # a thin post on the first view axis, 2 units ahead: the default orbit centre
-    Landmark("dark post (orbit centre)", "box", (0.0, 0.25, 2.0), (0.04, 1.25, 0.04), (0.20, 0.20, 0.22)),
+    # a thin post under the first view axis, 2 units ahead (the default orbit centre); its top
+    # stays 0.25 below eye level so forward moves do not run into the middle of the view
+    Landmark("dark post (orbit centre)", "box", (0.0, 0.875, 2.0), (0.03, 0.625, 0.03), (0.20, 0.20, 0.22)),
     Landmark("green box", "box", (3.0, 1.0, 6.0), (0.5, 0.5, 0.5), (0.15, 0.70, 0.20)),
     Landmark("blue sphere", "sphere", (-3.0, 0.9, 6.0), 0.6, (0.15, 0.30, 0.90)),
     Landmark("yellow pillar (far ahead)", "box", (0.0, 0.0, 12.0), (0.3, 1.5, 0.3), (0.95, 0.85, 0.10)),
@@ -262,8 +263,6 @@ class ProxyScene:
         fog *= np.float32(1.0 / (_FOG_DISTANCE * self.scale))
         fog += 1
         np.divide(1, fog, out=fog)  # 1 near the camera, -> 0 far away and for rays missing the ground
-        if above > 0:
-            fog *= dy > 0  # (guards the 1e-12 clamp on rays exactly at the horizon)
         # checker (0 light, 1 dark)
         checker = np.floor(gx) + np.floor(gz)
         checker *= 0.5
@@ -282,6 +281,7 @@ class ProxyScene:
         cover_x_axis = _cover(np.abs(gz), axis_half, inv_fp)
         cover_z_axis = _cover(np.abs(gx), axis_half, inv_fp)
         has_x_axis, has_z_axis = cover_x_axis.any(), cover_z_axis.any()
+        has_sky = up.any()  # False in bands below the horizon
         for c in range(3):
             g = lum * _GROUND_TINT[c]
             if has_x_axis:
@@ -290,7 +290,8 @@ class ProxyScene:
                 g += cover_z_axis * (_Z_AXIS_LINE[c] - g)
             g -= _SKY_HORIZON[c]
             g *= fog
-            g += up * (_SKY_ZENITH[c] - _SKY_HORIZON[c])
+            if has_sky:
+                g += up * (_SKY_ZENITH[c] - _SKY_HORIZON[c])
             np.add(g, _SKY_HORIZON[c], out=out[c])
         return t
 

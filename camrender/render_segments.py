@@ -179,6 +179,11 @@ def render_segments(pipe, request, progress: Optional[Callable[..., None]] = Non
         raise CamrenderError(f"must be 0 or more, got {request.cached_segments}", field="cached-segments")
     device = pipe._execution_device
     model = pipe.transformer
+    latent_frames = (request.num_frames - 1) // pipe.vae_temporal_compression_ratio + 1
+    if model.use_pe and latent_frames > model.rope.max_seq_len:
+        longest = (model.rope.max_seq_len - 1) * pipe.vae_temporal_compression_ratio + 1
+        raise CamrenderError(f"segment mode renders at most {longest} frames with this model, got {request.num_frames}",
+                             field="frames")
     options = SegmentOptions(
         cached_segments=request.cached_segments,
         backend=KERNEL_BACKENDS.get(request.kernels, "auto"),
@@ -186,7 +191,7 @@ def render_segments(pipe, request, progress: Optional[Callable[..., None]] = Non
     timesteps = segment_timesteps(pipe.scheduler, request.steps)
     inputs = prepare_inputs(pipe, request, device)
     bounds = segment_bounds(inputs.noise.shape[2], request.segment_frames)
-    decoder = CausalStreamDecoder(pipe.vae)
+    decoder = CausalStreamDecoder(pipe.vae, device=device)
 
     written = 0
     started = time.perf_counter()

@@ -39,9 +39,11 @@ class CausalStreamDecoder:
         temb: optional decoder timestep (as `vae.decode(z, temb)`), for timestep-conditioned decoders.
         denormalize: latents are in the DiT's normalised space (as the SANA-WM pipeline produces
             them): undo `(z - mean) * scaling_factor / std` before decoding.
+        device: where the decoder runs (the pipeline's execution device under model CPU offload,
+            where `vae.device` reads "cpu" between calls); default `vae.device`.
     """
 
-    def __init__(self, vae, *, temb=None, denormalize: bool = True):
+    def __init__(self, vae, *, temb=None, denormalize: bool = True, device=None):
         from diffusers.models.autoencoders.autoencoder_kl_ltx2 import (
             LTX2VideoCausalConv3d,
             LTX2VideoUpsampler3d,
@@ -50,6 +52,7 @@ class CausalStreamDecoder:
         self.vae = vae
         self.temb = temb
         self.denormalize = denormalize
+        self.device = device
         decoder = vae.decoder
         self._convs = [m for m in decoder.modules() if isinstance(m, LTX2VideoCausalConv3d)]
         self._upsamplers = [m for m in decoder.modules() if isinstance(m, LTX2VideoUpsampler3d)]
@@ -66,7 +69,7 @@ class CausalStreamDecoder:
         if latents.shape[0] != 1:
             raise ValueError("streaming decode works on one video at a time (batch 1)")
         vae = self.vae
-        z = latents.to(device=vae.device, dtype=vae.dtype)
+        z = latents.to(device=self.device or vae.device, dtype=vae.dtype)
         if self.denormalize:
             mean = vae.latents_mean.view(1, -1, 1, 1, 1).to(z)
             std = vae.latents_std.view(1, -1, 1, 1, 1).to(z)

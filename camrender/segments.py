@@ -86,12 +86,14 @@ class SegmentOptions:
         backend: "torch" (plain PyTorch scans, `kernels.reference`), "auto" (the fused Triton
             kernels on CUDA when they are importable, PyTorch otherwise) or "fused" (the kernels,
             an error if they are missing).
+        precision: matrix-product precision of the fused kernels, "tf32" or "ieee" (exact fp32).
     """
 
     cached_segments: int = 2
     main_softmax_scale: Optional[float] = None
     sdpa_dtype: Optional[torch.dtype] = None
     backend: str = "torch"
+    precision: str = "tf32"
 
 
 @dataclasses.dataclass
@@ -297,7 +299,16 @@ def _sdpa(query, key, value, *, scale: float, mask=None) -> torch.Tensor:
     if padded != head_dim:
         pad = (0, padded - head_dim)
         query, key, value = F.pad(query, pad), F.pad(key, pad), F.pad(value, pad)
-    out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale)
+    if query.is_cuda:
+        # The backend priority measured for the full-mode softmax blocks (cuDNN attention first).
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        from camrender.patch_softmax import SDPA_BACKENDS
+
+        with sdpa_kernel([getattr(SDPBackend, name) for name in SDPA_BACKENDS], set_priority=True):
+            out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale)
+    else:
+        out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale)
     return out[..., :head_dim]
 
 
@@ -391,7 +402,8 @@ def _ffn(mlp, x: torch.Tensor, call: _Call, cache: BlockCache) -> torch.Tensor:
             left = hidden.new_zeros(batch, out_channels, 1, height * width)
         right = hidden.new_zeros(batch, out_channels, 1, height * width)
         window = torch.cat([left, hidden[:, :, start:stop], right], dim=2)
-        temporal[:, :, start:stop] = F.conv2d(window, weight.to(hidden.dtype))
+        bias = None if mlp.t_conv.bias is None else mlp.t_conv.bias.to(hidden.dtype)
+        temporal[:, :, start:stop] = F.conv2d(window, weight.to(hidden.dtype), bias)
     if call.write:
         cache.ffn_tail = hidden[:, :, -1:].detach().clone()
     hidden = hidden + temporal
@@ -415,7 +427,7 @@ def _gdn_gates(attn, x: torch.Tensor, call: _Call):
     return beta, decay
 
 
-def _gdn_main(attn, x, beta, decay, rope, call: _Call, cache: BlockCache, fused) -> torch.Tensor:
+def _gdn_main(attn, x, beta, decay, rope, call: _Call, cache: BlockCache, fused, precision) -> torch.Tensor:
     """Main GDN branch -> (B, N, C) before the output gate: RoPE'd numerator (KV) and unrotated
     denominator (Z) streams, forward from the cached states, reverse inside each segment."""
     batch, tokens, channels = x.shape
@@ -449,6 +461,7 @@ def _gdn_main(attn, x, beta, decay, rope, call: _Call, cache: BlockCache, fused)
             eps=attn.attn.eps,
             initial_state=initial,
             segment_starts=starts,
+            precision=precision,
             backend="auto",
             return_final_state=True,
         )
@@ -501,7 +514,7 @@ def _camera_projections(attn, x, call: _Call, conv: bool, norm: bool = True):
     return query.reshape(shape), key.reshape(shape), value.reshape(shape)
 
 
-def _gdn_camera(attn, x, beta, decay, rays, call: _Call, cache: BlockCache, fused) -> torch.Tensor:
+def _gdn_camera(attn, x, beta, decay, rays, call: _Call, cache: BlockCache, fused, precision) -> torch.Tensor:
     """UCPE camera branch of a GDN block -> (B, N, C) before `out_proj_cam`: numerator-only delta
     rule in ray space, forward from the cached camera state, reverse inside each segment."""
     batch, tokens, _ = x.shape
@@ -524,6 +537,7 @@ def _gdn_camera(attn, x, beta, decay, rays, call: _Call, cache: BlockCache, fuse
             norm_eps=attn.q_norm_cam.eps,
             initial_state=cache.cam_state,
             segment_starts=starts,
+            precision=precision,
             backend="auto",
             return_final_state=True,
         )
@@ -567,9 +581,10 @@ def _gdn_attention(attn, x, rope, rays, call: _Call, cache: BlockCache, options:
     """`BidirectionalGDNUCPESinglePathLiteLA.forward`, chunk-causal. x (B, N, C) -> (B, N, C)."""
     fused = _fused_kernels(options.backend, x.device)
     beta, decay = _gdn_gates(attn, x, call)
-    out = _gdn_main(attn, x, beta, decay, rope, call, cache, fused)
+    out = _gdn_main(attn, x, beta, decay, rope, call, cache, fused, options.precision)
     if rays is not None:
-        out = out + attn.out_proj_cam(_gdn_camera(attn, x, beta, decay, rays, call, cache, fused))
+        camera = _gdn_camera(attn, x, beta, decay, rays, call, cache, fused, options.precision)
+        out = out + attn.out_proj_cam(camera)
     if attn.use_output_gate and attn.output_gate is not None:
         out = out * F.silu(attn.output_gate(x).to(torch.float32))
     return attn.proj(out.to(x.dtype))

@@ -5,7 +5,7 @@ import torch
 
 def check_tensor(name, x, shape, *, floating=True, contiguous=True, last_dim_contiguous=False):
     """Check x is a tensor of `shape` (ints; None = any) and a float dtype; raise ValueError."""
-    want = "(" + ", ".join("*" if s is None else str(s) for s in shape) + ")"
+    want = "(" + ", ".join("*" if s is None else str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
     if not isinstance(x, torch.Tensor):
         raise ValueError(f"{name} must be a tensor of shape {want}, got {type(x).__name__}")
     if x.dim() != len(shape) or any(s is not None and s != got for s, got in zip(shape, x.shape)):

@@ -43,7 +43,7 @@ def _cam_stage_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, sb_b, sb_h, sb_t, sb_s,
                       qw_ptr, kw_ptr, pt_ptr, pinv_ptr, cos_ptr, sin_ptr,
                       q_out, k_out, v_out, infl_out,
                       N, S, norm_eps, k_scale,
-                      H: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, BS: tl.constexpr, BC: tl.constexpr,
+                      H: tl.constexpr, D: tl.constexpr, G: tl.constexpr, BS: tl.constexpr, BC: tl.constexpr,
                       NGU: tl.constexpr, HAS_QNORM: tl.constexpr, HAS_KNORM: tl.constexpr,
                       HAS_ROPE: tl.constexpr, DOWNSCALE: tl.constexpr, FOLD_BETA: tl.constexpr):
     """One program per (block of BS tokens, b), looping over all H heads.
@@ -78,36 +78,43 @@ def _cam_stage_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, sb_b, sb_h, sb_t, sb_s,
                 acc_k += xk * xk
         q_rms = 1.0 / tl.sqrt(tl.sum(acc_q, axis=1) / C + norm_eps)
         k_rms = 1.0 / tl.sqrt(tl.sum(acc_k, axis=1) / C + norm_eps)
-    d = tl.arange(0, DP)
-    m2 = nmask[:, None] & (d[None, :] < D)
+    NQ: tl.constexpr = D // 4
     tok = b * N + n
     if FOLD_BETA:
         t = n // S
         sb_off = t * sb_t + (n - t * S) * sb_s
     for h in range(H):
-        src = row + h * D + d[None, :]
+        src = n * C + h * D
         dst = (b * H + h) * N * D
-        dst_off = n[:, None] * D + d[None, :]
-        x = tl.load(q_base + src, mask=m2, other=0.0).to(tl.float32)
-        y, _, _ = ucpe_tiles.encode_tile(x, tok, n, nmask, q_rms, qw_ptr + h * D, pt_ptr, cos_ptr, sin_ptr,
-                                         1.0, BS, D, DP, NGU, HAS_QNORM, True, HAS_ROPE, DOWNSCALE)
-        tl.store(q_out + dst + dst_off, y.to(q_out.dtype.element_ty), mask=m2)
-        if FOLD_BETA:
-            root = tl.sqrt(tl.load(beta_ptr + b * sb_b + h * sb_h + sb_off, mask=nmask, other=0.0).to(tl.float32))
-        x = tl.load(k_base + src, mask=m2, other=0.0).to(tl.float32)
-        y, pre, post = ucpe_tiles.encode_tile(x, tok, n, nmask, k_rms, kw_ptr + h * D, pinv_ptr, cos_ptr,
-                                              sin_ptr, k_scale, BS, D, DP, NGU, HAS_KNORM, True, HAS_ROPE,
-                                              DOWNSCALE)
+        dst_row = n * D
+        x0, x1, x2, x3 = ucpe_tiles.load_quads(q_base, src, nmask, NQ, G)
+        y0, y1, y2, y3, _, _ = ucpe_tiles.encode_quads(x0, x1, x2, x3, tok, n, nmask, q_rms, qw_ptr + h * D,
+                                                       pt_ptr, cos_ptr, sin_ptr, 1.0, D, G, NGU, HAS_QNORM,
+                                                       True, HAS_ROPE, DOWNSCALE)
+        ucpe_tiles.store_quads(q_out + dst, dst_row, nmask, y0, y1, y2, y3, NQ, G)
+        x0, x1, x2, x3 = ucpe_tiles.load_quads(k_base, src, nmask, NQ, G)
+        y0, y1, y2, y3, pre, post = ucpe_tiles.encode_quads(x0, x1, x2, x3, tok, n, nmask, k_rms, kw_ptr + h * D,
+                                                            pinv_ptr, cos_ptr, sin_ptr, k_scale, D, G, NGU,
+                                                            HAS_KNORM, True, HAS_ROPE, DOWNSCALE)
         tl.store(infl_out + (b * H + h) * N + n, ucpe_tiles.inflation_sq(pre, post, nmask), mask=nmask)
         if FOLD_BETA:
-            y = y * (root / k_scale)[:, None]
-        tl.store(k_out + dst + dst_off, y.to(k_out.dtype.element_ty), mask=m2)
-        x = tl.load(v_base + src, mask=m2, other=0.0).to(tl.float32)
-        y, _, _ = ucpe_tiles.encode_tile(x, tok, n, nmask, q_rms, qw_ptr, pinv_ptr, cos_ptr, sin_ptr,
-                                         1.0, BS, D, DP, NGU, False, False, HAS_ROPE, DOWNSCALE)
+            root = tl.sqrt(tl.load(beta_ptr + b * sb_b + h * sb_h + sb_off, mask=nmask, other=0.0).to(tl.float32))
+            f = (root / k_scale)[:, None]
+            y0, y1, y2, y3 = y0 * f, y1 * f, y2 * f, y3 * f
+        ucpe_tiles.store_quads(k_out + dst, dst_row, nmask, y0, y1, y2, y3, NQ, G)
+        x0, x1, x2, x3 = ucpe_tiles.load_quads(v_base, src, nmask, NQ, G)
+        y0, y1, y2, y3, _, _ = ucpe_tiles.encode_quads(x0, x1, x2, x3, tok, n, nmask, q_rms, qw_ptr, pinv_ptr,
+                                                       cos_ptr, sin_ptr, 1.0, D, G, NGU, False, False, HAS_ROPE,
+                                                       DOWNSCALE)
         if FOLD_BETA:
-            y = y * root[:, None]
-        tl.store(v_out + dst + dst_off, y.to(v_out.dtype.element_ty), mask=m2)
+            f = root[:, None]
+            y0, y1, y2, y3 = y0 * f, y1 * f, y2 * f, y3 * f
+        ucpe_tiles.store_quads(v_out + dst, dst_row, nmask, y0, y1, y2, y3, NQ, G)
+
+
+def quad_groups(dim):
+    """Groups of four per head vector, padded to a power of two (>= 16 for tl.dot)."""
+    return max(16, triton.next_power_of_2(dim // 4))
 
 
 def cam_stage(q, k, v, tables, *, num_frames, q_norm_weight, k_norm_weight, norm_eps, downscale,
@@ -128,7 +135,7 @@ def cam_stage(q, k, v, tables, *, num_frames, q_norm_weight, k_norm_weight, norm
         k_norm_weight if k_norm_weight is not None else dummy,
         p_t, p_inv, cos if cos is not None else dummy, sin if sin is not None else dummy,
         outs[0], outs[1], outs[2], infl, tokens, spatial, float(norm_eps), float(dim ** -0.5 * spatial ** -0.5),
-        H=heads, D=dim, DP=max(16, triton.next_power_of_2(dim)), BS=block_s, BC=256, NGU=dim // 8,
+        H=heads, D=dim, G=quad_groups(dim), BS=block_s, BC=256, NGU=dim // 8,
         HAS_QNORM=q_norm_weight is not None, HAS_KNORM=k_norm_weight is not None, HAS_ROPE=cos is not None,
         DOWNSCALE=bool(downscale), FOLD_BETA=beta is not None, num_warps=num_warps)
     return outs[0], outs[1], outs[2], infl

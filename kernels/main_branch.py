@@ -84,7 +84,8 @@ def _main_scan_kernel(
     stride_bb, stride_bh, stride_bt, stride_bs,
     stride_db, stride_dh, stride_dt,
     T, S, H, D, C,
-    NV: tl.constexpr, ROPE_ON_LOAD: tl.constexpr, HAS_INIT: tl.constexpr, HAS_STARTS: tl.constexpr, WRITE_FINAL: tl.constexpr,
+    NV: tl.constexpr, ROPE_ON_LOAD: tl.constexpr, HAS_INIT: tl.constexpr, HAS_STARTS: tl.constexpr,
+    WRITE_FINAL: tl.constexpr,
     BS: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
 ):
     pid_v = tl.program_id(0)
@@ -308,6 +309,7 @@ def main_branch(q, k, v, beta, decay, rope, *, q_norm_weight, k_norm_weight, nor
         precision: "tf32" (tensor cores) or "ieee" (exact fp32 dots).
         backend: "auto" (Triton on CUDA or under TRITON_INTERPRET=1, else PyTorch), "triton", "torch".
         return_final_state: also return the forward states (kv, z) after the last frame.
+        config: optional overrides of SCAN_CONFIG (scan path and tiles).
 
     Returns:
         out (B, N, C) in v.dtype, or (out, (kv, z)).

@@ -44,7 +44,8 @@ def _short_conv_kernel(
         # causal tap: frame t - (K-1) + j; before frame 0 it reads the cached left context
         tc = t - (K - 1) + j
         rows_c = (tc * S + s_offs).to(tl.int64)
-        val_c = tl.load(x_base + rows_c[:, None] * stride_xn, mask=tile_mask & (rows_c[:, None] >= 0), other=0.0).to(tl.float32)
+        val_c = tl.load(x_base + rows_c[:, None] * stride_xn, mask=tile_mask & (rows_c[:, None] >= 0),
+                        other=0.0).to(tl.float32)
         if HAS_CTX:
             tctx = tc + CTX_FRAMES  # index into the context frames
             rows_x = (tctx * S + s_offs).to(tl.int64)
@@ -55,7 +56,8 @@ def _short_conv_kernel(
         # anti-causal tap: frame t + (K-1) - j, zero past the end
         ta = t + (K - 1) - j
         rows_a = (ta * S + s_offs).to(tl.int64)
-        val_a = tl.load(x_base + rows_a[:, None] * stride_xn, mask=tile_mask & (rows_a[:, None] < T * S), other=0.0).to(tl.float32)
+        val_a = tl.load(x_base + rows_a[:, None] * stride_xn, mask=tile_mask & (rows_a[:, None] < T * S),
+                        other=0.0).to(tl.float32)
         acc += w_j[None, :] * (val_c + val_a)
     out_offs = b.to(tl.int64) * T * S * C + row[:, None] * C + c_offs[None, :]
     tl.store(out_ptr + out_offs, acc.to(out_ptr.dtype.element_ty), mask=tile_mask)
@@ -102,7 +104,8 @@ def short_conv(x, weight, num_frames, *, left_context=None, out=None, backend="a
             left_context = left_context.contiguous()
         ctx_frames = left_context.shape[1] // spatial
         if ctx_frames > ksize - 1 or ctx_frames * spatial != left_context.shape[1]:
-            raise ValueError(f"left_context must hold at most {ksize - 1} whole frames, got {left_context.shape[1]} tokens")
+            raise ValueError(f"left_context must hold at most {ksize - 1} whole frames of {spatial} tokens, "
+                             f"got {left_context.shape[1]} tokens")
         ctx, stride_cb, stride_cn = left_context, left_context.stride(0), left_context.stride(1)
     else:
         ctx, stride_cb, stride_cn, ctx_frames = x, 0, 0, 0

@@ -1,10 +1,14 @@
 """Triton device helpers shared by the camera-branch kernels: UCPE + RoPE on register tiles.
 
-A tile is (BS tokens, DP channels) fp32, DP = head dim D padded to a power of two. The
-channels are viewed as DP/4 groups of four: groups [0, NGU) hold the UCPE half (each group
-mapped by the token's 4x4 matrix, y = M x), groups [NGU, 2*NGU) hold the RoPE half (two
-interleaved complex pairs per group), groups past 2*NGU are padding (zero in, zero out).
-NGU = D/8, so D/2 must be divisible by 4.
+A head vector of D channels is viewed as D/4 groups of four: groups [0, NGU) hold the UCPE
+half (each group mapped by the token's 4x4 matrix, y = M x), groups [NGU, 2*NGU) hold the
+RoPE half (two interleaved complex pairs per group); NGU = D/8, so D/2 must be divisible by 4.
+
+"Quads" keep a (BS tokens, G groups) tile as four (BS, G) tensors, one per channel 4g + j,
+loaded and stored with stride 4: the 4x4 mixing and the pair rotations are then plain
+elementwise arithmetic, with no data movement between threads. Groups past D/4 (G is a
+power of two) are padding: zero in, zero out. The (BS, 4G) helpers below (split/join) do the
+same on a contiguous tile and are kept for the plain-tile path.
 """
 import triton
 import triton.language as tl
@@ -125,3 +129,103 @@ def inflation_sq(pre_sq, post_sq, tok_mask):
     """Per-token (|k_after| / |k_before|)^2 with norms clamped at 1e-6; 0 on masked rows."""
     ratio = tl.maximum(tl.sqrt(post_sq), 1e-6) / tl.maximum(tl.sqrt(pre_sq), 1e-6)
     return tl.where(tok_mask, ratio * ratio, 0.0)
+
+
+@triton.jit
+def load_quads(base, row, row_mask, NQ: tl.constexpr, G: tl.constexpr):
+    """Channels 4g + j (j = 0..3, g < NQ) of each row at base + row (BS,): four (BS, G) fp32."""
+    g = tl.arange(0, G)
+    off = row[:, None] + 4 * g[None, :]
+    m = row_mask[:, None] & (g[None, :] < NQ)
+    x0 = tl.load(base + off, mask=m, other=0.0).to(tl.float32)
+    x1 = tl.load(base + off + 1, mask=m, other=0.0).to(tl.float32)
+    x2 = tl.load(base + off + 2, mask=m, other=0.0).to(tl.float32)
+    x3 = tl.load(base + off + 3, mask=m, other=0.0).to(tl.float32)
+    return x0, x1, x2, x3
+
+
+@triton.jit
+def store_quads(base, row, row_mask, y0, y1, y2, y3, NQ: tl.constexpr, G: tl.constexpr):
+    """Inverse of load_quads, casting to the pointer's dtype."""
+    g = tl.arange(0, G)
+    off = row[:, None] + 4 * g[None, :]
+    m = row_mask[:, None] & (g[None, :] < NQ)
+    dtype = base.dtype.element_ty
+    tl.store(base + off, y0.to(dtype), mask=m)
+    tl.store(base + off + 1, y1.to(dtype), mask=m)
+    tl.store(base + off + 2, y2.to(dtype), mask=m)
+    tl.store(base + off + 3, y3.to(dtype), mask=m)
+
+
+@triton.jit
+def ucpe_rope_quads(x0, x1, x2, x3, mat_ptr, tok, cos_ptr, sin_ptr, pos, tok_mask,
+                    G: tl.constexpr, NGU: tl.constexpr, HAS_ROPE: tl.constexpr, INV_ROPE: tl.constexpr):
+    """UCPE (y = M x per UCPE group, M = the token's matrix) and RoPE (per RoPE group) on quads."""
+    a0, a1, a2, a3 = _mat_row(mat_ptr, tok, tok_mask, 0)
+    u0 = a0 * x0 + a1 * x1 + a2 * x2 + a3 * x3
+    a0, a1, a2, a3 = _mat_row(mat_ptr, tok, tok_mask, 1)
+    u1 = a0 * x0 + a1 * x1 + a2 * x2 + a3 * x3
+    a0, a1, a2, a3 = _mat_row(mat_ptr, tok, tok_mask, 2)
+    u2 = a0 * x0 + a1 * x1 + a2 * x2 + a3 * x3
+    a0, a1, a2, a3 = _mat_row(mat_ptr, tok, tok_mask, 3)
+    u3 = a0 * x0 + a1 * x1 + a2 * x2 + a3 * x3
+    g = tl.arange(0, G)[None, :]
+    is_ucpe = g < NGU
+    if HAS_ROPE:
+        in_rope = (g >= NGU) & (g < 2 * NGU) & tok_mask[:, None]
+        off = pos.to(tl.int32)[:, None] * (2 * NGU) + 2 * (g - NGU)
+        c0 = tl.load(cos_ptr + off, mask=in_rope, other=0.0)
+        s0 = tl.load(sin_ptr + off, mask=in_rope, other=0.0)
+        c1 = tl.load(cos_ptr + off + 1, mask=in_rope, other=0.0)
+        s1 = tl.load(sin_ptr + off + 1, mask=in_rope, other=0.0)
+        if INV_ROPE:
+            s0 = -s0
+            s1 = -s1
+        r0 = c0 * x0 - s0 * x1
+        r1 = s0 * x0 + c0 * x1
+        r2 = c1 * x2 - s1 * x3
+        r3 = s1 * x2 + c1 * x3
+    else:
+        r0 = x0
+        r1 = x1
+        r2 = x2
+        r3 = x3
+    return tl.where(is_ucpe, u0, r0), tl.where(is_ucpe, u1, r1), tl.where(is_ucpe, u2, r2), tl.where(is_ucpe, u3, r3)
+
+
+@triton.jit
+def _norm_quad(x, inv_rms, w_ptr, j: tl.constexpr, NQ: tl.constexpr, G: tl.constexpr, HAS_NORM: tl.constexpr,
+               RELU: tl.constexpr, scale):
+    if HAS_NORM:
+        g = tl.arange(0, G)
+        w = tl.load(w_ptr + 4 * g + j, mask=g < NQ, other=0.0).to(tl.float32)
+        x = x * inv_rms[:, None] * w[None, :]
+    if RELU:
+        x = tl.maximum(x, 0.0)
+    return x * scale
+
+
+@triton.jit
+def encode_quads(x0, x1, x2, x3, tok, pos, tok_mask, inv_rms, w_ptr, mat_ptr, cos_ptr, sin_ptr, scale,
+                 D: tl.constexpr, G: tl.constexpr, NGU: tl.constexpr, HAS_NORM: tl.constexpr,
+                 RELU: tl.constexpr, HAS_ROPE: tl.constexpr, DOWNSCALE: tl.constexpr):
+    """encode_tile on quads: returns (y0, y1, y2, y3, pre_sq, post_sq)."""
+    NQ: tl.constexpr = D // 4
+    x0 = _norm_quad(x0, inv_rms, w_ptr, 0, NQ, G, HAS_NORM, RELU, scale)
+    x1 = _norm_quad(x1, inv_rms, w_ptr, 1, NQ, G, HAS_NORM, RELU, scale)
+    x2 = _norm_quad(x2, inv_rms, w_ptr, 2, NQ, G, HAS_NORM, RELU, scale)
+    x3 = _norm_quad(x3, inv_rms, w_ptr, 3, NQ, G, HAS_NORM, RELU, scale)
+    pre_sq = tl.sum(x0 * x0 + x1 * x1 + x2 * x2 + x3 * x3, axis=1)
+    y0, y1, y2, y3 = ucpe_rope_quads(x0, x1, x2, x3, mat_ptr, tok, cos_ptr, sin_ptr, pos, tok_mask, G, NGU,
+                                     HAS_ROPE, False)
+    post_sq = tl.sum(y0 * y0 + y1 * y1 + y2 * y2 + y3 * y3, axis=1)
+    if DOWNSCALE:
+        ref_rms = tl.sqrt(pre_sq / D + 1e-6)
+        out_rms = tl.sqrt(post_sq / D + 1e-6)
+        factor = tl.minimum(ref_rms / tl.maximum(out_rms, 1e-6), 1.0)
+        y0 = y0 * factor[:, None]
+        y1 = y1 * factor[:, None]
+        y2 = y2 * factor[:, None]
+        y3 = y3 * factor[:, None]
+        post_sq = post_sq * factor * factor
+    return y0, y1, y2, y3, pre_sq, post_sq

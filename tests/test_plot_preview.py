@@ -74,6 +74,34 @@ def test_landmark_looked_at_lands_on_principal_point(prefix, position, intrinsic
     assert abs(mask.sum() / expected_area - 1) < 0.05
 
 
+def test_pixel_windows_never_clip_a_landmark(monkeypatch):
+    # landmarks are only shaded inside a projected pixel window; with the window forced to the
+    # whole image the pictures must be identical, from any pose (near, far, grazing, behind)
+    rng = np.random.default_rng(7)
+    scene = ProxyScene()
+    poses = []
+    for _ in range(24):
+        c2w = np.eye(4)
+        c2w[:3, :3] = rot_y(rng.uniform(-np.pi, np.pi)) @ rot_x(rng.uniform(-0.8, 0.8)) @ rot_z(rng.uniform(-0.3, 0.3))
+        c2w[:3, 3] = [rng.uniform(-7, 7), rng.uniform(-1.5, 1.4), rng.uniform(-6, 12)]
+        poses.append(c2w)
+    intr = (40.0, 42.0, 31.0, 19.0)
+    windowed = [scene.render(c2w, intr, 64, 36) for c2w in poses]
+    monkeypatch.setattr(ProxyScene, "_screen_window", lambda self, obj, c2w, intr, w, h: (0, h, 0, w))
+    for c2w, image in zip(poses, windowed):
+        assert np.array_equal(scene.render(c2w, intr, 64, 36), image)
+
+
+def test_camera_under_the_ground_sees_its_underside():
+    c2w = np.eye(4)
+    c2w[:3, :3] = rot_x(0.6)  # looking up
+    c2w[:3, 3] = [0.3, 3.0, 0.0]  # 1.5 units under the ground plane y = 1.5
+    image = ProxyScene().render(c2w, (60.0, 60.0, 32.0, 18.0), 64, 36).astype(int)
+    top = image[:8]
+    assert np.mean(np.abs(top[..., 0] - top[..., 2]) < 30) > 0.9  # ground colours overhead (and the blue z axis)
+    assert top.std() > 3  # with its checker and grid
+
+
 def test_scene_scale_scales_the_world():
     # doubling the scene and the camera position gives the same picture
     position = np.array([1.0, -0.5, -1.5])
@@ -180,3 +208,29 @@ def test_plot_and_preview_every_example(path, tmp_path, capsys):
 def test_examples_exist():
     assert any(p.endswith("orbit.json") for p in EXAMPLES)
 
+
+
+def test_plot_chart_values():
+    from camrender.plot import angular_speeds, fields_of_view, speeds
+
+    frames = 6
+    c2w = np.tile(np.eye(4), (frames, 1, 1))
+    for f in range(frames):
+        c2w[f, :3, :3] = rot_y(0.05 * f)
+        c2w[f, :3, 3] = [0.0, 0.0, 0.25 * f]
+    intr = np.tile([100.0, 50.0, 30.0, 25.0], (frames, 1))  # principal point off centre in x
+    traj = Trajectory(c2w, intr, 100, 50, 16.0)
+    assert np.allclose(speeds(traj), 4.0)
+    assert np.allclose(angular_speeds(traj), np.degrees(0.05) * 16)
+    hfov, vfov = fields_of_view(traj)
+    assert np.allclose(hfov, np.degrees(np.arctan(0.3) + np.arctan(0.7)))
+    assert np.allclose(vfov, 2 * np.degrees(np.arctan(0.5)))
+
+
+def test_plot_single_frame(tmp_path):
+    from camrender.plot import plot_trajectory
+
+    traj = Trajectory(np.eye(4)[None], [[100.0, 100.0, 64.0, 36.0]], 128, 72, 16.0)
+    plot_trajectory(traj, tmp_path / "one.png")
+    image = iio.imread(tmp_path / "one.png")
+    assert image.shape[:2] == (800, 1200) and image.std() > 10

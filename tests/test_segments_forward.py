@@ -213,6 +213,6 @@ def test_fused_kernels_pass_state_like_the_reference(model):
     outputs = {}
     with torch.no_grad():
         for backend in ("torch", "fused"):
-            options = SegmentOptions(sdpa_dtype=torch.float32, backend=backend)
+            options = SegmentOptions(sdpa_dtype=torch.float32, backend=backend, precision="ieee")
             outputs[backend], _ = run_segments(model, latents, text, mask, conditions, plucker, bounds, 600.0, options)
     torch.testing.assert_close(outputs["fused"], outputs["torch"], atol=1e-4, rtol=1e-4)

@@ -38,13 +38,13 @@ def pipe():
     return pipe
 
 
-def request_for(**changes):
-    c2w = np.tile(np.eye(4), (FRAMES, 1, 1))
-    c2w[:, 0, 3] = np.linspace(0.0, 1.0, FRAMES)  # truck right
-    c2w[:, 2, 3] = np.linspace(0.0, 0.5, FRAMES)  # and forward
-    traj = Trajectory(c2w=c2w, intrinsics=np.tile([28.0, 28.0, 16.0, 16.0], (FRAMES, 1)), width=SIZE,
+def request_for(frames=FRAMES, **changes):
+    c2w = np.tile(np.eye(4), (frames, 1, 1))
+    c2w[:, 0, 3] = np.linspace(0.0, 1.0, frames)  # truck right
+    c2w[:, 2, 3] = np.linspace(0.0, 0.5, frames)  # and forward
+    traj = Trajectory(c2w=c2w, intrinsics=np.tile([28.0, 28.0, 16.0, 16.0], (frames, 1)), width=SIZE,
                       height=SIZE, fps=16)
-    fields = dict(traj=traj, prompt="a quiet street", steps=None, guidance=1.0, num_frames=FRAMES, height=SIZE,
+    fields = dict(traj=traj, prompt="a quiet street", steps=None, guidance=1.0, num_frames=frames, height=SIZE,
                   width=SIZE, model="tiny", dtype="float32", kernels="torch", mode="segments")
     fields.update(changes)
     return RenderRequest(**fields)
@@ -116,6 +116,15 @@ def test_render_segments_streams_one_chunk_per_segment(pipe):
                                                             torch.device("cpu"))], dim=2)
         whole = to_uint8_frames(CausalStreamDecoder(pipe.vae).decode(latents))
     assert np.abs(np.concatenate(chunks).astype(int) - whole.astype(int)).max() <= 1
+
+
+def test_path_longer_than_the_rope_table_is_a_user_error(pipe):
+    from camrender.errors import CamrenderError
+
+    frames = 8 * pipe.transformer.rope.max_seq_len + 1
+    with pytest.raises(CamrenderError, match="at most 8185 frames") as error:
+        next(render_segments(pipe, request_for(frames=frames)))
+    assert error.value.field == "frames"
 
 
 def test_step_list():

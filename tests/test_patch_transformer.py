@@ -1,0 +1,149 @@
+"""patch_transformer: same parameters, same outputs as the stock diffusers transformer (tiny configs, CPU).
+
+The fused kernels run through the Triton interpreter (conftest sets TRITON_INTERPRET=1) at
+ieee precision.
+"""
+import pytest
+import torch
+from diffusers.models.transformers.transformer_sana_wm import (
+    BidirectionalGDNUCPESinglePathLiteLA,
+    _SoftmaxUCPESinglePathLiteLA,
+)
+
+import kernels
+from camrender.patch import PatchedGDNAttention, patch_transformer
+from camrender.tiny import build_tiny_transformer
+
+HEAD_DIM_CONFIGS = {
+    16: {},  # the tiny default: hidden 32, 2 heads of 16
+    24: dict(hidden_size=48, linear_head_dim=24),  # 2 heads of 24 (D/2 = 12 groups of 4 + RoPE)
+}
+
+
+def transformer_inputs(model, frames=3, height=2, width=4, seed=1):
+    """Latents, timesteps, text and camera inputs for a forward of `model` (B=2, like CFG)."""
+    g = torch.Generator().manual_seed(seed)
+    batch, channels = 2, model.config.in_channels
+    c2w = torch.eye(4).repeat(batch, frames, 1, 1)
+    c2w[..., 0, 3] = torch.linspace(0, 1, frames)
+    angle = torch.linspace(0, 0.4, frames)
+    c2w[..., 0, 0], c2w[..., 0, 2], c2w[..., 2, 0], c2w[..., 2, 2] = angle.cos(), angle.sin(), -angle.sin(), angle.cos()
+    intrinsics = torch.tensor([3.0, 3.0, width / 2, height / 2]).repeat(batch, frames, 1)
+    intrinsics[..., :2] *= torch.linspace(1.0, 1.5, frames)[:, None]  # a zoom: per-frame focal lengths
+    mask = torch.ones(batch, 7)
+    mask[0, 5:] = 0
+    timestep = torch.full((batch, 1, frames), 600.0)
+    timestep[..., 0] = 0
+    return dict(
+        hidden_states=torch.randn(batch, channels, frames, height, width, generator=g),
+        timestep=timestep,
+        encoder_hidden_states=torch.randn(batch, 1, 7, model.config.caption_channels, generator=g),
+        encoder_attention_mask=mask,
+        camera_conditions=torch.cat([c2w.reshape(batch, frames, 16), intrinsics], dim=-1),
+        chunk_plucker=torch.randn(batch, 48, frames, height, width, generator=g),
+        return_dict=False,
+    )
+
+
+def forward(model, inputs):
+    with torch.no_grad():
+        return model(**inputs)[0]
+
+
+def relative_error(out, ref):
+    return float((out - ref).abs().max() / ref.abs().max())
+
+
+def test_patch_keeps_every_parameter_and_buffer():
+    model = build_tiny_transformer(seed=0)
+    before = model.state_dict()
+    patch_transformer(model, kernels="fused")
+    after = model.state_dict()
+    assert list(after) == list(before)
+    for name in before:
+        assert after[name].data_ptr() == before[name].data_ptr(), name  # shared, not copied
+    kinds = [type(block.attn) for block in model.blocks]
+    assert kinds[0] is PatchedGDNAttention
+    assert issubclass(kinds[1], _SoftmaxUCPESinglePathLiteLA)
+    # patching again only updates the settings
+    patch_transformer(model, kernels="torch", precision="ieee")
+    assert model.blocks[0].attn.kernels == "torch" and model.blocks[0].attn.precision == "ieee"
+    assert list(model.state_dict()) == list(before)
+    with pytest.raises(ValueError):
+        patch_transformer(model, kernels="cuda")
+
+
+def test_patched_model_loads_stock_weights():
+    stock = build_tiny_transformer(seed=3)
+    patched = patch_transformer(build_tiny_transformer(seed=4), kernels="torch")
+    patched.load_state_dict(stock.state_dict())
+    inputs = transformer_inputs(stock)
+    assert relative_error(forward(patched, inputs), forward(stock, inputs)) <= 1e-5
+
+
+def _stock_softmax_blocks(model):
+    """Keep the softmax blocks on the stock forward (their SDPA runs in bf16 in stock)."""
+    for block in model.blocks:
+        if not isinstance(block.attn, BidirectionalGDNUCPESinglePathLiteLA):
+            block.attn.kernels = "torch"
+
+
+@pytest.mark.parametrize("head_dim", sorted(HEAD_DIM_CONFIGS))
+def test_fused_gdn_blocks_match_stock(head_dim):
+    model = build_tiny_transformer(seed=0, **HEAD_DIM_CONFIGS[head_dim])
+    assert model.blocks[0].attn.cam_head_dim == head_dim
+    inputs = transformer_inputs(model)
+    reference = forward(model, inputs)
+
+    patch_transformer(model, kernels="fused", precision="ieee")
+    _stock_softmax_blocks(model)
+    patched = forward(model, inputs)
+    assert relative_error(patched, reference) <= 1e-4
+
+    # the comparison is sensitive to the camera branch: without it the output moves far more
+    gdn = model.blocks[0].attn
+    saved = gdn.out_proj_cam.weight.detach().clone()
+    with torch.no_grad():
+        gdn.out_proj_cam.weight.zero_()
+    try:
+        assert relative_error(forward(model, inputs), reference) > 100 * 1e-4
+    finally:
+        with torch.no_grad():
+            gdn.out_proj_cam.weight.copy_(saved)
+
+
+def test_whole_fused_model_matches_stock():
+    """All blocks fused. Stock softmax blocks cast q, k, v to bf16 before SDPA even in fp32, so the
+    patched softmax blocks agree with them to bf16 rounding, not to 1e-4."""
+    model = build_tiny_transformer(seed=0)
+    inputs = transformer_inputs(model)
+    reference = forward(model, inputs)
+    patch_transformer(model, kernels="fused", precision="ieee")
+    assert relative_error(forward(model, inputs), reference) <= 2e-3
+
+
+def test_torch_kernels_match_stock():
+    model = build_tiny_transformer(seed=2)
+    inputs = transformer_inputs(model, frames=5)
+    reference = forward(model, inputs)
+    patch_transformer(model, kernels="torch")
+    assert relative_error(forward(model, inputs), reference) <= 1e-5
+
+
+def test_fused_falls_back_to_torch_reference_on_cpu(monkeypatch):
+    """Without TRITON_INTERPRET=1 and without a GPU, kernels='fused' runs the PyTorch reference."""
+    model = patch_transformer(build_tiny_transformer(seed=0), kernels="fused")
+    calls = []
+    reference = kernels.reference.camera_branch_ref
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return reference(*args, **kwargs)
+
+    monkeypatch.setattr(kernels.reference, "camera_branch_ref", spy)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    forward(model, transformer_inputs(model))
+    assert calls == [1]  # one GDN block, one reference call
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    forward(model, transformer_inputs(model))
+    assert calls == [1]  # interpreter: the Triton path, not the reference
