@@ -167,41 +167,82 @@ def _recurrence_kernel(w_ptr, u_ptr, st_ptr, init_ptr, final_ptr, starts_ptr, H,
 def _output_kernel(q_ptr, st_ptr, out_ptr, sq_b, sq_h, sq_t, sq_s, so_b, so_h, so_t, so_s,
                    p_ptr, cos_ptr, sin_ptr, H, T, S, BH, S_PER_PROG,
                    DK: tl.constexpr, DV: tl.constexpr, DKP: tl.constexpr, DVP: tl.constexpr,
-                   BS: tl.constexpr, NGU: tl.constexpr, DECODE: tl.constexpr, HAS_ROPE: tl.constexpr,
-                   REVERSE: tl.constexpr, F16_DOT: tl.constexpr, PREC: tl.constexpr):
-    """One program per (b, h, t, token split): O = Q_t (M_t + R_t), decoded (inverse UCPE with
-    the token's P and conjugate RoPE) when DECODE, stored in out's dtype."""
+                   BS: tl.constexpr, G: tl.constexpr, NGU: tl.constexpr, DECODE: tl.constexpr,
+                   HAS_ROPE: tl.constexpr, REVERSE: tl.constexpr, F16_DOT: tl.constexpr, PREC: tl.constexpr):
+    """One program per (b, h, t, token split): O = Q_t (M_t + R_t), stored in out's dtype.
+
+    With DECODE (camera), O is computed as four (BS, G) quads O_j = Q_t S[:, 4g + j] from
+    column-gathered copies of the state (same FLOPs as one product), decoded in registers
+    (P of the token on the UCPE half, conjugate RoPE on the other) and stored with stride 4.
+    """
     pid = tl.program_id(0)
     t = pid % T
     bh = (pid // T).to(tl.int64)
     b = bh // H
     h = bh % H
     dk = tl.arange(0, DKP)
-    dv = tl.arange(0, DVP)
-    st_off = (bh * T + t) * DKP * DVP + dk[:, None] * DVP + dv[None, :]
-    state = tl.load(st_ptr + st_off)
-    if REVERSE:
-        state += tl.load(st_ptr + BH * T * DKP * DVP + st_off)
-    if F16_DOT:
-        state = state.to(tl.float16)
+    frame_off = (bh * T + t) * DKP * DVP
+    rev_off = BH * T * DKP * DVP
     q_base = q_ptr + b * sq_b + h * sq_h + t * sq_t
     o_base = out_ptr + b * so_b + h * so_h + t * so_t
     s_begin = tl.program_id(1) * S_PER_PROG
     s_end = tl.minimum(s_begin + S_PER_PROG, S)
+    if DECODE:
+        g = tl.arange(0, G)
+        col = dk[:, None] * DVP + 4 * g[None, :]
+        cmask = (dk[:, None] < DKP) & (4 * g[None, :] < DV)
+        s0_ = tl.load(st_ptr + frame_off + col, mask=cmask, other=0.0)
+        s1_ = tl.load(st_ptr + frame_off + col + 1, mask=cmask, other=0.0)
+        s2_ = tl.load(st_ptr + frame_off + col + 2, mask=cmask, other=0.0)
+        s3_ = tl.load(st_ptr + frame_off + col + 3, mask=cmask, other=0.0)
+        if REVERSE:
+            s0_ += tl.load(st_ptr + rev_off + frame_off + col, mask=cmask, other=0.0)
+            s1_ += tl.load(st_ptr + rev_off + frame_off + col + 1, mask=cmask, other=0.0)
+            s2_ += tl.load(st_ptr + rev_off + frame_off + col + 2, mask=cmask, other=0.0)
+            s3_ += tl.load(st_ptr + rev_off + frame_off + col + 3, mask=cmask, other=0.0)
+        if F16_DOT:
+            s0_ = s0_.to(tl.float16)
+            s1_ = s1_.to(tl.float16)
+            s2_ = s2_.to(tl.float16)
+            s3_ = s3_.to(tl.float16)
+    else:
+        dv = tl.arange(0, DVP)
+        st_off = frame_off + dk[:, None] * DVP + dv[None, :]
+        state = tl.load(st_ptr + st_off)
+        if REVERSE:
+            state += tl.load(st_ptr + rev_off + st_off)
+        if F16_DOT:
+            state = state.to(tl.float16)
     for s0 in range(s_begin, s_end, BS):
         s = s0 + tl.arange(0, BS)
         smask = s < s_end
         qt = tl.load(q_base + s[:, None] * sq_s + dk[None, :], mask=smask[:, None] & (dk[None, :] < DK), other=0.0)
         if F16_DOT:
-            o = tl.dot(qt.to(tl.float16), state)
+            qt = qt.to(tl.float16)
         else:
-            o = tl.dot(qt.to(tl.float32), state, input_precision=PREC)
+            qt = qt.to(tl.float32)
         if DECODE:
+            if F16_DOT:
+                o0 = tl.dot(qt, s0_)
+                o1 = tl.dot(qt, s1_)
+                o2 = tl.dot(qt, s2_)
+                o3 = tl.dot(qt, s3_)
+            else:
+                o0 = tl.dot(qt, s0_, input_precision=PREC)
+                o1 = tl.dot(qt, s1_, input_precision=PREC)
+                o2 = tl.dot(qt, s2_, input_precision=PREC)
+                o3 = tl.dot(qt, s3_, input_precision=PREC)
             n = t * S + s
-            o = ucpe_tiles.ucpe_rope(o, p_ptr, b * T * S + n, cos_ptr, sin_ptr, n, smask, BS, DVP, NGU,
-                                     HAS_ROPE, True)
-        tl.store(o_base + s[:, None] * so_s + dv[None, :], o.to(out_ptr.dtype.element_ty),
-                 mask=smask[:, None] & (dv[None, :] < DV))
+            o0, o1, o2, o3 = ucpe_tiles.ucpe_rope_quads(o0, o1, o2, o3, p_ptr, b * T * S + n, cos_ptr, sin_ptr,
+                                                        n, smask, G, NGU, HAS_ROPE, True)
+            ucpe_tiles.store_quads(o_base, s * so_s, smask, o0, o1, o2, o3, DV // 4, G)
+        else:
+            if F16_DOT:
+                o = tl.dot(qt, state)
+            else:
+                o = tl.dot(qt, state, input_precision=PREC)
+            tl.store(o_base + s[:, None] * so_s + dv[None, :], o.to(out_ptr.dtype.element_ty),
+                     mask=smask[:, None] & (dv[None, :] < DV))
 
 
 def padded(dim):
@@ -250,7 +291,8 @@ def run_scan(*, k, v, q, beta, decay, out, k_strides, v_strides, q_strides, out_
     _output_kernel[(bh * frames, triton.cdiv(spatial, per_prog))](
         q, st_buf, out, *q_strides, *out_strides, p, cos if cos is not None else dummy,
         sin if sin is not None else dummy, heads, frames, spatial, bh, per_prog,
-        DK=dk, DV=dv, DKP=dkp, DVP=dvp, BS=bs, NGU=max(dv // 8, 1), DECODE=decode is not None,
+        DK=dk, DV=dv, DKP=dkp, DVP=dvp, BS=bs, G=max(16, triton.next_power_of_2(max(dv // 4, 1))),
+        NGU=max(dv // 8, 1), DECODE=decode is not None,
         HAS_ROPE=cos is not None, REVERSE=bool(reverse), F16_DOT=bool(f16_dot), PREC=precision,
         num_warps=num_warps[2])
     return final

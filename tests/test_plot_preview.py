@@ -11,6 +11,7 @@ import pytest
 from camrender.cli import main
 from camrender.preview import (
     LANDMARKS,
+    overlay_lines,
     ProxyScene,
     pose_angles,
     preview_size,
@@ -159,6 +160,11 @@ def test_relative_preview_ignores_where_the_path_starts():
     a = np.stack(list(render_frames(plain, threads=1)))
     b = np.stack(list(render_frames(moved, threads=2)))
     assert np.mean(np.abs(a.astype(int) - b.astype(int)) > 2) < 0.002
+    # --absolute uses the stored poses: the same as relative for a path starting at the
+    # origin, something else for the moved one
+    assert np.array_equal(np.stack(list(render_frames(plain, relative=False))), a)
+    c = np.stack(list(render_frames(moved, relative=False)))
+    assert np.mean(np.abs(a.astype(int) - c.astype(int)) > 2) > 0.2
 
 
 def test_overlay_writes_only_in_the_top_left_corner():
@@ -170,6 +176,14 @@ def test_overlay_writes_only_in_the_top_left_corner():
     rows, cols = np.nonzero(changed)
     assert changed.sum() > 500
     assert rows.max() < 120 and cols.max() < 320 * 0.9 and cols.min() < 10
+
+
+def test_overlay_lines_state_pose_and_fov():
+    c2w = np.eye(4)
+    c2w[:3, :3] = rot_y(np.radians(-20))
+    c2w[:3, 3] = [1.0, -0.5, 2.25]
+    lines = overlay_lines(3, 10, c2w, (50.0, 50.0, 50.0, 30.0), 100, 60)
+    assert lines == ["frame 3/9", "x +1.00 y -0.50 z +2.25", "yaw -20.0 pitch +0.0 roll +0.0", "hfov 90.0"]
 
 
 def test_pose_angles_signs():
