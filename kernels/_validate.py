@@ -13,9 +13,11 @@ def check_tensor(name, x, shape, *, floating=True, contiguous=True, last_dim_con
     if floating and not x.dtype.is_floating_point:
         raise ValueError(f"{name} must be a floating-point tensor of shape {want}, got dtype {x.dtype}")
     if contiguous and not x.is_contiguous():
-        raise ValueError(f"{name} must be contiguous, shape {want}")
+        raise ValueError(f"{name} must be contiguous, shape {want} (got strides {tuple(x.stride())} for shape "
+                         f"{tuple(x.shape)}; call .contiguous())")
     if last_dim_contiguous and x.shape[-1] > 1 and x.stride(-1) != 1:
-        raise ValueError(f"{name} must have a contiguous last dimension, shape {want}")
+        raise ValueError(f"{name} must have a contiguous last dimension, shape {want} (got strides "
+                         f"{tuple(x.stride())} for shape {tuple(x.shape)})")
 
 
 def check_choice(name, value, choices):

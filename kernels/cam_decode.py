@@ -9,12 +9,12 @@ import triton.language as tl
 
 from . import ucpe_tiles
 from ._validate import check_tensor
-from .cam_prep import ray_tables
+from .cam_prep import quad_groups, ray_tables
 
 
 @triton.jit
 def _cam_decode_kernel(x_ptr, out_ptr, p_ptr, cos_ptr, sin_ptr, H, N,
-                       D: tl.constexpr, DP: tl.constexpr, BS: tl.constexpr, NGU: tl.constexpr,
+                       D: tl.constexpr, G: tl.constexpr, BS: tl.constexpr, NGU: tl.constexpr,
                        HAS_ROPE: tl.constexpr):
     """One program per (b, h, block of BS tokens): x (B, H, N, D) -> out (B, N, H*D)."""
     bh = tl.program_id(0).to(tl.int64)
@@ -22,12 +22,10 @@ def _cam_decode_kernel(x_ptr, out_ptr, p_ptr, cos_ptr, sin_ptr, H, N,
     h = bh % H
     n = tl.program_id(1) * BS + tl.arange(0, BS)
     nmask = n < N
-    d = tl.arange(0, DP)
-    m2 = nmask[:, None] & (d[None, :] < D)
-    x = tl.load(x_ptr + (bh * N + n)[:, None] * D + d[None, :], mask=m2, other=0.0).to(tl.float32)
-    tok = b * N + n
-    y = ucpe_tiles.ucpe_rope(x, p_ptr, tok, cos_ptr, sin_ptr, n.to(tl.int64), nmask, BS, DP, NGU, HAS_ROPE, True)
-    tl.store(out_ptr + (tok * H + h)[:, None] * D + d[None, :], y.to(out_ptr.dtype.element_ty), mask=m2)
+    x0, x1, x2, x3 = ucpe_tiles.load_quads(x_ptr + bh * N * D, n * D, nmask, D // 4, G)
+    y0, y1, y2, y3 = ucpe_tiles.ucpe_rope_quads(x0, x1, x2, x3, p_ptr, b * N + n, cos_ptr, sin_ptr, n, nmask,
+                                                G, NGU, HAS_ROPE, True)
+    ucpe_tiles.store_quads(out_ptr + (b * N * H + h) * D, n * (H * D), nmask, y0, y1, y2, y3, D // 4, G)
 
 
 def cam_decode(x, p, rope_cam, *, out_dtype=None):
@@ -44,9 +42,8 @@ def cam_decode(x, p, rope_cam, *, out_dtype=None):
         raise ValueError(f"head dim D must have D/2 divisible by 4 (x of shape (B, H, N, D)), got D={dim}")
     p_flat, _, _, cos, sin = ray_tables((p, p, p, rope_cam), batch, tokens, dim, x.device)
     out = torch.empty(batch, tokens, heads * dim, device=x.device, dtype=out_dtype or x.dtype)
-    dp = max(16, triton.next_power_of_2(dim))
     bs = 32
     _cam_decode_kernel[(batch * heads, triton.cdiv(tokens, bs))](
         x, out, p_flat, cos if cos is not None else p_flat, sin if sin is not None else p_flat,
-        heads, tokens, D=dim, DP=dp, BS=bs, NGU=dim // 8, HAS_ROPE=cos is not None, num_warps=4)
+        heads, tokens, D=dim, G=quad_groups(dim), BS=bs, NGU=dim // 8, HAS_ROPE=cos is not None, num_warps=4)
     return out

@@ -118,7 +118,7 @@ def quad_groups(dim):
 
 
 def cam_stage(q, k, v, tables, *, num_frames, q_norm_weight, k_norm_weight, norm_eps, downscale,
-              beta=None, out_dtype=torch.float32, block_s=32, num_warps=4):
+              beta=None, out_dtype=torch.float32, block_s=16, num_warps=4):
     """Launch the stage kernel. tables = ray_tables(...). Returns (q', k', v', inflation_sq)
     with encodings (B, H, N, D) in out_dtype and inflation (B, H, N) fp32. With `beta` the
     key/value are stored beta-folded (see _cam_stage_kernel)."""

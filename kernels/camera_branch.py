@@ -45,7 +45,8 @@ def camera_branch(q, k, v, beta, decay, ray_transforms, *, q_norm_weight, k_norm
         segment_starts: bool (T,) or (B, T): the reverse pass does not cross into a frame
             marked True from the frame after it.
         downscale: scale each encoded vector down to its pre-UCPE RMS (diffusers: True).
-        precision: "tf32" or "ieee" for the kernels' matrix products.
+        precision: "tf32" (matrix products on 10-bit-mantissa operands; the encoded q, k, v are
+            kept in fp16, so |v| must stay below fp16's 6.5e4) or "ieee" (fp32 throughout).
         backend: "triton", "torch" (fp32 references) or "auto".
         return_final_state: also return the forward state after the last frame.
         tuning: optional dict of launch parameters (block_s, s_split, block_v, num_warps,
@@ -84,7 +85,7 @@ def camera_branch(q, k, v, beta, decay, ray_transforms, *, q_norm_weight, k_norm
     q_enc, k_enc, v_enc, infl = cam_stage(
         q, k, v, (p, p_t, p_inv, cos, sin), num_frames=frames, q_norm_weight=q_norm_weight,
         k_norm_weight=k_norm_weight, norm_eps=norm_eps, downscale=downscale, beta=beta, out_dtype=stage_dtype,
-        block_s=stage_tuning.get("stage_block_s", 32), num_warps=stage_tuning.get("stage_num_warps", 4))
+        block_s=stage_tuning.get("stage_block_s", 16), num_warps=stage_tuning.get("stage_num_warps", 4))
     out = torch.empty(batch, tokens, channels, device=q.device, dtype=v.dtype)
     enc_strides = (heads * tokens * dim, tokens * dim, spatial * dim, dim)  # (B, H, N, D) as (B, H, T, S, D)
     out_strides = (tokens * channels, dim, spatial * channels, channels)    # (B, N, H*D) likewise

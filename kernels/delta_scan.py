@@ -13,7 +13,9 @@ Three launches, the same for the plain scan and the fused camera branch:
 3. output, one program per (b, h, t, token split): O_t = Q_t (M_t + R_t). In camera mode the
    program decodes the output (inverse UCPE) before storing (B, N, C).
 
-All states and accumulations are fp32; tl.dot runs in `precision` ("tf32" or "ieee").
+All states and accumulations are fp32; tl.dot runs in `precision` ("tf32" or "ieee"); the
+camera branch in tf32 mode feeds fp16 operands (the same 10-bit mantissa) to the transition and
+output products.
 Dims are padded to powers of two (>= 16) with masks, so any Dk, Dv >= 1 works.
 """
 import torch
@@ -124,6 +126,8 @@ def _recurrence_kernel(w_ptr, u_ptr, st_ptr, init_ptr, final_ptr, starts_ptr, H,
                        DK: tl.constexpr, DV: tl.constexpr, DKP: tl.constexpr, DVP: tl.constexpr,
                        BV: tl.constexpr, HAS_INIT: tl.constexpr, HAS_STARTS: tl.constexpr,
                        PREC: tl.constexpr):
+    """One program per (b, h, block of BV value columns, direction 0 = forward / 1 = reverse);
+    stores every M_t (forward) or R_t (reverse) of its columns, and the final forward state."""
     pid = tl.program_id(0)
     direction = tl.program_id(1)
     cb = pid % NCB
@@ -190,7 +194,7 @@ def _output_kernel(q_ptr, st_ptr, out_ptr, sq_b, sq_h, sq_t, sq_s, so_b, so_h, s
     if DECODE:
         g = tl.arange(0, G)
         col = dk[:, None] * DVP + 4 * g[None, :]
-        cmask = (dk[:, None] < DKP) & (4 * g[None, :] < DV)
+        cmask = (dk[:, None] >= 0) & (4 * g[None, :] < DV)
         s0_ = tl.load(st_ptr + frame_off + col, mask=cmask, other=0.0)
         s1_ = tl.load(st_ptr + frame_off + col + 1, mask=cmask, other=0.0)
         s2_ = tl.load(st_ptr + frame_off + col + 2, mask=cmask, other=0.0)
@@ -252,7 +256,7 @@ def padded(dim):
 def run_scan(*, k, v, q, beta, decay, out, k_strides, v_strides, q_strides, out_strides,
              batch, heads, frames, spatial, dk, dv, initial_state, starts, reverse, precision,
              infl=None, scale_a=1.0, scale_u=1.0, decode=None, f16_dot=False,
-             block_s=None, s_split=None, block_v=None, num_warps=(4, 4, 4), split=True):
+             block_s=None, s_split=None, block_v=None, num_warps=(8, 4, 8), split=True):
     """Launch the transition, recurrence and output kernels.
 
     Strides are the (b, h, t, s) element strides of each tensor viewed as (B, H, T, S, D) with
@@ -264,7 +268,7 @@ def run_scan(*, k, v, q, beta, decay, out, k_strides, v_strides, q_strides, out_
     """
     device = k.device
     dkp, dvp = padded(dk), padded(dv)
-    bs = block_s or max(16, min(64, triton.next_power_of_2(spatial)))
+    bs = block_s or max(16, min(64 if f16_dot else 32, triton.next_power_of_2(spatial)))
     bh = batch * heads
     w_buf = torch.empty(bh, frames, dkp, dkp, device=device, dtype=torch.float32)
     u_buf = torch.empty(bh, frames, dkp, dvp, device=device, dtype=torch.float32)

@@ -7,29 +7,10 @@ RoPE half (two interleaved complex pairs per group); NGU = D/8, so D/2 must be d
 "Quads" keep a (BS tokens, G groups) tile as four (BS, G) tensors, one per channel 4g + j,
 loaded and stored with stride 4: the 4x4 mixing and the pair rotations are then plain
 elementwise arithmetic, with no data movement between threads. Groups past D/4 (G is a
-power of two) are padding: zero in, zero out. The (BS, 4G) helpers below (split/join) do the
-same on a contiguous tile and are kept for the plain-tile path.
+power of two) are padding: zero in, zero out.
 """
 import triton
 import triton.language as tl
-
-
-@triton.jit
-def split_groups(x, BS: tl.constexpr, G: tl.constexpr):
-    """(BS, 4G) -> four (BS, G) tensors holding channel 4g + j, j = 0..3."""
-    x4 = tl.reshape(x, (BS, G, 2, 2))
-    even, odd = tl.split(x4)  # channel 4g + 2a + 0 / + 1, indexed (BS, G, a)
-    x0, x2 = tl.split(even)
-    x1, x3 = tl.split(odd)
-    return x0, x1, x2, x3
-
-
-@triton.jit
-def join_groups(y0, y1, y2, y3, BS: tl.constexpr, DP: tl.constexpr):
-    """Inverse of split_groups: four (BS, G) tensors -> (BS, 4G)."""
-    even = tl.join(y0, y2)
-    odd = tl.join(y1, y3)
-    return tl.reshape(tl.join(even, odd), (BS, DP))
 
 
 @triton.jit
@@ -41,87 +22,6 @@ def _mat_row(mat_ptr, tok, tok_mask, i: tl.constexpr):
     m2 = tl.load(base + 2, mask=tok_mask, other=0.0).to(tl.float32)[:, None]
     m3 = tl.load(base + 3, mask=tok_mask, other=0.0).to(tl.float32)[:, None]
     return m0, m1, m2, m3
-
-
-@triton.jit
-def ucpe_rope(x, mat_ptr, tok, cos_ptr, sin_ptr, pos, tok_mask,
-              BS: tl.constexpr, DP: tl.constexpr, NGU: tl.constexpr,
-              HAS_ROPE: tl.constexpr, INV_ROPE: tl.constexpr):
-    """Apply the UCPE matrix to the first half and RoPE to the second half of each row.
-
-    x: (BS, DP) fp32. mat_ptr: (B*N, 4, 4) fp32 contiguous, row `tok` (BS,) int64 selects the
-    token's matrix. cos_ptr/sin_ptr: (N, 2*NGU) fp32 tables, row `pos` (BS,) int64 selects the
-    token's angles. INV_ROPE rotates by the conjugate (decode). Returns (BS, DP) fp32.
-    """
-    G: tl.constexpr = DP // 4
-    x0, x1, x2, x3 = split_groups(x, BS, G)
-    a0, a1, a2, a3 = _mat_row(mat_ptr, tok, tok_mask, 0)
-    u0 = a0 * x0 + a1 * x1 + a2 * x2 + a3 * x3
-    a0, a1, a2, a3 = _mat_row(mat_ptr, tok, tok_mask, 1)
-    u1 = a0 * x0 + a1 * x1 + a2 * x2 + a3 * x3
-    a0, a1, a2, a3 = _mat_row(mat_ptr, tok, tok_mask, 2)
-    u2 = a0 * x0 + a1 * x1 + a2 * x2 + a3 * x3
-    a0, a1, a2, a3 = _mat_row(mat_ptr, tok, tok_mask, 3)
-    u3 = a0 * x0 + a1 * x1 + a2 * x2 + a3 * x3
-
-    g = tl.arange(0, G)[None, :]
-    is_ucpe = g < NGU
-    if HAS_ROPE:
-        in_rope = (g >= NGU) & (g < 2 * NGU) & tok_mask[:, None]
-        pair = 2 * (g - NGU)  # first complex pair of the group
-        off = pos.to(tl.int32)[:, None] * (2 * NGU) + pair
-        c0 = tl.load(cos_ptr + off, mask=in_rope, other=0.0)
-        s0 = tl.load(sin_ptr + off, mask=in_rope, other=0.0)
-        c1 = tl.load(cos_ptr + off + 1, mask=in_rope, other=0.0)
-        s1 = tl.load(sin_ptr + off + 1, mask=in_rope, other=0.0)
-        if INV_ROPE:
-            s0 = -s0
-            s1 = -s1
-        r0 = c0 * x0 - s0 * x1
-        r1 = s0 * x0 + c0 * x1
-        r2 = c1 * x2 - s1 * x3
-        r3 = s1 * x2 + c1 * x3
-    else:
-        r0 = x0
-        r1 = x1
-        r2 = x2
-        r3 = x3
-    y0 = tl.where(is_ucpe, u0, r0)
-    y1 = tl.where(is_ucpe, u1, r1)
-    y2 = tl.where(is_ucpe, u2, r2)
-    y3 = tl.where(is_ucpe, u3, r3)
-    return join_groups(y0, y1, y2, y3, BS, DP)
-
-
-@triton.jit
-def encode_tile(x, tok, pos, tok_mask, inv_rms, w_ptr, mat_ptr, cos_ptr, sin_ptr, scale,
-                BS: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, NGU: tl.constexpr,
-                HAS_NORM: tl.constexpr, RELU: tl.constexpr, HAS_ROPE: tl.constexpr,
-                DOWNSCALE: tl.constexpr):
-    """Camera prep of one raw (BS, DP) tile of a single head.
-
-    Optional full-channel RMSNorm (inv_rms (BS,) per token, weight slice of this head at
-    w_ptr[0:D]), optional ReLU, multiply by `scale`, UCPE + RoPE, optional downscale to
-    the pre-UCPE RMS. Returns (y (BS, DP), pre_sq (BS,), post_sq (BS,)): the squared norms of
-    the row before the transform and after it (after the downscale when on).
-    """
-    d = tl.arange(0, DP)
-    if HAS_NORM:
-        w = tl.load(w_ptr + d, mask=d < D, other=0.0).to(tl.float32)
-        x = x * inv_rms[:, None] * w[None, :]
-    if RELU:
-        x = tl.maximum(x, 0.0)
-    x = x * scale
-    pre_sq = tl.sum(x * x, axis=1)
-    y = ucpe_rope(x, mat_ptr, tok, cos_ptr, sin_ptr, pos, tok_mask, BS, DP, NGU, HAS_ROPE, False)
-    post_sq = tl.sum(y * y, axis=1)
-    if DOWNSCALE:
-        ref_rms = tl.sqrt(pre_sq / D + 1e-6)
-        out_rms = tl.sqrt(post_sq / D + 1e-6)
-        factor = tl.minimum(ref_rms / tl.maximum(out_rms, 1e-6), 1.0)
-        y = y * factor[:, None]
-        post_sq = post_sq * factor * factor
-    return y, pre_sq, post_sq
 
 
 @triton.jit
