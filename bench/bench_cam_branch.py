@@ -29,10 +29,10 @@ SHAPES = {
 }
 CONFIGS = {  # launch-parameter sweep at the release shape (kernels.camera_branch `tuning`)
     "default": {},
-    "stage_bs8": dict(stage_block_s=8),
-    "scan_bs32": dict(block_s=32),
-    "rec_bv16": dict(block_v=16),
-    "no_split": dict(split=False),
+    "old_stage_quads_bs8": dict(stage_variant="quads", stage_block_s=8),
+    "stage_bs32_w8": dict(stage_block_s=32, stage_num_warps=8),
+    "out_split2": dict(s_split=2),
+    "out_strided_store": dict(join_store=False),
 }
 
 

@@ -31,7 +31,6 @@ import collections
 import contextlib
 import importlib
 import json
-import math
 import sys
 import time
 import traceback

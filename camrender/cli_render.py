@@ -11,6 +11,7 @@ from camrender.errors import CamrenderError
 DEFAULT_MODEL = "Efficient-Large-Model/SANA-WM_bidirectional-diffusers"
 RELEASE_SIZE = (704, 1280)  # (height, width) the released model was trained at
 TINY_SIZE = (64, 112)  # the offline tiny model's default: about the release aspect, small enough for a CPU
+RELEASE_GUIDANCE = 5.0
 RELEASE_STEPS, TINY_STEPS = 60, 10  # default denoising steps (the tiny model's frames are noise anyway)
 
 
@@ -54,6 +55,13 @@ def _default_steps(options: dict):
     return TINY_STEPS if options["model"] == "tiny" else RELEASE_STEPS
 
 
+def _default_guidance(options: dict):
+    """--guidance, else 5 in full mode (the release setting) and none in segment mode (streaming sampler)."""
+    if options["guidance"] is not None:
+        return options["guidance"]
+    return None if options["mode"] == "segments" else RELEASE_GUIDANCE
+
+
 def _resolve_request(options: dict):
     """Trajectory, prompt, image, size and frame count from the options and the trajectory file.
 
@@ -68,8 +76,11 @@ def _resolve_request(options: dict):
     traj = trajectory.to_model_frames(traj, options["frames"])
     image = options["image"] if options["image"] is not None else traj.image
     if image is not None:
-        open_image(image)  # missing/unreadable -> CamrenderError now, not after the model loads
+        size = open_image(image).size  # missing/unreadable -> CamrenderError now, not after the model loads
         image = str(Path(image).resolve())
+        if abs(size[0] / size[1] - traj.width / traj.height) > 0.01 * traj.width / traj.height:
+            click.echo(f"camrender: warning: the image is {size[0]}x{size[1]} but the trajectory's intrinsics are "
+                       f"for {traj.width}x{traj.height}; both are cover-cropped to the video separately", err=True)
     default_h, default_w = TINY_SIZE if options["model"] == "tiny" else RELEASE_SIZE
     height = options["height"] or default_h
     width = options["width"] or default_w
@@ -87,7 +98,7 @@ def _resolve_request(options: dict):
         negative_prompt=negative,
         image=image,
         steps=_default_steps(options),
-        guidance=options["guidance"],
+        guidance=_default_guidance(options),
         seed=seed,
         num_frames=resolved.num_frames,
         fps=fps,
@@ -142,7 +153,8 @@ def _quiet_libraries() -> None:
 @click.option("--image", default=None, type=click.Path(path_type=Path),
               help="First-frame image (default: the trajectory's).")
 @click.option("--steps", default=None, type=click.IntRange(min=1), help="Denoising steps (full mode: 60, tiny: 10; segment mode: its 4-step schedule).")
-@click.option("--guidance", default=5.0, show_default=True, type=float, help="Classifier-free guidance (<= 1: off).")
+@click.option("--guidance", default=None, type=float,
+              help="Classifier-free guidance, <= 1: off (default: 5 in full mode, off in segment mode).")
 @click.option("--seed", default=None, type=int, help="Noise seed (default: the trajectory's, else 0).")
 @click.option("--frames", default=None, type=click.IntRange(min=1),
               help="Video frames, 8k+1 (default: the trajectory re-timed to the nearest 8k+1).")

@@ -115,12 +115,18 @@ def _from_pretrained(model: str, torch_dtype):
     try:
         return SanaWMPipeline.from_pretrained(source, dtype=torch_dtype)
     except Exception as error:  # hub/network errors come in many types; all mean "cannot load"
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        if source == model and not folder.exists():
-            message = f"cannot load {model!r} from the Hugging Face hub (unreachable or not cached: {reason[:200]})"
-        else:
-            message = f"cannot load the pipeline folder ({reason[:200]})"
-        raise CamrenderError(f"{message}; {_SUGGESTION}", field="model") from None
+        raise CamrenderError(f"{_load_failure(model, source, error)}; {_SUGGESTION}", field="model") from None
+
+
+def _load_failure(model: str, source: str, error: Exception) -> str:
+    """One short clause saying why `from_pretrained` failed."""
+    text = " ".join(str(error).split())
+    if source != model:  # a local folder
+        return f"cannot load the pipeline folder ({text[:160] or type(error).__name__})"
+    offline_words = ("not fully cached", "offline", "connect", "resolve", "Name or service", "timed out", "HTTPS")
+    if any(word in text for word in offline_words):
+        return f"cannot load {model!r}: the Hugging Face hub is unreachable and the model is not in the local cache"
+    return f"cannot load {model!r} from the Hugging Face hub ({text[:160] or type(error).__name__})"
 
 
 # ----------------------------------------------------------------------------- original-format DiT weights

@@ -1,13 +1,14 @@
-"""Swap the attention of SANA-WM's GDN blocks for one that runs the fused camera-branch kernels.
+"""Swap the attention of SANA-WM's blocks for modules that run the fused Triton kernels.
 
-`patch_transformer(transformer)` walks `transformer.blocks` and replaces each GDN block's
-attention (`BidirectionalGDNUCPESinglePathLiteLA`) by a `PatchedGDNAttention` that adopts the
-original's parameters, buffers and sub-modules: the transformer's `state_dict()` keys and
-tensors are unchanged (same storage), so weights load, save and offload exactly as before.
+`patch_transformer(transformer)` walks `transformer.blocks` and replaces each block's
+attention by a patched module that adopts the original's parameters, buffers and
+sub-modules: the transformer's `state_dict()` keys and tensors are unchanged (same storage),
+so weights load, save and offload exactly as before.
 
-The patched forward is split into `_gates`, `_main_branch`, `_camera_branch` and `_combine`
-so each branch can be swapped for fused kernels on its own. Today `_camera_branch` calls
-`kernels.camera_branch`; `_main_branch` is still the diffusers computation.
+GDN blocks (`BidirectionalGDNUCPESinglePathLiteLA`) become `PatchedGDNAttention`, whose
+forward is split into `_gates`, `_main_branch` (`kernels.short_conv` + `kernels.main_branch`),
+`_camera_branch` (`kernels.camera_branch`) and `_combine`. Softmax blocks become
+`camrender.patch_softmax.PatchedSoftmaxAttention`.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ CAMERA_BACKENDS = {"fused": "auto", "torch": "torch"}
 
 
 class PatchedGDNAttention(BidirectionalGDNUCPESinglePathLiteLA):
-    """GDN block attention with the camera branch on `kernels.camera_branch`.
+    """GDN block attention on the fused kernels (main branch and camera branch).
 
     Built only by `adopt(stock, ...)`: it takes over the stock module's parameters, buffers,
     sub-modules and configuration attributes (no copies), so it is a drop-in replacement

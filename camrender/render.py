@@ -34,9 +34,10 @@ class RenderRequest:
         traj: the resolved `camrender.trajectory.Trajectory` (c2w (F, 4, 4) OpenCV, intrinsics
             (F, 4) pixels of `traj.width` x `traj.height`).
         prompt, negative_prompt: text conditioning (negative only used with guidance > 1).
-        image: first-frame image path (str/Path) or a PIL image; None -> zero first frame.
+        image: first-frame image path (str/Path) or a PIL image; None is accepted only by the tiny
+            model (a mid-gray frame stands in).
         steps: denoising steps (None: the mode's default schedule; full mode needs a number).
-        guidance: classifier-free guidance scale (<= 1 disables CFG).
+        guidance: classifier-free guidance scale (None or <= 1 disables CFG).
         seed: noise seed (CPU generator, so renders repeat across devices).
         num_frames: video frames F = 8k + 1; fps: output frame rate.
         height, width: output size in pixels (multiples of the VAE's spatial stride).
@@ -57,7 +58,7 @@ class RenderRequest:
     negative_prompt: str = DEFAULT_NEGATIVE_PROMPT
     image: Any = None
     steps: Optional[int] = 60
-    guidance: float = 5.0
+    guidance: Optional[float] = 5.0
     seed: int = 0
     num_frames: int = 161
     fps: float = 16.0
@@ -76,7 +77,6 @@ class RenderRequest:
 
 
 MODES = ("full", "segments")
-DTYPES = ("auto", "bfloat16", "float16", "float32")
 MAX_SEQUENCE_LENGTH = 300  # prompt tokens, as the released pipeline
 Progress = Optional[Callable[..., None]]
 
@@ -223,8 +223,8 @@ def camera_tensors(pipe, request: RenderRequest, device, dtype, batch: int) -> d
         patch_size=tuple(pipe.transformer.config.patch_size),
     )
     return {
-        "camera_conditions": camera["camera_conditions"][None].to(device, dtype).expand(batch, -1, -1),
-        "chunk_plucker": camera["chunk_plucker"][None].to(device, dtype).expand(batch, -1, -1, -1, -1),
+        "camera_conditions": camera["camera_conditions"][None].to(device, dtype).repeat(batch, 1, 1),
+        "chunk_plucker": camera["chunk_plucker"][None].to(device, dtype).repeat(batch, 1, 1, 1, 1),
     }
 
 
@@ -254,7 +254,7 @@ def sample_latents(pipe, request: RenderRequest, progress: Progress = None):
     transformer, scheduler = pipe.transformer, pipe.scheduler
     device = pipe._execution_device
     dtype = transformer.dtype
-    guidance = request.guidance > 1.0
+    guidance = request.guidance is not None and request.guidance > 1.0
     batch = 2 if guidance else 1
 
     with torch.no_grad():
@@ -285,7 +285,7 @@ def sample_latents(pipe, request: RenderRequest, progress: Progress = None):
         for index, t in enumerate(timesteps):
             frame_timesteps = (t.float() * frame_is_noisy).expand(batch, 1, frames)
             prediction = transformer(
-                latents.expand(batch, -1, -1, -1, -1),
+                latents.repeat(batch, 1, 1, 1, 1),
                 frame_timesteps,
                 text,
                 mask=text_mask,

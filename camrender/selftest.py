@@ -202,10 +202,47 @@ def _main_cases(batch, heads, frames, spatial, dim):
         fused = main_branch(x, k, v, beta, decay, rope, precision="ieee", backend="triton", **kwargs)
         return fused, ref.main_branch_ref(x, k, v, beta, decay, rope, **kwargs)
 
+    def run_conv_context(device):
+        g, x, weight, _, _ = inputs(device)
+        context = _randn((batch, 3 * spatial, channels), g, device)  # 3 cached frames (segment mode)
+        fused = short_conv(x, weight, frames, left_context=context, backend="triton")
+        return fused, ref.short_conv_ref(x, weight, frames, left_context=context)
+
     cases.append(SelftestCase("short_conv", label, run_conv))
+    cases.append(SelftestCase("short_conv+context", label, run_conv_context))
     cases.append(SelftestCase("main_prep", label, run_prep))
     cases.append(SelftestCase("main_branch", label, run_branch))
+    cases += _softmax_camera_cases(batch, heads, frames, spatial, dim)
     return cases
+
+
+def _softmax_camera_cases(batch, heads, frames, spatial, dim):
+    """UCPE encode/decode around the softmax blocks' camera SDPA, when the module exists."""
+    try:
+        fast = importlib.import_module("kernels.softmax_cam")
+        ref = importlib.import_module("kernels.main_reference")
+        encode, encode_ref = fast.cam_softmax_encode, ref.cam_softmax_encode_ref
+        decode, decode_ref = fast.cam_softmax_decode, ref.cam_softmax_decode_ref
+    except (ImportError, AttributeError):
+        return []
+    tokens, channels = frames * spatial, heads * dim
+    label = f"B{batch} H{heads} N{tokens} D{dim}"
+
+    def run_encode(device):
+        g = _generator(device, 5)
+        q, k, v = (_randn((batch, tokens, channels), g, device) for _ in range(3))
+        rays = _ray_transforms(batch, tokens, dim, g, device)
+        weights = dict(q_norm_weight=_rand((channels,), g, device, 0.5, 1.5),
+                       k_norm_weight=_rand((channels,), g, device, 0.5, 1.5))
+        return encode(q, k, v, rays, heads=heads, **weights), encode_ref(q, k, v, rays, heads=heads, **weights)
+
+    def run_decode(device):
+        g = _generator(device, 6)
+        o = _randn((batch, heads, tokens, 128), g, device)
+        rays = _ray_transforms(batch, tokens, dim, g, device)
+        return decode(o, rays, dim=dim), decode_ref(o, rays, dim=dim)
+
+    return [SelftestCase("cam_softmax_encode", label, run_encode), SelftestCase("cam_softmax_decode", label, run_decode)]
 
 
 def torch_angles(tokens, pairs, generator, device):

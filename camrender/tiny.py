@@ -43,15 +43,14 @@ TINY_TEXT_ENCODER_CONFIG = dict(
 
 def build_tiny_tokenizer():
     """Character-level `PreTrainedTokenizerFast`: one token per character, <bos> prepended."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
     vocab = {token: i for i, token in enumerate(_SPECIAL)}
     for char in _ALPHABET:
         vocab.setdefault(char, len(vocab))
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    # Split into single characters (regex "." with DOTALL-equivalent via [\s\S]).
-    core.pre_tokenizer = pre_tokenizers.Split(pattern=_regex(r"[\s\S]"), behavior="isolated")
+    core.pre_tokenizer = pre_tokenizers.Split(pattern=Regex(r"[\s\S]"), behavior="isolated")  # every character
     core.post_processor = processors.TemplateProcessing(
         single="<bos> $A", pair="<bos> $A <bos> $B", special_tokens=[("<bos>", vocab["<bos>"])]
     )
@@ -64,12 +63,6 @@ def build_tiny_tokenizer():
         padding_side="right",
         model_max_length=8192,
     )
-
-
-def _regex(pattern):
-    from tokenizers import Regex
-
-    return Regex(pattern)
 
 
 def build_tiny_text_encoder(vocab_size: int, seed: int = 0):

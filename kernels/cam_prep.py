@@ -112,16 +112,198 @@ def _cam_stage_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, sb_b, sb_h, sb_t, sb_s,
         ucpe_tiles.store_quads(v_out + dst, dst_row, nmask, y0, y1, y2, y3, NQ, G)
 
 
+@triton.jit
+def _token_matrix(mat_ptr, tok, tok_mask):
+    """Each token's 4x4 matrix (row-major 16 floats) as 16 (BS, 1) fp32 tensors."""
+    b = mat_ptr + tok * 16
+    return (tl.load(b + 0, mask=tok_mask, other=0.0)[:, None], tl.load(b + 1, mask=tok_mask, other=0.0)[:, None],
+            tl.load(b + 2, mask=tok_mask, other=0.0)[:, None], tl.load(b + 3, mask=tok_mask, other=0.0)[:, None],
+            tl.load(b + 4, mask=tok_mask, other=0.0)[:, None], tl.load(b + 5, mask=tok_mask, other=0.0)[:, None],
+            tl.load(b + 6, mask=tok_mask, other=0.0)[:, None], tl.load(b + 7, mask=tok_mask, other=0.0)[:, None],
+            tl.load(b + 8, mask=tok_mask, other=0.0)[:, None], tl.load(b + 9, mask=tok_mask, other=0.0)[:, None],
+            tl.load(b + 10, mask=tok_mask, other=0.0)[:, None], tl.load(b + 11, mask=tok_mask, other=0.0)[:, None],
+            tl.load(b + 12, mask=tok_mask, other=0.0)[:, None], tl.load(b + 13, mask=tok_mask, other=0.0)[:, None],
+            tl.load(b + 14, mask=tok_mask, other=0.0)[:, None], tl.load(b + 15, mask=tok_mask, other=0.0)[:, None])
+
+
+@triton.jit
+def _encode_halves(xa, xb, wa, wb, inv_rms, m, c0, s0, c1, s1, scale, BS: tl.constexpr, GU: tl.constexpr,
+                   D: tl.constexpr, HAS_NORM: tl.constexpr, RELU: tl.constexpr, HAS_ROPE: tl.constexpr,
+                   DOWNSCALE: tl.constexpr):
+    """Encode head vectors held as two contiguous (BS, 4GU) fp32 tiles (padding columns zero):
+    xa = channels [0, D/2) (UCPE: y = M x per group of four), xb = channels [D/2, D) (RoPE).
+
+    m: the token matrices as 16 (BS, 1) entries; c*/s*: (BS, GU) RoPE tables of the two pairs of
+    each group. Returns (ya, yb, pre_sq (BS,), post_sq (BS,)).
+    """
+    row_scale = scale
+    if HAS_NORM:
+        row_scale = inv_rms[:, None] * scale
+        xa = xa * wa[None, :]
+        xb = xb * wb[None, :]
+    xa = xa * row_scale
+    xb = xb * row_scale
+    if RELU:
+        xa = tl.maximum(xa, 0.0)
+        xb = tl.maximum(xb, 0.0)
+    pre_sq = tl.sum(xa * xa, axis=1) + tl.sum(xb * xb, axis=1)
+    x0, x1, x2, x3 = ucpe_tiles.split_quads(xa, BS, GU)
+    (a00, a01, a02, a03, a10, a11, a12, a13, a20, a21, a22, a23, a30, a31, a32, a33) = m
+    ya = ucpe_tiles.join_quads(a00 * x0 + a01 * x1 + a02 * x2 + a03 * x3, a10 * x0 + a11 * x1 + a12 * x2 + a13 * x3,
+                               a20 * x0 + a21 * x1 + a22 * x2 + a23 * x3, a30 * x0 + a31 * x1 + a32 * x2 + a33 * x3,
+                               BS, GU)
+    yb = xb
+    if HAS_ROPE:
+        x0, x1, x2, x3 = ucpe_tiles.split_quads(xb, BS, GU)
+        yb = ucpe_tiles.join_quads(c0 * x0 - s0 * x1, s0 * x0 + c0 * x1, c1 * x2 - s1 * x3, s1 * x2 + c1 * x3, BS, GU)
+    post_sq = tl.sum(ya * ya, axis=1) + tl.sum(yb * yb, axis=1)
+    if DOWNSCALE:
+        ref_rms = tl.sqrt(pre_sq / D + 1e-6)
+        out_rms = tl.sqrt(post_sq / D + 1e-6)
+        factor = tl.minimum(ref_rms / tl.maximum(out_rms, 1e-6), 1.0)
+        ya = ya * factor[:, None]
+        yb = yb * factor[:, None]
+        post_sq = post_sq * factor * factor
+    return ya, yb, pre_sq, post_sq
+
+
+@triton.jit
+def _cam_encode_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, sb_b, sb_h, sb_t, sb_s,
+                       qw_ptr, kw_ptr, pt_ptr, pinv_ptr, cos_ptr, sin_ptr,
+                       q_out, k_out, v_out, infl_out,
+                       N, S, norm_eps, k_scale,
+                       H: tl.constexpr, D: tl.constexpr, GU: tl.constexpr, BS: tl.constexpr, BC: tl.constexpr,
+                       HAS_QNORM: tl.constexpr, HAS_KNORM: tl.constexpr,
+                       HAS_ROPE: tl.constexpr, DOWNSCALE: tl.constexpr, FOLD_BETA: tl.constexpr,
+                       PREFETCH: tl.constexpr):
+    """_cam_stage_kernel's contract on contiguous tiles: one program per (BS tokens, b).
+
+    Each head vector is loaded and stored as two contiguous rows (the UCPE half and the RoPE
+    half, 16-byte accesses) and split into quads in registers; the per-token matrices and RoPE
+    tables are loaded once per program, before the loop over heads. PREFETCH loads the next
+    head's tiles before encoding the current one.
+    """
+    b = tl.program_id(1).to(tl.int64)
+    n = tl.program_id(0) * BS + tl.arange(0, BS)
+    nmask = n < N
+    C: tl.constexpr = H * D
+    HALF: tl.constexpr = D // 2
+    NGU: tl.constexpr = D // 8
+    q_base = q_ptr + b * N * C
+    k_base = k_ptr + b * N * C
+    v_base = v_ptr + b * N * C
+    row = n[:, None] * C
+    q_rms = tl.zeros((BS,), dtype=tl.float32)
+    k_rms = tl.zeros((BS,), dtype=tl.float32)
+    if HAS_QNORM or HAS_KNORM:
+        acc_q = tl.zeros((BS, BC), dtype=tl.float32)
+        acc_k = tl.zeros((BS, BC), dtype=tl.float32)
+        for cc in range(0, C, BC):
+            c = cc + tl.arange(0, BC)
+            m2 = nmask[:, None] & (c[None, :] < C)
+            if HAS_QNORM:
+                xq = tl.load(q_base + row + c[None, :], mask=m2, other=0.0).to(tl.float32)
+                acc_q += xq * xq
+            if HAS_KNORM:
+                xk = tl.load(k_base + row + c[None, :], mask=m2, other=0.0).to(tl.float32)
+                acc_k += xk * xk
+        q_rms = 1.0 / tl.sqrt(tl.sum(acc_q, axis=1) / C + norm_eps)
+        k_rms = 1.0 / tl.sqrt(tl.sum(acc_k, axis=1) / C + norm_eps)
+    tok = b * N + n
+    m_q = _token_matrix(pt_ptr, tok, nmask)
+    m_k = _token_matrix(pinv_ptr, tok, nmask)
+    g = tl.arange(0, GU)[None, :]
+    c0 = tl.zeros((BS, GU), dtype=tl.float32)
+    s0 = c0
+    c1 = c0
+    s1 = c0
+    if HAS_ROPE:
+        in_rope = (g < NGU) & nmask[:, None]
+        off = n[:, None] * (2 * NGU) + 2 * g
+        c0 = tl.load(cos_ptr + off, mask=in_rope, other=0.0)
+        s0 = tl.load(sin_ptr + off, mask=in_rope, other=0.0)
+        c1 = tl.load(cos_ptr + off + 1, mask=in_rope, other=0.0)
+        s1 = tl.load(sin_ptr + off + 1, mask=in_rope, other=0.0)
+    if FOLD_BETA:
+        t = n // S
+        sb_off = t * sb_t + (n - t * S) * sb_s
+    ch = tl.arange(0, 4 * GU)
+    cmask = ch < HALF
+    tmask = nmask[:, None] & cmask[None, :]
+    src_a = row + ch[None, :]
+    dst_a = n[:, None] * D + ch[None, :]
+    if PREFETCH:
+        qa = tl.load(q_base + src_a, mask=tmask, other=0.0)
+        qb = tl.load(q_base + src_a + HALF, mask=tmask, other=0.0)
+        ka = tl.load(k_base + src_a, mask=tmask, other=0.0)
+        kb = tl.load(k_base + src_a + HALF, mask=tmask, other=0.0)
+        va = tl.load(v_base + src_a, mask=tmask, other=0.0)
+        vb = tl.load(v_base + src_a + HALF, mask=tmask, other=0.0)
+    for h in range(H):
+        if PREFETCH:
+            xqa, xqb, xka, xkb, xva, xvb = qa, qb, ka, kb, va, vb
+            nxt = src_a + (h + 1) * D
+            pmask = tmask & (h + 1 < H)
+            qa = tl.load(q_base + nxt, mask=pmask, other=0.0)
+            qb = tl.load(q_base + nxt + HALF, mask=pmask, other=0.0)
+            ka = tl.load(k_base + nxt, mask=pmask, other=0.0)
+            kb = tl.load(k_base + nxt + HALF, mask=pmask, other=0.0)
+            va = tl.load(v_base + nxt, mask=pmask, other=0.0)
+            vb = tl.load(v_base + nxt + HALF, mask=pmask, other=0.0)
+        else:
+            src = src_a + h * D
+            xqa = tl.load(q_base + src, mask=tmask, other=0.0)
+            xqb = tl.load(q_base + src + HALF, mask=tmask, other=0.0)
+            xka = tl.load(k_base + src, mask=tmask, other=0.0)
+            xkb = tl.load(k_base + src + HALF, mask=tmask, other=0.0)
+            xva = tl.load(v_base + src, mask=tmask, other=0.0)
+            xvb = tl.load(v_base + src + HALF, mask=tmask, other=0.0)
+        dst = (b * H + h) * N * D + dst_a
+        wqa = tl.zeros((4 * GU,), dtype=tl.float32)
+        wqb = wqa
+        wka = wqa
+        wkb = wqa
+        if HAS_QNORM:
+            wqa = tl.load(qw_ptr + h * D + ch, mask=cmask, other=0.0).to(tl.float32)
+            wqb = tl.load(qw_ptr + h * D + HALF + ch, mask=cmask, other=0.0).to(tl.float32)
+        if HAS_KNORM:
+            wka = tl.load(kw_ptr + h * D + ch, mask=cmask, other=0.0).to(tl.float32)
+            wkb = tl.load(kw_ptr + h * D + HALF + ch, mask=cmask, other=0.0).to(tl.float32)
+        ya, yb, _, _ = _encode_halves(xqa.to(tl.float32), xqb.to(tl.float32), wqa, wqb, q_rms, m_q, c0, s0, c1, s1,
+                                      1.0, BS, GU, D, HAS_QNORM, True, HAS_ROPE, DOWNSCALE)
+        tl.store(q_out + dst, ya.to(q_out.dtype.element_ty), mask=tmask)
+        tl.store(q_out + dst + HALF, yb.to(q_out.dtype.element_ty), mask=tmask)
+        ya, yb, pre, post = _encode_halves(xka.to(tl.float32), xkb.to(tl.float32), wka, wkb, k_rms, m_k, c0, s0, c1,
+                                           s1, k_scale, BS, GU, D, HAS_KNORM, True, HAS_ROPE, DOWNSCALE)
+        tl.store(infl_out + (b * H + h) * N + n, ucpe_tiles.inflation_sq(pre, post, nmask), mask=nmask)
+        if FOLD_BETA:
+            root = tl.sqrt(tl.load(beta_ptr + b * sb_b + h * sb_h + sb_off, mask=nmask, other=0.0).to(tl.float32))
+            f = (root / k_scale)[:, None]
+            ya = ya * f
+            yb = yb * f
+        tl.store(k_out + dst, ya.to(k_out.dtype.element_ty), mask=tmask)
+        tl.store(k_out + dst + HALF, yb.to(k_out.dtype.element_ty), mask=tmask)
+        ya, yb, _, _ = _encode_halves(xva.to(tl.float32), xvb.to(tl.float32), wqa, wqb, q_rms, m_k, c0, s0, c1, s1,
+                                      1.0, BS, GU, D, False, False, HAS_ROPE, DOWNSCALE)
+        if FOLD_BETA:
+            f = root[:, None]
+            ya = ya * f
+            yb = yb * f
+        tl.store(v_out + dst, ya.to(v_out.dtype.element_ty), mask=tmask)
+        tl.store(v_out + dst + HALF, yb.to(v_out.dtype.element_ty), mask=tmask)
+
+
 def quad_groups(dim):
     """Groups of four per head vector, padded to a power of two (>= 16 for tl.dot)."""
     return max(16, triton.next_power_of_2(dim // 4))
 
 
 def cam_stage(q, k, v, tables, *, num_frames, q_norm_weight, k_norm_weight, norm_eps, downscale,
-              beta=None, out_dtype=torch.float32, block_s=16, num_warps=4):
+              beta=None, out_dtype=torch.float32, block_s=16, num_warps=4, variant="tiles"):
     """Launch the stage kernel. tables = ray_tables(...). Returns (q', k', v', inflation_sq)
     with encodings (B, H, N, D) in out_dtype and inflation (B, H, N) fp32. With `beta` the
-    key/value are stored beta-folded (see _cam_stage_kernel)."""
+    key/value are stored beta-folded (see _cam_stage_kernel). variant: "tiles"
+    (_cam_encode_kernel, contiguous 16-byte tiles) or "quads" (_cam_stage_kernel, stride-4 loads)."""
     batch, tokens, heads, dim = q.shape
     spatial = tokens // num_frames
     _, p_t, p_inv, cos, sin = tables
@@ -129,15 +311,19 @@ def cam_stage(q, k, v, tables, *, num_frames, q_norm_weight, k_norm_weight, norm
     infl = torch.empty(batch, heads, tokens, device=q.device, dtype=torch.float32)
     dummy = p_t
     beta_args = (beta, *beta.stride()) if beta is not None else (dummy, 0, 0, 0, 0)
-    _cam_stage_kernel[(triton.cdiv(tokens, block_s), batch)](
+    if variant == "quads":
+        kernel, extra = _cam_stage_kernel, dict(G=quad_groups(dim), NGU=dim // 8)
+    else:
+        kernel, extra = _cam_encode_kernel, dict(GU=triton.next_power_of_2(dim // 8), PREFETCH=variant == "tiles_prefetch")
+    kernel[(triton.cdiv(tokens, block_s), batch)](
         q, k, v, *beta_args,
         q_norm_weight if q_norm_weight is not None else dummy,
         k_norm_weight if k_norm_weight is not None else dummy,
         p_t, p_inv, cos if cos is not None else dummy, sin if sin is not None else dummy,
         outs[0], outs[1], outs[2], infl, tokens, spatial, float(norm_eps), float(dim ** -0.5 * spatial ** -0.5),
-        H=heads, D=dim, G=quad_groups(dim), BS=block_s, BC=256, NGU=dim // 8,
+        H=heads, D=dim, BS=block_s, BC=256,
         HAS_QNORM=q_norm_weight is not None, HAS_KNORM=k_norm_weight is not None, HAS_ROPE=cos is not None,
-        DOWNSCALE=bool(downscale), FOLD_BETA=beta is not None, num_warps=num_warps)
+        DOWNSCALE=bool(downscale), FOLD_BETA=beta is not None, num_warps=num_warps, **extra)
     return outs[0], outs[1], outs[2], infl
 
 

@@ -49,8 +49,9 @@ def camera_branch(q, k, v, beta, decay, ray_transforms, *, q_norm_weight, k_norm
             kept in fp16, so |v| must stay below fp16's 6.5e4) or "ieee" (fp32 throughout).
         backend: "triton", "torch" (fp32 references) or "auto".
         return_final_state: also return the forward state after the last frame.
-        tuning: optional dict of launch parameters (block_s, s_split, block_v, num_warps,
-            split, stage_block_s, stage_num_warps), for benchmarks.
+        tuning: optional dict of launch parameters (block_s, out_block_s, s_split, block_v,
+            num_warps, split, join_store, stage_block_s, stage_num_warps, stage_variant), for
+            benchmarks.
 
     Returns:
         (B, N, H*D) in v's dtype, or (out, final_state (B, H, D, D) fp32).
@@ -79,13 +80,15 @@ def camera_branch(q, k, v, beta, decay, ray_transforms, *, q_norm_weight, k_norm
 
     # Stage: encode q, k, v once (beta folded into k and v), fp16 for tf32 (same mantissa), fp32 for ieee.
     tuning = dict(tuning or {})
-    stage_tuning = {key: tuning.pop(key) for key in ("stage_block_s", "stage_num_warps") if key in tuning}
+    stage_tuning = {key: tuning.pop(key) for key in ("stage_block_s", "stage_num_warps", "stage_variant")
+                    if key in tuning}
     stage_dtype = torch.float16 if precision == "tf32" else torch.float32
     k_scale = dim ** -0.5 * spatial ** -0.5
     q_enc, k_enc, v_enc, infl = cam_stage(
         q, k, v, (p, p_t, p_inv, cos, sin), num_frames=frames, q_norm_weight=q_norm_weight,
         k_norm_weight=k_norm_weight, norm_eps=norm_eps, downscale=downscale, beta=beta, out_dtype=stage_dtype,
-        block_s=stage_tuning.get("stage_block_s", 16), num_warps=stage_tuning.get("stage_num_warps", 4))
+        block_s=stage_tuning.get("stage_block_s", 16), num_warps=stage_tuning.get("stage_num_warps", 4),
+        variant=stage_tuning.get("stage_variant", "tiles"))
     out = torch.empty(batch, tokens, channels, device=q.device, dtype=v.dtype)
     enc_strides = (heads * tokens * dim, tokens * dim, spatial * dim, dim)  # (B, H, N, D) as (B, H, T, S, D)
     out_strides = (tokens * channels, dim, spatial * channels, channels)    # (B, N, H*D) likewise

@@ -125,21 +125,35 @@ def _transition_kernel(k_ptr, v_ptr, beta_ptr, decay_ptr, infl_ptr, w_ptr, u_ptr
 def _recurrence_kernel(w_ptr, u_ptr, st_ptr, init_ptr, final_ptr, starts_ptr, H, T, BH, NCB,
                        DK: tl.constexpr, DV: tl.constexpr, DKP: tl.constexpr, DVP: tl.constexpr,
                        BV: tl.constexpr, HAS_INIT: tl.constexpr, HAS_STARTS: tl.constexpr,
-                       PREC: tl.constexpr):
+                       PREC: tl.constexpr, SW: tl.constexpr, PERM: tl.constexpr):
     """One program per (b, h, block of BV value columns, direction 0 = forward / 1 = reverse);
-    stores every M_t (forward) or R_t (reverse) of its columns, and the final forward state."""
+    stores every M_t (forward) or R_t (reverse) of its columns (rows of SW entries, in the
+    buffer's dtype), and the final forward state. PERM stores column 4g + j at j * (SW / 4) + g,
+    so the output kernel reads each quad's columns as one contiguous block; program cb then
+    owns the columns of quads [cb * R, (cb + 1) * R), R = BV / (SW / 4), which it stores as one
+    contiguous block of BV."""
     pid = tl.program_id(0)
     direction = tl.program_id(1)
     cb = pid % NCB
     bh = (pid // NCB).to(tl.int64)
     b = bh // H
     rows = tl.arange(0, DKP)
-    cols = cb * BV + tl.arange(0, BV)
+    i = tl.arange(0, BV)
+    if PERM:
+        GQ: tl.constexpr = SW // 4
+        R: tl.constexpr = BV // GQ
+        cols = 4 * (i % GQ) + cb * R + i // GQ
+        st_tile = rows[:, None] * SW + (cb * BV + i)[None, :]
+    else:
+        cols = cb * BV + i
+        st_tile = rows[:, None] * SW + cols[None, :]
     w_tile = rows[:, None] * DKP + rows[None, :]
     u_tile = rows[:, None] * DVP + cols[None, :]
+    u_mask = (rows[:, None] >= 0) & (cols[None, :] < DVP)
     w_base = w_ptr + bh * T * DKP * DKP
     u_base = u_ptr + bh * T * DKP * DVP
-    st_base = st_ptr + (direction * BH + bh) * T * DKP * DVP
+    st_base = st_ptr + (direction * BH + bh) * T * DKP * SW
+    st_ty = st_ptr.dtype.element_ty
     if direction == 0:
         valid = (rows[:, None] < DK) & (cols[None, :] < DV)
         state_off = bh * DK * DV + rows[:, None] * DV + cols[None, :]
@@ -149,22 +163,22 @@ def _recurrence_kernel(w_ptr, u_ptr, st_ptr, init_ptr, final_ptr, starts_ptr, H,
             m = tl.zeros((DKP, BV), dtype=tl.float32)
         for t in range(T):
             w = tl.load(w_base + t * DKP * DKP + w_tile)
-            u = tl.load(u_base + t * DKP * DVP + u_tile)
+            u = tl.load(u_base + t * DKP * DVP + u_tile, mask=u_mask, other=0.0)
             m = tl.dot(w, m, u, input_precision=PREC)
-            tl.store(st_base + t * DKP * DVP + u_tile, m)
+            tl.store(st_base + t * DKP * SW + st_tile, m.to(st_ty))
         tl.store(final_ptr + state_off, m, mask=valid)
     else:
         r = tl.zeros((DKP, BV), dtype=tl.float32)
-        tl.store(st_base + (T - 1) * DKP * DVP + u_tile, r)
+        tl.store(st_base + (T - 1) * DKP * SW + st_tile, r.to(st_ty))
         for i in range(T - 1):
             t = T - 2 - i
             w = tl.load(w_base + (t + 1) * DKP * DKP + w_tile)
-            u = tl.load(u_base + (t + 1) * DKP * DVP + u_tile)
+            u = tl.load(u_base + (t + 1) * DKP * DVP + u_tile, mask=u_mask, other=0.0)
             r = tl.dot(w, r, u, input_precision=PREC)
             if HAS_STARTS:
                 cut = tl.load(starts_ptr + b * T + t + 1)
                 r = r * (1 - cut).to(tl.float32)
-            tl.store(st_base + t * DKP * DVP + u_tile, r)
+            tl.store(st_base + t * DKP * SW + st_tile, r.to(st_ty))
 
 
 @triton.jit
@@ -172,12 +186,14 @@ def _output_kernel(q_ptr, st_ptr, out_ptr, sq_b, sq_h, sq_t, sq_s, so_b, so_h, s
                    p_ptr, cos_ptr, sin_ptr, H, T, S, BH, S_PER_PROG,
                    DK: tl.constexpr, DV: tl.constexpr, DKP: tl.constexpr, DVP: tl.constexpr,
                    BS: tl.constexpr, G: tl.constexpr, NGU: tl.constexpr, DECODE: tl.constexpr,
-                   HAS_ROPE: tl.constexpr, REVERSE: tl.constexpr, F16_DOT: tl.constexpr, PREC: tl.constexpr):
+                   HAS_ROPE: tl.constexpr, REVERSE: tl.constexpr, F16_DOT: tl.constexpr, PREC: tl.constexpr,
+                   SW: tl.constexpr, JOIN_STORE: tl.constexpr):
     """One program per (b, h, t, token split): O = Q_t (M_t + R_t), stored in out's dtype.
 
-    With DECODE (camera), O is computed as four (BS, G) quads O_j = Q_t S[:, 4g + j] from
-    column-gathered copies of the state (same FLOPs as one product), decoded in registers
-    (P of the token on the UCPE half, conjugate RoPE on the other) and stored with stride 4.
+    With DECODE (camera), O is computed as four (BS, G) quads O_j = Q_t S[:, 4g + j] from the
+    state stored column-permuted (quad j in columns [jG, (j+1)G), see _recurrence_kernel; same
+    FLOPs as one product), decoded in registers (P of the token on the UCPE half, conjugate
+    RoPE on the other) and stored as contiguous rows (JOIN_STORE) or with stride 4.
     """
     pid = tl.program_id(0)
     t = pid % T
@@ -185,25 +201,25 @@ def _output_kernel(q_ptr, st_ptr, out_ptr, sq_b, sq_h, sq_t, sq_s, so_b, so_h, s
     b = bh // H
     h = bh % H
     dk = tl.arange(0, DKP)
-    frame_off = (bh * T + t) * DKP * DVP
-    rev_off = BH * T * DKP * DVP
+    frame_off = (bh * T + t) * DKP * SW
+    rev_off = BH * T * DKP * SW
     q_base = q_ptr + b * sq_b + h * sq_h + t * sq_t
     o_base = out_ptr + b * so_b + h * so_h + t * so_t
     s_begin = tl.program_id(1) * S_PER_PROG
     s_end = tl.minimum(s_begin + S_PER_PROG, S)
     if DECODE:
         g = tl.arange(0, G)
-        col = dk[:, None] * DVP + 4 * g[None, :]
-        cmask = (dk[:, None] >= 0) & (4 * g[None, :] < DV)
-        s0_ = tl.load(st_ptr + frame_off + col, mask=cmask, other=0.0)
-        s1_ = tl.load(st_ptr + frame_off + col + 1, mask=cmask, other=0.0)
-        s2_ = tl.load(st_ptr + frame_off + col + 2, mask=cmask, other=0.0)
-        s3_ = tl.load(st_ptr + frame_off + col + 3, mask=cmask, other=0.0)
+        col = dk[:, None] * SW + g[None, :]
+        cmask = (dk[:, None] < DK) & (g[None, :] < DV // 4)
+        s0_ = tl.load(st_ptr + frame_off + col, mask=cmask, other=0.0).to(tl.float32)
+        s1_ = tl.load(st_ptr + frame_off + col + G, mask=cmask, other=0.0).to(tl.float32)
+        s2_ = tl.load(st_ptr + frame_off + col + 2 * G, mask=cmask, other=0.0).to(tl.float32)
+        s3_ = tl.load(st_ptr + frame_off + col + 3 * G, mask=cmask, other=0.0).to(tl.float32)
         if REVERSE:
-            s0_ += tl.load(st_ptr + rev_off + frame_off + col, mask=cmask, other=0.0)
-            s1_ += tl.load(st_ptr + rev_off + frame_off + col + 1, mask=cmask, other=0.0)
-            s2_ += tl.load(st_ptr + rev_off + frame_off + col + 2, mask=cmask, other=0.0)
-            s3_ += tl.load(st_ptr + rev_off + frame_off + col + 3, mask=cmask, other=0.0)
+            s0_ += tl.load(st_ptr + rev_off + frame_off + col, mask=cmask, other=0.0).to(tl.float32)
+            s1_ += tl.load(st_ptr + rev_off + frame_off + col + G, mask=cmask, other=0.0).to(tl.float32)
+            s2_ += tl.load(st_ptr + rev_off + frame_off + col + 2 * G, mask=cmask, other=0.0).to(tl.float32)
+            s3_ += tl.load(st_ptr + rev_off + frame_off + col + 3 * G, mask=cmask, other=0.0).to(tl.float32)
         if F16_DOT:
             s0_ = s0_.to(tl.float16)
             s1_ = s1_.to(tl.float16)
@@ -211,7 +227,7 @@ def _output_kernel(q_ptr, st_ptr, out_ptr, sq_b, sq_h, sq_t, sq_s, so_b, so_h, s
             s3_ = s3_.to(tl.float16)
     else:
         dv = tl.arange(0, DVP)
-        st_off = frame_off + dk[:, None] * DVP + dv[None, :]
+        st_off = frame_off + dk[:, None] * SW + dv[None, :]
         state = tl.load(st_ptr + st_off)
         if REVERSE:
             state += tl.load(st_ptr + rev_off + st_off)
@@ -239,7 +255,13 @@ def _output_kernel(q_ptr, st_ptr, out_ptr, sq_b, sq_h, sq_t, sq_s, so_b, so_h, s
             n = t * S + s
             o0, o1, o2, o3 = ucpe_tiles.ucpe_rope_quads(o0, o1, o2, o3, p_ptr, b * T * S + n, cos_ptr, sin_ptr,
                                                         n, smask, G, NGU, HAS_ROPE, True)
-            ucpe_tiles.store_quads(o_base, s * so_s, smask, o0, o1, o2, o3, DV // 4, G)
+            if JOIN_STORE:
+                oc = tl.arange(0, 4 * G)
+                o = ucpe_tiles.join_quads(o0, o1, o2, o3, BS, G)
+                tl.store(o_base + s[:, None] * so_s + oc[None, :], o.to(out_ptr.dtype.element_ty),
+                         mask=smask[:, None] & (oc[None, :] < DV))
+            else:
+                ucpe_tiles.store_quads(o_base, s * so_s, smask, o0, o1, o2, o3, DV // 4, G)
         else:
             if F16_DOT:
                 o = tl.dot(qt, state)
@@ -256,13 +278,18 @@ def padded(dim):
 def run_scan(*, k, v, q, beta, decay, out, k_strides, v_strides, q_strides, out_strides,
              batch, heads, frames, spatial, dk, dv, initial_state, starts, reverse, precision,
              infl=None, scale_a=1.0, scale_u=1.0, decode=None, f16_dot=False,
-             block_s=None, s_split=None, block_v=None, num_warps=(8, 4, 8), split=True):
+             block_s=None, s_split=None, block_v=None, num_warps=(8, 4, 8), split=True, out_block_s=None,
+             join_store=True, num_stages=(3, 3, 3)):
     """Launch the transition, recurrence and output kernels.
 
     Strides are the (b, h, t, s) element strides of each tensor viewed as (B, H, T, S, D) with
     unit stride on D. beta None means beta is folded into k and v. infl: per-token inflation
     (B, H, T, S) fp32 contiguous for the camera beta discount. decode: (p (B*N, 4, 4), cos, sin)
-    to decode the output. f16_dot: operands are rounded to fp16 (10-bit mantissa, like tf32).
+    to decode the output. f16_dot: operands are rounded to fp16 (10-bit mantissa, like tf32);
+    with decode the per-frame states are then stored in fp16 too (they feed fp16 products).
+    num_stages: software-pipelining depth of the (transition, recurrence, output) kernels.
+    block_s: tokens per tile of the transition kernel (and of the output kernel unless
+    out_block_s); s_split: output programs per frame; join_store: decoded rows stored whole.
 
     Returns the final forward state (B, H, Dk, Dv) fp32.
     """
@@ -272,7 +299,10 @@ def run_scan(*, k, v, q, beta, decay, out, k_strides, v_strides, q_strides, out_
     bh = batch * heads
     w_buf = torch.empty(bh, frames, dkp, dkp, device=device, dtype=torch.float32)
     u_buf = torch.empty(bh, frames, dkp, dvp, device=device, dtype=torch.float32)
-    st_buf = torch.empty(2 if reverse else 1, bh, frames, dkp, dvp, device=device, dtype=torch.float32)
+    quads = max(16, triton.next_power_of_2(max(dv // 4, 1)))  # decode: groups of four, padded for tl.dot
+    st_width = 4 * quads if decode is not None else dvp
+    st_dtype = torch.float16 if (decode is not None and f16_dot) else torch.float32
+    st_buf = torch.empty(2 if reverse else 1, bh, frames, dkp, st_width, device=device, dtype=st_dtype)
     final = torch.empty(batch, heads, dk, dv, device=device, dtype=torch.float32)
     dummy = w_buf
     beta_args = (beta, *beta.stride()) if beta is not None else (dummy, 0, 0, 0, 0)
@@ -281,24 +311,29 @@ def run_scan(*, k, v, q, beta, decay, out, k_strides, v_strides, q_strides, out_
         *k_strides, *v_strides, *beta_args[1:], *decay.stride(), float(scale_a), float(scale_u),
         heads, frames, spatial, DK=dk, DV=dv, DKP=dkp, DVP=dvp, BS=bs, HAS_BETA=beta is not None,
         HAS_INFL=infl is not None, F16_DOT=bool(f16_dot), PREC=precision, SPLIT=bool(split),
-        num_warps=num_warps[0])
-    bv = block_v or min(dvp, 32)
-    ncb = dvp // bv
+        num_warps=num_warps[0], num_stages=num_stages[0])
+    if decode is not None:  # whole quads per program (see _recurrence_kernel)
+        bv = max(block_v or quads, quads)
+        ncb = st_width // bv
+    else:
+        bv = block_v or min(dvp, 32)
+        ncb = dvp // bv
     _recurrence_kernel[(bh * ncb, 2 if reverse else 1)](
         w_buf, u_buf, st_buf, initial_state if initial_state is not None else dummy, final,
         starts if starts is not None else dummy, heads, frames, bh, ncb,
         DK=dk, DV=dv, DKP=dkp, DVP=dvp, BV=bv, HAS_INIT=initial_state is not None,
-        HAS_STARTS=starts is not None, PREC=precision, num_warps=num_warps[1])
+        HAS_STARTS=starts is not None, PREC=precision, SW=st_width, PERM=decode is not None,
+        num_warps=num_warps[1], num_stages=num_stages[1])
+    bs = out_block_s or bs
     split_s = s_split or max(1, min(triton.cdiv(spatial, bs), 4))
     per_prog = triton.cdiv(triton.cdiv(spatial, split_s), bs) * bs
     p, cos, sin = decode if decode is not None else (dummy, None, None)
     _output_kernel[(bh * frames, triton.cdiv(spatial, per_prog))](
         q, st_buf, out, *q_strides, *out_strides, p, cos if cos is not None else dummy,
         sin if sin is not None else dummy, heads, frames, spatial, bh, per_prog,
-        DK=dk, DV=dv, DKP=dkp, DVP=dvp, BS=bs, G=max(16, triton.next_power_of_2(max(dv // 4, 1))),
-        NGU=max(dv // 8, 1), DECODE=decode is not None,
+        DK=dk, DV=dv, DKP=dkp, DVP=dvp, BS=bs, G=quads, NGU=max(dv // 8, 1), DECODE=decode is not None,
         HAS_ROPE=cos is not None, REVERSE=bool(reverse), F16_DOT=bool(f16_dot), PREC=precision,
-        num_warps=num_warps[2])
+        SW=st_width, JOIN_STORE=bool(join_store), num_warps=num_warps[2], num_stages=num_stages[2])
     return final
 
 

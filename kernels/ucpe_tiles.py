@@ -129,3 +129,24 @@ def encode_quads(x0, x1, x2, x3, tok, pos, tok_mask, inv_rms, w_ptr, mat_ptr, co
         y3 = y3 * factor[:, None]
         post_sq = post_sq * factor * factor
     return y0, y1, y2, y3, pre_sq, post_sq
+
+
+@triton.jit
+def split_quads(x, BS: tl.constexpr, G: tl.constexpr):
+    """A contiguous (BS, 4G) tile -> quads (x0, x1, x2, x3), xj[:, g] = x[:, 4g + j].
+
+    Pure register renaming when each thread holds whole groups of four (the vectorised
+    layout of a contiguous load), so tiles can be loaded and stored 16 bytes at a time.
+    """
+    x = tl.reshape(x, (BS, G, 2, 2))
+    lo, hi = tl.split(x)      # last axis: channel 4g + 2p + {0, 1}
+    x0, x2 = tl.split(lo)
+    x1, x3 = tl.split(hi)
+    return x0, x1, x2, x3
+
+
+@triton.jit
+def join_quads(y0, y1, y2, y3, BS: tl.constexpr, G: tl.constexpr):
+    """Inverse of split_quads: quads -> a contiguous (BS, 4G) tile."""
+    y = tl.join(tl.join(y0, y2), tl.join(y1, y3))  # (BS, G, 2, 2): [.., p, j] = channel 4g + 2p + j
+    return tl.reshape(y, (BS, 4 * G))

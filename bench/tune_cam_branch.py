@@ -1,0 +1,117 @@
+"""Launch-parameter sweep of the fused camera branch at the release shape, with errors.
+
+Times the stage (encode) kernel alone for each stage variant, and the whole branch for each
+scan/output configuration; checks every configuration's output against the fp32 ieee
+reference; prints a table and writes JSON to --out.
+
+    python bench/tune_cam_branch.py --out tune.json
+"""
+import argparse
+import importlib
+import json
+import os
+import sys
+import time
+
+import torch
+import triton.testing
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_cam_branch as bcb  # noqa: E402
+
+import kernels  # noqa: E402
+from kernels import reference  # noqa: E402
+
+cam_prep = importlib.import_module("kernels.cam_prep")
+
+STAGE = [("tiles", 16, 4), ("quads", 8, 4), ("tiles", 32, 8), ("tiles_prefetch", 16, 4), ("tiles", 8, 4),
+         ("tiles", 16, 8), ("tiles_prefetch", 32, 8), ("quads", 16, 4)]
+SCAN = {
+    "new_default": {},
+    "strided_store": dict(join_store=False),
+    "split2": dict(s_split=2),
+    "split8": dict(s_split=8),
+    "rec_st1": dict(num_stages=(3, 1, 3)),
+    "out_w4": dict(num_warps=(8, 4, 4)),
+    "rec_st2": dict(num_stages=(3, 2, 3)),
+    "out_bs128": dict(out_block_s=128),
+    "out_st2": dict(num_stages=(3, 3, 2)),
+    "split14": dict(s_split=14),
+    "rec_bv16": dict(block_v=16),
+    "trans_bs32": dict(block_s=32, out_block_s=64),
+}
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--budget", type=float, default=200.0, help="stop starting new configs after this many s")
+    parser.add_argument("--stage", default=None, help="comma list of indices into STAGE")
+    parser.add_argument("--scan", default=None, help="comma list of SCAN names")
+    parser.add_argument("--smoke", action="store_true", help="tiny shape on CPU (TRITON_INTERPRET=1), one call each")
+    args = parser.parse_args()
+    device = "cpu" if args.smoke else "cuda"
+    if args.smoke:
+        bcb.bench_ms = lambda fn, rep=0: (fn(), 0.0)[1]
+    t0 = time.time()
+    res = dict(stage_ms={}, branch={}, errors={})
+
+    def save():
+        if args.out:
+            with open(args.out, "w") as fh:
+                json.dump(res, fh, indent=1)
+
+    shape = bcb.SHAPES["tiny" if args.smoke else "release"]
+    x = bcb.make_inputs(shape, 0, device)
+    xb = dict(x, **{k: x[k].to(torch.bfloat16).float() for k in ("q", "k", "v", "beta")})
+    torch.backends.cuda.matmul.allow_tf32 = False
+    ref = reference.camera_branch_ref(xb["q"], xb["k"], xb["v"], xb["beta"], xb["decay"], xb["rays"],
+                                      q_norm_weight=x["qw"], k_norm_weight=x["kw"], initial_state=x["state"])
+    xbf = dict(x, **{k: x[k].to(torch.bfloat16) for k in ("q", "k", "v", "beta")})
+    out = bcb.ours(xb, torch.float32, "ieee")
+    res["errors"]["ieee_fp32_in"] = bcb.rel_err(out, ref)
+    print("ieee", res["errors"]["ieee_fp32_in"], flush=True)
+
+    b, t, s, h, d = (shape[k] for k in "BTSHD")
+    tables = cam_prep.ray_tables(x["rays"], b, t * s, d, device)
+    stage_sel = STAGE if args.stage is None else [STAGE[int(i)] for i in args.stage.split(",")]
+    for variant, bs, nw in stage_sel:
+        if time.time() - t0 > args.budget:
+            break
+        name = f"{variant}_bs{bs}_w{nw}"
+        fn = lambda: cam_prep.cam_stage(xbf["q"], xbf["k"], xbf["v"], tables, num_frames=t,  # noqa: E731
+                                        q_norm_weight=x["qw"], k_norm_weight=x["kw"], norm_eps=1e-5,
+                                        downscale=True, beta=xbf["beta"], out_dtype=torch.float16,
+                                        block_s=bs, num_warps=nw, variant=variant)
+        try:
+            res["stage_ms"][name] = bcb.bench_ms(fn, rep=100)
+        except Exception as exc:
+            res["stage_ms"][name] = repr(exc)[:300]
+        print(f"[{time.time() - t0:6.1f}s] stage {name}: {res['stage_ms'][name]}", flush=True)
+        save()
+
+    scan_sel = SCAN if args.scan is None else {k: SCAN[k] for k in args.scan.split(",")}
+    for name, tuning in scan_sel.items():
+        if time.time() - t0 > args.budget:
+            break
+        try:
+            out = bcb.ours(xbf, torch.bfloat16, "tf32", tuning)
+            err = bcb.rel_err(out, ref)
+            ms = bcb.bench_ms(lambda: bcb.ours(xbf, torch.bfloat16, "tf32", tuning), rep=100)
+            res["branch"][name] = dict(ms=ms, **err, finite=bool(torch.isfinite(out).all().item()))
+        except Exception as exc:
+            res["branch"][name] = repr(exc)[:300]
+        print(f"[{time.time() - t0:6.1f}s] branch {name}: {res['branch'][name]}", flush=True)
+        save()
+    try:
+        if args.smoke:
+            raise RuntimeError("no profile on CPU")
+        res["breakdown_new_default"] = bcb.kernel_breakdown(lambda: bcb.ours(xbf, torch.bfloat16, "tf32"))
+    except Exception as exc:
+        res["breakdown_new_default"] = repr(exc)[:300]
+    print(json.dumps(res["breakdown_new_default"]), flush=True)
+    save()
+
+
+if __name__ == "__main__":
+    main()
