@@ -158,7 +158,11 @@ class PatchedGDNAttention(BidirectionalGDNUCPESinglePathLiteLA):
         value = self.v_proj_cam(x)
         if self.conv_q_cam is not None:
             query = self.conv_q_cam(query, frames)
-        if self.conv_k_cam is not None:
+        if self.conv_k_cam is not None and self.kernels == "fused":
+            from kernels.short_conv import short_conv
+
+            key = short_conv(key, self.conv_k_cam.weight, frames, backend=CAMERA_BACKENDS[self.kernels])
+        elif self.conv_k_cam is not None:
             key = self.conv_k_cam(key, frames)
         if self.conv_v_cam is not None:
             value = self.conv_v_cam(value, frames)

@@ -23,7 +23,6 @@ operations), each landmark over the pixel window its projection can cover.
 """
 from __future__ import annotations
 
-import inspect
 import math
 import os
 import sys
@@ -480,10 +479,8 @@ def write_preview(traj, path, *, width: int | None = None, height: int | None = 
 
     w, h = preview_size(traj, width, height)
     frames = render_frames(traj, width=w, height=h, overlay=overlay, scene_scale=scene_scale, relative=relative)
-    options = {}
-    if "preset" in inspect.signature(VideoWriter).parameters:
-        options["preset"] = PREVIEW_X264_PRESET  # x264's default ("medium") costs more than the rendering
-    with VideoWriter(path, traj.fps, **options) as writer:
+    # x264's default ("medium") costs more than the rendering itself.
+    with VideoWriter(path, traj.fps, preset=PREVIEW_X264_PRESET) as writer:
         if progress:
             with click.progressbar(frames, length=traj.num_frames, label="preview", file=sys.stderr) as bar:
                 for image in bar:

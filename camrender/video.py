@@ -54,15 +54,18 @@ class VideoWriter:
         fps: frame rate (frames per second, may be fractional).
         fragmented: write a fragmented mp4 (playable while being written).
         crf: x264 constant rate factor (lower is better quality; 18 is visually lossless).
+        preset: x264 speed preset ("veryfast" encodes about 2.5x faster than "medium" at a larger size).
     """
 
-    def __init__(self, path, fps: float, fragmented: bool = True, crf: int = 18):
+    def __init__(self, path, fps: float, fragmented: bool = True, crf: int = 18,
+                 preset: str = "medium"):
         self.path = check_output_path(path)
         if not fps > 0:
             raise CamrenderError(f"fps must be positive, got {fps}", path=self.path, field="fps")
         self.fps = float(fps)
         self.fragmented = fragmented
         self.crf = int(crf)
+        self.preset = str(preset)
         self.partial_path: Path | None = None  # the temporary file while writing
         self.frames_written = 0
         self.size: tuple[int, int] | None = None  # (height, width) of the first frame
@@ -106,7 +109,7 @@ class VideoWriter:
     def _start(self, width: int, height: int):
         import imageio_ffmpeg
 
-        output_params = ["-crf", str(self.crf), "-f", "mp4"]
+        output_params = ["-crf", str(self.crf), "-preset", self.preset, "-f", "mp4"]
         if self.fragmented:
             output_params += ["-movflags", FRAGMENTED_MOVFLAGS]
         writer = imageio_ffmpeg.write_frames(
