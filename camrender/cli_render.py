@@ -67,6 +67,10 @@ def _resolve_request(options: dict):
 
     Everything a user can get wrong is checked here, before the model loads; nothing is written.
     """
+    if options["mode"] is None:
+        # The original-format DiT files are the chunk-causal and streaming checkpoints, which are
+        # trained for segment mode; the diffusers pipeline folder is the bidirectional one.
+        options["mode"] = "segments" if options["transformer_weights"] is not None else "full"
     from camrender import trajectory
     from camrender.render import RenderRequest, open_image
     from camrender.video import check_output_path
@@ -172,8 +176,9 @@ def _quiet_libraries() -> None:
               help="Original-format DiT weights (.safetensors or .pt) loaded over the transformer.")
 @click.option("--kernels", default="fused", show_default=True, type=click.Choice(["fused", "torch"]),
               help="fused: Triton kernels (PyTorch on CPU); torch: PyTorch references.")
-@click.option("--mode", default="full", show_default=True, type=click.Choice(["full", "segments"]),
-              help="full: whole clip at once; segments: segment by segment with cached state.")
+@click.option("--mode", default=None, type=click.Choice(["full", "segments"]),
+              help="full: whole clip at once; segments: segment by segment with cached state "
+                   "(default: segments with --transformer-weights, the causal checkpoints; else full).")
 @click.option("--segment-frames", default=3, show_default=True, type=click.IntRange(min=1),
               help="Latent frames per segment (segments mode).")
 @click.option("--cached-segments", default=2, show_default=True, type=click.IntRange(min=0),

@@ -138,14 +138,14 @@ def _recurrence_kernel(w_ptr, u_ptr, st_ptr, init_ptr, final_ptr, starts_ptr, H,
     bh = (pid // NCB).to(tl.int64)
     b = bh // H
     rows = tl.arange(0, DKP)
-    i = tl.arange(0, BV)
+    lane = tl.arange(0, BV)
     if PERM:
         GQ: tl.constexpr = SW // 4
         R: tl.constexpr = BV // GQ
-        cols = 4 * (i % GQ) + cb * R + i // GQ
-        st_tile = rows[:, None] * SW + (cb * BV + i)[None, :]
+        cols = 4 * (lane % GQ) + cb * R + lane // GQ
+        st_tile = rows[:, None] * SW + (cb * BV + lane)[None, :]
     else:
-        cols = cb * BV + i
+        cols = cb * BV + lane
         st_tile = rows[:, None] * SW + cols[None, :]
     w_tile = rows[:, None] * DKP + rows[None, :]
     u_tile = rows[:, None] * DVP + cols[None, :]
