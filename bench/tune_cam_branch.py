@@ -24,22 +24,36 @@ from kernels import reference  # noqa: E402
 
 cam_prep = importlib.import_module("kernels.cam_prep")
 
-STAGE = [("tiles", 16, 4), ("quads", 8, 4), ("tiles", 32, 8), ("tiles_prefetch", 16, 4), ("tiles", 8, 4),
-         ("tiles", 16, 8), ("tiles_prefetch", 32, 8), ("quads", 16, 4)]
-SCAN = {
-    "new_default": {},
-    "strided_store": dict(join_store=False),
-    "split2": dict(s_split=2),
-    "split8": dict(s_split=8),
-    "rec_st1": dict(num_stages=(3, 1, 3)),
-    "out_w4": dict(num_warps=(8, 4, 4)),
-    "rec_st2": dict(num_stages=(3, 2, 3)),
-    "out_bs128": dict(out_block_s=128),
-    "out_st2": dict(num_stages=(3, 3, 2)),
-    "split14": dict(s_split=14),
-    "rec_bv16": dict(block_v=16),
-    "trans_bs32": dict(block_s=32, out_block_s=64),
-}
+STAGE = [("tiles", 16, 4), ("tiles", 8, 4), ("tiles_prefetch", 16, 4), ("quads", 8, 4)]
+# Per-kernel alternatives to kernels.camera_branch's defaults: (name, kernel, settings); kernel 0 =
+# transition, 1 = recurrence, 2 = output (index into num_warps / num_stages).
+SCAN = [
+    ("rec_bv64_w8_st1", 1, dict(warps=8, stages=1, block_v=64)),
+    ("rec_bv64_w8_st2", 1, dict(warps=8, stages=2, block_v=64)),
+    ("rec_bv128_w8_st1", 1, dict(warps=8, stages=1, block_v=128)),
+    ("rec_st2", 1, dict(stages=2)),
+    ("out_split2", 2, dict(s_split=2)),
+    ("out_w8", 2, dict(warps=8)),
+    ("out_bs128_w8", 2, dict(warps=8, out_block_s=128)),
+    ("out_split8", 2, dict(s_split=8)),
+    ("trans_nosplit", 0, dict(split=False)),
+    ("trans_w4", 0, dict(warps=4)),
+]
+DEFAULT_WARPS, DEFAULT_STAGES = (8, 4, 4), (3, 3, 3)
+
+
+def compose(choices):
+    """[(kernel, settings), ...] -> a camera_branch `tuning` dict."""
+    warps, stages, tuning = list(DEFAULT_WARPS), list(DEFAULT_STAGES), {}
+    for kernel, settings in choices:
+        for key, value in settings.items():
+            if key == "warps":
+                warps[kernel] = value
+            elif key == "stages":
+                stages[kernel] = value
+            else:
+                tuning[key] = value
+    return dict(tuning, num_warps=tuple(warps), num_stages=tuple(stages))
 
 
 def main():
@@ -90,19 +104,32 @@ def main():
         print(f"[{time.time() - t0:6.1f}s] stage {name}: {res['stage_ms'][name]}", flush=True)
         save()
 
-    scan_sel = SCAN if args.scan is None else {k: SCAN[k] for k in args.scan.split(",")}
-    for name, tuning in scan_sel.items():
-        if time.time() - t0 > args.budget:
-            break
+    scan_sel = [("new_default", None, {})] + [c for c in SCAN if args.scan is None or c[0] in args.scan.split(",")]
+
+    def run_config(name, tuning):
         try:
             out = bcb.ours(xbf, torch.bfloat16, "tf32", tuning)
             err = bcb.rel_err(out, ref)
             ms = bcb.bench_ms(lambda: bcb.ours(xbf, torch.bfloat16, "tf32", tuning), rep=100)
-            res["branch"][name] = dict(ms=ms, **err, finite=bool(torch.isfinite(out).all().item()))
+            res["branch"][name] = dict(ms=ms, **err, finite=bool(torch.isfinite(out).all().item()),
+                                       tuning={k: list(v) if isinstance(v, tuple) else v for k, v in tuning.items()})
         except Exception as exc:
             res["branch"][name] = repr(exc)[:300]
         print(f"[{time.time() - t0:6.1f}s] branch {name}: {res['branch'][name]}", flush=True)
         save()
+
+    best = {}  # kernel -> (ms, settings)
+    for name, kernel, settings in scan_sel:
+        if time.time() - t0 > args.budget:
+            break
+        run_config(name, compose([(kernel, settings)] if kernel is not None else []))
+        got = res["branch"][name]
+        if kernel is not None and isinstance(got, dict) and got["ms"] < best.get(kernel, (float("inf"),))[0]:
+            best[kernel] = (got["ms"], settings)
+    base = res["branch"].get("new_default")
+    wins = [(k, v[1]) for k, v in best.items() if isinstance(base, dict) and v[0] < base["ms"]]
+    if len(wins) > 1:
+        run_config("combo_best", compose(wins))
     try:
         if args.smoke:
             raise RuntimeError("no profile on CPU")

@@ -127,14 +127,15 @@ def _token_matrix(mat_ptr, tok, tok_mask):
 
 
 @triton.jit
-def _encode_halves(xa, xb, wa, wb, inv_rms, m, c0, s0, c1, s1, scale, BS: tl.constexpr, GU: tl.constexpr,
+def _encode_halves(xa, xb, wa, wb, inv_rms, m, c0, s0, c1, s1, scale, out_scale, BS: tl.constexpr, GU: tl.constexpr,
                    D: tl.constexpr, HAS_NORM: tl.constexpr, RELU: tl.constexpr, HAS_ROPE: tl.constexpr,
                    DOWNSCALE: tl.constexpr):
     """Encode head vectors held as two contiguous (BS, 4GU) fp32 tiles (padding columns zero):
     xa = channels [0, D/2) (UCPE: y = M x per group of four), xb = channels [D/2, D) (RoPE).
 
     m: the token matrices as 16 (BS, 1) entries; c*/s*: (BS, GU) RoPE tables of the two pairs of
-    each group. Returns (ya, yb, pre_sq (BS,), post_sq (BS,)).
+    each group; out_scale: (BS,) factor applied to the outputs only (not to post_sq).
+    Returns (ya, yb, pre_sq (BS,), post_sq (BS,)).
     """
     row_scale = scale
     if HAS_NORM:
@@ -161,9 +162,10 @@ def _encode_halves(xa, xb, wa, wb, inv_rms, m, c0, s0, c1, s1, scale, BS: tl.con
         ref_rms = tl.sqrt(pre_sq / D + 1e-6)
         out_rms = tl.sqrt(post_sq / D + 1e-6)
         factor = tl.minimum(ref_rms / tl.maximum(out_rms, 1e-6), 1.0)
-        ya = ya * factor[:, None]
-        yb = yb * factor[:, None]
         post_sq = post_sq * factor * factor
+        out_scale = out_scale * factor
+    ya = ya * out_scale[:, None]
+    yb = yb * out_scale[:, None]
     return ya, yb, pre_sq, post_sq
 
 
@@ -269,26 +271,24 @@ def _cam_encode_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, sb_b, sb_h, sb_t, sb_s,
         if HAS_KNORM:
             wka = tl.load(kw_ptr + h * D + ch, mask=cmask, other=0.0).to(tl.float32)
             wkb = tl.load(kw_ptr + h * D + HALF + ch, mask=cmask, other=0.0).to(tl.float32)
-        ya, yb, _, _ = _encode_halves(xqa.to(tl.float32), xqb.to(tl.float32), wqa, wqb, q_rms, m_q, c0, s0, c1, s1,
-                                      1.0, BS, GU, D, HAS_QNORM, True, HAS_ROPE, DOWNSCALE)
-        tl.store(q_out + dst, ya.to(q_out.dtype.element_ty), mask=tmask)
-        tl.store(q_out + dst + HALF, yb.to(q_out.dtype.element_ty), mask=tmask)
-        ya, yb, pre, post = _encode_halves(xka.to(tl.float32), xkb.to(tl.float32), wka, wkb, k_rms, m_k, c0, s0, c1,
-                                           s1, k_scale, BS, GU, D, HAS_KNORM, True, HAS_ROPE, DOWNSCALE)
-        tl.store(infl_out + (b * H + h) * N + n, ucpe_tiles.inflation_sq(pre, post, nmask), mask=nmask)
+        one = tl.full((BS,), 1.0, tl.float32)
+        root = one
         if FOLD_BETA:
             root = tl.sqrt(tl.load(beta_ptr + b * sb_b + h * sb_h + sb_off, mask=nmask, other=0.0).to(tl.float32))
-            f = (root / k_scale)[:, None]
-            ya = ya * f
-            yb = yb * f
+        ya, yb, _, _ = _encode_halves(xqa.to(tl.float32), xqb.to(tl.float32), wqa, wqb, q_rms, m_q, c0, s0, c1, s1,
+                                      1.0, one, BS, GU, D, HAS_QNORM, True, HAS_ROPE, DOWNSCALE)
+        tl.store(q_out + dst, ya.to(q_out.dtype.element_ty), mask=tmask)
+        tl.store(q_out + dst + HALF, yb.to(q_out.dtype.element_ty), mask=tmask)
+        k_fold = one
+        if FOLD_BETA:
+            k_fold = root / k_scale
+        ya, yb, pre, post = _encode_halves(xka.to(tl.float32), xkb.to(tl.float32), wka, wkb, k_rms, m_k, c0, s0, c1,
+                                           s1, k_scale, k_fold, BS, GU, D, HAS_KNORM, True, HAS_ROPE, DOWNSCALE)
+        tl.store(infl_out + (b * H + h) * N + n, ucpe_tiles.inflation_sq(pre, post, nmask), mask=nmask)
         tl.store(k_out + dst, ya.to(k_out.dtype.element_ty), mask=tmask)
         tl.store(k_out + dst + HALF, yb.to(k_out.dtype.element_ty), mask=tmask)
         ya, yb, _, _ = _encode_halves(xva.to(tl.float32), xvb.to(tl.float32), wqa, wqb, q_rms, m_k, c0, s0, c1, s1,
-                                      1.0, BS, GU, D, False, False, HAS_ROPE, DOWNSCALE)
-        if FOLD_BETA:
-            f = root[:, None]
-            ya = ya * f
-            yb = yb * f
+                                      1.0, root, BS, GU, D, False, False, HAS_ROPE, DOWNSCALE)
         tl.store(v_out + dst, ya.to(v_out.dtype.element_ty), mask=tmask)
         tl.store(v_out + dst + HALF, yb.to(v_out.dtype.element_ty), mask=tmask)
 

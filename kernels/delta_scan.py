@@ -33,7 +33,8 @@ def _frame_transition(k_base, v_base, beta_base, infl_base, sk_s, sv_s, sb_s, g,
                       w_out, u_out, S,
                       DK: tl.constexpr, DV: tl.constexpr, DKP: tl.constexpr, DVP: tl.constexpr,
                       BS: tl.constexpr, HAS_BETA: tl.constexpr, HAS_INFL: tl.constexpr,
-                      F16_DOT: tl.constexpr, PREC: tl.constexpr, WANT_W: tl.constexpr, WANT_U: tl.constexpr):
+                      F16_DOT: tl.constexpr, PREC: tl.constexpr, WANT_W: tl.constexpr, WANT_U: tl.constexpr,
+                      US: tl.constexpr, UPERM: tl.constexpr):
     """Accumulate one frame's Gram products over its S tokens; store W_t and/or U_t (padded)."""
     dk = tl.arange(0, DKP)
     dv = tl.arange(0, DVP)
@@ -76,7 +77,15 @@ def _frame_transition(k_base, v_base, beta_base, infl_base, sk_s, sv_s, sb_s, g,
         eye = ((dk[:, None] == dk[None, :]) & (dk[:, None] < DK)).to(tl.float32)
         tl.store(w_out + dk[:, None] * DKP + dk[None, :], g * (eye - acc_a * (scale_a * discount)))
     if WANT_U:
-        tl.store(u_out + dk[:, None] * DVP + dv[None, :], acc_u * (scale_u * discount))
+        acc_u = acc_u * (scale_u * discount)
+        if UPERM:  # column 4g + j at j * (US / 4) + g (see _recurrence_kernel)
+            if DVP == US:
+                acc_u = tl.reshape(tl.permute(tl.reshape(acc_u, (DKP, DVP // 4, 4)), (0, 2, 1)), (DKP, DVP))
+                tl.store(u_out + dk[:, None] * US + dv[None, :], acc_u)
+            else:  # tiny Dv: scattered store into a zeroed, wider buffer
+                tl.store(u_out + dk[:, None] * US + ((dv % 4) * (US // 4) + dv // 4)[None, :], acc_u)
+        else:
+            tl.store(u_out + dk[:, None] * US + dv[None, :], acc_u)
 
 
 @triton.jit
@@ -86,7 +95,8 @@ def _transition_kernel(k_ptr, v_ptr, beta_ptr, decay_ptr, infl_ptr, w_ptr, u_ptr
                        H, T, S,
                        DK: tl.constexpr, DV: tl.constexpr, DKP: tl.constexpr, DVP: tl.constexpr,
                        BS: tl.constexpr, HAS_BETA: tl.constexpr, HAS_INFL: tl.constexpr,
-                       F16_DOT: tl.constexpr, PREC: tl.constexpr, SPLIT: tl.constexpr):
+                       F16_DOT: tl.constexpr, PREC: tl.constexpr, SPLIT: tl.constexpr,
+                       US: tl.constexpr, UPERM: tl.constexpr):
     """One program per (b, h, t) (x2 when SPLIT: program_id(1) 0 builds W_t, 1 builds U_t).
 
     W_t = g_t (I - scale_a * disc * sum_s beta k k^T), U_t = scale_u * disc * sum_s beta k v^T,
@@ -105,20 +115,20 @@ def _transition_kernel(k_ptr, v_ptr, beta_ptr, decay_ptr, infl_ptr, w_ptr, u_ptr
     infl_base = infl_ptr + frame * S
     g = tl.load(decay_ptr + b * sg_b + h * sg_h + t * sg_t).to(tl.float32)
     w_out = w_ptr + frame * DKP * DKP
-    u_out = u_ptr + frame * DKP * DVP
+    u_out = u_ptr + frame * DKP * US
     if SPLIT:
         if tl.program_id(1) == 0:
             _frame_transition(k_base, v_base, beta_base, infl_base, sk_s, sv_s, sb_s, g, scale_a, scale_u,
                               w_out, u_out, S, DK, DV, DKP, DVP, BS, HAS_BETA, HAS_INFL, F16_DOT, PREC,
-                              True, False)
+                              True, False, US, UPERM)
         else:
             _frame_transition(k_base, v_base, beta_base, infl_base, sk_s, sv_s, sb_s, g, scale_a, scale_u,
                               w_out, u_out, S, DK, DV, DKP, DVP, BS, HAS_BETA, HAS_INFL, F16_DOT, PREC,
-                              False, True)
+                              False, True, US, UPERM)
     else:
         _frame_transition(k_base, v_base, beta_base, infl_base, sk_s, sv_s, sb_s, g, scale_a, scale_u,
                           w_out, u_out, S, DK, DV, DKP, DVP, BS, HAS_BETA, HAS_INFL, F16_DOT, PREC,
-                          True, True)
+                          True, True, US, UPERM)
 
 
 @triton.jit
@@ -148,10 +158,9 @@ def _recurrence_kernel(w_ptr, u_ptr, st_ptr, init_ptr, final_ptr, starts_ptr, H,
         cols = cb * BV + lane
         st_tile = rows[:, None] * SW + cols[None, :]
     w_tile = rows[:, None] * DKP + rows[None, :]
-    u_tile = rows[:, None] * DVP + cols[None, :]
-    u_mask = (rows[:, None] >= 0) & (cols[None, :] < DVP)
+    u_tile = st_tile  # U_t is stored in the state's column order (PERM: see _frame_transition)
     w_base = w_ptr + bh * T * DKP * DKP
-    u_base = u_ptr + bh * T * DKP * DVP
+    u_base = u_ptr + bh * T * DKP * SW
     st_base = st_ptr + (direction * BH + bh) * T * DKP * SW
     st_ty = st_ptr.dtype.element_ty
     if direction == 0:
@@ -163,7 +172,7 @@ def _recurrence_kernel(w_ptr, u_ptr, st_ptr, init_ptr, final_ptr, starts_ptr, H,
             m = tl.zeros((DKP, BV), dtype=tl.float32)
         for t in range(T):
             w = tl.load(w_base + t * DKP * DKP + w_tile)
-            u = tl.load(u_base + t * DKP * DVP + u_tile, mask=u_mask, other=0.0)
+            u = tl.load(u_base + t * DKP * SW + u_tile)
             m = tl.dot(w, m, u, input_precision=PREC)
             tl.store(st_base + t * DKP * SW + st_tile, m.to(st_ty))
         tl.store(final_ptr + state_off, m, mask=valid)
@@ -173,7 +182,7 @@ def _recurrence_kernel(w_ptr, u_ptr, st_ptr, init_ptr, final_ptr, starts_ptr, H,
         for i in range(T - 1):
             t = T - 2 - i
             w = tl.load(w_base + (t + 1) * DKP * DKP + w_tile)
-            u = tl.load(u_base + (t + 1) * DKP * DVP + u_tile, mask=u_mask, other=0.0)
+            u = tl.load(u_base + (t + 1) * DKP * SW + u_tile)
             r = tl.dot(w, r, u, input_precision=PREC)
             if HAS_STARTS:
                 cut = tl.load(starts_ptr + b * T + t + 1)
@@ -298,9 +307,11 @@ def run_scan(*, k, v, q, beta, decay, out, k_strides, v_strides, q_strides, out_
     bs = block_s or max(16, min(64 if f16_dot else 32, triton.next_power_of_2(spatial)))
     bh = batch * heads
     w_buf = torch.empty(bh, frames, dkp, dkp, device=device, dtype=torch.float32)
-    u_buf = torch.empty(bh, frames, dkp, dvp, device=device, dtype=torch.float32)
     quads = max(16, triton.next_power_of_2(max(dv // 4, 1)))  # decode: groups of four, padded for tl.dot
     st_width = 4 * quads if decode is not None else dvp
+    # U_t and the states share one column order: quad-major (permuted) with decode, else plain.
+    u_buf = (torch.zeros if st_width != dvp else torch.empty)(bh, frames, dkp, st_width, device=device,
+                                                              dtype=torch.float32)
     st_dtype = torch.float16 if (decode is not None and f16_dot) else torch.float32
     st_buf = torch.empty(2 if reverse else 1, bh, frames, dkp, st_width, device=device, dtype=st_dtype)
     final = torch.empty(batch, heads, dk, dv, device=device, dtype=torch.float32)
@@ -311,9 +322,10 @@ def run_scan(*, k, v, q, beta, decay, out, k_strides, v_strides, q_strides, out_
         *k_strides, *v_strides, *beta_args[1:], *decay.stride(), float(scale_a), float(scale_u),
         heads, frames, spatial, DK=dk, DV=dv, DKP=dkp, DVP=dvp, BS=bs, HAS_BETA=beta is not None,
         HAS_INFL=infl is not None, F16_DOT=bool(f16_dot), PREC=precision, SPLIT=bool(split),
+        US=st_width, UPERM=decode is not None,
         num_warps=num_warps[0], num_stages=num_stages[0])
     if decode is not None:  # whole quads per program (see _recurrence_kernel)
-        bv = max(block_v or quads, quads)
+        bv = min(max(block_v or quads, quads), st_width)
         ncb = st_width // bv
     else:
         bv = block_v or min(dvp, 32)
