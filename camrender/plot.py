@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 
 import numpy as np
 
@@ -173,25 +172,7 @@ def plot_trajectory(traj, path, *, every: int | None = None) -> None:
 
 
 def _save_atomic(fig, path) -> None:
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        raise CamrenderError("output path is a directory", path=path)
-    if not os.path.isdir(folder):
-        raise CamrenderError(f"output folder does not exist: {folder}", path=path)
-    handle, temp = tempfile.mkstemp(prefix=".tmp-", suffix=".png", dir=folder)
-    try:
-        with os.fdopen(handle, "wb") as out:
-            fig.savefig(out, format="png")
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(temp, 0o666 & ~umask)  # mkstemp creates 0600; give the PNG normal permissions
-        os.replace(temp, path)
-    except BaseException as error:
-        try:
-            os.unlink(temp)
-        except OSError:
-            pass
-        if isinstance(error, OSError):
-            raise CamrenderError(f"cannot write: {error.strerror or error}", path=path) from None
-        raise
+    from camrender.formats.fileio import atomic_output
+
+    with atomic_output(path, "wb") as out:
+        fig.savefig(out, format="png")

@@ -81,6 +81,20 @@ def test_camera_branch_variants_match_reference(variant):
     assert rel(got, default) > 1e-4  # the switch matters on these inputs
 
 
+
+@pytest.mark.parametrize("tuning", [dict(stage_variant="quads"), dict(stage_block_s=8, block_v=32, s_split=2),
+                                    dict(block_v=64, join_store=False, out_block_s=16)])
+def test_camera_branch_launch_variants_match_reference(tuning):
+    """Other stage kernels, recurrence column blocks (several quads per program) and output stores."""
+    x = branch_inputs(frames=3, spatial=4, seed=23)
+    state = 0.1 * torch.randn(2, 2, 16, 16, generator=torch.Generator().manual_seed(1))
+    starts = torch.tensor([True, False, True])
+    got, got_state = run_branch(x, backend="triton", tuning=tuning, initial_state=state, segment_starts=starts,
+                                return_final_state=True)
+    ref, ref_state = run_branch(x, backend="torch", initial_state=state, segment_starts=starts,
+                                return_final_state=True)
+    assert rel(got, ref) < 1e-5 and rel(got_state, ref_state) < 1e-5
+
 def test_cam_prep_and_decode_match_references():
     x = branch_inputs(frames=2, dim=112, spatial=3, seed=11)
     args = (x["q"], x["k"], x["v"], x["rays"])

@@ -1,6 +1,7 @@
 """Reading and atomically writing trajectory files, with every failure turned into CamrenderError."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -46,20 +47,25 @@ def read_json(path) -> object:
     return parse_json(read_text(path), os.fspath(path))
 
 
-def atomic_write_text(path, text: str) -> None:
-    """Write ``text`` to a temporary file next to ``path`` and rename it into place (no partial file)."""
+@contextlib.contextmanager
+def atomic_output(path, mode: str = "w"):
+    """Open a temporary file next to ``path`` for writing; rename it into place when the block
+    completes, delete it when the block raises (no partial file is ever left at ``path``)."""
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise CamrenderError("output path is a directory", path=path)
     if not os.path.isdir(folder):
         raise CamrenderError(f"output folder does not exist: {folder}", path=path)
     try:
         handle, temp = tempfile.mkstemp(prefix=".tmp-", suffix=os.path.basename(path)[-32:], dir=folder)
     except OSError as error:
         raise CamrenderError(f"cannot write: {error.strerror or error}", path=path) from None
+    text_options = {} if "b" in mode else {"encoding": "utf-8", "newline": "\n"}
     try:
         os.chmod(temp, _file_mode(path))  # mkstemp makes 0600 files; use what a plain open() would give
-        with os.fdopen(handle, "w", encoding="utf-8", newline="\n") as out:
-            out.write(text)
+        with os.fdopen(handle, mode, **text_options) as out:
+            yield out
             out.flush()
             os.fsync(out.fileno())
         os.replace(temp, path)
@@ -71,6 +77,12 @@ def atomic_write_text(path, text: str) -> None:
         if isinstance(error, OSError):
             raise CamrenderError(f"cannot write: {error.strerror or error}", path=path) from None
         raise
+
+
+def atomic_write_text(path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (see `atomic_output`)."""
+    with atomic_output(path) as out:
+        out.write(text)
 
 
 def _file_mode(path: str) -> int:
