@@ -113,6 +113,7 @@ def _resolve_request(options: dict):
         device=options["device"],
         offload=options["offload"],
         transformer_weights=options["transformer_weights"],
+        vae=options["vae"],
         kernels=options["kernels"],
         mode=options["mode"],
         segment_frames=options["segment_frames"],
@@ -174,6 +175,8 @@ def _quiet_libraries() -> None:
 @click.option("--offload", is_flag=True, help="Model CPU offload: components visit the GPU only while they run.")
 @click.option("--transformer-weights", default=None, type=click.Path(path_type=Path),
               help="Original-format DiT weights (.safetensors or .pt) loaded over the transformer.")
+@click.option("--vae", default=None, type=click.Path(path_type=Path),
+              help="Diffusers VAE folder replacing the pipeline's, e.g. SANA-WM_streaming/ltx2_causal_vae.")
 @click.option("--kernels", default="fused", show_default=True, type=click.Choice(["fused", "torch"]),
               help="fused: Triton kernels (PyTorch on CPU); torch: PyTorch references.")
 @click.option("--mode", default=None, type=click.Choice(["full", "segments"]),
@@ -204,7 +207,7 @@ def render(**options):
     log = lambda line: click.echo(f"camrender: {line}", err=True)  # noqa: E731
     click.echo(f"camrender: loading {request.model}", err=True)
     pipe = load_pipeline(request.model, dtype=request.dtype, device=request.device, offload=request.offload,
-                         transformer_weights=request.transformer_weights, log=log)
+                         transformer_weights=request.transformer_weights, vae=request.vae, log=log)
     patch_transformer(pipe.transformer, kernels=request.kernels)
     check_request(pipe, request)
 

@@ -54,7 +54,7 @@ def resolve_dtype(dtype, device):
 
 # ----------------------------------------------------------------------------- pipeline
 def load_pipeline(model: str = DEFAULT_MODEL, *, dtype="auto", device=None, offload: bool = False,
-                  transformer_weights=None, log=None):
+                  transformer_weights=None, vae=None, log=None):
     """Load a `SanaWMPipeline` ready to run on `device`.
 
     Args:
@@ -64,6 +64,8 @@ def load_pipeline(model: str = DEFAULT_MODEL, *, dtype="auto", device=None, offl
         offload: model CPU offload (needs `accelerate` and a GPU): each component is moved to the
             GPU only while it runs.
         transformer_weights: optional original-format DiT file loaded over the transformer.
+        vae: optional diffusers `AutoencoderKLLTX2Video` folder replacing the pipeline's VAE
+            (e.g. the streaming checkpoint's causal VAE, `SANA-WM_streaming/ltx2_causal_vae`).
         log: optional callable(str) for warnings (missing/unexpected weight keys).
 
     Raises CamrenderError when the folder is missing, the hub is unreachable, or the weights
@@ -78,6 +80,8 @@ def load_pipeline(model: str = DEFAULT_MODEL, *, dtype="auto", device=None, offl
         pipe.to(dtype=torch_dtype)
     else:
         pipe = _from_pretrained(model, torch_dtype)
+    if vae is not None:
+        pipe.register_modules(vae=load_vae(vae, torch_dtype))
     if transformer_weights is not None:
         report = load_transformer_weights(pipe.transformer, transformer_weights)
         if log is not None:
@@ -116,6 +120,20 @@ def _from_pretrained(model: str, torch_dtype):
         return SanaWMPipeline.from_pretrained(source, dtype=torch_dtype)
     except Exception as error:  # hub/network errors come in many types; all mean "cannot load"
         raise CamrenderError(f"{_load_failure(model, source, error)}; {_SUGGESTION}", field="model") from None
+
+
+def load_vae(folder, torch_dtype):
+    """An `AutoencoderKLLTX2Video` from a local diffusers folder (its `config.json` + weights)."""
+    from diffusers import AutoencoderKLLTX2Video
+
+    folder = Path(folder).expanduser()
+    if not (folder / "config.json").is_file():
+        raise CamrenderError("not a diffusers VAE folder (no config.json)", path=folder, field="vae")
+    try:
+        return AutoencoderKLLTX2Video.from_pretrained(str(folder), torch_dtype=torch_dtype)
+    except Exception as error:
+        text = " ".join(str(error).split())[:160] or type(error).__name__
+        raise CamrenderError(f"cannot load the VAE ({text})", path=folder, field="vae") from None
 
 
 def _load_failure(model: str, source: str, error: Exception) -> str:

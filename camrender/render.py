@@ -46,6 +46,7 @@ class RenderRequest:
         device: "cuda", "cuda:1", "cpu", ... or None for auto (CUDA when available).
         offload: model CPU offload (components move to the device only while they run).
         transformer_weights: optional original-format DiT file loaded over the transformer.
+        vae: optional diffusers VAE folder replacing the pipeline's (the streaming causal VAE).
         kernels: "fused" | "torch" (which camera-branch implementation the patch uses).
         mode: "full" (whole clip at once) | "segments" (chunk-causal, state-cached).
         segment_frames: latent frames per segment (segment mode).
@@ -69,6 +70,7 @@ class RenderRequest:
     device: Optional[str] = None
     offload: bool = False
     transformer_weights: Optional[str] = None
+    vae: Optional[str] = None
     kernels: str = "fused"
     mode: str = "full"
     segment_frames: int = 3

@@ -140,3 +140,17 @@ def test_state_dict_unwrapping(tmp_path):
     path = tmp_path / "w.pt"
     torch.save({"state_dict": {"model.a": torch.ones(1), "pos_embed": torch.ones(1), "b": torch.zeros(1)}}, path)
     assert sorted(read_original_state_dict(path)) == ["a", "b"]
+
+
+def test_vae_folder_replaces_the_pipeline_vae(saved_pipeline):
+    folder, original = saved_pipeline  # seed 5: its VAE differs from the seed-0 tiny model's
+    pipe = load_pipeline("tiny", dtype="float32", device="cpu", vae=folder / "vae")
+    assert_same_weights(pipe.vae, original.vae)
+    stock = load_pipeline("tiny", dtype="float32", device="cpu")
+    assert any(not torch.equal(a, b) for a, b in zip(stock.vae.state_dict().values(), pipe.vae.state_dict().values()))
+
+
+def test_vae_folder_missing(tmp_path):
+    with pytest.raises(CamrenderError, match="not a diffusers VAE folder") as error:
+        load_pipeline("tiny", dtype="float32", device="cpu", vae=tmp_path)
+    assert error.value.field == "vae"
