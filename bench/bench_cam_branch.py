@@ -63,11 +63,14 @@ def make_inputs(shape, seed, device):
                 state=state)
 
 
+BASE_TUNING = {}  # --tuning / --tuning-from: applied under every configuration
+
+
 def ours(x, dtype, precision="tf32", tuning=None):
     cast = (lambda a: a.to(dtype))
     return kernels.camera_branch(cast(x["q"]), cast(x["k"]), cast(x["v"]), cast(x["beta"]), x["decay"], x["rays"],
                                  q_norm_weight=x["qw"], k_norm_weight=x["kw"], initial_state=x["state"],
-                                 precision=precision, backend="triton", tuning=tuning)
+                                 precision=precision, backend="triton", tuning={**BASE_TUNING, **(tuning or {})})
 
 
 def rel_err(out, ref):
@@ -205,14 +208,25 @@ def main():
     parser.add_argument("--shapes", default="release,stream")
     parser.add_argument("--no-sweep", action="store_true")
     parser.add_argument("--cpu-smoke", action="store_true", help="errors only, on CPU (TRITON_INTERPRET=1)")
+    parser.add_argument("--tuning", default=None, help="JSON dict of camera_branch launch parameters to run with")
+    parser.add_argument("--tuning-from", default=None,
+                        help="JSON written by tune_cam_branch.py: run with its 'best' configuration")
     args = parser.parse_args()
+    if args.tuning_from:
+        try:
+            with open(args.tuning_from) as fh:
+                BASE_TUNING.update(json.load(fh)["best"]["tuning"])
+        except (OSError, KeyError, ValueError) as exc:
+            print(f"--tuning-from {args.tuning_from}: {exc!r}; using the defaults", file=sys.stderr)
+    if args.tuning:
+        BASE_TUNING.update(json.loads(args.tuning))
 
     def log(msg):
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
     device = "cpu" if args.cpu_smoke else "cuda"
     result = dict(device=torch.cuda.get_device_name() if device == "cuda" else "cpu",
-                  torch=torch.__version__, triton=triton.__version__)
+                  torch=torch.__version__, triton=triton.__version__, tuning=dict(BASE_TUNING))
     try:
         result["delta_scan_check"] = delta_scan_check(device)
     except Exception:

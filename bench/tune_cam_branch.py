@@ -24,22 +24,31 @@ from kernels import reference  # noqa: E402
 
 cam_prep = importlib.import_module("kernels.cam_prep")
 
-STAGE = [("tiles", 16, 4), ("tiles", 8, 4), ("tiles_prefetch", 16, 4), ("quads", 8, 4)]
+STAGE = [("tiles", 16, 4), ("tiles_two_sums", 16, 4)]
 # Per-kernel alternatives to kernels.camera_branch's defaults: (name, kernel, settings); kernel 0 =
-# transition, 1 = recurrence, 2 = output (index into num_warps / num_stages).
-SCAN = [
-    ("rec_bv64_w8_st1", 1, dict(warps=8, stages=1, block_v=64)),
-    ("rec_bv64_w8_st2", 1, dict(warps=8, stages=2, block_v=64)),
-    ("rec_bv128_w8_st1", 1, dict(warps=8, stages=1, block_v=128)),
+# transition, 1 = recurrence, 2 = output (index into num_warps / num_stages), None = stage.
+SCAN = [  # most promising first (--budget cuts the tail)
+    ("out_quads", 2, dict(out_variant="quads")),
+    ("rec_f16", 1, dict(rec_f16=True)),
+    ("rec_st1", 1, dict(stages=1)),
     ("rec_st2", 1, dict(stages=2)),
-    ("out_split2", 2, dict(s_split=2)),
+    ("stage_two_sums", None, dict(stage_variant="tiles_two_sums")),
     ("out_w8", 2, dict(warps=8)),
+    ("out_split2", 2, dict(s_split=2)),
+    ("rec_f16_st2", 1, dict(rec_f16=True, stages=2)),
+    ("rec_bv64_w8_st1", 1, dict(warps=8, stages=1, block_v=64)),
     ("out_bs128_w8", 2, dict(warps=8, out_block_s=128)),
-    ("out_split8", 2, dict(s_split=8)),
+    ("out_bs32", 2, dict(out_block_s=32)),
     ("trans_nosplit", 0, dict(split=False)),
-    ("trans_w4", 0, dict(warps=4)),
+    ("trans_st4", 0, dict(stages=4)),
+    ("out_st2", 2, dict(stages=2)),
+    ("rec_bv64_w4_st2", 1, dict(stages=2, block_v=64)),
+    ("trans_bs128", 0, dict(block_s=128, out_block_s=64)),
 ]
 DEFAULT_WARPS, DEFAULT_STAGES = (8, 4, 4), (3, 3, 3)
+
+
+MAX_REL_L2 = 3e-3  # issue 3: error vs the ieee reference
 
 
 def compose(choices):
@@ -47,7 +56,9 @@ def compose(choices):
     warps, stages, tuning = list(DEFAULT_WARPS), list(DEFAULT_STAGES), {}
     for kernel, settings in choices:
         for key, value in settings.items():
-            if key == "warps":
+            if kernel is None:
+                tuning[key] = value
+            elif key == "warps":
                 warps[kernel] = value
             elif key == "stages":
                 stages[kernel] = value
@@ -87,13 +98,13 @@ def main():
     print("ieee", res["errors"]["ieee_fp32_in"], flush=True)
 
     b, t, s, h, d = (shape[k] for k in "BTSHD")
-    tables = cam_prep.ray_tables(x["rays"], b, t * s, d, device)
+    views = cam_prep.ray_views(x["rays"], b, t * s, d, device)
     stage_sel = STAGE if args.stage is None else [STAGE[int(i)] for i in args.stage.split(",")]
     for variant, bs, nw in stage_sel:
         if time.time() - t0 > args.budget:
             break
         name = f"{variant}_bs{bs}_w{nw}"
-        fn = lambda: cam_prep.cam_stage(xbf["q"], xbf["k"], xbf["v"], tables, num_frames=t,  # noqa: E731
+        fn = lambda: cam_prep.cam_stage(xbf["q"], xbf["k"], xbf["v"], views, num_frames=t,  # noqa: E731
                                         q_norm_weight=x["qw"], k_norm_weight=x["kw"], norm_eps=1e-5,
                                         downscale=True, beta=xbf["beta"], out_dtype=torch.float16,
                                         block_s=bs, num_warps=nw, variant=variant)
@@ -118,18 +129,27 @@ def main():
         print(f"[{time.time() - t0:6.1f}s] branch {name}: {res['branch'][name]}", flush=True)
         save()
 
+    def passes(got):
+        return isinstance(got, dict) and got["finite"] and got["rel_l2"] <= MAX_REL_L2
+
     best = {}  # kernel -> (ms, settings)
     for name, kernel, settings in scan_sel:
         if time.time() - t0 > args.budget:
             break
-        run_config(name, compose([(kernel, settings)] if kernel is not None else []))
+        run_config(name, compose([(kernel, settings)]) if name != "new_default" else compose([]))
         got = res["branch"][name]
-        if kernel is not None and isinstance(got, dict) and got["ms"] < best.get(kernel, (float("inf"),))[0]:
+        if name != "new_default" and passes(got) and got["ms"] < best.get(kernel, (float("inf"),))[0]:
             best[kernel] = (got["ms"], settings)
     base = res["branch"].get("new_default")
-    wins = [(k, v[1]) for k, v in best.items() if isinstance(base, dict) and v[0] < base["ms"]]
+    wins = [(k, v[1]) for k, v in best.items() if isinstance(base, dict) and v[0] < base["ms"] - 0.003]
     if len(wins) > 1:
         run_config("combo_best", compose(wins))
+    # The fastest configuration passing the error check (bench_cam_branch.py --tuning-from).
+    ok = {name: got for name, got in res["branch"].items() if passes(got)}
+    if ok:
+        name = min(ok, key=lambda n: ok[n]["ms"])
+        res["best"] = dict(name=name, ms=ok[name]["ms"], rel_l2=ok[name]["rel_l2"], tuning=ok[name]["tuning"])
+    print("best", json.dumps(res.get("best")), flush=True)
     try:
         if args.smoke:
             raise RuntimeError("no profile on CPU")

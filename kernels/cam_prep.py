@@ -13,11 +13,13 @@ from . import ucpe_tiles
 from ._validate import check_tensor
 
 
-def ray_tables(ray_transforms, batch, tokens, dim, device):
-    """Flatten diffusers' (P, P_T, P_inv, rope_cam) for the kernels.
+def ray_views(ray_transforms, batch, tokens, dim, device):
+    """Validate diffusers' (P, P_T, P_inv, rope_cam) and expose them to the kernels without copies
+    where possible (diffusers' P_T is a transposed view, its RoPE table complex).
 
-    Returns (p, p_t, p_inv, cos, sin): matrices (B*N, 4, 4) fp32 contiguous, RoPE tables
-    (N, D/4) fp32 (None when rope_cam is None). Raises ValueError on bad shapes.
+    Returns (p, p_t, p_inv, rope): matrices as (B, N, 4, 4) fp32 tensors of any strides (a
+    batch of one is expanded with stride 0), rope as (N, D/4, 2) fp32 contiguous (cos, sin)
+    pairs, or None when rope_cam is None. Raises ValueError on bad shapes.
     """
     if not isinstance(ray_transforms, (tuple, list)) or len(ray_transforms) != 4:
         raise ValueError("ray_transforms must be the tuple (P, P_T, P_inv, rope_cam)")
@@ -26,16 +28,39 @@ def ray_tables(ray_transforms, batch, tokens, dim, device):
         if not isinstance(m, torch.Tensor) or m.shape not in ((batch, tokens, 4, 4), (1, tokens, 4, 4)):
             got = tuple(m.shape) if isinstance(m, torch.Tensor) else type(m).__name__
             raise ValueError(f"ray_transforms {name} must have shape ({batch}, {tokens}, 4, 4), got {got}")
-        mats.append(m.to(device=device, dtype=torch.float32).expand(batch, tokens, 4, 4).contiguous())
+        mats.append(m.to(device=device, dtype=torch.float32).expand(batch, tokens, 4, 4))
     rope = ray_transforms[3]
     if rope is None:
-        return (*mats, None, None)
+        return (*mats, None)
     if not isinstance(rope, torch.Tensor) or not rope.is_complex() or rope.numel() != tokens * (dim // 4) \
             or rope.shape[-2:] != (tokens, dim // 4):
         got = tuple(rope.shape) if isinstance(rope, torch.Tensor) else type(rope).__name__
         raise ValueError(f"ray_transforms rope_cam must be complex of shape (1, 1, {tokens}, {dim // 4}), got {got}")
-    rope = rope.reshape(tokens, dim // 4).to(device)
-    return (*mats, rope.real.float().contiguous(), rope.imag.float().contiguous())
+    rope = rope.reshape(tokens, dim // 4).to(device=device, dtype=torch.complex64)
+    return (*mats, torch.view_as_real(rope).contiguous())
+
+
+def flat_tables(views):
+    """ray_views' output -> ray_tables' (contiguous copies for the kernels that index flat)."""
+    p, p_t, p_inv, rope = views
+    mats = [m.contiguous().reshape(-1, 4, 4) for m in (p, p_t, p_inv)]
+    if rope is None:
+        return (*mats, None, None)
+    return (*mats, rope[..., 0].contiguous(), rope[..., 1].contiguous())
+
+
+def ray_tables(ray_transforms, batch, tokens, dim, device):
+    """Flatten diffusers' (P, P_T, P_inv, rope_cam) for the kernels.
+
+    Returns (p, p_t, p_inv, cos, sin): matrices (B*N, 4, 4) fp32 contiguous, RoPE tables
+    (N, D/4) fp32 (None when rope_cam is None). Raises ValueError on bad shapes.
+    """
+    return flat_tables(ray_views(ray_transforms, batch, tokens, dim, device))
+
+
+def mat_strides(m):
+    """(b, n, row, col) element strides of a (B, N, 4, 4) matrix view."""
+    return tuple(m.stride())
 
 
 @triton.jit
@@ -113,29 +138,16 @@ def _cam_stage_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, sb_b, sb_h, sb_t, sb_s,
 
 
 @triton.jit
-def _token_matrix(mat_ptr, tok, tok_mask):
-    """Each token's 4x4 matrix (row-major 16 floats) as 16 (BS, 1) fp32 tensors."""
-    b = mat_ptr + tok * 16
-    return (tl.load(b + 0, mask=tok_mask, other=0.0)[:, None], tl.load(b + 1, mask=tok_mask, other=0.0)[:, None],
-            tl.load(b + 2, mask=tok_mask, other=0.0)[:, None], tl.load(b + 3, mask=tok_mask, other=0.0)[:, None],
-            tl.load(b + 4, mask=tok_mask, other=0.0)[:, None], tl.load(b + 5, mask=tok_mask, other=0.0)[:, None],
-            tl.load(b + 6, mask=tok_mask, other=0.0)[:, None], tl.load(b + 7, mask=tok_mask, other=0.0)[:, None],
-            tl.load(b + 8, mask=tok_mask, other=0.0)[:, None], tl.load(b + 9, mask=tok_mask, other=0.0)[:, None],
-            tl.load(b + 10, mask=tok_mask, other=0.0)[:, None], tl.load(b + 11, mask=tok_mask, other=0.0)[:, None],
-            tl.load(b + 12, mask=tok_mask, other=0.0)[:, None], tl.load(b + 13, mask=tok_mask, other=0.0)[:, None],
-            tl.load(b + 14, mask=tok_mask, other=0.0)[:, None], tl.load(b + 15, mask=tok_mask, other=0.0)[:, None])
-
-
-@triton.jit
 def _encode_halves(xa, xb, wa, wb, inv_rms, m, c0, s0, c1, s1, scale, out_scale, BS: tl.constexpr, GU: tl.constexpr,
                    D: tl.constexpr, HAS_NORM: tl.constexpr, RELU: tl.constexpr, HAS_ROPE: tl.constexpr,
-                   DOWNSCALE: tl.constexpr):
+                   DOWNSCALE: tl.constexpr, ONE_SUM: tl.constexpr):
     """Encode head vectors held as two contiguous (BS, 4GU) fp32 tiles (padding columns zero):
     xa = channels [0, D/2) (UCPE: y = M x per group of four), xb = channels [D/2, D) (RoPE).
 
     m: the token matrices as 16 (BS, 1) entries; c*/s*: (BS, GU) RoPE tables of the two pairs of
     each group; out_scale: (BS,) factor applied to the outputs only (not to post_sq).
-    Returns (ya, yb, pre_sq (BS,), post_sq (BS,)).
+    Returns (ya, yb, pre_sq (BS,), post_sq (BS,)). ONE_SUM: one row reduction per squared
+    norm over both halves, and the RoPE half's norm taken before the rotation (which keeps it).
     """
     row_scale = scale
     if HAS_NORM:
@@ -147,7 +159,11 @@ def _encode_halves(xa, xb, wa, wb, inv_rms, m, c0, s0, c1, s1, scale, out_scale,
     if RELU:
         xa = tl.maximum(xa, 0.0)
         xb = tl.maximum(xb, 0.0)
-    pre_sq = tl.sum(xa * xa, axis=1) + tl.sum(xb * xb, axis=1)
+    xb_sq = xb * xb
+    if ONE_SUM:
+        pre_sq = tl.sum(xa * xa + xb_sq, axis=1)
+    else:
+        pre_sq = tl.sum(xa * xa, axis=1) + tl.sum(xb_sq, axis=1)
     x0, x1, x2, x3 = ucpe_tiles.split_quads(xa, BS, GU)
     (a00, a01, a02, a03, a10, a11, a12, a13, a20, a21, a22, a23, a30, a31, a32, a33) = m
     ya = ucpe_tiles.join_quads(a00 * x0 + a01 * x1 + a02 * x2 + a03 * x3, a10 * x0 + a11 * x1 + a12 * x2 + a13 * x3,
@@ -157,7 +173,10 @@ def _encode_halves(xa, xb, wa, wb, inv_rms, m, c0, s0, c1, s1, scale, out_scale,
     if HAS_ROPE:
         x0, x1, x2, x3 = ucpe_tiles.split_quads(xb, BS, GU)
         yb = ucpe_tiles.join_quads(c0 * x0 - s0 * x1, s0 * x0 + c0 * x1, c1 * x2 - s1 * x3, s1 * x2 + c1 * x3, BS, GU)
-    post_sq = tl.sum(ya * ya, axis=1) + tl.sum(yb * yb, axis=1)
+    if ONE_SUM:
+        post_sq = tl.sum(ya * ya + xb_sq, axis=1)
+    else:
+        post_sq = tl.sum(ya * ya, axis=1) + tl.sum(yb * yb, axis=1)
     if DOWNSCALE:
         ref_rms = tl.sqrt(pre_sq / D + 1e-6)
         out_rms = tl.sqrt(post_sq / D + 1e-6)
@@ -171,18 +190,21 @@ def _encode_halves(xa, xb, wa, wb, inv_rms, m, c0, s0, c1, s1, scale, out_scale,
 
 @triton.jit
 def _cam_encode_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, sb_b, sb_h, sb_t, sb_s,
-                       qw_ptr, kw_ptr, pt_ptr, pinv_ptr, cos_ptr, sin_ptr,
+                       qw_ptr, kw_ptr, pt_ptr, spt_b, spt_n, spt_i, spt_j,
+                       pinv_ptr, spi_b, spi_n, spi_i, spi_j, rope_ptr,
                        q_out, k_out, v_out, infl_out,
                        N, S, norm_eps, k_scale,
                        H: tl.constexpr, D: tl.constexpr, GU: tl.constexpr, BS: tl.constexpr, BC: tl.constexpr,
                        HAS_QNORM: tl.constexpr, HAS_KNORM: tl.constexpr,
                        HAS_ROPE: tl.constexpr, DOWNSCALE: tl.constexpr, FOLD_BETA: tl.constexpr,
-                       PREFETCH: tl.constexpr):
+                       PREFETCH: tl.constexpr, ONE_SUM: tl.constexpr):
     """_cam_stage_kernel's contract on contiguous tiles: one program per (BS tokens, b).
 
     Each head vector is loaded and stored as two contiguous rows (the UCPE half and the RoPE
-    half, 16-byte accesses) and split into quads in registers; the per-token matrices and RoPE
-    tables are loaded once per program, before the loop over heads. PREFETCH loads the next
+    half, 16-byte accesses) and split into quads in registers; the per-token matrices (any
+    strides: diffusers' P_T is a transposed view) and the interleaved RoPE table (see
+    ucpe_tiles.rope_pairs) are loaded once per program, before the loop over heads. PREFETCH
+    loads the next
     head's tiles before encoding the current one.
     """
     b = tl.program_id(1).to(tl.int64)
@@ -211,21 +233,14 @@ def _cam_encode_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, sb_b, sb_h, sb_t, sb_s,
                 acc_k += xk * xk
         q_rms = 1.0 / tl.sqrt(tl.sum(acc_q, axis=1) / C + norm_eps)
         k_rms = 1.0 / tl.sqrt(tl.sum(acc_k, axis=1) / C + norm_eps)
-    tok = b * N + n
-    m_q = _token_matrix(pt_ptr, tok, nmask)
-    m_k = _token_matrix(pinv_ptr, tok, nmask)
-    g = tl.arange(0, GU)[None, :]
+    m_q = ucpe_tiles.token_matrix(pt_ptr, b * spt_b + n * spt_n, spt_i, spt_j, nmask)
+    m_k = ucpe_tiles.token_matrix(pinv_ptr, b * spi_b + n * spi_n, spi_i, spi_j, nmask)
     c0 = tl.zeros((BS, GU), dtype=tl.float32)
     s0 = c0
     c1 = c0
     s1 = c0
     if HAS_ROPE:
-        in_rope = (g < NGU) & nmask[:, None]
-        off = n[:, None] * (2 * NGU) + 2 * g
-        c0 = tl.load(cos_ptr + off, mask=in_rope, other=0.0)
-        s0 = tl.load(sin_ptr + off, mask=in_rope, other=0.0)
-        c1 = tl.load(cos_ptr + off + 1, mask=in_rope, other=0.0)
-        s1 = tl.load(sin_ptr + off + 1, mask=in_rope, other=0.0)
+        c0, s0, c1, s1 = ucpe_tiles.rope_pairs(rope_ptr, n, nmask, GU, NGU)
     if FOLD_BETA:
         t = n // S
         sb_off = t * sb_t + (n - t * S) * sb_s
@@ -276,19 +291,20 @@ def _cam_encode_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, sb_b, sb_h, sb_t, sb_s,
         if FOLD_BETA:
             root = tl.sqrt(tl.load(beta_ptr + b * sb_b + h * sb_h + sb_off, mask=nmask, other=0.0).to(tl.float32))
         ya, yb, _, _ = _encode_halves(xqa.to(tl.float32), xqb.to(tl.float32), wqa, wqb, q_rms, m_q, c0, s0, c1, s1,
-                                      1.0, one, BS, GU, D, HAS_QNORM, True, HAS_ROPE, DOWNSCALE)
+                                      1.0, one, BS, GU, D, HAS_QNORM, True, HAS_ROPE, DOWNSCALE, ONE_SUM)
         tl.store(q_out + dst, ya.to(q_out.dtype.element_ty), mask=tmask)
         tl.store(q_out + dst + HALF, yb.to(q_out.dtype.element_ty), mask=tmask)
         k_fold = one
         if FOLD_BETA:
             k_fold = root / k_scale
         ya, yb, pre, post = _encode_halves(xka.to(tl.float32), xkb.to(tl.float32), wka, wkb, k_rms, m_k, c0, s0, c1,
-                                           s1, k_scale, k_fold, BS, GU, D, HAS_KNORM, True, HAS_ROPE, DOWNSCALE)
+                                           s1, k_scale, k_fold, BS, GU, D, HAS_KNORM, True, HAS_ROPE, DOWNSCALE,
+                                           ONE_SUM)
         tl.store(infl_out + (b * H + h) * N + n, ucpe_tiles.inflation_sq(pre, post, nmask), mask=nmask)
         tl.store(k_out + dst, ya.to(k_out.dtype.element_ty), mask=tmask)
         tl.store(k_out + dst + HALF, yb.to(k_out.dtype.element_ty), mask=tmask)
         ya, yb, _, _ = _encode_halves(xva.to(tl.float32), xvb.to(tl.float32), wqa, wqb, q_rms, m_k, c0, s0, c1, s1,
-                                      1.0, root, BS, GU, D, False, False, HAS_ROPE, DOWNSCALE)
+                                      1.0, root, BS, GU, D, False, False, HAS_ROPE, DOWNSCALE, ONE_SUM)
         tl.store(v_out + dst, ya.to(v_out.dtype.element_ty), mask=tmask)
         tl.store(v_out + dst + HALF, yb.to(v_out.dtype.element_ty), mask=tmask)
 
@@ -298,31 +314,38 @@ def quad_groups(dim):
     return max(16, triton.next_power_of_2(dim // 4))
 
 
-def cam_stage(q, k, v, tables, *, num_frames, q_norm_weight, k_norm_weight, norm_eps, downscale,
+def cam_stage(q, k, v, views, *, num_frames, q_norm_weight, k_norm_weight, norm_eps, downscale,
               beta=None, out_dtype=torch.float32, block_s=16, num_warps=4, variant="tiles"):
-    """Launch the stage kernel. tables = ray_tables(...). Returns (q', k', v', inflation_sq)
+    """Launch the stage kernel. views = ray_views(...). Returns (q', k', v', inflation_sq)
     with encodings (B, H, N, D) in out_dtype and inflation (B, H, N) fp32. With `beta` the
     key/value are stored beta-folded (see _cam_stage_kernel). variant: "tiles"
-    (_cam_encode_kernel, contiguous 16-byte tiles) or "quads" (_cam_stage_kernel, stride-4 loads)."""
+    (_cam_encode_kernel, contiguous 16-byte tiles, reads the views in place), "tiles_prefetch",
+    "tiles_two_sums" (see _encode_halves' ONE_SUM) or "quads" (_cam_stage_kernel, stride-4
+    loads, flat copies of the tables)."""
     batch, tokens, heads, dim = q.shape
     spatial = tokens // num_frames
-    _, p_t, p_inv, cos, sin = tables
     outs = [torch.empty(batch, heads, tokens, dim, device=q.device, dtype=out_dtype) for _ in range(3)]
     infl = torch.empty(batch, heads, tokens, device=q.device, dtype=torch.float32)
-    dummy = p_t
+    dummy = infl
     beta_args = (beta, *beta.stride()) if beta is not None else (dummy, 0, 0, 0, 0)
+    has_rope = views[3] is not None
     if variant == "quads":
+        _, p_t, p_inv, cos, sin = flat_tables(views)
         kernel, extra = _cam_stage_kernel, dict(G=quad_groups(dim), NGU=dim // 8)
+        ray_args = (p_t, p_inv, cos if has_rope else dummy, sin if has_rope else dummy)
     else:
-        kernel, extra = _cam_encode_kernel, dict(GU=triton.next_power_of_2(dim // 8), PREFETCH=variant == "tiles_prefetch")
+        _, p_t, p_inv, rope = views
+        kernel = _cam_encode_kernel
+        extra = dict(GU=triton.next_power_of_2(dim // 8), PREFETCH=variant == "tiles_prefetch",
+                     ONE_SUM=variant != "tiles_two_sums")
+        ray_args = (p_t, *mat_strides(p_t), p_inv, *mat_strides(p_inv), rope if has_rope else dummy)
     kernel[(triton.cdiv(tokens, block_s), batch)](
         q, k, v, *beta_args,
         q_norm_weight if q_norm_weight is not None else dummy,
-        k_norm_weight if k_norm_weight is not None else dummy,
-        p_t, p_inv, cos if cos is not None else dummy, sin if sin is not None else dummy,
+        k_norm_weight if k_norm_weight is not None else dummy, *ray_args,
         outs[0], outs[1], outs[2], infl, tokens, spatial, float(norm_eps), float(dim ** -0.5 * spatial ** -0.5),
         H=heads, D=dim, BS=block_s, BC=256,
-        HAS_QNORM=q_norm_weight is not None, HAS_KNORM=k_norm_weight is not None, HAS_ROPE=cos is not None,
+        HAS_QNORM=q_norm_weight is not None, HAS_KNORM=k_norm_weight is not None, HAS_ROPE=has_rope,
         DOWNSCALE=bool(downscale), FOLD_BETA=beta is not None, num_warps=num_warps, **extra)
     return outs[0], outs[1], outs[2], infl
 
@@ -357,8 +380,8 @@ def cam_prep(q, k, v, ray_transforms, *, num_frames, q_norm_weight=None, k_norm_
     frames, spatial = num_frames, tokens // num_frames
     check_norm_weight("q_norm_weight", q_norm_weight, heads * dim)
     check_norm_weight("k_norm_weight", k_norm_weight, heads * dim)
-    tables = ray_tables(ray_transforms, batch, tokens, dim, q.device)
-    q_enc, k_enc, v_enc, infl = cam_stage(q, k, v, tables, num_frames=frames, q_norm_weight=q_norm_weight,
+    views = ray_views(ray_transforms, batch, tokens, dim, q.device)
+    q_enc, k_enc, v_enc, infl = cam_stage(q, k, v, views, num_frames=frames, q_norm_weight=q_norm_weight,
                                           k_norm_weight=k_norm_weight, norm_eps=norm_eps, downscale=downscale)
     shape = (batch, heads, frames, spatial, dim)
     return q_enc.view(shape), k_enc.view(shape), v_enc.view(shape), infl.view(shape[:4])

@@ -11,7 +11,7 @@ import torch
 
 from . import reference
 from ._validate import check_choice, check_tensor, segment_starts_tensor
-from .cam_prep import cam_stage, check_norm_weight, check_projections, ray_tables
+from .cam_prep import cam_stage, check_norm_weight, check_projections, ray_views
 from .delta_scan import PRECISIONS, run_scan
 
 BACKENDS = ("auto", "triton", "torch")
@@ -50,7 +50,8 @@ def camera_branch(q, k, v, beta, decay, ray_transforms, *, q_norm_weight, k_norm
         backend: "triton", "torch" (fp32 references) or "auto".
         return_final_state: also return the forward state after the last frame.
         tuning: optional dict of launch parameters (block_s, out_block_s, s_split, block_v,
-            num_warps, split, join_store, stage_block_s, stage_num_warps, stage_variant), for
+            num_warps, num_stages, split, join_store, out_variant, rec_f16, stage_block_s,
+            stage_num_warps, stage_variant; see delta_scan.run_scan and cam_prep.cam_stage), for
             benchmarks.
 
     Returns:
@@ -69,7 +70,7 @@ def camera_branch(q, k, v, beta, decay, ray_transforms, *, q_norm_weight, k_norm
     if initial_state is not None:
         check_tensor("initial_state", initial_state, (batch, heads, dim, dim), contiguous=False)
     check_choice("precision", precision, PRECISIONS)
-    p, p_t, p_inv, cos, sin = ray_tables(ray_transforms, batch, tokens, dim, q.device)
+    views = ray_views(ray_transforms, batch, tokens, dim, q.device)  # validates; no copies
     starts = segment_starts_tensor(segment_starts, batch, frames, q.device)
 
     if resolve_backend(backend, q.device) == "torch":
@@ -86,7 +87,7 @@ def camera_branch(q, k, v, beta, decay, ray_transforms, *, q_norm_weight, k_norm
     stage_dtype = torch.float16 if precision == "tf32" else torch.float32
     k_scale = dim ** -0.5 * spatial ** -0.5
     q_enc, k_enc, v_enc, infl = cam_stage(
-        q, k, v, (p, p_t, p_inv, cos, sin), num_frames=frames, q_norm_weight=q_norm_weight,
+        q, k, v, views, num_frames=frames, q_norm_weight=q_norm_weight,
         k_norm_weight=k_norm_weight, norm_eps=norm_eps, downscale=downscale, beta=beta, out_dtype=stage_dtype,
         block_s=stage_tuning.get("stage_block_s", 16), num_warps=stage_tuning.get("stage_num_warps", 4),
         variant=stage_tuning.get("stage_variant", "tiles"))
@@ -98,5 +99,5 @@ def camera_branch(q, k, v, beta, decay, ray_transforms, *, q_norm_weight, k_norm
                      batch=batch, heads=heads, frames=frames, spatial=spatial, dk=dim, dv=dim,
                      initial_state=initial_state.float().contiguous() if initial_state is not None else None,
                      starts=starts, reverse=True, precision=precision, infl=infl, scale_a=k_scale * k_scale,
-                     scale_u=k_scale, decode=(p, cos, sin), f16_dot=precision == "tf32", **tuning)
+                     scale_u=k_scale, decode=(views[0], views[3]), f16_dot=precision == "tf32", **tuning)
     return (out, final) if return_final_state else out

@@ -75,7 +75,8 @@ def _frame_transition(k_base, v_base, beta_base, infl_base, sk_s, sv_s, sb_s, g,
         discount = 1.0 / tl.maximum(tl.sum(infl, axis=0) / S, 1.0)
     if WANT_W:
         eye = ((dk[:, None] == dk[None, :]) & (dk[:, None] < DK)).to(tl.float32)
-        tl.store(w_out + dk[:, None] * DKP + dk[None, :], g * (eye - acc_a * (scale_a * discount)))
+        w = g * (eye - acc_a * (scale_a * discount))
+        tl.store(w_out + dk[:, None] * DKP + dk[None, :], w.to(w_out.dtype.element_ty))
     if WANT_U:
         acc_u = acc_u * (scale_u * discount)
         if UPERM:  # column 4g + j at j * (US / 4) + g (see _recurrence_kernel)
@@ -135,13 +136,17 @@ def _transition_kernel(k_ptr, v_ptr, beta_ptr, decay_ptr, infl_ptr, w_ptr, u_ptr
 def _recurrence_kernel(w_ptr, u_ptr, st_ptr, init_ptr, final_ptr, starts_ptr, H, T, BH, NCB,
                        DK: tl.constexpr, DV: tl.constexpr, DKP: tl.constexpr, DVP: tl.constexpr,
                        BV: tl.constexpr, HAS_INIT: tl.constexpr, HAS_STARTS: tl.constexpr,
-                       PREC: tl.constexpr, SW: tl.constexpr, PERM: tl.constexpr):
+                       PREC: tl.constexpr, SW: tl.constexpr, PERM: tl.constexpr, F16_DOT: tl.constexpr):
     """One program per (b, h, block of BV value columns, direction 0 = forward / 1 = reverse);
     stores every M_t (forward) or R_t (reverse) of its columns (rows of SW entries, in the
     buffer's dtype), and the final forward state. PERM stores column 4g + j at j * (SW / 4) + g,
     so the output kernel reads each quad's columns as one contiguous block; program cb then
     owns the columns of quads [cb * R, (cb + 1) * R), R = BV / (SW / 4), which it stores as one
-    contiguous block of BV."""
+    contiguous block of BV.
+
+    W_t may be stored in fp16 (camera tf32 mode: the 10-bit mantissa the tf32 product keeps
+    anyway); F16_DOT then runs the products on fp16 operands (the state rounded like the stored
+    per-frame states), accumulating in fp32 onto U_t."""
     pid = tl.program_id(0)
     direction = tl.program_id(1)
     cb = pid % NCB
@@ -173,7 +178,10 @@ def _recurrence_kernel(w_ptr, u_ptr, st_ptr, init_ptr, final_ptr, starts_ptr, H,
         for t in range(T):
             w = tl.load(w_base + t * DKP * DKP + w_tile)
             u = tl.load(u_base + t * DKP * SW + u_tile)
-            m = tl.dot(w, m, u, input_precision=PREC)
+            if F16_DOT:
+                m = tl.dot(w.to(tl.float16), m.to(tl.float16), u)
+            else:
+                m = tl.dot(w.to(tl.float32), m, u, input_precision=PREC)
             tl.store(st_base + t * DKP * SW + st_tile, m.to(st_ty))
         tl.store(final_ptr + state_off, m, mask=valid)
     else:
@@ -183,7 +191,10 @@ def _recurrence_kernel(w_ptr, u_ptr, st_ptr, init_ptr, final_ptr, starts_ptr, H,
             t = T - 2 - i
             w = tl.load(w_base + (t + 1) * DKP * DKP + w_tile)
             u = tl.load(u_base + (t + 1) * DKP * SW + u_tile)
-            r = tl.dot(w, r, u, input_precision=PREC)
+            if F16_DOT:
+                r = tl.dot(w.to(tl.float16), r.to(tl.float16), u)
+            else:
+                r = tl.dot(w.to(tl.float32), r, u, input_precision=PREC)
             if HAS_STARTS:
                 cut = tl.load(starts_ptr + b * T + t + 1)
                 r = r * (1 - cut).to(tl.float32)
@@ -280,6 +291,100 @@ def _output_kernel(q_ptr, st_ptr, out_ptr, sq_b, sq_h, sq_t, sq_s, so_b, so_h, s
                      mask=smask[:, None] & (dv[None, :] < DV))
 
 
+@triton.jit
+def _state_quads(st_ptr, frame_off, rev_off, first, NG, DK: tl.constexpr, DKP: tl.constexpr, GQ: tl.constexpr,
+                 GH: tl.constexpr, SW: tl.constexpr, REVERSE: tl.constexpr, F16_DOT: tl.constexpr):
+    """Groups [first, first + NG) of the four quads of M_t (+ R_t), from the column-permuted
+    state (quad j in columns [j GQ, (j + 1) GQ)): four (DKP, GH) tiles, zero past NG."""
+    dk = tl.arange(0, DKP)
+    g = tl.arange(0, GH)
+    col = frame_off + dk[:, None] * SW + first + g[None, :]
+    m = (dk[:, None] < DK) & (g[None, :] < NG)
+    s0 = tl.load(st_ptr + col, mask=m, other=0.0).to(tl.float32)
+    s1 = tl.load(st_ptr + col + GQ, mask=m, other=0.0).to(tl.float32)
+    s2 = tl.load(st_ptr + col + 2 * GQ, mask=m, other=0.0).to(tl.float32)
+    s3 = tl.load(st_ptr + col + 3 * GQ, mask=m, other=0.0).to(tl.float32)
+    if REVERSE:
+        s0 += tl.load(st_ptr + rev_off + col, mask=m, other=0.0).to(tl.float32)
+        s1 += tl.load(st_ptr + rev_off + col + GQ, mask=m, other=0.0).to(tl.float32)
+        s2 += tl.load(st_ptr + rev_off + col + 2 * GQ, mask=m, other=0.0).to(tl.float32)
+        s3 += tl.load(st_ptr + rev_off + col + 3 * GQ, mask=m, other=0.0).to(tl.float32)
+    if F16_DOT:
+        s0, s1, s2, s3 = s0.to(tl.float16), s1.to(tl.float16), s2.to(tl.float16), s3.to(tl.float16)
+    return s0, s1, s2, s3
+
+
+@triton.jit
+def _dot4(qt, s0, s1, s2, s3, F16_DOT: tl.constexpr, PREC: tl.constexpr):
+    """(Q s0, Q s1, Q s2, Q s3), fp32."""
+    if F16_DOT:
+        o0, o1, o2, o3 = tl.dot(qt, s0), tl.dot(qt, s1), tl.dot(qt, s2), tl.dot(qt, s3)
+    else:
+        o0 = tl.dot(qt, s0, input_precision=PREC)
+        o1 = tl.dot(qt, s1, input_precision=PREC)
+        o2 = tl.dot(qt, s2, input_precision=PREC)
+        o3 = tl.dot(qt, s3, input_precision=PREC)
+    return o0, o1, o2, o3
+
+
+@triton.jit
+def _output_halves_kernel(q_ptr, st_ptr, out_ptr, sq_b, sq_h, sq_t, sq_s, so_b, so_h, so_t, so_s,
+                          p_ptr, sp_b, sp_n, sp_i, sp_j, rope_ptr, H, T, S, BH, S_PER_PROG,
+                          DK: tl.constexpr, DV: tl.constexpr, DKP: tl.constexpr, BS: tl.constexpr,
+                          GQ: tl.constexpr, GH: tl.constexpr, HAS_ROPE: tl.constexpr, REVERSE: tl.constexpr,
+                          F16_DOT: tl.constexpr, PREC: tl.constexpr, SW: tl.constexpr):
+    """Camera output with decode, one program per (b, h, t, token split): O = Q_t (M_t + R_t),
+    decoded and stored as (B, N, C) rows.
+
+    The UCPE half (groups [0, NGU), NGU = DV / 8) and the RoPE half (groups [NGU, 2 NGU)) of the
+    column-permuted state are held as separate (DKP, GH) quads, so each half is decoded by its
+    own rule only (P of the token, conjugate RoPE) and stored as one contiguous (BS, DV / 2) row
+    block, as the encode kernel loads it. p: the tokens' P matrices, any strides; rope: the
+    interleaved (N, DV / 4, 2) (cos, sin) table.
+    """
+    pid = tl.program_id(0)
+    t = pid % T
+    bh = (pid // T).to(tl.int64)
+    b = bh // H
+    h = bh % H
+    NGU: tl.constexpr = DV // 8
+    HALF: tl.constexpr = DV // 2
+    dk = tl.arange(0, DKP)
+    frame_off = (bh * T + t) * DKP * SW
+    rev_off = BH * T * DKP * SW
+    q_base = q_ptr + b * sq_b + h * sq_h + t * sq_t
+    o_base = out_ptr + b * so_b + h * so_h + t * so_t
+    s_begin = tl.program_id(1) * S_PER_PROG
+    s_end = tl.minimum(s_begin + S_PER_PROG, S)
+    a0, a1, a2, a3 = _state_quads(st_ptr, frame_off, rev_off, 0, NGU, DK, DKP, GQ, GH, SW, REVERSE, F16_DOT)
+    b0, b1, b2, b3 = _state_quads(st_ptr, frame_off, rev_off, NGU, NGU, DK, DKP, GQ, GH, SW, REVERSE, F16_DOT)
+    oc = tl.arange(0, 4 * GH)
+    for s0 in range(s_begin, s_end, BS):
+        s = s0 + tl.arange(0, BS)
+        smask = s < s_end
+        qt = tl.load(q_base + s[:, None] * sq_s + dk[None, :], mask=smask[:, None] & (dk[None, :] < DK), other=0.0)
+        if F16_DOT:
+            qt = qt.to(tl.float16)
+        else:
+            qt = qt.to(tl.float32)
+        n = t * S + s
+        omask = smask[:, None] & (oc[None, :] < HALF)
+        o_rows = o_base + s[:, None] * so_s + oc[None, :]
+        x0, x1, x2, x3 = _dot4(qt, a0, a1, a2, a3, F16_DOT, PREC)
+        (m00, m01, m02, m03, m10, m11, m12, m13, m20, m21, m22, m23, m30, m31, m32, m33) = \
+            ucpe_tiles.token_matrix(p_ptr, b * sp_b + n * sp_n, sp_i, sp_j, smask)
+        o = ucpe_tiles.join_quads(m00 * x0 + m01 * x1 + m02 * x2 + m03 * x3, m10 * x0 + m11 * x1 + m12 * x2 + m13 * x3,
+                                  m20 * x0 + m21 * x1 + m22 * x2 + m23 * x3, m30 * x0 + m31 * x1 + m32 * x2 + m33 * x3,
+                                  BS, GH)
+        tl.store(o_rows, o.to(out_ptr.dtype.element_ty), mask=omask)
+        x0, x1, x2, x3 = _dot4(qt, b0, b1, b2, b3, F16_DOT, PREC)
+        if HAS_ROPE:  # rotate back: (c x0 + s x1, c x1 - s x0) per pair
+            c0, n0, c1, n1 = ucpe_tiles.rope_pairs(rope_ptr, n, smask, GH, NGU)
+            x0, x1, x2, x3 = c0 * x0 + n0 * x1, c0 * x1 - n0 * x0, c1 * x2 + n1 * x3, c1 * x3 - n1 * x2
+        o = ucpe_tiles.join_quads(x0, x1, x2, x3, BS, GH)
+        tl.store(o_rows + HALF, o.to(out_ptr.dtype.element_ty), mask=omask)
+
+
 def padded(dim):
     return max(16, triton.next_power_of_2(dim))
 
@@ -288,14 +393,17 @@ def run_scan(*, k, v, q, beta, decay, out, k_strides, v_strides, q_strides, out_
              batch, heads, frames, spatial, dk, dv, initial_state, starts, reverse, precision,
              infl=None, scale_a=1.0, scale_u=1.0, decode=None, f16_dot=False,
              block_s=None, s_split=None, block_v=None, num_warps=(8, 4, 8), split=True, out_block_s=None,
-             join_store=True, num_stages=(3, 3, 3)):
+             join_store=True, num_stages=(3, 3, 3), out_variant="halves", rec_f16=False):
     """Launch the transition, recurrence and output kernels.
 
     Strides are the (b, h, t, s) element strides of each tensor viewed as (B, H, T, S, D) with
     unit stride on D. beta None means beta is folded into k and v. infl: per-token inflation
-    (B, H, T, S) fp32 contiguous for the camera beta discount. decode: (p (B*N, 4, 4), cos, sin)
-    to decode the output. f16_dot: operands are rounded to fp16 (10-bit mantissa, like tf32);
-    with decode the per-frame states are then stored in fp16 too (they feed fp16 products).
+    (B, H, T, S) fp32 contiguous for the camera beta discount. decode: (p, rope) to decode the
+    output, p the tokens' P (B, N, 4, 4) fp32 (any strides), rope the (N, Dv/4, 2) (cos, sin)
+    table or None (cam_prep.ray_views). f16_dot: operands are rounded to fp16 (10-bit mantissa,
+    like tf32); W_t is then stored in fp16, and with decode the per-frame states too (they feed
+    fp16 products). rec_f16: the recurrence's products on fp16 operands as well (f16_dot only).
+    out_variant (decode only): "halves" (_output_halves_kernel) or "quads" (_output_kernel).
     num_stages: software-pipelining depth of the (transition, recurrence, output) kernels.
     block_s: tokens per tile of the transition kernel (and of the output kernel unless
     out_block_s); s_split: output programs per frame; join_store: decoded rows stored whole.
@@ -306,7 +414,7 @@ def run_scan(*, k, v, q, beta, decay, out, k_strides, v_strides, q_strides, out_
     dkp, dvp = padded(dk), padded(dv)
     bs = block_s or max(16, min(64 if f16_dot else 32, triton.next_power_of_2(spatial)))
     bh = batch * heads
-    w_buf = torch.empty(bh, frames, dkp, dkp, device=device, dtype=torch.float32)
+    w_buf = torch.empty(bh, frames, dkp, dkp, device=device, dtype=torch.float16 if f16_dot else torch.float32)
     quads = max(16, triton.next_power_of_2(max(dv // 4, 1)))  # decode: groups of four, padded for tl.dot
     st_width = 4 * quads if decode is not None else dvp
     # U_t and the states share one column order: quad-major (permuted) with decode, else plain.
@@ -315,7 +423,7 @@ def run_scan(*, k, v, q, beta, decay, out, k_strides, v_strides, q_strides, out_
     st_dtype = torch.float16 if (decode is not None and f16_dot) else torch.float32
     st_buf = torch.empty(2 if reverse else 1, bh, frames, dkp, st_width, device=device, dtype=st_dtype)
     final = torch.empty(batch, heads, dk, dv, device=device, dtype=torch.float32)
-    dummy = w_buf
+    dummy = final
     beta_args = (beta, *beta.stride()) if beta is not None else (dummy, 0, 0, 0, 0)
     _transition_kernel[(bh * frames, 2 if split else 1)](
         k, v, beta_args[0], decay, infl if infl is not None else dummy, w_buf, u_buf,
@@ -335,12 +443,26 @@ def run_scan(*, k, v, q, beta, decay, out, k_strides, v_strides, q_strides, out_
         starts if starts is not None else dummy, heads, frames, bh, ncb,
         DK=dk, DV=dv, DKP=dkp, DVP=dvp, BV=bv, HAS_INIT=initial_state is not None,
         HAS_STARTS=starts is not None, PREC=precision, SW=st_width, PERM=decode is not None,
-        num_warps=num_warps[1], num_stages=num_stages[1])
+        F16_DOT=bool(f16_dot and rec_f16), num_warps=num_warps[1], num_stages=num_stages[1])
     bs = out_block_s or bs
     split_s = s_split or max(1, min(triton.cdiv(spatial, bs), 4))
     per_prog = triton.cdiv(triton.cdiv(spatial, split_s), bs) * bs
-    p, cos, sin = decode if decode is not None else (dummy, None, None)
-    _output_kernel[(bh * frames, triton.cdiv(spatial, per_prog))](
+    grid = (bh * frames, triton.cdiv(spatial, per_prog))
+    if decode is not None and out_variant == "halves":
+        p, rope = decode
+        _output_halves_kernel[grid](
+            q, st_buf, out, *q_strides, *out_strides, p, *p.stride(), rope if rope is not None else dummy,
+            heads, frames, spatial, bh, per_prog, DK=dk, DV=dv, DKP=dkp, BS=bs, GQ=quads,
+            GH=max(16, triton.next_power_of_2(max(dv // 8, 1))), HAS_ROPE=rope is not None, REVERSE=bool(reverse),
+            F16_DOT=bool(f16_dot), PREC=precision, SW=st_width, num_warps=num_warps[2], num_stages=num_stages[2])
+        return final
+    if decode is not None:
+        p, rope = decode
+        p = p.contiguous()
+        cos, sin = (rope[..., 0].contiguous(), rope[..., 1].contiguous()) if rope is not None else (None, None)
+    else:
+        p, cos, sin = dummy, None, None
+    _output_kernel[grid](
         q, st_buf, out, *q_strides, *out_strides, p, cos if cos is not None else dummy,
         sin if sin is not None else dummy, heads, frames, spatial, bh, per_prog,
         DK=dk, DV=dv, DKP=dkp, DVP=dvp, BS=bs, G=quads, NGU=max(dv // 8, 1), DECODE=decode is not None,

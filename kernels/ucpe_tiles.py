@@ -150,3 +150,37 @@ def join_quads(y0, y1, y2, y3, BS: tl.constexpr, G: tl.constexpr):
     """Inverse of split_quads: quads -> a contiguous (BS, 4G) tile."""
     y = tl.join(tl.join(y0, y2), tl.join(y1, y3))  # (BS, G, 2, 2): [.., p, j] = channel 4g + 2p + j
     return tl.reshape(y, (BS, 4 * G))
+
+
+@triton.jit
+def token_matrix(mat_ptr, off, si, sj, tok_mask):
+    """Each token's 4x4 matrix as 16 (BS, 1) fp32 tensors, row-major; entry (i, j) of the
+    token at element offset off (BS,) lies at off + i * si + j * sj."""
+    return (tl.load(mat_ptr + off, mask=tok_mask, other=0.0)[:, None],
+            tl.load(mat_ptr + off + sj, mask=tok_mask, other=0.0)[:, None],
+            tl.load(mat_ptr + off + 2 * sj, mask=tok_mask, other=0.0)[:, None],
+            tl.load(mat_ptr + off + 3 * sj, mask=tok_mask, other=0.0)[:, None],
+            tl.load(mat_ptr + off + si, mask=tok_mask, other=0.0)[:, None],
+            tl.load(mat_ptr + off + si + sj, mask=tok_mask, other=0.0)[:, None],
+            tl.load(mat_ptr + off + si + 2 * sj, mask=tok_mask, other=0.0)[:, None],
+            tl.load(mat_ptr + off + si + 3 * sj, mask=tok_mask, other=0.0)[:, None],
+            tl.load(mat_ptr + off + 2 * si, mask=tok_mask, other=0.0)[:, None],
+            tl.load(mat_ptr + off + 2 * si + sj, mask=tok_mask, other=0.0)[:, None],
+            tl.load(mat_ptr + off + 2 * si + 2 * sj, mask=tok_mask, other=0.0)[:, None],
+            tl.load(mat_ptr + off + 2 * si + 3 * sj, mask=tok_mask, other=0.0)[:, None],
+            tl.load(mat_ptr + off + 3 * si, mask=tok_mask, other=0.0)[:, None],
+            tl.load(mat_ptr + off + 3 * si + sj, mask=tok_mask, other=0.0)[:, None],
+            tl.load(mat_ptr + off + 3 * si + 2 * sj, mask=tok_mask, other=0.0)[:, None],
+            tl.load(mat_ptr + off + 3 * si + 3 * sj, mask=tok_mask, other=0.0)[:, None])
+
+
+@triton.jit
+def rope_pairs(rope_ptr, n, tok_mask, GU: tl.constexpr, NGU: tl.constexpr):
+    """RoPE (cos, sin) of the two complex pairs of each RoPE group g < NGU of the tokens n (BS,),
+    from the interleaved (N, 2 NGU, 2) table: four (BS, GU) fp32 tiles c0, s0, c1, s1 (zero
+    past NGU)."""
+    g = tl.arange(0, GU)[None, :]
+    m = (g < NGU) & tok_mask[:, None]
+    off = n[:, None] * (4 * NGU) + 4 * g
+    return (tl.load(rope_ptr + off, mask=m, other=0.0), tl.load(rope_ptr + off + 1, mask=m, other=0.0),
+            tl.load(rope_ptr + off + 2, mask=m, other=0.0), tl.load(rope_ptr + off + 3, mask=m, other=0.0))
