@@ -21,6 +21,21 @@ from diffusers.models.transformers.transformer_sana_wm import (
 )
 
 KERNEL_CHOICES = ("fused", "torch")
+
+def adopt_module(cls, stock: torch.nn.Module, **settings) -> torch.nn.Module:
+    """An instance of `cls` that takes over `stock`'s parameters, buffers, sub-modules and
+    attributes (the same tensors, no copies), with `settings` set as attributes."""
+    patched = cls.__new__(cls)
+    state = dict(stock.__dict__)
+    # Fresh containers holding the same tensors/modules, so the two objects never alias dicts.
+    for container in ("_parameters", "_buffers", "_modules"):
+        state[container] = type(state[container])(state[container])
+    state["_non_persistent_buffers_set"] = set(state["_non_persistent_buffers_set"])
+    patched.__dict__.update(state)
+    for name, value in settings.items():
+        setattr(patched, name, value)
+    return patched
+
 PRECISION_CHOICES = ("tf32", "ieee")
 
 
@@ -43,16 +58,7 @@ class PatchedGDNAttention(BidirectionalGDNUCPESinglePathLiteLA):
 
     @classmethod
     def adopt(cls, stock: BidirectionalGDNUCPESinglePathLiteLA, *, kernels: str, precision: str):
-        patched = cls.__new__(cls)
-        state = dict(stock.__dict__)
-        # Fresh containers holding the same tensors/modules, so the two objects never alias dicts.
-        for container in ("_parameters", "_buffers", "_modules"):
-            state[container] = type(state[container])(state[container])
-        state["_non_persistent_buffers_set"] = set(state["_non_persistent_buffers_set"])
-        patched.__dict__.update(state)
-        patched.kernels = kernels
-        patched.precision = precision
-        return patched
+        return adopt_module(cls, stock, kernels=kernels, precision=precision)
 
     # ---------------------------------------------------------------- forward
     def forward(

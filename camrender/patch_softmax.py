@@ -62,15 +62,9 @@ class PatchedSoftmaxAttention(_SoftmaxUCPESinglePathLiteLA):
 
     @classmethod
     def adopt(cls, stock: _SoftmaxUCPESinglePathLiteLA, *, kernels: str = "fused", precision: str = "tf32"):
-        patched = cls.__new__(cls)
-        state = dict(stock.__dict__)
-        for container in ("_parameters", "_buffers", "_modules"):
-            state[container] = type(state[container])(state[container])
-        state["_non_persistent_buffers_set"] = set(state["_non_persistent_buffers_set"])
-        patched.__dict__.update(state)
-        patched.kernels = kernels
-        patched.precision = precision
-        return patched
+        from camrender.patch import adopt_module
+
+        return adopt_module(cls, stock, kernels=kernels, precision=precision)
 
     def _fusable(self, frame_valid_mask) -> bool:
         return (
