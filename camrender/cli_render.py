@@ -85,6 +85,9 @@ def _resolve_request(options: dict):
         if abs(size[0] / size[1] - traj.width / traj.height) > 0.01 * traj.width / traj.height:
             click.echo(f"camrender: warning: the image is {size[0]}x{size[1]} but the trajectory's intrinsics are "
                        f"for {traj.width}x{traj.height}; both are cover-cropped to the video separately", err=True)
+    elif options["model"] != "tiny":
+        raise CamrenderError("SANA-WM needs a first-frame image: pass --image or set \"image\" in the trajectory",
+                             path=options["traj"], field="image")
     default_h, default_w = TINY_SIZE if options["model"] == "tiny" else RELEASE_SIZE
     height = options["height"] or default_h
     width = options["width"] or default_w

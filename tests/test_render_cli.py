@@ -142,3 +142,11 @@ def test_ctrl_c_leaves_no_partial_video(tmp_path):
     assert process.returncode == 130, err
     assert "interrupted" in err and "Traceback" not in err
     assert list(work.iterdir()) == []
+
+
+def test_release_model_without_image_fails_before_loading(tmp_path, capsys):
+    out = tmp_path / "x.mp4"
+    code, _, err = run_cli(["--traj", ORBIT, "--out", out, "--model", str(tmp_path / "no_such_model")], capsys)
+    assert code == 2
+    assert "first-frame image" in err and err.count("\n") == 1 and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
