@@ -24,28 +24,24 @@ from kernels import reference  # noqa: E402
 
 cam_prep = importlib.import_module("kernels.cam_prep")
 
-STAGE = [("tiles", 16, 4), ("tiles_two_sums", 16, 4)]
+STAGE = [("tiles", 16, 4, None), ("tiles_late", 16, 4, None), ("tiles_late", 16, 8, None), ("tiles_late", 8, 4, None),
+         ("tiles_late", 8, 4, 168), ("tiles_two_sums", 16, 4, None)]
 # Per-kernel alternatives to kernels.camera_branch's defaults: (name, kernel, settings); kernel 0 =
 # transition, 1 = recurrence, 2 = output (index into num_warps / num_stages), None = stage.
 SCAN = [  # most promising first (--budget cuts the tail)
-    ("out_quads", 2, dict(out_variant="quads")),
-    ("rec_f16", 1, dict(rec_f16=True)),
-    ("rec_st1", 1, dict(stages=1)),
-    ("rec_st2", 1, dict(stages=2)),
-    ("stage_two_sums", None, dict(stage_variant="tiles_two_sums")),
-    ("out_w8", 2, dict(warps=8)),
+    ("out_halves_w8", 2, dict(out_variant="halves", warps=8)),
+    ("rec_tf32", 1, dict(rec_f16=False)),
+    ("rec_tf32_w32", 1, dict(rec_f16=False, w_f16=False)),
     ("out_split2", 2, dict(s_split=2)),
-    ("rec_f16_st2", 1, dict(rec_f16=True, stages=2)),
+    ("rec_w8", 1, dict(warps=8)),
+    ("stage_late", None, dict(stage_variant="tiles_late")),
+    ("stage_two_sums", None, dict(stage_variant="tiles_two_sums")),
     ("rec_bv64_w8_st1", 1, dict(warps=8, stages=1, block_v=64)),
-    ("out_bs128_w8", 2, dict(warps=8, out_block_s=128)),
-    ("out_bs32", 2, dict(out_block_s=32)),
     ("trans_nosplit", 0, dict(split=False)),
     ("trans_st4", 0, dict(stages=4)),
     ("out_st2", 2, dict(stages=2)),
-    ("rec_bv64_w4_st2", 1, dict(stages=2, block_v=64)),
-    ("trans_bs128", 0, dict(block_s=128, out_block_s=64)),
 ]
-DEFAULT_WARPS, DEFAULT_STAGES = (8, 4, 4), (3, 3, 3)
+DEFAULT_WARPS, DEFAULT_STAGES = (8, 4, 4), (3, 3, 3)  # kernels.camera_branch's defaults
 
 
 MAX_REL_L2 = 3e-3  # issue 3: error vs the ieee reference
@@ -100,14 +96,14 @@ def main():
     b, t, s, h, d = (shape[k] for k in "BTSHD")
     views = cam_prep.ray_views(x["rays"], b, t * s, d, device)
     stage_sel = STAGE if args.stage is None else [STAGE[int(i)] for i in args.stage.split(",")]
-    for variant, bs, nw in stage_sel:
+    for variant, bs, nw, regs in stage_sel:
         if time.time() - t0 > args.budget:
             break
-        name = f"{variant}_bs{bs}_w{nw}"
+        name = f"{variant}_bs{bs}_w{nw}" + (f"_r{regs}" if regs else "")
         fn = lambda: cam_prep.cam_stage(xbf["q"], xbf["k"], xbf["v"], views, num_frames=t,  # noqa: E731
                                         q_norm_weight=x["qw"], k_norm_weight=x["kw"], norm_eps=1e-5,
                                         downscale=True, beta=xbf["beta"], out_dtype=torch.float16,
-                                        block_s=bs, num_warps=nw, variant=variant)
+                                        block_s=bs, num_warps=nw, variant=variant, maxnreg=regs)
         try:
             res["stage_ms"][name] = bcb.bench_ms(fn, rep=100)
         except Exception as exc:

@@ -197,7 +197,7 @@ def _cam_encode_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, sb_b, sb_h, sb_t, sb_s,
                        H: tl.constexpr, D: tl.constexpr, GU: tl.constexpr, BS: tl.constexpr, BC: tl.constexpr,
                        HAS_QNORM: tl.constexpr, HAS_KNORM: tl.constexpr,
                        HAS_ROPE: tl.constexpr, DOWNSCALE: tl.constexpr, FOLD_BETA: tl.constexpr,
-                       PREFETCH: tl.constexpr, ONE_SUM: tl.constexpr):
+                       PREFETCH: tl.constexpr, ONE_SUM: tl.constexpr, LATE: tl.constexpr):
     """_cam_stage_kernel's contract on contiguous tiles: one program per (BS tokens, b).
 
     Each head vector is loaded and stored as two contiguous rows (the UCPE half and the RoPE
@@ -271,10 +271,11 @@ def _cam_encode_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, sb_b, sb_h, sb_t, sb_s,
             src = src_a + h * D
             xqa = tl.load(q_base + src, mask=tmask, other=0.0)
             xqb = tl.load(q_base + src + HALF, mask=tmask, other=0.0)
-            xka = tl.load(k_base + src, mask=tmask, other=0.0)
-            xkb = tl.load(k_base + src + HALF, mask=tmask, other=0.0)
-            xva = tl.load(v_base + src, mask=tmask, other=0.0)
-            xvb = tl.load(v_base + src + HALF, mask=tmask, other=0.0)
+            if not LATE:
+                xka = tl.load(k_base + src, mask=tmask, other=0.0)
+                xkb = tl.load(k_base + src + HALF, mask=tmask, other=0.0)
+                xva = tl.load(v_base + src, mask=tmask, other=0.0)
+                xvb = tl.load(v_base + src + HALF, mask=tmask, other=0.0)
         dst = (b * H + h) * N * D + dst_a
         wqa = tl.zeros((4 * GU,), dtype=tl.float32)
         wqb = wqa
@@ -297,12 +298,18 @@ def _cam_encode_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, sb_b, sb_h, sb_t, sb_s,
         k_fold = one
         if FOLD_BETA:
             k_fold = root / k_scale
+        if LATE:
+            xka = tl.load(k_base + src, mask=tmask, other=0.0)
+            xkb = tl.load(k_base + src + HALF, mask=tmask, other=0.0)
         ya, yb, pre, post = _encode_halves(xka.to(tl.float32), xkb.to(tl.float32), wka, wkb, k_rms, m_k, c0, s0, c1,
                                            s1, k_scale, k_fold, BS, GU, D, HAS_KNORM, True, HAS_ROPE, DOWNSCALE,
                                            ONE_SUM)
         tl.store(infl_out + (b * H + h) * N + n, ucpe_tiles.inflation_sq(pre, post, nmask), mask=nmask)
         tl.store(k_out + dst, ya.to(k_out.dtype.element_ty), mask=tmask)
         tl.store(k_out + dst + HALF, yb.to(k_out.dtype.element_ty), mask=tmask)
+        if LATE:
+            xva = tl.load(v_base + src, mask=tmask, other=0.0)
+            xvb = tl.load(v_base + src + HALF, mask=tmask, other=0.0)
         ya, yb, _, _ = _encode_halves(xva.to(tl.float32), xvb.to(tl.float32), wqa, wqb, q_rms, m_k, c0, s0, c1, s1,
                                       1.0, root, BS, GU, D, False, False, HAS_ROPE, DOWNSCALE, ONE_SUM)
         tl.store(v_out + dst, ya.to(v_out.dtype.element_ty), mask=tmask)
@@ -315,13 +322,14 @@ def quad_groups(dim):
 
 
 def cam_stage(q, k, v, views, *, num_frames, q_norm_weight, k_norm_weight, norm_eps, downscale,
-              beta=None, out_dtype=torch.float32, block_s=16, num_warps=4, variant="tiles"):
+              beta=None, out_dtype=torch.float32, block_s=16, num_warps=4, variant="tiles", maxnreg=None):
     """Launch the stage kernel. views = ray_views(...). Returns (q', k', v', inflation_sq)
     with encodings (B, H, N, D) in out_dtype and inflation (B, H, N) fp32. With `beta` the
     key/value are stored beta-folded (see _cam_stage_kernel). variant: "tiles"
     (_cam_encode_kernel, contiguous 16-byte tiles, reads the views in place), "tiles_prefetch",
-    "tiles_two_sums" (see _encode_halves' ONE_SUM) or "quads" (_cam_stage_kernel, stride-4
-    loads, flat copies of the tables)."""
+    "tiles_two_sums" (see _encode_halves' ONE_SUM), "tiles_late" (k and v loaded just before
+    their use: fewer live registers) or "quads" (_cam_stage_kernel, stride-4 loads, flat copies
+    of the tables). maxnreg: register cap per thread (None: the compiler's choice)."""
     batch, tokens, heads, dim = q.shape
     spatial = tokens // num_frames
     outs = [torch.empty(batch, heads, tokens, dim, device=q.device, dtype=out_dtype) for _ in range(3)]
@@ -337,7 +345,7 @@ def cam_stage(q, k, v, views, *, num_frames, q_norm_weight, k_norm_weight, norm_
         _, p_t, p_inv, rope = views
         kernel = _cam_encode_kernel
         extra = dict(GU=triton.next_power_of_2(dim // 8), PREFETCH=variant == "tiles_prefetch",
-                     ONE_SUM=variant != "tiles_two_sums")
+                     ONE_SUM=variant != "tiles_two_sums", LATE=variant == "tiles_late")
         ray_args = (p_t, *mat_strides(p_t), p_inv, *mat_strides(p_inv), rope if has_rope else dummy)
     kernel[(triton.cdiv(tokens, block_s), batch)](
         q, k, v, *beta_args,
@@ -346,7 +354,8 @@ def cam_stage(q, k, v, views, *, num_frames, q_norm_weight, k_norm_weight, norm_
         outs[0], outs[1], outs[2], infl, tokens, spatial, float(norm_eps), float(dim ** -0.5 * spatial ** -0.5),
         H=heads, D=dim, BS=block_s, BC=256,
         HAS_QNORM=q_norm_weight is not None, HAS_KNORM=k_norm_weight is not None, HAS_ROPE=has_rope,
-        DOWNSCALE=bool(downscale), FOLD_BETA=beta is not None, num_warps=num_warps, **extra)
+        DOWNSCALE=bool(downscale), FOLD_BETA=beta is not None, num_warps=num_warps, **extra,
+        **(dict(maxnreg=maxnreg) if maxnreg else {}))
     return outs[0], outs[1], outs[2], infl
 
 

@@ -50,9 +50,9 @@ def camera_branch(q, k, v, beta, decay, ray_transforms, *, q_norm_weight, k_norm
         backend: "triton", "torch" (fp32 references) or "auto".
         return_final_state: also return the forward state after the last frame.
         tuning: optional dict of launch parameters (block_s, out_block_s, s_split, block_v,
-            num_warps, num_stages, split, join_store, out_variant, rec_f16, stage_block_s,
-            stage_num_warps, stage_variant; see delta_scan.run_scan and cam_prep.cam_stage), for
-            benchmarks.
+            num_warps, num_stages, split, join_store, out_variant, rec_f16, w_f16, maxnreg,
+            stage_block_s, stage_num_warps, stage_variant, stage_maxnreg; see delta_scan.run_scan
+            and cam_prep.cam_stage), for benchmarks.
 
     Returns:
         (B, N, H*D) in v's dtype, or (out, final_state (B, H, D, D) fp32).
@@ -81,16 +81,20 @@ def camera_branch(q, k, v, beta, decay, ray_transforms, *, q_norm_weight, k_norm
 
     # Stage: encode q, k, v once (beta folded into k and v), fp16 for tf32 (same mantissa), fp32 for ieee.
     tuning = dict(tuning or {})
-    tuning.setdefault("num_warps", (8, 4, 4))  # (transition, recurrence, output): fastest measured on H200
-    stage_tuning = {key: tuning.pop(key) for key in ("stage_block_s", "stage_num_warps", "stage_variant")
-                    if key in tuning}
+    # Fastest measured on the H200 (docs/performance.md, 16:31 UTC run): the quads output kernel at
+    # 4 warps, fp16 recurrence products. The halves output kernel spills at 4 warps (sm_90, Triton 3.6).
+    out_variant = tuning.setdefault("out_variant", "quads")
+    tuning.setdefault("rec_f16", True)
+    tuning.setdefault("num_warps", (8, 4, 8) if out_variant == "halves" else (8, 4, 4))
+    stage_tuning = {key: tuning.pop(key) for key in ("stage_block_s", "stage_num_warps", "stage_variant",
+                                                     "stage_maxnreg") if key in tuning}
     stage_dtype = torch.float16 if precision == "tf32" else torch.float32
     k_scale = dim ** -0.5 * spatial ** -0.5
     q_enc, k_enc, v_enc, infl = cam_stage(
         q, k, v, views, num_frames=frames, q_norm_weight=q_norm_weight,
         k_norm_weight=k_norm_weight, norm_eps=norm_eps, downscale=downscale, beta=beta, out_dtype=stage_dtype,
         block_s=stage_tuning.get("stage_block_s", 16), num_warps=stage_tuning.get("stage_num_warps", 4),
-        variant=stage_tuning.get("stage_variant", "tiles"))
+        variant=stage_tuning.get("stage_variant", "tiles"), maxnreg=stage_tuning.get("stage_maxnreg"))
     out = torch.empty(batch, tokens, channels, device=q.device, dtype=v.dtype)
     enc_strides = (heads * tokens * dim, tokens * dim, spatial * dim, dim)  # (B, H, N, D) as (B, H, T, S, D)
     out_strides = (tokens * channels, dim, spatial * channels, channels)    # (B, N, H*D) likewise

@@ -14,8 +14,8 @@ Three launches, the same for the plain scan and the fused camera branch:
    program decodes the output (inverse UCPE) before storing (B, N, C).
 
 All states and accumulations are fp32; tl.dot runs in `precision` ("tf32" or "ieee"); the
-camera branch in tf32 mode feeds fp16 operands (the same 10-bit mantissa) to the transition and
-output products.
+camera branch in tf32 mode feeds fp16 operands (the same 10-bit mantissa) to the transition,
+recurrence and output products, and stores W_t and the per-frame states in fp16.
 Dims are padded to powers of two (>= 16) with masks, so any Dk, Dv >= 1 works.
 """
 import torch
@@ -393,7 +393,8 @@ def run_scan(*, k, v, q, beta, decay, out, k_strides, v_strides, q_strides, out_
              batch, heads, frames, spatial, dk, dv, initial_state, starts, reverse, precision,
              infl=None, scale_a=1.0, scale_u=1.0, decode=None, f16_dot=False,
              block_s=None, s_split=None, block_v=None, num_warps=(8, 4, 8), split=True, out_block_s=None,
-             join_store=True, num_stages=(3, 3, 3), out_variant="halves", rec_f16=False):
+             join_store=True, num_stages=(3, 3, 3), out_variant="halves", rec_f16=False, w_f16=True,
+             maxnreg=(None, None, None)):
     """Launch the transition, recurrence and output kernels.
 
     Strides are the (b, h, t, s) element strides of each tensor viewed as (B, H, T, S, D) with
@@ -404,6 +405,8 @@ def run_scan(*, k, v, q, beta, decay, out, k_strides, v_strides, q_strides, out_
     like tf32); W_t is then stored in fp16, and with decode the per-frame states too (they feed
     fp16 products). rec_f16: the recurrence's products on fp16 operands as well (f16_dot only).
     out_variant (decode only): "halves" (_output_halves_kernel) or "quads" (_output_kernel).
+    w_f16: store W_t in fp16 when f16_dot (else fp32). maxnreg: register cap per thread of the
+    (transition, recurrence, output) kernels (None: the compiler's choice).
     num_stages: software-pipelining depth of the (transition, recurrence, output) kernels.
     block_s: tokens per tile of the transition kernel (and of the output kernel unless
     out_block_s); s_split: output programs per frame; join_store: decoded rows stored whole.
@@ -414,7 +417,7 @@ def run_scan(*, k, v, q, beta, decay, out, k_strides, v_strides, q_strides, out_
     dkp, dvp = padded(dk), padded(dv)
     bs = block_s or max(16, min(64 if f16_dot else 32, triton.next_power_of_2(spatial)))
     bh = batch * heads
-    w_buf = torch.empty(bh, frames, dkp, dkp, device=device, dtype=torch.float16 if f16_dot else torch.float32)
+    w_buf = torch.empty(bh, frames, dkp, dkp, device=device, dtype=torch.float16 if (f16_dot and w_f16) else torch.float32)
     quads = max(16, triton.next_power_of_2(max(dv // 4, 1)))  # decode: groups of four, padded for tl.dot
     st_width = 4 * quads if decode is not None else dvp
     # U_t and the states share one column order: quad-major (permuted) with decode, else plain.
@@ -424,6 +427,7 @@ def run_scan(*, k, v, q, beta, decay, out, k_strides, v_strides, q_strides, out_
     st_buf = torch.empty(2 if reverse else 1, bh, frames, dkp, st_width, device=device, dtype=st_dtype)
     final = torch.empty(batch, heads, dk, dv, device=device, dtype=torch.float32)
     dummy = final
+    regs = [dict(maxnreg=r) if r else {} for r in maxnreg]
     beta_args = (beta, *beta.stride()) if beta is not None else (dummy, 0, 0, 0, 0)
     _transition_kernel[(bh * frames, 2 if split else 1)](
         k, v, beta_args[0], decay, infl if infl is not None else dummy, w_buf, u_buf,
@@ -431,7 +435,7 @@ def run_scan(*, k, v, q, beta, decay, out, k_strides, v_strides, q_strides, out_
         heads, frames, spatial, DK=dk, DV=dv, DKP=dkp, DVP=dvp, BS=bs, HAS_BETA=beta is not None,
         HAS_INFL=infl is not None, F16_DOT=bool(f16_dot), PREC=precision, SPLIT=bool(split),
         US=st_width, UPERM=decode is not None,
-        num_warps=num_warps[0], num_stages=num_stages[0])
+        num_warps=num_warps[0], num_stages=num_stages[0], **regs[0])
     if decode is not None:  # whole quads per program (see _recurrence_kernel)
         bv = min(max(block_v or quads, quads), st_width)
         ncb = st_width // bv
@@ -443,7 +447,7 @@ def run_scan(*, k, v, q, beta, decay, out, k_strides, v_strides, q_strides, out_
         starts if starts is not None else dummy, heads, frames, bh, ncb,
         DK=dk, DV=dv, DKP=dkp, DVP=dvp, BV=bv, HAS_INIT=initial_state is not None,
         HAS_STARTS=starts is not None, PREC=precision, SW=st_width, PERM=decode is not None,
-        F16_DOT=bool(f16_dot and rec_f16), num_warps=num_warps[1], num_stages=num_stages[1])
+        F16_DOT=bool(f16_dot and rec_f16), num_warps=num_warps[1], num_stages=num_stages[1], **regs[1])
     bs = out_block_s or bs
     split_s = s_split or max(1, min(triton.cdiv(spatial, bs), 4))
     per_prog = triton.cdiv(triton.cdiv(spatial, split_s), bs) * bs
@@ -454,7 +458,8 @@ def run_scan(*, k, v, q, beta, decay, out, k_strides, v_strides, q_strides, out_
             q, st_buf, out, *q_strides, *out_strides, p, *p.stride(), rope if rope is not None else dummy,
             heads, frames, spatial, bh, per_prog, DK=dk, DV=dv, DKP=dkp, BS=bs, GQ=quads,
             GH=max(16, triton.next_power_of_2(max(dv // 8, 1))), HAS_ROPE=rope is not None, REVERSE=bool(reverse),
-            F16_DOT=bool(f16_dot), PREC=precision, SW=st_width, num_warps=num_warps[2], num_stages=num_stages[2])
+            F16_DOT=bool(f16_dot), PREC=precision, SW=st_width, num_warps=num_warps[2], num_stages=num_stages[2],
+            **regs[2])
         return final
     if decode is not None:
         p, rope = decode
@@ -467,7 +472,7 @@ def run_scan(*, k, v, q, beta, decay, out, k_strides, v_strides, q_strides, out_
         sin if sin is not None else dummy, heads, frames, spatial, bh, per_prog,
         DK=dk, DV=dv, DKP=dkp, DVP=dvp, BS=bs, G=quads, NGU=max(dv // 8, 1), DECODE=decode is not None,
         HAS_ROPE=cos is not None, REVERSE=bool(reverse), F16_DOT=bool(f16_dot), PREC=precision,
-        SW=st_width, JOIN_STORE=bool(join_store), num_warps=num_warps[2], num_stages=num_stages[2])
+        SW=st_width, JOIN_STORE=bool(join_store), num_warps=num_warps[2], num_stages=num_stages[2], **regs[2])
     return final
 
 

@@ -84,7 +84,8 @@ def test_camera_branch_variants_match_reference(variant):
 
 @pytest.mark.parametrize("tuning", [dict(stage_variant="quads"), dict(stage_block_s=8, block_v=32, s_split=2),
                                     dict(block_v=64, join_store=False, out_block_s=16, out_variant="quads"),
-                                    dict(stage_variant="tiles_two_sums", out_variant="quads")])
+                                    dict(stage_variant="tiles_two_sums", out_variant="halves"),
+                                    dict(stage_variant="tiles_late", out_variant="halves", num_warps=(8, 4, 8))])
 def test_camera_branch_launch_variants_match_reference(tuning):
     """Other stage kernels, recurrence column blocks (several quads per program) and output kernels."""
     x = branch_inputs(frames=3, spatial=4, seed=23)
@@ -133,9 +134,10 @@ def test_camera_split_and_resume_with_segments():
     assert rel(whole, ref) < 1e-5 and rel(whole_state, ref_state) < 1e-5
 
 
-@pytest.mark.parametrize("tuning", [None, dict(rec_f16=True, out_variant="quads", stage_variant="tiles_prefetch")])
+@pytest.mark.parametrize("tuning", [None, dict(rec_f16=False, w_f16=False, out_variant="halves",
+                                          stage_variant="tiles_prefetch")])
 def test_camera_branch_bf16_in_bf16_out(tuning):
-    """tf32 mode (fp16 encodings, W_t and states; optionally fp16 recurrence products)."""
+    """tf32 mode: fp16 encodings, W_t, states and recurrence products (default), or tf32 ones."""
     x = branch_inputs(frames=2, seed=17)
     xb = dict(x, **{name: x[name].to(torch.bfloat16) for name in ("q", "k", "v", "beta")})
     got = run_branch(xb, precision="tf32", backend="triton", tuning=tuning)
