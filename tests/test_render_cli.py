@@ -106,7 +106,10 @@ def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, capsys, monkeypa
         real_access = os.access
         monkeypatch.setattr(os, "access", lambda p, m: False if str(p) == str(work) else real_access(p, m))
     elif case == "missing model":
-        extra = ["--model", tmp_path / "no_model_here"]
+        import PIL.Image
+
+        PIL.Image.new("RGB", (240, 130)).save(tmp_path / "first.png")
+        extra = ["--model", tmp_path / "no_model_here", "--image", tmp_path / "first.png"]
     elif case == "odd size":
         extra += ["--height", "33"]
     before = sorted(work.iterdir())
