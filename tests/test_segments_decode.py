@@ -7,15 +7,6 @@ from camrender.segments import segment_bounds
 from camrender.tiny import build_tiny_vae
 
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny tensors: one intra-op thread is faster than several fighting over shared CI cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 @pytest.fixture(scope="module")
 def vae():
     return build_tiny_vae(latent_channels=8, seed=0)

@@ -21,15 +21,6 @@ from camrender.tiny import build_tiny_transformer
 HEAD_DIM = 16  # tiny model: hidden 32, 2 heads; block 0 GDN, block 1 softmax
 
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny tensors: one intra-op thread is faster than several fighting over shared CI cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 @pytest.fixture(scope="module")
 def model():
     return build_tiny_transformer(seed=0)

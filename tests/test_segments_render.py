@@ -22,15 +22,6 @@ FRAMES = 57  # 8 latent frames -> segments (0, 4), (4, 8)
 SIZE = 32
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny tensors: one intra-op thread is faster than several fighting over shared CI cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def pipe():
     pipe = build_tiny_pipeline(seed=0)

@@ -56,7 +56,7 @@ def _forward(c2w):
 
 # Sign conventions documented in presets.py and docs/trajectory-format.md
 def test_translation_presets_signs():
-    np.testing.assert_allclose(_preset("dolly", distance=2)(c2w := None) if False else _preset("dolly", distance=2).c2w[-1, :3, 3], [0, 0, 2], atol=1e-12)
+    np.testing.assert_allclose(_preset("dolly", distance=2).c2w[-1, :3, 3], [0, 0, 2], atol=1e-12)
     np.testing.assert_allclose(_preset("truck", distance=1).c2w[-1, :3, 3], [1, 0, 0], atol=1e-12)
     np.testing.assert_allclose(_preset("pedestal", distance=1).c2w[-1, :3, 3], [0, -1, 0], atol=1e-12)
     # constant speed
