@@ -64,6 +64,30 @@ def mat_strides(m):
 
 
 @triton.jit
+def _inverse_rms(q_rows, k_rows, nmask, norm_eps, C: tl.constexpr, BS: tl.constexpr, BC: tl.constexpr,
+                 HAS_QNORM: tl.constexpr, HAS_KNORM: tl.constexpr):
+    """1 / RMS over all C channels of BS token rows of q and k (the block's full-C RMSNorm);
+    (BS,) each, zeros for a tensor without a norm. `q_rows`, `k_rows`: (BS, 1) row pointers."""
+    q_rms = tl.zeros((BS,), dtype=tl.float32)
+    k_rms = tl.zeros((BS,), dtype=tl.float32)
+    if HAS_QNORM or HAS_KNORM:
+        acc_q = tl.zeros((BS, BC), dtype=tl.float32)
+        acc_k = tl.zeros((BS, BC), dtype=tl.float32)
+        for c0 in range(0, C, BC):
+            c = c0 + tl.arange(0, BC)
+            m2 = nmask[:, None] & (c[None, :] < C)
+            if HAS_QNORM:
+                xq = tl.load(q_rows + c[None, :], mask=m2, other=0.0).to(tl.float32)
+                acc_q += xq * xq
+            if HAS_KNORM:
+                xk = tl.load(k_rows + c[None, :], mask=m2, other=0.0).to(tl.float32)
+                acc_k += xk * xk
+        q_rms = 1.0 / tl.sqrt(tl.sum(acc_q, axis=1) / C + norm_eps)
+        k_rms = 1.0 / tl.sqrt(tl.sum(acc_k, axis=1) / C + norm_eps)
+    return q_rms, k_rms
+
+
+@triton.jit
 def _cam_stage_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, sb_b, sb_h, sb_t, sb_s,
                       qw_ptr, kw_ptr, pt_ptr, pinv_ptr, cos_ptr, sin_ptr,
                       q_out, k_out, v_out, infl_out,
@@ -87,22 +111,7 @@ def _cam_stage_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, sb_b, sb_h, sb_t, sb_s,
     q_base = q_ptr + b * N * C
     k_base = k_ptr + b * N * C
     v_base = v_ptr + b * N * C
-    q_rms = tl.zeros((BS,), dtype=tl.float32)
-    k_rms = tl.zeros((BS,), dtype=tl.float32)
-    if HAS_QNORM or HAS_KNORM:
-        acc_q = tl.zeros((BS, BC), dtype=tl.float32)
-        acc_k = tl.zeros((BS, BC), dtype=tl.float32)
-        for c0 in range(0, C, BC):
-            c = c0 + tl.arange(0, BC)
-            m2 = nmask[:, None] & (c[None, :] < C)
-            if HAS_QNORM:
-                xq = tl.load(q_base + row + c[None, :], mask=m2, other=0.0).to(tl.float32)
-                acc_q += xq * xq
-            if HAS_KNORM:
-                xk = tl.load(k_base + row + c[None, :], mask=m2, other=0.0).to(tl.float32)
-                acc_k += xk * xk
-        q_rms = 1.0 / tl.sqrt(tl.sum(acc_q, axis=1) / C + norm_eps)
-        k_rms = 1.0 / tl.sqrt(tl.sum(acc_k, axis=1) / C + norm_eps)
+    q_rms, k_rms = _inverse_rms(q_base + row, k_base + row, nmask, norm_eps, C, BS, BC, HAS_QNORM, HAS_KNORM)
     NQ: tl.constexpr = D // 4
     tok = b * N + n
     if FOLD_BETA:
@@ -217,22 +226,7 @@ def _cam_encode_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, sb_b, sb_h, sb_t, sb_s,
     k_base = k_ptr + b * N * C
     v_base = v_ptr + b * N * C
     row = n[:, None] * C
-    q_rms = tl.zeros((BS,), dtype=tl.float32)
-    k_rms = tl.zeros((BS,), dtype=tl.float32)
-    if HAS_QNORM or HAS_KNORM:
-        acc_q = tl.zeros((BS, BC), dtype=tl.float32)
-        acc_k = tl.zeros((BS, BC), dtype=tl.float32)
-        for cc in range(0, C, BC):
-            c = cc + tl.arange(0, BC)
-            m2 = nmask[:, None] & (c[None, :] < C)
-            if HAS_QNORM:
-                xq = tl.load(q_base + row + c[None, :], mask=m2, other=0.0).to(tl.float32)
-                acc_q += xq * xq
-            if HAS_KNORM:
-                xk = tl.load(k_base + row + c[None, :], mask=m2, other=0.0).to(tl.float32)
-                acc_k += xk * xk
-        q_rms = 1.0 / tl.sqrt(tl.sum(acc_q, axis=1) / C + norm_eps)
-        k_rms = 1.0 / tl.sqrt(tl.sum(acc_k, axis=1) / C + norm_eps)
+    q_rms, k_rms = _inverse_rms(q_base + row, k_base + row, nmask, norm_eps, C, BS, BC, HAS_QNORM, HAS_KNORM)
     m_q = ucpe_tiles.token_matrix(pt_ptr, b * spt_b + n * spt_n, spt_i, spt_j, nmask)
     m_k = ucpe_tiles.token_matrix(pinv_ptr, b * spi_b + n * spi_n, spi_i, spi_j, nmask)
     c0 = tl.zeros((BS, GU), dtype=tl.float32)
