@@ -21,6 +21,24 @@ from diffusers.models.transformers.transformer_sana_wm import (
 )
 
 KERNEL_CHOICES = ("fused", "torch")
+PRECISION_CHOICES = ("tf32", "ieee")
+
+
+def gdn_gates(attn, x: torch.Tensor, frames: int, spatial: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The GDN gates of block attention `attn`, shared by its main and camera branches.
+
+    x (B, N, C), N = frames * spatial. Returns beta (B, H, T, S) = sigmoid(beta_proj(x)) in x's
+    dtype, and the per-frame decay (B, H, T) fp32 =
+    exp(-exp(A_log) * softplus(gate_proj(mean_s x) + dt_bias)).
+    """
+    batch, _, channels = x.shape
+    beta = attn.beta_proj(x).sigmoid().reshape(batch, frames, spatial, attn.heads).permute(0, 3, 1, 2)
+    frame_mean = x.reshape(batch, frames, spatial, channels).mean(dim=2)
+    gate = attn.gate_proj(frame_mean).float()
+    rate = attn.A_log.float().exp().view(1, 1, -1)
+    decay = (-rate * F.softplus(gate + attn.dt_bias.float().view(1, 1, -1))).exp().transpose(1, 2)
+    return beta, decay
+
 
 def adopt_module(cls, stock: torch.nn.Module, **settings) -> torch.nn.Module:
     """An instance of `cls` that takes over `stock`'s parameters, buffers, sub-modules and
@@ -35,8 +53,6 @@ def adopt_module(cls, stock: torch.nn.Module, **settings) -> torch.nn.Module:
     for name, value in settings.items():
         setattr(patched, name, value)
     return patched
-
-PRECISION_CHOICES = ("tf32", "ieee")
 
 
 # `kernels` choice -> `kernels.camera_branch` backend. "auto" runs Triton on CUDA and under
@@ -96,20 +112,9 @@ class PatchedGDNAttention(BidirectionalGDNUCPESinglePathLiteLA):
         return self._combine(x, main, camera)
 
     def _gates(self, x: torch.Tensor, HW) -> tuple[torch.Tensor, torch.Tensor]:
-        """Gates shared by both branches.
-
-        Returns beta (B, H, T, S) = sigmoid(beta_proj(x)) in x's dtype, and the per-frame decay
-        (B, H, T) fp32 = exp(-exp(A_log) * softplus(gate_proj(mean_s x) + dt_bias)).
-        """
-        batch, _, channels = x.shape
+        """Gates shared by both branches; see `gdn_gates`."""
         frames, height, width = HW
-        spatial = height * width
-        beta = self.beta_proj(x).sigmoid().reshape(batch, frames, spatial, self.heads).permute(0, 3, 1, 2)
-        frame_mean = x.reshape(batch, frames, spatial, channels).mean(dim=2)
-        gate = self.gate_proj(frame_mean).float()
-        rate = self.A_log.float().exp().view(1, 1, -1)
-        decay = (-rate * F.softplus(gate + self.dt_bias.float().view(1, 1, -1))).exp().transpose(1, 2)
-        return beta, decay
+        return gdn_gates(self, x, frames, height * width)
 
     def _main_branch(self, x, beta, decay, HW, rotary_emb) -> torch.Tensor:
         """Main branch: qkv -> short conv on K -> RMSNorm -> ReLU -> bidirectional GDN; (B, N, C) in x's dtype.

@@ -39,6 +39,7 @@ from diffusers.models.transformers.transformer_sana_wm import (
     _SoftmaxUCPESinglePathLiteLA,
 )
 
+from camrender.patch import gdn_gates
 from kernels.reference import delta_scan_ref
 
 __all__ = [
@@ -415,18 +416,6 @@ def _ffn(mlp, x: torch.Tensor, call: _Call, cache: BlockCache) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------
 
 
-def _gdn_gates(attn, x: torch.Tensor, call: _Call):
-    """beta (B, H, T, S) per token and decay (B, H, T) per frame, from the block input."""
-    batch, _, channels = x.shape
-    frames, spatial = call.num_frames, call.spatial
-    beta = attn.beta_proj(x).sigmoid().reshape(batch, frames, spatial, attn.heads).permute(0, 3, 1, 2)
-    frame_mean = x.reshape(batch, frames, spatial, channels).mean(dim=2)
-    gate = attn.gate_proj(frame_mean).float()
-    rate = attn.A_log.float().exp().view(1, 1, -1)
-    decay = (-rate * F.softplus(gate + attn.dt_bias.float().view(1, 1, -1))).exp().transpose(1, 2)
-    return beta, decay
-
-
 def _gdn_main(attn, x, beta, decay, rope, call: _Call, cache: BlockCache, fused, precision) -> torch.Tensor:
     """Main GDN branch -> (B, N, C) before the output gate: RoPE'd numerator (KV) and unrotated
     denominator (Z) streams, forward from the cached states, reverse inside each segment."""
@@ -580,7 +569,7 @@ def _gdn_camera(attn, x, beta, decay, rays, call: _Call, cache: BlockCache, fuse
 def _gdn_attention(attn, x, rope, rays, call: _Call, cache: BlockCache, options: SegmentOptions):
     """`BidirectionalGDNUCPESinglePathLiteLA.forward`, chunk-causal. x (B, N, C) -> (B, N, C)."""
     fused = _fused_kernels(options.backend, x.device)
-    beta, decay = _gdn_gates(attn, x, call)
+    beta, decay = gdn_gates(attn, x, call.num_frames, call.spatial)
     out = _gdn_main(attn, x, beta, decay, rope, call, cache, fused, options.precision)
     if rays is not None:
         camera = _gdn_camera(attn, x, beta, decay, rays, call, cache, fused, options.precision)
