@@ -428,7 +428,16 @@ def _gdn_main(attn, x, beta, decay, rope, call: _Call, cache: BlockCache, fused,
         raise NotImplementedError("segment mode supports k_conv_only models (the released ones)")
     if attn.conv_k is not None:
         raw_key = key.reshape(batch, frames, spatial, channels)
-        key = _short_conv(attn.conv_k, raw_key, call, cache.key_tail).reshape(batch, tokens, heads, dim)
+        if fused is not None and len(call.segments) == 1 and attn.conv_k.bias is None:
+            # one segment per call (the render path): the fused kernel reads the cached raw frames
+            from kernels.short_conv import short_conv
+
+            tail = None if cache.key_tail is None else cache.key_tail.to(key.dtype).reshape(batch, -1, channels)
+            key = short_conv(raw_key.reshape(batch, tokens, channels), attn.conv_k.weight, frames,
+                             left_context=tail, backend="auto")
+        else:
+            key = _short_conv(attn.conv_k, raw_key, call, cache.key_tail)
+        key = key.reshape(batch, tokens, heads, dim)
         if call.write:
             history = raw_key if cache.key_tail is None else torch.cat([cache.key_tail.to(raw_key.dtype), raw_key], 1)
             cache.key_tail = history[:, -(attn.conv_k.kernel_size - 1) :].detach().clone()
