@@ -48,6 +48,8 @@ def parse_args(argv=None):
                         help="comma-separated path lengths in segments (default 3,10,30)")
     parser.add_argument("--kernels", default="fused", choices=["fused", "torch"], help="fused: Triton kernels on CUDA")
     parser.add_argument("--skip-full", action="store_true", help="skip the full-mode measurements")
+    parser.add_argument("--no-cuda-graphs", action="store_true",
+                        help="segment mode without CUDA-graph replay (default: replay, plus one eager run to compare)")
     parser.add_argument("--full-cfg-steps", type=int, default=2,
                         help="guided full-mode steps measured (extrapolated to 60)")
     parser.add_argument("--out", default=None, help="also write the JSON document here")
@@ -124,7 +126,25 @@ def reset_peak():
         torch.cuda.reset_peak_memory_stats()
 
 
-def run_segment_path(transformer, vae, latent_frames, height, width, options, device, dtype):
+def segment_latents(transformer, latent_frames, height, width, options, device, dtype, cuda_graphs):
+    """Stage 1 alone on a path of `latent_frames`: the concatenated clean latents."""
+    inputs = path_inputs(transformer, latent_frames, height, width, device, dtype)
+    with torch.no_grad():
+        return torch.cat([x for *_, x in sample_segments(transformer, inputs, segment_bounds(latent_frames, 3),
+                                                         list(DEFAULT_SEGMENT_TIMESTEPS), options, device,
+                                                         cuda_graphs=cuda_graphs)], dim=2)
+
+
+def graph_check(transformer, height, width, options, device, dtype, segments=6):
+    """CUDA-graph replay against eager stage 1 on the same path: max |difference| of the latents."""
+    graphed = segment_latents(transformer, 1 + 3 * segments, height, width, options, device, dtype, True)
+    eager = segment_latents(transformer, 1 + 3 * segments, height, width, options, device, dtype, False)
+    scale = float(eager.float().abs().max())
+    return dict(segments=segments, max_abs_diff=float((graphed.float() - eager.float()).abs().max()),
+                max_abs_latent=scale)
+
+
+def run_segment_path(transformer, vae, latent_frames, height, width, options, device, dtype, cuda_graphs=True):
     """Render a path of `latent_frames` latent frames in segments; times stage 1 and decode separately.
     A path of n segments has 1 + 3 n latent frames (8 (1 + 3 n) - 7 video frames)."""
     inputs = path_inputs(transformer, latent_frames, height, width, device, dtype)
@@ -139,7 +159,7 @@ def run_segment_path(transformer, vae, latent_frames, height, width, options, de
         sync()
         start = time.perf_counter()
         for _, _, _, latents in sample_segments(transformer, inputs, bounds, list(DEFAULT_SEGMENT_TIMESTEPS),
-                                                options, device):
+                                                options, device, cuda_graphs=cuda_graphs):
             sync()
             mid = time.perf_counter()
             stage1 += mid - start
@@ -278,7 +298,10 @@ def main(argv=None):
     results["build_s"] = round(time.perf_counter() - began, 1)
 
     # Warm-up on the 161-frame path: compiles the kernels for its 4-, 3- and 5-frame segments.
-    if record("warmup", lambda: run_segment_path(transformer, vae, 21, height, width, options, device, dtype)) is None \
+    graphs = not args.no_cuda_graphs and device.type == "cuda"
+    results["cuda_graphs"] = graphs
+    if record("warmup", lambda: run_segment_path(transformer, vae, 21, height, width, options, device, dtype,
+                                                 graphs)) is None \
             and options.backend != "torch":
         # Keep measuring with the PyTorch scans rather than stopping; the error above says what failed.
         options = SegmentOptions(cached_segments=options.cached_segments, backend="torch")
@@ -286,7 +309,7 @@ def main(argv=None):
         record("warmup_torch", lambda: run_segment_path(transformer, vae, 21, height, width, options, device, dtype))
     for length in lengths:
         value = record(f"segments_{length}", lambda: run_segment_path(transformer, vae, 1 + 3 * length, height, width,
-                                                                     options, device, dtype))
+                                                                     options, device, dtype, graphs))
         if value is not None:
             results["segments"][str(length)] = value
     peaks = [v["peak_gib"] for v in results["segments"].values()]
@@ -295,7 +318,14 @@ def main(argv=None):
 
     # The 161-frame path: 21 latent frames (segments (0,4), (4,7), ..., (16,21)).
     results["segments_161_frames"] = record(
-        "segments_161_frames", lambda: run_segment_path(transformer, vae, 21, height, width, options, device, dtype))
+        "segments_161_frames", lambda: run_segment_path(transformer, vae, 21, height, width, options, device, dtype,
+                                                        graphs))
+    if graphs:
+        results["segments_10_eager"] = record(
+            "segments_10_eager", lambda: run_segment_path(transformer, vae, 31, height, width, options, device, dtype,
+                                                          False))
+        results["graph_check"] = record(
+            "graph_check", lambda: graph_check(transformer, height, width, options, device, dtype))
     if not args.skip_full:
         steps4 = list(DEFAULT_SEGMENT_TIMESTEPS)
         results["full_161_frames_4_steps"] = record(
@@ -327,6 +357,7 @@ def markdown_table(results) -> str:
     """The figures as a markdown table (for docs/performance.md)."""
     rows = [("segment mode, " + str(v["segments"]) + " segments", v) for v in results["segments"].values()]
     for key, label in (("segments_161_frames", "segment mode, 161 frames"),
+                       ("segments_10_eager", "segment mode, 10 segments, no CUDA graphs"),
                        ("full_161_frames_4_steps", "full mode, 161 frames, 4 steps"),
                        ("full_161_frames_60_steps_cfg", "full mode, 161 frames, 60 steps + CFG (extrapolated)")):
         if results.get(key):
@@ -343,6 +374,10 @@ def markdown_table(results) -> str:
                      f"| {v['peak_gib']} |")
     if "peak_spread_pct" in results:
         lines += ["", f"Peak memory spread over the segment paths: {results['peak_spread_pct']} %."]
+    check = results.get("graph_check")
+    if check:
+        lines += [f"CUDA-graph replay vs eager stage 1, {check['segments']} segments: max |difference| "
+                  f"{check['max_abs_diff']:.3g} (latents up to {check['max_abs_latent']:.3g})."]
     whole = results.get("full_161_frames_whole_clip_decode")
     if whole:
         lines += [f"Whole-clip causal decode of 161 frames: {whole['decode_s']} s, peak {whole['peak_gib']} GiB."]

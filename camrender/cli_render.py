@@ -121,6 +121,7 @@ def _resolve_request(options: dict):
         mode=options["mode"],
         segment_frames=options["segment_frames"],
         cached_segments=options["cached_segments"],
+        cuda_graphs=options["cuda_graphs"],
         out=out,
     )
 
@@ -189,6 +190,8 @@ def _quiet_libraries() -> None:
               help="Latent frames per segment (segments mode).")
 @click.option("--cached-segments", default=2, show_default=True, type=click.IntRange(min=0),
               help="Recent segments the softmax blocks attend to (segments mode).")
+@click.option("--cuda-graphs/--no-cuda-graphs", default=True, show_default=True,
+              help="Replay the denoising passes as CUDA graphs (CUDA only, not with --offload).")
 def render(**options):
     """Render a video along a camera path.
 

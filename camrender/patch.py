@@ -8,7 +8,8 @@ so weights load, save and offload exactly as before.
 GDN blocks (`BidirectionalGDNUCPESinglePathLiteLA`) become `PatchedGDNAttention`, whose
 forward is split into `_gates`, `_main_branch` (`kernels.short_conv` + `kernels.main_branch`),
 `_camera_branch` (`kernels.camera_branch`) and `_combine`. Softmax blocks become
-`camrender.patch_softmax.PatchedSoftmaxAttention`.
+`camrender.patch_softmax.PatchedSoftmaxAttention`. The blocks themselves become
+`camrender.patch_block.PatchedBlock` (adaLN glue and cross-attention; FFN via `camrender.patch_ffn`).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from diffusers.models.transformers.transformer_sana_wm import (
     BidirectionalGDNUCPESinglePathLiteLA,
+    GLUMBConvTemp,
     _prepare_ucpe_ray_transforms,
     _SoftmaxUCPESinglePathLiteLA,
 )
@@ -38,6 +40,21 @@ def gdn_gates(attn, x: torch.Tensor, frames: int, spatial: int) -> tuple[torch.T
     rate = attn.A_log.float().exp().view(1, 1, -1)
     decay = (-rate * F.softplus(gate + attn.dt_bias.float().view(1, 1, -1))).exp().transpose(1, 2)
     return beta, decay
+
+
+def combine_branches(attn, x, main, camera, backend: str) -> torch.Tensor:
+    """proj((main + camera) * silu(output_gate(x))) of block attention `attn`; camera is already
+    through out_proj_cam (or None). backend "torch": the stock computation (bf16 sum, fp32 gate);
+    otherwise the sum and gate in one pass (`kernels.block_glue.silu_gate`, fp32 math, that backend)."""
+    gated = attn.use_output_gate and attn.output_gate is not None
+    if backend != "torch" and gated:
+        from kernels.block_glue import silu_gate
+
+        return attn.proj(silu_gate(main, attn.output_gate(x), b=camera, backend=backend))
+    out = main if camera is None else main + camera
+    if gated:
+        out = out * F.silu(attn.output_gate(x).to(torch.float32))
+    return attn.proj(out.to(x.dtype))
 
 
 def adopt_module(cls, stock: torch.nn.Module, **settings) -> torch.nn.Module:
@@ -195,10 +212,8 @@ class PatchedGDNAttention(BidirectionalGDNUCPESinglePathLiteLA):
 
     def _combine(self, x, main, camera) -> torch.Tensor:
         """out = proj((main + out_proj_cam(camera)) * silu(output_gate(x))), gate in fp32; (B, N, C) in x's dtype."""
-        out = main if camera is None else main + self.out_proj_cam(camera)
-        if self.use_output_gate and self.output_gate is not None:
-            out = out * F.silu(self.output_gate(x).to(torch.float32))
-        return self.proj(out.to(x.dtype))
+        camera = None if camera is None else self.out_proj_cam(camera)
+        return combine_branches(self, x, main, camera, CAMERA_BACKENDS[self.kernels])
 
 
 def patch_transformer(transformer, kernels: str = "fused", precision: str = "tf32"):
@@ -216,7 +231,13 @@ def patch_transformer(transformer, kernels: str = "fused", precision: str = "tf3
         raise ValueError(f"kernels must be one of {KERNEL_CHOICES}, got {kernels!r}")
     if precision not in PRECISION_CHOICES:
         raise ValueError(f"precision must be one of {PRECISION_CHOICES}, got {precision!r}")
-    for block in transformer.blocks:
+    from camrender.patch_block import patch_block
+    from camrender.patch_ffn import patch_ffn
+
+    for index, block in enumerate(transformer.blocks):
+        block = transformer.blocks[index] = patch_block(block, kernels=kernels)
+        if isinstance(block.mlp, GLUMBConvTemp):
+            block.mlp = patch_ffn(block.mlp, kernels=kernels)
         attention = block.attn
         if isinstance(attention, PatchedGDNAttention):
             attention.kernels, attention.precision = kernels, precision

@@ -9,7 +9,7 @@ transformer's `state_dict()` is unchanged). With kernels="fused":
 - camera branch: q/k/v_proj_cam -> `kernels.softmax_cam.cam_softmax_encode` (RMSNorm, UCPE,
   RoPE, RMS downscale, zero-padded to 128, SDPA dtype) -> SDPA (scale 1/sqrt(128), as stock) ->
   `cam_softmax_decode` (P, inverse RoPE) -> out_proj_cam.
-- combine: proj((main + cam) * silu(output_gate(x))), gate in fp32, as stock.
+- combine: proj((main + cam) * silu(output_gate(x))) in one pass (`camrender.patch.combine_branches`).
 kernels="torch" (or a padded-frame mask, or a block without RMSNorm) runs the stock forward.
 Off CUDA and without TRITON_INTERPRET=1 the same fused structure runs on the PyTorch references.
 """
@@ -20,6 +20,8 @@ import os
 import torch
 import torch.nn.functional as F
 from diffusers.models.transformers.transformer_sana_wm import _prepare_ucpe_ray_transforms, _SoftmaxUCPESinglePathLiteLA
+
+from camrender.patch import adopt_module, combine_branches
 
 
 # SDPA backends in priority order on CUDA (names of torch.nn.attention.SDPBackend), or None for
@@ -62,8 +64,6 @@ class PatchedSoftmaxAttention(_SoftmaxUCPESinglePathLiteLA):
 
     @classmethod
     def adopt(cls, stock: _SoftmaxUCPESinglePathLiteLA, *, kernels: str = "fused", precision: str = "tf32"):
-        from camrender.patch import adopt_module
-
         return adopt_module(cls, stock, kernels=kernels, precision=precision)
 
     def _fusable(self, frame_valid_mask) -> bool:
@@ -92,10 +92,10 @@ class PatchedSoftmaxAttention(_SoftmaxUCPESinglePathLiteLA):
                 ray_transforms = _prepare_ucpe_ray_transforms(
                     head_dim=self.cam_head_dim, camera_conditions=camera_conditions, HW=HW,
                     patch_size=self.patch_size, rotary_emb=rotary_emb)
-            out = out + self.out_proj_cam(self._camera_softmax(x, ray_transforms, attn_dtype, use_triton))
-        if self.use_output_gate and self.output_gate is not None:
-            out = out * F.silu(self.output_gate(x).to(torch.float32))
-        return self.proj(out.to(x.dtype))
+            camera = self.out_proj_cam(self._camera_softmax(x, ray_transforms, attn_dtype, use_triton))
+        else:
+            camera = None
+        return combine_branches(self, x, out, camera, backend="auto" if use_triton else "torch")
 
     def _main_softmax(self, x, rotary_emb, attn_dtype, use_triton):
         """Main branch up to (not including) the gate: (B, N, C) in x.dtype."""

@@ -51,6 +51,8 @@ class RenderRequest:
         mode: "full" (whole clip at once) | "segments" (chunk-causal, state-cached).
         segment_frames: latent frames per segment (segment mode).
         cached_segments: how many recent segments softmax blocks attend to (segment mode).
+        cuda_graphs: replay the denoising passes as CUDA graphs (`camrender.graphs`; on CUDA, without
+            model CPU offload).
         out: output video path.
     """
 
@@ -75,6 +77,7 @@ class RenderRequest:
     mode: str = "full"
     segment_frames: int = 3
     cached_segments: int = 2
+    cuda_graphs: bool = True
     out: Optional[Path] = None
 
 
@@ -212,7 +215,9 @@ def to_uint8(video) -> np.ndarray:
 def camera_tensors(pipe, request: RenderRequest, device, dtype, batch: int) -> dict:
     """Camera conditioning from our trajectory (per-frame poses and intrinsics) for the transformer.
 
-    Returns camera_conditions (B, T, 20) and chunk_plucker (B, 48, T, h, w) in `dtype`.
+    Returns camera_conditions (B, T, 20) and chunk_plucker (1, 48, T, h, w) in `dtype`: the Plucker
+    maps are the same for every batch row (guidance only changes the text), and the transformer
+    broadcasts them, so its Plucker projections run once instead of once per row.
     """
     from camrender.camera import build_camera_inputs
 
@@ -226,8 +231,35 @@ def camera_tensors(pipe, request: RenderRequest, device, dtype, batch: int) -> d
     )
     return {
         "camera_conditions": camera["camera_conditions"][None].to(device, dtype).repeat(batch, 1, 1),
-        "chunk_plucker": camera["chunk_plucker"][None].to(device, dtype).repeat(batch, 1, 1, 1, 1),
+        "chunk_plucker": camera["chunk_plucker"][None].to(device, dtype),
     }
+
+
+def step_constants(transformer, camera_conditions, grid) -> dict:
+    """Transformer inputs that stay fixed over a render's denoising steps, computed once.
+
+    Without them the transformer rebuilds, every step, its RoPE table (copied from the CPU) and the
+    camera's ray matrices (a few hundred small kernels, some fed from the CPU), which also keeps a
+    step out of a CUDA graph. grid: (T, h, w) latent frames after patching; camera_conditions
+    (B, T, 20) or None. Returns the `pos_embeds` and `cam_pos_embeds` keyword arguments (empty
+    for layouts they do not cover: packed latents, no camera).
+    """
+    from diffusers.models.transformers.transformer_sana_wm import (
+        _prepare_ucpe_ray_transforms,
+        _process_camera_conditions_ucpe,
+    )
+
+    if camera_conditions is None or getattr(transformer, "pack_latents", False):
+        return {}
+    pos_embeds = transformer.rope(grid, device=camera_conditions.device) if transformer.use_pe else None
+    raymats, absmap = _process_camera_conditions_ucpe(camera_conditions, camera_conditions.shape[0], grid,
+                                                      transformer.patch_size)
+    P, _, P_inv, rope_cam = _prepare_ucpe_ray_transforms(
+        head_dim=transformer.linear_head_dim, camera_conditions=camera_conditions, HW=grid,
+        patch_size=transformer.patch_size, rotary_emb=pos_embeds, raymats=raymats)
+    absmap = absmap.permute(0, 4, 1, 2, 3).to(transformer.dtype)  # as the transformer lays it out itself
+    return {"pos_embeds": pos_embeds,
+            "cam_pos_embeds": {"absmap": absmap, "P": P, "P_inv": P_inv, "pos_embeds_cam": rope_cam}}
 
 
 def initial_latents(first_latent, num_latent_frames: int, height: int, width: int, seed: int, device, dtype):
@@ -284,17 +316,20 @@ def sample_latents(pipe, request: RenderRequest, progress: Progress = None):
         token_is_noisy = frame_is_noisy[:, 0, :, None].expand(1, frames, h * w).reshape(1, -1)
         image_hw = torch.tensor([[request.height, request.width]], dtype=torch.float, device=device)
 
+        p_t, p_h, p_w = transformer.config.patch_size
+        constants = step_constants(transformer, camera.get("camera_conditions"), (frames // p_t, h // p_h, w // p_w))
+
+        def forward(model_latents, frame_timesteps):
+            return transformer(model_latents, frame_timesteps, text, mask=text_mask, data_info={"img_hw": image_hw},
+                               return_dict=False, **camera, **constants)[0]
+
+        if request.cuda_graphs and device.type == "cuda" and getattr(transformer, "_hf_hook", None) is None:
+            from camrender.graphs import GraphedForward
+
+            forward = GraphedForward(forward)  # text, mask and camera stay fixed: read in place by the graph
         for index, t in enumerate(timesteps):
             frame_timesteps = (t.float() * frame_is_noisy).expand(batch, 1, frames)
-            prediction = transformer(
-                latents.repeat(batch, 1, 1, 1, 1),
-                frame_timesteps,
-                text,
-                mask=text_mask,
-                data_info={"img_hw": image_hw},
-                return_dict=False,
-                **camera,
-            )[0]
+            prediction = forward(latents.repeat(batch, 1, 1, 1, 1), frame_timesteps)
             if guidance:
                 uncond, cond = prediction.chunk(2)
                 prediction = uncond + request.guidance * (cond - uncond)

@@ -45,7 +45,7 @@ class SegmentInputs:
     """Conditioning of one render, whole trajectory (sliced per segment).
 
     text (B, 1, L, D) and text_mask (B, L) with B = 2 ([negative, prompt]) under guidance, else 1;
-    camera_conditions (B, T, 20) and chunk_plucker (B, 48, T, h, w) or None; first_latent
+    camera_conditions (B, T, 20) and chunk_plucker (1 or B, 48, T, h, w) or None; first_latent
     (1, C, 1, h, w) normalised image latent or None; noise (1, C, T, h, w) on the CPU.
     """
 
@@ -58,11 +58,14 @@ class SegmentInputs:
     guidance: float = 1.0
 
 
-def sample_segment(model, inputs: SegmentInputs, start: int, stop: int, cache, timesteps, options, device):
+def sample_segment(model, inputs: SegmentInputs, start: int, stop: int, cache, timesteps, options, device,
+                   graphs=None):
     """Denoise latent frames [start, stop) and write their caches; returns the clean (1, C, t, h, w).
 
     Euler on the flow prediction v (x_next = x + (sigma_next - sigma) v, sigma = t / 1000, the last
     step lands on 0); frame 0 of the clip stays pinned to the image latent at timestep 0.
+    graphs: a `camrender.graphs.GraphedForward` over `segment_forward` that replays the
+    denoising passes (the cache-writing pass always runs eagerly), or None.
     """
     import torch
 
@@ -87,21 +90,16 @@ def sample_segment(model, inputs: SegmentInputs, start: int, stop: int, cache, t
     )
 
     def forward(x, timestep, write=False):
-        return segment_forward(
-            model,
-            x.expand(batch, -1, -1, -1, -1),
-            timestep.expand(batch, 1, frames),
-            frame_start=start,
-            cache=cache,
-            write_cache=write,
-            options=options,
-            conditioning=conditioning,
-        )
+        x, timestep = x.expand(batch, -1, -1, -1, -1), timestep.expand(batch, 1, frames)
+        if graphs is not None and not write:
+            return graphs(x, timestep, conditioning, cache)
+        return segment_forward(model, x, timestep, frame_start=start, cache=cache, write_cache=write,
+                               options=options, conditioning=conditioning)
 
     sigmas = [t / 1000.0 for t in timesteps] + [0.0]
     for index, t in enumerate(timesteps):
-        frame_timesteps = torch.full((1, 1, frames), float(t), device=device)
-        frame_timesteps[..., pinned] = 0.0
+        # torch.where, not boolean indexing: indexing would wait for the GPU at every step.
+        frame_timesteps = torch.where(pinned, 0.0, float(t)).view(1, 1, frames)
         velocity = forward(latents, frame_timesteps).float()
         if batch == 2:
             uncond, cond = velocity.chunk(2)
@@ -112,15 +110,32 @@ def sample_segment(model, inputs: SegmentInputs, start: int, stop: int, cache, t
     return latents
 
 
-def sample_segments(model, inputs: SegmentInputs, bounds, timesteps, options, device) -> Iterator:
+def sample_segments(model, inputs: SegmentInputs, bounds, timesteps, options, device, *,
+                    cuda_graphs: bool = False) -> Iterator:
     """Yield `(index, start, stop, latents)` for each segment in order, carrying one `SegmentCache`
-    (an offloaded transformer is brought back to the GPU before each segment)."""
-    from camrender.segments import SegmentCache
+    (an offloaded transformer is brought back to the GPU before each segment).
+
+    cuda_graphs: replay the denoising passes as CUDA graphs (`camrender.graphs`); off
+    under model CPU offload (the weights move between segments). Off CUDA the same replay path
+    runs on static copies without graphs (for tests).
+    """
+    import torch
+
+    from camrender.graphs import GraphedForward
+    from camrender.segments import SegmentCache, segment_forward
 
     cache = SegmentCache.empty(model)
+    graphs = None
+    if cuda_graphs and getattr(model, "_hf_hook", None) is None:
+        def forward(x, timestep, conditioning, segment_cache):
+            return segment_forward(model, x, timestep, frame_start=conditioning.frame_start, cache=segment_cache,
+                                   options=options, conditioning=conditioning)
+
+        graphs = GraphedForward(forward, capture=torch.device(device).type == "cuda")
     for index, (start, stop) in enumerate(bounds):
         _bring_to_device(model)
-        yield index, start, stop, sample_segment(model, inputs, start, stop, cache, timesteps, options, device)
+        yield index, start, stop, sample_segment(model, inputs, start, stop, cache, timesteps, options, device,
+                                                 graphs=graphs)
 
 
 def prepare_inputs(pipe, request, device) -> SegmentInputs:
@@ -196,7 +211,8 @@ def render_segments(pipe, request, progress: Optional[Callable[..., None]] = Non
     written = 0
     started = time.perf_counter()
     with torch.no_grad():
-        for index, start, stop, latents in sample_segments(model, inputs, bounds, timesteps, options, device):
+        for index, start, stop, latents in sample_segments(model, inputs, bounds, timesteps, options, device,
+                                                           cuda_graphs=request.cuda_graphs and device.type == "cuda"):
             frames = to_uint8_frames(decoder.decode(latents))
             written += len(frames)
             if progress is not None:

@@ -32,14 +32,15 @@ import torch
 import torch.nn.functional as F
 from diffusers.models.normalization import RMSNorm
 from diffusers.models.transformers.transformer_sana_wm import (
-    GLUMBConvTemp,
     _apply_ucpe_transform,
     _prepare_ucpe_ray_transforms,
     _process_camera_conditions_ucpe,
     _SoftmaxUCPESinglePathLiteLA,
 )
 
-from camrender.patch import gdn_gates
+from camrender.patch import combine_branches, gdn_gates
+from camrender.patch_block import ffn_residual, modulation_rows, plucker_projection
+from kernels.block_glue import ada_norm, gated_residual, residual_ada_norm
 from kernels.reference import delta_scan_ref
 
 __all__ = [
@@ -80,7 +81,8 @@ class SegmentOptions:
     Attributes:
         cached_segments: recent segments (besides the sink) softmax blocks attend to.
         main_softmax_scale: scale of the main softmax attention; None -> 1/sqrt(padded head dim)
-            (1/sqrt(128) for D = 112: both main and camera SDPA pad to 128 in the cached path).
+            (1/sqrt(128) for D = 112: the cached path scales both main and camera SDPA as for a
+            head dim padded to 128).
             Pass 1/sqrt(D) to reproduce the stock bidirectional model.
         sdpa_dtype: dtype of the softmax attention; None -> bfloat16 for fp32 activations (as
             diffusers does), the activation dtype otherwise.
@@ -115,8 +117,8 @@ class BlockCache:
     GDN blocks: `kv_state` (B, H, D, D) and `z_state` (B, H, D, 1) main forward-scan states, fp32;
     `cam_state` (B, H, D, D) camera forward-scan state, fp32; `key_tail` (B, <= K-1, S, C) raw main K
     (before the short conv) of the latest frames. Softmax blocks: `sink` (first segment) and
-    `recent` (at most `cached_segments` later segments, oldest first). Both: `ffn_tail` (B, C, 1, S),
-    the last frame entering the FFN temporal conv.
+    `recent` (at most `cached_segments` later segments, oldest first). Both: `ffn_tail` (B, 1, S, C),
+    the last frame of the FFN's spatial output y (token-major), read by the next segment's temporal conv.
     """
 
     kv_state: Optional[torch.Tensor] = None
@@ -193,6 +195,12 @@ class _Call:
 # ---------------------------------------------------------------------------------------------
 # Small shared operations
 # ---------------------------------------------------------------------------------------------
+
+
+def _glue_backend(options: SegmentOptions, device: torch.device) -> str:
+    """Backend of the single-pass glue kernels (`kernels.block_glue`): the Triton kernels wherever
+    the fused branch kernels run, the PyTorch references otherwise."""
+    return "torch" if _fused_kernels(options.backend, device) is None else "auto"
 
 
 def _fused_kernels(backend: str, device: torch.device):
@@ -293,24 +301,17 @@ def _ray_transforms(model, camera_conditions: torch.Tensor, grid: tuple, rope: t
 
 
 def _sdpa(query, key, value, *, scale: float, mask=None) -> torch.Tensor:
-    """Softmax attention on (B, H, n, D) tensors zero-padded to the FlashAttention head dims
-    (32, 64, 128, 256); mask: optional bool (n_q, n_k), True = attend. Returns (B, H, n_q, D)."""
-    head_dim = query.shape[-1]
-    padded = _padded_head_dim(head_dim)
-    if padded != head_dim:
-        pad = (0, padded - head_dim)
-        query, key, value = F.pad(query, pad), F.pad(key, pad), F.pad(value, pad)
-    if query.is_cuda:
-        # The backend priority measured for the full-mode softmax blocks (cuDNN attention first).
-        from torch.nn.attention import SDPBackend, sdpa_kernel
+    """Softmax attention on (B, H, n, D) tensors with an explicit scale; mask: optional bool
+    (n_q, n_k), True = attend. Returns (B, H, n_q, D)."""
+    if not query.is_cuda:
+        return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale)
+    # The backend priority measured for the full-mode softmax blocks (cuDNN attention first).
+    from torch.nn.attention import SDPBackend, sdpa_kernel
 
-        from camrender.patch_softmax import SDPA_BACKENDS
+    from camrender.patch_softmax import SDPA_BACKENDS
 
-        with sdpa_kernel([getattr(SDPBackend, name) for name in SDPA_BACKENDS], set_priority=True):
-            out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale)
-    else:
-        out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale)
-    return out[..., :head_dim]
+    with sdpa_kernel([getattr(SDPBackend, name) for name in SDPA_BACKENDS], set_priority=True):
+        return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale)
 
 
 def _padded_head_dim(head_dim: int) -> int:
@@ -374,41 +375,15 @@ def _segment_local_conv(conv, x: torch.Tensor, call: _Call) -> torch.Tensor:
     return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1)
 
 
-def _ffn(mlp, x: torch.Tensor, call: _Call, cache: BlockCache) -> torch.Tensor:
-    """Block FFN on (B, N, C). For `GLUMBConvTemp`, the residual temporal conv (kernel 3) reads the
-    cached last frame of the previous segment on the left and zero past each segment's end."""
-    if not isinstance(mlp, GLUMBConvTemp):
-        return mlp(x)  # token-wise MLP: nothing crosses frames
-    batch, tokens, channels = x.shape
-    frames, height, width = call.num_frames, call.height, call.width
-    hidden = x.reshape(batch * frames, height, width, channels).permute(0, 3, 1, 2)
-    hidden = mlp.inverted_conv(hidden)
-    hidden = mlp.depth_conv(hidden)
-    value, gate = torch.chunk(hidden, 2, dim=1)
-    hidden = mlp.point_conv(value * mlp.glu_act(gate))
-    out_channels = hidden.shape[1]
-    hidden = hidden.reshape(batch, frames, out_channels, height * width).permute(0, 2, 1, 3)  # (B, C, T, S)
-
-    weight = mlp.t_conv.weight  # (C, C, 3, 1)
-    reach = weight.shape[2] // 2
-    if reach != 1:
-        raise NotImplementedError("segment mode supports the temporal kernel 3 of the released models")
-    temporal = torch.empty_like(hidden)
-    for start, stop in call.segments:
-        if start > 0:
-            left = hidden[:, :, start - 1 : start]
-        elif cache.ffn_tail is not None:
-            left = cache.ffn_tail.to(hidden.dtype)
-        else:
-            left = hidden.new_zeros(batch, out_channels, 1, height * width)
-        right = hidden.new_zeros(batch, out_channels, 1, height * width)
-        window = torch.cat([left, hidden[:, :, start:stop], right], dim=2)
-        bias = None if mlp.t_conv.bias is None else mlp.t_conv.bias.to(hidden.dtype)
-        temporal[:, :, start:stop] = F.conv2d(window, weight.to(hidden.dtype), bias)
-    if call.write:
-        cache.ffn_tail = hidden[:, :, -1:].detach().clone()
-    hidden = hidden + temporal
-    return hidden.permute(0, 2, 3, 1).reshape(batch, tokens, out_channels)
+def _ffn_residual(block, x, mlp_in, gate, call: _Call, cache: BlockCache, backend: str) -> torch.Tensor:
+    """x + gate * FFN(mlp_in), (B, N, C). For `GLUMBConvTemp`, the temporal conv (kernel 3) reads the
+    cached last frame of the previous segment on the left and zero past each segment's end; the
+    cache-writing pass stores the last frame of the FFN's spatial output y, (B, 1, S, C)."""
+    grid = (call.num_frames, call.height, call.width)
+    x, spatial = ffn_residual(block, x, mlp_in, grid, gate, backend, left=cache.ffn_tail, segments=call.segments)
+    if call.write and spatial is not None:
+        cache.ffn_tail = spatial.view(x.shape[0], call.num_frames, call.spatial, -1)[:, -1:].detach().clone()
+    return x
 
 
 # ---------------------------------------------------------------------------------------------
@@ -495,16 +470,20 @@ def _gdn_main(attn, x, beta, decay, rope, call: _Call, cache: BlockCache, fused,
     return out
 
 
-def _camera_projections(attn, x, call: _Call, conv: bool, norm: bool = True):
-    """Camera q, k, v (B, N, H, D); with `conv` the segment-local short conv on k, with `norm` the
-    RMSNorms on q and k."""
+def _camera_projections(attn, x, call: _Call, conv: bool, norm: bool = True, fused_conv: bool = False):
+    """Camera q, k, v (B, N, H, D); with `conv` the segment-local short conv on k (`fused_conv`:
+    through `kernels.short_conv` for a single-segment call), with `norm` the RMSNorms on q and k."""
     batch, tokens, _ = x.shape
     heads, dim = attn.cam_heads, attn.cam_head_dim
     query, key, value = attn.q_proj_cam(x), attn.k_proj_cam(x), attn.v_proj_cam(x)
     if conv:
         if attn.conv_q_cam is not None or attn.conv_v_cam is not None:
             raise NotImplementedError("segment mode supports k_conv_only models (the released ones)")
-        if attn.conv_k_cam is not None:
+        if attn.conv_k_cam is not None and fused_conv and len(call.segments) == 1 and attn.conv_k_cam.bias is None:
+            from kernels.short_conv import short_conv
+
+            key = short_conv(key, attn.conv_k_cam.weight, call.num_frames, backend="auto")
+        elif attn.conv_k_cam is not None:
             key = _segment_local_conv(attn.conv_k_cam, key, call)
     if norm:
         query, key = attn.q_norm_cam(query), attn.k_norm_cam(key)
@@ -522,7 +501,7 @@ def _gdn_camera(attn, x, beta, decay, rays, call: _Call, cache: BlockCache, fuse
 
     if fused is not None and isinstance(attn.q_norm_cam, RMSNorm):
         _, camera_branch = fused
-        query, key, value = _camera_projections(attn, x, call, conv=True, norm=False)
+        query, key, value = _camera_projections(attn, x, call, conv=True, norm=False, fused_conv=True)
         out, cam_state = camera_branch(
             query,
             key,
@@ -580,12 +559,10 @@ def _gdn_attention(attn, x, rope, rays, call: _Call, cache: BlockCache, options:
     fused = _fused_kernels(options.backend, x.device)
     beta, decay = gdn_gates(attn, x, call.num_frames, call.spatial)
     out = _gdn_main(attn, x, beta, decay, rope, call, cache, fused, options.precision)
+    camera = None
     if rays is not None:
-        camera = _gdn_camera(attn, x, beta, decay, rays, call, cache, fused, options.precision)
-        out = out + attn.out_proj_cam(camera)
-    if attn.use_output_gate and attn.output_gate is not None:
-        out = out * F.silu(attn.output_gate(x).to(torch.float32))
-    return attn.proj(out.to(x.dtype))
+        camera = attn.out_proj_cam(_gdn_camera(attn, x, beta, decay, rays, call, cache, fused, options.precision))
+    return combine_branches(attn, x, out, camera, _glue_backend(options, x.device))
 
 
 def _softmax_mask(call: _Call, options: SegmentOptions, device) -> Optional[torch.Tensor]:
@@ -599,6 +576,64 @@ def _softmax_mask(call: _Call, options: SegmentOptions, device) -> Optional[torc
     return allowed.repeat_interleave(call.spatial, 0).repeat_interleave(call.spatial, 1)
 
 
+def _has_norm_weights(attn) -> bool:
+    return all(getattr(norm, "weight", None) is not None
+               for norm in (attn.q_norm, attn.k_norm, attn.q_norm_cam, attn.k_norm_cam))
+
+
+def _softmax_qkv(attn, x, rope, sdpa_dtype, fused: bool):
+    """Main-branch q, k (RMSNorm, RoPE) and v of a softmax block, (B, H, N, D) in the SDPA dtype;
+    `fused`: q and k in one `kernels.main_prep` pass each, v read from the qkv output."""
+    batch, tokens, channels = x.shape
+    heads, dim = attn.heads, attn.dim
+    if fused:
+        from kernels.main_prep import main_prep
+
+        qkv = attn.qkv(x)
+        prepped = []
+        for raw, norm in ((qkv[..., :channels], attn.q_norm), (qkv[..., channels:2 * channels], attn.k_norm)):
+            out = torch.empty(batch, tokens, channels, device=x.device, dtype=sdpa_dtype)
+            prepped.append(main_prep(raw, norm.weight, heads, norm_eps=norm.eps, relu=False, rope=rope, out=out))
+        query, key, value = prepped[0], prepped[1], qkv[..., 2 * channels:].to(sdpa_dtype)
+        return tuple(t.reshape(batch, tokens, heads, dim).transpose(1, 2) for t in (query, key, value))
+    query, key, value = attn.qkv(x).reshape(batch, tokens, 3, heads, dim).unbind(2)
+    query = attn.q_norm(query.reshape(batch, tokens, channels)).reshape(batch, tokens, heads, dim)
+    key = attn.k_norm(key.reshape(batch, tokens, channels)).reshape(batch, tokens, heads, dim)
+    if rope is not None:
+        query, key = _rotate(query, rope), _rotate(key, rope)
+    return tuple(t.transpose(1, 2).to(sdpa_dtype) for t in (query, key, value))
+
+
+def _softmax_camera_encode(attn, x, rays, call: _Call, sdpa_dtype, fused: bool):
+    """Camera q, k, v of a softmax block after RMSNorm, UCPE and RMS downscale, (B, H, N, D') in the
+    SDPA dtype; `fused`: `kernels.softmax_cam` (D' = D zero-padded to 128), else D' = D."""
+    if fused:
+        from kernels.softmax_cam import cam_softmax_encode
+
+        norm = attn.q_norm_cam
+        encoded = cam_softmax_encode(
+            attn.q_proj_cam(x), attn.k_proj_cam(x), attn.v_proj_cam(x), rays, q_norm_weight=norm.weight,
+            k_norm_weight=attn.k_norm_cam.weight, norm_eps=norm.eps, heads=attn.cam_heads, out_dtype=sdpa_dtype)
+        return tuple(t.transpose(1, 2) for t in encoded)
+    _, P_T, P_inv, freqs_cam = rays
+    query, key, value = (t.transpose(1, 2) for t in _camera_projections(attn, x, call, conv=False))
+    query = _downscale_to_rms(query, _ucpe(query, P_T, freqs_cam)).to(sdpa_dtype)
+    key = _downscale_to_rms(key, _ucpe(key, P_inv, freqs_cam)).to(sdpa_dtype)
+    value = _downscale_to_rms(value, _ucpe(value, P_inv, freqs_cam)).to(sdpa_dtype)
+    return query, key, value
+
+
+def _softmax_camera_decode(attn, out, rays, dtype, fused: bool):
+    """Camera SDPA output (B, H, N, D') -> world space (B, N, C) in `dtype` (P, inverse RoPE)."""
+    if fused:
+        from kernels.softmax_cam import cam_softmax_decode
+
+        return cam_softmax_decode(out, rays, dim=attn.cam_head_dim, out_dtype=dtype)
+    batch, heads, tokens, dim = out.shape
+    P, _, _, freqs_cam = rays
+    return _ucpe(out.to(dtype), P, freqs_cam, inverse=True).transpose(1, 2).reshape(batch, tokens, heads * dim)
+
+
 def _softmax_attention(attn, x, rope, rays, call: _Call, cache: BlockCache, options: SegmentOptions):
     """`_SoftmaxUCPESinglePathLiteLA.forward`, chunk-causal: queries of the call attend to the cached
     sink / recent segments and to the call's own keys (masked per segment). x (B, N, C) -> (B, N, C)."""
@@ -610,12 +645,8 @@ def _softmax_attention(attn, x, rope, rays, call: _Call, cache: BlockCache, opti
         raise ValueError("a call with several segments must start from an empty cache")
     mask = _softmax_mask(call, options, x.device)
 
-    query, key, value = attn.qkv(x).reshape(batch, tokens, 3, heads, dim).unbind(2)
-    query = attn.q_norm(query.reshape(batch, tokens, channels)).reshape(batch, tokens, heads, dim)
-    key = attn.k_norm(key.reshape(batch, tokens, channels)).reshape(batch, tokens, heads, dim)
-    if rope is not None:
-        query, key = _rotate(query, rope), _rotate(key, rope)
-    query, key, value = (t.transpose(1, 2).to(sdpa_dtype) for t in (query, key, value))
+    fused = _fused_kernels(options.backend, x.device) is not None and _has_norm_weights(attn)
+    query, key, value = _softmax_qkv(attn, x, rope, sdpa_dtype, fused)
     main_scale = options.main_softmax_scale or 1.0 / math.sqrt(_padded_head_dim(dim))
     out = _sdpa(
         query,
@@ -628,11 +659,7 @@ def _softmax_attention(attn, x, rope, rays, call: _Call, cache: BlockCache, opti
 
     cam_key = cam_value = None
     if rays is not None:
-        P, P_T, P_inv, freqs_cam = rays
-        cam_query, cam_key, cam_value = (t.transpose(1, 2) for t in _camera_projections(attn, x, call, conv=False))
-        cam_query = _downscale_to_rms(cam_query, _ucpe(cam_query, P_T, freqs_cam)).to(sdpa_dtype)
-        cam_key = _downscale_to_rms(cam_key, _ucpe(cam_key, P_inv, freqs_cam)).to(sdpa_dtype)
-        cam_value = _downscale_to_rms(cam_value, _ucpe(cam_value, P_inv, freqs_cam)).to(sdpa_dtype)
+        cam_query, cam_key, cam_value = _softmax_camera_encode(attn, x, rays, call, sdpa_dtype, fused)
         cam_out = _sdpa(
             cam_query,
             torch.cat([kv.cam_key for kv in context] + [cam_key], dim=2),
@@ -640,9 +667,7 @@ def _softmax_attention(attn, x, rope, rays, call: _Call, cache: BlockCache, opti
             scale=1.0 / math.sqrt(_padded_head_dim(attn.cam_head_dim)),
             mask=mask,
         )
-        cam_out = _ucpe(cam_out.to(x.dtype), P, freqs_cam, inverse=True)
-        cam_out = cam_out.transpose(1, 2).reshape(batch, tokens, channels)
-        out = out + attn.out_proj_cam(cam_out)
+        cam_out = attn.out_proj_cam(_softmax_camera_decode(attn, cam_out, rays, x.dtype, fused))
 
     if call.write:
         entry = SoftmaxKV(*(_compact(t) for t in (key, value, cam_key, cam_value)))
@@ -651,9 +676,7 @@ def _softmax_attention(attn, x, rope, rays, call: _Call, cache: BlockCache, opti
         elif options.cached_segments > 0:
             cache.recent = (cache.recent + [entry])[-options.cached_segments :]
 
-    if attn.use_output_gate and attn.output_gate is not None:
-        out = out * F.silu(attn.output_gate(x).to(torch.float32))
-    return attn.proj(out.to(x.dtype))
+    return combine_branches(attn, x, out, cam_out if rays is not None else None, _glue_backend(options, x.device))
 
 
 def _compact(t):
@@ -671,29 +694,20 @@ def _block_forward(block, x, y, y_mask, modulation, rope, rays, plucker, call, c
 
     x (B, N, C); y (B, 1, L, C) text; modulation (B, 1, T, 6C) per-frame adaLN input.
     """
-    batch, tokens, channels = x.shape
-    frames = modulation.shape[2]
-    shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = (
-        block.scale_shift_table[None, None] + modulation.reshape(batch, frames, 6, -1)
-    ).chunk(6, dim=-2)
-
-    def per_frame(t):  # (B, N, C) -> (B, T, S, C)
-        return t.reshape(batch, frames, -1, channels)
-
-    attn_in = (per_frame(block.norm1(x)) * (1 + scale_msa) + shift_msa).reshape(batch, tokens, channels)
+    glue = _glue_backend(options, x.device)
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = modulation_rows(block, modulation)
+    attn_in = ada_norm(x, shift_msa, scale_msa, eps=block.norm1.eps, backend=glue)
     if isinstance(block.attn, _SoftmaxUCPESinglePathLiteLA):
         attn_out = _softmax_attention(block.attn, attn_in, rope, rays, call, cache, options)
     else:
         attn_out = _gdn_attention(block.attn, attn_in, rope, rays, call, cache, options)
-    x = x + (gate_msa * per_frame(attn_out)).reshape(batch, tokens, channels)
-
-    if plucker is not None and hasattr(block, "plucker_proj"):
-        x = x + block.plucker_proj(plucker)
-    x = x + block.cross_attn(x, y, mask=y_mask)
-
-    mlp_in = (per_frame(block.norm2(x)) * (1 + scale_mlp) + shift_mlp).reshape(batch, tokens, channels)
-    mlp_out = _ffn(block.mlp, mlp_in, call, cache)
-    return x + (gate_mlp * per_frame(mlp_out)).reshape(batch, tokens, channels)
+    extra = plucker_projection(block, plucker) if plucker is not None and hasattr(block, "plucker_proj") else None
+    x = gated_residual(x, attn_out, gate_msa, extra=extra, backend=glue)
+    x, mlp_in = residual_ada_norm(x, block.cross_attn(x, y, mask=y_mask), shift_mlp, scale_mlp,
+                                  eps=block.norm2.eps, backend=glue)
+    return _ffn_residual(block, x, mlp_in, gate_mlp, call, cache, glue)
 
 
 @dataclasses.dataclass

@@ -245,6 +245,50 @@ def _softmax_camera_cases(batch, heads, frames, spatial, dim):
     return [SelftestCase("cam_softmax_encode", label, run_encode), SelftestCase("cam_softmax_decode", label, run_decode)]
 
 
+def _glue_cases(batch, frames, spatial, channels):
+    """The block's single-pass adaLN glue (kernels.block_glue) and the FFN's GLU depthwise conv."""
+    glue = importlib.import_module("kernels.block_glue")
+    tokens = frames * spatial
+    label = f"B{batch} T{frames} S{spatial} C{channels}"
+
+    def tensors(device, count, shape):
+        g = _generator(device, 7)
+        return [_randn(shape, g, device) for _ in range(count)]
+
+    def run_norm(device):
+        x, r = tensors(device, 2, (batch, tokens, channels))
+        shift, scale = tensors(device, 2, (batch, frames, channels))
+        fused = glue.residual_ada_norm(x, r, shift, scale, backend="triton")
+        return fused, glue.residual_ada_norm_ref(x, r, shift, scale)
+
+    def run_residual(device):
+        x, y, z = tensors(device, 3, (batch, tokens, channels))
+        (gate,) = tensors(device, 1, (batch, frames, channels))
+        return (glue.gated_residual(x, y, gate, y2=z, backend="triton"), glue.gated_residual_ref(x, y, gate, z))
+
+    def run_gate(device):
+        a, b, gate = tensors(device, 3, (batch, tokens, channels))
+        return glue.silu_gate(a, gate, b=b, backend="triton"), glue.silu_gate_ref(a, gate, b)
+
+    cases = [SelftestCase("residual_ada_norm", label, run_norm), SelftestCase("gated_residual", label, run_residual),
+             SelftestCase("silu_gate", label, run_gate)]
+    try:
+        ffn = importlib.import_module("kernels.ffn_glu")
+        glu, glu_ref = ffn.glu_depthwise, ffn.glu_depthwise_ref
+    except (ImportError, AttributeError):
+        return cases
+    height, width = 3, spatial // 3
+
+    def run_glu(device):
+        g = _generator(device, 8)
+        h = _randn((batch * frames, height * width, 2 * channels), g, device)
+        weight = _randn((2 * channels, 1, 3, 3), g, device, 0.3)
+        bias = _randn((2 * channels,), g, device, 0.1)
+        return (glu(h, weight, bias, height, width, backend="triton"), glu_ref(h, weight, bias, height, width))
+
+    return cases + [SelftestCase("glu_depthwise", f"F{batch * frames} {height}x{width} C{2 * channels}", run_glu)]
+
+
 def torch_angles(tokens, pairs, generator, device):
     import torch
 
@@ -263,6 +307,7 @@ def default_cases() -> list:
             _camera_branch_case(batch, heads, frames, spatial, dim),
         ]
     cases += _main_cases(1, 2, 3, 6, 16)
+    cases += _glue_cases(2, 3, 6, 40)
     return cases
 
 

@@ -64,7 +64,7 @@ def mat_strides(m):
 
 
 @triton.jit
-def _inverse_rms(q_rows, k_rows, nmask, norm_eps, C: tl.constexpr, BS: tl.constexpr, BC: tl.constexpr,
+def inverse_rms(q_rows, k_rows, nmask, norm_eps, C: tl.constexpr, BS: tl.constexpr, BC: tl.constexpr,
                  HAS_QNORM: tl.constexpr, HAS_KNORM: tl.constexpr):
     """1 / RMS over all C channels of BS token rows of q and k (the block's full-C RMSNorm);
     (BS,) each, zeros for a tensor without a norm. `q_rows`, `k_rows`: (BS, 1) row pointers."""
@@ -111,7 +111,7 @@ def _cam_stage_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, sb_b, sb_h, sb_t, sb_s,
     q_base = q_ptr + b * N * C
     k_base = k_ptr + b * N * C
     v_base = v_ptr + b * N * C
-    q_rms, k_rms = _inverse_rms(q_base + row, k_base + row, nmask, norm_eps, C, BS, BC, HAS_QNORM, HAS_KNORM)
+    q_rms, k_rms = inverse_rms(q_base + row, k_base + row, nmask, norm_eps, C, BS, BC, HAS_QNORM, HAS_KNORM)
     NQ: tl.constexpr = D // 4
     tok = b * N + n
     if FOLD_BETA:
@@ -147,7 +147,7 @@ def _cam_stage_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, sb_b, sb_h, sb_t, sb_s,
 
 
 @triton.jit
-def _encode_halves(xa, xb, wa, wb, inv_rms, m, c0, s0, c1, s1, scale, out_scale, BS: tl.constexpr, GU: tl.constexpr,
+def encode_halves(xa, xb, wa, wb, inv_rms, m, c0, s0, c1, s1, scale, out_scale, BS: tl.constexpr, GU: tl.constexpr,
                    D: tl.constexpr, HAS_NORM: tl.constexpr, RELU: tl.constexpr, HAS_ROPE: tl.constexpr,
                    DOWNSCALE: tl.constexpr, ONE_SUM: tl.constexpr):
     """Encode head vectors held as two contiguous (BS, 4GU) fp32 tiles (padding columns zero):
@@ -226,7 +226,7 @@ def _cam_encode_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, sb_b, sb_h, sb_t, sb_s,
     k_base = k_ptr + b * N * C
     v_base = v_ptr + b * N * C
     row = n[:, None] * C
-    q_rms, k_rms = _inverse_rms(q_base + row, k_base + row, nmask, norm_eps, C, BS, BC, HAS_QNORM, HAS_KNORM)
+    q_rms, k_rms = inverse_rms(q_base + row, k_base + row, nmask, norm_eps, C, BS, BC, HAS_QNORM, HAS_KNORM)
     m_q = ucpe_tiles.token_matrix(pt_ptr, b * spt_b + n * spt_n, spt_i, spt_j, nmask)
     m_k = ucpe_tiles.token_matrix(pinv_ptr, b * spi_b + n * spi_n, spi_i, spi_j, nmask)
     c0 = tl.zeros((BS, GU), dtype=tl.float32)
@@ -285,7 +285,7 @@ def _cam_encode_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, sb_b, sb_h, sb_t, sb_s,
         root = one
         if FOLD_BETA:
             root = tl.sqrt(tl.load(beta_ptr + b * sb_b + h * sb_h + sb_off, mask=nmask, other=0.0).to(tl.float32))
-        ya, yb, _, _ = _encode_halves(xqa.to(tl.float32), xqb.to(tl.float32), wqa, wqb, q_rms, m_q, c0, s0, c1, s1,
+        ya, yb, _, _ = encode_halves(xqa.to(tl.float32), xqb.to(tl.float32), wqa, wqb, q_rms, m_q, c0, s0, c1, s1,
                                       1.0, one, BS, GU, D, HAS_QNORM, True, HAS_ROPE, DOWNSCALE, ONE_SUM)
         tl.store(q_out + dst, ya.to(q_out.dtype.element_ty), mask=tmask)
         tl.store(q_out + dst + HALF, yb.to(q_out.dtype.element_ty), mask=tmask)
@@ -295,7 +295,7 @@ def _cam_encode_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, sb_b, sb_h, sb_t, sb_s,
         if LATE:
             xka = tl.load(k_base + src, mask=tmask, other=0.0)
             xkb = tl.load(k_base + src + HALF, mask=tmask, other=0.0)
-        ya, yb, pre, post = _encode_halves(xka.to(tl.float32), xkb.to(tl.float32), wka, wkb, k_rms, m_k, c0, s0, c1,
+        ya, yb, pre, post = encode_halves(xka.to(tl.float32), xkb.to(tl.float32), wka, wkb, k_rms, m_k, c0, s0, c1,
                                            s1, k_scale, k_fold, BS, GU, D, HAS_KNORM, True, HAS_ROPE, DOWNSCALE,
                                            ONE_SUM)
         tl.store(infl_out + (b * H + h) * N + n, ucpe_tiles.inflation_sq(pre, post, nmask), mask=nmask)
@@ -304,7 +304,7 @@ def _cam_encode_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, sb_b, sb_h, sb_t, sb_s,
         if LATE:
             xva = tl.load(v_base + src, mask=tmask, other=0.0)
             xvb = tl.load(v_base + src + HALF, mask=tmask, other=0.0)
-        ya, yb, _, _ = _encode_halves(xva.to(tl.float32), xvb.to(tl.float32), wqa, wqb, q_rms, m_k, c0, s0, c1, s1,
+        ya, yb, _, _ = encode_halves(xva.to(tl.float32), xvb.to(tl.float32), wqa, wqb, q_rms, m_k, c0, s0, c1, s1,
                                       1.0, root, BS, GU, D, False, False, HAS_ROPE, DOWNSCALE, ONE_SUM)
         tl.store(v_out + dst, ya.to(v_out.dtype.element_ty), mask=tmask)
         tl.store(v_out + dst + HALF, yb.to(v_out.dtype.element_ty), mask=tmask)
@@ -321,7 +321,7 @@ def cam_stage(q, k, v, views, *, num_frames, q_norm_weight, k_norm_weight, norm_
     with encodings (B, H, N, D) in out_dtype and inflation (B, H, N) fp32. With `beta` the
     key/value are stored beta-folded (see _cam_stage_kernel). variant: "tiles"
     (_cam_encode_kernel, contiguous 16-byte tiles, reads the views in place), "tiles_prefetch",
-    "tiles_two_sums" (see _encode_halves' ONE_SUM), "tiles_late" (k and v loaded just before
+    "tiles_two_sums" (see encode_halves' ONE_SUM), "tiles_late" (k and v loaded just before
     their use: fewer live registers) or "quads" (_cam_stage_kernel, stride-4 loads, flat copies
     of the tables). maxnreg: register cap per thread (None: the compiler's choice)."""
     batch, tokens, heads, dim = q.shape

@@ -477,13 +477,16 @@ def run_scan(*, k, v, q, beta, decay, out, k_strides, v_strides, q_strides, out_
 
 
 def delta_scan(q, k, v, beta, decay, *, initial_state=None, segment_starts=None, reverse=True,
-               precision="tf32"):
+               precision="tf32", f16_operands=False):
     """Triton delta-rule scan with delta_scan_ref's signature and semantics.
 
     q, k: (B, H, T, S, Dk); v: (B, H, T, S, Dv); beta (B, H, T, S); decay (B, H, T);
     initial_state (B, H, Dk, Dv); segment_starts bool (T,) or (B, T). Any strides with a
     contiguous last dim (e.g. a permuted (B, N, H, D) view); any float dtypes.
     `precision`: "tf32" (default, fast) or "ieee" (exact fp32 products).
+    `f16_operands` (with "tf32"): the products take fp16 operands (the 10-bit mantissa tf32 keeps,
+    at twice the tensor-core rate) and W_t is stored in fp16, as the camera branch does; q, k, v
+    and the states must stay within fp16 range. Accumulation stays fp32.
 
     Returns (out (B, H, T, S, Dv) fp32, final_state (B, H, Dk, Dv) fp32).
     """
@@ -504,5 +507,6 @@ def delta_scan(q, k, v, beta, decay, *, initial_state=None, segment_starts=None,
                      k_strides=k.stride()[:4], v_strides=v.stride()[:4], q_strides=q.stride()[:4],
                      out_strides=out.stride()[:4], batch=batch, heads=heads, frames=frames,
                      spatial=spatial, dk=dk, dv=dv, initial_state=initial_state, starts=starts,
-                     reverse=reverse, precision=precision)
+                     reverse=reverse, precision=precision,
+                     f16_dot=f16_operands and precision == "tf32", rec_f16=f16_operands)
     return out, final

@@ -211,11 +211,13 @@ def _chunkwise(qn, kn, q_rot, k_rot, v, beta, decay, out, *, eps, initial_state,
     init_kv = init_z = None
     if initial_state is not None:
         init_kv, init_z = initial_state
+    # tf32: fp16 operands (same mantissa, twice the rate; normalised q, scaled k and bf16 v fit its range).
+    fast = precision == "tf32"
     num, kv = delta_scan(heads_view(q_rot), heads_view(k_rot), heads_view(v), beta, decay, initial_state=init_kv,
-                         segment_starts=segment_starts, precision=precision)
+                         segment_starts=segment_starts, precision=precision, f16_operands=fast)
     ones = torch.ones(batch, heads, frames, spatial, 1, device=v.device, dtype=torch.float32)
     den, z = delta_scan(heads_view(qn), heads_view(kn), ones, beta, decay, initial_state=init_z,
-                        segment_starts=segment_starts, precision=precision)
+                        segment_starts=segment_starts, precision=precision, f16_operands=fast)
     bs = 32
     _divide_heads_kernel[(frames * triton.cdiv(spatial, bs), batch * heads)](
         num, den, out, *num.stride()[:4], *den.stride()[:4], frames, spatial, heads, head_dim, float(eps),

@@ -7,136 +7,196 @@ head; written as (B, N, H, DPAD) with zero padding (DPAD = 128 for D = 112), so
 `.transpose(1, 2)` is an SDPA-ready (B, H, N, DPAD) view; no fp32 copies.
 decode: SDPA output (B, H, N, DPAD) (any strides) -> P on the first half, inverse RoPE on the
 second -> (B, N, C).
-A program handles BS tokens of one head; the 4x4 products and the pair rotation read their
-partner channels as gathered loads from the (cached) row, so no register shuffles are needed.
+
+Both kernels follow kernels.cam_prep._cam_encode_kernel: one program per (BS tokens, batch
+row) loops over the heads; each head vector moves as two contiguous half rows (16-byte
+accesses), split into channel-phase quads in registers (kernels.ucpe_tiles); the token
+matrices (read in place through their strides: diffusers' P_T is a transposed view), the
+RoPE table and, for encode, the full-C inverse RMS of q and k are computed once per program.
 References: `kernels.main_reference.cam_softmax_encode_ref` / `cam_softmax_decode_ref`.
 """
 import torch
 import triton
 import triton.language as tl
 
-from .main_prep import inv_rms
-from .main_reference import rope_tables
+from . import ucpe_tiles
+from .cam_prep import encode_halves, inverse_rms, mat_strides, ray_views
+
+# Launch parameters from the H200 sweep at the release shape (bench/bench_softmax_cam.py,
+# bench/results/bench_softmax_cam_h200.json); neighbouring settings differ by about 0.01 ms.
+ENCODE_LAUNCH = dict(block_s=16, num_warps=4)
+DECODE_LAUNCH = dict(block_s=16, num_warps=2)
 
 
 @triton.jit
-def _load_chan(row, col, mask, rstd, w_ptr, HAS_NORM: tl.constexpr):
-    """(BS, DP) fp32 tile of channels `col` (per column) of the rows `row`, RMS-normalised if HAS_NORM."""
-    x = tl.load(row + col[None, :], mask=mask, other=0.0).to(tl.float32)
-    if HAS_NORM:
-        w = tl.load(w_ptr + col, mask=col >= 0, other=0.0).to(tl.float32)
-        x = x * rstd[:, None] * w[None, :]
-    return x
-
-
-@triton.jit
-def _ucpe_tile(row, c, m, first, rstd, w_ptr, mat_ptr, tok, cos_ptr, sin_ptr, n,
-               D: tl.constexpr, HAS_NORM: tl.constexpr, HAS_ROPE: tl.constexpr, INVERSE: tl.constexpr):
-    """UCPE (first half) + RoPE (second half) of one head tile; returns (x, y), both (BS, DP) fp32."""
-    x = _load_chan(row, c, m, rstd, w_ptr, HAS_NORM)
-    m_first = m & first[None, :]
-    group = (c // 4) * 4
-    mat_row = mat_ptr + tok[:, None] * 16 + ((c % 4) * 4)[None, :]
-    y_ucpe = tl.zeros(x.shape, dtype=tl.float32)
-    for j in tl.static_range(4):
-        xj = _load_chan(row, group + j, m_first, rstd, w_ptr, HAS_NORM)
-        mij = tl.load(mat_row + j, mask=m_first, other=0.0).to(tl.float32)
-        y_ucpe += mij * xj
+def _rope_tiles(rope_ptr, n, nmask, BS: tl.constexpr, GU: tl.constexpr, NGU: tl.constexpr,
+                HAS_ROPE: tl.constexpr, INVERSE: tl.constexpr):
+    """(c0, s0, c1, s1), each (BS, GU) fp32, of ucpe_tiles.rope_pairs; zeros without RoPE,
+    negated sines for the inverse rotation."""
+    c0 = tl.zeros((BS, GU), dtype=tl.float32)
+    s0 = c0
+    c1 = c0
+    s1 = c0
     if HAS_ROPE:
-        half: tl.constexpr = D // 2
-        m_second = m & (~first)[None, :]
-        partner = _load_chan(row, c ^ 1, m_second, rstd, w_ptr, HAS_NORM)
-        tab = n[:, None] * (half // 2) + ((c - half) // 2)[None, :]
-        cos = tl.load(cos_ptr + tab, mask=m_second, other=0.0)
-        sin = tl.load(sin_ptr + tab, mask=m_second, other=0.0)
+        c0, s0, c1, s1 = ucpe_tiles.rope_pairs(rope_ptr, n, nmask, GU, NGU)
         if INVERSE:
-            sin = -sin
-        sign = tl.where((c % 2) == 0, -1.0, 1.0)
-        y_rope = x * cos + partner * sin * sign[None, :]
-    else:
-        y_rope = x
-    return x, tl.where(first[None, :], y_ucpe, y_rope)
+            s0 = -s0
+            s1 = -s1
+    return c0, s0, c1, s1
 
 
 @triton.jit
-def _encode_one(x_ptr, stride_b, stride_n, out_ptr, rms_ptr, w_ptr, mat_ptr, cos_ptr, sin_ptr,
-                b, h, n, tok, tok_mask, N, H,
-                D: tl.constexpr, DP: tl.constexpr, DPAD: tl.constexpr,
-                HAS_NORM: tl.constexpr, HAS_ROPE: tl.constexpr, DOWNSCALE: tl.constexpr):
-    c = tl.arange(0, DP)
-    m = tok_mask[:, None] & (c < D)[None, :]
-    first = c < D // 2
-    row = x_ptr + b.to(tl.int64) * stride_b + n[:, None] * stride_n + h * D
-    rstd = tl.load(rms_ptr + tok, mask=tok_mask, other=0.0)  # a dummy buffer when not HAS_NORM (unused)
-    x, y = _ucpe_tile(row, c, m, first, rstd, w_ptr + h * D, mat_ptr, tok, cos_ptr, sin_ptr, n, D, HAS_NORM,
-                      HAS_ROPE, False)
-    if DOWNSCALE:
-        ref_rms = tl.sqrt(tl.sum(x * x, axis=1) / D + 1e-6)
-        out_rms = tl.sqrt(tl.sum(y * y, axis=1) / D + 1e-6)
-        y = y * tl.minimum(ref_rms / tl.maximum(out_rms, 1e-6), 1.0)[:, None]
-    dst = out_ptr + ((b.to(tl.int64) * N + n) * H + h)[:, None] * DPAD + c[None, :]
-    tl.store(dst, y.to(out_ptr.dtype.element_ty), mask=tok_mask[:, None] & (c < DPAD)[None, :])
+def _encode_head(src, dst, tmask, pad_dst, pad_mask, w_ptr, inv_rms, m, c0, s0, c1, s1, one, ch, cmask,
+                 BS: tl.constexpr, GU: tl.constexpr, D: tl.constexpr, DPAD: tl.constexpr,
+                 HAS_NORM: tl.constexpr, HAS_ROPE: tl.constexpr, DOWNSCALE: tl.constexpr):
+    """Encode one head of BS tokens: src/dst (BS, 4GU) pointers to the first-half channels of
+    the input rows and of the (BS, DPAD) output rows; channels [D, DPAD) are written as zeros."""
+    HALF: tl.constexpr = D // 2
+    xa = tl.load(src, mask=tmask, other=0.0).to(tl.float32)
+    xb = tl.load(src + HALF, mask=tmask, other=0.0).to(tl.float32)
+    wa = tl.zeros((4 * GU,), dtype=tl.float32)
+    wb = wa
+    if HAS_NORM:
+        wa = tl.load(w_ptr + ch, mask=cmask, other=0.0).to(tl.float32)
+        wb = tl.load(w_ptr + HALF + ch, mask=cmask, other=0.0).to(tl.float32)
+    ya, yb, _, _ = encode_halves(xa, xb, wa, wb, inv_rms, m, c0, s0, c1, s1, 1.0, one, BS, GU, D, HAS_NORM,
+                                  False, HAS_ROPE, DOWNSCALE, True)
+    dtype = dst.dtype.element_ty
+    tl.store(dst, ya.to(dtype), mask=tmask)
+    tl.store(dst + HALF, yb.to(dtype), mask=tmask)
+    if DPAD > D:
+        tl.store(pad_dst, tl.zeros(pad_dst.shape, dtype=dtype), mask=pad_mask)
 
 
 @triton.jit
-def _encode_kernel(q_ptr, k_ptr, v_ptr, sqb, sqn, skb, skn, svb, svn,
-                   q_rms, k_rms, qw_ptr, kw_ptr, pt_ptr, pinv_ptr, cos_ptr, sin_ptr,
-                   q_out, k_out, v_out, N, H,
-                   D: tl.constexpr, DP: tl.constexpr, DPAD: tl.constexpr, BS: tl.constexpr,
-                   HAS_QNORM: tl.constexpr, HAS_KNORM: tl.constexpr, HAS_ROPE: tl.constexpr,
-                   DOWNSCALE: tl.constexpr):
-    """One program per (block of BS tokens, b * H + h): q, k and v of that head."""
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    n = (tl.program_id(0) * BS + tl.arange(0, BS)).to(tl.int64)
-    tok_mask = n < N
-    tok = b.to(tl.int64) * N + n
-    _encode_one(q_ptr, sqb, sqn, q_out, q_rms, qw_ptr, pt_ptr, cos_ptr, sin_ptr, b, h, n, tok, tok_mask, N, H,
-                D, DP, DPAD, HAS_QNORM, HAS_ROPE, DOWNSCALE)
-    _encode_one(k_ptr, skb, skn, k_out, k_rms, kw_ptr, pinv_ptr, cos_ptr, sin_ptr, b, h, n, tok, tok_mask, N, H,
-                D, DP, DPAD, HAS_KNORM, HAS_ROPE, DOWNSCALE)
-    _encode_one(v_ptr, svb, svn, v_out, k_rms, kw_ptr, pinv_ptr, cos_ptr, sin_ptr, b, h, n, tok, tok_mask, N, H,
-                D, DP, DPAD, False, HAS_ROPE, DOWNSCALE)
+def _encode_kernel(q_ptr, k_ptr, v_ptr, sqb, sqn, skb, skn, svb, svn, qw_ptr, kw_ptr,
+                   pt_ptr, spt_b, spt_n, spt_i, spt_j, pinv_ptr, spi_b, spi_n, spi_i, spi_j, rope_ptr,
+                   q_out, k_out, v_out, N, norm_eps,
+                   H: tl.constexpr, D: tl.constexpr, DPAD: tl.constexpr, GU: tl.constexpr, PADW: tl.constexpr,
+                   BS: tl.constexpr, BC: tl.constexpr, HAS_QNORM: tl.constexpr, HAS_KNORM: tl.constexpr,
+                   HAS_ROPE: tl.constexpr, DOWNSCALE: tl.constexpr):
+    """One program per (block of BS tokens, b): q, k and v of every head of those tokens.
+
+    Inputs (B, N, H*D) with channel stride 1 (row strides s*b, s*n); outputs (B, N, H, DPAD)
+    contiguous. The full-C inverse RMS of q and k comes from a first pass over the rows.
+    """
+    b = tl.program_id(1).to(tl.int64)
+    n = tl.program_id(0) * BS + tl.arange(0, BS)
+    nmask = n < N
+    C: tl.constexpr = H * D
+    q_rows = q_ptr + b * sqb + n[:, None].to(tl.int64) * sqn
+    k_rows = k_ptr + b * skb + n[:, None].to(tl.int64) * skn
+    v_rows = v_ptr + b * svb + n[:, None].to(tl.int64) * svn
+    q_rms, k_rms = inverse_rms(q_rows, k_rows, nmask, norm_eps, C, BS, BC, HAS_QNORM, HAS_KNORM)
+    m_q = ucpe_tiles.token_matrix(pt_ptr, b * spt_b + n * spt_n, spt_i, spt_j, nmask)
+    m_k = ucpe_tiles.token_matrix(pinv_ptr, b * spi_b + n * spi_n, spi_i, spi_j, nmask)
+    c0, s0, c1, s1 = _rope_tiles(rope_ptr, n, nmask, BS, GU, D // 8, HAS_ROPE, False)
+    one = tl.full((BS,), 1.0, tl.float32)
+    ch = tl.arange(0, 4 * GU)
+    cmask = ch < D // 2
+    tmask = nmask[:, None] & cmask[None, :]
+    pad = D + tl.arange(0, PADW)
+    pad_mask = nmask[:, None] & (pad < DPAD)[None, :]
+    out_rows = ((b * N + n) * H)[:, None] * DPAD
+    for h in range(H):
+        src = h * D + ch[None, :]
+        dst = out_rows + h * DPAD
+        pad_dst = dst + pad[None, :]
+        dst = dst + ch[None, :]
+        _encode_head(q_rows + src, q_out + dst, tmask, q_out + pad_dst, pad_mask, qw_ptr + h * D, q_rms, m_q,
+                     c0, s0, c1, s1, one, ch, cmask, BS, GU, D, DPAD, HAS_QNORM, HAS_ROPE, DOWNSCALE)
+        _encode_head(k_rows + src, k_out + dst, tmask, k_out + pad_dst, pad_mask, kw_ptr + h * D, k_rms, m_k,
+                     c0, s0, c1, s1, one, ch, cmask, BS, GU, D, DPAD, HAS_KNORM, HAS_ROPE, DOWNSCALE)
+        _encode_head(v_rows + src, v_out + dst, tmask, v_out + pad_dst, pad_mask, kw_ptr, k_rms, m_k,
+                     c0, s0, c1, s1, one, ch, cmask, BS, GU, D, DPAD, False, HAS_ROPE, DOWNSCALE)
 
 
 @triton.jit
-def _decode_kernel(o_ptr, sob, soh, son, p_ptr, cos_ptr, sin_ptr, out_ptr, N, H,
-                   D: tl.constexpr, DP: tl.constexpr, BS: tl.constexpr, HAS_ROPE: tl.constexpr):
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    n = (tl.program_id(0) * BS + tl.arange(0, BS)).to(tl.int64)
-    tok_mask = n < N
-    tok = b.to(tl.int64) * N + n
-    c = tl.arange(0, DP)
-    m = tok_mask[:, None] & (c < D)[None, :]
-    row = o_ptr + b.to(tl.int64) * sob + h.to(tl.int64) * soh + n[:, None] * son
-    unused = n.to(tl.float32)  # no norm on decode: rstd / weight are not read
-    _, y = _ucpe_tile(row, c, m, c < D // 2, unused, p_ptr, p_ptr, tok, cos_ptr, sin_ptr, n, D, False, HAS_ROPE,
-                      True)
-    tl.store(out_ptr + (tok * H + h)[:, None] * D + c[None, :], y.to(out_ptr.dtype.element_ty), mask=m)
+def _decode_kernel(o_ptr, sob, soh, son, p_ptr, sp_b, sp_n, sp_i, sp_j, rope_ptr, out_ptr, N,
+                   H: tl.constexpr, D: tl.constexpr, GU: tl.constexpr, BS: tl.constexpr, HAS_ROPE: tl.constexpr):
+    """One program per (block of BS tokens, b): o (B, H, N, >= D) (channel stride 1) ->
+    out (B, N, H*D) contiguous, y = P x on the first half of each head, inverse RoPE on the second."""
+    b = tl.program_id(1).to(tl.int64)
+    n = tl.program_id(0) * BS + tl.arange(0, BS)
+    nmask = n < N
+    HALF: tl.constexpr = D // 2
+    m = ucpe_tiles.token_matrix(p_ptr, b * sp_b + n * sp_n, sp_i, sp_j, nmask)
+    c0, s0, c1, s1 = _rope_tiles(rope_ptr, n, nmask, BS, GU, D // 8, HAS_ROPE, True)
+    one = tl.full((BS,), 1.0, tl.float32)
+    ch = tl.arange(0, 4 * GU)
+    tmask = nmask[:, None] & (ch < HALF)[None, :]
+    unused_w = tl.zeros((4 * GU,), dtype=tl.float32)
+    src_rows = o_ptr + b * sob + n[:, None].to(tl.int64) * son + ch[None, :]
+    dst_rows = out_ptr + (b * N + n)[:, None] * (H * D) + ch[None, :]
+    dtype = out_ptr.dtype.element_ty
+    for h in range(H):
+        src = src_rows + h * soh
+        xa = tl.load(src, mask=tmask, other=0.0).to(tl.float32)
+        xb = tl.load(src + HALF, mask=tmask, other=0.0).to(tl.float32)
+        ya, yb, _, _ = encode_halves(xa, xb, unused_w, unused_w, one, m, c0, s0, c1, s1, 1.0, one, BS, GU, D,
+                                      False, False, HAS_ROPE, False, True)
+        tl.store(dst_rows + h * D, ya.to(dtype), mask=tmask)
+        tl.store(dst_rows + h * D + HALF, yb.to(dtype), mask=tmask)
 
 
 def _pad_dim(dim):
     return 128 if dim <= 128 else 256
 
 
-def _tables(ray_transforms, which, batch, tokens, dim, device):
-    """Per-token matrices ray_transforms[which] as (B*N, 16) fp32 and the camera RoPE (cos, sin) (N, D/4)."""
+def _half_groups(dim):
+    """GU: groups of four per half head vector (D/8), padded to a power of two."""
+    return triton.next_power_of_2(dim // 8)
+
+
+def ray_inputs(ray_transforms, batch, tokens, dim, device):
+    """cam_prep.ray_views of (P, P_T, P_inv, rope_cam), also accepting (N, 4, 4) matrices and a
+    (cos, sin) RoPE pair of (N, D/4) each."""
     if not isinstance(ray_transforms, (tuple, list)) or len(ray_transforms) != 4:
         raise ValueError("ray_transforms must be the tuple (P, P_T, P_inv, rope_cam)")
-    mats = ray_transforms[which]
-    if mats.shape[-2:] != (4, 4) or mats.shape[-3] != tokens:
-        raise ValueError(f"ray matrices must have shape ({batch}, {tokens}, 4, 4), got {tuple(mats.shape)}")
-    mats = mats.to(device=device, dtype=torch.float32).expand(batch, tokens, 4, 4).contiguous()
-    rope_cam = ray_transforms[3]
-    if rope_cam is None:
-        return mats, None, None
-    cos, sin = rope_tables(rope_cam)
-    if cos.shape != (tokens, dim // 4):
-        raise ValueError(f"rope_cam must hold ({tokens}, {dim // 4}) angles, got {tuple(cos.shape)}")
-    return mats, cos.to(device), sin.to(device)
+    mats = [m[None] if isinstance(m, torch.Tensor) and m.dim() == 3 else m for m in ray_transforms[:3]]
+    rope = ray_transforms[3]
+    if isinstance(rope, (tuple, list)):
+        cos, sin = rope
+        rope = torch.complex(cos.float(), sin.float())
+    return ray_views((*mats, rope), batch, tokens, dim, device)
+
+
+def _check_dim(dim):
+    if dim <= 0 or dim % 8:
+        raise ValueError(f"camera head dim must be a positive multiple of 8, got {dim}")
+
+
+def encode_launch(q, k, v, views, *, q_norm_weight, k_norm_weight, norm_eps, heads, downscale, out_dtype,
+                  block_s, num_warps):
+    """Launch _encode_kernel on validated inputs (views = ray_inputs(...)); see cam_softmax_encode."""
+    batch, tokens, channels = q.shape
+    dim = channels // heads
+    dpad = _pad_dim(dim)
+    outs = [torch.empty(batch, tokens, heads, dpad, device=q.device, dtype=out_dtype) for _ in range(3)]
+    _, p_t, p_inv, rope = views
+    dummy = outs[0]
+    grid = (triton.cdiv(tokens, block_s), batch)
+    _encode_kernel[grid](
+        q, k, v, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        q_norm_weight if q_norm_weight is not None else dummy, k_norm_weight if k_norm_weight is not None else dummy,
+        p_t, *mat_strides(p_t), p_inv, *mat_strides(p_inv), rope if rope is not None else dummy,
+        outs[0], outs[1], outs[2], tokens, float(norm_eps),
+        H=heads, D=dim, DPAD=dpad, GU=_half_groups(dim), PADW=triton.next_power_of_2(max(dpad - dim, 1)),
+        BS=block_s, BC=min(256, triton.next_power_of_2(channels)), HAS_QNORM=q_norm_weight is not None,
+        HAS_KNORM=k_norm_weight is not None, HAS_ROPE=rope is not None, DOWNSCALE=bool(downscale),
+        num_warps=num_warps)
+    return tuple(outs)
+
+
+def decode_launch(o, views, *, dim, out_dtype, block_s, num_warps):
+    """Launch _decode_kernel on validated inputs (views = ray_inputs(...)); see cam_softmax_decode."""
+    batch, heads, tokens, _ = o.shape
+    p, _, _, rope = views
+    out = torch.empty(batch, tokens, heads * dim, device=o.device, dtype=out_dtype)
+    _decode_kernel[(triton.cdiv(tokens, block_s), batch)](
+        o, o.stride(0), o.stride(1), o.stride(2), p, *mat_strides(p), rope if rope is not None else out, out,
+        tokens, H=heads, D=dim, GU=_half_groups(dim), BS=block_s, HAS_ROPE=rope is not None, num_warps=num_warps)
+    return out
 
 
 def cam_softmax_encode(q, k, v, ray_transforms, *, q_norm_weight=None, k_norm_weight=None, norm_eps=1e-5,
@@ -144,8 +204,9 @@ def cam_softmax_encode(q, k, v, ray_transforms, *, q_norm_weight=None, k_norm_we
     """Encode raw camera projections for SDPA.
 
     Args:
-        q, k, v: (B, N, C) raw projections (channel stride 1).
-        ray_transforms: diffusers' (P, P_T, P_inv, rope_cam).
+        q, k, v: (B, N, C) raw projections (any row strides; made channel-contiguous if needed).
+        ray_transforms: diffusers' (P, P_T, P_inv, rope_cam): matrices (B or 1, N, 4, 4) (any
+            strides), rope_cam complex (1, 1, N, D/4) or None.
         q_norm_weight, k_norm_weight: (C,) RMSNorm weights or None (no norm).
         heads: H (head dim D = C / H, D % 8 == 0). out_dtype: storage dtype (default q.dtype).
 
@@ -153,31 +214,18 @@ def cam_softmax_encode(q, k, v, ray_transforms, *, q_norm_weight=None, k_norm_we
         (q_enc, k_enc, v_enc), each (B, N, H, DPAD) contiguous, zero past D.
     """
     batch, tokens, channels = q.shape
+    if k.shape != q.shape or v.shape != q.shape:
+        raise ValueError(f"q, k, v must share one shape (B, N, C), got {tuple(q.shape)}, {tuple(k.shape)}, "
+                         f"{tuple(v.shape)}")
+    if channels % heads:
+        raise ValueError(f"C={channels} is not divisible by heads={heads}")
     dim = channels // heads
-    if dim % 8:
-        raise ValueError(f"camera head dim must be a multiple of 8, got {dim}")
-    dpad = _pad_dim(dim)
-    out_dtype = out_dtype or q.dtype
+    _check_dim(dim)
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
-    p_t, cos, sin = _tables(ray_transforms, 1, batch, tokens, dim, q.device)
-    p_inv, _, _ = _tables(ray_transforms, 2, batch, tokens, dim, q.device)
-    dummy = p_t
-    q_rms = inv_rms(q, norm_eps) if q_norm_weight is not None else dummy
-    k_rms = inv_rms(k, norm_eps) if k_norm_weight is not None else dummy
-    dp = max(16, triton.next_power_of_2(dim))
-    alloc = torch.zeros if dp < dpad else torch.empty  # the kernel writes DP channels, the rest stays zero
-    outs = [alloc(batch, tokens, heads, dpad, device=q.device, dtype=out_dtype) for _ in range(3)]
-    bs = 32
-    grid = (triton.cdiv(tokens, bs), batch * heads)
-    _encode_kernel[grid](
-        q, k, v, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        q_rms, k_rms, q_norm_weight if q_norm_weight is not None else dummy,
-        k_norm_weight if k_norm_weight is not None else dummy, p_t, p_inv,
-        cos if cos is not None else dummy, sin if sin is not None else dummy,
-        outs[0], outs[1], outs[2], tokens, heads,
-        D=dim, DP=dp, DPAD=dpad, BS=bs, HAS_QNORM=q_norm_weight is not None,
-        HAS_KNORM=k_norm_weight is not None, HAS_ROPE=cos is not None, DOWNSCALE=bool(downscale), num_warps=4)
-    return tuple(outs)
+    views = ray_inputs(ray_transforms, batch, tokens, dim, q.device)
+    return encode_launch(q, k, v, views, q_norm_weight=q_norm_weight, k_norm_weight=k_norm_weight,
+                         norm_eps=norm_eps, heads=heads, downscale=downscale, out_dtype=out_dtype or q.dtype,
+                         **ENCODE_LAUNCH)
 
 
 def cam_softmax_decode(o, ray_transforms, *, dim, out_dtype=None):
@@ -190,15 +238,11 @@ def cam_softmax_decode(o, ray_transforms, *, dim, out_dtype=None):
     Returns:
         (B, N, H * dim) contiguous in out_dtype (default o.dtype).
     """
-    batch, heads, tokens, _ = o.shape
+    batch, heads, tokens, width = o.shape
+    _check_dim(dim)
+    if width < dim:
+        raise ValueError(f"o must hold at least dim={dim} channels per head, got shape {tuple(o.shape)}")
     if o.stride(-1) != 1:
         o = o.contiguous()
-    p, cos, sin = _tables(ray_transforms, 0, batch, tokens, dim, o.device)
-    out = torch.empty(batch, tokens, heads * dim, device=o.device, dtype=out_dtype or o.dtype)
-    dp = max(16, triton.next_power_of_2(dim))
-    bs = 32
-    grid = (triton.cdiv(tokens, bs), batch * heads)
-    _decode_kernel[grid](o, o.stride(0), o.stride(1), o.stride(2), p, cos if cos is not None else p,
-                         sin if sin is not None else p, out, tokens, heads,
-                         D=dim, DP=dp, BS=bs, HAS_ROPE=cos is not None, num_warps=4)
-    return out
+    views = ray_inputs(ray_transforms, batch, tokens, dim, o.device)
+    return decode_launch(o, views, dim=dim, out_dtype=out_dtype or o.dtype, **DECODE_LAUNCH)

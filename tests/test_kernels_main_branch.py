@@ -96,3 +96,15 @@ def test_states_and_segment_split_resume(scan):
     second = main_branch(q[:, cut:], k[:, cut:], v[:, cut:], beta[:, :, 2:], decay[:, :, 2:],
                          (cos[cut:], sin[cut:]), initial_state=state, segment_starts=starts[2:], **kw)
     assert _rel(torch.cat([first, second], dim=1), full) < 1e-5
+
+
+def test_main_branch_tf32_runs_on_fp16_operands():
+    """precision="tf32" runs the scans on fp16 operands (kernels.delta_scan f16_operands): within the
+    10-bit-mantissa error of the reference, and not bit-equal to the ieee path (the fast path ran)."""
+    q, k, v, beta, decay, rope, weights = _inputs(3)
+    kw = dict(q_norm_weight=weights[0], k_norm_weight=weights[1], backend="triton")
+    ref = main_branch_ref(q, k, v, beta, decay, rope, q_norm_weight=weights[0], k_norm_weight=weights[1])
+    fast = main_branch(q, k, v, beta, decay, rope, precision="tf32", **kw)
+    exact = main_branch(q, k, v, beta, decay, rope, precision="ieee", **kw)
+    assert _rel(fast, ref) < 3e-3
+    assert _rel(exact, ref) < 1e-5 and _rel(fast, exact) > 1e-6

@@ -147,3 +147,47 @@ def test_fused_falls_back_to_torch_reference_on_cpu(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     forward(model, transformer_inputs(model))
     assert calls == [1]  # interpreter: the Triton path, not the reference
+
+
+def test_patched_blocks_run_the_glue_kernels(monkeypatch):
+    """kernels='fused' blocks run their adaLN steps through kernels.block_glue (here under the Triton
+    interpreter) and still match the stock model; kernels='torch' blocks never touch them."""
+    import kernels.block_glue as glue
+    from camrender.patch_block import PatchedBlock
+
+    model = build_tiny_transformer(seed=5)
+    inputs = transformer_inputs(model)
+    reference = forward(model, inputs)
+    calls = []
+    for name in ("ada_norm", "gated_residual"):
+        original = getattr(glue, name)
+
+        def counted(*args, _original=original, _name=name, **kwargs):
+            calls.append(_name)
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(glue, name, counted)
+    patch_transformer(model, kernels="fused", precision="ieee")
+    _stock_softmax_blocks(model)
+    assert all(isinstance(block, PatchedBlock) for block in model.blocks)
+    assert relative_error(forward(model, inputs), reference) <= 1e-4
+    # per block: ada_norm for the attention and (through residual_ada_norm) after the cross-attention,
+    # gated_residual after the attention and after the FFN
+    assert sorted(calls) == sorted(["ada_norm", "gated_residual"] * 2 * len(model.blocks))
+    calls.clear()
+    patch_transformer(model, kernels="torch")
+    forward(model, inputs)
+    assert calls == []
+
+
+def test_step_constants_give_the_same_output():
+    """Precomputed RoPE and camera tables (camrender.render.step_constants) == the transformer's own."""
+    from camrender.render import step_constants
+
+    model = build_tiny_transformer(seed=6)
+    inputs = transformer_inputs(model)
+    frames, height, width = inputs["hidden_states"].shape[2:]
+    constants = step_constants(model, inputs["camera_conditions"], (frames, height, width))
+    assert set(constants) == {"pos_embeds", "cam_pos_embeds"}
+    torch.testing.assert_close(forward(model, {**inputs, **constants}), forward(model, inputs), rtol=1e-6, atol=1e-6)
+    assert step_constants(model, None, (frames, height, width)) == {}

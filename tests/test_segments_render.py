@@ -109,6 +109,43 @@ def test_render_segments_streams_one_chunk_per_segment(pipe):
     assert np.abs(np.concatenate(chunks).astype(int) - whole.astype(int)).max() <= 1
 
 
+def test_graph_replay_path_gives_the_eager_latents(pipe):
+    """sample_segments(cuda_graphs=True) off CUDA runs the graph bookkeeping without graphs: inputs copied
+    into static tensors, one layout per segment shape and cache size. It must give the eager latents, and
+    the steady-state segments (sink + 2 recent segments cached) must reuse one layout."""
+    request = request_for(frames=121)  # 16 latent frames: segments (0, 4), (4, 7), ..., (13, 16)
+    inputs = prepare_inputs(pipe, request, torch.device("cpu"))
+    bounds = segment_bounds(inputs.noise.shape[2])
+    assert len(bounds) == 5
+    timesteps = [1000.0, 800.0, 500.0]
+    runs = {}
+    with torch.no_grad():
+        for graphs in (False, True):
+            runs[graphs] = torch.cat([x for *_, x in sample_segments(
+                pipe.transformer, inputs, bounds, timesteps, SegmentOptions(), torch.device("cpu"),
+                cuda_graphs=graphs)], dim=2)
+    torch.testing.assert_close(runs[True], runs[False], rtol=0, atol=0)
+
+
+def test_graph_replay_reuses_a_layout():
+    from camrender.graphs import GraphedForward
+
+    calls = []
+
+    def forward(x, state):
+        calls.append(x.data_ptr())
+        return x * state["scale"][0]
+
+    graphs = GraphedForward(forward, capture=False)
+    state = {"scale": [torch.tensor(2.0)]}
+    outs = [graphs(torch.full((3,), float(i)), state) for i in range(4)]
+    assert [float(o[0]) for o in outs] == [0.0, 2.0, 4.0, 6.0]
+    assert graphs.stats == {"eager": 1, "captures": 0, "replays": 3}
+    assert len(set(calls[1:])) == 1 and calls[0] != calls[1]  # replays read one static input
+    graphs(torch.ones(5), state)  # a new layout: eager first
+    assert graphs.stats["eager"] == 2
+
+
 def test_path_longer_than_the_rope_table_is_a_user_error(pipe):
     from camrender.errors import CamrenderError
 

@@ -1,0 +1,179 @@
+"""SANA-WM FFN (`GLUMBConvTemp`) on one GPU: stock diffusers vs camrender.patch_ffn, and the GLU kernel.
+
+Release shape by default: B=2, T=21 frames of 22x40 tokens, C=2240, Hd=6720, bf16, random
+weights (the released block layout: biases on the inverted and depthwise convs). Prints one JSON
+object (also written to --out):
+
+- ms: median over --repeats (CUDA events) of
+    stock         GLUMBConvTemp.forward (diffusers)
+    patched       PatchedGLUMBConvTemp.forward (kernels="fused")
+    inverted_gemm / glu_depthwise / point_gemm / temporal_conv: the patched parts alone
+    glu_depthwise_ref: the PyTorch reference of the GLU stage
+    segment_*:    ffn_parts on a segment-mode call (T = --segment-frames, cached left frame)
+                  against the stock forward on the same frames
+- glu_depthwise_gbps: bytes moved at the floor (h read once, g written once) over its time;
+- peak_gib: peak memory of one stock / one patched forward (above the inputs and weights);
+- agreement: cosine and max relative error (max |a-b| / max |b|) of the patched output and of the
+  GLU kernel against fp32 references.
+
+    python3 bench/bench_ffn.py [--repeats 20] [--tuning '{"block_c": 16, "num_warps": 8}'] [--sweep]
+
+--sweep adds glu_depthwise_sweep: time and bandwidth of the GLU kernel for lanes 64/128/256 x
+(block_c, num_warps) in (8,4), (16,8), (8,8), (16,4) x prefetch 1/2 (~1 min on an H200).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def timed(fn, repeats, warmup=3):
+    """Median milliseconds of fn() over `repeats` calls (CUDA events; a host clock off CUDA)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        if not torch.cuda.is_available():
+            start = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - start) * 1e3)
+            continue
+        torch.cuda.synchronize()
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        stop.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(stop))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def peak_gib(fn):
+    if not torch.cuda.is_available():
+        return None
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2**30
+
+
+def agreement(got, ref):
+    got, ref = got.double().flatten(), ref.double().flatten()
+    cosine = torch.nn.functional.cosine_similarity(got, ref, dim=0).item()
+    return {"cosine": cosine, "max_rel_error": ((got - ref).abs().max() / ref.abs().max()).item()}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--frames", type=int, default=21)
+    parser.add_argument("--height", type=int, default=22)
+    parser.add_argument("--width", type=int, default=40)
+    parser.add_argument("--channels", type=int, default=2240)
+    parser.add_argument("--mlp-ratio", type=float, default=3.0)
+    parser.add_argument("--segment-frames", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--tuning", type=json.loads, default=None, help="glu_depthwise launch overrides (JSON)")
+    parser.add_argument("--sweep", action="store_true", help="also time 24 launch configurations of the GLU kernel")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+
+    from diffusers.models.transformers.transformer_sana_wm import GLUMBConvTemp
+
+    import torch.nn.functional as F
+    from camrender.patch_ffn import PatchedGLUMBConvTemp, _conv_frames, ffn_parts
+    from kernels.ffn_glu import glu_depthwise, glu_depthwise_ref
+
+    torch.manual_seed(0)
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: a smoke run of the script (use tiny sizes)
+    dtype = torch.bfloat16
+    batch, frames, height, width, channels = args.batch, args.frames, args.height, args.width, args.channels
+    hidden = int(channels * args.mlp_ratio)
+    spatial = height * width
+    stock = GLUMBConvTemp(channels, hidden, use_bias=(True, True, False), act=("silu", "silu", None))
+    with torch.no_grad():
+        for p in stock.parameters():
+            p.normal_(0.0, (1.0 / p[0].numel()) ** 0.5 if p.ndim > 1 else 0.1)
+    stock = stock.to(device, dtype).eval()
+    patched = PatchedGLUMBConvTemp.adopt(stock, kernels="fused")
+    x = torch.randn(batch, frames * spatial, channels, device=device, dtype=dtype)
+    hw = (frames, height, width)
+    results = {"shape": {"batch": batch, "frames": frames, "height": height, "width": width,
+                         "channels": channels, "hidden": hidden, "dtype": str(dtype)},
+               "device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "torch": torch.__version__,
+               "tuning": args.tuning, "ms": {}}
+    ms = results["ms"]
+
+    inverted, depth, point = stock.inverted_conv.conv, stock.depth_conv.conv, stock.point_conv.conv
+    with torch.no_grad():
+        h = F.linear(x, inverted.weight[:, :, 0, 0], inverted.bias).view(batch * frames, spatial, 2 * hidden)
+        g = glu_depthwise(h, depth.weight, depth.bias, height, width, tuning=args.tuning)
+        y = F.linear(g, point.weight[:, :, 0, 0]).view(batch, frames, spatial, channels)
+        t_weight = stock.t_conv.weight.contiguous(memory_format=torch.channels_last)
+
+        ms["stock"] = timed(lambda: stock(x, HW=hw), args.repeats)
+        ms["patched"] = timed(lambda: patched(x, HW=hw), args.repeats)
+        ms["inverted_gemm"] = timed(lambda: F.linear(x, inverted.weight[:, :, 0, 0], inverted.bias), args.repeats)
+        ms["glu_depthwise"] = timed(
+            lambda: glu_depthwise(h, depth.weight, depth.bias, height, width, out=g, tuning=args.tuning), args.repeats)
+        ms["point_gemm"] = timed(lambda: F.linear(g, point.weight[:, :, 0, 0]), args.repeats)
+        ms["temporal_conv"] = timed(lambda: _conv_frames(y, t_weight, None), args.repeats)
+        ms["glu_depthwise_ref"] = timed(lambda: glu_depthwise_ref(h, depth.weight, depth.bias, height, width),
+                                        max(3, args.repeats // 4))
+        floor_bytes = h.numel() * h.element_size() + g.numel() * g.element_size()
+        results["glu_depthwise_gbps"] = floor_bytes / (ms["glu_depthwise"] * 1e-3) / 1e9
+
+        if args.sweep:
+            # every launch configuration against the default one's output (same kernel, other tiles)
+            results["glu_depthwise_sweep"] = []
+            for lanes in (64, 128, 256):
+                for block_c, num_warps in ((8, 4), (16, 8), (8, 8), (16, 4)):
+                    for prefetch in (1, 2):
+                        tuning = {"lanes": lanes, "block_c": block_c, "num_warps": num_warps, "prefetch": prefetch}
+                        trial = glu_depthwise(h, depth.weight, depth.bias, height, width, tuning=tuning)
+                        took = timed(lambda: glu_depthwise(h, depth.weight, depth.bias, height, width, out=trial,
+                                                           tuning=tuning), args.repeats)
+                        results["glu_depthwise_sweep"].append(
+                            {**tuning, "ms": took, "gbps": floor_bytes / (took * 1e-3) / 1e9,
+                             "max_abs_diff_vs_default": (trial.float() - g.float()).abs().max().item()})
+
+        seg_frames = args.segment_frames
+        x_seg = x[:, :seg_frames * spatial].contiguous()
+        left = torch.randn(batch, 1, spatial, channels, device=device, dtype=dtype)
+        ms["segment_ffn_parts"] = timed(
+            lambda: ffn_parts(patched, x_seg, seg_frames, height, width, left=left), args.repeats)
+        ms["segment_stock_forward"] = timed(lambda: stock(x_seg, HW=(seg_frames, height, width)), args.repeats)
+
+        results["peak_gib"] = {"stock": peak_gib(lambda: stock(x, HW=hw)),
+                               "patched": peak_gib(lambda: patched(x, HW=hw))}
+
+        out = patched(x, HW=hw)
+        tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+        reference = stock.float()(x.float(), HW=hw)  # fp32 stock, TF32 off
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
+        stock.to(dtype)
+        results["agreement"] = {
+            "patched_vs_fp32_stock": agreement(out, reference),
+            "stock_bf16_vs_fp32_stock": agreement(stock(x, HW=hw), reference),
+            "glu_depthwise_vs_fp32_ref": agreement(
+                g, glu_depthwise_ref(h.float(), depth.weight.float(), depth.bias.float(), height, width)),
+        }
+    text = json.dumps(results, indent=1)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""The block's adaLN glue on one GPU: kernels.block_glue against the stock PyTorch ops, side by side.
+
+Release shape (B=2, T=21 frames of 880 tokens, C=2240, bf16). For each step: the stock ops as
+`SanaVideoMSCamCtrlBlock` runs them (on a contiguous residual stream and on the transposed one the
+patch embedder hands the first block, which the stock model keeps through every block), the
+fused kernel at several warp counts, and a device copy of the same bytes (the floor). Prints
+JSON (also written to --out): medians of `triton.testing.do_bench` in ms, and the max |error| of
+the kernel against its fp32 reference.
+
+    python3 bench/bench_glue.py --out glue.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    import triton.testing
+
+    from kernels import block_glue as glue
+
+    batch, frames, spatial, channels = 2, 21, 880, 2240
+    tokens = frames * spatial
+    g = torch.Generator(device="cuda").manual_seed(0)
+
+    def randn(*shape):
+        return torch.randn(*shape, device="cuda", generator=g, dtype=torch.bfloat16)
+
+    x, y, z = randn(batch, tokens, channels), randn(batch, tokens, channels), randn(batch, tokens, channels)
+    x_transposed = x.transpose(1, 2).contiguous().transpose(1, 2)  # the stock model's residual layout
+    shift, scale, gate = (randn(batch, frames, 1, channels) for _ in range(3))
+    norm = torch.nn.LayerNorm(channels, elementwise_affine=False, eps=1e-6)
+
+    def stock_modulate(h):
+        return (norm(h).reshape(batch, frames, spatial, channels) * (1 + scale) + shift).reshape(h.shape)
+
+    def stock_gated(h):
+        return h + (gate * y.reshape(batch, frames, spatial, channels)).reshape(h.shape)
+
+    bench = triton.testing.do_bench
+    rows = {"shape": dict(batch=batch, frames=frames, spatial=spatial, channels=channels), "ms": {}, "max_error": {}}
+    ms = rows["ms"]
+    nbytes = x.numel() * x.element_size()
+    copy_src = torch.empty(2 * nbytes, dtype=torch.uint8, device="cuda")
+    copy_dst = torch.empty_like(copy_src)
+    ms["copy_2_tensors"] = bench(lambda: copy_dst.copy_(copy_src))  # read 2 x (B, N, C), write 2
+    ms["stock_modulate"] = bench(lambda: stock_modulate(x))
+    ms["stock_modulate_transposed"] = bench(lambda: stock_modulate(x_transposed))
+    ms["stock_gated_residual"] = bench(lambda: stock_gated(x))
+    ms["stock_gated_residual_transposed"] = bench(lambda: stock_gated(x_transposed))
+    rows_shift, rows_scale, rows_gate = shift[:, :, 0], scale[:, :, 0], gate[:, :, 0]
+    for warps in (4, 8, 16):
+        ms[f"ada_norm_w{warps}"] = bench(lambda: glue.ada_norm(x, rows_shift, rows_scale, num_warps=warps))
+        ms[f"residual_ada_norm_w{warps}"] = bench(
+            lambda: glue.ada_norm(x, rows_shift, rows_scale, residual=y, num_warps=warps))
+        ms[f"gated_residual_w{warps}"] = bench(lambda: glue.gated_residual(x, y, rows_gate, num_warps=warps))
+        ms[f"gated_residual_y2_w{warps}"] = bench(lambda: glue.gated_residual(x, y, rows_gate, y2=z, num_warps=warps))
+    ms["silu_gate"] = bench(lambda: glue.silu_gate(x, y, b=z))
+    errors = rows["max_error"]
+    errors["ada_norm"] = float((glue.ada_norm(x, rows_shift, rows_scale).float()
+                                - glue.ada_norm_ref(x, rows_shift, rows_scale).float()).abs().max())
+    errors["gated_residual"] = float((glue.gated_residual(x, y, rows_gate, y2=z).float()
+                                      - glue.gated_residual_ref(x, y, rows_gate, z).float()).abs().max())
+    rows["ms"] = {k: round(v, 4) for k, v in ms.items()}
+    text = json.dumps(rows, indent=1)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    return rows
+
+
+if __name__ == "__main__":
+    main()

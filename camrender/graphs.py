@@ -1,0 +1,141 @@
+"""CUDA-graph replay of a denoising forward whose input layout repeats.
+
+A render calls the transformer again and again on the same shapes: every step of full mode, and
+every denoising step of a segment in segment mode. Launching its thousands of kernels from Python
+costs CPU time that, for small calls (segment mode: B=1, 3 latent frames, about 2600 tokens) or
+the many tiny kernels of the camera preparation, leaves the GPU waiting. `GraphedForward`
+captures the forward once per input layout (the shapes and strides of every tensor among its
+arguments) and replays it: each call copies its inputs into the graph's own (static) tensors,
+replays, and returns a copy of the output.
+
+The first call with a new layout runs eagerly (it compiles the Triton kernels and warms up the
+libraries for those shapes); the second captures. Only the latest layout's graph is kept, so the
+graphs add a constant to the memory of a render: in segment mode, segments 0, 1 and 2 (a
+growing softmax context) and a longer last segment each get their own capture, and every other
+segment replays one graph. A failed capture switches the instance to eager calls for good.
+
+With `capture=False` the same static-copy path runs without a graph (CPU tests check the
+bookkeeping: replaying on copies gives the eager result).
+"""
+from __future__ import annotations
+
+import dataclasses
+import sys
+from typing import Callable, Optional
+
+import torch
+
+
+def _layout(tree) -> tuple:
+    """Hashable description of a tree of dataclasses / dicts / lists / tuples / tensors: the structure,
+    tensor shapes, dtypes and strides, and the non-numeric plain values. Numbers (a segment's first
+    frame, the cache's next frame) only feed argument checks, never a kernel, so they are left out."""
+    if isinstance(tree, torch.Tensor):
+        return ("tensor", tuple(tree.shape), tree.dtype, tuple(tree.stride()))
+    if dataclasses.is_dataclass(tree):
+        return (type(tree).__name__,) + tuple(_layout(getattr(tree, f.name)) for f in dataclasses.fields(tree))
+    if isinstance(tree, dict):
+        return ("dict",) + tuple((key, _layout(value)) for key, value in tree.items())
+    if isinstance(tree, (list, tuple)):
+        return (type(tree).__name__,) + tuple(_layout(item) for item in tree)
+    if isinstance(tree, (int, float)) and not isinstance(tree, bool):
+        return ("number",)
+    return ("value", tree)
+
+
+def _clone(tree):
+    """A copy of the tree with every tensor cloned; other leaves shared."""
+    if isinstance(tree, torch.Tensor):
+        return tree.clone()
+    if dataclasses.is_dataclass(tree):
+        return dataclasses.replace(tree, **{f.name: _clone(getattr(tree, f.name)) for f in dataclasses.fields(tree)
+                                            if f.init})
+    if isinstance(tree, dict):
+        return {key: _clone(value) for key, value in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_clone(item) for item in tree)
+    return tree
+
+
+def _copy_into(static, tree) -> None:
+    """Copy every tensor of `tree` into the matching tensor of `static` (same layout)."""
+    if isinstance(tree, torch.Tensor):
+        static.copy_(tree)
+    elif dataclasses.is_dataclass(tree):
+        for f in dataclasses.fields(tree):
+            _copy_into(getattr(static, f.name), getattr(tree, f.name))
+    elif isinstance(tree, dict):
+        for key, value in tree.items():
+            _copy_into(static[key], value)
+    elif isinstance(tree, (list, tuple)):
+        for static_item, item in zip(static, tree):
+            _copy_into(static_item, item)
+
+
+@dataclasses.dataclass
+class _Replay:
+    """A captured forward: its static inputs, the graph (None without capture) and its output."""
+
+    inputs: tuple
+    graph: Optional["torch.cuda.CUDAGraph"]
+    output: torch.Tensor
+
+
+class GraphedForward:
+    """Runs `forward(*inputs)` through CUDA graphs, one per input layout (see the module docstring).
+
+    Args:
+        forward: the function to replay; it reads only its arguments (tensors inside dataclasses,
+            dicts, lists and tuples are fine) and returns one tensor.
+        capture: record CUDA graphs (needs CUDA); False replays on static copies without a graph.
+    """
+
+    def __init__(self, forward: Callable[..., torch.Tensor], *, capture: bool = True):
+        self.forward = forward
+        self.capture = capture
+        self.enabled = True
+        self._seen: set = set()
+        self._layout: Optional[tuple] = None
+        self._replay: Optional[_Replay] = None
+        self.stats = {"eager": 0, "captures": 0, "replays": 0}
+
+    def __call__(self, *inputs) -> torch.Tensor:
+        if not self.enabled:
+            return self._eager(inputs)
+        layout = _layout(inputs)
+        if layout != self._layout:
+            if layout not in self._seen:  # first sight: warm up eagerly
+                self._seen.add(layout)
+                return self._eager(inputs)
+            self._replay = None  # free the previous graph and its memory before capturing
+            try:
+                self._replay = self._record(inputs)
+            except Exception as error:  # keep rendering without graphs rather than fail the render
+                reason = (str(error).splitlines() or [""])[0]
+                print(f"camrender: CUDA graph capture failed, running eagerly ({type(error).__name__}: {reason})",
+                      file=sys.stderr)
+                self.enabled, self._layout = False, None
+                return self._eager(inputs)
+            self._layout = layout
+        _copy_into(self._replay.inputs, inputs)
+        if self._replay.graph is None:
+            output = self.forward(*self._replay.inputs)
+        else:
+            self._replay.graph.replay()
+            output = self._replay.output
+        self.stats["replays"] += 1
+        return output.clone()
+
+    def _eager(self, inputs) -> torch.Tensor:
+        self.stats["eager"] += 1
+        return self.forward(*inputs)
+
+    def _record(self, inputs) -> _Replay:
+        static = _clone(inputs)
+        if not self.capture:
+            return _Replay(static, None, torch.empty(0))
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            output = self.forward(*static)
+        self.stats["captures"] += 1
+        return _Replay(static, graph, output)

@@ -1,0 +1,272 @@
+"""The adaLN glue of a SANA-WM block as single-pass kernels, with their PyTorch references.
+
+A block (diffusers `SanaVideoMSCamCtrlBlock`) wraps attention, cross-attention and FFN in
+per-frame adaLN modulation. Stock PyTorch runs each step as its own broadcast kernel over the
+(B, N, C) activations (LayerNorm, `* (1 + scale)`, `+ shift`, `gate *`, `x +`, ...), several of
+them through the slow non-vectorised broadcast path. Here each step is one pass, fp32 math, one
+rounding to the activations' dtype:
+
+    ada_norm(x, shift, scale)           LayerNorm(x) * (1 + scale[t]) + shift[t]
+    residual_ada_norm(x, r, shift, scale)   x' = x + r; returns (x', ada_norm(x', shift, scale))
+    gated_residual(x, y, gate, y2=None, extra=None)   x + gate[t] * (y + y2) + extra
+    silu_gate(a, gate, b=None)          (a + b) * silu(gate), the attentions' output gate
+    merge_heads(o)                      (B, N, H, D) attention output -> contiguous (B, N, H * D)
+
+Shapes: x, r, y, y2 (B, N, C) with N = T * S tokens frame-major (channel stride 1, any batch /
+token strides); shift, scale, gate (B, T, C) per-frame rows (channel stride 1; e.g. views into
+the block's (B, T, 6, C) modulation tensor). LayerNorm has no affine parameters (SANA-WM's).
+"""
+import torch
+import triton
+import triton.language as tl
+
+from .short_conv import use_triton
+
+
+# --------------------------------------------------------------------------- references
+def ada_norm_ref(x, shift, scale, *, eps=1e-6):
+    """LayerNorm(x) * (1 + scale) + shift per frame; (B, N, C) in x.dtype (fp32 math)."""
+    batch, tokens, channels = x.shape
+    frames = shift.shape[1]
+    xf = x.float().reshape(batch, frames, -1, channels)
+    normed = torch.nn.functional.layer_norm(xf, (channels,), eps=eps)
+    out = normed * (1 + scale.float()[:, :, None]) + shift.float()[:, :, None]
+    return out.reshape(batch, tokens, channels).to(x.dtype)
+
+
+def residual_ada_norm_ref(x, residual, shift, scale, *, eps=1e-6):
+    """(x + residual rounded to x.dtype, ada_norm of it)."""
+    updated = (x.float() + residual.float()).to(x.dtype)
+    return updated, ada_norm_ref(updated, shift, scale, eps=eps)
+
+
+def gated_residual_ref(x, y, gate, y2=None, extra=None):
+    """x + gate * (y + y2) + extra per frame; (B, N, C) in x.dtype (fp32 math)."""
+    batch, tokens, channels = x.shape
+    frames = gate.shape[1]
+    update = y.float() if y2 is None else y.float() + y2.float()
+    update = update.reshape(batch, frames, -1, channels) * gate.float()[:, :, None]
+    out = x.float() + update.reshape(batch, tokens, channels)
+    return (out if extra is None else out + extra.float()).to(x.dtype)
+
+
+def silu_gate_ref(a, gate, b=None):
+    """(a + b) * silu(gate) elementwise, fp32 math, in a.dtype."""
+    total = a.float() if b is None else a.float() + b.float()
+    return (total * torch.nn.functional.silu(gate.float())).to(a.dtype)
+
+
+# --------------------------------------------------------------------------- kernels
+@triton.jit
+def _token_offset(row, tokens, stride_b, stride_n):
+    """Element offset of token row `row` (of B * N) in a (B, N, C) tensor."""
+    return (row // tokens).to(tl.int64) * stride_b + (row % tokens).to(tl.int64) * stride_n
+
+
+@triton.jit
+def _frame_offset(row, tokens, spatial, stride_b, stride_t):
+    """Element offset of the frame row of token row `row` in a (B, T, C) modulation tensor."""
+    return (row // tokens).to(tl.int64) * stride_b + ((row % tokens) // spatial).to(tl.int64) * stride_t
+
+
+@triton.jit
+def _ada_norm_kernel(x_ptr, r_ptr, x_out_ptr, out_ptr, shift_ptr, scale_ptr,
+                     tokens, spatial, channels, eps,
+                     stride_xb, stride_xn, stride_rb, stride_rn, stride_sb, stride_st, stride_cb, stride_ct,
+                     HAS_RESIDUAL: tl.constexpr, BLOCK_C: tl.constexpr):
+    row = tl.program_id(0)
+    c = tl.arange(0, BLOCK_C)
+    mask = c < channels
+    x = tl.load(x_ptr + _token_offset(row, tokens, stride_xb, stride_xn) + c, mask=mask, other=0.0).to(tl.float32)
+    out_off = row.to(tl.int64) * channels + c  # outputs are contiguous (B, N, C)
+    if HAS_RESIDUAL:
+        r = tl.load(r_ptr + _token_offset(row, tokens, stride_rb, stride_rn) + c, mask=mask, other=0.0)
+        updated = (x + r.to(tl.float32)).to(x_out_ptr.dtype.element_ty)
+        tl.store(x_out_ptr + out_off, updated, mask=mask)
+        x = updated.to(tl.float32)  # normalise what the next step reads, as the stock block does
+    mean = tl.sum(x, axis=0) / channels
+    centred = tl.where(mask, x - mean, 0.0)
+    rstd = 1.0 / tl.sqrt(tl.sum(centred * centred, axis=0) / channels + eps)
+    shift = tl.load(shift_ptr + _frame_offset(row, tokens, spatial, stride_sb, stride_st) + c, mask=mask, other=0.0)
+    scale = tl.load(scale_ptr + _frame_offset(row, tokens, spatial, stride_cb, stride_ct) + c, mask=mask, other=0.0)
+    out = centred * rstd * (1.0 + scale.to(tl.float32)) + shift.to(tl.float32)
+    tl.store(out_ptr + out_off, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _gated_residual_kernel(x_ptr, y_ptr, y2_ptr, e_ptr, gate_ptr, out_ptr, tokens, spatial, channels,
+                           stride_xb, stride_xn, stride_yb, stride_yn, stride_zb, stride_zn, stride_eb, stride_en,
+                           stride_gb, stride_gt, HAS_Y2: tl.constexpr, HAS_EXTRA: tl.constexpr,
+                           BLOCK_C: tl.constexpr):
+    row = tl.program_id(0)
+    c = tl.arange(0, BLOCK_C)
+    mask = c < channels
+    update = tl.load(y_ptr + _token_offset(row, tokens, stride_yb, stride_yn) + c, mask=mask, other=0.0)
+    update = update.to(tl.float32)
+    if HAS_Y2:
+        z = tl.load(y2_ptr + _token_offset(row, tokens, stride_zb, stride_zn) + c, mask=mask, other=0.0)
+        update += z.to(tl.float32)
+    gate = tl.load(gate_ptr + _frame_offset(row, tokens, spatial, stride_gb, stride_gt) + c, mask=mask, other=0.0)
+    x = tl.load(x_ptr + _token_offset(row, tokens, stride_xb, stride_xn) + c, mask=mask, other=0.0)
+    out = x.to(tl.float32) + gate.to(tl.float32) * update
+    if HAS_EXTRA:
+        out += tl.load(e_ptr + _token_offset(row, tokens, stride_eb, stride_en) + c, mask=mask, other=0.0).to(
+            tl.float32)
+    tl.store(out_ptr + row.to(tl.int64) * channels + c, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _merge_heads_kernel(o_ptr, out_ptr, tokens, stride_b, stride_h, stride_n, HEADS: tl.constexpr,
+                        D: tl.constexpr, DP: tl.constexpr, BLOCK_N: tl.constexpr):
+    pid_n = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // HEADS).to(tl.int64)
+    h = bh % HEADS
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    d = tl.arange(0, DP)
+    mask = (n < tokens)[:, None] & (d < D)[None, :]
+    tile = tl.load(o_ptr + b * stride_b + h * stride_h + n.to(tl.int64)[:, None] * stride_n + d[None, :], mask=mask)
+    dst = out_ptr + (b * tokens + n.to(tl.int64))[:, None] * (HEADS * D) + h * D + d[None, :]
+    tl.store(dst, tile, mask=mask)
+
+
+@triton.jit
+def _silu_gate_kernel(a_ptr, b_ptr, gate_ptr, out_ptr, numel, HAS_B: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < numel
+    total = tl.load(a_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    if HAS_B:
+        total += tl.load(b_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    gate = tl.load(gate_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    out = total * gate / (1.0 + tl.exp(-gate))
+    tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+# --------------------------------------------------------------------------- entry points
+def _check(x, modulations, others=()):
+    batch, tokens, channels = x.shape
+    for name, t in (("x", x),) + tuple(others):
+        if t.shape != x.shape:
+            raise ValueError(f"{name} must have shape {tuple(x.shape)}, got {tuple(t.shape)}")
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must have a contiguous channel dimension")
+    frames = modulations[0][1].shape[1]
+    for name, m in modulations:
+        if m.dim() != 3 or m.shape[0] != batch or m.shape[2] != channels or m.shape[1] != frames:
+            raise ValueError(f"{name} must have shape ({batch}, T, {channels}), got {tuple(m.shape)}")
+        if m.stride(-1) != 1:
+            raise ValueError(f"{name} must have a contiguous channel dimension")
+    if frames <= 0 or tokens % frames:
+        raise ValueError(f"{tokens} tokens do not split into {frames} frames")
+    return batch, tokens, channels, tokens // frames
+
+
+def _launch_config(channels, num_warps=None):
+    """(BLOCK_C, warps): one program per token row, the whole row in registers. 4 warps: fastest at
+    C = 2240 on the H200 (bench/bench_glue.py: ada_norm 0.134 ms at 4 warps, 0.153 at 8, 0.213 at 16)."""
+    block_c = triton.next_power_of_2(channels)
+    return block_c, num_warps or max(1, min(4, block_c // 256))
+
+
+def ada_norm(x, shift, scale, *, eps=1e-6, residual=None, backend="auto", num_warps=None):
+    """LayerNorm(x [+ residual]) * (1 + scale) + shift, one pass.
+
+    Args:
+        x: (B, N, C) activations, N = T * S frame-major.
+        shift, scale: (B, T, C) per-frame modulation rows.
+        eps: LayerNorm epsilon (no affine parameters).
+        residual: optional (B, N, C) added to x first (see `residual_ada_norm`).
+        backend: "auto" (Triton on CUDA or under TRITON_INTERPRET=1), "triton" or "torch".
+        num_warps: launch override (default 4).
+    Returns:
+        (B, N, C) contiguous in x.dtype; with `residual`, the pair (x + residual, normed).
+    """
+    others = () if residual is None else (("residual", residual),)
+    batch, tokens, channels, spatial = _check(x, (("shift", shift), ("scale", scale)), others)
+    if not use_triton(x, backend):
+        if residual is None:
+            return ada_norm_ref(x, shift, scale, eps=eps)
+        return residual_ada_norm_ref(x, residual, shift, scale, eps=eps)
+    out = torch.empty(batch, tokens, channels, device=x.device, dtype=x.dtype)
+    updated = torch.empty_like(out) if residual is not None else out
+    r = residual if residual is not None else x
+    block_c, warps = _launch_config(channels, num_warps)
+    _ada_norm_kernel[(batch * tokens,)](
+        x, r, updated, out, shift, scale, tokens, spatial, channels, eps,
+        x.stride(0), x.stride(1), r.stride(0), r.stride(1), shift.stride(0), shift.stride(1),
+        scale.stride(0), scale.stride(1), HAS_RESIDUAL=residual is not None, BLOCK_C=block_c, num_warps=warps,
+    )
+    return out if residual is None else (updated, out)
+
+
+def residual_ada_norm(x, residual, shift, scale, *, eps=1e-6, backend="auto"):
+    """x' = x + residual (rounded to x.dtype) and LayerNorm(x') * (1 + scale) + shift, one pass.
+    Shapes as `ada_norm`; returns (x', normed), both (B, N, C) contiguous in x.dtype."""
+    return ada_norm(x, shift, scale, eps=eps, residual=residual, backend=backend)
+
+
+def gated_residual(x, y, gate, *, y2=None, extra=None, backend="auto", num_warps=None):
+    """x + gate * (y + y2) + extra, one pass.
+
+    Args:
+        x, y, y2, extra: (B, N, C) (y2, extra optional), N = T * S frame-major; gate: (B, T, C)
+            per-frame rows. `extra` is an ungated term (the post-attention Plucker projection); a
+            (1, N, C) extra is broadcast over the batch.
+        num_warps: launch override.
+    Returns:
+        (B, N, C) contiguous in x.dtype.
+    """
+    if extra is not None and extra.shape[0] == 1:
+        extra = extra.expand_as(x)
+    others = (("y", y),) + (() if y2 is None else (("y2", y2),)) + (() if extra is None else (("extra", extra),))
+    batch, tokens, channels, spatial = _check(x, (("gate", gate),), others)
+    if not use_triton(x, backend):
+        return gated_residual_ref(x, y, gate, y2, extra)
+    out = torch.empty(batch, tokens, channels, device=x.device, dtype=x.dtype)
+    z = y2 if y2 is not None else y
+    e = extra if extra is not None else y
+    block_c, warps = _launch_config(channels, num_warps)
+    _gated_residual_kernel[(batch * tokens,)](
+        x, y, z, e, gate, out, tokens, spatial, channels,
+        x.stride(0), x.stride(1), y.stride(0), y.stride(1), z.stride(0), z.stride(1), e.stride(0), e.stride(1),
+        gate.stride(0), gate.stride(1), HAS_Y2=y2 is not None, HAS_EXTRA=extra is not None, BLOCK_C=block_c,
+        num_warps=warps,
+    )
+    return out
+
+
+def merge_heads(o, *, backend="auto"):
+    """Attention output (B, N, H, D) with any strides (e.g. the transposed view of an SDPA result laid
+    out (B, H, N, D)) -> contiguous (B, N, H * D), one tiled pass (PyTorch's generic strided copy
+    runs this transpose at a fraction of the bandwidth)."""
+    batch, tokens, heads, dim = o.shape
+    if o.is_contiguous() or not use_triton(o, backend) or o.stride(-1) != 1:
+        return o.reshape(batch, tokens, heads * dim)
+    out = torch.empty(batch, tokens, heads * dim, device=o.device, dtype=o.dtype)
+    block_n = 64
+    _merge_heads_kernel[(triton.cdiv(tokens, block_n), batch * heads)](
+        o, out, tokens, o.stride(0), o.stride(2), o.stride(1), HEADS=heads, D=dim, DP=triton.next_power_of_2(dim),
+        BLOCK_N=block_n, num_warps=4,
+    )
+    return out
+
+
+def silu_gate(a, gate, *, b=None, backend="auto"):
+    """(a + b) * silu(gate) in one pass (fp32 math), in a.dtype; a, b, gate of one shape.
+
+    The attentions' output gate: `(main + camera) * silu(output_gate(x))`, written straight in
+    the activations' dtype instead of the stock fp32 intermediate.
+    """
+    for name, t in (("gate", gate),) + (() if b is None else (("b", b),)):
+        if t.shape != a.shape:
+            raise ValueError(f"{name} must have shape {tuple(a.shape)}, got {tuple(t.shape)}")
+    if not use_triton(a, backend):
+        return silu_gate_ref(a, gate, b)
+    has_b = b is not None
+    a, gate = a.contiguous(), gate.contiguous()
+    b = b.contiguous() if has_b else a
+    out = torch.empty_like(a)
+    block = 2048
+    _silu_gate_kernel[(triton.cdiv(a.numel(), block),)](a, b, gate, out, a.numel(), HAS_B=has_b, BLOCK=block,
+                                                          num_warps=8)
+    return out

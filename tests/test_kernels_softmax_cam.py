@@ -1,0 +1,118 @@
+"""kernels.softmax_cam (UCPE encode / decode around the softmax blocks' camera SDPA) against the
+fp32 PyTorch references in kernels.main_reference, on the edge cases of the tiled kernels:
+token counts that leave a partial block, head dims whose half is not a power-of-two number of
+quads (D = 24, 112), the smallest head (D = 16), D > 128 (padded to 256), a broadcast batch of
+matrices, RoPE given as a (cos, sin) pair or absent, and the SDPA output in either memory layout.
+CPU, Triton interpreter, tiny shapes.
+"""
+import pytest
+import torch
+
+from kernels.main_reference import cam_softmax_decode_ref, cam_softmax_encode_ref
+from kernels.softmax_cam import cam_softmax_decode, cam_softmax_encode
+
+
+def _rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def _rays(batch, tokens, dim, gen, *, mat_batch=None, rope=True):
+    """Random (P, P_T, P_inv, rope_cam): general 4x4 matrices (not rotations: the RMS downscale
+    clamps), P_T a transposed view, unit-modulus RoPE (1, 1, N, D/4)."""
+    mat_batch = batch if mat_batch is None else mat_batch
+    p = torch.randn(mat_batch, tokens, 4, 4, generator=gen) + 2 * torch.eye(4)
+    p_inv = torch.linalg.inv(p)
+    rope_cam = None
+    if rope:
+        angles = torch.rand(1, 1, tokens, dim // 4, generator=gen) * 6.2832
+        rope_cam = torch.polar(torch.ones_like(angles), angles)
+    return p, p.transpose(-1, -2), p_inv, rope_cam
+
+
+CASES = {  # name: (batch, tokens, heads, dim, options)
+    "d16_tail": (2, 37, 3, 16, {}),
+    "d24_no_rope": (1, 18, 2, 24, dict(rope=False)),
+    "d32_no_norm_no_downscale_bcast": (2, 17, 2, 32, dict(norm=False, downscale=False, mat_batch=1)),
+    "d112_release_head": (1, 21, 2, 112, {}),
+    "d136_pad256": (1, 9, 1, 136, {}),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_encode_matches_reference(case):
+    batch, tokens, heads, dim, opt = CASES[case]
+    gen = torch.Generator().manual_seed(len(case))
+    channels = heads * dim
+    q, k, v = (torch.randn(batch, tokens, channels, generator=gen) for _ in range(3))
+    rays = _rays(batch, tokens, dim, gen, mat_batch=opt.get("mat_batch"), rope=opt.get("rope", True))
+    weights = {}
+    if opt.get("norm", True):
+        weights = dict(q_norm_weight=0.5 + torch.rand(channels, generator=gen),
+                       k_norm_weight=0.5 + torch.rand(channels, generator=gen))
+    kw = dict(heads=heads, downscale=opt.get("downscale", True), norm_eps=1e-5, **weights)
+    got = cam_softmax_encode(q, k, v, rays, **kw)
+    want = cam_softmax_encode_ref(q, k, v, rays, **kw)
+    dpad = 128 if dim <= 128 else 256
+    for name, g, w in zip("qkv", got, want):
+        assert g.shape == (batch, tokens, heads, dpad) and g.is_contiguous() and g.dtype == torch.float32, name
+        assert torch.all(g[..., dim:] == 0), name
+        assert _rel(g, w) < 1e-5, name
+
+
+def test_encode_bf16_storage_and_rope_pair():
+    batch, tokens, heads, dim = 2, 20, 2, 112
+    gen = torch.Generator().manual_seed(11)
+    channels = heads * dim
+    q, k, v = (torch.randn(batch, tokens, channels, generator=gen).bfloat16() for _ in range(3))
+    rays = _rays(batch, tokens, dim, gen)
+    weights = dict(q_norm_weight=0.5 + torch.rand(channels, generator=gen),
+                   k_norm_weight=0.5 + torch.rand(channels, generator=gen))
+    # fp32 math on the bf16 inputs: stored in fp32 it matches the reference tightly ...
+    got32 = cam_softmax_encode(q, k, v, rays, heads=heads, out_dtype=torch.float32, **weights)
+    want = cam_softmax_encode_ref(q, k, v, rays, heads=heads, out_dtype=torch.float32, **weights)
+    for g, w in zip(got32, want):
+        assert _rel(g, w) < 1e-5
+    # ... and the default storage is the input dtype (bf16), within bf16 rounding of it
+    got16 = cam_softmax_encode(q, k, v, rays, heads=heads, **weights)
+    for g, w in zip(got16, want):
+        assert g.dtype == torch.bfloat16 and torch.all(g[..., dim:] == 0)
+        assert _rel(g, w) < 8e-3
+    # RoPE handed over as a (cos, sin) pair of (N, D/4) gives the same encoding
+    rope = rays[3].reshape(tokens, dim // 4)
+    pair_rays = (*rays[:3], (rope.real.contiguous(), rope.imag.contiguous()))
+    got_pair = cam_softmax_encode(q, k, v, pair_rays, heads=heads, out_dtype=torch.float32, **weights)
+    for g, w in zip(got_pair, got32):
+        assert torch.equal(g, w)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("layout", ["heads_major", "sdpa_tokens_major"])
+def test_decode_matches_reference(case, layout):
+    batch, tokens, heads, dim, opt = CASES[case]
+    gen = torch.Generator().manual_seed(100 + len(case))
+    dpad = 128 if dim <= 128 else 256
+    rays = _rays(batch, tokens, dim, gen, mat_batch=opt.get("mat_batch"), rope=opt.get("rope", True))
+    if layout == "heads_major":
+        o = torch.randn(batch, heads, tokens, dpad, generator=gen)
+    else:  # what SDPA returns for the transposed (B, N, H, DPAD) encodings: a (B, H, N, DPAD) view
+        o = torch.randn(batch, tokens, heads, dpad, generator=gen).transpose(1, 2)
+    got = cam_softmax_decode(o, rays, dim=dim)
+    want = cam_softmax_decode_ref(o, rays, dim=dim)
+    assert got.shape == (batch, tokens, heads * dim) and got.is_contiguous()
+    assert _rel(got, want) < 1e-5
+    assert cam_softmax_decode(o.bfloat16(), rays, dim=dim).dtype == torch.bfloat16
+
+
+def test_bad_shapes_raise_value_error():
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 6, 2 * 12, generator=gen)
+    with pytest.raises(ValueError, match="multiple of 8"):
+        cam_softmax_encode(q, q, q, _rays(1, 6, 12, gen), heads=2)
+    q = torch.randn(1, 6, 2 * 16, generator=gen)
+    with pytest.raises(ValueError, match="P_inv"):
+        p, p_t, _, rope = _rays(1, 6, 16, gen)
+        cam_softmax_encode(q, q, q, (p, p_t, p[:, :5], rope), heads=2)
+    with pytest.raises(ValueError, match="rope_cam"):
+        cam_softmax_decode(torch.randn(1, 2, 6, 128), _rays(1, 6, 32, gen), dim=16)
+    with pytest.raises(ValueError, match="at least dim"):
+        cam_softmax_decode(torch.randn(1, 2, 6, 8), _rays(1, 6, 16, gen), dim=16)
