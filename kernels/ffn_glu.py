@@ -25,11 +25,9 @@ import triton.language as tl
 
 from .short_conv import use_triton
 
-# Launch defaults, from the offline sm_90 compile at the release shape (bench/compile_ffn_glu.py,
-# bf16): 145 registers with Triton 3.6, 161 with 3.9, no spills, so three 4-warp programs fit per
-# SM; each thread holds 8 channels of a pixel (16-byte loads) and two rows in flight. Not yet timed.
-# Fastest of bench/bench_ffn.py --sweep on the H200 at the release shape (1.10 ms; the first
-# default, block_c 8 / prefetch 2, took 1.58 ms). bench/results/bench_ffn_h200.json.
+# Launch defaults: the fastest of `bench/bench_ffn.py --sweep` on the H200 at the release shape
+# (1.10 ms, bench/results/bench_ffn_h200.json; the first default, picked from the offline sm_90
+# compile report of bench/compile_ffn_glu.py, block_c 8 / prefetch 2, took 1.58 ms).
 DEFAULT_TUNING = {"lanes": 128, "block_c": 16, "num_warps": 4, "prefetch": 1}
 
 
