@@ -32,6 +32,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_transformer import agreement  # noqa: E402  (cosine, max |a - b| / max |b|)
 
 
 def timed(fn, repeats, warmup=3):
@@ -65,12 +68,6 @@ def peak_gib(fn):
     fn()
     torch.cuda.synchronize()
     return (torch.cuda.max_memory_allocated() - base) / 2**30
-
-
-def agreement(got, ref):
-    got, ref = got.double().flatten(), ref.double().flatten()
-    cosine = torch.nn.functional.cosine_similarity(got, ref, dim=0).item()
-    return {"cosine": cosine, "max_rel_error": ((got - ref).abs().max() / ref.abs().max()).item()}
 
 
 def main():

@@ -204,7 +204,6 @@ def bench_main(args, res):
         "stock_main_branch": _peak(lambda: stock(qkv, conv16, qn16, kn16)),
         "ours_main_branch": _peak(lambda: ours(qkv, (conv16, qn16, kn16))),
     }
-    del buf, dst
 
 
 def bench_softmax(args, res):
@@ -269,10 +268,11 @@ def bench_softmax(args, res):
                 res["softmax_ms"][f"ours_{label}"] = repr(exc)[:300]
         patched.sdpa_backends = None
         q16 = torch.randn(B, H, N, 128, device=dev, generator=gen).bfloat16()
-        from camrender.patch_softmax import _sdpa
+        from camrender.patch_softmax import sdpa
         for label, backends in (("flash", ["FLASH_ATTENTION"]), ("cudnn", ["CUDNN_ATTENTION"])):
             try:
-                res["softmax_ms"][f"sdpa_only_d128_{label}"] = _bench(lambda: _sdpa(q16, q16, q16, backends), args.quick)
+                res["softmax_ms"][f"sdpa_only_d128_{label}"] = _bench(lambda: sdpa(q16, q16, q16, backends=backends),
+                                                                        args.quick)
             except Exception as exc:
                 res["softmax_ms"][f"sdpa_only_d128_{label}"] = repr(exc)[:300]
     print(json.dumps(res["softmax_ms"]), flush=True)

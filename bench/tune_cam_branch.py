@@ -14,12 +14,10 @@ import sys
 import time
 
 import torch
-import triton.testing
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_cam_branch as bcb  # noqa: E402
 
-import kernels  # noqa: E402
 from kernels import reference  # noqa: E402
 
 cam_prep = importlib.import_module("kernels.cam_prep")

@@ -72,9 +72,9 @@ def adopt_module(cls, stock: torch.nn.Module, **settings) -> torch.nn.Module:
     return patched
 
 
-# `kernels` choice -> `kernels.camera_branch` backend. "auto" runs Triton on CUDA and under
-# TRITON_INTERPRET=1, and the PyTorch reference otherwise (the CPU rendering path).
-CAMERA_BACKENDS = {"fused": "auto", "torch": "torch"}
+# `kernels` choice -> the kernels' `backend` argument (and segment mode's). "auto" runs Triton on
+# CUDA and under TRITON_INTERPRET=1, and the PyTorch references otherwise (the CPU rendering path).
+KERNEL_BACKENDS = {"fused": "auto", "torch": "torch"}
 
 
 class PatchedGDNAttention(BidirectionalGDNUCPESinglePathLiteLA):
@@ -144,14 +144,14 @@ class PatchedGDNAttention(BidirectionalGDNUCPESinglePathLiteLA):
         frames = HW[0]
         fusable = (
             self.kernels == "fused" and rotary_emb is not None and self.conv_k is not None
-            and self.conv_q is None and self.conv_v is None
+            and self.conv_k.bias is None and self.conv_q is None and self.conv_v is None
             and getattr(self.q_norm, "weight", None) is not None and getattr(self.k_norm, "weight", None) is not None
         )
         if fusable:
             from kernels.main_branch import main_branch
             from kernels.short_conv import short_conv
 
-            backend = CAMERA_BACKENDS[self.kernels]
+            backend = KERNEL_BACKENDS[self.kernels]
             qkv = self.qkv(x)
             key = short_conv(qkv[..., channels:2 * channels], self.conv_k.weight, frames, backend=backend)
             return main_branch(
@@ -186,10 +186,10 @@ class PatchedGDNAttention(BidirectionalGDNUCPESinglePathLiteLA):
         value = self.v_proj_cam(x)
         if self.conv_q_cam is not None:
             query = self.conv_q_cam(query, frames)
-        if self.conv_k_cam is not None and self.kernels == "fused":
+        if self.conv_k_cam is not None and self.conv_k_cam.bias is None and self.kernels == "fused":
             from kernels.short_conv import short_conv
 
-            key = short_conv(key, self.conv_k_cam.weight, frames, backend=CAMERA_BACKENDS[self.kernels])
+            key = short_conv(key, self.conv_k_cam.weight, frames, backend=KERNEL_BACKENDS[self.kernels])
         elif self.conv_k_cam is not None:
             key = self.conv_k_cam(key, frames)
         if self.conv_v_cam is not None:
@@ -207,13 +207,13 @@ class PatchedGDNAttention(BidirectionalGDNUCPESinglePathLiteLA):
             k_norm_weight=getattr(k_norm, "weight", None),
             norm_eps=getattr(q_norm, "eps", 1e-5),
             precision=self.precision,
-            backend=CAMERA_BACKENDS[self.kernels],
+            backend=KERNEL_BACKENDS[self.kernels],
         )
 
     def _combine(self, x, main, camera) -> torch.Tensor:
         """out = proj((main + out_proj_cam(camera)) * silu(output_gate(x))), gate in fp32; (B, N, C) in x's dtype."""
         camera = None if camera is None else self.out_proj_cam(camera)
-        return combine_branches(self, x, main, camera, CAMERA_BACKENDS[self.kernels])
+        return combine_branches(self, x, main, camera, KERNEL_BACKENDS[self.kernels])
 
 
 def patch_transformer(transformer, kernels: str = "fused", precision: str = "tf32"):

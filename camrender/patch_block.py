@@ -25,7 +25,7 @@ from diffusers.models.transformers.transformer_sana_wm import (
     SanaWMCrossAttnProcessor,
 )
 
-from camrender.patch import CAMERA_BACKENDS, adopt_module
+from camrender.patch import KERNEL_BACKENDS, adopt_module
 
 
 class FusedCrossAttnProcessor(SanaWMCrossAttnProcessor):
@@ -110,7 +110,7 @@ class PatchedBlock(SanaVideoMSCamCtrlBlock):
         block = adopt_module(cls, stock, kernels=kernels)
         if not isinstance(block.cross_attn.processor, FusedCrossAttnProcessor):
             block.cross_attn.set_processor(FusedCrossAttnProcessor())
-        block.cross_attn.processor.backend = CAMERA_BACKENDS[kernels]
+        block.cross_attn.processor.backend = KERNEL_BACKENDS[kernels]
         return block
 
     def forward(self, x, y, t, mask=None, THW=None, rotary_emb=None, block_mask=None, camera_conditions=None,
@@ -120,7 +120,7 @@ class PatchedBlock(SanaVideoMSCamCtrlBlock):
                                    ucpe_ray_transforms, plucker_emb, frame_valid_mask, chunk_size)
         from kernels.block_glue import ada_norm, gated_residual, residual_ada_norm
 
-        backend = CAMERA_BACKENDS[self.kernels]
+        backend = KERNEL_BACKENDS[self.kernels]
         if x.stride(-1) != 1:
             x = x.contiguous()  # block 0 receives the patch embedder's transposed view
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = modulation_rows(self, t)
@@ -142,6 +142,6 @@ def patch_block(block, *, kernels: str = "fused"):
     """The patched block for `block` (updates it in place if already patched)."""
     if isinstance(block, PatchedBlock):
         block.kernels = kernels
-        block.cross_attn.processor.backend = CAMERA_BACKENDS[kernels]
+        block.cross_attn.processor.backend = KERNEL_BACKENDS[kernels]
         return block
     return PatchedBlock.adopt(block, kernels=kernels)

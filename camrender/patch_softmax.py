@@ -15,13 +15,12 @@ Off CUDA and without TRITON_INTERPRET=1 the same fused structure runs on the PyT
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 from diffusers.models.transformers.transformer_sana_wm import _prepare_ucpe_ray_transforms, _SoftmaxUCPESinglePathLiteLA
 
 from camrender.patch import adopt_module, combine_branches
+from kernels.short_conv import use_triton as kernel_backend_is_triton
 
 
 # SDPA backends in priority order on CUDA (names of torch.nn.attention.SDPBackend), or None for
@@ -30,14 +29,60 @@ from camrender.patch import adopt_module, combine_branches
 SDPA_BACKENDS = ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
 
 
-def _sdpa(q, k, v, backends):
-    """F.scaled_dot_product_attention, optionally under a backend priority list (CUDA only)."""
+def sdpa(q, k, v, *, scale=None, mask=None, backends=SDPA_BACKENDS):
+    """F.scaled_dot_product_attention on (B, H, n, D) tensors, on CUDA under the backend priority
+    list `backends` (None: PyTorch's own choice). mask: optional bool, True = attend."""
     if backends is None or not q.is_cuda:
-        return F.scaled_dot_product_attention(q, k, v)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     with sdpa_kernel([getattr(SDPBackend, name) for name in backends], set_priority=True):
-        return F.scaled_dot_product_attention(q, k, v)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+
+
+def softmax_qkv(attn, x, rope, attn_dtype, use_triton: bool):
+    """Main-branch q, k (full-C RMSNorm, RoPE) and v of softmax-block attention `attn`, each
+    (B, H, N, D) in `attn_dtype`. x (B, N, C); rope: diffusers' complex table or None.
+    use_triton: `kernels.main_prep` writes q and k straight in `attn_dtype`, else its reference."""
+    from kernels.main_prep import main_prep
+    from kernels.main_reference import main_prep_ref
+
+    batch, tokens, channels = x.shape
+    heads, dim = attn.heads, attn.dim
+    qkv = attn.qkv(x)
+    prepped = []
+    for raw, norm in ((qkv[..., :channels], attn.q_norm), (qkv[..., channels:2 * channels], attn.k_norm)):
+        if use_triton:
+            out = torch.empty(batch, tokens, channels, device=x.device, dtype=attn_dtype)
+            prepped.append(main_prep(raw, norm.weight, heads, norm_eps=norm.eps, relu=False, rope=rope, out=out))
+        else:
+            prepped.append(main_prep_ref(raw, norm.weight, heads, norm_eps=norm.eps, relu=False,
+                                         rope=rope).to(attn_dtype))
+    value = qkv[..., 2 * channels:].to(attn_dtype)
+    return tuple(t.reshape(batch, tokens, heads, dim).transpose(1, 2) for t in (*prepped, value))
+
+
+def camera_encode(attn, x, ray_transforms, attn_dtype, use_triton: bool):
+    """Camera q, k, v of softmax-block attention `attn` after RMSNorm, UCPE and RMS downscale, each
+    (B, H, N, DPAD) in `attn_dtype` (head dim zero-padded, `kernels.softmax_cam`)."""
+    if use_triton:
+        from kernels.softmax_cam import cam_softmax_encode
+    else:
+        from kernels.main_reference import cam_softmax_encode_ref as cam_softmax_encode
+    encoded = cam_softmax_encode(
+        attn.q_proj_cam(x), attn.k_proj_cam(x), attn.v_proj_cam(x), ray_transforms,
+        q_norm_weight=attn.q_norm_cam.weight, k_norm_weight=attn.k_norm_cam.weight,
+        norm_eps=attn.q_norm_cam.eps, heads=attn.cam_heads, out_dtype=attn_dtype)
+    return tuple(t.transpose(1, 2) for t in encoded)
+
+
+def camera_decode(attn, o, ray_transforms, dtype, use_triton: bool):
+    """Camera SDPA output (B, H, N, DPAD) -> world space (B, N, C) in `dtype` (P, inverse RoPE)."""
+    if use_triton:
+        from kernels.softmax_cam import cam_softmax_decode
+    else:
+        from kernels.main_reference import cam_softmax_decode_ref as cam_softmax_decode
+    return cam_softmax_decode(o, ray_transforms, dim=attn.cam_head_dim, out_dtype=dtype)
 
 
 def _sdpa_dtype(dtype, override):
@@ -83,7 +128,7 @@ class PatchedSoftmaxAttention(_SoftmaxUCPESinglePathLiteLA):
         if not self._fusable(frame_valid_mask):
             return super().forward(x, mask, HW, rotary_emb, block_mask, camera_conditions, chunk_size,
                                    frame_valid_mask=frame_valid_mask, ucpe_ray_transforms=ucpe_ray_transforms)
-        use_triton = x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+        use_triton = kernel_backend_is_triton(x)
         attn_dtype = _sdpa_dtype(x.dtype, self.sdpa_dtype)
         out = self._main_softmax(x, rotary_emb, attn_dtype, use_triton)
         if camera_conditions is not None:
@@ -99,45 +144,13 @@ class PatchedSoftmaxAttention(_SoftmaxUCPESinglePathLiteLA):
 
     def _main_softmax(self, x, rotary_emb, attn_dtype, use_triton):
         """Main branch up to (not including) the gate: (B, N, C) in x.dtype."""
-        from kernels.main_prep import main_prep
-        from kernels.main_reference import main_prep_ref
-
-        batch, tokens, channels = x.shape
-        heads, dim = self.heads, self.dim
-        qkv = self.qkv(x)
-        q_raw, k_raw, v = qkv[..., :channels], qkv[..., channels:2 * channels], qkv[..., 2 * channels:]
-        if use_triton:
-            q = torch.empty(batch, tokens, channels, device=x.device, dtype=attn_dtype)
-            k = torch.empty_like(q)
-            main_prep(q_raw, self.q_norm.weight, heads, norm_eps=self.q_norm.eps, relu=False, rope=rotary_emb, out=q)
-            main_prep(k_raw, self.k_norm.weight, heads, norm_eps=self.k_norm.eps, relu=False, rope=rotary_emb, out=k)
-        else:
-            q = main_prep_ref(q_raw, self.q_norm.weight, heads, norm_eps=self.q_norm.eps, relu=False,
-                              rope=rotary_emb).to(attn_dtype)
-            k = main_prep_ref(k_raw, self.k_norm.weight, heads, norm_eps=self.k_norm.eps, relu=False,
-                              rope=rotary_emb).to(attn_dtype)
-        v = v.to(attn_dtype)
-
-        def heads_first(t):
-            return t.reshape(batch, tokens, heads, dim).transpose(1, 2)
-
-        o = _sdpa(heads_first(q), heads_first(k), heads_first(v), self.sdpa_backends)
-        return o.transpose(1, 2).reshape(batch, tokens, channels).to(x.dtype)
+        o = sdpa(*softmax_qkv(self, x, rotary_emb, attn_dtype, use_triton), backends=self.sdpa_backends)
+        return o.transpose(1, 2).reshape(x.shape).to(x.dtype)
 
     def _camera_softmax(self, x, ray_transforms, attn_dtype, use_triton):
         """Camera branch up to (not including) out_proj_cam: (B, N, C) in x.dtype, world space."""
-        if use_triton:
-            from kernels.softmax_cam import cam_softmax_decode, cam_softmax_encode
-        else:
-            from kernels.main_reference import cam_softmax_decode_ref as cam_softmax_decode
-            from kernels.main_reference import cam_softmax_encode_ref as cam_softmax_encode
-
-        q_enc, k_enc, v_enc = cam_softmax_encode(
-            self.q_proj_cam(x), self.k_proj_cam(x), self.v_proj_cam(x), ray_transforms,
-            q_norm_weight=self.q_norm_cam.weight, k_norm_weight=self.k_norm_cam.weight,
-            norm_eps=self.q_norm_cam.eps, heads=self.cam_heads, out_dtype=attn_dtype)
-        o = _sdpa(q_enc.transpose(1, 2), k_enc.transpose(1, 2), v_enc.transpose(1, 2), self.sdpa_backends)
-        return cam_softmax_decode(o, ray_transforms, dim=self.cam_head_dim, out_dtype=x.dtype)
+        o = sdpa(*camera_encode(self, x, ray_transforms, attn_dtype, use_triton), backends=self.sdpa_backends)
+        return camera_decode(self, o, ray_transforms, x.dtype, use_triton)
 
 
 def patch_softmax_block(attention, *, kernels: str = "fused", precision: str = "tf32"):
