@@ -29,7 +29,6 @@ SHAPES = {
 }
 CONFIGS = {  # launch-parameter sweep at the release shape (kernels.camera_branch `tuning`)
     "default": {},
-    "old_stage_quads_bs8": dict(stage_variant="quads", stage_block_s=8),
     "rec_bv64_w8_st1": dict(block_v=64, num_warps=(8, 8, 4), num_stages=(3, 1, 3)),
     "rec_bv128_w8_st1": dict(block_v=128, num_warps=(8, 8, 4), num_stages=(3, 1, 3)),
     "out_split2": dict(s_split=2),

@@ -78,7 +78,7 @@ def bench_main(args, res):
         SanaWMTemporalShortConvolution,
     )
 
-    from kernels.main_branch import SCAN_CONFIG, _chunkwise, main_branch, main_scan
+    from kernels.main_branch import _chunkwise, main_branch
     from kernels.main_prep import main_prep
     from kernels.main_reference import rope_tables
     from kernels.short_conv import short_conv
@@ -109,10 +109,10 @@ def bench_main(args, res):
         k = torch.relu(kn_m(k)).reshape(B, N, H, D)
         return attn(q, k, v, beta, decay, recall, T, rotary_emb=rope)
 
-    def ours(inp, weights=(conv, q_norm, k_norm), precision="tf32", config=None):
+    def ours(inp, weights=(conv, q_norm, k_norm), precision="tf32"):
         k = short_conv(inp[..., C:2 * C], weights[0].weight, T)
         return main_branch(inp[..., :C], k, inp[..., 2 * C:], beta, decay, rope, q_norm_weight=weights[1].weight,
-                           k_norm_weight=weights[2].weight, precision=precision, config=config)
+                           k_norm_weight=weights[2].weight, precision=precision)
 
     import copy
 
@@ -151,21 +151,6 @@ def bench_main(args, res):
         t["part_scans_chunkwise_kv_z_divide"] = _bench(lambda: _chunkwise(
             qn, kn, qr, kr, v, beta, decay, out_buf, eps=1e-8, initial_state=None, segment_starts=None,
             precision="tf32", return_final_state=False), args.quick)
-        t["part_scan_recurrent_BV32"] = _bench(lambda: main_scan(qn, kn, v, beta, decay, cos, sin, q_rot=qr, k_rot=kr,
-                                                                 config={"BV": 32}), args.quick)
-        variants = []
-        for cfg in ([{"scan": "recurrent", "BV": 32}, {"scan": "recurrent", "BV": 16},
-                     {"scan": "recurrent", "BV": 32, "num_stages": 3}]):
-            full = dict(SCAN_CONFIG, **cfg)
-            try:
-                out = ours(qkv, (conv16, qn16, kn16), config=full)
-                acc = _stats(out, ours16)
-                ms = _bench(lambda: ours(qkv, (conv16, qn16, kn16), config=full), args.quick)
-                variants.append({"config": full, "ms": ms, "vs_default": acc})
-            except Exception as exc:  # a variant that does not compile is recorded, not fatal
-                variants.append({"config": full, "error": repr(exc)[:300]})
-            print(json.dumps(variants[-1]), flush=True)
-        res["scan_variants"] = variants
         t["ours_main_branch_ieee"] = _bench(lambda: ours(qkv, (conv16, qn16, kn16), precision="ieee"), args.quick)
     res["ms"] = t
     print(json.dumps(t), flush=True)

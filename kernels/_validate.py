@@ -1,6 +1,10 @@
 """Argument checks shared by the kernel entry points: each failure is a ValueError naming the
 argument and the expected shape."""
+import os
+
 import torch
+
+BACKENDS = ("auto", "triton", "torch")
 
 
 def check_tensor(name, x, shape, *, floating=True, contiguous=True, last_dim_contiguous=False):
@@ -36,3 +40,12 @@ def segment_starts_tensor(segment_starts, batch, frames, device):
                          f"got {tuple(segment_starts.shape)}")
     starts = segment_starts.to(device=device, dtype=torch.bool).reshape(-1, frames)
     return starts.expand(batch, frames).to(torch.int32).contiguous()
+
+
+def use_triton(x, backend="auto"):
+    """Whether to run the Triton kernels on tensor x: backend "triton", or "auto" on CUDA or under
+    TRITON_INTERPRET=1 ("torch": the PyTorch references)."""
+    check_choice("backend", backend, BACKENDS)
+    if backend == "auto":
+        return x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+    return backend == "triton"

@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .short_conv import use_triton
+from ._validate import use_triton
 
 
 # --------------------------------------------------------------------------- references

@@ -9,7 +9,8 @@ import triton.language as tl
 
 from . import ucpe_tiles
 from ._validate import check_tensor
-from .cam_prep import quad_groups, ray_tables
+from .cam_prep import ray_tables
+from .delta_scan import padded
 
 
 @triton.jit
@@ -45,5 +46,5 @@ def cam_decode(x, p, rope_cam, *, out_dtype=None):
     bs = 32
     _cam_decode_kernel[(batch * heads, triton.cdiv(tokens, bs))](
         x, out, p_flat, cos if cos is not None else p_flat, sin if sin is not None else p_flat,
-        heads, tokens, D=dim, G=quad_groups(dim), BS=bs, NGU=dim // 8, HAS_ROPE=cos is not None, num_warps=4)
+        heads, tokens, D=dim, G=padded(dim // 4), BS=bs, NGU=dim // 8, HAS_ROPE=cos is not None, num_warps=4)
     return out

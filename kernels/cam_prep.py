@@ -40,27 +40,17 @@ def ray_views(ray_transforms, batch, tokens, dim, device):
     return (*mats, torch.view_as_real(rope).contiguous())
 
 
-def flat_tables(views):
-    """ray_views' output -> ray_tables' (contiguous copies for the kernels that index flat)."""
-    p, p_t, p_inv, rope = views
-    mats = [m.contiguous().reshape(-1, 4, 4) for m in (p, p_t, p_inv)]
-    if rope is None:
-        return (*mats, None, None)
-    return (*mats, rope[..., 0].contiguous(), rope[..., 1].contiguous())
-
-
 def ray_tables(ray_transforms, batch, tokens, dim, device):
-    """Flatten diffusers' (P, P_T, P_inv, rope_cam) for the kernels.
+    """Flatten diffusers' (P, P_T, P_inv, rope_cam) for the kernels that index them flat.
 
     Returns (p, p_t, p_inv, cos, sin): matrices (B*N, 4, 4) fp32 contiguous, RoPE tables
     (N, D/4) fp32 (None when rope_cam is None). Raises ValueError on bad shapes.
     """
-    return flat_tables(ray_views(ray_transforms, batch, tokens, dim, device))
-
-
-def mat_strides(m):
-    """(b, n, row, col) element strides of a (B, N, 4, 4) matrix view."""
-    return tuple(m.stride())
+    *mats, rope = ray_views(ray_transforms, batch, tokens, dim, device)
+    mats = [m.contiguous().reshape(-1, 4, 4) for m in mats]
+    if rope is None:
+        return (*mats, None, None)
+    return (*mats, rope[..., 0].contiguous(), rope[..., 1].contiguous())
 
 
 @triton.jit
@@ -88,75 +78,16 @@ def inverse_rms(q_rows, k_rows, nmask, norm_eps, C: tl.constexpr, BS: tl.constex
 
 
 @triton.jit
-def _cam_stage_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, sb_b, sb_h, sb_t, sb_s,
-                      qw_ptr, kw_ptr, pt_ptr, pinv_ptr, cos_ptr, sin_ptr,
-                      q_out, k_out, v_out, infl_out,
-                      N, S, norm_eps, k_scale,
-                      H: tl.constexpr, D: tl.constexpr, G: tl.constexpr, BS: tl.constexpr, BC: tl.constexpr,
-                      NGU: tl.constexpr, HAS_QNORM: tl.constexpr, HAS_KNORM: tl.constexpr,
-                      HAS_ROPE: tl.constexpr, DOWNSCALE: tl.constexpr, FOLD_BETA: tl.constexpr):
-    """One program per (block of BS tokens, b), looping over all H heads.
-
-    Raw (B, N, H, D) -> encoded (B, H, N, D) (the scan layout (B, H, T, S, D)) in the output
-    pointers' dtype, plus the per-token key inflation (B, H, N) fp32. The full-channel RMS of
-    q and k is computed first, over the token rows (C = H*D contiguous values each). With
-    FOLD_BETA the stored key is sqrt(beta) * k / k_scale and the value sqrt(beta) * v, so the
-    scan's Gram products need no beta and the k-scale is applied to the fp32 accumulators.
-    """
-    b = tl.program_id(1).to(tl.int64)
-    n = tl.program_id(0) * BS + tl.arange(0, BS)
-    nmask = n < N
-    C: tl.constexpr = H * D
-    row = n[:, None] * C  # int32 offsets inside this batch row
-    q_base = q_ptr + b * N * C
-    k_base = k_ptr + b * N * C
-    v_base = v_ptr + b * N * C
-    q_rms, k_rms = inverse_rms(q_base + row, k_base + row, nmask, norm_eps, C, BS, BC, HAS_QNORM, HAS_KNORM)
-    NQ: tl.constexpr = D // 4
-    tok = b * N + n
-    if FOLD_BETA:
-        t = n // S
-        sb_off = t * sb_t + (n - t * S) * sb_s
-    for h in range(H):
-        src = n * C + h * D
-        dst = (b * H + h) * N * D
-        dst_row = n * D
-        x0, x1, x2, x3 = ucpe_tiles.load_quads(q_base, src, nmask, NQ, G)
-        y0, y1, y2, y3, _, _ = ucpe_tiles.encode_quads(x0, x1, x2, x3, tok, n, nmask, q_rms, qw_ptr + h * D,
-                                                       pt_ptr, cos_ptr, sin_ptr, 1.0, D, G, NGU, HAS_QNORM,
-                                                       True, HAS_ROPE, DOWNSCALE)
-        ucpe_tiles.store_quads(q_out + dst, dst_row, nmask, y0, y1, y2, y3, NQ, G)
-        x0, x1, x2, x3 = ucpe_tiles.load_quads(k_base, src, nmask, NQ, G)
-        y0, y1, y2, y3, pre, post = ucpe_tiles.encode_quads(x0, x1, x2, x3, tok, n, nmask, k_rms, kw_ptr + h * D,
-                                                            pinv_ptr, cos_ptr, sin_ptr, k_scale, D, G, NGU,
-                                                            HAS_KNORM, True, HAS_ROPE, DOWNSCALE)
-        tl.store(infl_out + (b * H + h) * N + n, ucpe_tiles.inflation_sq(pre, post, nmask), mask=nmask)
-        if FOLD_BETA:
-            root = tl.sqrt(tl.load(beta_ptr + b * sb_b + h * sb_h + sb_off, mask=nmask, other=0.0).to(tl.float32))
-            f = (root / k_scale)[:, None]
-            y0, y1, y2, y3 = y0 * f, y1 * f, y2 * f, y3 * f
-        ucpe_tiles.store_quads(k_out + dst, dst_row, nmask, y0, y1, y2, y3, NQ, G)
-        x0, x1, x2, x3 = ucpe_tiles.load_quads(v_base, src, nmask, NQ, G)
-        y0, y1, y2, y3, _, _ = ucpe_tiles.encode_quads(x0, x1, x2, x3, tok, n, nmask, q_rms, qw_ptr, pinv_ptr,
-                                                       cos_ptr, sin_ptr, 1.0, D, G, NGU, False, False, HAS_ROPE,
-                                                       DOWNSCALE)
-        if FOLD_BETA:
-            f = root[:, None]
-            y0, y1, y2, y3 = y0 * f, y1 * f, y2 * f, y3 * f
-        ucpe_tiles.store_quads(v_out + dst, dst_row, nmask, y0, y1, y2, y3, NQ, G)
-
-
-@triton.jit
 def encode_halves(xa, xb, wa, wb, inv_rms, m, c0, s0, c1, s1, scale, out_scale, BS: tl.constexpr, GU: tl.constexpr,
                    D: tl.constexpr, HAS_NORM: tl.constexpr, RELU: tl.constexpr, HAS_ROPE: tl.constexpr,
-                   DOWNSCALE: tl.constexpr, ONE_SUM: tl.constexpr):
+                   DOWNSCALE: tl.constexpr):
     """Encode head vectors held as two contiguous (BS, 4GU) fp32 tiles (padding columns zero):
     xa = channels [0, D/2) (UCPE: y = M x per group of four), xb = channels [D/2, D) (RoPE).
 
     m: the token matrices as 16 (BS, 1) entries; c*/s*: (BS, GU) RoPE tables of the two pairs of
     each group; out_scale: (BS,) factor applied to the outputs only (not to post_sq).
-    Returns (ya, yb, pre_sq (BS,), post_sq (BS,)). ONE_SUM: one row reduction per squared
-    norm over both halves, and the RoPE half's norm taken before the rotation (which keeps it).
+    Returns (ya, yb, pre_sq (BS,), post_sq (BS,)): one row reduction per squared norm over both
+    halves, the RoPE half's norm taken before the rotation (which keeps it).
     """
     row_scale = scale
     if HAS_NORM:
@@ -169,10 +100,7 @@ def encode_halves(xa, xb, wa, wb, inv_rms, m, c0, s0, c1, s1, scale, out_scale, 
         xa = tl.maximum(xa, 0.0)
         xb = tl.maximum(xb, 0.0)
     xb_sq = xb * xb
-    if ONE_SUM:
-        pre_sq = tl.sum(xa * xa + xb_sq, axis=1)
-    else:
-        pre_sq = tl.sum(xa * xa, axis=1) + tl.sum(xb_sq, axis=1)
+    pre_sq = tl.sum(xa * xa + xb_sq, axis=1)
     x0, x1, x2, x3 = ucpe_tiles.split_quads(xa, BS, GU)
     (a00, a01, a02, a03, a10, a11, a12, a13, a20, a21, a22, a23, a30, a31, a32, a33) = m
     ya = ucpe_tiles.join_quads(a00 * x0 + a01 * x1 + a02 * x2 + a03 * x3, a10 * x0 + a11 * x1 + a12 * x2 + a13 * x3,
@@ -182,10 +110,7 @@ def encode_halves(xa, xb, wa, wb, inv_rms, m, c0, s0, c1, s1, scale, out_scale, 
     if HAS_ROPE:
         x0, x1, x2, x3 = ucpe_tiles.split_quads(xb, BS, GU)
         yb = ucpe_tiles.join_quads(c0 * x0 - s0 * x1, s0 * x0 + c0 * x1, c1 * x2 - s1 * x3, s1 * x2 + c1 * x3, BS, GU)
-    if ONE_SUM:
-        post_sq = tl.sum(ya * ya + xb_sq, axis=1)
-    else:
-        post_sq = tl.sum(ya * ya, axis=1) + tl.sum(yb * yb, axis=1)
+    post_sq = tl.sum(ya * ya + xb_sq, axis=1)
     if DOWNSCALE:
         ref_rms = tl.sqrt(pre_sq / D + 1e-6)
         out_rms = tl.sqrt(post_sq / D + 1e-6)
@@ -205,16 +130,19 @@ def _cam_encode_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, sb_b, sb_h, sb_t, sb_s,
                        N, S, norm_eps, k_scale,
                        H: tl.constexpr, D: tl.constexpr, GU: tl.constexpr, BS: tl.constexpr, BC: tl.constexpr,
                        HAS_QNORM: tl.constexpr, HAS_KNORM: tl.constexpr,
-                       HAS_ROPE: tl.constexpr, DOWNSCALE: tl.constexpr, FOLD_BETA: tl.constexpr,
-                       PREFETCH: tl.constexpr, ONE_SUM: tl.constexpr, LATE: tl.constexpr):
-    """_cam_stage_kernel's contract on contiguous tiles: one program per (BS tokens, b).
+                       HAS_ROPE: tl.constexpr, DOWNSCALE: tl.constexpr, FOLD_BETA: tl.constexpr):
+    """One program per (block of BS tokens, b), looping over all H heads.
+
+    Raw (B, N, H, D) -> encoded (B, H, N, D) (the scan layout (B, H, T, S, D)) in the output
+    pointers' dtype, plus the per-token key inflation (B, H, N) fp32. The full-channel RMS of
+    q and k is computed first, over the token rows (C = H*D contiguous values each). With
+    FOLD_BETA the stored key is sqrt(beta) * k / k_scale and the value sqrt(beta) * v, so the
+    scan's Gram products need no beta and the k-scale is applied to the fp32 accumulators.
 
     Each head vector is loaded and stored as two contiguous rows (the UCPE half and the RoPE
     half, 16-byte accesses) and split into quads in registers; the per-token matrices (any
     strides: diffusers' P_T is a transposed view) and the interleaved RoPE table (see
-    ucpe_tiles.rope_pairs) are loaded once per program, before the loop over heads. PREFETCH
-    loads the next
-    head's tiles before encoding the current one.
+    ucpe_tiles.rope_pairs) are loaded once per program, before the loop over heads.
     """
     b = tl.program_id(1).to(tl.int64)
     n = tl.program_id(0) * BS + tl.arange(0, BS)
@@ -229,12 +157,7 @@ def _cam_encode_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, sb_b, sb_h, sb_t, sb_s,
     q_rms, k_rms = inverse_rms(q_base + row, k_base + row, nmask, norm_eps, C, BS, BC, HAS_QNORM, HAS_KNORM)
     m_q = ucpe_tiles.token_matrix(pt_ptr, b * spt_b + n * spt_n, spt_i, spt_j, nmask)
     m_k = ucpe_tiles.token_matrix(pinv_ptr, b * spi_b + n * spi_n, spi_i, spi_j, nmask)
-    c0 = tl.zeros((BS, GU), dtype=tl.float32)
-    s0 = c0
-    c1 = c0
-    s1 = c0
-    if HAS_ROPE:
-        c0, s0, c1, s1 = ucpe_tiles.rope_pairs(rope_ptr, n, nmask, GU, NGU)
+    c0, s0, c1, s1 = ucpe_tiles.rope_tiles(rope_ptr, n, nmask, BS, GU, NGU, HAS_ROPE, False)
     if FOLD_BETA:
         t = n // S
         sb_off = t * sb_t + (n - t * S) * sb_s
@@ -243,33 +166,14 @@ def _cam_encode_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, sb_b, sb_h, sb_t, sb_s,
     tmask = nmask[:, None] & cmask[None, :]
     src_a = row + ch[None, :]
     dst_a = n[:, None] * D + ch[None, :]
-    if PREFETCH:
-        qa = tl.load(q_base + src_a, mask=tmask, other=0.0)
-        qb = tl.load(q_base + src_a + HALF, mask=tmask, other=0.0)
-        ka = tl.load(k_base + src_a, mask=tmask, other=0.0)
-        kb = tl.load(k_base + src_a + HALF, mask=tmask, other=0.0)
-        va = tl.load(v_base + src_a, mask=tmask, other=0.0)
-        vb = tl.load(v_base + src_a + HALF, mask=tmask, other=0.0)
     for h in range(H):
-        if PREFETCH:
-            xqa, xqb, xka, xkb, xva, xvb = qa, qb, ka, kb, va, vb
-            nxt = src_a + (h + 1) * D
-            pmask = tmask & (h + 1 < H)
-            qa = tl.load(q_base + nxt, mask=pmask, other=0.0)
-            qb = tl.load(q_base + nxt + HALF, mask=pmask, other=0.0)
-            ka = tl.load(k_base + nxt, mask=pmask, other=0.0)
-            kb = tl.load(k_base + nxt + HALF, mask=pmask, other=0.0)
-            va = tl.load(v_base + nxt, mask=pmask, other=0.0)
-            vb = tl.load(v_base + nxt + HALF, mask=pmask, other=0.0)
-        else:
-            src = src_a + h * D
-            xqa = tl.load(q_base + src, mask=tmask, other=0.0)
-            xqb = tl.load(q_base + src + HALF, mask=tmask, other=0.0)
-            if not LATE:
-                xka = tl.load(k_base + src, mask=tmask, other=0.0)
-                xkb = tl.load(k_base + src + HALF, mask=tmask, other=0.0)
-                xva = tl.load(v_base + src, mask=tmask, other=0.0)
-                xvb = tl.load(v_base + src + HALF, mask=tmask, other=0.0)
+        src = src_a + h * D
+        xqa = tl.load(q_base + src, mask=tmask, other=0.0)
+        xqb = tl.load(q_base + src + HALF, mask=tmask, other=0.0)
+        xka = tl.load(k_base + src, mask=tmask, other=0.0)
+        xkb = tl.load(k_base + src + HALF, mask=tmask, other=0.0)
+        xva = tl.load(v_base + src, mask=tmask, other=0.0)
+        xvb = tl.load(v_base + src + HALF, mask=tmask, other=0.0)
         dst = (b * H + h) * N * D + dst_a
         wqa = tl.zeros((4 * GU,), dtype=tl.float32)
         wqb = wqa
@@ -286,69 +190,45 @@ def _cam_encode_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, sb_b, sb_h, sb_t, sb_s,
         if FOLD_BETA:
             root = tl.sqrt(tl.load(beta_ptr + b * sb_b + h * sb_h + sb_off, mask=nmask, other=0.0).to(tl.float32))
         ya, yb, _, _ = encode_halves(xqa.to(tl.float32), xqb.to(tl.float32), wqa, wqb, q_rms, m_q, c0, s0, c1, s1,
-                                      1.0, one, BS, GU, D, HAS_QNORM, True, HAS_ROPE, DOWNSCALE, ONE_SUM)
+                                      1.0, one, BS, GU, D, HAS_QNORM, True, HAS_ROPE, DOWNSCALE)
         tl.store(q_out + dst, ya.to(q_out.dtype.element_ty), mask=tmask)
         tl.store(q_out + dst + HALF, yb.to(q_out.dtype.element_ty), mask=tmask)
         k_fold = one
         if FOLD_BETA:
             k_fold = root / k_scale
-        if LATE:
-            xka = tl.load(k_base + src, mask=tmask, other=0.0)
-            xkb = tl.load(k_base + src + HALF, mask=tmask, other=0.0)
         ya, yb, pre, post = encode_halves(xka.to(tl.float32), xkb.to(tl.float32), wka, wkb, k_rms, m_k, c0, s0, c1,
-                                           s1, k_scale, k_fold, BS, GU, D, HAS_KNORM, True, HAS_ROPE, DOWNSCALE,
-                                           ONE_SUM)
+                                           s1, k_scale, k_fold, BS, GU, D, HAS_KNORM, True, HAS_ROPE, DOWNSCALE)
         tl.store(infl_out + (b * H + h) * N + n, ucpe_tiles.inflation_sq(pre, post, nmask), mask=nmask)
         tl.store(k_out + dst, ya.to(k_out.dtype.element_ty), mask=tmask)
         tl.store(k_out + dst + HALF, yb.to(k_out.dtype.element_ty), mask=tmask)
-        if LATE:
-            xva = tl.load(v_base + src, mask=tmask, other=0.0)
-            xvb = tl.load(v_base + src + HALF, mask=tmask, other=0.0)
         ya, yb, _, _ = encode_halves(xva.to(tl.float32), xvb.to(tl.float32), wqa, wqb, q_rms, m_k, c0, s0, c1, s1,
-                                      1.0, root, BS, GU, D, False, False, HAS_ROPE, DOWNSCALE, ONE_SUM)
+                                      1.0, root, BS, GU, D, False, False, HAS_ROPE, DOWNSCALE)
         tl.store(v_out + dst, ya.to(v_out.dtype.element_ty), mask=tmask)
         tl.store(v_out + dst + HALF, yb.to(v_out.dtype.element_ty), mask=tmask)
 
 
-def quad_groups(dim):
-    """Groups of four per head vector, padded to a power of two (>= 16 for tl.dot)."""
-    return max(16, triton.next_power_of_2(dim // 4))
-
-
 def cam_stage(q, k, v, views, *, num_frames, q_norm_weight, k_norm_weight, norm_eps, downscale,
-              beta=None, out_dtype=torch.float32, block_s=16, num_warps=4, variant="tiles", maxnreg=None):
-    """Launch the stage kernel. views = ray_views(...). Returns (q', k', v', inflation_sq)
-    with encodings (B, H, N, D) in out_dtype and inflation (B, H, N) fp32. With `beta` the
-    key/value are stored beta-folded (see _cam_stage_kernel). variant: "tiles"
-    (_cam_encode_kernel, contiguous 16-byte tiles, reads the views in place), "tiles_prefetch",
-    "tiles_two_sums" (see encode_halves' ONE_SUM), "tiles_late" (k and v loaded just before
-    their use: fewer live registers) or "quads" (_cam_stage_kernel, stride-4 loads, flat copies
-    of the tables). maxnreg: register cap per thread (None: the compiler's choice)."""
+              beta=None, out_dtype=torch.float32, block_s=16, num_warps=4, maxnreg=None):
+    """Launch _cam_encode_kernel. views = ray_views(...) (read in place). Returns (q', k', v',
+    inflation_sq) with encodings (B, H, N, D) in out_dtype and inflation (B, H, N) fp32. With
+    `beta` the key/value are stored beta-folded (see _cam_encode_kernel). maxnreg: register cap
+    per thread (None: the compiler's choice)."""
     batch, tokens, heads, dim = q.shape
     spatial = tokens // num_frames
     outs = [torch.empty(batch, heads, tokens, dim, device=q.device, dtype=out_dtype) for _ in range(3)]
     infl = torch.empty(batch, heads, tokens, device=q.device, dtype=torch.float32)
     dummy = infl
     beta_args = (beta, *beta.stride()) if beta is not None else (dummy, 0, 0, 0, 0)
-    has_rope = views[3] is not None
-    if variant == "quads":
-        _, p_t, p_inv, cos, sin = flat_tables(views)
-        kernel, extra = _cam_stage_kernel, dict(G=quad_groups(dim), NGU=dim // 8)
-        ray_args = (p_t, p_inv, cos if has_rope else dummy, sin if has_rope else dummy)
-    else:
-        _, p_t, p_inv, rope = views
-        kernel = _cam_encode_kernel
-        extra = dict(GU=triton.next_power_of_2(dim // 8), PREFETCH=variant == "tiles_prefetch",
-                     ONE_SUM=variant != "tiles_two_sums", LATE=variant == "tiles_late")
-        ray_args = (p_t, *mat_strides(p_t), p_inv, *mat_strides(p_inv), rope if has_rope else dummy)
-    kernel[(triton.cdiv(tokens, block_s), batch)](
+    _, p_t, p_inv, rope = views
+    _cam_encode_kernel[(triton.cdiv(tokens, block_s), batch)](
         q, k, v, *beta_args,
         q_norm_weight if q_norm_weight is not None else dummy,
-        k_norm_weight if k_norm_weight is not None else dummy, *ray_args,
+        k_norm_weight if k_norm_weight is not None else dummy,
+        p_t, *p_t.stride(), p_inv, *p_inv.stride(), rope if rope is not None else dummy,
         outs[0], outs[1], outs[2], infl, tokens, spatial, float(norm_eps), float(dim ** -0.5 * spatial ** -0.5),
-        H=heads, D=dim, BS=block_s, BC=256,
-        HAS_QNORM=q_norm_weight is not None, HAS_KNORM=k_norm_weight is not None, HAS_ROPE=has_rope,
-        DOWNSCALE=bool(downscale), FOLD_BETA=beta is not None, num_warps=num_warps, **extra,
+        H=heads, D=dim, GU=triton.next_power_of_2(dim // 8), BS=block_s, BC=256,
+        HAS_QNORM=q_norm_weight is not None, HAS_KNORM=k_norm_weight is not None, HAS_ROPE=rope is not None,
+        DOWNSCALE=bool(downscale), FOLD_BETA=beta is not None, num_warps=num_warps,
         **(dict(maxnreg=maxnreg) if maxnreg else {}))
     return outs[0], outs[1], outs[2], infl
 

@@ -5,26 +5,17 @@ Equals diffusers' block code `q_norm_cam` / `k_norm_cam` (RMSNorm over C) + ReLU
 P_inv on k and v, RoPE on the second half), downscale to the pre-UCPE RMS, dynamic beta
 discounting, forward (inclusive) + reverse (exclusive) numerator-only delta rule, decode.
 """
-import os
-
 import torch
 
 from . import reference
-from ._validate import check_choice, check_tensor, segment_starts_tensor
+from ._validate import check_choice, check_tensor, segment_starts_tensor, use_triton
 from .cam_prep import cam_stage, check_norm_weight, check_projections, ray_views
 from .delta_scan import PRECISIONS, run_scan
 
-BACKENDS = ("auto", "triton", "torch")
-
-
-def resolve_backend(backend, device):
-    """"auto" -> "triton" on CUDA or under TRITON_INTERPRET=1, else "torch"."""
-    check_choice("backend", backend, BACKENDS)
-    if backend != "auto":
-        return backend
-    if device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
-        return "triton"
-    return "torch"
+# Launch defaults: the fastest measured on the H200 (docs/performance.md, 16:31 UTC run): 4-warp
+# output kernel, fp16 recurrence products.
+SCAN_TUNING = {"rec_f16": True, "num_warps": (8, 4, 4)}
+STAGE_TUNING = {"stage_block_s": 16, "stage_num_warps": 4, "stage_maxnreg": None}
 
 
 def camera_branch(q, k, v, beta, decay, ray_transforms, *, q_norm_weight, k_norm_weight, norm_eps=1e-5,
@@ -49,10 +40,10 @@ def camera_branch(q, k, v, beta, decay, ray_transforms, *, q_norm_weight, k_norm
             kept in fp16, so |v| must stay below fp16's 6.5e4) or "ieee" (fp32 throughout).
         backend: "triton", "torch" (fp32 references) or "auto".
         return_final_state: also return the forward state after the last frame.
-        tuning: optional dict of launch parameters (block_s, out_block_s, s_split, block_v,
-            num_warps, num_stages, split, join_store, out_variant, rec_f16, w_f16, maxnreg,
-            stage_block_s, stage_num_warps, stage_variant, stage_maxnreg; see delta_scan.run_scan
-            and cam_prep.cam_stage), for benchmarks.
+        tuning: optional dict of launch parameters overriding SCAN_TUNING / STAGE_TUNING
+            (block_s, out_block_s, s_split, block_v, num_warps, num_stages, split, rec_f16, w_f16,
+            maxnreg: see delta_scan.run_scan; stage_block_s, stage_num_warps, stage_maxnreg: see
+            cam_prep.cam_stage), for benchmarks.
 
     Returns:
         (B, N, H*D) in v's dtype, or (out, final_state (B, H, D, D) fp32).
@@ -73,28 +64,21 @@ def camera_branch(q, k, v, beta, decay, ray_transforms, *, q_norm_weight, k_norm
     views = ray_views(ray_transforms, batch, tokens, dim, q.device)  # validates; no copies
     starts = segment_starts_tensor(segment_starts, batch, frames, q.device)
 
-    if resolve_backend(backend, q.device) == "torch":
+    if not use_triton(q, backend):
         return reference.camera_branch_ref(
             q, k, v, beta, decay, ray_transforms, q_norm_weight=q_norm_weight, k_norm_weight=k_norm_weight,
             norm_eps=norm_eps, initial_state=initial_state, segment_starts=segment_starts, downscale=downscale,
             return_final_state=return_final_state)
 
     # Stage: encode q, k, v once (beta folded into k and v), fp16 for tf32 (same mantissa), fp32 for ieee.
-    tuning = dict(tuning or {})
-    # Fastest measured on the H200 (docs/performance.md, 16:31 UTC run): the quads output kernel at
-    # 4 warps, fp16 recurrence products. The halves output kernel spills at 4 warps (sm_90, Triton 3.6).
-    out_variant = tuning.setdefault("out_variant", "quads")
-    tuning.setdefault("rec_f16", True)
-    tuning.setdefault("num_warps", (8, 4, 8) if out_variant == "halves" else (8, 4, 4))
-    stage_tuning = {key: tuning.pop(key) for key in ("stage_block_s", "stage_num_warps", "stage_variant",
-                                                     "stage_maxnreg") if key in tuning}
+    tuning = {**SCAN_TUNING, **STAGE_TUNING, **(tuning or {})}
+    stage = {key: tuning.pop(key) for key in STAGE_TUNING}
     stage_dtype = torch.float16 if precision == "tf32" else torch.float32
     k_scale = dim ** -0.5 * spatial ** -0.5
     q_enc, k_enc, v_enc, infl = cam_stage(
         q, k, v, views, num_frames=frames, q_norm_weight=q_norm_weight,
         k_norm_weight=k_norm_weight, norm_eps=norm_eps, downscale=downscale, beta=beta, out_dtype=stage_dtype,
-        block_s=stage_tuning.get("stage_block_s", 16), num_warps=stage_tuning.get("stage_num_warps", 4),
-        variant=stage_tuning.get("stage_variant", "tiles"), maxnreg=stage_tuning.get("stage_maxnreg"))
+        block_s=stage["stage_block_s"], num_warps=stage["stage_num_warps"], maxnreg=stage["stage_maxnreg"])
     out = torch.empty(batch, tokens, channels, device=q.device, dtype=v.dtype)
     enc_strides = (heads * tokens * dim, tokens * dim, spatial * dim, dim)  # (B, H, N, D) as (B, H, T, S, D)
     out_strides = (tokens * channels, dim, spatial * channels, channels)    # (B, N, H*D) likewise

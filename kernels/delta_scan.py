@@ -207,13 +207,13 @@ def _output_kernel(q_ptr, st_ptr, out_ptr, sq_b, sq_h, sq_t, sq_s, so_b, so_h, s
                    DK: tl.constexpr, DV: tl.constexpr, DKP: tl.constexpr, DVP: tl.constexpr,
                    BS: tl.constexpr, G: tl.constexpr, NGU: tl.constexpr, DECODE: tl.constexpr,
                    HAS_ROPE: tl.constexpr, REVERSE: tl.constexpr, F16_DOT: tl.constexpr, PREC: tl.constexpr,
-                   SW: tl.constexpr, JOIN_STORE: tl.constexpr):
+                   SW: tl.constexpr):
     """One program per (b, h, t, token split): O = Q_t (M_t + R_t), stored in out's dtype.
 
     With DECODE (camera), O is computed as four (BS, G) quads O_j = Q_t S[:, 4g + j] from the
     state stored column-permuted (quad j in columns [jG, (j+1)G), see _recurrence_kernel; same
     FLOPs as one product), decoded in registers (P of the token on the UCPE half, conjugate
-    RoPE on the other) and stored as contiguous rows (JOIN_STORE) or with stride 4.
+    RoPE on the other) and joined into contiguous rows before the store.
     """
     pid = tl.program_id(0)
     t = pid % T
@@ -275,13 +275,10 @@ def _output_kernel(q_ptr, st_ptr, out_ptr, sq_b, sq_h, sq_t, sq_s, so_b, so_h, s
             n = t * S + s
             o0, o1, o2, o3 = ucpe_tiles.ucpe_rope_quads(o0, o1, o2, o3, p_ptr, b * T * S + n, cos_ptr, sin_ptr,
                                                         n, smask, G, NGU, HAS_ROPE, True)
-            if JOIN_STORE:
-                oc = tl.arange(0, 4 * G)
-                o = ucpe_tiles.join_quads(o0, o1, o2, o3, BS, G)
-                tl.store(o_base + s[:, None] * so_s + oc[None, :], o.to(out_ptr.dtype.element_ty),
-                         mask=smask[:, None] & (oc[None, :] < DV))
-            else:
-                ucpe_tiles.store_quads(o_base, s * so_s, smask, o0, o1, o2, o3, DV // 4, G)
+            oc = tl.arange(0, 4 * G)
+            o = ucpe_tiles.join_quads(o0, o1, o2, o3, BS, G)
+            tl.store(o_base + s[:, None] * so_s + oc[None, :], o.to(out_ptr.dtype.element_ty),
+                     mask=smask[:, None] & (oc[None, :] < DV))
         else:
             if F16_DOT:
                 o = tl.dot(qt, state)
@@ -289,100 +286,6 @@ def _output_kernel(q_ptr, st_ptr, out_ptr, sq_b, sq_h, sq_t, sq_s, so_b, so_h, s
                 o = tl.dot(qt, state, input_precision=PREC)
             tl.store(o_base + s[:, None] * so_s + dv[None, :], o.to(out_ptr.dtype.element_ty),
                      mask=smask[:, None] & (dv[None, :] < DV))
-
-
-@triton.jit
-def _state_quads(st_ptr, frame_off, rev_off, first, NG, DK: tl.constexpr, DKP: tl.constexpr, GQ: tl.constexpr,
-                 GH: tl.constexpr, SW: tl.constexpr, REVERSE: tl.constexpr, F16_DOT: tl.constexpr):
-    """Groups [first, first + NG) of the four quads of M_t (+ R_t), from the column-permuted
-    state (quad j in columns [j GQ, (j + 1) GQ)): four (DKP, GH) tiles, zero past NG."""
-    dk = tl.arange(0, DKP)
-    g = tl.arange(0, GH)
-    col = frame_off + dk[:, None] * SW + first + g[None, :]
-    m = (dk[:, None] < DK) & (g[None, :] < NG)
-    s0 = tl.load(st_ptr + col, mask=m, other=0.0).to(tl.float32)
-    s1 = tl.load(st_ptr + col + GQ, mask=m, other=0.0).to(tl.float32)
-    s2 = tl.load(st_ptr + col + 2 * GQ, mask=m, other=0.0).to(tl.float32)
-    s3 = tl.load(st_ptr + col + 3 * GQ, mask=m, other=0.0).to(tl.float32)
-    if REVERSE:
-        s0 += tl.load(st_ptr + rev_off + col, mask=m, other=0.0).to(tl.float32)
-        s1 += tl.load(st_ptr + rev_off + col + GQ, mask=m, other=0.0).to(tl.float32)
-        s2 += tl.load(st_ptr + rev_off + col + 2 * GQ, mask=m, other=0.0).to(tl.float32)
-        s3 += tl.load(st_ptr + rev_off + col + 3 * GQ, mask=m, other=0.0).to(tl.float32)
-    if F16_DOT:
-        s0, s1, s2, s3 = s0.to(tl.float16), s1.to(tl.float16), s2.to(tl.float16), s3.to(tl.float16)
-    return s0, s1, s2, s3
-
-
-@triton.jit
-def _dot4(qt, s0, s1, s2, s3, F16_DOT: tl.constexpr, PREC: tl.constexpr):
-    """(Q s0, Q s1, Q s2, Q s3), fp32."""
-    if F16_DOT:
-        o0, o1, o2, o3 = tl.dot(qt, s0), tl.dot(qt, s1), tl.dot(qt, s2), tl.dot(qt, s3)
-    else:
-        o0 = tl.dot(qt, s0, input_precision=PREC)
-        o1 = tl.dot(qt, s1, input_precision=PREC)
-        o2 = tl.dot(qt, s2, input_precision=PREC)
-        o3 = tl.dot(qt, s3, input_precision=PREC)
-    return o0, o1, o2, o3
-
-
-@triton.jit
-def _output_halves_kernel(q_ptr, st_ptr, out_ptr, sq_b, sq_h, sq_t, sq_s, so_b, so_h, so_t, so_s,
-                          p_ptr, sp_b, sp_n, sp_i, sp_j, rope_ptr, H, T, S, BH, S_PER_PROG,
-                          DK: tl.constexpr, DV: tl.constexpr, DKP: tl.constexpr, BS: tl.constexpr,
-                          GQ: tl.constexpr, GH: tl.constexpr, HAS_ROPE: tl.constexpr, REVERSE: tl.constexpr,
-                          F16_DOT: tl.constexpr, PREC: tl.constexpr, SW: tl.constexpr):
-    """Camera output with decode, one program per (b, h, t, token split): O = Q_t (M_t + R_t),
-    decoded and stored as (B, N, C) rows.
-
-    The UCPE half (groups [0, NGU), NGU = DV / 8) and the RoPE half (groups [NGU, 2 NGU)) of the
-    column-permuted state are held as separate (DKP, GH) quads, so each half is decoded by its
-    own rule only (P of the token, conjugate RoPE) and stored as one contiguous (BS, DV / 2) row
-    block, as the encode kernel loads it. p: the tokens' P matrices, any strides; rope: the
-    interleaved (N, DV / 4, 2) (cos, sin) table.
-    """
-    pid = tl.program_id(0)
-    t = pid % T
-    bh = (pid // T).to(tl.int64)
-    b = bh // H
-    h = bh % H
-    NGU: tl.constexpr = DV // 8
-    HALF: tl.constexpr = DV // 2
-    dk = tl.arange(0, DKP)
-    frame_off = (bh * T + t) * DKP * SW
-    rev_off = BH * T * DKP * SW
-    q_base = q_ptr + b * sq_b + h * sq_h + t * sq_t
-    o_base = out_ptr + b * so_b + h * so_h + t * so_t
-    s_begin = tl.program_id(1) * S_PER_PROG
-    s_end = tl.minimum(s_begin + S_PER_PROG, S)
-    a0, a1, a2, a3 = _state_quads(st_ptr, frame_off, rev_off, 0, NGU, DK, DKP, GQ, GH, SW, REVERSE, F16_DOT)
-    b0, b1, b2, b3 = _state_quads(st_ptr, frame_off, rev_off, NGU, NGU, DK, DKP, GQ, GH, SW, REVERSE, F16_DOT)
-    oc = tl.arange(0, 4 * GH)
-    for s0 in range(s_begin, s_end, BS):
-        s = s0 + tl.arange(0, BS)
-        smask = s < s_end
-        qt = tl.load(q_base + s[:, None] * sq_s + dk[None, :], mask=smask[:, None] & (dk[None, :] < DK), other=0.0)
-        if F16_DOT:
-            qt = qt.to(tl.float16)
-        else:
-            qt = qt.to(tl.float32)
-        n = t * S + s
-        omask = smask[:, None] & (oc[None, :] < HALF)
-        o_rows = o_base + s[:, None] * so_s + oc[None, :]
-        x0, x1, x2, x3 = _dot4(qt, a0, a1, a2, a3, F16_DOT, PREC)
-        (m00, m01, m02, m03, m10, m11, m12, m13, m20, m21, m22, m23, m30, m31, m32, m33) = \
-            ucpe_tiles.token_matrix(p_ptr, b * sp_b + n * sp_n, sp_i, sp_j, smask)
-        o = ucpe_tiles.join_quads(m00 * x0 + m01 * x1 + m02 * x2 + m03 * x3, m10 * x0 + m11 * x1 + m12 * x2 + m13 * x3,
-                                  m20 * x0 + m21 * x1 + m22 * x2 + m23 * x3, m30 * x0 + m31 * x1 + m32 * x2 + m33 * x3,
-                                  BS, GH)
-        tl.store(o_rows, o.to(out_ptr.dtype.element_ty), mask=omask)
-        x0, x1, x2, x3 = _dot4(qt, b0, b1, b2, b3, F16_DOT, PREC)
-        if HAS_ROPE:  # rotate back: (c x0 + s x1, c x1 - s x0) per pair
-            c0, n0, c1, n1 = ucpe_tiles.rope_pairs(rope_ptr, n, smask, GH, NGU)
-            x0, x1, x2, x3 = c0 * x0 + n0 * x1, c0 * x1 - n0 * x0, c1 * x2 + n1 * x3, c1 * x3 - n1 * x2
-        o = ucpe_tiles.join_quads(x0, x1, x2, x3, BS, GH)
-        tl.store(o_rows + HALF, o.to(out_ptr.dtype.element_ty), mask=omask)
 
 
 def padded(dim):
@@ -393,8 +296,7 @@ def run_scan(*, k, v, q, beta, decay, out, k_strides, v_strides, q_strides, out_
              batch, heads, frames, spatial, dk, dv, initial_state, starts, reverse, precision,
              infl=None, scale_a=1.0, scale_u=1.0, decode=None, f16_dot=False,
              block_s=None, s_split=None, block_v=None, num_warps=(8, 4, 8), split=True, out_block_s=None,
-             join_store=True, num_stages=(3, 3, 3), out_variant="halves", rec_f16=False, w_f16=True,
-             maxnreg=(None, None, None)):
+             num_stages=(3, 3, 3), rec_f16=False, w_f16=True, maxnreg=(None, None, None)):
     """Launch the transition, recurrence and output kernels.
 
     Strides are the (b, h, t, s) element strides of each tensor viewed as (B, H, T, S, D) with
@@ -404,12 +306,11 @@ def run_scan(*, k, v, q, beta, decay, out, k_strides, v_strides, q_strides, out_
     table or None (cam_prep.ray_views). f16_dot: operands are rounded to fp16 (10-bit mantissa,
     like tf32); W_t is then stored in fp16, and with decode the per-frame states too (they feed
     fp16 products). rec_f16: the recurrence's products on fp16 operands as well (f16_dot only).
-    out_variant (decode only): "halves" (_output_halves_kernel) or "quads" (_output_kernel).
     w_f16: store W_t in fp16 when f16_dot (else fp32). maxnreg: register cap per thread of the
     (transition, recurrence, output) kernels (None: the compiler's choice).
     num_stages: software-pipelining depth of the (transition, recurrence, output) kernels.
     block_s: tokens per tile of the transition kernel (and of the output kernel unless
-    out_block_s); s_split: output programs per frame; join_store: decoded rows stored whole.
+    out_block_s); s_split: output programs per frame.
 
     Returns the final forward state (B, H, Dk, Dv) fp32.
     """
@@ -418,7 +319,7 @@ def run_scan(*, k, v, q, beta, decay, out, k_strides, v_strides, q_strides, out_
     bs = block_s or max(16, min(64 if f16_dot else 32, triton.next_power_of_2(spatial)))
     bh = batch * heads
     w_buf = torch.empty(bh, frames, dkp, dkp, device=device, dtype=torch.float16 if (f16_dot and w_f16) else torch.float32)
-    quads = max(16, triton.next_power_of_2(max(dv // 4, 1)))  # decode: groups of four, padded for tl.dot
+    quads = padded(dv // 4)  # decode: groups of four, padded for tl.dot
     st_width = 4 * quads if decode is not None else dvp
     # U_t and the states share one column order: quad-major (permuted) with decode, else plain.
     u_buf = (torch.zeros if st_width != dvp else torch.empty)(bh, frames, dkp, st_width, device=device,
@@ -452,15 +353,6 @@ def run_scan(*, k, v, q, beta, decay, out, k_strides, v_strides, q_strides, out_
     split_s = s_split or max(1, min(triton.cdiv(spatial, bs), 4))
     per_prog = triton.cdiv(triton.cdiv(spatial, split_s), bs) * bs
     grid = (bh * frames, triton.cdiv(spatial, per_prog))
-    if decode is not None and out_variant == "halves":
-        p, rope = decode
-        _output_halves_kernel[grid](
-            q, st_buf, out, *q_strides, *out_strides, p, *p.stride(), rope if rope is not None else dummy,
-            heads, frames, spatial, bh, per_prog, DK=dk, DV=dv, DKP=dkp, BS=bs, GQ=quads,
-            GH=max(16, triton.next_power_of_2(max(dv // 8, 1))), HAS_ROPE=rope is not None, REVERSE=bool(reverse),
-            F16_DOT=bool(f16_dot), PREC=precision, SW=st_width, num_warps=num_warps[2], num_stages=num_stages[2],
-            **regs[2])
-        return final
     if decode is not None:
         p, rope = decode
         p = p.contiguous()
@@ -472,7 +364,7 @@ def run_scan(*, k, v, q, beta, decay, out, k_strides, v_strides, q_strides, out_
         sin if sin is not None else dummy, heads, frames, spatial, bh, per_prog,
         DK=dk, DV=dv, DKP=dkp, DVP=dvp, BS=bs, G=quads, NGU=max(dv // 8, 1), DECODE=decode is not None,
         HAS_ROPE=cos is not None, REVERSE=bool(reverse), F16_DOT=bool(f16_dot), PREC=precision,
-        SW=st_width, JOIN_STORE=bool(join_store), num_warps=num_warps[2], num_stages=num_stages[2], **regs[2])
+        SW=st_width, num_warps=num_warps[2], num_stages=num_stages[2], **regs[2])
     return final
 
 

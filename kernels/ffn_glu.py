@@ -23,7 +23,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from .short_conv import use_triton
+from ._validate import use_triton
 
 # Launch defaults: the fastest of `bench/bench_ffn.py --sweep` on the H200 at the release shape
 # (1.10 ms, bench/results/bench_ffn_h200.json; the first default, picked from the offline sm_90

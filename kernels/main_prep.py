@@ -13,6 +13,15 @@ from .main_reference import rope_tables
 
 
 @triton.jit
+def _normed(x, w, rstd, scale, RELU: tl.constexpr):
+    """x * rstd * w (RMSNorm), ReLU if RELU, times scale; fp32 (BLOCK_N, BLOCK_C)."""
+    y = x * rstd[:, None] * w[None, :]
+    if RELU:
+        y = tl.maximum(y, 0.0)
+    return y * scale
+
+
+@triton.jit
 def _main_prep_kernel(
     x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, rot_ptr,
     stride_xb, stride_xn,
@@ -39,10 +48,7 @@ def _main_prep_kernel(
         m = n_mask[:, None] & c_mask[None, :]
         x = tl.load(row + c_offs[None, :], mask=m, other=0.0).to(tl.float32)
         w = tl.load(w_ptr + c_offs, mask=c_mask, other=0.0).to(tl.float32)
-        y = x * rstd[:, None] * w[None, :]
-        if RELU:
-            y = tl.maximum(y, 0.0)
-        y = y * scale
+        y = _normed(x, w, rstd, scale, RELU)
         if WRITE_PLAIN:
             tl.store(out_ptr + out_row + c_offs[None, :], y.to(out_ptr.dtype.element_ty), mask=m)
         if ROPE:
@@ -50,10 +56,7 @@ def _main_prep_kernel(
             partner = c_offs ^ 1
             xp = tl.load(row + partner[None, :], mask=m, other=0.0).to(tl.float32)
             wp = tl.load(w_ptr + partner, mask=c_mask, other=0.0).to(tl.float32)
-            yp = xp * rstd[:, None] * wp[None, :]
-            if RELU:
-                yp = tl.maximum(yp, 0.0)
-            yp = yp * scale
+            yp = _normed(xp, wp, rstd, scale, RELU)
             half = D // 2
             pair = (c_offs % D) // 2
             tab = n_offs.to(tl.int64)[:, None] * half + pair[None, :]
@@ -62,33 +65,6 @@ def _main_prep_kernel(
             sign = tl.where((c_offs % 2) == 0, -1.0, 1.0)
             y = y * cos + yp * sin * sign[None, :]
             tl.store(rot_ptr + out_row + c_offs[None, :], y.to(rot_ptr.dtype.element_ty), mask=m)
-
-
-@triton.jit
-def _inv_rms_kernel(x_ptr, out_ptr, stride_xb, stride_xn, N, C, norm_eps, BLOCK_N: tl.constexpr,
-                    BLOCK_C: tl.constexpr):
-    n_offs = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    b = tl.program_id(1)
-    n_mask = n_offs < N
-    row = x_ptr + b.to(tl.int64) * stride_xb + n_offs.to(tl.int64)[:, None] * stride_xn
-    sumsq = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for c0 in range(0, C, BLOCK_C):
-        c_offs = c0 + tl.arange(0, BLOCK_C)
-        x = tl.load(row + c_offs[None, :], mask=n_mask[:, None] & (c_offs < C)[None, :], other=0.0).to(tl.float32)
-        sumsq += tl.sum(x * x, axis=1)
-    tl.store(out_ptr + b.to(tl.int64) * N + n_offs, 1.0 / tl.sqrt(sumsq / C + norm_eps), mask=n_mask)
-
-
-def inv_rms(x, norm_eps=1e-5):
-    """Per-token 1 / sqrt(mean_c x^2 + eps) of x (B, N, C) (channel stride 1) -> (B, N) fp32."""
-    batch, tokens, channels = x.shape
-    if x.stride(-1) != 1:
-        x = x.contiguous()
-    out = torch.empty(batch, tokens, device=x.device, dtype=torch.float32)
-    block_n = 4
-    _inv_rms_kernel[(triton.cdiv(tokens, block_n), batch)](x, out, x.stride(0), x.stride(1), tokens, channels,
-                                                           float(norm_eps), BLOCK_N=block_n, BLOCK_C=256, num_warps=4)
-    return out
 
 
 def main_prep(x, weight, heads, *, norm_eps=1e-5, scale=1.0, relu=True, rope=None, out=None,

@@ -5,34 +5,15 @@ Same signatures as the fast kernels in `kernels.short_conv`, `kernels.main_prep`
 """
 import torch
 
-from .reference import delta_scan_ref
+from .reference import delta_scan_ref, downscale_ref, rms_norm_ref, rope_tables, rotate_pairs_ref, ucpe_transform_ref
 
-
-def rope_tables(rope):
-    """Return fp32 (cos, sin), each (N, D/2), from a rotary table.
-
-    `rope` is either diffusers' complex table (1, 1, N, D/2) / (N, D/2), or a (cos, sin) pair.
-    Pair i of a head vector is dims (2i, 2i+1).
-    """
-    if isinstance(rope, (tuple, list)):
-        cos, sin = rope
-        return cos.float().reshape(-1, cos.shape[-1]).contiguous(), sin.float().reshape(-1, sin.shape[-1]).contiguous()
-    rope = rope.reshape(-1, rope.shape[-1])
-    return rope.real.float().contiguous(), rope.imag.float().contiguous()
+__all__ = ["rope_tables", "apply_rope_ref", "short_conv_ref", "main_prep_ref", "main_branch_ref",
+           "cam_softmax_encode_ref", "cam_softmax_decode_ref"]  # rope_tables lives in kernels.reference
 
 
 def apply_rope_ref(x, cos, sin, inverse=False):
     """Rotate interleaved pairs of x (B, N, H, D) by angles given by cos/sin (N, D/2); fp32 out."""
-    x = x.float()
-    even, odd = x[..., 0::2], x[..., 1::2]
-    c = cos[None, :, None, :]
-    s = sin[None, :, None, :]
-    if inverse:
-        s = -s
-    out = torch.empty_like(x)
-    out[..., 0::2] = even * c - odd * s
-    out[..., 1::2] = even * s + odd * c
-    return out
+    return rotate_pairs_ref(x.float(), cos[None, :, None, :], sin[None, :, None, :], inverse=inverse)
 
 
 def short_conv_ref(x, weight, num_frames, *, left_context=None):
@@ -86,9 +67,7 @@ def main_prep_ref(x, weight, heads, *, norm_eps=1e-5, scale=1.0, relu=True, rope
         (B, N, C) in x.dtype.
     """
     batch, tokens, channels = x.shape
-    xf = x.float()
-    rstd = torch.rsqrt(xf.square().mean(-1, keepdim=True) + norm_eps)
-    y = xf * rstd * weight.float()
+    y = rms_norm_ref(x, weight, norm_eps)
     if relu:
         y = torch.relu(y)
     y = y * scale
@@ -107,7 +86,7 @@ def _to_scan(x, frames, heads):
 
 def main_branch_ref(q, k, v, beta, decay, rope, *, q_norm_weight, k_norm_weight, norm_eps=1e-5, eps=1e-8,
                     initial_state=None, segment_starts=None, precision="ieee", backend="torch",
-                    return_final_state=False, config=None):
+                    return_final_state=False):
     """Main GDN branch: prep, KV (RoPE'd) and Z (un-rotated) bidirectional delta scans, division.
 
     Args:
@@ -119,13 +98,13 @@ def main_branch_ref(q, k, v, beta, decay, rope, *, q_norm_weight, k_norm_weight,
         eps: denominator epsilon (the released block passes 1e-8).
         initial_state: optional (kv (B, H, D, D), z (B, H, D, 1)) fp32 forward states.
         segment_starts: optional bool (T,) or (B, T): the reverse scans restart where t+1 starts a segment.
-        precision, backend, config: accepted for signature parity; the reference is always fp32 PyTorch.
+        precision, backend: accepted for signature parity; the reference is always fp32 PyTorch.
         return_final_state: also return (kv, z), the forward states after the last frame.
 
     Returns:
         out (B, N, C) in v.dtype, or (out, (kv, z)).
     """
-    del precision, backend, config
+    del precision, backend
     heads, frames, spatial = beta.shape[1], beta.shape[2], beta.shape[3]
     batch, tokens, channels = v.shape[0], v.shape[1], q_norm_weight.shape[0]
     head_dim = channels // heads
@@ -152,16 +131,10 @@ def main_branch_ref(q, k, v, beta, decay, rope, *, q_norm_weight, k_norm_weight,
 
 
 def _ucpe_ref(x, mats, rope_cam, inverse_rope=False):
-    """x (B, N, H, D) fp32; mats (B, N, 4, 4): first half y = M x per group of 4; second half RoPE."""
-    batch, tokens, heads, dim = x.shape
-    half = dim // 2
-    groups = x[..., :half].reshape(batch, tokens, heads, -1, 4)
-    projected = torch.einsum("bnij,bnhgj->bnhgi", mats.float(), groups).reshape(batch, tokens, heads, half)
-    rotated = x[..., half:]
-    if rope_cam is not None:
-        cos, sin = rope_tables(rope_cam)
-        rotated = apply_rope_ref(rotated, cos, sin, inverse=inverse_rope)
-    return torch.cat([projected, rotated], dim=-1)
+    """kernels.reference.ucpe_transform_ref on x (B, N, H, D) fp32; mats (B, N, 4, 4); rope_cam a
+    complex table or a (cos, sin) pair (see rope_tables), or None."""
+    tables = None if rope_cam is None else rope_tables(rope_cam)
+    return ucpe_transform_ref(x.transpose(1, 2), mats, tables, inverse_rope=inverse_rope).transpose(1, 2)
 
 
 def cam_softmax_encode_ref(q, k, v, ray_transforms, *, q_norm_weight=None, k_norm_weight=None, norm_eps=1e-5,
@@ -179,9 +152,7 @@ def cam_softmax_encode_ref(q, k, v, ray_transforms, *, q_norm_weight=None, k_nor
         x = x.reshape(batch, tokens, heads, dim)
         y = _ucpe_ref(x, mats.expand(batch, tokens, 4, 4), rope_cam)
         if downscale:
-            ref_rms = x.square().mean(-1, keepdim=True).add(1e-6).sqrt()
-            out_rms = y.square().mean(-1, keepdim=True).add(1e-6).sqrt()
-            y = y * (ref_rms / out_rms.clamp_min(1e-6)).clamp(max=1.0)
+            y = downscale_ref(x, y)
         outs.append(torch.nn.functional.pad(y, (0, dpad - dim)).to(out_dtype or q.dtype))
     return tuple(outs)
 

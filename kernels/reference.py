@@ -70,20 +70,45 @@ def delta_scan_ref(q, k, v, beta, decay, *, initial_state=None, segment_starts=N
 # Camera branch (UCPE): prep, decode and the whole branch, fp32
 # ---------------------------------------------------------------------------
 
+def rms_norm_ref(x, weight, eps):
+    """RMSNorm over the last dim (C channels) with weight (C,), no bias; fp32."""
+    x = x.float()
+    return x * torch.rsqrt(x.square().mean(dim=-1, keepdim=True) + eps) * weight.float()
+
+
 def _rms_normalize(x, weight, eps):
     """Full-channel RMSNorm of (B, N, H, D) over C = H*D per token, fp32; weight (C,)."""
     batch, tokens, heads, dim = x.shape
-    flat = x.reshape(batch, tokens, heads * dim)
-    flat = flat * torch.rsqrt(flat.square().mean(dim=-1, keepdim=True) + eps) * weight.float()
-    return flat.reshape(batch, tokens, heads, dim)
+    return rms_norm_ref(x.reshape(batch, tokens, heads * dim), weight, eps).reshape(batch, tokens, heads, dim)
 
 
-def _rope_tables(rope_cam, tokens, dim):
-    """Complex RoPE (..., N, D/4) -> (cos, sin) fp32 (N, D/4), or None."""
-    if rope_cam is None:
-        return None
-    freqs = rope_cam.reshape(tokens, dim // 4)
-    return freqs.real.float(), freqs.imag.float()
+def rope_tables(rope):
+    """Return fp32 (cos, sin), each (N, P), from a rotary table of P complex pairs per token.
+
+    `rope` is either diffusers' complex table (1, 1, N, P) / (N, P), or a (cos, sin) pair.
+    """
+    if isinstance(rope, (tuple, list)):
+        cos, sin = rope
+        return cos.float().reshape(-1, cos.shape[-1]).contiguous(), sin.float().reshape(-1, sin.shape[-1]).contiguous()
+    rope = rope.reshape(-1, rope.shape[-1])
+    return rope.real.float().contiguous(), rope.imag.float().contiguous()
+
+
+def downscale_ref(x, y):
+    """Scale each vector of y (last dim) down to the RMS of the matching vector of x, never up
+    (eps 1e-6), as diffusers' UCPE encode does."""
+    ref_rms = (x.square().mean(-1, keepdim=True) + 1e-6).sqrt()
+    out_rms = (y.square().mean(-1, keepdim=True) + 1e-6).sqrt()
+    return y * (ref_rms / out_rms.clamp_min(1e-6)).clamp(max=1.0)
+
+
+def rotate_pairs_ref(x, cos, sin, *, inverse=False):
+    """Rotate the interleaved pairs (2i, 2i+1) = (real, imag) of x's last dim by the angles whose
+    (cos, sin) broadcast against x[..., 0::2] (conjugate angles if inverse); fp32."""
+    if inverse:
+        sin = -sin
+    re, im = x[..., 0::2], x[..., 1::2]
+    return torch.stack((re * cos - im * sin, re * sin + im * cos), dim=-1).flatten(-2)
 
 
 def ucpe_transform_ref(x, matrix, rope_tables, *, inverse_rope=False):
@@ -103,11 +128,7 @@ def ucpe_transform_ref(x, matrix, rope_tables, *, inverse_rope=False):
     mixed = (matrix.float()[:, None, :, None, :, :] * groups[..., None, :]).sum(-1)
     rotated = x[..., half:]
     if rope_tables is not None:
-        cos, sin = rope_tables
-        if inverse_rope:
-            sin = -sin
-        re, im = rotated[..., 0::2], rotated[..., 1::2]
-        rotated = torch.stack((re * cos - im * sin, re * sin + im * cos), dim=-1).flatten(-2)
+        rotated = rotate_pairs_ref(rotated, *rope_tables, inverse=inverse_rope)
     return torch.cat((mixed.reshape(batch, heads, tokens, half), rotated), dim=-1)
 
 
@@ -134,16 +155,12 @@ def cam_prep_ref(q, k, v, ray_transforms, *, num_frames, q_norm_weight=None, k_n
         k = _rms_normalize(k, k_norm_weight, norm_eps)
     q = torch.relu(q)
     k = torch.relu(k) * (dim ** -0.5 * spatial ** -0.5)
-    tables = _rope_tables(rope_cam, tokens, dim)
+    tables = None if rope_cam is None else rope_tables(rope_cam)
 
     def encode(x, matrix):
         x = x.permute(0, 2, 1, 3)  # (B, H, N, D)
         y = ucpe_transform_ref(x, matrix, tables)
-        if downscale:
-            ref_rms = (x.square().mean(-1, keepdim=True) + 1e-6).sqrt()
-            out_rms = (y.square().mean(-1, keepdim=True) + 1e-6).sqrt()
-            y = y * (ref_rms / out_rms.clamp_min(1e-6)).clamp(max=1.0)
-        return x, y
+        return x, downscale_ref(x, y) if downscale else y
 
     _, q_enc = encode(q, p_t)
     k_pre, k_enc = encode(k, p_inv)
@@ -175,7 +192,7 @@ def cam_decode_ref(x, p, rope_cam):
     dim = x.shape[-1]
     x = x.float().reshape(batch, heads, -1, dim)
     tokens = x.shape[2]
-    y = ucpe_transform_ref(x, p, _rope_tables(rope_cam, tokens, dim), inverse_rope=True)
+    y = ucpe_transform_ref(x, p, None if rope_cam is None else rope_tables(rope_cam), inverse_rope=True)
     return y.permute(0, 2, 1, 3).reshape(batch, tokens, heads * dim)
 
 

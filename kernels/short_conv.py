@@ -5,13 +5,14 @@ Reads the projection output in place: `x` may be a strided slice of the fused qk
 (BLOCK_S tokens x BLOCK_C channels) tile of one frame from the 2K-1 neighbouring frames.
 Reference: `kernels.main_reference.short_conv_ref` (same signature).
 """
-import os
-
 import torch
 import triton
 import triton.language as tl
 
+from ._validate import use_triton
 from .main_reference import short_conv_ref
+
+__all__ = ["short_conv", "short_conv_context", "use_triton"]  # use_triton: camrender.patch_block imports it here
 
 
 @triton.jit
@@ -61,15 +62,6 @@ def _short_conv_kernel(
         acc += w_j[None, :] * (val_c + val_a)
     out_offs = b.to(tl.int64) * T * S * C + row[:, None] * C + c_offs[None, :]
     tl.store(out_ptr + out_offs, acc.to(out_ptr.dtype.element_ty), mask=tile_mask)
-
-
-def use_triton(x, backend="auto"):
-    """Whether to run the Triton kernels: backend "triton", or "auto" on CUDA / under TRITON_INTERPRET=1."""
-    if backend not in ("auto", "triton", "torch"):
-        raise ValueError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
-    if backend == "auto":
-        return x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
-    return backend == "triton"
 
 
 def short_conv(x, weight, num_frames, *, left_context=None, out=None, backend="auto"):

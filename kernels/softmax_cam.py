@@ -20,29 +20,12 @@ import triton
 import triton.language as tl
 
 from . import ucpe_tiles
-from .cam_prep import encode_halves, inverse_rms, mat_strides, ray_views
+from .cam_prep import encode_halves, inverse_rms, ray_views
 
 # Launch parameters from the H200 sweep at the release shape (bench/bench_softmax_cam.py,
 # bench/results/bench_softmax_cam_h200.json); neighbouring settings differ by about 0.01 ms.
 ENCODE_LAUNCH = dict(block_s=16, num_warps=4)
 DECODE_LAUNCH = dict(block_s=16, num_warps=2)
-
-
-@triton.jit
-def _rope_tiles(rope_ptr, n, nmask, BS: tl.constexpr, GU: tl.constexpr, NGU: tl.constexpr,
-                HAS_ROPE: tl.constexpr, INVERSE: tl.constexpr):
-    """(c0, s0, c1, s1), each (BS, GU) fp32, of ucpe_tiles.rope_pairs; zeros without RoPE,
-    negated sines for the inverse rotation."""
-    c0 = tl.zeros((BS, GU), dtype=tl.float32)
-    s0 = c0
-    c1 = c0
-    s1 = c0
-    if HAS_ROPE:
-        c0, s0, c1, s1 = ucpe_tiles.rope_pairs(rope_ptr, n, nmask, GU, NGU)
-        if INVERSE:
-            s0 = -s0
-            s1 = -s1
-    return c0, s0, c1, s1
 
 
 @triton.jit
@@ -60,7 +43,7 @@ def _encode_head(src, dst, tmask, pad_dst, pad_mask, w_ptr, inv_rms, m, c0, s0, 
         wa = tl.load(w_ptr + ch, mask=cmask, other=0.0).to(tl.float32)
         wb = tl.load(w_ptr + HALF + ch, mask=cmask, other=0.0).to(tl.float32)
     ya, yb, _, _ = encode_halves(xa, xb, wa, wb, inv_rms, m, c0, s0, c1, s1, 1.0, one, BS, GU, D, HAS_NORM,
-                                  False, HAS_ROPE, DOWNSCALE, True)
+                                  False, HAS_ROPE, DOWNSCALE)
     dtype = dst.dtype.element_ty
     tl.store(dst, ya.to(dtype), mask=tmask)
     tl.store(dst + HALF, yb.to(dtype), mask=tmask)
@@ -90,7 +73,7 @@ def _encode_kernel(q_ptr, k_ptr, v_ptr, sqb, sqn, skb, skn, svb, svn, qw_ptr, kw
     q_rms, k_rms = inverse_rms(q_rows, k_rows, nmask, norm_eps, C, BS, BC, HAS_QNORM, HAS_KNORM)
     m_q = ucpe_tiles.token_matrix(pt_ptr, b * spt_b + n * spt_n, spt_i, spt_j, nmask)
     m_k = ucpe_tiles.token_matrix(pinv_ptr, b * spi_b + n * spi_n, spi_i, spi_j, nmask)
-    c0, s0, c1, s1 = _rope_tiles(rope_ptr, n, nmask, BS, GU, D // 8, HAS_ROPE, False)
+    c0, s0, c1, s1 = ucpe_tiles.rope_tiles(rope_ptr, n, nmask, BS, GU, D // 8, HAS_ROPE, False)
     one = tl.full((BS,), 1.0, tl.float32)
     ch = tl.arange(0, 4 * GU)
     cmask = ch < D // 2
@@ -121,7 +104,7 @@ def _decode_kernel(o_ptr, sob, soh, son, p_ptr, sp_b, sp_n, sp_i, sp_j, rope_ptr
     nmask = n < N
     HALF: tl.constexpr = D // 2
     m = ucpe_tiles.token_matrix(p_ptr, b * sp_b + n * sp_n, sp_i, sp_j, nmask)
-    c0, s0, c1, s1 = _rope_tiles(rope_ptr, n, nmask, BS, GU, D // 8, HAS_ROPE, True)
+    c0, s0, c1, s1 = ucpe_tiles.rope_tiles(rope_ptr, n, nmask, BS, GU, D // 8, HAS_ROPE, True)
     one = tl.full((BS,), 1.0, tl.float32)
     ch = tl.arange(0, 4 * GU)
     tmask = nmask[:, None] & (ch < HALF)[None, :]
@@ -134,7 +117,7 @@ def _decode_kernel(o_ptr, sob, soh, son, p_ptr, sp_b, sp_n, sp_i, sp_j, rope_ptr
         xa = tl.load(src, mask=tmask, other=0.0).to(tl.float32)
         xb = tl.load(src + HALF, mask=tmask, other=0.0).to(tl.float32)
         ya, yb, _, _ = encode_halves(xa, xb, unused_w, unused_w, one, m, c0, s0, c1, s1, 1.0, one, BS, GU, D,
-                                      False, False, HAS_ROPE, False, True)
+                                      False, False, HAS_ROPE, False)
         tl.store(dst_rows + h * D, ya.to(dtype), mask=tmask)
         tl.store(dst_rows + h * D + HALF, yb.to(dtype), mask=tmask)
 
@@ -179,7 +162,7 @@ def encode_launch(q, k, v, views, *, q_norm_weight, k_norm_weight, norm_eps, hea
     _encode_kernel[grid](
         q, k, v, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         q_norm_weight if q_norm_weight is not None else dummy, k_norm_weight if k_norm_weight is not None else dummy,
-        p_t, *mat_strides(p_t), p_inv, *mat_strides(p_inv), rope if rope is not None else dummy,
+        p_t, *p_t.stride(), p_inv, *p_inv.stride(), rope if rope is not None else dummy,
         outs[0], outs[1], outs[2], tokens, float(norm_eps),
         H=heads, D=dim, DPAD=dpad, GU=_half_groups(dim), PADW=triton.next_power_of_2(max(dpad - dim, 1)),
         BS=block_s, BC=min(256, triton.next_power_of_2(channels)), HAS_QNORM=q_norm_weight is not None,
@@ -194,7 +177,7 @@ def decode_launch(o, views, *, dim, out_dtype, block_s, num_warps):
     p, _, _, rope = views
     out = torch.empty(batch, tokens, heads * dim, device=o.device, dtype=out_dtype)
     _decode_kernel[(triton.cdiv(tokens, block_s), batch)](
-        o, o.stride(0), o.stride(1), o.stride(2), p, *mat_strides(p), rope if rope is not None else out, out,
+        o, o.stride(0), o.stride(1), o.stride(2), p, *p.stride(), rope if rope is not None else out, out,
         tokens, H=heads, D=dim, GU=_half_groups(dim), BS=block_s, HAS_ROPE=rope is not None, num_warps=num_warps)
     return out
 

@@ -94,44 +94,6 @@ def ucpe_rope_quads(x0, x1, x2, x3, mat_ptr, tok, cos_ptr, sin_ptr, pos, tok_mas
 
 
 @triton.jit
-def _norm_quad(x, inv_rms, w_ptr, j: tl.constexpr, NQ: tl.constexpr, G: tl.constexpr, HAS_NORM: tl.constexpr,
-               RELU: tl.constexpr, scale):
-    if HAS_NORM:
-        g = tl.arange(0, G)
-        w = tl.load(w_ptr + 4 * g + j, mask=g < NQ, other=0.0).to(tl.float32)
-        x = x * inv_rms[:, None] * w[None, :]
-    if RELU:
-        x = tl.maximum(x, 0.0)
-    return x * scale
-
-
-@triton.jit
-def encode_quads(x0, x1, x2, x3, tok, pos, tok_mask, inv_rms, w_ptr, mat_ptr, cos_ptr, sin_ptr, scale,
-                 D: tl.constexpr, G: tl.constexpr, NGU: tl.constexpr, HAS_NORM: tl.constexpr,
-                 RELU: tl.constexpr, HAS_ROPE: tl.constexpr, DOWNSCALE: tl.constexpr):
-    """encode_tile on quads: returns (y0, y1, y2, y3, pre_sq, post_sq)."""
-    NQ: tl.constexpr = D // 4
-    x0 = _norm_quad(x0, inv_rms, w_ptr, 0, NQ, G, HAS_NORM, RELU, scale)
-    x1 = _norm_quad(x1, inv_rms, w_ptr, 1, NQ, G, HAS_NORM, RELU, scale)
-    x2 = _norm_quad(x2, inv_rms, w_ptr, 2, NQ, G, HAS_NORM, RELU, scale)
-    x3 = _norm_quad(x3, inv_rms, w_ptr, 3, NQ, G, HAS_NORM, RELU, scale)
-    pre_sq = tl.sum(x0 * x0 + x1 * x1 + x2 * x2 + x3 * x3, axis=1)
-    y0, y1, y2, y3 = ucpe_rope_quads(x0, x1, x2, x3, mat_ptr, tok, cos_ptr, sin_ptr, pos, tok_mask, G, NGU,
-                                     HAS_ROPE, False)
-    post_sq = tl.sum(y0 * y0 + y1 * y1 + y2 * y2 + y3 * y3, axis=1)
-    if DOWNSCALE:
-        ref_rms = tl.sqrt(pre_sq / D + 1e-6)
-        out_rms = tl.sqrt(post_sq / D + 1e-6)
-        factor = tl.minimum(ref_rms / tl.maximum(out_rms, 1e-6), 1.0)
-        y0 = y0 * factor[:, None]
-        y1 = y1 * factor[:, None]
-        y2 = y2 * factor[:, None]
-        y3 = y3 * factor[:, None]
-        post_sq = post_sq * factor * factor
-    return y0, y1, y2, y3, pre_sq, post_sq
-
-
-@triton.jit
 def split_quads(x, BS: tl.constexpr, G: tl.constexpr):
     """A contiguous (BS, 4G) tile -> quads (x0, x1, x2, x3), xj[:, g] = x[:, 4g + j].
 
@@ -184,3 +146,20 @@ def rope_pairs(rope_ptr, n, tok_mask, GU: tl.constexpr, NGU: tl.constexpr):
     off = n[:, None] * (4 * NGU) + 4 * g
     return (tl.load(rope_ptr + off, mask=m, other=0.0), tl.load(rope_ptr + off + 1, mask=m, other=0.0),
             tl.load(rope_ptr + off + 2, mask=m, other=0.0), tl.load(rope_ptr + off + 3, mask=m, other=0.0))
+
+
+@triton.jit
+def rope_tiles(rope_ptr, n, tok_mask, BS: tl.constexpr, GU: tl.constexpr, NGU: tl.constexpr,
+               HAS_ROPE: tl.constexpr, INVERSE: tl.constexpr):
+    """(c0, s0, c1, s1) of rope_pairs, each (BS, GU) fp32; zeros without RoPE, negated sines
+    for the inverse rotation."""
+    c0 = tl.zeros((BS, GU), dtype=tl.float32)
+    s0 = c0
+    c1 = c0
+    s1 = c0
+    if HAS_ROPE:
+        c0, s0, c1, s1 = rope_pairs(rope_ptr, n, tok_mask, GU, NGU)
+        if INVERSE:
+            s0 = -s0
+            s1 = -s1
+    return c0, s0, c1, s1

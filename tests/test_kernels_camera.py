@@ -81,13 +81,11 @@ def test_camera_branch_variants_match_reference(variant):
     assert rel(got, default) > 1e-4  # the switch matters on these inputs
 
 
-
-@pytest.mark.parametrize("tuning", [dict(stage_variant="quads"), dict(stage_block_s=8, block_v=32, s_split=2),
-                                    dict(block_v=64, join_store=False, out_block_s=16, out_variant="quads"),
-                                    dict(stage_variant="tiles_two_sums", out_variant="halves"),
-                                    dict(stage_variant="tiles_late", out_variant="halves", num_warps=(8, 4, 8))])
+@pytest.mark.parametrize("tuning", [dict(stage_block_s=8, block_v=32, s_split=2),
+                                    dict(block_v=64, out_block_s=16, num_warps=(8, 4, 8), split=False)])
 def test_camera_branch_launch_variants_match_reference(tuning):
-    """Other stage kernels, recurrence column blocks (several quads per program) and output kernels."""
+    """Other launch settings: stage tiles, recurrence column blocks (several quads per program),
+    output tiles and programs per frame, the transition kernel without its W/U split."""
     x = branch_inputs(frames=3, spatial=4, seed=23)
     state = 0.1 * torch.randn(2, 2, 16, 16, generator=torch.Generator().manual_seed(1))
     starts = torch.tensor([True, False, True])
@@ -96,6 +94,7 @@ def test_camera_branch_launch_variants_match_reference(tuning):
     ref, ref_state = run_branch(x, backend="torch", initial_state=state, segment_starts=starts,
                                 return_final_state=True)
     assert rel(got, ref) < 1e-5 and rel(got_state, ref_state) < 1e-5
+
 
 def test_cam_prep_and_decode_match_references():
     x = branch_inputs(frames=2, dim=112, spatial=3, seed=11)
@@ -134,8 +133,7 @@ def test_camera_split_and_resume_with_segments():
     assert rel(whole, ref) < 1e-5 and rel(whole_state, ref_state) < 1e-5
 
 
-@pytest.mark.parametrize("tuning", [None, dict(rec_f16=False, w_f16=False, out_variant="halves",
-                                          stage_variant="tiles_prefetch")])
+@pytest.mark.parametrize("tuning", [None, dict(rec_f16=False, w_f16=False)])
 def test_camera_branch_bf16_in_bf16_out(tuning):
     """tf32 mode: fp16 encodings, W_t, states and recurrence products (default), or tf32 ones."""
     x = branch_inputs(frames=2, seed=17)

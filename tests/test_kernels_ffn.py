@@ -35,6 +35,7 @@ def _mlp(seed, channels=8, hidden=12, use_bias=(True, True, True), act=("silu", 
         (2, 3, 9, 10, torch.float32, False, {"lanes": 8, "block_c": 8, "prefetch": 1}),  # 2 column chunks
         (2, 4, 5, 9, torch.bfloat16, True, {"block_c": 8}),  # odd channel count, bf16 in and out
         (4, 1, 1, 3, torch.float32, True, None),  # single-pixel images: every neighbour is padding
+        (2, 4, 3, 6, torch.float32, True, {"block_c": 8, "prefetch": 2}),  # two rows loaded ahead
     ],
 )
 def test_glu_depthwise_matches_reference(frames, height, width, hidden, dtype, bias, tuning):
