@@ -20,6 +20,7 @@ import torch
 from camrender.errors import CamrenderError
 from camrender.trajectory.model import Trajectory
 from camrender.trajectory.resample import is_model_length
+from camrender.trajectory.rotations import invert_rigid, relative_poses
 
 
 def cover_crop_geometry(src_size, dst_size):
@@ -48,15 +49,11 @@ def crop_intrinsics(intrinsics: np.ndarray, src_size, dst_size) -> np.ndarray:
     return out
 
 
-def relative_poses(c2w: np.ndarray) -> np.ndarray:
-    """(F, 4, 4) poses relative to frame 0: inv(c2w_0) @ c2w_f; frame 0 is exactly the identity."""
-    first = c2w[0]
-    inv = np.eye(4)
-    inv[:3, :3] = first[:3, :3].T
-    inv[:3, 3] = -first[:3, :3].T @ first[:3, 3]
-    out = inv @ c2w
-    out[0] = np.eye(4)
-    return out
+def _image_plane(intrinsics: np.ndarray, height: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """(K, height, width) x = (u - cx) / fx and y = (v - cy) / fy of the integer pixel grid (u column, v row)."""
+    v, u = np.meshgrid(np.arange(height, dtype=np.float64), np.arange(width, dtype=np.float64), indexing="ij")
+    fx, fy, cx, cy = (intrinsics[:, i, None, None] for i in range(4))
+    return (u - cx) / fx, (v - cy) / fy
 
 
 def plucker_map(c2w: np.ndarray, intrinsics: np.ndarray, height: int, width: int) -> np.ndarray:
@@ -64,9 +61,8 @@ def plucker_map(c2w: np.ndarray, intrinsics: np.ndarray, height: int, width: int
 
     c2w: (K, 4, 4); intrinsics: (K, 4) in pixels of this grid.
     """
-    v, u = np.meshgrid(np.arange(height, dtype=np.float64), np.arange(width, dtype=np.float64), indexing="ij")
-    fx, fy, cx, cy = (intrinsics[:, i, None, None] for i in range(4))
-    dirs = np.stack([(u - cx) / fx, (v - cy) / fy, np.ones_like(u - cx)], axis=-1)
+    x, y = _image_plane(intrinsics, height, width)
+    dirs = np.stack([x, y, np.ones_like(x)], axis=-1)
     world = np.einsum("kij,khwj->khwi", c2w[:, :3, :3], dirs)
     world /= np.linalg.norm(world, axis=-1, keepdims=True)
     origin = np.broadcast_to(c2w[:, None, None, :3, 3], world.shape)
@@ -85,10 +81,7 @@ def ucm_unproject(intrinsics: np.ndarray, height: int, width: int, xi: float = 0
 
     Points outside the model's valid image get NaN (sqrt of a negative number).
     """
-    v, u = np.meshgrid(np.arange(height, dtype=np.float64), np.arange(width, dtype=np.float64), indexing="ij")
-    fx, fy, cx, cy = (intrinsics[:, i, None, None] for i in range(4))
-    x = (u - cx) / fx
-    y = (v - cy) / fy
+    x, y = _image_plane(intrinsics, height, width)
     r2 = x * x + y * y
     with np.errstate(invalid="ignore"):
         alpha = xi + np.sqrt(1.0 + (1.0 - xi * xi) * r2)
@@ -120,16 +113,6 @@ def ray_matrices(c2w: np.ndarray, rays: np.ndarray) -> np.ndarray:
     mats[..., 3, 3] = 1.0
     mats[np.isnan(world).any(-1)] = np.eye(4)
     return mats
-
-
-def invert_se3(mats: np.ndarray) -> np.ndarray:
-    """Closed-form inverse of (..., 4, 4) rigid transforms."""
-    out = np.zeros_like(mats)
-    rt = np.swapaxes(mats[..., :3, :3], -1, -2)
-    out[..., :3, :3] = rt
-    out[..., :3, 3] = -np.einsum("...ij,...j->...i", rt, mats[..., :3, 3])
-    out[..., 3, 3] = 1.0
-    return out
 
 
 def build_camera_inputs(
@@ -200,7 +183,7 @@ def build_camera_inputs(
         "ray_mats": tensor(ray_mats),
         "P": tensor(P),
         "P_T": tensor(np.swapaxes(P, -1, -2)),
-        "P_inv": tensor(invert_se3(P)),
+        "P_inv": tensor(invert_rigid(P)),
         "intrinsics": tensor(intrinsics),
     }
 

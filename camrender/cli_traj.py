@@ -5,6 +5,7 @@ import click
 
 from camrender import cli_traj_view
 from camrender.errors import CamrenderError
+from camrender.trajectory import presets
 
 
 @click.group()
@@ -13,8 +14,6 @@ def traj():
 
 
 def _preset_help() -> str:
-    from camrender.trajectory import presets
-
     lines = ["\b", "Presets and their parameters (world = first camera: +x right, +y down, +z forward):"]
     for name, summary, params in presets.describe():
         lines.append(f"  {name}: {summary}")
@@ -23,7 +22,8 @@ def _preset_help() -> str:
     return "\n".join(lines)
 
 
-_PRESET_PARAMS = ("distance", "degrees", "radius", "factor", "subject_distance", "turns")
+# every preset's own parameters, each once (the common ones have options of their own below)
+_PRESET_PARAMS = tuple(dict.fromkeys(key for _, params in presets.PRESETS.values() for key in params))
 
 
 def _new_options(function):
@@ -50,7 +50,7 @@ def _new_options(function):
 def new_command(preset, out, num_frames, fps, width, height, fov, prompt, negative_prompt, image, seed, expand, **params):
     """Write the keyframes of a named camera move PRESET to a v1 file."""
     from camrender.formats.fileio import atomic_write_text, dump_json
-    from camrender.trajectory import is_model_length, nearest_model_length, presets, v1
+    from camrender.trajectory import is_model_length, nearest_model_length, v1
 
     given = {"num_frames": num_frames, "fps": fps, "width": width, "height": height, "fov": fov, **params}
     given = {k: v for k, v in given.items() if v is not None}
@@ -70,7 +70,7 @@ def new_command(preset, out, num_frames, fps, width, height, fov, prompt, negati
         doc["image"] = os.path.relpath(os.path.abspath(image), os.path.dirname(os.path.abspath(out)))
     if seed is not None:
         doc["seed"] = seed
-    trajectory = v1.parse_document(doc, path=out).validate()  # also checks the image exists
+    trajectory = v1.parse_document(doc, path=out)  # validates, and checks that the image exists
     if expand:
         doc = v1.to_document(trajectory, out)
     atomic_write_text(out, dump_json(doc))

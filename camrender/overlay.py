@@ -50,6 +50,7 @@ def _bitmap(rows):
 
 
 _GLYPHS = {ch: _bitmap(rows) for ch, rows in _GLYPHS_TEXT.items()}
+_UNKNOWN_GLYPH = _bitmap(_UNKNOWN)
 
 
 def text_mask(text: str, scale: int = 1) -> np.ndarray:
@@ -60,7 +61,7 @@ def text_mask(text: str, scale: int = 1) -> np.ndarray:
     for ch in text:
         glyph = _GLYPHS.get(ch)
         if glyph is None:
-            glyph = _GLYPHS.get(ch.lower(), _bitmap(_UNKNOWN))
+            glyph = _GLYPHS.get(ch.lower(), _UNKNOWN_GLYPH)
         cells.append(np.pad(glyph, ((0, 0), (0, 1))))
     mask = np.concatenate(cells, axis=1)
     return np.kron(mask, np.ones((scale, scale), bool))

@@ -10,10 +10,10 @@ import numpy as np
 
 from camrender.errors import CamrenderError
 from camrender.trajectory import Trajectory
-from camrender.trajectory import interpolate
+from camrender.trajectory.model import MAX_FRAMES
+from camrender.trajectory.resample import resample_frames
 from camrender.trajectory.rotations import invert_rigid
 
-MAX_FRAMES = 100_000
 _ASPECT_TOL = 1e-3
 
 
@@ -87,13 +87,4 @@ def retime(traj: Trajectory, *, fps: float | None = None, seconds: float | None 
         raise CamrenderError(
             f"{seconds:g} s at {new_fps:g} fps is {count} frames (at most {MAX_FRAMES})", path=traj.source, field="seconds"
         )
-    old = traj.num_frames
-    keys = np.arange(old, dtype=np.float64)
-    samples = np.zeros(count) if count == 1 else np.linspace(0.0, old - 1.0, count)
-    c2w, intrinsics = interpolate.sample_path(
-        keys, traj.c2w, traj.intrinsics, samples, traj.width, traj.height, position=position, rotation="slerp"
-    )
-    c2w[0], intrinsics[0] = traj.c2w[0], traj.intrinsics[0]
-    if count > 1:
-        c2w[-1], intrinsics[-1] = traj.c2w[-1], traj.intrinsics[-1]
-    return traj.replace(c2w=c2w, intrinsics=intrinsics, fps=float(new_fps), source=None)
+    return resample_frames(traj, count, position).replace(fps=float(new_fps), source=None)

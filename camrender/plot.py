@@ -14,6 +14,7 @@ import os
 import numpy as np
 
 from camrender.errors import CamrenderError
+from camrender.trajectory.stats import rotation_angles
 
 _FRUSTUM_TARGET = 16  # about this many frustums per view when `every` is not given
 
@@ -38,12 +39,7 @@ def speeds(traj) -> np.ndarray:
 
 def angular_speeds(traj) -> np.ndarray:
     """(F-1,) rotation speed between consecutive frames, degrees per second."""
-    r = np.asarray(traj.c2w)[:, :3, :3]
-    rel = np.einsum("fji,fjk->fik", r[:-1], r[1:])  # R_f^T R_{f+1}
-    cos = (np.trace(rel, axis1=1, axis2=2) - 1) / 2
-    axis = np.stack([rel[:, 2, 1] - rel[:, 1, 2], rel[:, 0, 2] - rel[:, 2, 0], rel[:, 1, 0] - rel[:, 0, 1]], axis=1)
-    sin = np.linalg.norm(axis, axis=1) / 2
-    return np.degrees(np.arctan2(sin, cos)) * traj.fps  # atan2: exact near 0, unlike arccos
+    return rotation_angles(traj.c2w) * traj.fps
 
 
 def fields_of_view(traj) -> tuple[np.ndarray, np.ndarray]:

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from camrender.errors import CamrenderError
+from camrender.trajectory.rotations import relative_poses
 
 GROUND_Y = 1.5
 """World y of the ground plane for scale 1 (OpenCV +y is down: the ground is 1.5 units below the origin)."""
@@ -416,12 +417,6 @@ def scaled_intrinsics(traj, width: int, height: int) -> np.ndarray:
     k[:, [0, 2]] *= width / traj.width
     k[:, [1, 3]] *= height / traj.height
     return k
-
-
-def relative_poses(c2w: np.ndarray) -> np.ndarray:
-    """(F, 4, 4) poses relative to frame 0: inv(c2w_0) @ c2w_f (the model's view of the path)."""
-    c2w = np.asarray(c2w, np.float64)
-    return np.linalg.inv(c2w[0]) @ c2w
 
 
 def pose_angles(c2w: np.ndarray) -> tuple[float, float, float]:

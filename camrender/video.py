@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from camrender.errors import CamrenderError
+from camrender.formats.fileio import output_file_mode
 
 FRAGMENTED_MOVFLAGS = "+frag_keyframe+empty_moov+default_base_moof"
 
@@ -37,13 +38,6 @@ def check_output_path(path) -> Path:
     if not os.access(parent, os.W_OK | os.X_OK):
         raise CamrenderError(f"output directory {str(parent)!r} is not writable", path=path)
     return path
-
-
-def _apply_umask(path: Path) -> None:
-    """mkstemp creates files 0600; give the finished video the usual permissions (0666 minus umask)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(path, 0o666 & ~umask)
 
 
 class VideoWriter:
@@ -137,7 +131,7 @@ class VideoWriter:
                 if self.frames_written == 0:
                     raise CamrenderError("no frames were rendered", path=self.path)
                 self._close_writer()
-                _apply_umask(self.partial_path)
+                os.chmod(self.partial_path, output_file_mode(self.path))  # mkstemp made it 0600
                 os.replace(self.partial_path, self.path)
                 self.partial_path = None
         finally:

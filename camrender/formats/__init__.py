@@ -34,6 +34,13 @@ def get(name: str):
     raise CamrenderError(f"unknown format {name!r} (known: {', '.join(names())})", field="format")
 
 
+def _read_only(module, path) -> CamrenderError:
+    return CamrenderError(
+        f"format {module.NAME} can be read but not written (writable: {', '.join(names(exportable=True))})",
+        path=os.fspath(path),
+    )
+
+
 def _suffix(path) -> str:
     return os.path.splitext(os.fspath(path))[1].lower()
 
@@ -46,11 +53,7 @@ def detect(path, *, for_writing: bool = False):
     suffix = _suffix(path)
     candidates = [m for m in FORMAT_MODULES if suffix in m.SUFFIXES]
     if for_writing and candidates and not any(hasattr(m, "write") for m in candidates):
-        raise CamrenderError(
-            f"format {candidates[0].NAME} can be read but not written "
-            f"(writable: {', '.join(names(exportable=True))})",
-            path=os.fspath(path),
-        )
+        raise _read_only(candidates[0], path)
     if for_writing:
         candidates = [m for m in candidates if hasattr(m, "write")]
     if not candidates:
@@ -80,8 +83,5 @@ def export_file(traj, path, fmt: str | None = None) -> None:
     """Write ``traj`` to ``path`` in format ``fmt`` (or the one its suffix names)."""
     module = get(fmt) if fmt else detect(path, for_writing=True)
     if not hasattr(module, "write"):
-        raise CamrenderError(
-            f"format {module.NAME} can be read but not written (writable: {', '.join(names(exportable=True))})",
-            path=os.fspath(path),
-        )
+        raise _read_only(module, path)
     module.write(traj, path)

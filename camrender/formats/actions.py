@@ -19,7 +19,7 @@ import numpy as np
 from camrender.errors import CamrenderError
 from camrender.formats.fileio import read_text
 from camrender.trajectory import rotations
-from camrender.trajectory.model import Trajectory
+from camrender.trajectory.model import DEFAULT_FPS, MAX_FRAMES, Trajectory
 
 NAME = "actions"
 SUFFIXES = (".actions", ".txt")
@@ -29,8 +29,7 @@ KEYS = frozenset("wasdijkl")
 TRANSLATION_SPEED = 0.05
 ROTATION_SPEED_DEG = 1.2
 PITCH_LIMIT_DEG = 85.0
-MAX_FRAMES = 200_000
-DEFAULTS = {"width": 1280, "height": 704, "fps": 16.0, "fov": 60.0}
+DEFAULTS = {"width": 1280, "height": 704, "fps": DEFAULT_FPS, "fov": 60.0}
 
 
 def sniff(text) -> bool:

@@ -33,13 +33,12 @@ import numpy as np
 from camrender.errors import CamrenderError
 from camrender.formats.fileio import atomic_write_text, read_text
 from camrender.trajectory import rotations
-from camrender.trajectory.model import Trajectory
+from camrender.trajectory.model import DEFAULT_FPS, Trajectory
 
 NAME = "colmap"
 SUFFIXES = (".txt",)
 DESCRIPTION = "COLMAP text model: images.txt (+ cameras.txt beside it), pinhole cameras"
 
-DEFAULT_FPS = 16.0
 QUATERNION_NORM_TOL = 1e-2
 
 # model name -> (number of parameters, function params -> (fx, fy, cx, cy, distortion coefficients))

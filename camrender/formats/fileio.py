@@ -63,7 +63,7 @@ def atomic_output(path, mode: str = "w"):
         raise CamrenderError(f"cannot write: {error.strerror or error}", path=path) from None
     text_options = {} if "b" in mode else {"encoding": "utf-8", "newline": "\n"}
     try:
-        os.chmod(temp, _file_mode(path))  # mkstemp makes 0600 files; use what a plain open() would give
+        os.chmod(temp, output_file_mode(path))  # mkstemp makes 0600 files; use what a plain open() would give
         with os.fdopen(handle, mode, **text_options) as out:
             yield out
             out.flush()
@@ -85,8 +85,8 @@ def atomic_write_text(path, text: str) -> None:
         out.write(text)
 
 
-def _file_mode(path: str) -> int:
-    """The existing file's permissions, or 0666 minus the process umask for a new file."""
+def output_file_mode(path) -> int:
+    """Permissions for a file written at ``path``: the existing file's, or 0666 minus the process umask."""
     try:
         return os.stat(path).st_mode & 0o7777
     except OSError:

@@ -18,7 +18,7 @@ import numpy as np
 from camrender.formats.fileio import atomic_write_text, dump_json, read_json
 from camrender.trajectory import rotations
 from camrender.trajectory.fields import Where, integer, number, require_object, string, type_name
-from camrender.trajectory.model import Trajectory, validate_pose
+from camrender.trajectory.model import MAX_IMAGE_SIDE, Trajectory, validate_pose
 
 NAME = "nerfstudio"
 SUFFIXES = (".json",)
@@ -45,8 +45,8 @@ def read(path) -> Trajectory:
     for key in ("camera_path", "render_width", "render_height"):
         if key not in doc:
             raise where.at(key).error("missing required field")
-    width = integer(doc["render_width"], where.at("render_width"), minimum=1, maximum=1_000_000)
-    height = integer(doc["render_height"], where.at("render_height"), minimum=1, maximum=1_000_000)
+    width = integer(doc["render_width"], where.at("render_width"), minimum=1, maximum=MAX_IMAGE_SIDE)
+    height = integer(doc["render_height"], where.at("render_height"), minimum=1, maximum=MAX_IMAGE_SIDE)
     camera_type = doc.get("camera_type", "perspective")
     if string(camera_type, where.at("camera_type")) != "perspective":
         raise where.at("camera_type").error(f"only 'perspective' cameras are supported, got {camera_type!r}")

@@ -19,14 +19,13 @@ import numpy as np
 from camrender.errors import CamrenderError
 from camrender.formats.fileio import atomic_write_text, read_text
 from camrender.trajectory import rotations
-from camrender.trajectory.model import Trajectory, validate_pose
+from camrender.trajectory.model import DEFAULT_FPS, Trajectory, validate_pose
 
 NAME = "realestate10k"
 SUFFIXES = (".txt",)
 DESCRIPTION = "RealEstate10K / CameraCtrl .txt (normalised intrinsics, w2c 3x4 per line)"
 
 DEFAULT_SIZE = (1280, 720)
-DEFAULT_FPS = 16.0
 _HEADER = re.compile(r"^camrender:(\d{1,7})x(\d{1,7})$")
 
 

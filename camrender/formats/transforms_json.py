@@ -22,6 +22,7 @@ when present (camrender writes it), else 16.
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -30,14 +31,13 @@ import numpy as np
 from camrender.formats.colmap import _warn, natural_key
 from camrender.formats.fileio import atomic_write_text, dump_json, read_json
 from camrender.trajectory.fields import Where, matrix4, number, string
-from camrender.trajectory.model import Trajectory, validate_pose
+from camrender.trajectory.model import DEFAULT_FPS, Trajectory, validate_pose
 from camrender.trajectory.rotations import flip_camera_axes
 
 NAME = "transforms_json"
 SUFFIXES = (".json",)
 DESCRIPTION = "instant-ngp / nerfstudio transforms.json (OpenGL c2w per frame)"
 
-DEFAULT_FPS = 16.0
 _INTRINSIC_KEYS = ("fl_x", "fl_y", "cx", "cy", "w", "h", "camera_angle_x", "camera_angle_y")
 _DISTORTION_KEYS = ("k1", "k2", "k3", "k4", "p1", "p2")
 _ACCEPTED_MODELS = ("PINHOLE", "SIMPLE_PINHOLE", "OPENCV")
@@ -72,22 +72,6 @@ def _image_size_from_file(doc_dir: str, file_path, where: Where):
             except Exception as error:  # unreadable image: say which
                 raise where.error(f"cannot read the image size from {option}: {error}") from None
     return None
-
-
-class _FileSize:
-    """The image size read once from the first frame whose image file is present (or None)."""
-
-    def __init__(self, doc_dir, entries):
-        self.doc_dir, self.entries, self.done, self.size = doc_dir, entries, False, None
-
-    def get(self):
-        if not self.done:
-            self.done = True
-            for _, frame, frame_where in self.entries:
-                self.size = _image_size_from_file(self.doc_dir, frame.get("file_path"), frame_where.at("file_path"))
-                if self.size is not None:
-                    break
-        return self.size
 
 
 def _value(frame: dict, doc: dict, key: str, where: Where, frame_where: Where, **checks):
@@ -128,7 +112,16 @@ def read(path) -> Trajectory:
         entries.sort(key=lambda entry: natural_key(entry[1]["file_path"]))
 
     doc_dir = os.path.dirname(os.path.abspath(path))
-    file_size = _FileSize(doc_dir, entries)
+
+    @functools.cache
+    def file_size():
+        """(w, h) of the first frame whose image file is present (or None); read at most once."""
+        for _, frame, frame_where in entries:
+            found = _image_size_from_file(doc_dir, frame.get("file_path"), frame_where.at("file_path"))
+            if found is not None:
+                return found
+        return None
+
     size = None
     distorted = False
     c2w = np.empty((len(entries), 4, 4))
@@ -137,7 +130,7 @@ def read(path) -> Trajectory:
         w = _value(frame, doc, "w", where, frame_where, positive=True)
         h = _value(frame, doc, "h", where, frame_where, positive=True)
         if w is None or h is None:
-            found = file_size.get()
+            found = file_size()
             if found is None:
                 raise frame_where.at("w" if w is None else "h").error(
                     "image size missing: give 'w' and 'h' (pixels), or keep the frame's image at its file_path"

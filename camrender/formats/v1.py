@@ -15,7 +15,7 @@ def sniff(doc) -> bool:
 
 
 def read(path):
-    return schema.parse_document(read_json(path), path=str(path)).validate()
+    return schema.parse_document(read_json(path), path=str(path))  # validated by parse_document
 
 
 def write(traj, path) -> None:

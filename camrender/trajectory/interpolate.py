@@ -33,13 +33,12 @@ def hermite_tangents(times: np.ndarray, values: np.ndarray) -> np.ndarray:
     tangents = np.zeros_like(values)
     if k < 2:
         return tangents
-    secants = (values[1:] - values[:-1]) / (times[1:] - times[:-1])[:, None]
+    steps = times[1:] - times[:-1]
+    secants = (values[1:] - values[:-1]) / steps[:, None]
     tangents[0] = secants[0]
     tangents[-1] = secants[-1]
-    for i in range(1, k - 1):
-        h0 = times[i] - times[i - 1]
-        h1 = times[i + 1] - times[i]
-        tangents[i] = (secants[i - 1] * h1 + secants[i] * h0) / (h0 + h1)
+    h0, h1 = steps[:-1, None], steps[1:, None]  # inner key i: the steps before and after it
+    tangents[1:-1] = (secants[:-1] * h1 + secants[1:] * h0) / (h0 + h1)
     if k >= 3 and values.shape[1] == 3:
         tangents[0] = _arc_end_tangent(values[0], values[1], values[2], times[1] - times[0])
         tangents[-1] = -_arc_end_tangent(values[-1], values[-2], values[-3], times[-1] - times[-2])

@@ -15,6 +15,10 @@ from camrender.errors import CamrenderError
 # Tolerances for accepting a 4x4 pose matrix (values typed by hand or stored as float32).
 ORTHONORMAL_TOL = 1e-3
 BOTTOM_ROW_TOL = 1e-6
+# Input guards shared by every format: about 3.5 hours at 16 fps, and a generous image side.
+MAX_FRAMES = 200_000
+MAX_IMAGE_SIDE = 1_000_000
+DEFAULT_FPS = 16.0  # frame rate assumed when a file stores none
 
 
 @dataclass(eq=False)  # arrays make field-wise == ambiguous; compare c2w/intrinsics explicitly
@@ -71,11 +75,12 @@ class Trajectory:
         return self
 
     def replace(self, **changes) -> "Trajectory":
-        """A copy with some fields changed (arrays are copied)."""
+        """A copy with some fields changed (arrays that are not replaced are copied)."""
         values = {name: getattr(self, name) for name in self.__dataclass_fields__}
-        values["c2w"] = self.c2w.copy()
-        values["intrinsics"] = self.intrinsics.copy()
         values.update(changes)
+        for name in ("c2w", "intrinsics"):
+            if name not in changes:
+                values[name] = values[name].copy()
         return Trajectory(**values)
 
 

@@ -21,10 +21,11 @@ import numpy as np
 
 from camrender.trajectory import rotations
 from camrender.trajectory.fields import Where, integer, number
+from camrender.trajectory.model import DEFAULT_FPS, MAX_FRAMES, MAX_IMAGE_SIDE
 
 COMMON = {
     "num_frames": (161, "video frames (the model needs 8k+1: 81, 161, ...)"),
-    "fps": (16.0, "frames per second"),
+    "fps": (DEFAULT_FPS, "frames per second"),
     "width": (1280, "image width in pixels"),
     "height": (704, "image height in pixels"),
     "fov": (60.0, "horizontal field of view at the start, degrees"),
@@ -93,7 +94,7 @@ def make(name: str, _where: Where | None = None, **params) -> dict:
         at = where.at(key)
         if key in ("num_frames", "width", "height"):
             values[key] = integer(value, at, minimum=1 if key != "num_frames" else 2,
-                                  maximum=200_000 if key == "num_frames" else 1_000_000)
+                                  maximum=MAX_FRAMES if key == "num_frames" else MAX_IMAGE_SIDE)
         elif key in ("fps", "radius", "subject_distance", "factor"):
             values[key] = number(value, at, positive=True)
         else:
@@ -127,12 +128,17 @@ def _key(v: dict, fraction: float, rotation=None, position=(0.0, 0.0, 0.0), lens
     pose = np.eye(4)
     pose[:3, :3] = np.eye(3) if rotation is None else rotation
     pose[:3, 3] = position
-    key = {"t": _clean(fraction * (v["num_frames"] - 1) / v["fps"]), "c2w": [[_clean(x) for x in row] for row in pose]}
+    key = {"t": _time(v, fraction), "c2w": [[_clean(x) for x in row] for row in pose]}
     if lens is not None:
         key["fx"] = _clean(lens)
     elif first:
         key.update({"fov": v["fov"], "fov_axis": "horizontal"})
     return key
+
+
+def _time(v: dict, fraction: float) -> float:
+    """Seconds at ``fraction`` of the path."""
+    return _clean(fraction * (v["num_frames"] - 1) / v["fps"])
 
 
 def _clean(x: float) -> float:
@@ -194,7 +200,7 @@ def _orbit(v):
         phi = total * i / n
         position = [r * math.sin(phi), 0.0, r - r * math.cos(phi)]
         key = {
-            "t": _clean(i / n * (v["num_frames"] - 1) / v["fps"]),
+            "t": _time(v, i / n),
             "position": [_clean(x) for x in position],
             "look_at": target,
             "up": [0.0, -1.0, 0.0],

@@ -33,24 +33,27 @@ def nearest_model_length(num_frames: int, stride: int = TIME_STRIDE) -> int:
     return below if below == num_frames or (num_frames - below) < (above - num_frames) else above
 
 
-def resample_frames(traj: Trajectory, num_frames: int) -> Trajectory:
-    """Re-time the path to ``num_frames`` frames (see module docstring); fps unchanged."""
+def resample_frames(traj: Trajectory, num_frames: int, position: str = "linear") -> Trajectory:
+    """Re-time the path to ``num_frames`` frames spread evenly over the original ones; fps unchanged.
+
+    Frame j sits at j*(F-1)/(M-1) along the original frames. position: "linear" (see the module
+    docstring) or "spline" (C1 Hermite through the original positions); rotations slerp, focal
+    lengths interpolate in tan(fov/2). The first and (for M > 1) last poses are kept exactly.
+    """
     if num_frames < 1:
         raise CamrenderError(f"must be at least 1, got {num_frames}", path=traj.source, field="num_frames")
     if num_frames == traj.num_frames:
         return traj.replace()
     old = traj.num_frames
-    positions = np.arange(old, dtype=np.float64)
-    samples = (
-        np.zeros(num_frames) if num_frames == 1 else np.arange(num_frames) * ((old - 1) / (num_frames - 1))
-    )
+    keys = np.arange(old, dtype=np.float64)
+    samples = np.linspace(0.0, old - 1.0, num_frames)
     c2w, intrinsics = interpolate.sample_path(
-        positions, traj.c2w, traj.intrinsics, samples, traj.width, traj.height, position="linear", rotation="slerp"
+        keys, traj.c2w, traj.intrinsics, samples, traj.width, traj.height, position=position, rotation="slerp"
     )
-    if old > 1 and num_frames > 1:
-        # Pin the ends exactly (avoid round-off in the last sample).
-        c2w[0], c2w[-1] = traj.c2w[0], traj.c2w[-1]
-        intrinsics[0], intrinsics[-1] = traj.intrinsics[0], traj.intrinsics[-1]
+    # Pin the ends exactly (no quaternion or last-sample round-off).
+    c2w[0], intrinsics[0] = traj.c2w[0], traj.intrinsics[0]
+    if num_frames > 1:
+        c2w[-1], intrinsics[-1] = traj.c2w[-1], traj.intrinsics[-1]
     return traj.replace(c2w=c2w, intrinsics=intrinsics)
 
 

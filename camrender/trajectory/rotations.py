@@ -26,6 +26,14 @@ def invert_rigid(m: np.ndarray) -> np.ndarray:
     return out
 
 
+def relative_poses(c2w: np.ndarray) -> np.ndarray:
+    """(F, 4, 4) poses relative to frame 0: inv(c2w_0) @ c2w_f; frame 0 is exactly the identity."""
+    c2w = np.asarray(c2w, dtype=np.float64)
+    out = invert_rigid(c2w[0]) @ c2w
+    out[0] = np.eye(4)
+    return out
+
+
 def matrix_to_quat(r: np.ndarray) -> np.ndarray:
     """(3, 3) rotation -> unit quaternion (w, x, y, z) with w >= 0 (Shepperd's method)."""
     r = np.asarray(r, dtype=np.float64)
@@ -100,15 +108,9 @@ def slerp(q0: np.ndarray, q1: np.ndarray, s: float) -> np.ndarray:
     """Spherical linear interpolation from q0 (s=0) to q1 (s=1) along the shorter arc."""
     q0 = np.asarray(q0, dtype=np.float64)
     q1 = np.asarray(q1, dtype=np.float64)
-    dot = float(np.dot(q0, q1))
-    if dot < 0:
-        q1, dot = -q1, -dot
-    if dot > 0.9999995:
-        q = q0 + s * (q1 - q0)
-        return q / np.linalg.norm(q)
-    theta = np.arccos(min(dot, 1.0))
-    sin_theta = np.sin(theta)
-    return (np.sin((1 - s) * theta) * q0 + np.sin(s * theta) * q1) / sin_theta
+    if np.dot(q0, q1) < 0:
+        q1 = -q1
+    return _slerp_no_flip(q0, q1, s)
 
 
 def make_continuous(quats: np.ndarray) -> np.ndarray:
@@ -141,6 +143,7 @@ def squad(q0, q1, s0, s1, s: float) -> np.ndarray:
 
 
 def _slerp_no_flip(q0, q1, s):
+    """Slerp along the arc from q0 to q1 as given (no sign flip to the shorter arc)."""
     dot = float(np.clip(np.dot(q0, q1), -1.0, 1.0))
     if abs(dot) > 0.9999995:
         q = q0 + s * (q1 - q0)

@@ -24,10 +24,16 @@ class PathStats:
 
 
 def rotation_angles(c2w: np.ndarray) -> np.ndarray:
-    """(F-1,) angle in degrees between consecutive camera rotations."""
-    relative = np.einsum("fji,fjk->fik", c2w[:-1, :3, :3], c2w[1:, :3, :3])
-    cos = np.clip((np.trace(relative, axis1=1, axis2=2) - 1.0) / 2.0, -1.0, 1.0)
-    return np.degrees(np.arccos(cos))
+    """(F-1,) angle in degrees between consecutive camera rotations of (F, 4, 4) poses."""
+    r = np.asarray(c2w)[:, :3, :3]
+    relative = np.einsum("fji,fjk->fik", r[:-1], r[1:])  # R_f^T R_{f+1}
+    cos = (np.trace(relative, axis1=1, axis2=2) - 1.0) / 2.0
+    axis = np.stack(
+        [relative[:, 2, 1] - relative[:, 1, 2], relative[:, 0, 2] - relative[:, 2, 0], relative[:, 1, 0] - relative[:, 0, 1]],
+        axis=1,
+    )
+    sin = np.linalg.norm(axis, axis=1) / 2.0
+    return np.degrees(np.arctan2(sin, cos))  # atan2: exact near 0, unlike arccos
 
 
 def compute(traj: Trajectory) -> PathStats:

@@ -22,10 +22,9 @@ from camrender.trajectory.fields import (
     string,
     vector,
 )
-from camrender.trajectory.model import Trajectory, validate_intrinsics, validate_pose
+from camrender.trajectory.model import MAX_FRAMES, MAX_IMAGE_SIDE, Trajectory, validate_intrinsics, validate_pose
 
 VERSION = 1
-MAX_FRAMES = 200_000  # about 3.5 hours at 16 fps; a guard against documents that expand to absurd sizes
 MAX_SEED = 2**64 - 1
 AXES = ("opencv", "opengl")
 POSES = ("c2w", "w2c")
@@ -100,8 +99,8 @@ def _image_size(doc: dict, where: Where) -> tuple[int, int, float]:
     for key in ("width", "height", "fps"):
         if key not in doc:
             raise where.at(key).error("missing required field")
-    width = integer(doc["width"], where.at("width"), minimum=1, maximum=1_000_000)
-    height = integer(doc["height"], where.at("height"), minimum=1, maximum=1_000_000)
+    width = integer(doc["width"], where.at("width"), minimum=1, maximum=MAX_IMAGE_SIDE)
+    height = integer(doc["height"], where.at("height"), minimum=1, maximum=MAX_IMAGE_SIDE)
     return width, height, number(doc["fps"], where.at("fps"), positive=True)
 
 
@@ -120,11 +119,8 @@ def parse_document(doc, path=None) -> Trajectory:
         raise where.at("version").error("missing required field (use \"version\": 1)")
     if integer(doc["version"], where.at("version")) != VERSION:
         raise where.at("version").error(f"unsupported version {doc['version']} (this camrender reads version {VERSION})")
-    if body == "frames":
-        return _parse_frames(doc, where).validate()
-    if body == "keyframes":
-        return _parse_keyframes(doc, where).validate()
-    return _parse_preset(doc, where).validate()
+    parse = {"frames": _parse_frames, "keyframes": _parse_keyframes, "preset": _parse_preset}[body]
+    return parse(doc, where).validate()
 
 
 def _parse_frames(doc: dict, where: Where) -> Trajectory:
@@ -138,13 +134,14 @@ def _parse_frames(doc: dict, where: Where) -> Trajectory:
         raise where.at("frames").error(f"too many frames ({len(frames)} > {MAX_FRAMES})")
     c2w = np.empty((len(frames), 4, 4))
     intrinsics = np.empty((len(frames), 4))
+    keys = ("fx", "fy", "cx", "cy")
+    allowed = {"c2w", "w2c", *keys}
     for index, entry in enumerate(frames):
         at = Where(where.path, index)
         entry = require_object(entry, at)
-        keys = ("fx", "fy", "cx", "cy")
-        check_keys(entry, at, {"c2w", "w2c", *keys})
-        c2w[index] = _pose_matrix(entry, convention, at)
-        check_keys(entry, at, {"c2w", "w2c", *keys}, required=keys)
+        check_keys(entry, at, allowed)
+        c2w[index] = _pose_matrix(entry, convention, at)  # pose errors are reported before missing intrinsics
+        check_keys(entry, at, allowed, required=keys)
         intrinsics[index] = [number(entry[k], at.at(k), positive=k in ("fx", "fy")) for k in keys]
     return Trajectory(c2w, intrinsics, width, height, fps, source=_source(where), **_metadata(doc, where))
 
@@ -258,7 +255,8 @@ def _parse_keyframes(doc: dict, where: Where) -> Trajectory:
         pose, aim = _key_pose(entry, at, convention)
         poses.append(pose)
         aims.append(aim)
-        lens = _key_lens(entry, at, width, height) if _has_lens(entry) else lens
+        key_lens = _key_lens(entry, at, width, height)
+        lens = lens if key_lens is None else key_lens  # a key without lens fields keeps the last lens
         if lens is None:
             raise at.at("fov").error("the first keyframe needs a lens: fov + fov_axis, or fx (+ fy)")
         lenses.append(lens)
@@ -302,10 +300,6 @@ def _aim(c2w, times, aims, samples, method, where: Where) -> np.ndarray:
             )
         out[index, :3, :3] = rotation
     return out
-
-
-def _has_lens(entry: dict) -> bool:
-    return any(key in entry for key in ("fov", "fov_axis", "fx", "fy", "cx", "cy"))
 
 
 def _parse_preset(doc: dict, where: Where) -> Trajectory:
