@@ -7,8 +7,7 @@ from pathlib import Path
 import click
 
 from camrender.errors import CamrenderError
-
-DEFAULT_MODEL = "Efficient-Large-Model/SANA-WM_bidirectional-diffusers"
+from camrender.loading import DEFAULT_MODEL
 RELEASE_SIZE = (704, 1280)  # (height, width) the released model was trained at
 TINY_SIZE = (64, 112)  # the offline tiny model's default: about the release aspect, small enough for a CPU
 RELEASE_GUIDANCE = 5.0

@@ -21,8 +21,8 @@ from typing import Any, Callable, Iterator, Optional
 import numpy as np
 
 from camrender.errors import CamrenderError
+from camrender.loading import DEFAULT_MODEL
 
-DEFAULT_MODEL = "Efficient-Large-Model/SANA-WM_bidirectional-diffusers"
 DEFAULT_NEGATIVE_PROMPT = ""
 
 
@@ -151,6 +151,23 @@ def neutral_first_frame(height: int, width: int):
     return torch.zeros(1, 3, height, width)
 
 
+def request_first_frame(request: RenderRequest):
+    """The request's first frame as (1, 3, H, W) float32 in [-1, 1]: its image, or (tiny model only)
+    a mid-gray frame. Raises CamrenderError when a real model has no image."""
+    if request.image is not None:
+        return first_frame_pixels(request.image, request.height, request.width)
+    if request.model == "tiny":
+        return neutral_first_frame(request.height, request.width)
+    raise CamrenderError("SANA-WM needs a first-frame image: pass --image or set \"image\" in the trajectory",
+                         field="image")
+
+
+def latent_shape(pipe, request: RenderRequest) -> tuple:
+    """(T, h, w) latent frames, height and width of the request's video (before patching)."""
+    t_stride, s_stride = pipe.vae_temporal_compression_ratio, pipe.vae_spatial_compression_ratio
+    return (request.num_frames - 1) // t_stride + 1, request.height // s_stride, request.width // s_stride
+
+
 def check_request(pipe, request: RenderRequest) -> None:
     """Raise CamrenderError when the request does not fit the model's strides."""
     t_stride, s_stride = pipe.vae_temporal_compression_ratio, pipe.vae_spatial_compression_ratio
@@ -196,12 +213,16 @@ def encode_first_frame(vae, pixels, device, dtype):
     return ((z - mean) * vae.config.scaling_factor / std).to(dtype)
 
 
-def decode_latents(vae, latents):
-    """Latents (1, C_lat, T, h, w) -> video (F, H, W, 3) float32 in [0, 1] on the CPU."""
-    latents = latents.to(dtype=vae.dtype)
+def denormalize_latents(vae, latents):
+    """Undo `encode_first_frame`'s normalisation: DiT-space latents -> the VAE's latent space."""
     mean = vae.latents_mean.view(1, -1, 1, 1, 1).to(latents)
     std = vae.latents_std.view(1, -1, 1, 1, 1).to(latents)
-    video = vae.decode(latents / vae.config.scaling_factor * std + mean, return_dict=False)[0]
+    return latents / vae.config.scaling_factor * std + mean
+
+
+def decode_latents(vae, latents):
+    """Latents (1, C_lat, T, h, w) -> video (F, H, W, 3) float32 in [0, 1] on the CPU."""
+    video = vae.decode(denormalize_latents(vae, latents.to(dtype=vae.dtype)), return_dict=False)[0]
     return (video[0].float() / 2 + 0.5).clamp(0, 1).permute(1, 2, 3, 0).cpu()
 
 
@@ -235,6 +256,24 @@ def camera_tensors(pipe, request: RenderRequest, device, dtype, batch: int) -> d
     }
 
 
+def ray_transforms(transformer, camera_conditions, grid, rope):
+    """The transformer's UCPE ray transforms `(P, P_T, P_inv, rope_cam)` (P* (B, N, 4, 4)) and absolute
+    ray map (B, T, h, w, 3) for camera_conditions (B, T, 20) on grid (T, h, w) after patching;
+    rope: the complex RoPE table of those tokens, or None. Ray matrices are per frame, so a slice
+    of a trajectory gives the rows of the whole trajectory's matrices."""
+    from diffusers.models.transformers.transformer_sana_wm import (
+        _prepare_ucpe_ray_transforms,
+        _process_camera_conditions_ucpe,
+    )
+
+    raymats, absmap = _process_camera_conditions_ucpe(camera_conditions, camera_conditions.shape[0], grid,
+                                                      transformer.patch_size)
+    transforms = _prepare_ucpe_ray_transforms(
+        head_dim=transformer.linear_head_dim, camera_conditions=camera_conditions, HW=grid,
+        patch_size=transformer.patch_size, rotary_emb=rope, raymats=raymats)
+    return transforms, absmap
+
+
 def step_constants(transformer, camera_conditions, grid) -> dict:
     """Transformer inputs that stay fixed over a render's denoising steps, computed once.
 
@@ -244,19 +283,10 @@ def step_constants(transformer, camera_conditions, grid) -> dict:
     (B, T, 20) or None. Returns the `pos_embeds` and `cam_pos_embeds` keyword arguments (empty
     for layouts they do not cover: packed latents, no camera).
     """
-    from diffusers.models.transformers.transformer_sana_wm import (
-        _prepare_ucpe_ray_transforms,
-        _process_camera_conditions_ucpe,
-    )
-
     if camera_conditions is None or getattr(transformer, "pack_latents", False):
         return {}
     pos_embeds = transformer.rope(grid, device=camera_conditions.device) if transformer.use_pe else None
-    raymats, absmap = _process_camera_conditions_ucpe(camera_conditions, camera_conditions.shape[0], grid,
-                                                      transformer.patch_size)
-    P, _, P_inv, rope_cam = _prepare_ucpe_ray_transforms(
-        head_dim=transformer.linear_head_dim, camera_conditions=camera_conditions, HW=grid,
-        patch_size=transformer.patch_size, rotary_emb=pos_embeds, raymats=raymats)
+    (P, _, P_inv, rope_cam), absmap = ray_transforms(transformer, camera_conditions, grid, pos_embeds)
     absmap = absmap.permute(0, 4, 1, 2, 3).to(transformer.dtype)  # as the transformer lays it out itself
     return {"pos_embeds": pos_embeds,
             "cam_pos_embeds": {"absmap": absmap, "P": P, "P_inv": P_inv, "pos_embeds_cam": rope_cam}}
@@ -292,20 +322,12 @@ def sample_latents(pipe, request: RenderRequest, progress: Progress = None):
     batch = 2 if guidance else 1
 
     with torch.no_grad():
-        if request.image is not None:
-            pixels = first_frame_pixels(request.image, request.height, request.width)
-        elif request.model == "tiny":
-            pixels = neutral_first_frame(request.height, request.width)
-        else:
-            raise CamrenderError("SANA-WM needs a first-frame image: pass --image or set \"image\" in the trajectory",
-                                 field="image")
+        pixels = request_first_frame(request)
         text, text_mask = encode_text(pipe, request, device, guidance)
         first = encode_first_frame(pipe.vae, pixels, device, dtype)
         camera = camera_tensors(pipe, request, device, dtype, batch)
 
-        frames = (request.num_frames - 1) // pipe.vae_temporal_compression_ratio + 1
-        h = request.height // pipe.vae_spatial_compression_ratio
-        w = request.width // pipe.vae_spatial_compression_ratio
+        frames, h, w = latent_shape(pipe, request)
         latents = initial_latents(first, frames, h, w, request.seed, device, dtype)
         channels = latents.shape[1]
         scheduler.set_timesteps(request.steps, device=device)

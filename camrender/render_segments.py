@@ -24,7 +24,6 @@ import numpy as np
 from camrender.errors import CamrenderError
 
 DEFAULT_SEGMENT_TIMESTEPS = (1000.0, 960.0, 889.0, 727.0)
-KERNEL_BACKENDS = {"fused": "auto", "torch": "torch"}  # request.kernels -> SegmentOptions.backend
 
 
 def segment_timesteps(scheduler, steps: Optional[int]) -> list:
@@ -148,20 +147,12 @@ def prepare_inputs(pipe, request, device) -> SegmentInputs:
     dtype = pipe.transformer.dtype
     guidance = request.guidance is not None and request.guidance > 1.0
     batch = 2 if guidance else 1
-    if request.image is not None:
-        pixels = render.first_frame_pixels(request.image, request.height, request.width)
-    elif request.model == "tiny":
-        pixels = render.neutral_first_frame(request.height, request.width)
-    else:
-        raise CamrenderError("SANA-WM needs a first-frame image: pass --image or set \"image\" in the trajectory",
-                             field="image")
+    pixels = render.request_first_frame(request)
     with torch.no_grad():
         text, text_mask = render.encode_text(pipe, request, device, guidance)
         first = render.encode_first_frame(pipe.vae, pixels, device, dtype)
         camera = render.camera_tensors(pipe, request, device, dtype, batch)
-    frames = (request.num_frames - 1) // pipe.vae_temporal_compression_ratio + 1
-    h = request.height // pipe.vae_spatial_compression_ratio
-    w = request.width // pipe.vae_spatial_compression_ratio
+    frames, h, w = render.latent_shape(pipe, request)
     noise = render.initial_latents(first.cpu(), frames, h, w, request.seed, "cpu", dtype)
     return SegmentInputs(text=text, text_mask=text_mask, camera_conditions=camera["camera_conditions"],
                          chunk_plucker=camera["chunk_plucker"], first_latent=first, noise=noise,
@@ -184,17 +175,18 @@ def render_segments(pipe, request, progress: Optional[Callable[..., None]] = Non
     import torch
 
     from camrender import render
+    from camrender.patch import KERNEL_BACKENDS
     from camrender.segment_decode import CausalStreamDecoder, to_uint8_frames
     from camrender.segments import SegmentOptions, segment_bounds
 
-    render.check_request(pipe, dataclasses.replace(request, steps=request.steps or 1))
+    render.check_request(pipe, request)  # steps None: the segment step list
     if request.segment_frames < 1:
         raise CamrenderError(f"must be at least 1, got {request.segment_frames}", field="segment-frames")
     if request.cached_segments < 0:
         raise CamrenderError(f"must be 0 or more, got {request.cached_segments}", field="cached-segments")
     device = pipe._execution_device
     model = pipe.transformer
-    latent_frames = (request.num_frames - 1) // pipe.vae_temporal_compression_ratio + 1
+    latent_frames = render.latent_shape(pipe, request)[0]
     if model.use_pe and latent_frames > model.rope.max_seq_len:
         longest = (model.rope.max_seq_len - 1) * pipe.vae_temporal_compression_ratio + 1
         raise CamrenderError(f"segment mode renders at most {longest} frames with this model, got {request.num_frames}",

@@ -40,24 +40,22 @@ class CausalStreamDecoder:
     """Decode consecutive latent chunks of one clip; the concatenated frames equal the whole-clip
     causal decode of the concatenated latents.
 
+    Latents are in the DiT's normalised space (as the SANA-WM pipeline produces them); the
+    normalisation is undone before decoding.
+
     Args:
         vae: `AutoencoderKLLTX2Video`.
-        temb: optional decoder timestep (as `vae.decode(z, temb)`), for timestep-conditioned decoders.
-        denormalize: latents are in the DiT's normalised space (as the SANA-WM pipeline produces
-            them): undo `(z - mean) * scaling_factor / std` before decoding.
         device: where the decoder runs (the pipeline's execution device under model CPU offload,
             where `vae.device` reads "cpu" between calls); default `vae.device`.
     """
 
-    def __init__(self, vae, *, temb=None, denormalize: bool = True, device=None):
+    def __init__(self, vae, *, device=None):
         from diffusers.models.autoencoders.autoencoder_kl_ltx2 import (
             LTX2VideoCausalConv3d,
             LTX2VideoUpsampler3d,
         )
 
         self.vae = vae
-        self.temb = temb
-        self.denormalize = denormalize
         self.device = device
         decoder = vae.decoder
         self._convs = [m for m in decoder.modules() if isinstance(m, LTX2VideoCausalConv3d)]
@@ -74,14 +72,12 @@ class CausalStreamDecoder:
         F = 1 + 8 (t - 1) for the first chunk and 8 t after it (for 8x temporal compression)."""
         if latents.shape[0] != 1:
             raise ValueError("streaming decode works on one video at a time (batch 1)")
+        from camrender.render import denormalize_latents
+
         vae = self.vae
-        z = latents.to(device=self.device or vae.device, dtype=vae.dtype)
-        if self.denormalize:
-            mean = vae.latents_mean.view(1, -1, 1, 1, 1).to(z)
-            std = vae.latents_std.view(1, -1, 1, 1, 1).to(z)
-            z = z / vae.config.scaling_factor * std + mean
+        z = denormalize_latents(vae, latents.to(device=self.device or vae.device, dtype=vae.dtype))
         with self._streaming():
-            video = vae.decode(z, self.temb, causal=True, return_dict=False)[0]
+            video = vae.decode(z, causal=True, return_dict=False)[0]
         self.latent_frames += latents.shape[2]
         return video
 

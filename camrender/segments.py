@@ -29,19 +29,17 @@ import math
 from typing import Optional, Sequence
 
 import torch
-import torch.nn.functional as F
-from diffusers.models.normalization import RMSNorm
-from diffusers.models.transformers.transformer_sana_wm import (
-    _apply_ucpe_transform,
-    _prepare_ucpe_ray_transforms,
-    _process_camera_conditions_ucpe,
-    _SoftmaxUCPESinglePathLiteLA,
-)
+from diffusers.models.transformers.transformer_sana_wm import _apply_ucpe_transform, _SoftmaxUCPESinglePathLiteLA
 
 from camrender.patch import combine_branches, gdn_gates
 from camrender.patch_block import ffn_residual, modulation_rows, plucker_projection
+from camrender.patch_softmax import camera_decode, camera_encode, sdpa, softmax_qkv
+from camrender.render import ray_transforms
 from kernels.block_glue import ada_norm, gated_residual, residual_ada_norm
+from kernels.camera_branch import camera_branch
+from kernels.main_branch import main_branch
 from kernels.reference import delta_scan_ref
+from kernels.short_conv import short_conv, short_conv_context
 
 __all__ = [
     "BlockCache",
@@ -86,9 +84,9 @@ class SegmentOptions:
             Pass 1/sqrt(D) to reproduce the stock bidirectional model.
         sdpa_dtype: dtype of the softmax attention; None -> bfloat16 for fp32 activations (as
             diffusers does), the activation dtype otherwise.
-        backend: "torch" (plain PyTorch scans, `kernels.reference`), "auto" (the fused Triton
-            kernels on CUDA when they are importable, PyTorch otherwise) or "fused" (the kernels,
-            an error if they are missing).
+        backend: "torch" (the PyTorch references), "auto" (the fused Triton kernels on CUDA,
+            PyTorch otherwise) or "fused" (the kernels on any device: on CPU through the Triton
+            interpreter, for tests).
         precision: matrix-product precision of the fused kernels, "tf32" or "ieee" (exact fp32).
     """
 
@@ -163,13 +161,15 @@ class SegmentCache:
 
 @dataclasses.dataclass
 class _Call:
-    """Layout of one forward call. `segments` are (start, stop) frame ranges relative to the call."""
+    """Layout of one forward call. `segments` are (start, stop) frame ranges relative to the call;
+    `backend` the kernels' backend argument ("torch": PyTorch references, "auto": Triton kernels)."""
 
     num_frames: int
     height: int
     width: int
     segments: list
     write: bool
+    backend: str = "torch"
 
     @property
     def spatial(self) -> int:
@@ -197,34 +197,19 @@ class _Call:
 # ---------------------------------------------------------------------------------------------
 
 
-def _glue_backend(options: SegmentOptions, device: torch.device) -> str:
-    """Backend of the single-pass glue kernels (`kernels.block_glue`): the Triton kernels wherever
-    the fused branch kernels run, the PyTorch references otherwise."""
-    return "torch" if _fused_kernels(options.backend, device) is None else "auto"
-
-
-def _fused_kernels(backend: str, device: torch.device):
-    """The fused branch kernels `(main_branch, camera_branch)` for this backend, or None for PyTorch.
-
-    "torch": always None. "auto": the kernels on CUDA when importable. "fused": the kernels, an
-    ImportError if missing (on CPU they run through the Triton interpreter: tests only).
-    """
-    if backend == "torch":
-        return None
-    if backend not in ("auto", "fused"):
+def _kernel_backend(backend: str, device: torch.device) -> str:
+    """`SegmentOptions.backend` -> the kernels' `backend` argument for a call on `device`: "torch"
+    (PyTorch references) or "auto" (the Triton kernels; the interpreter under TRITON_INTERPRET=1)."""
+    if backend not in ("torch", "auto", "fused"):
         raise ValueError(f"unknown backend {backend!r} (torch, auto, fused)")
-    if backend == "auto" and device.type != "cuda":
-        return None
-    try:
-        import kernels
-        from kernels.main_branch import main_branch
+    if backend == "torch" or (backend == "auto" and device.type != "cuda"):
+        return "torch"
+    return "auto"
 
-        camera_branch = kernels.camera_branch
-    except (ImportError, AttributeError):
-        if backend == "fused":
-            raise ImportError("the fused kernels (kernels.main_branch, kernels.camera_branch) are not available")
-        return None
-    return main_branch, camera_branch
+
+def _has_weights(*norms) -> bool:
+    """Whether every norm is an RMSNorm with a weight (the layout the fused prep kernels take)."""
+    return all(getattr(norm, "weight", None) is not None for norm in norms)
 
 
 def _rope_for_frames(rope_module, frame_start: int, num_frames: int, height: int, width: int, device):
@@ -278,42 +263,6 @@ def _downscale_to_rms(reference: torch.Tensor, transformed: torch.Tensor, eps: f
     return transformed * (reference_rms / transformed_rms.clamp_min(eps)).clamp(max=1.0)
 
 
-def _ucpe(feats: torch.Tensor, matrix: torch.Tensor, freqs_cam, inverse: bool = False) -> torch.Tensor:
-    """UCPE transform of (B, H, N, D) features: per-token 4x4 on the first half, RoPE on the second."""
-    return _apply_ucpe_transform(feats, matrix, freqs_cam, inverse_rope=inverse)
-
-
-def _ray_transforms(model, camera_conditions: torch.Tensor, grid: tuple, rope: torch.Tensor):
-    """(P, P_T, P_inv, RoPE_cam) for the call's frames; P (B, N, 4, 4). Ray matrices are per frame,
-    so a slice of the trajectory gives the rows of the whole-trajectory matrices."""
-    raymats, absmap = _process_camera_conditions_ucpe(
-        camera_conditions, camera_conditions.shape[0], grid, model.patch_size
-    )
-    transforms = _prepare_ucpe_ray_transforms(
-        head_dim=model.linear_head_dim,
-        camera_conditions=camera_conditions,
-        HW=grid,
-        patch_size=model.patch_size,
-        rotary_emb=rope,
-        raymats=raymats,
-    )
-    return transforms, absmap
-
-
-def _sdpa(query, key, value, *, scale: float, mask=None) -> torch.Tensor:
-    """Softmax attention on (B, H, n, D) tensors with an explicit scale; mask: optional bool
-    (n_q, n_k), True = attend. Returns (B, H, n_q, D)."""
-    if not query.is_cuda:
-        return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale)
-    # The backend priority measured for the full-mode softmax blocks (cuDNN attention first).
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    from camrender.patch_softmax import SDPA_BACKENDS
-
-    with sdpa_kernel([getattr(SDPBackend, name) for name in SDPA_BACKENDS], set_priority=True):
-        return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale)
-
-
 def _padded_head_dim(head_dim: int) -> int:
     if head_dim in (32, 64, 128, 256) or head_dim >= 256:
         return head_dim
@@ -331,48 +280,32 @@ def _sdpa_dtype(options: SegmentOptions, activations: torch.Tensor) -> torch.dty
 # ---------------------------------------------------------------------------------------------
 
 
-def _short_conv(conv, x: torch.Tensor, call: _Call, left: Optional[torch.Tensor]) -> torch.Tensor:
-    """SANA-WM's bidirectional depthwise short conv over frames, chunk-causal.
+def _short_conv(conv, x: torch.Tensor, call: _Call, *, carry: bool, left: Optional[torch.Tensor] = None):
+    """SANA-WM's bidirectional depthwise short conv over frames (diffusers
+    `SanaWMTemporalShortConvolution`, here `kernels.short_conv`), chunk-causal.
 
-    y = causal(x) + anticausal(x) - w_last * x (diffusers `SanaWMTemporalShortConvolution`), where the
-    causal half reads `left` (B, L, S, C), the raw frames before the call (zeros where missing), and
-    the anti-causal half stops at the end of each segment.
+    The anti-causal half stops at the end of each segment of the call. With `carry` (main K) the
+    causal half reads `left`, the raw frames before the call, and the earlier segments of the call;
+    without (camera K) each segment is zero-padded on both sides.
 
     Args:
         conv: the block's `SanaWMTemporalShortConvolution` (weight (C, 1, K)).
-        x: (B, T, S, C) raw projections of the call.
-        left: (B, L, S, C) raw frames right before the call, or None.
-    Returns (B, T, S, C).
+        x: (B, N, C) raw projections of the call (channel stride 1; a slice of the qkv output is fine).
+        left: (B, L*S, C), L <= K - 1, raw frames right before the call, or None.
+    Returns (B, N, C).
     """
-    taps = conv.kernel_size
-    weight = conv.weight[:, 0, :].to(x.dtype)  # (C, K); weight[:, -1] multiplies x[t]
-    batch, frames, spatial, channels = x.shape
-    history = x.new_zeros(batch, taps - 1, spatial, channels)
-    if left is not None and left.shape[1] > 0:
-        keep = min(taps - 1, left.shape[1])
-        history[:, taps - 1 - keep :] = left[:, -keep:].to(x.dtype)
-    extended = torch.cat([history, x], dim=1)  # frame t of x is extended[t + K - 1]
-    causal = sum(weight[:, j] * extended[:, j : j + frames] for j in range(taps))
-
-    anticausal = torch.zeros_like(x)
-    for start, stop in call.segments:
-        segment = F.pad(x[:, start:stop], (0, 0, 0, 0, 0, taps - 1))  # zeros past the segment end
-        length = stop - start
-        anticausal[:, start:stop] = sum(weight[:, taps - 1 - j] * segment[:, j : j + length] for j in range(taps))
-
-    out = causal + anticausal - weight[:, -1] * x
-    if conv.bias is not None:
-        out = out + 2 * conv.bias.to(x.dtype)  # both halves carry the bias in diffusers
-    return out
-
-
-def _segment_local_conv(conv, x: torch.Tensor, call: _Call) -> torch.Tensor:
-    """The stock bidirectional short conv applied to each segment alone. x (B, N, C) -> (B, N, C)."""
     spatial = call.spatial
-    pieces = [
-        conv(x[:, start * spatial : stop * spatial], stop - start) for start, stop in call.segments
-    ]
-    return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1)
+    pieces = []
+    for index, (start, stop) in enumerate(call.segments):
+        piece = x[:, start * spatial : stop * spatial]
+        pieces.append(short_conv(piece, conv.weight, stop - start, left_context=left if carry else None,
+                                 backend=call.backend))
+        if carry and index + 1 < len(call.segments):
+            left = short_conv_context(piece, stop - start, left, frames=conv.kernel_size - 1)
+    out = pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1)
+    if conv.bias is not None:
+        out = out + 2 * conv.bias.to(out.dtype)  # both halves carry the bias in diffusers
+    return out
 
 
 def _ffn_residual(block, x, mlp_in, gate, call: _Call, cache: BlockCache, backend: str) -> torch.Tensor:
@@ -391,58 +324,38 @@ def _ffn_residual(block, x, mlp_in, gate, call: _Call, cache: BlockCache, backen
 # ---------------------------------------------------------------------------------------------
 
 
-def _gdn_main(attn, x, beta, decay, rope, call: _Call, cache: BlockCache, fused, precision) -> torch.Tensor:
+def _gdn_main(attn, x, beta, decay, rope, call: _Call, cache: BlockCache, precision) -> torch.Tensor:
     """Main GDN branch -> (B, N, C) before the output gate: RoPE'd numerator (KV) and unrotated
     denominator (Z) streams, forward from the cached states, reverse inside each segment."""
     batch, tokens, channels = x.shape
     heads, dim = attn.heads, attn.dim
     frames, spatial = call.num_frames, call.spatial
-    query, key, value = attn.qkv(x).reshape(batch, tokens, 3, heads, dim).unbind(2)
-
     if attn.conv_q is not None or attn.conv_v is not None:
         raise NotImplementedError("segment mode supports k_conv_only models (the released ones)")
+    qkv = attn.qkv(x)
+    query, key, value = qkv[..., :channels], qkv[..., channels:2 * channels], qkv[..., 2 * channels:]
     if attn.conv_k is not None:
-        raw_key = key.reshape(batch, frames, spatial, channels)
-        if fused is not None and len(call.segments) == 1 and attn.conv_k.bias is None:
-            # one segment per call (the render path): the fused kernel reads the cached raw frames
-            from kernels.short_conv import short_conv
-
-            tail = None if cache.key_tail is None else cache.key_tail.to(key.dtype).reshape(batch, -1, channels)
-            key = short_conv(raw_key.reshape(batch, tokens, channels), attn.conv_k.weight, frames,
-                             left_context=tail, backend="auto")
-        else:
-            key = _short_conv(attn.conv_k, raw_key, call, cache.key_tail)
-        key = key.reshape(batch, tokens, heads, dim)
+        tail = None if cache.key_tail is None else cache.key_tail.flatten(1, 2)
+        raw_key, key = key, _short_conv(attn.conv_k, key, call, carry=True, left=tail)
         if call.write:
-            history = raw_key if cache.key_tail is None else torch.cat([cache.key_tail.to(raw_key.dtype), raw_key], 1)
-            cache.key_tail = history[:, -(attn.conv_k.kernel_size - 1) :].detach().clone()
+            context = short_conv_context(raw_key, frames, tail, frames=attn.conv_k.kernel_size - 1)
+            cache.key_tail = _compact(context).unflatten(1, (-1, spatial))
 
     starts = call.segment_starts(x.device)
     initial = None if cache.kv_state is None else (cache.kv_state, cache.z_state)
-    if fused is not None and rope is not None and isinstance(attn.q_norm, RMSNorm):
-        main_branch, _ = fused
+    if call.backend != "torch" and rope is not None and _has_weights(attn.q_norm, attn.k_norm):
         out, (kv_state, z_state) = main_branch(
-            query.reshape(batch, tokens, channels),
-            key.reshape(batch, tokens, channels),
-            value.reshape(batch, tokens, channels),
-            beta,
-            decay,
-            rope,
-            q_norm_weight=attn.q_norm.weight,
-            k_norm_weight=attn.k_norm.weight,
-            norm_eps=attn.q_norm.eps,
-            eps=attn.attn.eps,
-            initial_state=initial,
-            segment_starts=starts,
-            precision=precision,
-            backend="auto",
-            return_final_state=True,
+            query, key, value, beta, decay, rope,
+            q_norm_weight=attn.q_norm.weight, k_norm_weight=attn.k_norm.weight, norm_eps=attn.q_norm.eps,
+            eps=attn.attn.eps, initial_state=initial, segment_starts=starts, precision=precision,
+            backend=call.backend, return_final_state=True,
         )
     else:
-        query = attn.q_norm(query.reshape(batch, tokens, channels)).reshape(batch, tokens, heads, dim)
-        key = attn.k_norm(key.reshape(batch, tokens, channels)).reshape(batch, tokens, heads, dim)
+        query = attn.q_norm(query).reshape(batch, tokens, heads, dim)
+        key = attn.k_norm(key).reshape(batch, tokens, heads, dim)
         query, key = attn.kernel_func(query), attn.kernel_func(key)
         key = key * (dim**-0.5 * spatial**-0.5)
+        value = value.reshape(batch, tokens, heads, dim)
         query_rot, key_rot = (_rotate(query, rope), _rotate(key, rope)) if rope is not None else (query, key)
         scan_beta, scan_decay = beta.float(), decay.float()
         numerator, kv_state = delta_scan_ref(
@@ -470,99 +383,46 @@ def _gdn_main(attn, x, beta, decay, rope, call: _Call, cache: BlockCache, fused,
     return out
 
 
-def _camera_projections(attn, x, call: _Call, conv: bool, norm: bool = True, fused_conv: bool = False):
-    """Camera q, k, v (B, N, H, D); with `conv` the segment-local short conv on k (`fused_conv`:
-    through `kernels.short_conv` for a single-segment call), with `norm` the RMSNorms on q and k."""
+def _gdn_camera(attn, x, beta, decay, rays, call: _Call, cache: BlockCache, precision) -> torch.Tensor:
+    """UCPE camera branch of a GDN block -> (B, N, C) before `out_proj_cam` (`kernels.camera_branch`):
+    numerator-only delta rule in ray space, forward from the cached camera state, reverse inside
+    each segment. The camera short conv is segment-local."""
+    if attn.conv_q_cam is not None or attn.conv_v_cam is not None:
+        raise NotImplementedError("segment mode supports k_conv_only models (the released ones)")
     batch, tokens, _ = x.shape
-    heads, dim = attn.cam_heads, attn.cam_head_dim
+    shape = (batch, tokens, attn.cam_heads, attn.cam_head_dim)
     query, key, value = attn.q_proj_cam(x), attn.k_proj_cam(x), attn.v_proj_cam(x)
-    if conv:
-        if attn.conv_q_cam is not None or attn.conv_v_cam is not None:
-            raise NotImplementedError("segment mode supports k_conv_only models (the released ones)")
-        if attn.conv_k_cam is not None and fused_conv and len(call.segments) == 1 and attn.conv_k_cam.bias is None:
-            from kernels.short_conv import short_conv
-
-            key = short_conv(key, attn.conv_k_cam.weight, call.num_frames, backend="auto")
-        elif attn.conv_k_cam is not None:
-            key = _segment_local_conv(attn.conv_k_cam, key, call)
-    if norm:
-        query, key = attn.q_norm_cam(query), attn.k_norm_cam(key)
-    shape = (batch, tokens, heads, dim)
-    return query.reshape(shape), key.reshape(shape), value.reshape(shape)
-
-
-def _gdn_camera(attn, x, beta, decay, rays, call: _Call, cache: BlockCache, fused, precision) -> torch.Tensor:
-    """UCPE camera branch of a GDN block -> (B, N, C) before `out_proj_cam`: numerator-only delta
-    rule in ray space, forward from the cached camera state, reverse inside each segment."""
-    batch, tokens, _ = x.shape
-    heads, dim = attn.cam_heads, attn.cam_head_dim
-    frames, spatial = call.num_frames, call.spatial
-    starts = call.segment_starts(x.device)
-
-    if fused is not None and isinstance(attn.q_norm_cam, RMSNorm):
-        _, camera_branch = fused
-        query, key, value = _camera_projections(attn, x, call, conv=True, norm=False, fused_conv=True)
-        out, cam_state = camera_branch(
-            query,
-            key,
-            value,
-            beta,
-            decay,
-            rays,
-            q_norm_weight=attn.q_norm_cam.weight,
-            k_norm_weight=attn.k_norm_cam.weight,
-            norm_eps=attn.q_norm_cam.eps,
-            initial_state=cache.cam_state,
-            segment_starts=starts,
-            precision=precision,
-            backend="auto",
-            return_final_state=True,
-        )
-        if call.write:
-            cache.cam_state = cam_state.detach()
-        return out
-
-    query, key, value = (t.transpose(1, 2) for t in _camera_projections(attn, x, call, conv=True))
-    query, key = attn.kernel_func(query), attn.kernel_func(key)
-    key = key * (dim**-0.5 * spatial**-0.5)
-
-    P, P_T, P_inv, freqs_cam = rays
-    key_norm_before = torch.linalg.vector_norm(key, dim=-1).clamp_min(1e-6)
-    query_ucpe = _downscale_to_rms(query, _ucpe(query, P_T, freqs_cam))
-    key_ucpe = _downscale_to_rms(key, _ucpe(key, P_inv, freqs_cam))
-    value_ucpe = _downscale_to_rms(value, _ucpe(value, P_inv, freqs_cam))
-    key_norm_after = torch.linalg.vector_norm(key_ucpe, dim=-1).clamp_min(1e-6)
-    inflation = (key_norm_after / key_norm_before).square().reshape(batch, heads, frames, spatial).mean(-1)
-    cam_beta = beta / inflation.clamp_min(1.0).unsqueeze(-1)
-
-    def frames_first(t):  # (B, H, N, D) -> (B, H, T, S, D)
-        return t.reshape(batch, heads, frames, spatial, dim).float()
-
-    out, cam_state = delta_scan_ref(
-        frames_first(query_ucpe),
-        frames_first(key_ucpe),
-        frames_first(value_ucpe),
-        cam_beta.float(),
-        decay.float(),
+    if attn.conv_k_cam is not None:
+        key = _short_conv(attn.conv_k_cam, key, call, carry=False)
+    out, cam_state = camera_branch(
+        query.reshape(shape),
+        key.reshape(shape),
+        value.reshape(shape),
+        beta,
+        decay,
+        rays,
+        q_norm_weight=getattr(attn.q_norm_cam, "weight", None),
+        k_norm_weight=getattr(attn.k_norm_cam, "weight", None),
+        norm_eps=getattr(attn.q_norm_cam, "eps", 1e-5),
         initial_state=cache.cam_state,
-        segment_starts=starts,
+        segment_starts=call.segment_starts(x.device),
+        precision=precision,
+        backend=call.backend,
+        return_final_state=True,
     )
     if call.write:
         cache.cam_state = cam_state.detach()
-    out = out.to(value.dtype).reshape(batch, heads, tokens, dim)
-    out = _ucpe(out, P, freqs_cam, inverse=True)
-    return out.transpose(1, 2).reshape(batch, tokens, heads * dim)
+    return out
 
 
 def _gdn_attention(attn, x, rope, rays, call: _Call, cache: BlockCache, options: SegmentOptions):
     """`BidirectionalGDNUCPESinglePathLiteLA.forward`, chunk-causal. x (B, N, C) -> (B, N, C)."""
-    fused = _fused_kernels(options.backend, x.device)
     beta, decay = gdn_gates(attn, x, call.num_frames, call.spatial)
-    out = _gdn_main(attn, x, beta, decay, rope, call, cache, fused, options.precision)
+    out = _gdn_main(attn, x, beta, decay, rope, call, cache, options.precision)
     camera = None
     if rays is not None:
-        camera = attn.out_proj_cam(_gdn_camera(attn, x, beta, decay, rays, call, cache, fused, options.precision))
-    return combine_branches(attn, x, out, camera, _glue_backend(options, x.device))
+        camera = attn.out_proj_cam(_gdn_camera(attn, x, beta, decay, rays, call, cache, options.precision))
+    return combine_branches(attn, x, out, camera, call.backend)
 
 
 def _softmax_mask(call: _Call, options: SegmentOptions, device) -> Optional[torch.Tensor]:
@@ -576,26 +436,11 @@ def _softmax_mask(call: _Call, options: SegmentOptions, device) -> Optional[torc
     return allowed.repeat_interleave(call.spatial, 0).repeat_interleave(call.spatial, 1)
 
 
-def _has_norm_weights(attn) -> bool:
-    return all(getattr(norm, "weight", None) is not None
-               for norm in (attn.q_norm, attn.k_norm, attn.q_norm_cam, attn.k_norm_cam))
-
-
-def _softmax_qkv(attn, x, rope, sdpa_dtype, fused: bool):
-    """Main-branch q, k (RMSNorm, RoPE) and v of a softmax block, (B, H, N, D) in the SDPA dtype;
-    `fused`: q and k in one `kernels.main_prep` pass each, v read from the qkv output."""
+def _softmax_qkv_torch(attn, x, rope, sdpa_dtype):
+    """Main-branch q, k (RMSNorm, RoPE) and v of a softmax block with the model's own modules,
+    (B, H, N, D) in the SDPA dtype (the fused path: `camrender.patch_softmax.softmax_qkv`)."""
     batch, tokens, channels = x.shape
     heads, dim = attn.heads, attn.dim
-    if fused:
-        from kernels.main_prep import main_prep
-
-        qkv = attn.qkv(x)
-        prepped = []
-        for raw, norm in ((qkv[..., :channels], attn.q_norm), (qkv[..., channels:2 * channels], attn.k_norm)):
-            out = torch.empty(batch, tokens, channels, device=x.device, dtype=sdpa_dtype)
-            prepped.append(main_prep(raw, norm.weight, heads, norm_eps=norm.eps, relu=False, rope=rope, out=out))
-        query, key, value = prepped[0], prepped[1], qkv[..., 2 * channels:].to(sdpa_dtype)
-        return tuple(t.reshape(batch, tokens, heads, dim).transpose(1, 2) for t in (query, key, value))
     query, key, value = attn.qkv(x).reshape(batch, tokens, 3, heads, dim).unbind(2)
     query = attn.q_norm(query.reshape(batch, tokens, channels)).reshape(batch, tokens, heads, dim)
     key = attn.k_norm(key.reshape(batch, tokens, channels)).reshape(batch, tokens, heads, dim)
@@ -604,70 +449,72 @@ def _softmax_qkv(attn, x, rope, sdpa_dtype, fused: bool):
     return tuple(t.transpose(1, 2).to(sdpa_dtype) for t in (query, key, value))
 
 
-def _softmax_camera_encode(attn, x, rays, call: _Call, sdpa_dtype, fused: bool):
-    """Camera q, k, v of a softmax block after RMSNorm, UCPE and RMS downscale, (B, H, N, D') in the
-    SDPA dtype; `fused`: `kernels.softmax_cam` (D' = D zero-padded to 128), else D' = D."""
-    if fused:
-        from kernels.softmax_cam import cam_softmax_encode
-
-        norm = attn.q_norm_cam
-        encoded = cam_softmax_encode(
-            attn.q_proj_cam(x), attn.k_proj_cam(x), attn.v_proj_cam(x), rays, q_norm_weight=norm.weight,
-            k_norm_weight=attn.k_norm_cam.weight, norm_eps=norm.eps, heads=attn.cam_heads, out_dtype=sdpa_dtype)
-        return tuple(t.transpose(1, 2) for t in encoded)
+def _softmax_camera_encode_torch(attn, x, rays, sdpa_dtype):
+    """Camera q, k, v of a softmax block after RMSNorm, UCPE and RMS downscale, (B, H, N, D) in the
+    SDPA dtype, with the model's own modules (fused: `camrender.patch_softmax.camera_encode`, D
+    zero-padded to 128)."""
+    batch, tokens, _ = x.shape
+    shape = (batch, tokens, attn.cam_heads, attn.cam_head_dim)
     _, P_T, P_inv, freqs_cam = rays
-    query, key, value = (t.transpose(1, 2) for t in _camera_projections(attn, x, call, conv=False))
-    query = _downscale_to_rms(query, _ucpe(query, P_T, freqs_cam)).to(sdpa_dtype)
-    key = _downscale_to_rms(key, _ucpe(key, P_inv, freqs_cam)).to(sdpa_dtype)
-    value = _downscale_to_rms(value, _ucpe(value, P_inv, freqs_cam)).to(sdpa_dtype)
+    query = attn.q_norm_cam(attn.q_proj_cam(x)).reshape(shape).transpose(1, 2)
+    key = attn.k_norm_cam(attn.k_proj_cam(x)).reshape(shape).transpose(1, 2)
+    value = attn.v_proj_cam(x).reshape(shape).transpose(1, 2)
+    query = _downscale_to_rms(query, _apply_ucpe_transform(query, P_T, freqs_cam)).to(sdpa_dtype)
+    key = _downscale_to_rms(key, _apply_ucpe_transform(key, P_inv, freqs_cam)).to(sdpa_dtype)
+    value = _downscale_to_rms(value, _apply_ucpe_transform(value, P_inv, freqs_cam)).to(sdpa_dtype)
     return query, key, value
 
 
-def _softmax_camera_decode(attn, out, rays, dtype, fused: bool):
-    """Camera SDPA output (B, H, N, D') -> world space (B, N, C) in `dtype` (P, inverse RoPE)."""
-    if fused:
-        from kernels.softmax_cam import cam_softmax_decode
-
-        return cam_softmax_decode(out, rays, dim=attn.cam_head_dim, out_dtype=dtype)
+def _softmax_camera_decode_torch(out, rays, dtype):
+    """Camera SDPA output (B, H, N, D) -> world space (B, N, C) in `dtype` (P, inverse RoPE)."""
     batch, heads, tokens, dim = out.shape
     P, _, _, freqs_cam = rays
-    return _ucpe(out.to(dtype), P, freqs_cam, inverse=True).transpose(1, 2).reshape(batch, tokens, heads * dim)
+    world = _apply_ucpe_transform(out.to(dtype), P, freqs_cam, inverse_rope=True)
+    return world.transpose(1, 2).reshape(batch, tokens, heads * dim)
 
 
 def _softmax_attention(attn, x, rope, rays, call: _Call, cache: BlockCache, options: SegmentOptions):
     """`_SoftmaxUCPESinglePathLiteLA.forward`, chunk-causal: queries of the call attend to the cached
     sink / recent segments and to the call's own keys (masked per segment). x (B, N, C) -> (B, N, C)."""
     batch, tokens, channels = x.shape
-    heads, dim = attn.heads, attn.dim
     sdpa_dtype = _sdpa_dtype(options, x)
     context = cache.softmax_context()
     if context and len(call.segments) > 1:
         raise ValueError("a call with several segments must start from an empty cache")
     mask = _softmax_mask(call, options, x.device)
 
-    fused = _fused_kernels(options.backend, x.device) is not None and _has_norm_weights(attn)
-    query, key, value = _softmax_qkv(attn, x, rope, sdpa_dtype, fused)
-    main_scale = options.main_softmax_scale or 1.0 / math.sqrt(_padded_head_dim(dim))
-    out = _sdpa(
+    fused = call.backend != "torch" and _has_weights(attn.q_norm, attn.k_norm, attn.q_norm_cam, attn.k_norm_cam)
+    if fused:
+        query, key, value = softmax_qkv(attn, x, rope, sdpa_dtype, use_triton=True)
+    else:
+        query, key, value = _softmax_qkv_torch(attn, x, rope, sdpa_dtype)
+    out = sdpa(
         query,
         torch.cat([kv.key for kv in context] + [key], dim=2),
         torch.cat([kv.value for kv in context] + [value], dim=2),
-        scale=main_scale,
+        scale=options.main_softmax_scale or 1.0 / math.sqrt(_padded_head_dim(attn.dim)),
         mask=mask,
     )
-    out = out.transpose(1, 2).reshape(batch, tokens, heads * dim).to(x.dtype)
+    out = out.transpose(1, 2).reshape(batch, tokens, channels).to(x.dtype)
 
-    cam_key = cam_value = None
+    cam_out = cam_key = cam_value = None
     if rays is not None:
-        cam_query, cam_key, cam_value = _softmax_camera_encode(attn, x, rays, call, sdpa_dtype, fused)
-        cam_out = _sdpa(
+        if fused:
+            cam_query, cam_key, cam_value = camera_encode(attn, x, rays, sdpa_dtype, use_triton=True)
+        else:
+            cam_query, cam_key, cam_value = _softmax_camera_encode_torch(attn, x, rays, sdpa_dtype)
+        cam_out = sdpa(
             cam_query,
             torch.cat([kv.cam_key for kv in context] + [cam_key], dim=2),
             torch.cat([kv.cam_value for kv in context] + [cam_value], dim=2),
             scale=1.0 / math.sqrt(_padded_head_dim(attn.cam_head_dim)),
             mask=mask,
         )
-        cam_out = attn.out_proj_cam(_softmax_camera_decode(attn, cam_out, rays, x.dtype, fused))
+        if fused:
+            cam_out = camera_decode(attn, cam_out, rays, x.dtype, use_triton=True)
+        else:
+            cam_out = _softmax_camera_decode_torch(cam_out, rays, x.dtype)
+        cam_out = attn.out_proj_cam(cam_out)
 
     if call.write:
         entry = SoftmaxKV(*(_compact(t) for t in (key, value, cam_key, cam_value)))
@@ -676,7 +523,7 @@ def _softmax_attention(attn, x, rope, rays, call: _Call, cache: BlockCache, opti
         elif options.cached_segments > 0:
             cache.recent = (cache.recent + [entry])[-options.cached_segments :]
 
-    return combine_branches(attn, x, out, cam_out if rays is not None else None, _glue_backend(options, x.device))
+    return combine_branches(attn, x, out, cam_out, call.backend)
 
 
 def _compact(t):
@@ -694,7 +541,7 @@ def _block_forward(block, x, y, y_mask, modulation, rope, rays, plucker, call, c
 
     x (B, N, C); y (B, 1, L, C) text; modulation (B, 1, T, 6C) per-frame adaLN input.
     """
-    glue = _glue_backend(options, x.device)
+    glue = call.backend  # the single-pass glue kernels run wherever the branch kernels do
     if x.stride(-1) != 1:
         x = x.contiguous()
     shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = modulation_rows(block, modulation)
@@ -752,7 +599,7 @@ def prepare_conditioning(
     rope = _rope_for_frames(model.rope, frame_start, frames, height, width, device) if model.use_pe else None
     rays = raymap = plucker = plucker_input = None
     if camera_conditions is not None:
-        rays, absmap = _ray_transforms(model, camera_conditions, grid, rope)
+        rays, absmap = ray_transforms(model, camera_conditions, grid, rope)
         if not (model.use_chunk_plucker_input or model.use_chunk_plucker_post_attn):
             raymap = model.raymap_embedder(absmap.permute(0, 4, 1, 2, 3).to(dtype))
     if chunk_plucker is not None and (model.use_chunk_plucker_input or model.use_chunk_plucker_post_attn):
@@ -830,7 +677,8 @@ def segment_forward(
         )
     elif (conditioning.frame_start, conditioning.num_frames) != (frame_start, frames):
         raise ValueError("conditioning was prepared for other frames")
-    call = _Call(frames, height, width, segments, write_cache)
+    call = _Call(frames, height, width, segments, write_cache,
+                 _kernel_backend(options.backend, hidden_states.device))
     block_caches = cache.blocks if cache is not None else [BlockCache() for _ in model.blocks]
 
     x = model.x_embedder(hidden_states.to(dtype))

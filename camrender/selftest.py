@@ -4,16 +4,13 @@ Runs on the GPU when one is present, else through the Triton interpreter on the 
 (TRITON_INTERPRET=1 must be set before triton is imported; when it is not and triton is
 already loaded, the test re-runs itself in a fresh interpreter process).
 
-Cases come from `kernels.SELFTEST_CASES` when the kernels package exposes that list, else
-from `default_cases()` below. A case is a `SelftestCase` (or a dict with the same keys):
-`name`, `shape` (a label), `run(device) -> (actual, expected)` where both are tensors or
-equal-length tuples of tensors, and `tolerance`: the case passes when
-max |actual - expected| <= tolerance * max(1, max |expected|).
+Cases come from `default_cases()` below. A case is a `SelftestCase`: `name`, `shape` (a label),
+`run(device) -> (actual, expected)` where both are tensors or equal-length tuples of tensors,
+and `tolerance`: the case passes when max |actual - expected| <= tolerance * max(1, max |expected|).
 """
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import math
 import os
@@ -42,7 +39,8 @@ class SelftestResult:
 
 
 # ----------------------------------------------------------------------------- random inputs
-def _generator(device, seed):
+def _generator(seed):
+    """CPU generator: inputs are drawn on the CPU and moved, so every device sees the same values."""
     import torch
 
     return torch.Generator(device="cpu").manual_seed(seed)
@@ -79,8 +77,7 @@ def _ray_transforms(batch, tokens, dim, generator, device):
 
     p = _random_se3(batch * tokens, generator, device).reshape(batch, tokens, 4, 4)
     p_inv = torch.linalg.inv(p)
-    angles = torch.rand(1, 1, tokens, dim // 4, generator=generator) * 2 * math.pi
-    rope = torch.polar(torch.ones_like(angles), angles).to(device)
+    rope = _random_rope(tokens, dim // 4, generator, device)
     return p, p.transpose(-1, -2).contiguous(), p_inv.contiguous(), rope
 
 
@@ -89,14 +86,14 @@ def _scan_case(batch, heads, frames, spatial, dim):
     def run(device):
         import kernels
 
-        g = _generator(device, 1)
+        g = _generator(1)
         q = _randn((batch, heads, frames, spatial, dim), g, device, 0.3)
         k = _randn((batch, heads, frames, spatial, dim), g, device, 0.3)
         v = _randn((batch, heads, frames, spatial, dim), g, device)
         beta = _rand((batch, heads, frames, spatial), g, device)
         decay = _rand((batch, heads, frames), g, device, 0.5, 1.0)
         state = _randn((batch, heads, dim, dim), g, device, 0.1)
-        starts = torch_bool_starts(frames, device)
+        starts = _middle_segment_start(frames, device)
         args = (q, k, v, beta, decay)
         kwargs = dict(initial_state=state, segment_starts=starts)
         return kernels.delta_scan(*args, precision="ieee", **kwargs), kernels.delta_scan_ref(*args, **kwargs)
@@ -104,7 +101,8 @@ def _scan_case(batch, heads, frames, spatial, dim):
     return SelftestCase("delta_scan", f"B{batch} H{heads} T{frames} S{spatial} D{dim}", run)
 
 
-def torch_bool_starts(frames, device):
+def _middle_segment_start(frames, device):
+    """Bool (T,) segment starts with one cut in the middle (the reverse scan restarts there)."""
     import torch
 
     starts = torch.zeros(frames, dtype=torch.bool, device=device)
@@ -113,7 +111,7 @@ def torch_bool_starts(frames, device):
 
 
 def _camera_inputs(batch, heads, frames, spatial, dim, device):
-    g = _generator(device, 2)
+    g = _generator(2)
     tokens = frames * spatial
     q, k, v = (_randn((batch, tokens, heads, dim), g, device) for _ in range(3))
     beta = _rand((batch, heads, frames, spatial), g, device)
@@ -140,7 +138,7 @@ def _cam_decode_case(batch, heads, frames, spatial, dim):
     def run(device):
         import kernels
 
-        g = _generator(device, 3)
+        g = _generator(3)
         tokens = frames * spatial
         x = _randn((batch, heads, tokens, dim), g, device)
         p, _, _, rope = _ray_transforms(batch, tokens, dim, g, device)
@@ -163,25 +161,22 @@ def _camera_branch_case(batch, heads, frames, spatial, dim):
 
 
 def _main_cases(batch, heads, frames, spatial, dim):
-    """Main-branch kernels, included when their modules exist."""
-    cases = []
-    try:
-        ref = importlib.import_module("kernels.main_reference")
-        short_conv = importlib.import_module("kernels.short_conv").short_conv
-        main_prep = importlib.import_module("kernels.main_prep").main_prep
-        main_branch = importlib.import_module("kernels.main_branch").main_branch
-    except (ImportError, AttributeError):
-        return cases
+    """Main-branch kernels: short conv (with and without cached frames), prep, the whole branch."""
+    from kernels import main_reference as ref
+    from kernels.main_branch import main_branch
+    from kernels.main_prep import main_prep
+    from kernels.short_conv import short_conv
+
     channels, tokens = heads * dim, frames * spatial
     label = f"B{batch} H{heads} T{frames} S{spatial} D{dim}"
 
     def inputs(device):
-        g = _generator(device, 4)
+        g = _generator(4)
         x = _randn((batch, tokens, channels), g, device)
         weight = _randn((channels, 1, 4), g, device, 0.5)
         norm_w = _rand((channels,), g, device, 0.5, 1.5)
-        angles = torch_angles(tokens, dim // 2, g, device)
-        return g, x, weight, norm_w, angles
+        rope = _random_rope(tokens, dim // 2, g, device)
+        return g, x, weight, norm_w, rope
 
     def run_conv(device):
         _, x, weight, _, _ = inputs(device)
@@ -208,28 +203,23 @@ def _main_cases(batch, heads, frames, spatial, dim):
         fused = short_conv(x, weight, frames, left_context=context, backend="triton")
         return fused, ref.short_conv_ref(x, weight, frames, left_context=context)
 
-    cases.append(SelftestCase("short_conv", label, run_conv))
-    cases.append(SelftestCase("short_conv+context", label, run_conv_context))
-    cases.append(SelftestCase("main_prep", label, run_prep))
-    cases.append(SelftestCase("main_branch", label, run_branch))
-    cases += _softmax_camera_cases(batch, heads, frames, spatial, dim)
-    return cases
+    return [SelftestCase("short_conv", label, run_conv), SelftestCase("short_conv+context", label, run_conv_context),
+            SelftestCase("main_prep", label, run_prep), SelftestCase("main_branch", label, run_branch),
+            *_softmax_camera_cases(batch, heads, frames, spatial, dim)]
 
 
 def _softmax_camera_cases(batch, heads, frames, spatial, dim):
-    """UCPE encode/decode around the softmax blocks' camera SDPA, when the module exists."""
-    try:
-        fast = importlib.import_module("kernels.softmax_cam")
-        ref = importlib.import_module("kernels.main_reference")
-        encode, encode_ref = fast.cam_softmax_encode, ref.cam_softmax_encode_ref
-        decode, decode_ref = fast.cam_softmax_decode, ref.cam_softmax_decode_ref
-    except (ImportError, AttributeError):
-        return []
+    """UCPE encode/decode around the softmax blocks' camera SDPA."""
+    from kernels.main_reference import cam_softmax_decode_ref as decode_ref
+    from kernels.main_reference import cam_softmax_encode_ref as encode_ref
+    from kernels.softmax_cam import cam_softmax_decode as decode
+    from kernels.softmax_cam import cam_softmax_encode as encode
+
     tokens, channels = frames * spatial, heads * dim
     label = f"B{batch} H{heads} N{tokens} D{dim}"
 
     def run_encode(device):
-        g = _generator(device, 5)
+        g = _generator(5)
         q, k, v = (_randn((batch, tokens, channels), g, device) for _ in range(3))
         rays = _ray_transforms(batch, tokens, dim, g, device)
         weights = dict(q_norm_weight=_rand((channels,), g, device, 0.5, 1.5),
@@ -237,7 +227,7 @@ def _softmax_camera_cases(batch, heads, frames, spatial, dim):
         return encode(q, k, v, rays, heads=heads, **weights), encode_ref(q, k, v, rays, heads=heads, **weights)
 
     def run_decode(device):
-        g = _generator(device, 6)
+        g = _generator(6)
         o = _randn((batch, heads, tokens, 128), g, device)
         rays = _ray_transforms(batch, tokens, dim, g, device)
         return decode(o, rays, dim=dim), decode_ref(o, rays, dim=dim)
@@ -247,12 +237,15 @@ def _softmax_camera_cases(batch, heads, frames, spatial, dim):
 
 def _glue_cases(batch, frames, spatial, channels):
     """The block's single-pass adaLN glue (kernels.block_glue) and the FFN's GLU depthwise conv."""
-    glue = importlib.import_module("kernels.block_glue")
+    from kernels import block_glue as glue
+    from kernels.ffn_glu import glu_depthwise as glu
+    from kernels.ffn_glu import glu_depthwise_ref as glu_ref
+
     tokens = frames * spatial
     label = f"B{batch} T{frames} S{spatial} C{channels}"
 
     def tensors(device, count, shape):
-        g = _generator(device, 7)
+        g = _generator(7)
         return [_randn(shape, g, device) for _ in range(count)]
 
     def run_norm(device):
@@ -270,26 +263,22 @@ def _glue_cases(batch, frames, spatial, channels):
         a, b, gate = tensors(device, 3, (batch, tokens, channels))
         return glue.silu_gate(a, gate, b=b, backend="triton"), glue.silu_gate_ref(a, gate, b)
 
-    cases = [SelftestCase("residual_ada_norm", label, run_norm), SelftestCase("gated_residual", label, run_residual),
-             SelftestCase("silu_gate", label, run_gate)]
-    try:
-        ffn = importlib.import_module("kernels.ffn_glu")
-        glu, glu_ref = ffn.glu_depthwise, ffn.glu_depthwise_ref
-    except (ImportError, AttributeError):
-        return cases
     height, width = 3, spatial // 3
 
     def run_glu(device):
-        g = _generator(device, 8)
+        g = _generator(8)
         h = _randn((batch * frames, height * width, 2 * channels), g, device)
         weight = _randn((2 * channels, 1, 3, 3), g, device, 0.3)
         bias = _randn((2 * channels,), g, device, 0.1)
         return (glu(h, weight, bias, height, width, backend="triton"), glu_ref(h, weight, bias, height, width))
 
-    return cases + [SelftestCase("glu_depthwise", f"F{batch * frames} {height}x{width} C{2 * channels}", run_glu)]
+    return [SelftestCase("residual_ada_norm", label, run_norm), SelftestCase("gated_residual", label, run_residual),
+            SelftestCase("silu_gate", label, run_gate),
+            SelftestCase("glu_depthwise", f"F{batch * frames} {height}x{width} C{2 * channels}", run_glu)]
 
 
-def torch_angles(tokens, pairs, generator, device):
+def _random_rope(tokens, pairs, generator, device):
+    """Complex (1, 1, N, pairs) unit rotations at uniform random angles (a RoPE table)."""
     import torch
 
     angles = torch.rand(1, 1, tokens, pairs, generator=generator) * 2 * math.pi
@@ -309,15 +298,6 @@ def default_cases() -> list:
     cases += _main_cases(1, 2, 3, 6, 16)
     cases += _glue_cases(2, 3, 6, 40)
     return cases
-
-
-def collect_cases() -> list:
-    import kernels
-
-    listed = getattr(kernels, "SELFTEST_CASES", None)
-    if listed is None:
-        return default_cases()
-    return [case if isinstance(case, SelftestCase) else SelftestCase(**case) for case in listed]
 
 
 # ----------------------------------------------------------------------------- running
@@ -400,7 +380,7 @@ def main(as_json: bool = False, cases=None) -> int:
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     mode = f"GPU: {torch.cuda.get_device_name(device)}" if device.type == "cuda" else "CPU, Triton interpreter"
-    results = [run_case(case, device) for case in (collect_cases() if cases is None else cases)]
+    results = [run_case(case, device) for case in (default_cases() if cases is None else cases)]
     ok = bool(results) and all(r.passed for r in results)
     if as_json:
         payload = {"device": mode, "passed": ok, "cases": [dataclasses.asdict(r) for r in results]}
