@@ -40,7 +40,7 @@ def main(argv=None) -> dict:
     pipe = load_pipeline(args.model, device=args.device)
     patch_transformer(pipe.transformer, kernels="fused")
     pipe.set_progress_bar_config(disable=True)
-    traj = trajectory.to_model_frames(trajectory.load(args.traj).validate(), None)
+    traj = trajectory.to_model_frames(trajectory.load(args.traj), None)
     base = RenderRequest(traj=traj, steps=10, guidance=5.0, num_frames=traj.num_frames, height=64, width=112,
                          model=args.model, device=args.device)
     result = {"device": torch.cuda.get_device_name() if cuda else "cpu", "model": args.model,

@@ -75,7 +75,7 @@ def _resolve_request(options: dict):
     from camrender.video import check_output_path
 
     out = check_output_path(options["out"])
-    traj = trajectory.load(options["traj"]).validate()
+    traj = trajectory.load(options["traj"])  # every reader returns a validated trajectory
     traj = trajectory.to_model_frames(traj, options["frames"])
     image = options["image"] if options["image"] is not None else traj.image
     if image is not None:
