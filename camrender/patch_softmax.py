@@ -40,6 +40,14 @@ def sdpa(q, k, v, *, scale=None, mask=None, backends=SDPA_BACKENDS):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
 
 
+def padded_sdpa_scale(head_dim: int) -> float:
+    """1 / sqrt(padded head dim), the scale of diffusers' camera SDPA: it zero-pads head dims other
+    than FlashAttention's 32/64/128/256 to 128 (or 256) and attends at the padded size's default
+    scale. Segment mode's cached attention scales both branches this way."""
+    padded = head_dim if head_dim in (32, 64, 128) or head_dim >= 256 else (128 if head_dim <= 128 else 256)
+    return padded ** -0.5
+
+
 def softmax_qkv(attn, x, rope, attn_dtype, use_triton: bool):
     """Main-branch q, k (full-C RMSNorm, RoPE) and v of softmax-block attention `attn`, each
     (B, H, N, D) in `attn_dtype`. x (B, N, C); rope: diffusers' complex table or None.
@@ -149,7 +157,9 @@ class PatchedSoftmaxAttention(_SoftmaxUCPESinglePathLiteLA):
 
     def _camera_softmax(self, x, ray_transforms, attn_dtype, use_triton):
         """Camera branch up to (not including) out_proj_cam: (B, N, C) in x.dtype, world space."""
-        o = sdpa(*camera_encode(self, x, ray_transforms, attn_dtype, use_triton), backends=self.sdpa_backends)
+        # Our encode pads every head dim to 128 or 256 (zeros, no effect on the scores): the scale is stock's.
+        o = sdpa(*camera_encode(self, x, ray_transforms, attn_dtype, use_triton),
+                 scale=padded_sdpa_scale(self.cam_head_dim), backends=self.sdpa_backends)
         return camera_decode(self, o, ray_transforms, x.dtype, use_triton)
 
 

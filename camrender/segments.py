@@ -25,7 +25,6 @@ their whole-trajectory positions).
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Optional, Sequence
 
 import torch
@@ -33,7 +32,7 @@ from diffusers.models.transformers.transformer_sana_wm import _apply_ucpe_transf
 
 from camrender.patch import combine_branches, gdn_gates
 from camrender.patch_block import ffn_residual, modulation_rows, plucker_projection
-from camrender.patch_softmax import camera_decode, camera_encode, sdpa, softmax_qkv
+from camrender.patch_softmax import camera_decode, camera_encode, padded_sdpa_scale, sdpa, softmax_qkv
 from camrender.render import ray_transforms
 from kernels.block_glue import ada_norm, gated_residual, residual_ada_norm
 from kernels.camera_branch import camera_branch
@@ -263,12 +262,6 @@ def _downscale_to_rms(reference: torch.Tensor, transformed: torch.Tensor, eps: f
     return transformed * (reference_rms / transformed_rms.clamp_min(eps)).clamp(max=1.0)
 
 
-def _padded_head_dim(head_dim: int) -> int:
-    if head_dim in (32, 64, 128, 256) or head_dim >= 256:
-        return head_dim
-    return 128 if head_dim <= 128 else 256
-
-
 def _sdpa_dtype(options: SegmentOptions, activations: torch.Tensor) -> torch.dtype:
     if options.sdpa_dtype is not None:
         return options.sdpa_dtype
@@ -473,6 +466,14 @@ def _softmax_camera_decode_torch(out, rays, dtype):
     return world.transpose(1, 2).reshape(batch, tokens, heads * dim)
 
 
+def _attend(query, key, value, cached: list, scale: float, mask) -> torch.Tensor:
+    """SDPA of the call's queries (B, H, n, D) over the cached (key, value) pairs of earlier
+    segments followed by the call's own keys and values."""
+    keys = torch.cat([k for k, _ in cached] + [key], dim=2)
+    values = torch.cat([v for _, v in cached] + [value], dim=2)
+    return sdpa(query, keys, values, scale=scale, mask=mask)
+
+
 def _softmax_attention(attn, x, rope, rays, call: _Call, cache: BlockCache, options: SegmentOptions):
     """`_SoftmaxUCPESinglePathLiteLA.forward`, chunk-causal: queries of the call attend to the cached
     sink / recent segments and to the call's own keys (masked per segment). x (B, N, C) -> (B, N, C)."""
@@ -488,13 +489,8 @@ def _softmax_attention(attn, x, rope, rays, call: _Call, cache: BlockCache, opti
         query, key, value = softmax_qkv(attn, x, rope, sdpa_dtype, use_triton=True)
     else:
         query, key, value = _softmax_qkv_torch(attn, x, rope, sdpa_dtype)
-    out = sdpa(
-        query,
-        torch.cat([kv.key for kv in context] + [key], dim=2),
-        torch.cat([kv.value for kv in context] + [value], dim=2),
-        scale=options.main_softmax_scale or 1.0 / math.sqrt(_padded_head_dim(attn.dim)),
-        mask=mask,
-    )
+    out = _attend(query, key, value, [(kv.key, kv.value) for kv in context],
+                  options.main_softmax_scale or padded_sdpa_scale(attn.dim), mask)
     out = out.transpose(1, 2).reshape(batch, tokens, channels).to(x.dtype)
 
     cam_out = cam_key = cam_value = None
@@ -503,13 +499,8 @@ def _softmax_attention(attn, x, rope, rays, call: _Call, cache: BlockCache, opti
             cam_query, cam_key, cam_value = camera_encode(attn, x, rays, sdpa_dtype, use_triton=True)
         else:
             cam_query, cam_key, cam_value = _softmax_camera_encode_torch(attn, x, rays, sdpa_dtype)
-        cam_out = sdpa(
-            cam_query,
-            torch.cat([kv.cam_key for kv in context] + [cam_key], dim=2),
-            torch.cat([kv.cam_value for kv in context] + [cam_value], dim=2),
-            scale=1.0 / math.sqrt(_padded_head_dim(attn.cam_head_dim)),
-            mask=mask,
-        )
+        cam_out = _attend(cam_query, cam_key, cam_value, [(kv.cam_key, kv.cam_value) for kv in context],
+                          padded_sdpa_scale(attn.cam_head_dim), mask)
         if fused:
             cam_out = camera_decode(attn, cam_out, rays, x.dtype, use_triton=True)
         else:

@@ -54,9 +54,11 @@ def _rel(a, b):
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_patched_softmax_block_matches_stock(seed, monkeypatch):
-    block, x, hw, rope, rays = _setup(seed)
+@pytest.mark.parametrize("seed,head_dim", [(0, 16), (1, 16), (2, 32)])
+def test_patched_softmax_block_matches_stock(seed, head_dim, monkeypatch):
+    """Head dim 16 is zero-padded to 128 for the camera SDPA (as in stock, which also scales by
+    1/sqrt(128)); 32 is a FlashAttention size stock attends at unpadded, scale 1/sqrt(32)."""
+    block, x, hw, rope, rays = _setup(seed, head_dim=head_dim)
     cam = torch.zeros(x.shape[0], hw[0], 20)
     monkeypatch.setattr(torch.Tensor, "bfloat16", lambda self, *a, **k: self)  # stock: attend in full precision
     with torch.no_grad():
