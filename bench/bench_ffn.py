@@ -18,8 +18,9 @@ object (also written to --out):
 
     python3 bench/bench_ffn.py [--repeats 20] [--tuning '{"block_c": 16, "num_warps": 8}'] [--sweep]
 
---sweep adds glu_depthwise_sweep: time and bandwidth of the GLU kernel for lanes 64/128/256 x
-(block_c, num_warps) in (8,4), (16,8), (8,8), (16,4) x prefetch 1/2 (~1 min on an H200).
+--sweep adds glu_depthwise_sweep: time and bandwidth of the GLU kernel for lanes 64/128/256 with the
+exp silu and 64/128 with the tanh silu x (block_c, num_warps) in (8,4), (16,8), (8,8), (16,4) x
+prefetch 1/2 (~1 min on an H200).
 """
 from __future__ import annotations
 
@@ -133,10 +134,11 @@ def main():
         if args.sweep:
             # every launch configuration against the default one's output (same kernel, other tiles)
             results["glu_depthwise_sweep"] = []
-            for lanes in (64, 128, 256):
+            for lanes, silu in ((64, "exp"), (128, "exp"), (256, "exp"), (128, "tanh"), (64, "tanh")):
                 for block_c, num_warps in ((8, 4), (16, 8), (8, 8), (16, 4)):
                     for prefetch in (1, 2):
-                        tuning = {"lanes": lanes, "block_c": block_c, "num_warps": num_warps, "prefetch": prefetch}
+                        tuning = {"lanes": lanes, "block_c": block_c, "num_warps": num_warps, "prefetch": prefetch,
+                                  "silu": silu}
                         trial = glu_depthwise(h, depth.weight, depth.bias, height, width, tuning=tuning)
                         took = timed(lambda: glu_depthwise(h, depth.weight, depth.bias, height, width, out=trial,
                                                            tuning=tuning), args.repeats)

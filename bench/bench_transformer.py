@@ -8,7 +8,8 @@ inputs from an orbit path (`camrender.camera.build_camera_inputs`).
 
 Prints one JSON object (also written to --out):
 - ms_per_step: median of --repeats timed forwards (CUDA events), stock and patched; patched also
-  replayed as a CUDA graph (cuda_graph: as the renders run it, `camrender.graphs`);
+  as the renders run it (cuda_graph: a CUDA graph of the step, `camrender.graphs`, with the step's
+  fixed inputs prepared once, see `timed_graphed_steps`; agreement_vs_eager compares its output);
 - breakdown_ms: per part, summed over the blocks of one forward, timed with CUDA events
   around module / kernel calls (a separate, instrumented forward):
     gdn_main    stock: SanaWMBidirectionalGDNAttention (RoPE + both scans + division);
@@ -19,6 +20,8 @@ Prints one JSON object (also written to --out):
                 also does the RMSNorm+ReLU)
     gdn_other   rest of the GDN attention: projections, short convs, norms, gates, out proj
     softmax_blocks, ffn, cross_attn, rest (embedders, adaLN, final layer, ...)
+- stock agreement_nudged_input: the stock model with one input element moved by one ulp against
+  itself, the floor of any agreement figure short of bit-identical arithmetic
 - peak_memory_gib per variant; agreement: cosine and max relative error (max |a-b| / max |b|)
   of the patched output against the stock output (both bf16), and of each against the stock
   model run in fp32 with TF32 off (agreement_vs_fp32; skip with --no-fp32-reference).
@@ -248,22 +251,28 @@ def time_calls(step, device, repeats, warmup) -> tuple[list, float, torch.Tensor
 
 def timed_graphed_steps(model, inputs, device, repeats) -> tuple[list, float, torch.Tensor]:
     """As `timed_steps`, the way a full-mode render runs a step: RoPE and camera tables computed once
-    (`camrender.render.step_constants`), one Plucker row broadcast over the guidance batch, and the
-    forward replayed as a CUDA graph (`camrender.graphs.GraphedForward`): two untimed calls (eager
-    warm-up, capture), then `repeats` timed replays."""
+    (`camrender.render.step_constants`), one Plucker row broadcast over the guidance batch and its
+    per-block projections computed once (`camrender.patch_block.fixed_plucker`), the text without the
+    padding no row attends to (`camrender.render.drop_text_padding`), and the forward replayed as a
+    CUDA graph (`camrender.graphs.GraphedForward`): two untimed calls (eager warm-up, capture), then
+    `repeats` timed replays."""
     from camrender.graphs import GraphedForward
-    from camrender.render import step_constants
+    from camrender.patch_block import fixed_plucker
+    from camrender.render import drop_text_padding, step_constants
 
     t, h, w = inputs["hidden_states"].shape[2:]
+    text, mask = drop_text_padding(inputs["encoder_hidden_states"], inputs["encoder_attention_mask"])
     # As `camrender.render`: one Plucker row for both guidance rows (the transformer broadcasts it).
     fixed = {**inputs, **step_constants(model, inputs["camera_conditions"], (t, h, w)),
-             "chunk_plucker": inputs["chunk_plucker"][:1]}
+             "chunk_plucker": inputs["chunk_plucker"][:1], "encoder_hidden_states": text,
+             "encoder_attention_mask": mask}
 
     def forward(hidden_states, timestep):
         return model(**{**fixed, "hidden_states": hidden_states, "timestep": timestep})[0]
 
     graphed = GraphedForward(forward)
-    result = time_calls(lambda: graphed(inputs["hidden_states"], inputs["timestep"]), device, repeats, warmup=2)
+    with fixed_plucker(model, fixed["chunk_plucker"]):
+        result = time_calls(lambda: graphed(inputs["hidden_states"], inputs["timestep"]), device, repeats, warmup=2)
     if graphed.stats["replays"] < repeats:
         raise RuntimeError(f"the CUDA graph was not replayed: {graphed.stats}")
     return result
@@ -285,6 +294,15 @@ def fp32_reference(model, inputs, device) -> torch.Tensor:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = flags
         if device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+def nudged(inputs) -> dict:
+    """inputs with hidden_states' first element moved to the next representable value (one ulp)."""
+    hidden = inputs["hidden_states"].clone()
+    flat = hidden.view(-1)
+    bits = {2: torch.int16, 4: torch.int32}[hidden.element_size()]
+    flat[:1] = (flat[:1].view(bits) + 1).view(hidden.dtype)
+    return {**inputs, "hidden_states": hidden}
 
 
 def agreement(out, ref) -> dict:
@@ -342,6 +360,8 @@ def main(argv=None) -> dict:
                        "breakdown_ms": breakdown(model, inputs, device)}
     log(f"stock: {json.dumps(result['stock'])}")
     stock_out = stock_out.float().cpu()
+    with torch.no_grad():  # the stock model's own sensitivity: the floor of the agreement figures
+        result["stock"]["agreement_nudged_input"] = agreement(model(**nudged(inputs))[0].float().cpu(), stock_out)
     fp32_out = None
     if not args.no_fp32_reference and dtype == torch.bfloat16:
         log("stock forward in fp32 (reference)")
@@ -363,7 +383,7 @@ def main(argv=None) -> dict:
                 graph_times, graph_peak, graph_out = timed_graphed_steps(model, inputs, device, args.repeats)
                 result["patched"]["cuda_graph"] = {
                     "ms_per_step": round(float(np.median(graph_times)), 2), "peak_memory_gib": round(graph_peak, 3),
-                    "max_abs_diff_vs_eager": float((graph_out.float() - patched_out.float()).abs().max()),
+                    "agreement_vs_eager": agreement(graph_out.float().cpu(), patched_out.float().cpu()),
                 }
             except Exception as error:  # keep the eager figures
                 result["patched"]["cuda_graph"] = {"error": f"{type(error).__name__}: {error}"}

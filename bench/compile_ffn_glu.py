@@ -1,6 +1,6 @@
 """Compile kernels.ffn_glu's kernel for sm_90 without a GPU and print its resource usage.
 
-    python bench/compile_ffn_glu.py [--lanes 128 --block-c 8 --num-warps 4 --prefetch 2] [--dtype bf16]
+    python bench/compile_ffn_glu.py [--lanes 128 --block-c 8 --num-warps 4 --prefetch 2] [--dtype bf16] [--silu tanh]
 
 Release shape by default (F = 42 images of 22 x 40 pixels, 2Hd = 13440). Prints one JSON object:
 registers, stack / local bytes (spills), shared memory, and SASS instruction counts of interest
@@ -36,7 +36,7 @@ def compile_kernel(args):
     }
     pointers = {"h_ptr": args.dtype, "w_ptr": args.dtype, "b_ptr": args.dtype, "out_ptr": args.dtype}
     constexprs = {"HAS_BIAS": True, "LANES": args.lanes, "GROUP": group, "BLOCK_C": args.block_c,
-                  "PREFETCH": args.prefetch, "FAST_EXP": True}
+                  "PREFETCH": args.prefetch, "FAST_EXP": True, "TANH": args.silu == "tanh"}
     signature, attrs = {}, {}
     # Same specialisation as a launch: pointers 16-byte aligned, integers divisible by 16 flagged.
     for index, name in enumerate(list(pointers) + list(ints)):
@@ -56,6 +56,7 @@ def compile_kernel(args):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--frames", type=int, default=42)
+    parser.add_argument("--silu", default="exp", choices=["exp", "tanh"])
     parser.add_argument("--height", type=int, default=22)
     parser.add_argument("--width", type=int, default=40)
     parser.add_argument("--hidden", type=int, default=6720, help="Hd (h has 2*Hd channels)")

@@ -45,7 +45,7 @@ def gdn_gates(attn, x: torch.Tensor, frames: int, spatial: int) -> tuple[torch.T
 def combine_branches(attn, x, main, camera, backend: str) -> torch.Tensor:
     """proj((main + camera) * silu(output_gate(x))) of block attention `attn`; camera is already
     through out_proj_cam (or None). backend "torch": the stock computation (bf16 sum, fp32 gate);
-    otherwise the sum and gate in one pass (`kernels.block_glue.silu_gate`, fp32 math, that backend)."""
+    otherwise the sum and gate in one pass (`kernels.block_glue.silu_gate`, stock rounding, that backend)."""
     gated = attn.use_output_gate and attn.output_gate is not None
     if backend != "torch" and gated:
         from kernels.block_glue import silu_gate

@@ -2,10 +2,11 @@
 
 `PatchedBlock.adopt(stock, kernels=...)` takes over a `SanaVideoMSCamCtrlBlock`'s parameters and
 sub-modules (no copies: the transformer's `state_dict()` is unchanged). With kernels="fused" its
-forward is the stock block's, with each adaLN step one pass of `kernels.block_glue`:
+forward is the stock block's, with each adaLN step one pass of `kernels.block_glue` (rounded
+where the stock block writes its intermediate tensors, so the glue itself matches it bit for bit):
 
     h = ada_norm(x, shift_msa, scale_msa)              LayerNorm + modulation
-    x = gated_residual(x, attn(h), gate_msa, extra=p)  x + gate * attn + plucker_proj(Plucker)
+    x = gated_residual(x, attn(h), gate_msa, extra=p, extra_bias=b)   x + gate * attn + plucker_proj(P)
     x, h = residual_ada_norm(x, cross_attn(x), shift_mlp, scale_mlp)
     x = gated_residual(x, y, gate_mlp, y2=z)           FFN output y + z (temporal conv), see patch_ffn
 
@@ -15,6 +16,8 @@ patch embedder's transposed layout, which sends every later elementwise op down 
 strided path. kernels="torch" (or a padded-frame mask) runs the stock forward.
 """
 from __future__ import annotations
+
+import contextlib
 
 import torch
 from diffusers.models.attention_dispatch import dispatch_attention_fn
@@ -69,17 +72,55 @@ def modulation_rows(block, modulation: torch.Tensor) -> tuple:
 
 
 def plucker_projection(block, plucker_emb: torch.Tensor) -> torch.Tensor:
-    """block.plucker_proj(plucker_emb) -> (B, N, C) contiguous. The embedder hands over a transposed
-    (B, N, C) view; one GEMM per batch item reads it in place with the bias in the GEMM (a Linear on
-    the 3-D view would run an extra bias pass)."""
-    proj = block.plucker_proj
-    out = plucker_emb.new_empty(*plucker_emb.shape[:2], proj.out_features)
+    """plucker_emb @ block.plucker_proj.weight^T (no bias) -> (B, N, C) contiguous. The embedder hands
+    over a transposed (B, N, C) view; one GEMM per batch item reads it in place. The bias is left to
+    `attention_residual`, which adds it as the stock Linear does on that view (a separate add on the
+    rounded GEMM output)."""
+    weight = block.plucker_proj.weight
+    out = plucker_emb.new_empty(*plucker_emb.shape[:2], weight.shape[0])
     for index in range(plucker_emb.shape[0]):
-        if proj.bias is None:
-            torch.mm(plucker_emb[index], proj.weight.t(), out=out[index])
-        else:
-            torch.addmm(proj.bias, plucker_emb[index], proj.weight.t(), out=out[index])
+        torch.mm(plucker_emb[index], weight.t(), out=out[index])
     return out
+
+
+def attention_residual(block, x, attn_out, gate, plucker_emb, backend):
+    """x + gate * attn_out (+ plucker_proj(plucker_emb) if given and the block has one), one pass.
+    Inside `fixed_plucker` the block's projection computed there is used instead of plucker_emb's."""
+    from kernels.block_glue import gated_residual
+
+    projected = getattr(block, "fixed_plucker", None)
+    if projected is None and plucker_emb is not None and hasattr(block, "plucker_proj"):
+        projected = plucker_projection(block, plucker_emb)
+    if projected is None:
+        return gated_residual(x, attn_out, gate, backend=backend)
+    return gated_residual(x, attn_out, gate, extra=projected, extra_bias=block.plucker_proj.bias, backend=backend)
+
+
+@contextlib.contextmanager
+def fixed_plucker(transformer, chunk_plucker):
+    """Project the post-attention Plucker embedding of `chunk_plucker` once for every fused block,
+    and have those blocks add that projection on every call inside the context.
+
+    For a render's denoising steps, whose camera path (so Plucker maps) never changes: the blocks
+    otherwise repeat one (N x C) @ (C x C) GEMM each per step. Every call inside the context must
+    pass this `chunk_plucker`. Memory: one (B_p, N, C) tensor per block (B_p = chunk_plucker's batch,
+    1 for a render: the guidance rows share it). No-op without Plucker inputs.
+    """
+    blocks = [block for block in transformer.blocks
+              if isinstance(block, PatchedBlock) and block.kernels == "fused" and hasattr(block, "plucker_proj")]
+    if chunk_plucker is None or not getattr(transformer, "use_chunk_plucker_post_attn", False) or not blocks:
+        yield
+        return
+    with torch.no_grad():
+        embedded = transformer.plucker_embedder(chunk_plucker.to(transformer.dtype))
+        for block in blocks:
+            block.fixed_plucker = plucker_projection(block, embedded)
+    del embedded
+    try:
+        yield
+    finally:
+        for block in blocks:
+            block.fixed_plucker = None
 
 
 def ffn_residual(block, x, mlp_in, grid, gate, backend, *, left=None, segments=None):
@@ -104,6 +145,7 @@ class PatchedBlock(SanaVideoMSCamCtrlBlock):
     """
 
     kernels: str = "fused"
+    fixed_plucker = None  # (B_p, N, C) Plucker projection without bias, set by `fixed_plucker`
 
     @classmethod
     def adopt(cls, stock: SanaVideoMSCamCtrlBlock, *, kernels: str):
@@ -118,7 +160,7 @@ class PatchedBlock(SanaVideoMSCamCtrlBlock):
         if self.kernels != "fused" or frame_valid_mask is not None:
             return super().forward(x, y, t, mask, THW, rotary_emb, block_mask, camera_conditions,
                                    ucpe_ray_transforms, plucker_emb, frame_valid_mask, chunk_size)
-        from kernels.block_glue import ada_norm, gated_residual, residual_ada_norm
+        from kernels.block_glue import ada_norm, residual_ada_norm
 
         backend = KERNEL_BACKENDS[self.kernels]
         if x.stride(-1) != 1:
@@ -129,10 +171,7 @@ class PatchedBlock(SanaVideoMSCamCtrlBlock):
             attn_in, HW=THW, rotary_emb=rotary_emb, block_mask=block_mask, camera_conditions=camera_conditions,
             chunk_size=self.chunk_size if chunk_size is None else chunk_size, ucpe_ray_transforms=ucpe_ray_transforms,
         )
-        plucker = None
-        if plucker_emb is not None and hasattr(self, "plucker_proj"):
-            plucker = plucker_projection(self, plucker_emb)
-        x = gated_residual(x, attn_out, gate_msa, extra=plucker, backend=backend)
+        x = attention_residual(self, x, attn_out, gate_msa, plucker_emb, backend)
         x, mlp_in = residual_ada_norm(x, self.cross_attn(x, y, mask=mask), shift_mlp, scale_mlp,
                                       eps=self.norm2.eps, backend=backend)
         return ffn_residual(self, x, mlp_in, THW, gate_mlp, backend)[0]

@@ -186,7 +186,8 @@ def check_request(pipe, request: RenderRequest) -> None:
 
 # ----------------------------------------------------------------------------- model pieces
 def encode_text(pipe, request: RenderRequest, device, guidance: bool):
-    """Gemma-2 prompt embeddings as the released pipeline builds them (chi prefix, right padding).
+    """Gemma-2 prompt embeddings as the released pipeline builds them (chi prefix, right padding),
+    without the padding columns no row attends to (`drop_text_padding`).
 
     Returns (embeds (B, 1, L, D), mask (B, L)) with B = 2 ([negative, prompt]) under guidance, else 1.
     """
@@ -201,8 +202,21 @@ def encode_text(pipe, request: RenderRequest, device, guidance: bool):
         chi_prompt=DEFAULT_CHI_PROMPT,
     )
     if not guidance:
-        return cond, cond_mask
-    return torch.cat([neg, cond]), torch.cat([neg_mask, cond_mask])
+        return drop_text_padding(cond, cond_mask)
+    return drop_text_padding(torch.cat([neg, cond]), torch.cat([neg_mask, cond_mask]))
+
+
+def drop_text_padding(embeds, mask):
+    """Drop the trailing token columns that every row masks out: embeds (B, 1, L, D) and mask (B, L)
+    -> (B, 1, L', D), (B, L'), L' = 1 + the last column any row attends to (at least 1).
+
+    The pipeline pads prompts to 300 tokens; text tokens reach the transformer only as the keys and
+    values of its cross-attention (after per-token projections), where masked keys get zero weight,
+    so the dropped columns change nothing but the time spent on them.
+    """
+    used = mask.bool().any(dim=0).nonzero()
+    length = int(used.max()) + 1 if used.numel() else 1
+    return embeds[:, :, :length].contiguous(), mask[:, :length].contiguous()
 
 
 def encode_first_frame(vae, pixels, device, dtype):
@@ -312,6 +326,8 @@ def sample_latents(pipe, request: RenderRequest, progress: Progress = None):
     """
     import torch
 
+    from camrender.patch_block import fixed_plucker
+
     check_request(pipe, request)
     if request.steps is None:
         raise CamrenderError("full mode needs a number of denoising steps", field="steps")
@@ -349,23 +365,24 @@ def sample_latents(pipe, request: RenderRequest, progress: Progress = None):
             from camrender.graphs import GraphedForward
 
             forward = GraphedForward(forward)  # text, mask and camera stay fixed: read in place by the graph
-        for index, t in enumerate(timesteps):
-            frame_timesteps = (t.float() * frame_is_noisy).expand(batch, 1, frames)
-            prediction = forward(latents.repeat(batch, 1, 1, 1, 1), frame_timesteps)
-            if guidance:
-                uncond, cond = prediction.chunk(2)
-                prediction = uncond + request.guidance * (cond - uncond)
-            stepped = scheduler.step(
-                -prediction.reshape(1, channels, -1).transpose(1, 2),
-                t,
-                latents.reshape(1, channels, -1).transpose(1, 2),
-                per_token_timesteps=t.float() * token_is_noisy,
-                return_dict=False,
-            )[0]
-            stepped = stepped.transpose(1, 2).reshape(latents.shape)
-            latents = torch.where(frame_is_noisy[:, :, :, None, None].bool(), stepped, latents).to(dtype)
-            if progress is not None:
-                progress(index + 1, len(timesteps), f"step {index + 1}/{len(timesteps)}")
+        with fixed_plucker(transformer, camera.get("chunk_plucker")):  # its per-block projections, once
+            for index, t in enumerate(timesteps):
+                frame_timesteps = (t.float() * frame_is_noisy).expand(batch, 1, frames)
+                prediction = forward(latents.repeat(batch, 1, 1, 1, 1), frame_timesteps)
+                if guidance:
+                    uncond, cond = prediction.chunk(2)
+                    prediction = uncond + request.guidance * (cond - uncond)
+                stepped = scheduler.step(
+                    -prediction.reshape(1, channels, -1).transpose(1, 2),
+                    t,
+                    latents.reshape(1, channels, -1).transpose(1, 2),
+                    per_token_timesteps=t.float() * token_is_noisy,
+                    return_dict=False,
+                )[0]
+                stepped = stepped.transpose(1, 2).reshape(latents.shape)
+                latents = torch.where(frame_is_noisy[:, :, :, None, None].bool(), stepped, latents).to(dtype)
+                if progress is not None:
+                    progress(index + 1, len(timesteps), f"step {index + 1}/{len(timesteps)}")
     return latents
 
 

@@ -31,10 +31,10 @@ import torch
 from diffusers.models.transformers.transformer_sana_wm import _apply_ucpe_transform, _SoftmaxUCPESinglePathLiteLA
 
 from camrender.patch import combine_branches, gdn_gates
-from camrender.patch_block import ffn_residual, modulation_rows, plucker_projection
+from camrender.patch_block import attention_residual, ffn_residual, modulation_rows
 from camrender.patch_softmax import camera_decode, camera_encode, padded_sdpa_scale, sdpa, softmax_qkv
 from camrender.render import ray_transforms
-from kernels.block_glue import ada_norm, gated_residual, residual_ada_norm
+from kernels.block_glue import ada_norm, residual_ada_norm
 from kernels.camera_branch import camera_branch
 from kernels.main_branch import main_branch
 from kernels.reference import delta_scan_ref
@@ -541,8 +541,7 @@ def _block_forward(block, x, y, y_mask, modulation, rope, rays, plucker, call, c
         attn_out = _softmax_attention(block.attn, attn_in, rope, rays, call, cache, options)
     else:
         attn_out = _gdn_attention(block.attn, attn_in, rope, rays, call, cache, options)
-    extra = plucker_projection(block, plucker) if plucker is not None and hasattr(block, "plucker_proj") else None
-    x = gated_residual(x, attn_out, gate_msa, extra=extra, backend=glue)
+    x = attention_residual(block, x, attn_out, gate_msa, plucker, glue)
     x, mlp_in = residual_ada_norm(x, block.cross_attn(x, y, mask=y_mask), shift_mlp, scale_mlp,
                                   eps=block.norm2.eps, backend=glue)
     return _ffn_residual(block, x, mlp_in, gate_mlp, call, cache, glue)

@@ -3,56 +3,65 @@
 A block (diffusers `SanaVideoMSCamCtrlBlock`) wraps attention, cross-attention and FFN in
 per-frame adaLN modulation. Stock PyTorch runs each step as its own broadcast kernel over the
 (B, N, C) activations (LayerNorm, `* (1 + scale)`, `+ shift`, `gate *`, `x +`, ...), several of
-them through the slow non-vectorised broadcast path. Here each step is one pass, fp32 math, one
-rounding to the activations' dtype:
+them through the slow non-vectorised broadcast path. Here each step is one pass over memory, fp32
+math in registers, rounded to the activations' dtype exactly where the stock code writes an
+intermediate tensor (`kernels._rounding`), so a bf16 result equals stock's bit for bit up to the
+LayerNorm's fp32 sum order:
 
     ada_norm(x, shift, scale)           LayerNorm(x) * (1 + scale[t]) + shift[t]
     residual_ada_norm(x, r, shift, scale)   x' = x + r; returns (x', ada_norm(x', shift, scale))
-    gated_residual(x, y, gate, y2=None, extra=None)   x + gate[t] * (y + y2) + extra
+    gated_residual(x, y, gate, y2=None, extra=None, extra_bias=None)
+                                        x + gate[t] * (y + y2) + (extra + extra_bias)
     silu_gate(a, gate, b=None)          (a + b) * silu(gate), the attentions' output gate
     merge_heads(o)                      (B, N, H, D) attention output -> contiguous (B, N, H * D)
 
-Shapes: x, r, y, y2 (B, N, C) with N = T * S tokens frame-major (channel stride 1, any batch /
-token strides); shift, scale, gate (B, T, C) per-frame rows (channel stride 1; e.g. views into
-the block's (B, T, 6, C) modulation tensor). LayerNorm has no affine parameters (SANA-WM's).
+The references are the stock block's own op sequence. Shapes: x, r, y, y2, extra (B, N, C) with
+N = T * S tokens frame-major (channel stride 1, any batch / token strides); shift, scale, gate
+(B, T, C) per-frame rows (channel stride 1; e.g. views into the block's (B, T, 6, C) modulation
+tensor). LayerNorm has no affine parameters (SANA-WM's).
 """
 import torch
 import triton
 import triton.language as tl
 
+from ._rounding import cast_as, round_as
 from ._validate import use_triton
 
 
 # --------------------------------------------------------------------------- references
+def _per_frame(t, frames):
+    """(B, N, C) -> (B, T, S, C) view."""
+    return t.reshape(t.shape[0], frames, -1, t.shape[-1])
+
+
 def ada_norm_ref(x, shift, scale, *, eps=1e-6):
-    """LayerNorm(x) * (1 + scale) + shift per frame; (B, N, C) in x.dtype (fp32 math)."""
-    batch, tokens, channels = x.shape
+    """LayerNorm(x) * (1 + scale) + shift per frame, in x.dtype op by op as the stock block; (B, N, C)."""
     frames = shift.shape[1]
-    xf = x.float().reshape(batch, frames, -1, channels)
-    normed = torch.nn.functional.layer_norm(xf, (channels,), eps=eps)
-    out = normed * (1 + scale.float()[:, :, None]) + shift.float()[:, :, None]
-    return out.reshape(batch, tokens, channels).to(x.dtype)
+    normed = torch.nn.functional.layer_norm(_per_frame(x, frames), (x.shape[-1],), eps=eps)
+    out = normed * (1 + scale.to(x.dtype)[:, :, None]) + shift.to(x.dtype)[:, :, None]
+    return out.reshape(x.shape)
 
 
 def residual_ada_norm_ref(x, residual, shift, scale, *, eps=1e-6):
-    """(x + residual rounded to x.dtype, ada_norm of it)."""
-    updated = (x.float() + residual.float()).to(x.dtype)
+    """(x + residual in x.dtype, ada_norm of it)."""
+    updated = x + residual.to(x.dtype)
     return updated, ada_norm_ref(updated, shift, scale, eps=eps)
 
 
-def gated_residual_ref(x, y, gate, y2=None, extra=None):
-    """x + gate * (y + y2) + extra per frame; (B, N, C) in x.dtype (fp32 math)."""
-    batch, tokens, channels = x.shape
+def gated_residual_ref(x, y, gate, y2=None, extra=None, extra_bias=None):
+    """x + gate * (y + y2) + (extra + extra_bias) per frame, in x.dtype op by op as the stock block."""
     frames = gate.shape[1]
-    update = y.float() if y2 is None else y.float() + y2.float()
-    update = update.reshape(batch, frames, -1, channels) * gate.float()[:, :, None]
-    out = x.float() + update.reshape(batch, tokens, channels)
-    return (out if extra is None else out + extra.float()).to(x.dtype)
+    update = y.to(x.dtype) if y2 is None else y.to(x.dtype) + y2.to(x.dtype)
+    out = x + (gate.to(x.dtype)[:, :, None] * _per_frame(update, frames)).reshape(x.shape)
+    if extra is not None:
+        extra = extra.to(x.dtype)
+        out = out + (extra if extra_bias is None else extra + extra_bias.to(x.dtype))
+    return out
 
 
 def silu_gate_ref(a, gate, b=None):
-    """(a + b) * silu(gate) elementwise, fp32 math, in a.dtype."""
-    total = a.float() if b is None else a.float() + b.float()
+    """(a + b) * silu(gate) as the stock attentions: sum in a.dtype, gate and product in fp32, result in a.dtype."""
+    total = a if b is None else a + b.to(a.dtype)
     return (total * torch.nn.functional.silu(gate.float())).to(a.dtype)
 
 
@@ -77,42 +86,48 @@ def _ada_norm_kernel(x_ptr, r_ptr, x_out_ptr, out_ptr, shift_ptr, scale_ptr,
     row = tl.program_id(0)
     c = tl.arange(0, BLOCK_C)
     mask = c < channels
+    DT: tl.constexpr = out_ptr.dtype.element_ty
     x = tl.load(x_ptr + _token_offset(row, tokens, stride_xb, stride_xn) + c, mask=mask, other=0.0).to(tl.float32)
     out_off = row.to(tl.int64) * channels + c  # outputs are contiguous (B, N, C)
     if HAS_RESIDUAL:
         r = tl.load(r_ptr + _token_offset(row, tokens, stride_rb, stride_rn) + c, mask=mask, other=0.0)
-        updated = (x + r.to(tl.float32)).to(x_out_ptr.dtype.element_ty)
-        tl.store(x_out_ptr + out_off, updated, mask=mask)
-        x = updated.to(tl.float32)  # normalise what the next step reads, as the stock block does
+        x = round_as(x + r.to(tl.float32), DT)  # normalise what the next step reads, as the stock block does
+        tl.store(x_out_ptr + out_off, x.to(DT), mask=mask)
     mean = tl.sum(x, axis=0) / channels
     centred = tl.where(mask, x - mean, 0.0)
     rstd = 1.0 / tl.sqrt(tl.sum(centred * centred, axis=0) / channels + eps)
     shift = tl.load(shift_ptr + _frame_offset(row, tokens, spatial, stride_sb, stride_st) + c, mask=mask, other=0.0)
     scale = tl.load(scale_ptr + _frame_offset(row, tokens, spatial, stride_cb, stride_ct) + c, mask=mask, other=0.0)
-    out = centred * rstd * (1.0 + scale.to(tl.float32)) + shift.to(tl.float32)
-    tl.store(out_ptr + out_off, out.to(out_ptr.dtype.element_ty), mask=mask)
+    # stock: norm1(x) -> tensor; (1 + scale) -> tensor; product -> tensor; + shift
+    normed = round_as(centred * rstd, DT)
+    out = round_as(normed * round_as(1.0 + scale.to(tl.float32), DT), DT) + shift.to(tl.float32)
+    tl.store(out_ptr + out_off, cast_as(out, DT), mask=mask)
 
 
 @triton.jit
-def _gated_residual_kernel(x_ptr, y_ptr, y2_ptr, e_ptr, gate_ptr, out_ptr, tokens, spatial, channels,
+def _gated_residual_kernel(x_ptr, y_ptr, y2_ptr, e_ptr, eb_ptr, gate_ptr, out_ptr, tokens, spatial, channels,
                            stride_xb, stride_xn, stride_yb, stride_yn, stride_zb, stride_zn, stride_eb, stride_en,
                            stride_gb, stride_gt, HAS_Y2: tl.constexpr, HAS_EXTRA: tl.constexpr,
-                           BLOCK_C: tl.constexpr):
+                           HAS_EXTRA_BIAS: tl.constexpr, BLOCK_C: tl.constexpr):
+    DT: tl.constexpr = out_ptr.dtype.element_ty
     row = tl.program_id(0)
     c = tl.arange(0, BLOCK_C)
     mask = c < channels
     update = tl.load(y_ptr + _token_offset(row, tokens, stride_yb, stride_yn) + c, mask=mask, other=0.0)
     update = update.to(tl.float32)
-    if HAS_Y2:
+    if HAS_Y2:  # stock FFN: y + t_conv(y) -> tensor
         z = tl.load(y2_ptr + _token_offset(row, tokens, stride_zb, stride_zn) + c, mask=mask, other=0.0)
-        update += z.to(tl.float32)
+        update = round_as(update + z.to(tl.float32), DT)
     gate = tl.load(gate_ptr + _frame_offset(row, tokens, spatial, stride_gb, stride_gt) + c, mask=mask, other=0.0)
     x = tl.load(x_ptr + _token_offset(row, tokens, stride_xb, stride_xn) + c, mask=mask, other=0.0)
-    out = x.to(tl.float32) + gate.to(tl.float32) * update
-    if HAS_EXTRA:
-        out += tl.load(e_ptr + _token_offset(row, tokens, stride_eb, stride_en) + c, mask=mask, other=0.0).to(
-            tl.float32)
-    tl.store(out_ptr + row.to(tl.int64) * channels + c, out.to(out_ptr.dtype.element_ty), mask=mask)
+    out = x.to(tl.float32) + round_as(gate.to(tl.float32) * update, DT)
+    if HAS_EXTRA:  # stock: x + gate * attn -> tensor, then + plucker_proj(...) (its bias added to the GEMM output)
+        extra = tl.load(e_ptr + _token_offset(row, tokens, stride_eb, stride_en) + c, mask=mask, other=0.0)
+        extra = extra.to(tl.float32)
+        if HAS_EXTRA_BIAS:
+            extra = round_as(extra + tl.load(eb_ptr + c, mask=mask, other=0.0).to(tl.float32), DT)
+        out = round_as(out, DT) + extra
+    tl.store(out_ptr + row.to(tl.int64) * channels + c, cast_as(out, DT), mask=mask)
 
 
 @triton.jit
@@ -134,12 +149,13 @@ def _merge_heads_kernel(o_ptr, out_ptr, tokens, stride_b, stride_h, stride_n, HE
 def _silu_gate_kernel(a_ptr, b_ptr, gate_ptr, out_ptr, numel, HAS_B: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < numel
+    DT: tl.constexpr = out_ptr.dtype.element_ty
     total = tl.load(a_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    if HAS_B:
-        total += tl.load(b_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    if HAS_B:  # stock: main + camera -> tensor
+        total = round_as(total + tl.load(b_ptr + offs, mask=mask, other=0.0).to(tl.float32), DT)
     gate = tl.load(gate_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    out = total * gate / (1.0 + tl.exp(-gate))
-    tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
+    silu = gate / (1.0 + tl.exp(-gate))  # fp32, as F.silu on the fp32 gate
+    tl.store(out_ptr + offs, cast_as(total * silu, DT), mask=mask)
 
 
 # --------------------------------------------------------------------------- entry points
@@ -205,32 +221,36 @@ def residual_ada_norm(x, residual, shift, scale, *, eps=1e-6, backend="auto"):
     return ada_norm(x, shift, scale, eps=eps, residual=residual, backend=backend)
 
 
-def gated_residual(x, y, gate, *, y2=None, extra=None, backend="auto", num_warps=None):
-    """x + gate * (y + y2) + extra, one pass.
+def gated_residual(x, y, gate, *, y2=None, extra=None, extra_bias=None, backend="auto", num_warps=None):
+    """x + gate * (y + y2) + (extra + extra_bias), one pass.
 
     Args:
         x, y, y2, extra: (B, N, C) (y2, extra optional), N = T * S frame-major; gate: (B, T, C)
-            per-frame rows. `extra` is an ungated term (the post-attention Plucker projection); a
-            (1, N, C) extra is broadcast over the batch.
+            per-frame rows. `extra` is an ungated term added after the gated one (the
+            post-attention Plucker projection, its GEMM output without bias); a (1, N, C) extra is
+            broadcast over the batch. extra_bias: optional (C,) bias added to extra.
         num_warps: launch override.
     Returns:
         (B, N, C) contiguous in x.dtype.
     """
     if extra is not None and extra.shape[0] == 1:
         extra = extra.expand_as(x)
+    if extra_bias is not None and (extra is None or extra_bias.shape != (x.shape[-1],)):
+        raise ValueError(f"extra_bias must have shape ({x.shape[-1]},) and come with extra")
     others = (("y", y),) + (() if y2 is None else (("y2", y2),)) + (() if extra is None else (("extra", extra),))
     batch, tokens, channels, spatial = _check(x, (("gate", gate),), others)
     if not use_triton(x, backend):
-        return gated_residual_ref(x, y, gate, y2, extra)
+        return gated_residual_ref(x, y, gate, y2, extra, extra_bias)
     out = torch.empty(batch, tokens, channels, device=x.device, dtype=x.dtype)
     z = y2 if y2 is not None else y
     e = extra if extra is not None else y
+    eb = extra_bias.contiguous() if extra_bias is not None else gate
     block_c, warps = _launch_config(channels, num_warps)
     _gated_residual_kernel[(batch * tokens,)](
-        x, y, z, e, gate, out, tokens, spatial, channels,
+        x, y, z, e, eb, gate, out, tokens, spatial, channels,
         x.stride(0), x.stride(1), y.stride(0), y.stride(1), z.stride(0), z.stride(1), e.stride(0), e.stride(1),
-        gate.stride(0), gate.stride(1), HAS_Y2=y2 is not None, HAS_EXTRA=extra is not None, BLOCK_C=block_c,
-        num_warps=warps,
+        gate.stride(0), gate.stride(1), HAS_Y2=y2 is not None, HAS_EXTRA=extra is not None,
+        HAS_EXTRA_BIAS=extra_bias is not None, BLOCK_C=block_c, num_warps=warps,
     )
     return out
 
@@ -252,10 +272,11 @@ def merge_heads(o, *, backend="auto"):
 
 
 def silu_gate(a, gate, *, b=None, backend="auto"):
-    """(a + b) * silu(gate) in one pass (fp32 math), in a.dtype; a, b, gate of one shape.
+    """(a + b) * silu(gate) in one pass, in a.dtype; a, b, gate of one shape.
 
-    The attentions' output gate: `(main + camera) * silu(output_gate(x))`, written straight in
-    the activations' dtype instead of the stock fp32 intermediate.
+    The attentions' output gate: `(main + camera) * silu(output_gate(x))` with stock's rounding
+    (the sum in a.dtype, gate and product in fp32), written straight in the activations' dtype
+    instead of the stock fp32 intermediate.
     """
     for name, t in (("gate", gate),) + (() if b is None else (("b", b),)):
         if t.shape != a.shape:

@@ -26,15 +26,24 @@ import triton.language as tl
 from ._validate import use_triton
 
 # Launch defaults: the fastest of `bench/bench_ffn.py --sweep` on the H200 at the release shape
-# (1.10 ms, bench/results/bench_ffn_h200.json; the first default, picked from the offline sm_90
-# compile report of bench/compile_ffn_glu.py, block_c 8 / prefetch 2, took 1.58 ms).
-DEFAULT_TUNING = {"lanes": 128, "block_c": 16, "num_warps": 4, "prefetch": 1}
+# (0.94 ms with the tanh silu, 1.11 ms with the exp one, bench/results/bench_ffn_h200.json; the first
+# default, picked from the offline sm_90 compile report of bench/compile_ffn_glu.py, block_c 8 /
+# prefetch 2, took 1.58 ms). The kernel sits at the 255-register limit: the exp silu's second MUFU op
+# costs more than the tanh one's few spilled registers.
+DEFAULT_TUNING = {"lanes": 128, "block_c": 16, "num_warps": 4, "prefetch": 1, "silu": "tanh"}
 
 
 @triton.jit
-def _silu(x, FAST_EXP: tl.constexpr):
+def _silu(x, FAST_EXP: tl.constexpr, TANH: tl.constexpr = False):
     """fp32 x * sigmoid(x), 1 / d written rsqrt(d)^2: two MUFU ops (ex2, rsq) and a few FMULs
-    instead of a full-range division sequence (~10 instructions). d = inf (x < -88) gives 0."""
+    instead of a full-range division sequence (~10 instructions). d = inf (x < -88) gives 0.
+    TANH (CUDA only): x * sigmoid(x) = h + h * tanh(h), h = x / 2, one MUFU op (tanh.approx,
+    relative error ~2^-11, an eighth of a bf16 unit)."""
+    if TANH:
+        half = x * 0.5
+        t = tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=r,r", [half], dtype=tl.float32, is_pure=True,
+                                      pack=1)
+        return half + half * t
     if FAST_EXP:
         # ex2.approx.ftz: no denormal range fix-up around MUFU.EX2 (results below 2^-126 are 0).
         e = tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x * -1.4426950408889634],
@@ -61,7 +70,7 @@ def _glu_depthwise_kernel(
     HEIGHT, WIDTH, HIDDEN, N_TASKS, N_CHUNKS, CHUNK_W,
     stride_hf, stride_hp, stride_of, stride_op,
     HAS_BIAS: tl.constexpr, LANES: tl.constexpr, GROUP: tl.constexpr, BLOCK_C: tl.constexpr,
-    PREFETCH: tl.constexpr, FAST_EXP: tl.constexpr,
+    PREFETCH: tl.constexpr, FAST_EXP: tl.constexpr, TANH: tl.constexpr,
 ):
     pid_c = tl.program_id(0)
     pid_t = tl.program_id(1)
@@ -126,8 +135,8 @@ def _glu_depthwise_kernel(
             ahead = in_mask & ((r + 1 + zero_rows) < HEIGHT)[:, None]
             raw_v = tl.load(in_ptr + (r + 1) * row_step, mask=ahead, other=0.0)
             raw_g = tl.load(in_ptr + (r + 1) * row_step + HIDDEN, mask=ahead, other=0.0)
-        v = _silu(cur_v.to(tl.float32), FAST_EXP)
-        g = _silu(cur_g.to(tl.float32), FAST_EXP)
+        v = _silu(cur_v.to(tl.float32), FAST_EXP, TANH)
+        g = _silu(cur_g.to(tl.float32), FAST_EXP, TANH)
         v_left = tl.gather(v, left, 0)  # column - 1 (garbage only in halo lanes)
         v_right = tl.gather(v, right, 0)  # column + 1
         g_left = tl.gather(g, left, 0)
@@ -143,7 +152,7 @@ def _glu_depthwise_kernel(
         if HAS_BIAS:
             v_done += bv
             g_done += bg
-        result = v_done * _silu(g_done, FAST_EXP)
+        result = v_done * _silu(g_done, FAST_EXP, TANH)
         store_mask = out_mask & ((r + zero_rows) >= 1)[:, None]
         tl.store(o_ptr + (r - 1) * out_row_step, result.to(out_ptr.dtype.element_ty), mask=store_mask)
 
@@ -177,7 +186,7 @@ def glu_depthwise(h, weight, bias, height, width, *, out=None, backend="auto", t
         out: optional contiguous (F, H*W, Hd) buffer in h's dtype.
         backend: "auto" (Triton on CUDA or under TRITON_INTERPRET=1, else PyTorch), "triton", "torch".
         tuning: optional launch overrides, keys of DEFAULT_TUNING (lanes, block_c: powers of two;
-            num_warps; prefetch: rows loaded ahead, 1 or 2).
+            num_warps; prefetch: rows loaded ahead, 1 or 2; silu: "exp" or "tanh", see `_silu`).
 
     Returns:
         (F, H*W, Hd) in h's dtype (`out` when given).
@@ -203,6 +212,7 @@ def glu_depthwise(h, weight, bias, height, width, *, out=None, backend="auto", t
         settings["block_c"] = min(64, max(8, triton.next_power_of_2(hidden)))
     settings.update(tuning or {})
     lanes = settings["lanes"]
+    fast = h.is_cuda and torch.version.hip is None  # PTX approximations
     n_chunks, chunk_w, group = column_plan(width, lanes)
     tasks = frames * n_chunks
     grid = (triton.cdiv(hidden, settings["block_c"]), triton.cdiv(tasks, lanes // group))
@@ -211,7 +221,7 @@ def glu_depthwise(h, weight, bias, height, width, *, out=None, backend="auto", t
         height, width, hidden, tasks, n_chunks, chunk_w,
         h.stride(0), h.stride(1), out.stride(0), out.stride(1),
         HAS_BIAS=bias is not None, LANES=lanes, GROUP=group, BLOCK_C=settings["block_c"],
-        PREFETCH=settings["prefetch"], FAST_EXP=h.is_cuda and torch.version.hip is None,
+        PREFETCH=settings["prefetch"], FAST_EXP=fast, TANH=fast and settings["silu"] == "tanh",
         num_warps=settings["num_warps"],
     )
     return out

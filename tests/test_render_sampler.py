@@ -102,3 +102,25 @@ def test_segment_mode_missing_is_a_clear_error(pipe, monkeypatch):
     monkeypatch.setitem(sys.modules, "camrender.render_segments", None)  # as if the module were absent
     with pytest.raises(CamrenderError, match="segment mode is not available"):
         list(render_frames(pipe, request(dolly_zoom(), mode="segments")))
+
+
+def test_dropping_text_padding_changes_nothing(pipe):
+    """Text columns no row attends to only cost time: the transformer output is the same without them."""
+    from camrender.render import drop_text_padding
+
+    transformer = pipe.transformer
+    gen = torch.Generator().manual_seed(0)
+    config = transformer.config
+    latents = torch.randn(2, config.in_channels, 3, 4, 6, generator=gen)
+    text = torch.randn(2, 1, 40, config.caption_channels, generator=gen)
+    mask = torch.zeros(2, 40, dtype=torch.long)
+    mask[0, :5], mask[1, :9] = 1, 1
+    trimmed, trimmed_mask = drop_text_padding(text, mask)
+    assert trimmed.shape == (2, 1, 9, config.caption_channels) and trimmed_mask.shape == (2, 9)
+    assert torch.equal(trimmed_mask, mask[:, :9])
+    timestep = torch.full((2, 1, 3), 500.0)
+    with torch.no_grad():
+        full = transformer(latents, timestep, text, mask=mask, return_dict=False)[0]
+        dropped = transformer(latents, timestep, trimmed, mask=trimmed_mask, return_dict=False)[0]
+    torch.testing.assert_close(dropped, full, rtol=1e-4, atol=1e-4)  # fp32 sums of other lengths
+    assert drop_text_padding(text, torch.zeros_like(mask))[1].shape == (2, 1)  # nothing attended: one column

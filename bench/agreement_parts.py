@@ -1,0 +1,206 @@
+"""Where the patched model's output departs from stock: agreement with one part fused at a time.
+
+Builds the release-config transformer of `bench_transformer.py` (random weights, bf16), runs the
+stock forward and the stock forward in fp32 (TF32 off) as references, patches it, then runs one
+forward per configuration with only the named parts on our kernels and the rest on diffusers' code:
+
+    glue        adaLN steps, residual adds, the attentions' output gate (kernels.block_glue)
+    cross_attn  query RMSNorm + head merge of the cross-attention
+    ffn         the token-major FFN (GLU depthwise kernel, in-place temporal conv)
+    gdn_main    GDN main branch (short conv, prep, scans, division)
+    gdn_camera  GDN camera branch (short conv, kernels.camera_branch)
+    softmax     softmax-block attention (prep, SDPA, camera encode/decode)
+    all / none  every part / no part (none must equal stock bit for bit: checks the switching)
+    nudged      no part, but one input element moved by one bf16 ulp: the stock model's own
+                sensitivity, the floor of any agreement figure short of bit-identical arithmetic
+
+and prints JSON: per configuration, cosine and max relative error (max |a-b| / max |b|) of the
+transformer output against stock bf16 and against stock fp32, quantiles of |a-b| / max |b|, and
+(--blocks) the same two figures for every block's output against stock's, to show where the
+outputs part and how the gap grows.
+
+    python3 bench/agreement_parts.py --blocks --out parts.json  # release shape, H200: ~2 min
+    python3 bench/agreement_parts.py --quick                     # 4 layers, 41 frames
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_transformer import RELEASE_CONFIG, agreement, build_model, fp32_reference, make_inputs, nudged  # noqa: E402
+
+PARTS = ("glue", "cross_attn", "ffn", "gdn_main", "gdn_camera", "softmax")
+
+
+def spread(out, ref) -> dict:
+    """Quantiles of |out - ref| / max |ref| and the count of elements above 1e-2 of it."""
+    rel = (out.float() - ref.float()).abs().flatten() / ref.float().abs().max()
+    sample = rel[torch.randperm(rel.numel(), generator=torch.Generator().manual_seed(0))[:1 << 24]]
+    quantiles = torch.quantile(sample.double(), torch.tensor([0.5, 0.99, 0.9999], dtype=torch.float64))
+    return {"p50": float(quantiles[0]), "p99": float(quantiles[1]), "p99_99": float(quantiles[2]),
+            "above_1e-2": int((rel > 1e-2).sum())}
+
+
+@contextlib.contextmanager
+def block_outputs(model, sink):
+    """Forward hooks that hand every block's output to sink(index, output)."""
+    handles = [block.register_forward_hook(lambda module, args, out, i=i: sink(i, out))
+               for i, block in enumerate(model.blocks)]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def stock_camera_branch(attn, x, beta, decay, HW, ray_transforms):
+    """Diffusers' GDN camera branch up to out_proj_cam (the lines of its forward), (B, N, C)."""
+    batch, tokens, _ = x.shape
+    frames = HW[0]
+    query, key, value = attn.q_proj_cam(x), attn.k_proj_cam(x), attn.v_proj_cam(x)
+    if attn.conv_q_cam is not None:
+        query = attn.conv_q_cam(query, frames)
+    if attn.conv_k_cam is not None:
+        key = attn.conv_k_cam(key, frames)
+    if attn.conv_v_cam is not None:
+        value = attn.conv_v_cam(value, frames)
+    shape = (batch, tokens, attn.cam_heads, attn.cam_head_dim)
+    query = attn.kernel_func(attn.q_norm_cam(query).reshape(shape))
+    key = attn.kernel_func(attn.k_norm_cam(key).reshape(shape))
+    return attn.cam_attn(query, key, value.reshape(shape), ray_transforms, beta, decay, frames)
+
+
+@contextlib.contextmanager
+def switches(model):
+    """Route each patched module through our kernels or diffusers' code by the flag `_fused_parts`
+    (a set of PARTS names) set on the transformer; yields a function that sets it."""
+    from diffusers.models.transformers.transformer_sana_wm import GLUMBConvTemp
+
+    import camrender.patch_block as patch_block
+    from camrender.patch import PatchedGDNAttention, combine_branches
+    from camrender.patch_softmax import PatchedSoftmaxAttention
+    from kernels.block_glue import gated_residual
+
+    state = {"parts": set()}
+    originals = (patch_block.ffn_residual, PatchedGDNAttention._main_branch, PatchedGDNAttention._camera_branch,
+                 PatchedGDNAttention._combine)
+
+    def ffn_residual(block, x, mlp_in, grid, gate, backend, **kwargs):
+        if "ffn" in state["parts"]:
+            return originals[0](block, x, mlp_in, grid, gate, backend, **kwargs)
+        return gated_residual(x, GLUMBConvTemp.forward(block.mlp, mlp_in, grid), gate, backend=backend), None
+
+    def main_branch(attn, *args):
+        fused = "gdn_main" in state["parts"]
+        attn.kernels = "fused" if fused else "torch"  # "torch": the stock lines of the forward
+        try:
+            return originals[1](attn, *args)
+        finally:
+            attn.kernels = "fused"
+
+    def camera_branch(attn, *args):
+        if "gdn_camera" in state["parts"]:
+            return originals[2](attn, *args)
+        return stock_camera_branch(attn, *args)
+
+    def combine(attn, x, main, camera):
+        camera = None if camera is None else attn.out_proj_cam(camera)
+        return combine_branches(attn, x, main, camera, "auto" if "glue" in state["parts"] else "torch")
+
+    def select(parts):
+        state["parts"] = set(parts)
+        for block in model.blocks:
+            block.kernels = "fused" if "glue" in parts else "torch"
+            block.cross_attn.processor.backend = "auto" if "cross_attn" in parts else "torch"
+            block.mlp.kernels = "fused" if "ffn" in parts else "torch"
+            if isinstance(block.attn, PatchedSoftmaxAttention):
+                block.attn.kernels = "fused" if "softmax" in parts else "torch"
+
+    patch_block.ffn_residual = ffn_residual
+    PatchedGDNAttention._main_branch, PatchedGDNAttention._camera_branch = main_branch, camera_branch
+    PatchedGDNAttention._combine = combine
+    try:
+        yield select
+    finally:
+        patch_block.ffn_residual = originals[0]
+        PatchedGDNAttention._main_branch, PatchedGDNAttention._camera_branch = originals[1], originals[2]
+        PatchedGDNAttention._combine = originals[3]
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="4 layers (softmax at 3), 41 frames")
+    parser.add_argument("--tiny", action="store_true", help="CPU smoke test of this script (tiny model)")
+    parser.add_argument("--configs", default="none,nudged,all," + ",".join(PARTS),
+                        help="comma-separated configurations: none, nudged, all, or parts joined by '+'")
+    parser.add_argument("--blocks", action="store_true", help="also compare every block's output")
+    parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
+    args = parser.parse_args(argv)
+
+    from camrender.patch import patch_transformer
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    config, frames, height, width = dict(RELEASE_CONFIG), 161, 704, 1280
+    if args.quick:
+        config["num_layers"], frames = 4, 41
+    if args.tiny:
+        config.update(num_layers=2, hidden_size=64, num_attention_heads=2, linear_head_dim=32, softmax_every_n=2,
+                      in_channels=8, caption_channels=32, mlp_ratio=2.0)
+        frames, height, width = 17, 128, 192
+    model = build_model(config, device, dtype)
+    inputs = make_inputs(config, frames, height, width, device, dtype)
+    stock_blocks = []
+
+    def forward(call_inputs=inputs, sink=None):
+        with torch.no_grad(), block_outputs(model, sink) if sink else contextlib.nullcontext():
+            return model(**call_inputs)[0].float().cpu()
+
+    def log(message):
+        print(f"agreement_parts: {message}", file=sys.stderr, flush=True)
+
+    log("stock forward")
+    stock = forward(sink=(lambda i, out: stock_blocks.append(out.clone())) if args.blocks else None)
+    fp32 = fp32_reference(model, inputs, device) if dtype == torch.bfloat16 else None
+    result = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+              "torch": torch.__version__, "frames": frames, "layers": config["num_layers"], "configs": {}}
+    if fp32 is not None:
+        result["stock_vs_fp32"] = {**agreement(stock, fp32), "spread": spread(stock, fp32)}
+    patch_transformer(model, kernels="fused")
+    with switches(model) as select:
+        for name in args.configs.split(","):
+            parts = {"none": (), "nudged": (), "all": PARTS}.get(name, tuple(name.split("+")))
+            unknown = set(parts) - set(PARTS)
+            if unknown:
+                parser.error(f"unknown parts {sorted(unknown)}; choose from {PARTS}")
+            select(parts)
+            blocks = []
+
+            def compare(index, out):
+                blocks.append(agreement(out.float(), stock_blocks[index].float()))
+
+            out = forward(nudged(inputs) if name == "nudged" else inputs, compare if args.blocks else None)
+            entry = {"vs_stock": agreement(out, stock), "spread": spread(out, stock)}
+            if fp32 is not None:
+                entry["vs_fp32"] = agreement(out, fp32)
+            log(f"{name}: {json.dumps(entry)}")
+            if blocks:
+                entry["blocks_vs_stock"] = blocks
+            result["configs"][name] = entry
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.out is not None:
+        args.out.write_text(text + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()
