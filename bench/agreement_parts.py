@@ -13,6 +13,8 @@ forward per configuration with only the named parts on our kernels and the rest 
     all / none  every part / no part (none must equal stock bit for bit: checks the switching)
     nudged      no part, but one input element moved by one bf16 ulp: the stock model's own
                 sensitivity, the floor of any agreement figure short of bit-identical arithmetic
+    tf32        no part, with TF32 matmuls allowed (diffusers' fp32 scans then run on TF32): stock
+                as many users run it
 
 and prints JSON: per configuration, cosine and max relative error (max |a-b| / max |b|) of the
 transformer output against stock bf16 and against stock fp32, quantiles of |a-b| / max |b|, and
@@ -35,7 +37,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_transformer import RELEASE_CONFIG, agreement, build_model, fp32_reference, make_inputs, nudged  # noqa: E402
+from bench_transformer import agreement, bench_setup, build_model, fp32_reference, make_inputs, nudged  # noqa: E402
 
 PARTS = ("glue", "cross_attn", "ffn", "gdn_main", "gdn_camera", "softmax")
 
@@ -80,8 +82,8 @@ def stock_camera_branch(attn, x, beta, decay, HW, ray_transforms):
 
 @contextlib.contextmanager
 def switches(model):
-    """Route each patched module through our kernels or diffusers' code by the flag `_fused_parts`
-    (a set of PARTS names) set on the transformer; yields a function that sets it."""
+    """Route each patched module of `model` through our kernels or diffusers' code; yields
+    select(parts), which puts the PARTS named in `parts` on our kernels and the rest on diffusers'."""
     from diffusers.models.transformers.transformer_sana_wm import GLUMBConvTemp
 
     import camrender.patch_block as patch_block
@@ -139,23 +141,15 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="4 layers (softmax at 3), 41 frames")
     parser.add_argument("--tiny", action="store_true", help="CPU smoke test of this script (tiny model)")
-    parser.add_argument("--configs", default="none,nudged,all," + ",".join(PARTS),
-                        help="comma-separated configurations: none, nudged, all, or parts joined by '+'")
+    parser.add_argument("--configs", default="none,nudged,tf32,all," + ",".join(PARTS),
+                        help="comma-separated configurations: none, nudged, tf32, all, or parts joined by '+'")
     parser.add_argument("--blocks", action="store_true", help="also compare every block's output")
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     args = parser.parse_args(argv)
 
     from camrender.patch import patch_transformer
 
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    config, frames, height, width = dict(RELEASE_CONFIG), 161, 704, 1280
-    if args.quick:
-        config["num_layers"], frames = 4, 41
-    if args.tiny:
-        config.update(num_layers=2, hidden_size=64, num_attention_heads=2, linear_head_dim=32, softmax_every_n=2,
-                      in_channels=8, caption_channels=32, mlp_ratio=2.0)
-        frames, height, width = 17, 128, 192
+    device, dtype, config, frames, height, width = bench_setup(quick=args.quick, tiny=args.tiny)
     model = build_model(config, device, dtype)
     inputs = make_inputs(config, frames, height, width, device, dtype)
     stock_blocks = []
@@ -177,7 +171,7 @@ def main(argv=None) -> dict:
     patch_transformer(model, kernels="fused")
     with switches(model) as select:
         for name in args.configs.split(","):
-            parts = {"none": (), "nudged": (), "all": PARTS}.get(name, tuple(name.split("+")))
+            parts = {"none": (), "nudged": (), "tf32": (), "all": PARTS}.get(name, tuple(name.split("+")))
             unknown = set(parts) - set(PARTS)
             if unknown:
                 parser.error(f"unknown parts {sorted(unknown)}; choose from {PARTS}")
@@ -187,7 +181,12 @@ def main(argv=None) -> dict:
             def compare(index, out):
                 blocks.append(agreement(out.float(), stock_blocks[index].float()))
 
-            out = forward(nudged(inputs) if name == "nudged" else inputs, compare if args.blocks else None)
+            tf32 = torch.backends.cuda.matmul.allow_tf32
+            torch.backends.cuda.matmul.allow_tf32 = name == "tf32" or tf32
+            try:
+                out = forward(nudged(inputs) if name == "nudged" else inputs, compare if args.blocks else None)
+            finally:
+                torch.backends.cuda.matmul.allow_tf32 = tf32
             entry = {"vs_stock": agreement(out, stock), "spread": spread(out, stock)}
             if fp32 is not None:
                 entry["vs_fp32"] = agreement(out, fp32)

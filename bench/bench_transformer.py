@@ -70,6 +70,21 @@ def orbit_trajectory(frames: int):
     return Trajectory(c2w=c2w, intrinsics=intrinsics, width=1280, height=704, fps=16)
 
 
+def bench_setup(*, quick=False, tiny=False):
+    """(device, dtype, config, frames, height, width): the release model and shape on the GPU in
+    bf16; quick: 4 layers and 41 frames; tiny: a CPU smoke-test model (fp32 off the GPU)."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    config, frames, height, width = dict(RELEASE_CONFIG), 161, 704, 1280
+    if quick:
+        config["num_layers"], frames = 4, 41
+    if tiny:
+        config.update(num_layers=2, hidden_size=64, num_attention_heads=2, linear_head_dim=32, softmax_every_n=2,
+                      in_channels=8, caption_channels=32, mlp_ratio=2.0)
+        frames, height, width = 17, 128, 192
+    return device, dtype, config, frames, height, width
+
+
 def build_model(config, device, dtype, seed=0):
     """Release-architecture transformer with random weights; zero-initialised projections made live."""
     from diffusers import SanaWMTransformer3DModel
@@ -327,15 +342,7 @@ def main(argv=None) -> dict:
 
     from camrender.patch import patch_transformer
 
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    config, frames, height, width = dict(RELEASE_CONFIG), 161, 704, 1280
-    if args.quick:
-        config["num_layers"], frames = 4, 41
-    if args.tiny:
-        config.update(num_layers=2, hidden_size=64, num_attention_heads=2, linear_head_dim=32, softmax_every_n=2,
-                      in_channels=8, caption_channels=32, mlp_ratio=2.0)
-        frames, height, width = 17, 128, 192
+    device, dtype, config, frames, height, width = bench_setup(quick=args.quick, tiny=args.tiny)
     frames = args.frames or frames
 
     model = build_model(config, device, dtype)

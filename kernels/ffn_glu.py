@@ -7,7 +7,8 @@ channel c of pixel p of image f at h[f, p, c]. The stage computes, in fp32,
     g = y[..., :Hd] * silu(y[..., Hd:])              -> (F, H*W, Hd) in h's dtype
 
 which is diffusers' `inverted_conv.act -> depth_conv -> chunk -> value * glu_act(gate)` without the
-permutes to channels-first. `glu_depthwise_ref` is the plain PyTorch reference (same signature).
+permutes to channels-first (on CUDA the silu runs on the hardware's approximate tanh, see `_silu`).
+`glu_depthwise_ref` is the plain PyTorch reference (same signature).
 
 Kernel layout. A program owns BLOCK_C value channels (and the matching gate channels) of a set of
 "column tasks": a task is one image and a run of CHUNK_W columns (the whole width when it fits).

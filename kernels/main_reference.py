@@ -1,4 +1,5 @@
-"""Plain PyTorch (fp32) references for the main-branch kernels (short conv, prep, main branch).
+"""Plain PyTorch references for the main-branch kernels (short conv, prep, main branch): fp32
+math, with the prep rounded where diffusers' code rounds (see `main_prep_ref`).
 
 Same signatures as the fast kernels in `kernels.short_conv`, `kernels.main_prep` and
 `kernels.main_branch`. Layouts: B batch, N = T*S tokens (frame-major), C = H*D channels.
@@ -102,7 +103,7 @@ def main_branch_ref(q, k, v, beta, decay, rope, *, q_norm_weight, k_norm_weight,
         eps: denominator epsilon (the released block passes 1e-8).
         initial_state: optional (kv (B, H, D, D), z (B, H, D, 1)) fp32 forward states.
         segment_starts: optional bool (T,) or (B, T): the reverse scans restart where t+1 starts a segment.
-        precision, backend: accepted for signature parity; the reference is always fp32 PyTorch.
+        precision, backend: accepted for signature parity; the reference is PyTorch, fp32 after the prep.
         return_final_state: also return (kv, z), the forward states after the last frame.
 
     Returns:
