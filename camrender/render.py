@@ -361,11 +361,13 @@ def sample_latents(pipe, request: RenderRequest, progress: Progress = None):
             return transformer(model_latents, frame_timesteps, text, mask=text_mask, data_info={"img_hw": image_hw},
                                return_dict=False, **camera, **constants)[0]
 
-        if request.cuda_graphs and device.type == "cuda" and getattr(transformer, "_hf_hook", None) is None:
+        offloaded = getattr(transformer, "_hf_hook", None) is not None  # weights visit the GPU per call
+        if request.cuda_graphs and device.type == "cuda" and not offloaded:
             from camrender.graphs import GraphedForward
 
             forward = GraphedForward(forward)  # text, mask and camera stay fixed: read in place by the graph
-        with fixed_plucker(transformer, camera.get("chunk_plucker")):  # its per-block projections, once
+        # the Plucker maps' per-block projections, once (not under offload: it is there to save memory)
+        with fixed_plucker(transformer, None if offloaded else camera.get("chunk_plucker")):
             for index, t in enumerate(timesteps):
                 frame_timesteps = (t.float() * frame_is_noisy).expand(batch, 1, frames)
                 prediction = forward(latents.repeat(batch, 1, 1, 1, 1), frame_timesteps)
