@@ -104,8 +104,11 @@ def render_frames(pipe, request: RenderRequest, progress: Progress = None) -> It
 
 
 def render_full(pipe, request: RenderRequest, progress: Progress = None) -> Iterator[np.ndarray]:
-    """Full-clip render: denoise all latent frames together, decode, yield every frame at once."""
-    yield to_uint8(sample_video(pipe, request, progress))
+    """Full-clip render: denoise all latent frames together, decode, yield every frame at once
+    (converted to uint8 where it was decoded: the float video is 4x the bytes of the frames)."""
+    from camrender.segment_decode import to_uint8_frames
+
+    yield to_uint8_frames(_sample_and_decode(pipe, request, progress))
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -235,16 +238,8 @@ def denormalize_latents(vae, latents):
 
 
 def decode_latents(vae, latents):
-    """Latents (1, C_lat, T, h, w) -> video (F, H, W, 3) float32 in [0, 1] on the CPU."""
-    video = vae.decode(denormalize_latents(vae, latents.to(dtype=vae.dtype)), return_dict=False)[0]
-    return (video[0].float() / 2 + 0.5).clamp(0, 1).permute(1, 2, 3, 0).cpu()
-
-
-def to_uint8(video) -> np.ndarray:
-    """(F, H, W, 3) float in [0, 1] -> uint8 numpy."""
-    import torch
-
-    return (video * 255).round().clamp(0, 255).to(torch.uint8).numpy()
+    """Latents (1, C_lat, T, h, w) -> decoded video (1, 3, F, H, W) in [-1, 1], on the VAE's device."""
+    return vae.decode(denormalize_latents(vae, latents.to(dtype=vae.dtype)), return_dict=False)[0]
 
 
 def camera_tensors(pipe, request: RenderRequest, device, dtype, batch: int) -> dict:
@@ -389,7 +384,14 @@ def sample_latents(pipe, request: RenderRequest, progress: Progress = None):
 
 
 def sample_video(pipe, request: RenderRequest, progress: Progress = None):
-    """Sample and decode the whole clip: (F, H, W, 3) float32 in [0, 1] on the CPU."""
+    """Sample and decode the whole clip: (F, H, W, 3) float32 in [0, 1] on the CPU (as the diffusers
+    pipeline returns it; renders take uint8 frames from `render_full`)."""
+    video = _sample_and_decode(pipe, request, progress)
+    return (video[0].float() / 2 + 0.5).clamp(0, 1).permute(1, 2, 3, 0).cpu()
+
+
+def _sample_and_decode(pipe, request: RenderRequest, progress: Progress = None):
+    """`sample_latents`, then the decode: (1, 3, F, H, W) in [-1, 1] on the VAE's device."""
     import torch
 
     latents = sample_latents(pipe, request, progress)

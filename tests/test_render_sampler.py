@@ -8,7 +8,7 @@ import torch
 
 from camrender.errors import CamrenderError
 from camrender.patch import patch_transformer
-from camrender.render import RenderRequest, render_frames, sample_video, to_uint8
+from camrender.render import RenderRequest, render_frames, sample_video
 from camrender.tiny import build_tiny_pipeline
 from camrender.trajectory import Trajectory
 
@@ -82,7 +82,8 @@ def test_render_frames_yields_uint8_video(pipe):
     assert len(chunks) == 1
     video = chunks[0]
     assert video.dtype == np.uint8 and video.shape == (FRAMES, 64, 96, 3)
-    assert np.array_equal(to_uint8(torch.tensor([[0.0, 0.5, 1.0]])), np.array([[0, 128, 255]], dtype=np.uint8))
+    floats = sample_video(pipe, req).numpy()  # the same render as floats in [0, 1]
+    assert np.array_equal(video, (floats * 255).round().astype(np.uint8))
 
 
 def test_request_checks(pipe):
