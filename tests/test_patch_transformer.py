@@ -150,10 +150,13 @@ def test_fused_falls_back_to_torch_reference_on_cpu(monkeypatch):
 
 
 def test_patched_blocks_run_the_glue_kernels(monkeypatch):
-    """kernels='fused' blocks run their adaLN steps through kernels.block_glue (here under the Triton
-    interpreter) and still match the stock model; kernels='torch' blocks never touch them."""
+    """kernels='fused' blocks run their adaLN steps through kernels.block_glue and still match the
+    stock model; kernels='torch' blocks never touch them. The glue entry points are what is counted,
+    so the PyTorch backend stands in for the interpreter (the kernels have their own tests)."""
     import kernels.block_glue as glue
     from camrender.patch_block import PatchedBlock
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
 
     model = build_tiny_transformer(seed=5)
     inputs = transformer_inputs(model)
@@ -193,10 +196,13 @@ def test_step_constants_give_the_same_output():
     assert step_constants(model, None, (frames, height, width)) == {}
 
 
-def test_fixed_plucker_gives_the_same_output():
+def test_fixed_plucker_gives_the_same_output(monkeypatch):
     """Per-block Plucker projections computed once (camrender.patch_block.fixed_plucker) == per call,
-    for a batch-1 Plucker row broadcast over the guidance rows as a render passes it; cleared after."""
+    for a batch-1 Plucker row broadcast over the guidance rows as a render passes it; cleared after.
+    On the glue's PyTorch backend (its kernel, with a broadcast extra and bias, has its own tests)."""
     from camrender.patch_block import fixed_plucker
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
 
     model = patch_transformer(build_tiny_transformer(seed=7), kernels="fused", precision="ieee")
     inputs = transformer_inputs(model)
