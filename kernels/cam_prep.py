@@ -40,19 +40,6 @@ def ray_views(ray_transforms, batch, tokens, dim, device):
     return (*mats, torch.view_as_real(rope).contiguous())
 
 
-def ray_tables(ray_transforms, batch, tokens, dim, device):
-    """Flatten diffusers' (P, P_T, P_inv, rope_cam) for the kernels that index them flat.
-
-    Returns (p, p_t, p_inv, cos, sin): matrices (B*N, 4, 4) fp32 contiguous, RoPE tables
-    (N, D/4) fp32 (None when rope_cam is None). Raises ValueError on bad shapes.
-    """
-    *mats, rope = ray_views(ray_transforms, batch, tokens, dim, device)
-    mats = [m.contiguous().reshape(-1, 4, 4) for m in mats]
-    if rope is None:
-        return (*mats, None, None)
-    return (*mats, rope[..., 0].contiguous(), rope[..., 1].contiguous())
-
-
 @triton.jit
 def inverse_rms(q_rows, k_rows, nmask, norm_eps, C: tl.constexpr, BS: tl.constexpr, BC: tl.constexpr,
                  HAS_QNORM: tl.constexpr, HAS_KNORM: tl.constexpr):

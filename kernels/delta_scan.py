@@ -13,9 +13,10 @@ Three launches, the same for the plain scan and the fused camera branch:
 3. output, one program per (b, h, t, token split): O_t = Q_t (M_t + R_t). In camera mode the
    program decodes the output (inverse UCPE) before storing (B, N, C).
 
-All states and accumulations are fp32; tl.dot runs in `precision` ("tf32" or "ieee"); the
-camera branch in tf32 mode feeds fp16 operands (the same 10-bit mantissa) to the transition,
-recurrence and output products, and stores W_t and the per-frame states in fp16.
+All states and accumulations are fp32; tl.dot runs in `precision` ("tf32" or "ieee"); with
+f16 operands (the camera branch, and the main branch, in tf32 mode) the transition, recurrence
+and output products take fp16 operands (the same 10-bit mantissa), and W_t (in the camera branch
+also the per-frame states) is stored in fp16.
 Dims are padded to powers of two (>= 16) with masks, so any Dk, Dv >= 1 works.
 """
 import torch

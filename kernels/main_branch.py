@@ -56,7 +56,7 @@ def _chunkwise(qn, kn, q_rot, k_rot, v, beta, decay, out, *, eps, initial_state,
     fast = precision == "tf32"
     num, kv = delta_scan(heads_view(q_rot), heads_view(k_rot), heads_view(v), beta, decay, initial_state=init_kv,
                          segment_starts=segment_starts, precision=precision, f16_operands=fast)
-    ones = torch.ones(batch, heads, frames, spatial, 1, device=v.device, dtype=torch.float32)
+    ones = torch.ones((), device=v.device).expand(batch, heads, frames, spatial, 1)  # the Z stream's values
     den, z = delta_scan(heads_view(qn), heads_view(kn), ones, beta, decay, initial_state=init_z,
                         segment_starts=segment_starts, precision=precision, f16_operands=fast)
     bs = 32
@@ -79,7 +79,9 @@ def main_branch(q, k, v, beta, decay, rope, *, q_norm_weight, k_norm_weight, nor
         q_norm_weight, k_norm_weight: (C,); norm_eps: RMSNorm epsilon; eps: denominator epsilon.
         initial_state: optional (kv (B, H, D, D), z (B, H, D, 1)) fp32 forward states.
         segment_starts: optional bool (T,) or (B, T); reverse scans restart at segment starts.
-        precision: "tf32" (tensor cores) or "ieee" (exact fp32 dots).
+        precision: "tf32" (tensor cores on fp16 operands and fp16 transition matrices: q, k, v must
+            stay within fp16 range, as normalised q, scaled k and bf16-range v do) or "ieee"
+            (exact fp32 dots).
         backend: "auto" (Triton on CUDA or under TRITON_INTERPRET=1, else PyTorch), "triton", "torch".
         return_final_state: also return the forward states (kv, z) after the last frame.
 

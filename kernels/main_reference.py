@@ -117,9 +117,10 @@ def main_branch_ref(q, k, v, beta, decay, rope, *, q_norm_weight, k_norm_weight,
     k_scale = head_dim ** -0.5 * spatial ** -0.5
     qn = main_prep_ref(q, q_norm_weight, heads, norm_eps=norm_eps)
     kn = main_prep_ref(k, k_norm_weight, heads, norm_eps=norm_eps, scale=k_scale)
-    q_rot = main_prep_ref(q, q_norm_weight, heads, norm_eps=norm_eps, rope=rope).reshape(batch, tokens, heads, -1)
-    k_rot = main_prep_ref(k, k_norm_weight, heads, norm_eps=norm_eps, scale=k_scale, rope=rope)
-    k_rot = k_rot.reshape(batch, tokens, heads, -1)
+    # the rotated streams rounded as main_prep_ref rounds them, from the prepped values
+    cos, sin = rope_tables(rope)
+    half = q_norm_weight.dtype if q_norm_weight.dtype in (torch.float16, torch.bfloat16) else torch.float32
+    q_rot, k_rot = (apply_rope_ref(x.reshape(batch, tokens, heads, -1), cos, sin).to(half) for x in (qn, kn))
     init_kv = init_z = None
     if initial_state is not None:
         init_kv, init_z = initial_state

@@ -4,9 +4,9 @@ A head vector of D channels is viewed as D/4 groups of four: groups [0, NGU) hol
 half (each group mapped by the token's 4x4 matrix, y = M x), groups [NGU, 2*NGU) hold the
 RoPE half (two interleaved complex pairs per group); NGU = D/8, so D/2 must be divisible by 4.
 
-"Quads" keep a (BS tokens, G groups) tile as four (BS, G) tensors, one per channel 4g + j,
-loaded and stored with stride 4: the 4x4 mixing and the pair rotations are then plain
-elementwise arithmetic, with no data movement between threads. Groups past D/4 (G is a
+"Quads" (the scan's output kernel) keep a (BS tokens, G groups) tile as four (BS, G) tensors, one
+per channel 4g + j: the 4x4 mixing and the pair rotations are then plain elementwise arithmetic,
+with no data movement between threads. Groups past D/4 (G is a
 power of two) are padding: zero in, zero out.
 """
 import triton
@@ -29,32 +29,6 @@ def inflation_sq(pre_sq, post_sq, tok_mask):
     """Per-token (|k_after| / |k_before|)^2 with norms clamped at 1e-6; 0 on masked rows."""
     ratio = tl.maximum(tl.sqrt(post_sq), 1e-6) / tl.maximum(tl.sqrt(pre_sq), 1e-6)
     return tl.where(tok_mask, ratio * ratio, 0.0)
-
-
-@triton.jit
-def load_quads(base, row, row_mask, NQ: tl.constexpr, G: tl.constexpr):
-    """Channels 4g + j (j = 0..3, g < NQ) of each row at base + row (BS,): four (BS, G) fp32."""
-    g = tl.arange(0, G)
-    off = row[:, None] + 4 * g[None, :]
-    m = row_mask[:, None] & (g[None, :] < NQ)
-    x0 = tl.load(base + off, mask=m, other=0.0).to(tl.float32)
-    x1 = tl.load(base + off + 1, mask=m, other=0.0).to(tl.float32)
-    x2 = tl.load(base + off + 2, mask=m, other=0.0).to(tl.float32)
-    x3 = tl.load(base + off + 3, mask=m, other=0.0).to(tl.float32)
-    return x0, x1, x2, x3
-
-
-@triton.jit
-def store_quads(base, row, row_mask, y0, y1, y2, y3, NQ: tl.constexpr, G: tl.constexpr):
-    """Inverse of load_quads, casting to the pointer's dtype."""
-    g = tl.arange(0, G)
-    off = row[:, None] + 4 * g[None, :]
-    m = row_mask[:, None] & (g[None, :] < NQ)
-    dtype = base.dtype.element_ty
-    tl.store(base + off, y0.to(dtype), mask=m)
-    tl.store(base + off + 1, y1.to(dtype), mask=m)
-    tl.store(base + off + 2, y2.to(dtype), mask=m)
-    tl.store(base + off + 3, y3.to(dtype), mask=m)
 
 
 @triton.jit
