@@ -93,7 +93,7 @@ def camera_decode(attn, o, ray_transforms, dtype, use_triton: bool):
     return cam_softmax_decode(o, ray_transforms, dim=attn.cam_head_dim, out_dtype=dtype)
 
 
-def _sdpa_dtype(dtype, override):
+def sdpa_operand_dtype(dtype, override):
     """SDPA operand dtype: the override, else the stock rule (fp32 -> bf16, other dtypes unchanged)."""
     if override is not None:
         return override
@@ -137,7 +137,7 @@ class PatchedSoftmaxAttention(_SoftmaxUCPESinglePathLiteLA):
             return super().forward(x, mask, HW, rotary_emb, block_mask, camera_conditions, chunk_size,
                                    frame_valid_mask=frame_valid_mask, ucpe_ray_transforms=ucpe_ray_transforms)
         use_triton = kernel_backend_is_triton(x)
-        attn_dtype = _sdpa_dtype(x.dtype, self.sdpa_dtype)
+        attn_dtype = sdpa_operand_dtype(x.dtype, self.sdpa_dtype)
         out = self._main_softmax(x, rotary_emb, attn_dtype, use_triton)
         if camera_conditions is not None:
             ray_transforms = ucpe_ray_transforms

@@ -28,17 +28,17 @@ import dataclasses
 from typing import Optional, Sequence
 
 import torch
-from diffusers.models.transformers.transformer_sana_wm import _apply_ucpe_transform, _SoftmaxUCPESinglePathLiteLA
+from diffusers.models.transformers.transformer_sana_wm import _SoftmaxUCPESinglePathLiteLA
 
 from camrender.patch import combine_branches, gdn_gates
 from camrender.patch_block import attention_residual, ffn_residual, modulation_rows
-from camrender.patch_softmax import camera_decode, camera_encode, padded_sdpa_scale, sdpa, softmax_qkv
+from camrender.patch_softmax import (camera_decode, camera_encode, padded_sdpa_scale, sdpa, sdpa_operand_dtype,
+                                     softmax_qkv)
 from camrender.render import ray_transforms
 from kernels.block_glue import ada_norm, residual_ada_norm
 from kernels.camera_branch import camera_branch
 from kernels.main_branch import main_branch
-from kernels.reference import delta_scan_ref
-from kernels.short_conv import short_conv, short_conv_context
+from kernels.short_conv import short_conv, short_conv_context, use_triton
 
 __all__ = [
     "BlockCache",
@@ -235,39 +235,6 @@ def _rope_for_frames(rope_module, frame_start: int, num_frames: int, height: int
     return freqs.reshape(1, 1, num_frames * height * width, -1)
 
 
-def _rotate(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
-    """RoPE on (B, N, H, D) features with a complex (1, 1, N, D/2) table; pairs (2i, 2i+1) rotate together."""
-    batch, tokens, heads, dim = x.shape
-    pairs = torch.view_as_complex(x.float().reshape(batch, tokens, heads, dim // 2, 2))
-    rotated = pairs * freqs.reshape(1, tokens, 1, dim // 2)
-    return torch.view_as_real(rotated).reshape(batch, tokens, heads, dim).type_as(x)
-
-
-def _to_scan_layout(x: torch.Tensor, num_frames: int) -> torch.Tensor:
-    """(B, N, H, D) -> (B, H, T, S, D)."""
-    batch, tokens, heads, dim = x.shape
-    return x.reshape(batch, num_frames, tokens // num_frames, heads, dim).permute(0, 3, 1, 2, 4)
-
-
-def _from_scan_layout(x: torch.Tensor) -> torch.Tensor:
-    """(B, H, T, S, D) -> (B, N, H * D)."""
-    batch, heads, frames, spatial, dim = x.shape
-    return x.permute(0, 2, 3, 1, 4).reshape(batch, frames * spatial, heads * dim)
-
-
-def _downscale_to_rms(reference: torch.Tensor, transformed: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """Shrink `transformed` (B, H, N, D) per (b, h, n) to at most the RMS over D of `reference`."""
-    reference_rms = reference.square().mean(dim=-1, keepdim=True).add(eps).sqrt()
-    transformed_rms = transformed.square().mean(dim=-1, keepdim=True).add(eps).sqrt()
-    return transformed * (reference_rms / transformed_rms.clamp_min(eps)).clamp(max=1.0)
-
-
-def _sdpa_dtype(options: SegmentOptions, activations: torch.Tensor) -> torch.dtype:
-    if options.sdpa_dtype is not None:
-        return options.sdpa_dtype
-    return torch.bfloat16 if activations.dtype == torch.float32 else activations.dtype
-
-
 # ---------------------------------------------------------------------------------------------
 # Temporal convolutions
 # ---------------------------------------------------------------------------------------------
@@ -320,8 +287,7 @@ def _ffn_residual(block, x, mlp_in, gate, call: _Call, cache: BlockCache, backen
 def _gdn_main(attn, x, beta, decay, rope, call: _Call, cache: BlockCache, precision) -> torch.Tensor:
     """Main GDN branch -> (B, N, C) before the output gate: RoPE'd numerator (KV) and unrotated
     denominator (Z) streams, forward from the cached states, reverse inside each segment."""
-    batch, tokens, channels = x.shape
-    heads, dim = attn.heads, attn.dim
+    channels = x.shape[-1]
     frames, spatial = call.num_frames, call.spatial
     if attn.conv_q is not None or attn.conv_v is not None:
         raise NotImplementedError("segment mode supports k_conv_only models (the released ones)")
@@ -334,43 +300,15 @@ def _gdn_main(attn, x, beta, decay, rope, call: _Call, cache: BlockCache, precis
             context = short_conv_context(raw_key, frames, tail, frames=attn.conv_k.kernel_size - 1)
             cache.key_tail = _compact(context).unflatten(1, (-1, spatial))
 
-    starts = call.segment_starts(x.device)
+    if rope is None or not _has_weights(attn.q_norm, attn.k_norm):
+        raise NotImplementedError("segment mode supports GDN blocks with RoPE and RMSNorm weights (the released ones)")
     initial = None if cache.kv_state is None else (cache.kv_state, cache.z_state)
-    if call.backend != "torch" and rope is not None and _has_weights(attn.q_norm, attn.k_norm):
-        out, (kv_state, z_state) = main_branch(
-            query, key, value, beta, decay, rope,
-            q_norm_weight=attn.q_norm.weight, k_norm_weight=attn.k_norm.weight, norm_eps=attn.q_norm.eps,
-            eps=attn.attn.eps, initial_state=initial, segment_starts=starts, precision=precision,
-            backend=call.backend, return_final_state=True,
-        )
-    else:
-        query = attn.q_norm(query).reshape(batch, tokens, heads, dim)
-        key = attn.k_norm(key).reshape(batch, tokens, heads, dim)
-        query, key = attn.kernel_func(query), attn.kernel_func(key)
-        key = key * (dim**-0.5 * spatial**-0.5)
-        value = value.reshape(batch, tokens, heads, dim)
-        query_rot, key_rot = (_rotate(query, rope), _rotate(key, rope)) if rope is not None else (query, key)
-        scan_beta, scan_decay = beta.float(), decay.float()
-        numerator, kv_state = delta_scan_ref(
-            _to_scan_layout(query_rot, frames).float(),
-            _to_scan_layout(key_rot, frames).float(),
-            _to_scan_layout(value, frames).float(),
-            scan_beta,
-            scan_decay,
-            initial_state=None if initial is None else initial[0],
-            segment_starts=starts,
-        )
-        ones = torch.ones(batch, heads, frames, spatial, 1, device=x.device, dtype=torch.float32)
-        denominator, z_state = delta_scan_ref(
-            _to_scan_layout(query, frames).float(),
-            _to_scan_layout(key, frames).float(),
-            ones,
-            scan_beta,
-            scan_decay,
-            initial_state=None if initial is None else initial[1],
-            segment_starts=starts,
-        )
-        out = _from_scan_layout((numerator / (denominator + attn.attn.eps)).to(value.dtype))
+    out, (kv_state, z_state) = main_branch(
+        query, key, value, beta, decay, rope,
+        q_norm_weight=attn.q_norm.weight, k_norm_weight=attn.k_norm.weight, norm_eps=attn.q_norm.eps,
+        eps=attn.attn.eps, initial_state=initial, segment_starts=call.segment_starts(x.device), precision=precision,
+        backend=call.backend, return_final_state=True,
+    )
     if call.write:
         cache.kv_state, cache.z_state = kv_state.detach(), z_state.detach()
     return out
@@ -429,43 +367,6 @@ def _softmax_mask(call: _Call, options: SegmentOptions, device) -> Optional[torc
     return allowed.repeat_interleave(call.spatial, 0).repeat_interleave(call.spatial, 1)
 
 
-def _softmax_qkv_torch(attn, x, rope, sdpa_dtype):
-    """Main-branch q, k (RMSNorm, RoPE) and v of a softmax block with the model's own modules,
-    (B, H, N, D) in the SDPA dtype (the fused path: `camrender.patch_softmax.softmax_qkv`)."""
-    batch, tokens, channels = x.shape
-    heads, dim = attn.heads, attn.dim
-    query, key, value = attn.qkv(x).reshape(batch, tokens, 3, heads, dim).unbind(2)
-    query = attn.q_norm(query.reshape(batch, tokens, channels)).reshape(batch, tokens, heads, dim)
-    key = attn.k_norm(key.reshape(batch, tokens, channels)).reshape(batch, tokens, heads, dim)
-    if rope is not None:
-        query, key = _rotate(query, rope), _rotate(key, rope)
-    return tuple(t.transpose(1, 2).to(sdpa_dtype) for t in (query, key, value))
-
-
-def _softmax_camera_encode_torch(attn, x, rays, sdpa_dtype):
-    """Camera q, k, v of a softmax block after RMSNorm, UCPE and RMS downscale, (B, H, N, D) in the
-    SDPA dtype, with the model's own modules (fused: `camrender.patch_softmax.camera_encode`, D
-    zero-padded to 128)."""
-    batch, tokens, _ = x.shape
-    shape = (batch, tokens, attn.cam_heads, attn.cam_head_dim)
-    _, P_T, P_inv, freqs_cam = rays
-    query = attn.q_norm_cam(attn.q_proj_cam(x)).reshape(shape).transpose(1, 2)
-    key = attn.k_norm_cam(attn.k_proj_cam(x)).reshape(shape).transpose(1, 2)
-    value = attn.v_proj_cam(x).reshape(shape).transpose(1, 2)
-    query = _downscale_to_rms(query, _apply_ucpe_transform(query, P_T, freqs_cam)).to(sdpa_dtype)
-    key = _downscale_to_rms(key, _apply_ucpe_transform(key, P_inv, freqs_cam)).to(sdpa_dtype)
-    value = _downscale_to_rms(value, _apply_ucpe_transform(value, P_inv, freqs_cam)).to(sdpa_dtype)
-    return query, key, value
-
-
-def _softmax_camera_decode_torch(out, rays, dtype):
-    """Camera SDPA output (B, H, N, D) -> world space (B, N, C) in `dtype` (P, inverse RoPE)."""
-    batch, heads, tokens, dim = out.shape
-    P, _, _, freqs_cam = rays
-    world = _apply_ucpe_transform(out.to(dtype), P, freqs_cam, inverse_rope=True)
-    return world.transpose(1, 2).reshape(batch, tokens, heads * dim)
-
-
 def _attend(query, key, value, cached: list, scale: float, mask) -> torch.Tensor:
     """SDPA of the call's queries (B, H, n, D) over the cached (key, value) pairs of earlier
     segments followed by the call's own keys and values."""
@@ -478,34 +379,26 @@ def _softmax_attention(attn, x, rope, rays, call: _Call, cache: BlockCache, opti
     """`_SoftmaxUCPESinglePathLiteLA.forward`, chunk-causal: queries of the call attend to the cached
     sink / recent segments and to the call's own keys (masked per segment). x (B, N, C) -> (B, N, C)."""
     batch, tokens, channels = x.shape
-    sdpa_dtype = _sdpa_dtype(options, x)
+    if not _has_weights(attn.q_norm, attn.k_norm, attn.q_norm_cam, attn.k_norm_cam):
+        raise NotImplementedError("segment mode supports softmax blocks with RMSNorm weights (the released ones)")
+    sdpa_dtype = sdpa_operand_dtype(x.dtype, options.sdpa_dtype)
+    triton = use_triton(x, call.backend)
     context = cache.softmax_context()
     if context and len(call.segments) > 1:
         raise ValueError("a call with several segments must start from an empty cache")
     mask = _softmax_mask(call, options, x.device)
 
-    fused = call.backend != "torch" and _has_weights(attn.q_norm, attn.k_norm, attn.q_norm_cam, attn.k_norm_cam)
-    if fused:
-        query, key, value = softmax_qkv(attn, x, rope, sdpa_dtype, use_triton=True)
-    else:
-        query, key, value = _softmax_qkv_torch(attn, x, rope, sdpa_dtype)
+    query, key, value = softmax_qkv(attn, x, rope, sdpa_dtype, triton)
     out = _attend(query, key, value, [(kv.key, kv.value) for kv in context],
                   options.main_softmax_scale or padded_sdpa_scale(attn.dim), mask)
     out = out.transpose(1, 2).reshape(batch, tokens, channels).to(x.dtype)
 
     cam_out = cam_key = cam_value = None
     if rays is not None:
-        if fused:
-            cam_query, cam_key, cam_value = camera_encode(attn, x, rays, sdpa_dtype, use_triton=True)
-        else:
-            cam_query, cam_key, cam_value = _softmax_camera_encode_torch(attn, x, rays, sdpa_dtype)
+        cam_query, cam_key, cam_value = camera_encode(attn, x, rays, sdpa_dtype, triton)
         cam_out = _attend(cam_query, cam_key, cam_value, [(kv.cam_key, kv.cam_value) for kv in context],
                           padded_sdpa_scale(attn.cam_head_dim), mask)
-        if fused:
-            cam_out = camera_decode(attn, cam_out, rays, x.dtype, use_triton=True)
-        else:
-            cam_out = _softmax_camera_decode_torch(cam_out, rays, x.dtype)
-        cam_out = attn.out_proj_cam(cam_out)
+        cam_out = attn.out_proj_cam(camera_decode(attn, cam_out, rays, x.dtype, triton))
 
     if call.write:
         entry = SoftmaxKV(*(_compact(t) for t in (key, value, cam_key, cam_value)))
