@@ -82,7 +82,7 @@ def main():
     parser.add_argument("--segment-frames", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--tuning", type=json.loads, default=None, help="glu_depthwise launch overrides (JSON)")
-    parser.add_argument("--sweep", action="store_true", help="also time 24 launch configurations of the GLU kernel")
+    parser.add_argument("--sweep", action="store_true", help="also time 40 launch configurations of the GLU kernel")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
 

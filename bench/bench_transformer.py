@@ -244,13 +244,16 @@ def timed_steps(model, inputs, device, repeats, warmup) -> tuple[list, float, to
     return time_calls(lambda: model(**inputs)[0], device, repeats, warmup)
 
 
-def time_calls(step, device, repeats, warmup) -> tuple[list, float, torch.Tensor]:
+def time_calls(step, device, repeats, warmup, *, peak_with_warmup=False) -> tuple[list, float, torch.Tensor]:
     """`warmup` untimed calls of step(), then `repeats` timed ones (CUDA events): (ms list, peak memory
-    GiB over the timed calls, output of the last call)."""
+    GiB over the timed calls, or over all calls with peak_with_warmup, output of the last call)."""
     with torch.no_grad():
+        if peak_with_warmup and device.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
         for _ in range(warmup):
             out = step()
-        if device.type == "cuda":
+        if device.type == "cuda" and not peak_with_warmup:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
         times = []
@@ -270,7 +273,8 @@ def timed_graphed_steps(model, inputs, device, repeats) -> tuple[list, float, to
     per-block projections computed once (`camrender.patch_block.fixed_plucker`), the text without the
     padding no row attends to (`camrender.render.drop_text_padding`), and the forward replayed as a
     CUDA graph (`camrender.graphs.GraphedForward`): two untimed calls (eager warm-up, capture), then
-    `repeats` timed replays."""
+    `repeats` timed replays. The peak memory spans all of them, with the fixed Plucker projections:
+    a replay allocates nothing (the graph's activations live in its memory pool, set up at capture)."""
     from camrender.graphs import GraphedForward
     from camrender.patch_block import fixed_plucker
     from camrender.render import drop_text_padding, step_constants
@@ -287,7 +291,8 @@ def timed_graphed_steps(model, inputs, device, repeats) -> tuple[list, float, to
 
     graphed = GraphedForward(forward)
     with fixed_plucker(model, fixed["chunk_plucker"]):
-        result = time_calls(lambda: graphed(inputs["hidden_states"], inputs["timestep"]), device, repeats, warmup=2)
+        result = time_calls(lambda: graphed(inputs["hidden_states"], inputs["timestep"]), device, repeats, warmup=2,
+                            peak_with_warmup=True)
     if graphed.stats["replays"] < repeats:
         raise RuntimeError(f"the CUDA graph was not replayed: {graphed.stats}")
     return result

@@ -56,7 +56,7 @@ def compile_kernel(args):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--frames", type=int, default=42)
-    parser.add_argument("--silu", default="exp", choices=["exp", "tanh"])
+    parser.add_argument("--silu", default=ffn_glu.DEFAULT_TUNING["silu"], choices=["exp", "tanh"])
     parser.add_argument("--height", type=int, default=22)
     parser.add_argument("--width", type=int, default=40)
     parser.add_argument("--hidden", type=int, default=6720, help="Hd (h has 2*Hd channels)")
