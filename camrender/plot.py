@@ -14,7 +14,7 @@ import os
 import numpy as np
 
 from camrender.errors import CamrenderError
-from camrender.trajectory.stats import rotation_angles
+from camrender.trajectory.stats import fields_of_view, rotation_angles
 
 _FRUSTUM_TARGET = 16  # about this many frustums per view when `every` is not given
 
@@ -40,15 +40,6 @@ def speeds(traj) -> np.ndarray:
 def angular_speeds(traj) -> np.ndarray:
     """(F-1,) rotation speed between consecutive frames, degrees per second."""
     return rotation_angles(traj.c2w) * traj.fps
-
-
-def fields_of_view(traj) -> tuple[np.ndarray, np.ndarray]:
-    """(F,) horizontal and vertical field of view in degrees (exact for an off-centre principal point)."""
-    k = np.asarray(traj.intrinsics)
-    fx, fy, cx, cy = k[:, 0], k[:, 1], k[:, 2], k[:, 3]
-    hfov = np.degrees(np.arctan(cx / fx) + np.arctan((traj.width - cx) / fx))
-    vfov = np.degrees(np.arctan(cy / fy) + np.arctan((traj.height - cy) / fy))
-    return hfov, vfov
 
 
 def frustum_lines(c2w: np.ndarray, intrinsics, width: int, height: int, depth: float) -> np.ndarray:
@@ -152,7 +143,7 @@ def plot_trajectory(traj, path, *, every: int | None = None) -> None:
     else:
         speed_ax.text(0.5, 0.5, "single frame: no motion", ha="center", va="center", transform=speed_ax.transAxes)
         speed_ax.set_title("speed", fontsize=9)
-    hfov, vfov = fields_of_view(traj)
+    hfov, vfov = fields_of_view(traj.intrinsics, traj.width, traj.height)
     fov_ax.plot(frames, hfov, label="horizontal", color="tab:purple")
     fov_ax.plot(frames, vfov, label="vertical", color="tab:brown")
     fov_ax.set_ylabel("fov (deg)")

@@ -33,6 +33,7 @@ import numpy as np
 
 from camrender.errors import CamrenderError
 from camrender.trajectory.rotations import relative_poses
+from camrender.trajectory.stats import fields_of_view
 
 GROUND_Y = 1.5
 """World y of the ground plane for scale 1 (OpenCV +y is down: the ground is 1.5 units below the origin)."""
@@ -455,8 +456,7 @@ def overlay_lines(frame: int, num_frames: int, c2w, intrinsics, width: int, heig
     """Text drawn by --overlay: frame number, camera position, yaw/pitch/roll and horizontal fov."""
     x, y, z = np.asarray(c2w)[:3, 3]
     yaw, pitch, roll = pose_angles(c2w)
-    fx, _, cx, _ = intrinsics
-    hfov = math.degrees(math.atan(cx / fx) + math.atan((width - cx) / fx))
+    hfov = fields_of_view([intrinsics], width, height)[0][0]
     return [
         f"frame {frame}/{num_frames - 1}",
         f"x {x:+.2f} y {y:+.2f} z {z:+.2f}",

@@ -92,12 +92,8 @@ def render_frames(pipe, request: RenderRequest, progress: Progress = None) -> It
     if request.mode == "full":
         yield from render_full(pipe, request, progress)
     elif request.mode == "segments":
-        try:
-            from camrender.render_segments import render_segments
-        except ModuleNotFoundError as error:
-            if error.name != "camrender.render_segments":
-                raise
-            raise CamrenderError("segment mode is not available in this build", field="mode") from None
+        from camrender.render_segments import render_segments
+
         yield from render_segments(pipe, request, progress)
     else:
         raise CamrenderError(f"must be one of {', '.join(MODES)}, got {request.mode!r}", field="mode")

@@ -225,7 +225,8 @@ def test_examples_exist():
 
 
 def test_plot_chart_values():
-    from camrender.plot import angular_speeds, fields_of_view, speeds
+    from camrender.plot import angular_speeds, speeds
+    from camrender.trajectory import stats
 
     frames = 6
     c2w = np.tile(np.eye(4), (frames, 1, 1))
@@ -236,9 +237,11 @@ def test_plot_chart_values():
     traj = Trajectory(c2w, intr, 100, 50, 16.0)
     assert np.allclose(speeds(traj), 4.0)
     assert np.allclose(angular_speeds(traj), np.degrees(0.05) * 16)
-    hfov, vfov = fields_of_view(traj)
+    hfov, vfov = stats.fields_of_view(traj.intrinsics, traj.width, traj.height)
     assert np.allclose(hfov, np.degrees(np.arctan(0.3) + np.arctan(0.7)))
     assert np.allclose(vfov, 2 * np.degrees(np.arctan(0.5)))
+    # `traj check` reports the same off-centre field of view as the plot and the preview overlay
+    assert np.isclose(stats.compute(traj).fov_h[0], hfov[0])
 
 
 def test_plot_single_frame(tmp_path):

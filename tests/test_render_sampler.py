@@ -1,5 +1,4 @@
 """The full-clip sampler against diffusers' own SanaWMPipeline.__call__ on the tiny model."""
-import sys
 
 import numpy as np
 import PIL.Image
@@ -97,12 +96,6 @@ def test_request_checks(pipe):
         sample_video(pipe, request(dolly_zoom(), image=None, model="some/model"))
     with pytest.raises(CamrenderError, match="mode"):
         list(render_frames(pipe, request(dolly_zoom(), mode="sideways")))
-
-
-def test_segment_mode_missing_is_a_clear_error(pipe, monkeypatch):
-    monkeypatch.setitem(sys.modules, "camrender.render_segments", None)  # as if the module were absent
-    with pytest.raises(CamrenderError, match="segment mode is not available"):
-        list(render_frames(pipe, request(dolly_zoom(), mode="segments")))
 
 
 def test_dropping_text_padding_changes_nothing(pipe):

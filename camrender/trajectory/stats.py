@@ -36,12 +36,22 @@ def rotation_angles(c2w: np.ndarray) -> np.ndarray:
     return np.degrees(np.arctan2(sin, cos))  # atan2: exact near 0, unlike arccos
 
 
+def fields_of_view(intrinsics, width: float, height: float) -> tuple[np.ndarray, np.ndarray]:
+    """Horizontal and vertical field of view in degrees of (F, 4) fx, fy, cx, cy intrinsics on a
+    width x height image, each (F,): exact for an off-centre principal point (the angle from the
+    optical axis to the left edge plus to the right edge)."""
+    k = np.asarray(intrinsics, dtype=float)
+    fx, fy, cx, cy = k[:, 0], k[:, 1], k[:, 2], k[:, 3]
+    hfov = np.degrees(np.arctan(cx / fx) + np.arctan((width - cx) / fx))
+    vfov = np.degrees(np.arctan(cy / fy) + np.arctan((height - cy) / fy))
+    return hfov, vfov
+
+
 def compute(traj: Trajectory) -> PathStats:
     centres = traj.c2w[:, :3, 3]
     steps = np.linalg.norm(np.diff(centres, axis=0), axis=1)
     turns = rotation_angles(traj.c2w)
-    fov_h = np.degrees(2 * np.arctan(0.5 * traj.width / traj.intrinsics[:, 0]))
-    fov_v = np.degrees(2 * np.arctan(0.5 * traj.height / traj.intrinsics[:, 1]))
+    fov_h, fov_v = fields_of_view(traj.intrinsics, traj.width, traj.height)
     has_steps = len(steps) > 0
     return PathStats(
         num_frames=traj.num_frames,
