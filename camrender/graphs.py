@@ -6,7 +6,9 @@ costs CPU time that, for small calls (segment mode: B=1, 3 latent frames, about 
 the many tiny kernels of the camera preparation, leaves the GPU waiting. `GraphedForward`
 captures the forward once per input layout (the shapes and strides of every tensor among its
 arguments) and replays it: each call copies its inputs into the graph's own (static) tensors,
-replays, and returns a copy of the output.
+replays, and returns a copy of the output. An input tensor that is the same object, unmodified,
+as the one last copied into its slot is not copied again (segment mode passes its ~1 GB cache
+unchanged to every denoising step of a segment).
 
 The first call with a new layout runs eagerly (it compiles the Triton kernels and warms up the
 libraries for those shapes); the second captures. Only the latest layout's graph is kept, so the
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import weakref
 from typing import Callable, Optional
 
 import torch
@@ -57,19 +60,40 @@ def _clone(tree):
     return tree
 
 
-def _copy_into(static, tree) -> None:
-    """Copy every tensor of `tree` into the matching tensor of `static` (same layout)."""
+def _copy_into(static, tree, copied: dict) -> None:
+    """Copy every tensor of `tree` into the matching tensor of `static` (same layout), except those
+    `copied` records as already there: copied maps id(static tensor) -> (weak reference to the
+    source tensor, its version counter), updated here."""
     if isinstance(tree, torch.Tensor):
+        if _unchanged(copied.get(id(static)), tree):
+            return
         static.copy_(tree)
+        copied[id(static)] = _stamp(tree)
     elif dataclasses.is_dataclass(tree):
         for f in dataclasses.fields(tree):
-            _copy_into(getattr(static, f.name), getattr(tree, f.name))
+            _copy_into(getattr(static, f.name), getattr(tree, f.name), copied)
     elif isinstance(tree, dict):
         for key, value in tree.items():
-            _copy_into(static[key], value)
+            _copy_into(static[key], value, copied)
     elif isinstance(tree, (list, tuple)):
         for static_item, item in zip(static, tree):
-            _copy_into(static_item, item)
+            _copy_into(static_item, item, copied)
+
+
+def _stamp(tensor):
+    """(weak reference, version counter) of a tensor; the version is None where it is not tracked."""
+    try:
+        version = tensor._version
+    except RuntimeError:  # inference-mode tensors keep no version counter: always copy them
+        version = None
+    return weakref.ref(tensor), version
+
+
+def _unchanged(stamp, tensor) -> bool:
+    """Whether `tensor` is the object `stamp` was taken of, not modified in place since."""
+    if stamp is None or stamp[1] is None or stamp[0]() is not tensor:
+        return False
+    return _stamp(tensor)[1] == stamp[1]
 
 
 @dataclasses.dataclass
@@ -79,6 +103,7 @@ class _Replay:
     inputs: tuple
     graph: Optional["torch.cuda.CUDAGraph"]
     output: torch.Tensor
+    copied: dict = dataclasses.field(default_factory=dict)  # see _copy_into
 
 
 class GraphedForward:
@@ -117,7 +142,7 @@ class GraphedForward:
                 self.enabled, self._layout = False, None
                 return self._eager(inputs)
             self._layout = layout
-        _copy_into(self._replay.inputs, inputs)
+        _copy_into(self._replay.inputs, inputs, self._replay.copied)
         if self._replay.graph is None:
             output = self.forward(*self._replay.inputs)
         else:

@@ -146,6 +146,27 @@ def test_graph_replay_reuses_a_layout():
     assert graphs.stats["eager"] == 2
 
 
+def test_graph_replay_copies_only_changed_inputs(monkeypatch):
+    """An input that is the object copied last time, unmodified, is not copied again; a new object or
+    one modified in place is."""
+    from camrender.graphs import GraphedForward
+
+    graphs = GraphedForward(lambda x, state: x + state["bias"], capture=False)
+    bias = torch.zeros(3)
+    graphs(torch.ones(3), {"bias": bias})  # first sight: eager
+    copied = []
+    copy = torch.Tensor.copy_
+    monkeypatch.setattr(torch.Tensor, "copy_", lambda self, src, *args: copied.append(src) or copy(self, src, *args))
+    assert graphs(torch.ones(3), {"bias": bias}).tolist() == [1.0] * 3  # set up: both inputs copied
+    assert len(copied) == 2
+    copied.clear()
+    assert graphs(torch.ones(3), {"bias": bias}).tolist() == [1.0] * 3
+    assert len(copied) == 1  # only the new x
+    bias += 2.0  # modified in place: copied again
+    assert graphs(torch.ones(3), {"bias": bias}).tolist() == [3.0] * 3
+    assert graphs(torch.ones(3), {"bias": torch.full((3,), 5.0)}).tolist() == [6.0] * 3  # another object
+
+
 def test_path_longer_than_the_rope_table_is_a_user_error(pipe):
     from camrender.errors import CamrenderError
 
