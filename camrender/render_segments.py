@@ -193,7 +193,7 @@ def render_segments(pipe, request, progress: Optional[Callable[..., None]] = Non
                              field="frames")
     options = SegmentOptions(
         cached_segments=request.cached_segments,
-        backend=KERNEL_BACKENDS.get(request.kernels, "auto"),
+        backend=KERNEL_BACKENDS[request.kernels],
     )
     timesteps = segment_timesteps(pipe.scheduler, request.steps)
     inputs = prepare_inputs(pipe, request, device)

@@ -35,6 +35,7 @@ from camrender.patch_block import attention_residual, ffn_residual, modulation_r
 from camrender.patch_softmax import (camera_decode, camera_encode, padded_sdpa_scale, sdpa, sdpa_operand_dtype,
                                      softmax_qkv)
 from camrender.render import ray_transforms
+from kernels._validate import BACKENDS, check_choice
 from kernels.block_glue import ada_norm, residual_ada_norm
 from kernels.camera_branch import camera_branch
 from kernels.main_branch import main_branch
@@ -83,9 +84,8 @@ class SegmentOptions:
             Pass 1/sqrt(D) to reproduce the stock bidirectional model.
         sdpa_dtype: dtype of the softmax attention; None -> bfloat16 for fp32 activations (as
             diffusers does), the activation dtype otherwise.
-        backend: "torch" (the PyTorch references), "auto" (the fused Triton kernels on CUDA,
-            PyTorch otherwise) or "fused" (the kernels on any device: on CPU through the Triton
-            interpreter, for tests).
+        backend: the kernels' `backend`: "torch" (the PyTorch references), "auto" (the Triton
+            kernels on CUDA and under TRITON_INTERPRET=1, the references otherwise) or "triton".
         precision: matrix-product precision of the fused kernels, "tf32" or "ieee" (exact fp32).
     """
 
@@ -161,7 +161,7 @@ class SegmentCache:
 @dataclasses.dataclass
 class _Call:
     """Layout of one forward call. `segments` are (start, stop) frame ranges relative to the call;
-    `backend` the kernels' backend argument ("torch": PyTorch references, "auto": Triton kernels)."""
+    `backend` the kernels' backend argument (`SegmentOptions.backend`)."""
 
     num_frames: int
     height: int
@@ -194,16 +194,6 @@ class _Call:
 # ---------------------------------------------------------------------------------------------
 # Small shared operations
 # ---------------------------------------------------------------------------------------------
-
-
-def _kernel_backend(backend: str, device: torch.device) -> str:
-    """`SegmentOptions.backend` -> the kernels' `backend` argument for a call on `device`: "torch"
-    (PyTorch references) or "auto" (the Triton kernels; the interpreter under TRITON_INTERPRET=1)."""
-    if backend not in ("torch", "auto", "fused"):
-        raise ValueError(f"unknown backend {backend!r} (torch, auto, fused)")
-    if backend == "torch" or (backend == "auto" and device.type != "cuda"):
-        return "torch"
-    return "auto"
 
 
 def _has_weights(*norms) -> bool:
@@ -560,8 +550,8 @@ def segment_forward(
         )
     elif (conditioning.frame_start, conditioning.num_frames) != (frame_start, frames):
         raise ValueError("conditioning was prepared for other frames")
-    call = _Call(frames, height, width, segments, write_cache,
-                 _kernel_backend(options.backend, hidden_states.device))
+    check_choice("backend", options.backend, BACKENDS)
+    call = _Call(frames, height, width, segments, write_cache, options.backend)
     block_caches = cache.blocks if cache is not None else [BlockCache() for _ in model.blocks]
 
     x = model.x_embedder(hidden_states.to(dtype))

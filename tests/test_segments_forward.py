@@ -196,14 +196,14 @@ def test_denoising_passes_only_read_the_cache(model):
 
 
 def test_fused_kernels_pass_state_like_the_reference(model):
-    """backend="fused" (Triton kernels, interpreted on CPU) carries GDN states across segments like the PyTorch path."""
+    """backend="triton" (Triton kernels, interpreted on CPU) carries GDN states across segments like the PyTorch path."""
     batch, frames, height, width = 1, 7, 2, 2
     latents, text, mask = model_inputs(batch, frames, height, width, seed=4)
     conditions, plucker = camera_inputs(batch, frames, height, width, seed=4)
     bounds = segment_bounds(frames)
     outputs = {}
     with torch.no_grad():
-        for backend in ("torch", "fused"):
+        for backend in ("torch", "triton"):
             options = SegmentOptions(sdpa_dtype=torch.float32, backend=backend, precision="ieee")
             outputs[backend], _ = run_segments(model, latents, text, mask, conditions, plucker, bounds, 600.0, options)
-    torch.testing.assert_close(outputs["fused"], outputs["torch"], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(outputs["triton"], outputs["torch"], atol=1e-4, rtol=1e-4)

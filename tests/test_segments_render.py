@@ -184,9 +184,10 @@ def test_step_list():
     assert len(eight) == 8 and eight[0] == 1000.0 and eight == sorted(eight, reverse=True) and eight[-1] > 0
 
 
-def test_cli_segments_mode_writes_a_playable_video(tmp_path):
+def test_cli_segments_mode_writes_a_playable_video(tmp_path, monkeypatch):
     import imageio.v3 as iio
 
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # the CPU render path, as a user runs it (kernels: own tests)
     from camrender.cli import main
 
     out = tmp_path / "orbit.mp4"
