@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_transformer import agreement, bench_setup, build_model, fp32_reference, make_inputs, nudged  # noqa: E402
+from common import emit  # noqa: E402
 
 PARTS = ("glue", "cross_attn", "ffn", "gdn_main", "gdn_camera", "softmax")
 
@@ -196,10 +197,7 @@ def main(argv=None) -> dict:
             if blocks:
                 entry["blocks_vs_stock"] = blocks
             result["configs"][name] = entry
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out is not None:
-        args.out.write_text(text + "\n")
+    emit(result, args.out, indent=2)
     return result
 
 

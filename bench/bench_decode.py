@@ -21,6 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from camrender.segment_decode import CausalStreamDecoder  # noqa: E402
 from camrender.segments import segment_bounds  # noqa: E402
+from common import emit  # noqa: E402
 
 
 def decode_path(vae, latents, channels_last: bool) -> tuple[float, torch.Tensor]:
@@ -73,11 +74,7 @@ def main(argv=None) -> dict:
                 "max_abs_diff_vs_default": float((video - reference).abs().max()),
             }
             print(json.dumps({name: result["variants"][name]}), flush=True)
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as handle:
-            handle.write(text + "\n")
+    emit(result, args.out)
     return result
 
 

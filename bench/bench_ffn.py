@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_transformer import agreement  # noqa: E402  (cosine, max |a - b| / max |b|)
+from common import add_latent_args, emit  # noqa: E402
 
 
 def timed(fn, repeats, warmup=3):
@@ -73,10 +74,7 @@ def peak_gib(fn):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=int, default=2)
-    parser.add_argument("--frames", type=int, default=21)
-    parser.add_argument("--height", type=int, default=22)
-    parser.add_argument("--width", type=int, default=40)
+    add_latent_args(parser)
     parser.add_argument("--channels", type=int, default=2240)
     parser.add_argument("--mlp-ratio", type=float, default=3.0)
     parser.add_argument("--segment-frames", type=int, default=3)
@@ -168,10 +166,7 @@ def main():
             "glu_depthwise_vs_fp32_ref": agreement(
                 g, glu_depthwise_ref(h.float(), depth.weight.float(), depth.bias.float(), height, width)),
         }
-    text = json.dumps(results, indent=1)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text)
+    emit(results, args.out)
 
 
 if __name__ == "__main__":

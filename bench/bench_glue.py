@@ -12,13 +12,13 @@ the kernel against its fp32 reference.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from common import emit  # noqa: E402
 
 
 def main(argv=None) -> dict:
@@ -74,10 +74,7 @@ def main(argv=None) -> dict:
     errors["gated_residual"] = float((glue.gated_residual(x, y, rows_gate, y2=z).float()
                                       - glue.gated_residual_ref(x, y, rows_gate, z).float()).abs().max())
     rows["ms"] = {k: round(v, 4) for k, v in ms.items()}
-    text = json.dumps(rows, indent=1)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    emit(rows, args.out)
     return rows
 
 

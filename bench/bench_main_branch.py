@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from common import add_latent_args, emit  # noqa: E402
 
 
 def _stats(ours, ref):
@@ -301,10 +302,7 @@ def bench_gdn_block(args, res):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=int, default=2)
-    parser.add_argument("--frames", type=int, default=21)
-    parser.add_argument("--height", type=int, default=22)
-    parser.add_argument("--width", type=int, default=40)
+    add_latent_args(parser)
     parser.add_argument("--heads", type=int, default=20)
     parser.add_argument("--head-dim", type=int, default=112)
     parser.add_argument("--out", type=Path, default=None)
@@ -330,10 +328,7 @@ def main():
         if args.device == "cuda":
             torch.cuda.empty_cache()
     res["bench_seconds"] = time.time() - start
-    text = json.dumps(res, indent=1, default=lambda o: None if isinstance(o, float) and math.isnan(o) else str(o))
-    if args.out:
-        args.out.write_text(text)
-    print(text)
+    emit(res, args.out, default=lambda o: None if isinstance(o, float) and math.isnan(o) else str(o))
 
 
 if __name__ == "__main__":

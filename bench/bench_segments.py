@@ -35,6 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from camrender.render_segments import DEFAULT_SEGMENT_TIMESTEPS, SegmentInputs, sample_segments  # noqa: E402
 from camrender.segment_decode import CausalStreamDecoder, to_uint8_frames  # noqa: E402
 from camrender.segments import SegmentOptions, segment_bounds  # noqa: E402
+from common import emit  # noqa: E402
 
 GIB = 1024**3
 SPATIAL = 32  # VAE spatial stride (8 for the --cpu-smoke tiny VAE)
@@ -342,11 +343,7 @@ def main(argv=None):
             "full_161_frames_60_steps_cfg",
             lambda: run_full(transformer, vae, 21, height, width, steps60, 5.0, device, dtype,
                              measure_steps=args.full_cfg_steps))
-    text = json.dumps(results, indent=1)
-    print(text, flush=True)
-    if args.out:
-        with open(args.out, "w") as handle:
-            handle.write(text + "\n")
+    emit(results, args.out)
     if args.markdown:
         with open(args.markdown, "w") as handle:
             handle.write(markdown_table(results))

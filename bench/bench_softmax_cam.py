@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_cam_branch import random_rays  # noqa: E402
 from kernels import softmax_cam  # noqa: E402
 from kernels.main_reference import cam_softmax_decode_ref, cam_softmax_encode_ref  # noqa: E402
+from common import emit  # noqa: E402
 
 SHAPES = {"release": dict(B=2, N=21 * 880, H=10, D=112), "tiny": dict(B=1, N=40, H=2, D=16)}
 SWEEP = [(bs, w) for bs in (8, 16, 32) for w in (2, 4, 8)]
@@ -125,10 +126,7 @@ def main(argv=None):
             times["encode_sweep"] = {f"bs{bs}_w{w}": bench(enc(bs, w)) for bs, w in SWEEP}
             times["decode_sweep"] = {f"bs{bs}_w{w}": bench(dec(bs, w)) for bs, w in SWEEP}
         res["times_ms"] = times
-    text = json.dumps(res, indent=1)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text)
+    emit(res, args.out)
     return res
 
 

@@ -45,6 +45,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from common import emit  # noqa: E402
 
 RELEASE_CONFIG = dict(  # SanaWMTransformer3DModel defaults == the SANA-WM_bidirectional release
     in_channels=128, num_layers=20, hidden_size=2240, num_attention_heads=20, linear_head_dim=112,
@@ -418,10 +419,7 @@ def main(argv=None) -> dict:
             "max_rel_error": agree["max_rel_error"] <= TARGETS["max_rel_error"],
             "memory": patched["peak_memory_gib"] <= result["stock"]["peak_memory_gib"],
         }
-    text = json.dumps(result, indent=2, allow_nan=True)
-    print(text)
-    if args.out is not None:
-        args.out.write_text(text + "\n")
+    emit(result, args.out, indent=2, allow_nan=True)
     if failed:
         sys.exit(1)
     return result

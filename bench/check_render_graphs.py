@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from common import emit  # noqa: E402
 
 
 def main(argv=None) -> dict:
@@ -57,10 +58,7 @@ def main(argv=None) -> dict:
         result[mode] = {"frames": len(videos[True]), "max_abs_diff_uint8": difference,
                         "seconds_eager": seconds[False], "seconds_graphs": seconds[True]}
         print(json.dumps({mode: result[mode]}), flush=True)
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    emit(result, args.out)
     return result
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import sys
 import time
 from pathlib import Path
@@ -25,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_transformer import RELEASE_CONFIG, build_model, make_inputs  # noqa: E402
+from common import emit  # noqa: E402
 
 
 def kernel_table(profiler, top: int) -> tuple[list, float]:
@@ -106,10 +106,7 @@ def report(args, variant: str, profiler, wall_ms: float) -> dict:
     result = {"variant": variant, "wall_ms_profiled": round(wall_ms, 1), "kernel_ms": round(kernel_ms, 1),
               "kernel_launches": launches, "kernels": rows, "ops": op_table(profiler, args.top),
               "gaps": idle_gaps(profiler)}
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    emit(result, args.out)
     return result
 
 
