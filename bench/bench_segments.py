@@ -32,7 +32,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from camrender.render_segments import DEFAULT_SEGMENT_TIMESTEPS, SegmentInputs, sample_segments  # noqa: E402
+from camrender.render import RenderInputs  # noqa: E402
+from camrender.render_segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments  # noqa: E402
 from camrender.segment_decode import CausalStreamDecoder, to_uint8_frames  # noqa: E402
 from camrender.segments import SegmentOptions, segment_bounds  # noqa: E402
 from common import emit  # noqa: E402
@@ -100,7 +101,7 @@ def path_inputs(transformer, latent_frames, height, width, device, dtype, guidan
     mask = torch.zeros(batch, 300, dtype=torch.long)
     mask[:, :120] = 1
     channels = transformer.config.in_channels
-    return SegmentInputs(
+    return RenderInputs(
         text=text.to(device, dtype), text_mask=mask.to(device), camera_conditions=conditions,
         chunk_plucker=plucker.to(device, dtype),
         first_latent=torch.randn(1, channels, 1, h, w, generator=generator).to(device, dtype),

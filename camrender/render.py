@@ -308,6 +308,42 @@ def initial_latents(first_latent, num_latent_frames: int, height: int, width: in
     return latents
 
 
+@dataclasses.dataclass
+class RenderInputs:
+    """Conditioning and noise of one render, whole trajectory (segment mode slices it per segment).
+
+    text (B, 1, L, D) and text_mask (B, L) with B = 2 ([negative, prompt]) under guidance, else 1;
+    camera_conditions (B, T, 20) and chunk_plucker (1, 48, T, h, w) or None; first_latent
+    (1, C, 1, h, w) normalised image latent or None; noise (1, C, T, h, w) on the CPU, frame 0 = first_latent.
+    """
+
+    text: Any
+    text_mask: Any
+    camera_conditions: Any
+    chunk_plucker: Any
+    first_latent: Any
+    noise: Any
+    guidance: float = 1.0
+
+
+def prepare_inputs(pipe, request: RenderRequest, device) -> RenderInputs:
+    """Text, first-image latent, whole-trajectory camera tensors and noise of `request`, for both modes."""
+    import torch
+
+    dtype = pipe.transformer.dtype
+    guidance = request.guidance is not None and request.guidance > 1.0
+    pixels = request_first_frame(request)
+    with torch.no_grad():
+        text, text_mask = encode_text(pipe, request, device, guidance)
+        first = encode_first_frame(pipe.vae, pixels, device, dtype)
+        camera = camera_tensors(pipe, request, device, dtype, 2 if guidance else 1)
+    frames, h, w = latent_shape(pipe, request)
+    noise = initial_latents(first.cpu(), frames, h, w, request.seed, "cpu", dtype)
+    return RenderInputs(text=text, text_mask=text_mask, camera_conditions=camera["camera_conditions"],
+                        chunk_plucker=camera["chunk_plucker"], first_latent=first, noise=noise,
+                        guidance=float(request.guidance or 1.0))
+
+
 # ----------------------------------------------------------------------------- sampler
 def sample_latents(pipe, request: RenderRequest, progress: Progress = None):
     """Flow-match Euler with classifier-free guidance over the whole clip; returns (1, C, T, h, w).
@@ -328,15 +364,12 @@ def sample_latents(pipe, request: RenderRequest, progress: Progress = None):
     guidance = request.guidance is not None and request.guidance > 1.0
     batch = 2 if guidance else 1
 
+    inputs = prepare_inputs(pipe, request, device)
+    text, text_mask = inputs.text, inputs.text_mask
+    camera = {"camera_conditions": inputs.camera_conditions, "chunk_plucker": inputs.chunk_plucker}
+    latents = inputs.noise.to(device)
+    channels, frames, h, w = latents.shape[1:]
     with torch.no_grad():
-        pixels = request_first_frame(request)
-        text, text_mask = encode_text(pipe, request, device, guidance)
-        first = encode_first_frame(pipe.vae, pixels, device, dtype)
-        camera = camera_tensors(pipe, request, device, dtype, batch)
-
-        frames, h, w = latent_shape(pipe, request)
-        latents = initial_latents(first, frames, h, w, request.seed, device, dtype)
-        channels = latents.shape[1]
         scheduler.set_timesteps(request.steps, device=device)
         timesteps = scheduler.timesteps
 

@@ -15,13 +15,13 @@ GPU memory stays flat in the path length: caches hold a fixed number of frames a
 """
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import Callable, Iterator, Optional
 
 import numpy as np
 
 from camrender.errors import CamrenderError
+from camrender.render import RenderInputs, prepare_inputs
 
 DEFAULT_SEGMENT_TIMESTEPS = (1000.0, 960.0, 889.0, 727.0)
 
@@ -39,25 +39,7 @@ def segment_timesteps(scheduler, steps: Optional[int]) -> list:
     return [float(t) for t in scheduler.timesteps]
 
 
-@dataclasses.dataclass
-class SegmentInputs:
-    """Conditioning of one render, whole trajectory (sliced per segment).
-
-    text (B, 1, L, D) and text_mask (B, L) with B = 2 ([negative, prompt]) under guidance, else 1;
-    camera_conditions (B, T, 20) and chunk_plucker (1 or B, 48, T, h, w) or None; first_latent
-    (1, C, 1, h, w) normalised image latent or None; noise (1, C, T, h, w) on the CPU.
-    """
-
-    text: object
-    text_mask: object
-    camera_conditions: object
-    chunk_plucker: object
-    first_latent: object
-    noise: object
-    guidance: float = 1.0
-
-
-def sample_segment(model, inputs: SegmentInputs, start: int, stop: int, cache, timesteps, options, device,
+def sample_segment(model, inputs: RenderInputs, start: int, stop: int, cache, timesteps, options, device,
                    graphs=None):
     """Denoise latent frames [start, stop) and write their caches; returns the clean (1, C, t, h, w).
 
@@ -109,7 +91,7 @@ def sample_segment(model, inputs: SegmentInputs, start: int, stop: int, cache, t
     return latents
 
 
-def sample_segments(model, inputs: SegmentInputs, bounds, timesteps, options, device, *,
+def sample_segments(model, inputs: RenderInputs, bounds, timesteps, options, device, *,
                     cuda_graphs: bool = False) -> Iterator:
     """Yield `(index, start, stop, latents)` for each segment in order, carrying one `SegmentCache`
     (an offloaded transformer is brought back to the GPU before each segment).
@@ -135,28 +117,6 @@ def sample_segments(model, inputs: SegmentInputs, bounds, timesteps, options, de
         _bring_to_device(model)
         yield index, start, stop, sample_segment(model, inputs, start, stop, cache, timesteps, options, device,
                                                  graphs=graphs)
-
-
-def prepare_inputs(pipe, request, device) -> SegmentInputs:
-    """Text, first-image latent, whole-trajectory camera tensors and noise for `request`
-    (the same conditioning and noise as a full-mode render of the same request)."""
-    import torch
-
-    from camrender import render
-
-    dtype = pipe.transformer.dtype
-    guidance = request.guidance is not None and request.guidance > 1.0
-    batch = 2 if guidance else 1
-    pixels = render.request_first_frame(request)
-    with torch.no_grad():
-        text, text_mask = render.encode_text(pipe, request, device, guidance)
-        first = render.encode_first_frame(pipe.vae, pixels, device, dtype)
-        camera = render.camera_tensors(pipe, request, device, dtype, batch)
-    frames, h, w = render.latent_shape(pipe, request)
-    noise = render.initial_latents(first.cpu(), frames, h, w, request.seed, "cpu", dtype)
-    return SegmentInputs(text=text, text_mask=text_mask, camera_conditions=camera["camera_conditions"],
-                         chunk_plucker=camera["chunk_plucker"], first_latent=first, noise=noise,
-                         guidance=float(request.guidance or 1.0))
 
 
 def _bring_to_device(module) -> None:

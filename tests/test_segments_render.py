@@ -5,14 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from camrender.render import RenderRequest
-from camrender.render_segments import (
-    DEFAULT_SEGMENT_TIMESTEPS,
-    prepare_inputs,
-    render_segments,
-    sample_segments,
-    segment_timesteps,
-)
+from camrender.render import RenderRequest, prepare_inputs
+from camrender.render_segments import DEFAULT_SEGMENT_TIMESTEPS, render_segments, sample_segments, segment_timesteps
 from camrender.segment_decode import CausalStreamDecoder, to_uint8_frames
 from camrender.segments import SegmentOptions, dense_reference_forward, segment_bounds, segment_forward
 from camrender.tiny import build_tiny_pipeline, build_tiny_transformer
