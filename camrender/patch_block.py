@@ -138,6 +138,26 @@ def ffn_residual(block, x, mlp_in, grid, gate, backend, *, left=None, segments=N
     return gated_residual(x, block.mlp(mlp_in), gate, backend=backend), None
 
 
+def glue_forward(block, x, y, mask, modulation, grid, attend, plucker_emb, backend, *, left=None, segments=None):
+    """A SANA-WM block's forward on the fused adaLN glue, with its self-attention given as
+    attend(h) -> (B, N, C): `PatchedBlock.forward`, and segment mode's with the cached attention.
+
+    x (B, N, C) (any layout with channel stride 1); y (B, 1, L, C) text, mask its padding mask;
+    modulation (B, 1, T, 6C); grid (T, h, w); left / segments: the FFN's segment-mode inputs (see
+    `ffn_residual`). Returns (x', y_ffn) as `ffn_residual`.
+    """
+    from kernels.block_glue import ada_norm, residual_ada_norm
+
+    if x.stride(-1) != 1:
+        x = x.contiguous()  # block 0 receives the patch embedder's transposed view
+    shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = modulation_rows(block, modulation)
+    attn_out = attend(ada_norm(x, shift_msa, scale_msa, eps=block.norm1.eps, backend=backend))
+    x = attention_residual(block, x, attn_out, gate_msa, plucker_emb, backend)
+    x, mlp_in = residual_ada_norm(x, block.cross_attn(x, y, mask=mask), shift_mlp, scale_mlp,
+                                  eps=block.norm2.eps, backend=backend)
+    return ffn_residual(block, x, mlp_in, grid, gate_mlp, backend, left=left, segments=segments)
+
+
 class PatchedBlock(SanaVideoMSCamCtrlBlock):
     """A SANA-WM block whose adaLN glue runs on `kernels.block_glue`; same call as the stock block.
 
@@ -160,21 +180,12 @@ class PatchedBlock(SanaVideoMSCamCtrlBlock):
         if self.kernels != "fused" or frame_valid_mask is not None:
             return super().forward(x, y, t, mask, THW, rotary_emb, block_mask, camera_conditions,
                                    ucpe_ray_transforms, plucker_emb, frame_valid_mask, chunk_size)
-        from kernels.block_glue import ada_norm, residual_ada_norm
+        def attend(attn_in):
+            return self.attn(attn_in, HW=THW, rotary_emb=rotary_emb, block_mask=block_mask,
+                             camera_conditions=camera_conditions, ucpe_ray_transforms=ucpe_ray_transforms,
+                             chunk_size=self.chunk_size if chunk_size is None else chunk_size)
 
-        backend = KERNEL_BACKENDS[self.kernels]
-        if x.stride(-1) != 1:
-            x = x.contiguous()  # block 0 receives the patch embedder's transposed view
-        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = modulation_rows(self, t)
-        attn_in = ada_norm(x, shift_msa, scale_msa, eps=self.norm1.eps, backend=backend)
-        attn_out = self.attn(
-            attn_in, HW=THW, rotary_emb=rotary_emb, block_mask=block_mask, camera_conditions=camera_conditions,
-            chunk_size=self.chunk_size if chunk_size is None else chunk_size, ucpe_ray_transforms=ucpe_ray_transforms,
-        )
-        x = attention_residual(self, x, attn_out, gate_msa, plucker_emb, backend)
-        x, mlp_in = residual_ada_norm(x, self.cross_attn(x, y, mask=mask), shift_mlp, scale_mlp,
-                                      eps=self.norm2.eps, backend=backend)
-        return ffn_residual(self, x, mlp_in, THW, gate_mlp, backend)[0]
+        return glue_forward(self, x, y, mask, t, THW, attend, plucker_emb, KERNEL_BACKENDS[self.kernels])[0]
 
 
 def patch_block(block, *, kernels: str = "fused"):

@@ -31,12 +31,11 @@ import torch
 from diffusers.models.transformers.transformer_sana_wm import _SoftmaxUCPESinglePathLiteLA
 
 from camrender.patch import combine_branches, gdn_gates
-from camrender.patch_block import attention_residual, ffn_residual, modulation_rows
+from camrender.patch_block import glue_forward
 from camrender.patch_softmax import (camera_decode, camera_encode, padded_sdpa_scale, sdpa, sdpa_operand_dtype,
                                      softmax_qkv)
 from camrender.render import ray_transforms
 from kernels._validate import BACKENDS, check_choice
-from kernels.block_glue import ada_norm, residual_ada_norm
 from kernels.camera_branch import camera_branch
 from kernels.main_branch import main_branch
 from kernels.short_conv import short_conv, short_conv_context, use_triton
@@ -258,17 +257,6 @@ def _short_conv(conv, x: torch.Tensor, call: _Call, *, carry: bool, left: Option
     return out
 
 
-def _ffn_residual(block, x, mlp_in, gate, call: _Call, cache: BlockCache, backend: str) -> torch.Tensor:
-    """x + gate * FFN(mlp_in), (B, N, C). For `GLUMBConvTemp`, the temporal conv (kernel 3) reads the
-    cached last frame of the previous segment on the left and zero past each segment's end; the
-    cache-writing pass stores the last frame of the FFN's spatial output y, (B, 1, S, C)."""
-    grid = (call.num_frames, call.height, call.width)
-    x, spatial = ffn_residual(block, x, mlp_in, grid, gate, backend, left=cache.ffn_tail, segments=call.segments)
-    if call.write and spatial is not None:
-        cache.ffn_tail = spatial.view(x.shape[0], call.num_frames, call.spatial, -1)[:, -1:].detach().clone()
-    return x
-
-
 # ---------------------------------------------------------------------------------------------
 # Attention: GDN block (main + camera branch) and softmax block
 # ---------------------------------------------------------------------------------------------
@@ -415,19 +403,18 @@ def _block_forward(block, x, y, y_mask, modulation, rope, rays, plucker, call, c
 
     x (B, N, C); y (B, 1, L, C) text; modulation (B, 1, T, 6C) per-frame adaLN input.
     """
-    glue = call.backend  # the single-pass glue kernels run wherever the branch kernels do
-    if x.stride(-1) != 1:
-        x = x.contiguous()
-    shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = modulation_rows(block, modulation)
-    attn_in = ada_norm(x, shift_msa, scale_msa, eps=block.norm1.eps, backend=glue)
     if isinstance(block.attn, _SoftmaxUCPESinglePathLiteLA):
-        attn_out = _softmax_attention(block.attn, attn_in, rope, rays, call, cache, options)
+        def attend(attn_in):
+            return _softmax_attention(block.attn, attn_in, rope, rays, call, cache, options)
     else:
-        attn_out = _gdn_attention(block.attn, attn_in, rope, rays, call, cache, options)
-    x = attention_residual(block, x, attn_out, gate_msa, plucker, glue)
-    x, mlp_in = residual_ada_norm(x, block.cross_attn(x, y, mask=y_mask), shift_mlp, scale_mlp,
-                                  eps=block.norm2.eps, backend=glue)
-    return _ffn_residual(block, x, mlp_in, gate_mlp, call, cache, glue)
+        def attend(attn_in):
+            return _gdn_attention(block.attn, attn_in, rope, rays, call, cache, options)
+    # the glue kernels run wherever the branch kernels do
+    x, spatial = glue_forward(block, x, y, y_mask, modulation, (call.num_frames, call.height, call.width), attend,
+                              plucker, call.backend, left=cache.ffn_tail, segments=call.segments)
+    if call.write and spatial is not None:  # the FFN's spatial output y: its last frame feeds the next segment
+        cache.ffn_tail = spatial.view(x.shape[0], call.num_frames, call.spatial, -1)[:, -1:].detach().clone()
+    return x
 
 
 @dataclasses.dataclass
