@@ -181,7 +181,8 @@ def _quiet_libraries() -> None:
 @click.option("--vae", default=None, type=click.Path(path_type=Path),
               help="Diffusers VAE folder replacing the pipeline's, e.g. SANA-WM_streaming/ltx2_causal_vae.")
 @click.option("--kernels", default="fused", show_default=True, type=click.Choice(["fused", "torch"]),
-              help="fused: Triton kernels (PyTorch on CPU); torch: PyTorch references.")
+              help="fused: Triton kernels (PyTorch on CPU); torch: diffusers' own code, with the PyTorch "
+                   "reference of the GDN camera branch.")
 @click.option("--mode", default=None, type=click.Choice(["full", "segments"]),
               help="full: whole clip at once; segments: segment by segment with cached state "
                    "(default: segments with --transformer-weights, the causal checkpoints; else full).")

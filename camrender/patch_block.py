@@ -13,7 +13,8 @@ where the stock block writes its intermediate tensors, so the glue itself matche
 and the cross-attention's query RMSNorm runs as one kernel (`kernels.main_prep`) instead of five
 fp32 passes. The residual stream leaves every block contiguous: the stock model carries it in the
 patch embedder's transposed layout, which sends every later elementwise op down PyTorch's slow
-strided path. kernels="torch" (or a padded-frame mask) runs the stock forward.
+strided path. kernels="torch" (or a padded-frame mask) runs the stock block forward (around the
+patched attention and FFN modules).
 """
 from __future__ import annotations
 

@@ -47,7 +47,8 @@ class RenderRequest:
         offload: model CPU offload (components move to the device only while they run).
         transformer_weights: optional original-format DiT file loaded over the transformer.
         vae: optional diffusers VAE folder replacing the pipeline's (the streaming causal VAE).
-        kernels: "fused" | "torch" (which camera-branch implementation the patch uses).
+        kernels: "fused" (the Triton kernels of every patched block; PyTorch references on CPU) |
+            "torch" (diffusers' own code, with the PyTorch reference of the GDN camera branch).
         mode: "full" (whole clip at once) | "segments" (chunk-causal, state-cached).
         segment_frames: latent frames per segment (segment mode).
         cached_segments: how many recent segments softmax blocks attend to (segment mode).
