@@ -6,7 +6,8 @@ Same signatures as the fast kernels in `kernels.short_conv`, `kernels.main_prep`
 """
 import torch
 
-from .reference import delta_scan_ref, downscale_ref, rms_norm_ref, rope_tables, rotate_pairs_ref, ucpe_transform_ref
+from .reference import (cam_decode_ref, delta_scan_ref, downscale_ref, rms_norm_ref, rope_tables, rotate_pairs_ref,
+                        ucpe_transform_ref)
 
 __all__ = ["rope_tables", "apply_rope_ref", "short_conv_ref", "main_prep_ref", "main_branch_ref",
            "cam_softmax_encode_ref", "cam_softmax_decode_ref"]  # rope_tables lives in kernels.reference
@@ -166,8 +167,6 @@ def cam_softmax_encode_ref(q, k, v, ray_transforms, *, q_norm_weight=None, k_nor
 
 def cam_softmax_decode_ref(o, ray_transforms, *, dim, out_dtype=None):
     """Reference for `kernels.softmax_cam.cam_softmax_decode`: (B, H, N, DPAD) -> (B, N, H * dim)."""
-    batch, heads, tokens, _ = o.shape
+    batch, _, tokens, _ = o.shape
     p, _, _, rope_cam = ray_transforms
-    x = o[..., :dim].float().transpose(1, 2)
-    y = _ucpe_ref(x, p.expand(batch, tokens, 4, 4), rope_cam, inverse_rope=True)
-    return y.reshape(batch, tokens, heads * dim).to(out_dtype or o.dtype)
+    return cam_decode_ref(o[..., :dim], p.expand(batch, tokens, 4, 4), rope_cam).to(out_dtype or o.dtype)
