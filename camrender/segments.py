@@ -412,9 +412,16 @@ def _block_forward(block, x, y, y_mask, modulation, rope, rays, plucker, call, c
     # the glue kernels run wherever the branch kernels do
     x, spatial = glue_forward(block, x, y, y_mask, modulation, (call.num_frames, call.height, call.width), attend,
                               plucker, call.backend, left=cache.ffn_tail, segments=call.segments)
-    if call.write and spatial is not None:  # the FFN's spatial output y: its last frame feeds the next segment
-        cache.ffn_tail = spatial.view(x.shape[0], call.num_frames, call.spatial, -1)[:, -1:].detach().clone()
+    if call.write:
+        _keep_ffn_tail(cache, spatial, call)
     return x
+
+
+def _keep_ffn_tail(cache: BlockCache, spatial, call: _Call) -> None:
+    """Cache the last frame of the FFN's spatial output y (B, N, C), (B, 1, S, C): the next
+    segment's temporal conv reads it on the left. No-op for FFNs without one (spatial None)."""
+    if spatial is not None:
+        cache.ffn_tail = spatial.view(spatial.shape[0], call.num_frames, call.spatial, -1)[:, -1:].detach().clone()
 
 
 @dataclasses.dataclass

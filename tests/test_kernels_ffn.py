@@ -12,10 +12,7 @@ from diffusers.models.transformers.transformer_sana_wm import GLUMBConvTemp
 
 from camrender.patch_ffn import PatchedGLUMBConvTemp, ffn_parts, patch_ffn
 from kernels.ffn_glu import glu_depthwise, glu_depthwise_ref
-
-
-def _rel(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+from helpers import rel
 
 
 def _mlp(seed, channels=8, hidden=12, use_bias=(True, True, True), act=("silu", "silu", None)):
@@ -91,9 +88,9 @@ def test_patched_ffn_matches_stock(seed):
         patched.kernels = "torch"
         torch_mode = patched(x, HW=(frames, height, width))
     assert fused.shape == stock.shape and fused.dtype == stock.dtype
-    assert _rel(fused, stock) < 1e-5
-    assert _rel(y + z, stock) < 1e-5
-    assert _rel(z, stock) > 1e-2  # the temporal term is really there
+    assert rel(fused, stock) < 1e-5
+    assert rel(y + z, stock) < 1e-5
+    assert rel(z, stock) > 1e-2  # the temporal term is really there
     assert torch.equal(torch_mode, stock)
 
 
@@ -151,10 +148,12 @@ def test_ffn_parts_follows_the_segment_rule(segments, with_left):
 
 
 def test_segment_ffn_carries_the_last_frame():
-    """camrender.segments._ffn_residual: two cached calls equal one two-segment call over all frames."""
+    """Segment mode's FFN (`ffn_residual` with the cached left frame, `segments._keep_ffn_tail`):
+    two cached calls equal one two-segment call over all frames."""
     from types import SimpleNamespace
 
-    from camrender.segments import BlockCache, _Call, _ffn_residual
+    from camrender.patch_block import ffn_residual
+    from camrender.segments import BlockCache, _Call, _keep_ffn_tail
 
     block = SimpleNamespace(mlp=_mlp(4))
     batch, height, width = 1, 2, 3
@@ -166,7 +165,11 @@ def test_segment_ffn_carries_the_last_frame():
     def run(start, stop, segments, cache, write):
         call = _Call(stop - start, height, width, segments, write)
         tokens = slice(start * spatial, stop * spatial)
-        return _ffn_residual(block, residual[:, tokens], x[:, tokens], gate[:, start:stop], call, cache, "auto")
+        out, y = ffn_residual(block, residual[:, tokens], x[:, tokens], (stop - start, height, width),
+                              gate[:, start:stop], "auto", left=cache.ffn_tail, segments=segments)
+        if write:
+            _keep_ffn_tail(cache, y, call)
+        return out
 
     with torch.no_grad():
         dense = run(0, 5, [(0, 2), (2, 5)], BlockCache(), False)
