@@ -7,10 +7,7 @@ from diffusers.models.transformers import transformer_sana_wm as sana_wm
 
 import kernels
 from kernels import reference
-
-
-def rel(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+from helpers import rel
 
 
 def random_rays(batch, tokens, dim, gen):

@@ -10,10 +10,7 @@ from diffusers.models.transformers.transformer_sana_wm import (
 )
 
 from camrender.patch import PatchedGDNAttention
-
-
-def _rel(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+from helpers import rel
 
 
 def test_patched_gdn_main_branch_matches_stock():
@@ -40,6 +37,6 @@ def test_patched_gdn_main_branch_matches_stock():
         stock_path = PatchedGDNAttention.adopt(block, kernels="torch", precision="ieee")
         torch_out = stock_path(x.float(), HW=(frames, *hw), rotary_emb=rope)
     assert got.shape == want.shape and got.dtype == torch.float32
-    assert _rel(got, want) < 1e-4
-    assert _rel(torch_out, want) < 1e-4
+    assert rel(got, want) < 1e-4
+    assert rel(torch_out, want) < 1e-4
     assert not torch.equal(got, torch_out)  # the fused path really ran (different arithmetic, same function)

@@ -10,10 +10,7 @@ from diffusers.models.transformers.transformer_sana_wm import (
 from kernels.main_branch import main_branch
 from kernels.main_prep import main_prep
 from kernels.main_reference import main_branch_ref, main_prep_ref
-
-
-def _rel(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+from helpers import rel
 
 
 def _inputs(seed, batch=2, frames=4, hw=(2, 3), heads=2, head_dim=24):
@@ -48,12 +45,12 @@ def test_main_prep_matches_rmsnorm_relu_and_rope():
     norm.weight.data = w
     with torch.no_grad():
         want = torch.relu(norm(q)) * 0.25
-        assert _rel(main_prep(q, w, 3, scale=0.25), want) < 1e-6
-        assert _rel(main_prep_ref(q, w, 3, scale=0.25), want) < 1e-6
+        assert rel(main_prep(q, w, 3, scale=0.25), want) < 1e-6
+        assert rel(main_prep_ref(q, w, 3, scale=0.25), want) < 1e-6
         heads_last = norm(k).reshape(batch, tokens, 3, 16)
         rotated = _apply_rotary_emb(heads_last.permute(0, 2, 3, 1), rope).permute(0, 3, 1, 2).reshape(q.shape)
-        assert _rel(main_prep(k, w, 3, relu=False, rope=rope), rotated) < 1e-6
-        assert _rel(main_prep_ref(k, w, 3, relu=False, rope=rope), rotated) < 1e-6
+        assert rel(main_prep(k, w, 3, relu=False, rope=rope), rotated) < 1e-6
+        assert rel(main_prep_ref(k, w, 3, relu=False, rope=rope), rotated) < 1e-6
 
 
 def test_main_prep_rounds_as_diffusers_in_bf16():
@@ -86,8 +83,8 @@ def test_main_branch_matches_diffusers():
     got = main_branch(q, k, v, beta, decay, rope, precision="ieee", backend="triton", **kw)
     ref = main_branch_ref(q, k, v, beta, decay, rope, **kw)
     assert got.shape == want.shape and got.dtype == want.dtype
-    assert _rel(got, want) < 1e-4
-    assert _rel(ref, want) < 1e-5
+    assert rel(got, want) < 1e-4
+    assert rel(ref, want) < 1e-5
     assert torch.equal(main_branch(q, k, v, beta, decay, rope, backend="torch", **kw), ref)
 
 
@@ -102,8 +99,8 @@ def test_states_and_segment_split_resume():
                                 return_final_state=True, **kw)
     ref, (kv_ref, z_ref) = main_branch_ref(q, k, v, beta, decay, rope, initial_state=init,
                                            segment_starts=starts, return_final_state=True, **kw)
-    assert _rel(full, ref) < 1e-4
-    assert _rel(kv, kv_ref) < 1e-5 and _rel(z, z_ref) < 1e-5
+    assert rel(full, ref) < 1e-4
+    assert rel(kv, kv_ref) < 1e-5 and rel(z, z_ref) < 1e-5
     assert kv.shape == (1, 2, 24, 24) and z.shape == (1, 2, 24, 1)
 
     cut = 2 * 6  # tokens of frames [0, 2)
@@ -112,7 +109,7 @@ def test_states_and_segment_split_resume():
                                (cos[:cut], sin[:cut]), initial_state=init, return_final_state=True, **kw)
     second = main_branch(q[:, cut:], k[:, cut:], v[:, cut:], beta[:, :, 2:], decay[:, :, 2:],
                          (cos[cut:], sin[cut:]), initial_state=state, segment_starts=starts[2:], **kw)
-    assert _rel(torch.cat([first, second], dim=1), full) < 1e-5
+    assert rel(torch.cat([first, second], dim=1), full) < 1e-5
 
 
 def test_main_branch_tf32_runs_on_fp16_operands():
@@ -123,5 +120,5 @@ def test_main_branch_tf32_runs_on_fp16_operands():
     ref = main_branch_ref(q, k, v, beta, decay, rope, q_norm_weight=weights[0], k_norm_weight=weights[1])
     fast = main_branch(q, k, v, beta, decay, rope, precision="tf32", **kw)
     exact = main_branch(q, k, v, beta, decay, rope, precision="ieee", **kw)
-    assert _rel(fast, ref) < 3e-3
-    assert _rel(exact, ref) < 1e-5 and _rel(fast, exact) > 1e-6
+    assert rel(fast, ref) < 3e-3
+    assert rel(exact, ref) < 1e-5 and rel(fast, exact) > 1e-6

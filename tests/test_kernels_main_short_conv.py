@@ -4,6 +4,7 @@ from diffusers.models.transformers.transformer_sana_wm import SanaWMTemporalShor
 
 from kernels.main_reference import short_conv_ref
 from kernels.short_conv import short_conv, short_conv_context
+from helpers import rel
 
 
 def _module(channels, seed):
@@ -11,10 +12,6 @@ def _module(channels, seed):
     module = SanaWMTemporalShortConvolution(channels, 4)
     torch.nn.init.normal_(module.weight)
     return module
-
-
-def _rel(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
 def test_bidirectional_reads_qkv_slice_in_place():
@@ -27,8 +24,8 @@ def test_bidirectional_reads_qkv_slice_in_place():
         got = short_conv(key, module.weight, frames)
         ref = short_conv_ref(key, module.weight, frames)
     assert got.shape == want.shape and got.is_contiguous()
-    assert _rel(got, want) < 1e-6
-    assert _rel(ref, want) < 1e-6
+    assert rel(got, want) < 1e-6
+    assert rel(ref, want) < 1e-6
 
 
 def test_short_clips_and_bf16():
@@ -36,12 +33,12 @@ def test_short_clips_and_bf16():
     for frames in (1, 2, 3):  # shorter than the kernel: every tap past either end is zero
         x = torch.randn(1, frames * 4, 16)
         with torch.no_grad():
-            assert _rel(short_conv(x, module.weight, frames), module(x, frames)) < 1e-6
+            assert rel(short_conv(x, module.weight, frames), module(x, frames)) < 1e-6
     x = torch.randn(2, 4 * 6, 16).bfloat16()
     with torch.no_grad():
         got = short_conv(x, module.weight, 4)
         want = short_conv_ref(x.float(), module.weight, 4)
-    assert got.dtype == torch.bfloat16 and _rel(got, want) < 1e-2
+    assert got.dtype == torch.bfloat16 and rel(got, want) < 1e-2
 
 
 def test_cached_causal_form_matches_dense_segment_rule():
@@ -68,7 +65,7 @@ def test_cached_causal_form_matches_dense_segment_rule():
             want = back(causal_full[:, start:stop] + anti, count) - seg * w_last
             got = short_conv(seg, module.weight, count, left_context=previous)
             ref = short_conv_ref(seg, module.weight, count, left_context=previous)
-            assert _rel(got, want) < 1e-6, (start, stop)
-            assert _rel(ref, want) < 1e-6, (start, stop)
+            assert rel(got, want) < 1e-6, (start, stop)
+            assert rel(ref, want) < 1e-6, (start, stop)
             previous = short_conv_context(seg, count, previous)
             assert previous.shape[1] == min(3, stop) * spatial

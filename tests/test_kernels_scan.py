@@ -3,10 +3,7 @@ import pytest
 import torch
 
 from kernels import delta_scan, delta_scan_ref
-
-
-def rel(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+from helpers import rel
 
 
 def scan_inputs(batch=2, heads=2, frames=5, spatial=4, dk=16, dv=16, seed=0):

@@ -10,10 +10,7 @@ import torch
 
 from kernels.main_reference import cam_softmax_decode_ref, cam_softmax_encode_ref
 from kernels.softmax_cam import cam_softmax_decode, cam_softmax_encode
-
-
-def _rel(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+from helpers import rel
 
 
 def _rays(batch, tokens, dim, gen, *, mat_batch=None, rope=True):
@@ -56,7 +53,7 @@ def test_encode_matches_reference(case):
     for name, g, w in zip("qkv", got, want):
         assert g.shape == (batch, tokens, heads, dpad) and g.is_contiguous() and g.dtype == torch.float32, name
         assert torch.all(g[..., dim:] == 0), name
-        assert _rel(g, w) < 1e-5, name
+        assert rel(g, w) < 1e-5, name
 
 
 def test_encode_bf16_storage_and_rope_pair():
@@ -71,12 +68,12 @@ def test_encode_bf16_storage_and_rope_pair():
     got32 = cam_softmax_encode(q, k, v, rays, heads=heads, out_dtype=torch.float32, **weights)
     want = cam_softmax_encode_ref(q, k, v, rays, heads=heads, out_dtype=torch.float32, **weights)
     for g, w in zip(got32, want):
-        assert _rel(g, w) < 1e-5
+        assert rel(g, w) < 1e-5
     # ... and the default storage is the input dtype (bf16), within bf16 rounding of it
     got16 = cam_softmax_encode(q, k, v, rays, heads=heads, **weights)
     for g, w in zip(got16, want):
         assert g.dtype == torch.bfloat16 and torch.all(g[..., dim:] == 0)
-        assert _rel(g, w) < 8e-3
+        assert rel(g, w) < 8e-3
     # RoPE handed over as a (cos, sin) pair of (N, D/4) gives the same encoding
     rope = rays[3].reshape(tokens, dim // 4)
     pair_rays = (*rays[:3], (rope.real.contiguous(), rope.imag.contiguous()))
@@ -99,7 +96,7 @@ def test_decode_matches_reference(case, layout):
     got = cam_softmax_decode(o, rays, dim=dim)
     want = cam_softmax_decode_ref(o, rays, dim=dim)
     assert got.shape == (batch, tokens, heads * dim) and got.is_contiguous()
-    assert _rel(got, want) < 1e-5
+    assert rel(got, want) < 1e-5
     assert cam_softmax_decode(o.bfloat16(), rays, dim=dim).dtype == torch.bfloat16
 
 

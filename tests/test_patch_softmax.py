@@ -18,6 +18,7 @@ from diffusers.models.transformers.transformer_sana_wm import (
 from camrender.patch_softmax import PatchedSoftmaxAttention, patch_softmax_block
 from kernels.main_reference import cam_softmax_decode_ref, cam_softmax_encode_ref
 from kernels.softmax_cam import cam_softmax_decode, cam_softmax_encode
+from helpers import rel
 
 
 def _random_se3(count, generator):
@@ -50,10 +51,6 @@ def _setup(seed, batch=2, frames=3, hw=(2, 3), heads=2, head_dim=16):
     return block, x, (frames, *hw), rope, rays
 
 
-def _rel(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
-
-
 @pytest.mark.parametrize("seed,head_dim", [(0, 16), (1, 16), (2, 32)])
 def test_patched_softmax_block_matches_stock(seed, head_dim, monkeypatch):
     """Head dim 16 is zero-padded to 128 for the camera SDPA (as in stock, which also scales by
@@ -72,10 +69,10 @@ def test_patched_softmax_block_matches_stock(seed, head_dim, monkeypatch):
         main_ref = block.double()(x, HW=hw, rotary_emb=rope)
     monkeypatch.undo()
     assert out.dtype == torch.float32 and out.shape == ref.shape
-    assert _rel(out, ref) < 1e-4
-    assert _rel(main_only, main_ref) < 1e-4
+    assert rel(out, ref) < 1e-4
+    assert rel(main_only, main_ref) < 1e-4
     # the camera branch really contributes (the comparison above is not main-branch only)
-    assert _rel(main_ref, ref) > 1e-2
+    assert rel(main_ref, ref) > 1e-2
 
 
 def test_adopt_shares_parameters_and_torch_mode_is_stock():
@@ -103,7 +100,7 @@ def test_default_bf16_attention_stays_close_to_stock():
     with torch.no_grad():
         ref = block(x.float(), HW=hw, rotary_emb=rope, camera_conditions=cam, ucpe_ray_transforms=rays32)
         out = patched(x.float(), HW=hw, rotary_emb=rope, camera_conditions=cam, ucpe_ray_transforms=rays32)
-    assert _rel(out, ref) < 2e-2
+    assert rel(out, ref) < 2e-2
 
 
 def test_cam_encode_decode_kernels_match_reference():
@@ -121,13 +118,13 @@ def test_cam_encode_decode_kernels_match_reference():
     for g, w in zip(got, want):
         assert g.shape == (batch, tokens, heads, 128)
         assert torch.all(g[..., dim:] == 0)
-        assert _rel(g, w) < 1e-5
+        assert rel(g, w) < 1e-5
     o = torch.randn(batch, heads, tokens, 128, generator=gen)
-    assert _rel(cam_softmax_decode(o, rays, dim=dim), cam_softmax_decode_ref(o, rays, dim=dim)) < 1e-5
+    assert rel(cam_softmax_decode(o, rays, dim=dim), cam_softmax_decode_ref(o, rays, dim=dim)) < 1e-5
     # decode undoes the encode when the matrices are pure rotations (P_inv = P^T): the round trip is the identity
     rot = _random_se3(batch * tokens, gen).reshape(batch, tokens, 4, 4).float()
     rot[..., :3, 3] = 0
     rays_rot = (rot, rot.transpose(-1, -2), rot.transpose(-1, -2), rope_cam)
     _, _, v_enc = cam_softmax_encode(q, k, v, rays_rot, heads=heads, downscale=False)
     back = cam_softmax_decode(v_enc.transpose(1, 2), rays_rot, dim=dim)
-    assert _rel(back, v) < 1e-5
+    assert rel(back, v) < 1e-5

@@ -223,7 +223,6 @@ def test_examples_exist():
     assert any(p.endswith("orbit.json") for p in EXAMPLES)
 
 
-
 def test_plot_chart_values():
     from camrender.plot import angular_speeds, speeds
     from camrender.trajectory import stats
