@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_transformer import RELEASE_CONFIG, build_model, make_inputs  # noqa: E402
+from bench_transformer import bench_setup, build_model, make_inputs  # noqa: E402
 from common import emit  # noqa: E402
 
 
@@ -52,16 +52,13 @@ def main(argv=None) -> dict:
 
     from camrender.patch import patch_transformer
 
-    device, dtype = torch.device("cuda"), torch.bfloat16
     if args.segments:
         return profile_segments(args)
-    config, frames = dict(RELEASE_CONFIG), 161
-    if args.quick:
-        config["num_layers"], frames = 4, 41
+    device, dtype, config, frames, height, width = bench_setup(quick=args.quick)
     model = build_model(config, device, dtype)
     if not args.stock:
         patch_transformer(model, kernels="fused")
-    inputs = make_inputs(config, frames, 704, 1280, device, dtype)
+    inputs = make_inputs(config, frames, height, width, device, dtype)
     with torch.no_grad():
         model(**inputs)
         torch.cuda.synchronize()

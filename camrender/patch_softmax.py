@@ -123,8 +123,8 @@ class PatchedSoftmaxAttention(_SoftmaxUCPESinglePathLiteLA):
         return (
             self.kernels == "fused"
             and frame_valid_mask is None
-            and getattr(self.q_norm, "weight", None) is not None
-            and getattr(self.k_norm, "weight", None) is not None
+            and all(getattr(norm, "weight", None) is not None
+                    for norm in (self.q_norm, self.k_norm, self.q_norm_cam, self.k_norm_cam))
             and self.dim % 2 == 0
             and self.cam_head_dim % 8 == 0
         )
