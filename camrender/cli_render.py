@@ -72,7 +72,7 @@ def _resolve_request(options: dict):
         options["mode"] = "segments" if options["transformer_weights"] is not None else "full"
     from camrender import trajectory
     from camrender.render import RenderRequest, open_image
-    from camrender.video import check_output_path
+    from camrender.formats.fileio import check_output_path
 
     out = check_output_path(options["out"])
     traj = trajectory.load(options["traj"])  # every reader returns a validated trajectory

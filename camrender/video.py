@@ -18,26 +18,9 @@ from pathlib import Path
 import numpy as np
 
 from camrender.errors import CamrenderError
-from camrender.formats.fileio import output_file_mode
+from camrender.formats.fileio import check_output_path, output_file_mode
 
 FRAGMENTED_MOVFLAGS = "+frag_keyframe+empty_moov+default_base_moof"
-
-
-def check_output_path(path) -> Path:
-    """Raise `CamrenderError` unless a video can be written at `path`; return it as a `Path`.
-
-    Checks (without creating anything): the path is not a directory, its directory exists
-    and is writable.
-    """
-    path = Path(path)
-    if path.is_dir():
-        raise CamrenderError("output path is a directory, expected a video file name", path=path)
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        raise CamrenderError(f"output directory {str(parent)!r} does not exist", path=path)
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise CamrenderError(f"output directory {str(parent)!r} is not writable", path=path)
-    return path
 
 
 class VideoWriter:

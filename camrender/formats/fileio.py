@@ -5,6 +5,7 @@ import contextlib
 import json
 import os
 import tempfile
+from pathlib import Path
 
 from camrender.errors import CamrenderError
 
@@ -47,16 +48,29 @@ def read_json(path) -> object:
     return parse_json(read_text(path), os.fspath(path))
 
 
+def check_output_path(path) -> Path:
+    """Raise `CamrenderError` unless a file can be written at `path`; return it as a `Path`.
+
+    Checks (without creating anything): the path is not a directory, its folder exists and is
+    writable.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise CamrenderError("output path is a directory, expected a file name", path=path)
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise CamrenderError(f"output folder does not exist: {str(parent)!r}", path=path)
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise CamrenderError(f"output folder {str(parent)!r} is not writable", path=path)
+    return path
+
+
 @contextlib.contextmanager
 def atomic_output(path, mode: str = "w"):
     """Open a temporary file next to ``path`` for writing; rename it into place when the block
     completes, delete it when the block raises (no partial file is ever left at ``path``)."""
-    path = os.fspath(path)
+    path = os.fspath(check_output_path(path))
     folder = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        raise CamrenderError("output path is a directory", path=path)
-    if not os.path.isdir(folder):
-        raise CamrenderError(f"output folder does not exist: {folder}", path=path)
     try:
         handle, temp = tempfile.mkstemp(prefix=".tmp-", suffix=os.path.basename(path)[-32:], dir=folder)
     except OSError as error:
