@@ -4,6 +4,8 @@ Subcommands live in their own modules (`cli_traj`, `cli_render`); this module on
 assembles them and turns `CamrenderError` into one line on stderr with exit code 2.
 Heavy imports (torch, diffusers) happen inside the commands that need them.
 """
+import contextlib
+import signal
 import sys
 
 import click
@@ -46,21 +48,55 @@ def _register():
 _register()
 
 
-def main(argv=None):
-    """Run the CLI; user errors become one line on stderr and exit code 2."""
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (sent by `timeout`, batch schedulers, container stops), raised like Ctrl-C so that
+    the same cleanup runs: partial files are removed, segment checkpoints are kept."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated()
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """Turn SIGTERM into `Terminated` while the command runs (main thread only: signal handlers
+    can only be set there; in-process test runners may call `main` from another thread)."""
     try:
-        cli.main(args=argv, prog_name="camrender", standalone_mode=False)
+        previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    except ValueError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def main(argv=None):
+    """Run the CLI; user errors become one line on stderr and exit code 2; Ctrl-C exits 130, SIGTERM 143."""
+    try:
+        with _sigterm_as_interrupt():
+            cli.main(args=argv, prog_name="camrender", standalone_mode=False)
     except CamrenderError as error:
-        click.echo(f"camrender: error: {error}", err=True)
+        click.echo(f"camrender: error: {_one_line(error)}", err=True)
         sys.exit(error.exit_code)
-    except click.exceptions.Abort:
+    except Terminated:
+        click.echo("camrender: terminated (SIGTERM)", err=True)
+        sys.exit(143)
+    except (click.exceptions.Abort, KeyboardInterrupt):
         click.echo("camrender: interrupted", err=True)
         sys.exit(130)
-    except KeyboardInterrupt:
-        click.echo("camrender: interrupted", err=True)
-        sys.exit(130)
+    except click.UsageError as error:
+        # one line (click's own display adds the usage and a hint); --help shows the usage
+        command = error.ctx.command_path if error.ctx is not None else "camrender"
+        click.echo(f"camrender: error: {_one_line(error.format_message())} (see {command} --help)", err=True)
+        sys.exit(error.exit_code)
     except click.ClickException as error:
-        error.show()
+        click.echo(f"camrender: error: {_one_line(error.format_message())}", err=True)
         sys.exit(error.exit_code)
     except click.exceptions.Exit as done:
         sys.exit(done.exit_code)

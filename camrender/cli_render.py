@@ -71,12 +71,19 @@ def _resolve_request(options: dict):
         # trained for segment mode; the diffusers pipeline folder is the bidirectional one.
         options["mode"] = "segments" if options["transformer_weights"] is not None else "full"
     from camrender import trajectory
-    from camrender.render import RenderRequest, open_image
     from camrender.formats.fileio import check_output_path
+    from camrender.limits import check_frames, check_size
+    from camrender.preflight import check_render_options, probe_writable
+    from camrender.render import RenderRequest, open_image
 
+    check_render_options(options)
     out = check_output_path(options["out"])
+    probe_writable(out)
+    if options["frames"] is not None:
+        check_frames(options["frames"], options["mode"])
     traj = trajectory.load(options["traj"])  # every reader returns a validated trajectory
     traj = trajectory.to_model_frames(traj, options["frames"])
+    check_frames(traj.num_frames, options["mode"])
     image = options["image"] if options["image"] is not None else traj.image
     if image is not None:
         size = open_image(image).size  # missing/unreadable -> CamrenderError now, not after the model loads
@@ -90,8 +97,7 @@ def _resolve_request(options: dict):
     default_h, default_w = TINY_SIZE if options["model"] == "tiny" else RELEASE_SIZE
     height = options["height"] or default_h
     width = options["width"] or default_w
-    if height % 2 or width % 2:
-        raise CamrenderError(f"H.264 needs an even frame size, got {width}x{height}", field="size")
+    check_size(height, width, options["model"])
     first = lambda *values: next((v for v in values if v is not None), None)  # noqa: E731
     prompt = first(options["prompt"], traj.prompt, "")
     negative = first(options["negative_prompt"], traj.negative_prompt, "")
