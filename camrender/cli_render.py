@@ -8,6 +8,7 @@ import click
 
 from camrender.errors import CamrenderError
 from camrender.loading import DEFAULT_MODEL
+from camrender.resume import DEFAULT_CHECKPOINT_EVERY
 RELEASE_SIZE = (704, 1280)  # (height, width) the released model was trained at
 TINY_SIZE = (64, 112)  # the offline tiny model's default: about the release aspect, small enough for a CPU
 RELEASE_GUIDANCE = 5.0
@@ -81,7 +82,9 @@ def _resolve_request(options: dict):
     probe_writable(out)
     if options["frames"] is not None:
         check_frames(options["frames"], options["mode"])
-    traj = trajectory.load(options["traj"])  # every reader returns a validated trajectory
+    traj = options.pop("_trajectory", None)  # --from-render's
+    if traj is None:
+        traj = trajectory.load(options["traj"])  # every reader returns a validated trajectory
     traj = trajectory.to_model_frames(traj, options["frames"])
     check_frames(traj.num_frames, options["mode"])
     image = options["image"] if options["image"] is not None else traj.image
@@ -131,18 +134,49 @@ def _resolve_request(options: dict):
     )
 
 
-def _write_companions(request) -> list:
-    """`VIDEO.traj.json` (the resolved trajectory: re-run it to reproduce) and `VIDEO.path.png`."""
-    from camrender import trajectory
+def _apply_render_file(options: dict) -> None:
+    """--from-render FILE: the settings and path of FILE (a `NAME.render.json`) for every option
+    not given on the command line; the values go through the options' own types (checked)."""
+    from click.core import ParameterSource
 
-    written = [companion_path(request.out, ".traj.json")]
+    from camrender.render_settings import read_render_json
+
+    path = options.pop("from_render")
+    if path is None:
+        if options["traj"] is None:
+            raise CamrenderError("give --traj FILE (or --from-render NAME.render.json)", field="traj")
+        return
+    ctx = click.get_current_context()
+    given = {name for name in options if ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None)}
+    if "traj" in given:
+        raise CamrenderError("--traj and --from-render exclude each other (the render file holds the path)",
+                             field="traj")
+    settings, options["_trajectory"] = read_render_json(path)
+    params = {param.name: param for param in ctx.command.params}
+    for name, value in settings.items():
+        option = "frames" if name == "num_frames" else name
+        if option in params and option not in given:
+            try:
+                options[option] = params[option].type_cast_value(ctx, value)
+            except click.BadParameter as error:
+                raise CamrenderError(f"{error.format_message()}", path=path, field=f"settings.{name}") from None
+
+
+def _write_companions(request) -> list:
+    """`VIDEO.traj.json` (the resolved trajectory), `VIDEO.render.json` (every setting plus the path:
+    `--from-render` renders the same video) and `VIDEO.path.png`."""
+    from camrender import trajectory
+    from camrender.render_settings import write_render_json
+
+    written = [companion_path(request.out, ".traj.json"), companion_path(request.out, ".render.json")]
     trajectory.save(request.traj, written[0])
+    write_render_json(request, written[1])
     try:
         from camrender.plot import plot_trajectory
     except ImportError:
         return written
     written.append(companion_path(request.out, ".path.png"))
-    plot_trajectory(request.traj, written[1])
+    plot_trajectory(request.traj, written[-1])
     return written
 
 
@@ -159,8 +193,12 @@ def _quiet_libraries() -> None:
 
 
 @click.command()
-@click.option("--traj", "traj", required=True, type=click.Path(dir_okay=False, path_type=Path),
-              help="Trajectory file (v1 JSON, RealEstate10K .txt, nerfstudio camera_path.json, ...).")
+@click.option("--traj", "traj", default=None, type=click.Path(dir_okay=False, path_type=Path),
+              help="Trajectory file (v1 JSON, RealEstate10K .txt, nerfstudio camera_path.json, COLMAP "
+                   "images.txt, transforms.json) or an action string such as w-80,jw-40.")
+@click.option("--from-render", "from_render", default=None, type=click.Path(dir_okay=False, path_type=Path),
+              help="Render again from a NAME.render.json written beside a video (its settings and path; "
+                   "options given here win).")
 @click.option("--out", "out", required=True, type=click.Path(path_type=Path), help="Output video (.mp4).")
 @click.option("--prompt", default=None, help="Text prompt (default: the trajectory's).")
 @click.option("--negative-prompt", default=None, help="Negative prompt (default: the trajectory's, else empty).")
@@ -198,6 +236,10 @@ def _quiet_libraries() -> None:
               help="Recent segments the softmax blocks attend to (segments mode).")
 @click.option("--cuda-graphs/--no-cuda-graphs", default=True, show_default=True,
               help="Replay the denoising passes as CUDA graphs (CUDA only, not with --offload).")
+@click.option("--resume", is_flag=True,
+              help="Segment mode: continue an interrupted render of the same command from its checkpoint.")
+@click.option("--checkpoint-every", default=DEFAULT_CHECKPOINT_EVERY, show_default=True,
+              type=click.FloatRange(min=0), help="Segment mode: seconds between checkpoints (0: every segment).")
 def render(**options):
     """Render a video along a camera path.
 
@@ -206,17 +248,23 @@ def render(**options):
     camrender render --traj path.json --image first.png --prompt "..." --out video.mp4
 
     Writes VIDEO.mp4 (H.264), VIDEO.traj.json (the resolved trajectory: prompt, image, seed,
-    frames; render it again to reproduce) and VIDEO.path.png (a plot of the path).
+    frames), VIDEO.render.json (every setting plus the path: --from-render renders the same
+    video) and VIDEO.path.png (a plot of the path). Segment mode saves checkpoints; after an
+    interruption, the same command with --resume continues it.
     """
+    _apply_render_file(options)
+    resume, checkpoint_every = options.pop("resume"), options.pop("checkpoint_every")
     request = _resolve_request(options)
+    log = lambda line: click.echo(f"camrender: {line}", err=True)  # noqa: E731
+    from camrender.resume import check_partials
+
+    resume_info = check_partials(request, resume, log)  # before the model loads
 
     _quiet_libraries()
     from camrender.loading import load_pipeline
     from camrender.patch import patch_transformer
     from camrender.render import check_request, render_frames
-    from camrender.video import VideoWriter
 
-    log = lambda line: click.echo(f"camrender: {line}", err=True)  # noqa: E731
     click.echo(f"camrender: loading {request.model}", err=True)
     pipe = load_pipeline(request.model, dtype=request.dtype, device=request.device, offload=request.offload,
                          transformer_weights=request.transformer_weights, vae=request.vae, log=log)
@@ -224,15 +272,41 @@ def render(**options):
     check_request(pipe, request)
 
     bar = _StepBar("denoising" if request.mode == "full" else "segments")
+    video, checkpoints = _video_output(request, resume_info, checkpoint_every)
+    completed = False
     try:
-        with VideoWriter(request.out, fps=request.fps) as video:
-            for frames in render_frames(pipe, request, bar):
+        with video:
+            for frames in render_frames(pipe, request, bar, checkpoints=checkpoints):
                 video.append(frames)
+        completed = True
     finally:
         bar.close()
+        if checkpoints is not None:
+            checkpoints.finish(completed)
+            if not completed and checkpoints.saved:
+                log(f"the render can continue from its checkpoint: rerun the same command with --resume "
+                    f"(or remove {checkpoints.folder})")
     companions = _write_companions(request)
     click.echo(f"camrender: wrote {request.out} ({video.frames_written} frames, {request.width}x{request.height}, "
                f"{request.fps:g} fps) and {', '.join(str(p) for p in companions)}", err=True)
+
+
+def _video_output(request, resume_info, checkpoint_every: float):
+    """(video writer, checkpointer or None): full mode writes one mp4 atomically; segment mode
+    one file per segment in the partial folder, with checkpoints (`camrender.resume`)."""
+    from camrender.video import VideoWriter
+
+    if request.mode != "segments":
+        return VideoWriter(request.out, fps=request.fps), None
+    from camrender.render_settings import checkpoint_settings
+    from camrender.resume import Checkpointer, partial_folder
+    from camrender.segment_video import SegmentVideoWriter
+
+    checkpoints = Checkpointer(partial_folder(request.out), checkpoint_settings(request), every=checkpoint_every,
+                               resume_info=resume_info)
+    video = SegmentVideoWriter(request.out, request.fps, checkpoints.folder, first_segment=checkpoints.first_segment,
+                               frames_before=checkpoints.frames_before)
+    return video, checkpoints
 
 
 @click.command()

@@ -88,14 +88,16 @@ Progress = Optional[Callable[..., None]]
 
 
 # ----------------------------------------------------------------------------- entry point
-def render_frames(pipe, request: RenderRequest, progress: Progress = None) -> Iterator[np.ndarray]:
-    """Yield the video of `request` as uint8 (F_chunk, H, W, 3) chunks, in order (see module docstring)."""
+def render_frames(pipe, request: RenderRequest, progress: Progress = None, checkpoints=None) -> Iterator[np.ndarray]:
+    """Yield the video of `request` as uint8 (F_chunk, H, W, 3) chunks, in order (see module docstring).
+
+    checkpoints: segment mode's `camrender.resume.Checkpointer` (resume / save), or None."""
     if request.mode == "full":
         yield from render_full(pipe, request, progress)
     elif request.mode == "segments":
         from camrender.render_segments import render_segments
 
-        yield from render_segments(pipe, request, progress)
+        yield from render_segments(pipe, request, progress, checkpoints=checkpoints)
     else:
         raise CamrenderError(f"must be one of {', '.join(MODES)}, got {request.mode!r}", field="mode")
 

@@ -92,9 +92,12 @@ def sample_segment(model, inputs: RenderInputs, start: int, stop: int, cache, ti
 
 
 def sample_segments(model, inputs: RenderInputs, bounds, timesteps, options, device, *,
-                    cuda_graphs: bool = False) -> Iterator:
+                    cuda_graphs: bool = False, cache=None, first_segment: int = 0) -> Iterator:
     """Yield `(index, start, stop, latents)` for each segment in order, carrying one `SegmentCache`
     (an offloaded transformer is brought back to the GPU before each segment).
+
+    cache, first_segment: continue from a restored cache at segment `first_segment` (resume);
+    default an empty cache at segment 0.
 
     cuda_graphs: replay the denoising passes as CUDA graphs (`camrender.graphs`); off
     under model CPU offload (the weights move between segments). Off CUDA the same replay path
@@ -105,7 +108,7 @@ def sample_segments(model, inputs: RenderInputs, bounds, timesteps, options, dev
     from camrender.graphs import GraphedForward
     from camrender.segments import SegmentCache, segment_forward
 
-    cache = SegmentCache.empty(model)
+    cache = SegmentCache.empty(model) if cache is None else cache
     graphs = None
     if cuda_graphs and getattr(model, "_hf_hook", None) is None:
         def forward(x, timestep, conditioning, segment_cache):
@@ -114,6 +117,8 @@ def sample_segments(model, inputs: RenderInputs, bounds, timesteps, options, dev
 
         graphs = GraphedForward(forward, capture=torch.device(device).type == "cuda")
     for index, (start, stop) in enumerate(bounds):
+        if index < first_segment:
+            continue
         _bring_to_device(model)
         yield index, start, stop, sample_segment(model, inputs, start, stop, cache, timesteps, options, device,
                                                  graphs=graphs)
@@ -126,18 +131,22 @@ def _bring_to_device(module) -> None:
         hook.pre_forward(module)
 
 
-def render_segments(pipe, request, progress: Optional[Callable[..., None]] = None) -> Iterator[np.ndarray]:
+def render_segments(pipe, request, progress: Optional[Callable[..., None]] = None,
+                    checkpoints=None) -> Iterator[np.ndarray]:
     """Yield the video of `request` as uint8 (F_segment, H, W, 3) chunks, one per finished segment.
 
     `progress(done, total, info)` is called after each segment (done/total in segments; info:
     frames written, seconds of video, video frames per second of wall time).
+    checkpoints: a `camrender.resume.Checkpointer` (or None): the render starts from its
+    checkpoint, if it has one, and saves one at segment boundaries, after the consumer has
+    taken the previous segment's frames (so they are written before the checkpoint refers to them).
     """
     import torch
 
     from camrender import render
     from camrender.patch import KERNEL_BACKENDS
     from camrender.segment_decode import CausalStreamDecoder, to_uint8_frames
-    from camrender.segments import SegmentOptions, segment_bounds
+    from camrender.segments import SegmentCache, SegmentOptions, segment_bounds
 
     render.check_request(pipe, request)  # steps None: the segment step list
     if request.segment_frames < 1:
@@ -159,18 +168,25 @@ def render_segments(pipe, request, progress: Optional[Callable[..., None]] = Non
     inputs = prepare_inputs(pipe, request, device)
     bounds = segment_bounds(inputs.noise.shape[2], request.segment_frames)
     decoder = CausalStreamDecoder(pipe.vae, device=device)
-
+    cache, first = SegmentCache.empty(model), 0
     written = 0
-    started = time.perf_counter()
+    if checkpoints is not None:
+        cache, first = checkpoints.restore(cache, decoder, device)
+        written = checkpoints.frames_before
+
+    started, resumed_at = time.perf_counter(), written
     with torch.no_grad():
         for index, start, stop, latents in sample_segments(model, inputs, bounds, timesteps, options, device,
-                                                           cuda_graphs=request.cuda_graphs and device.type == "cuda"):
+                                                           cuda_graphs=request.cuda_graphs and device.type == "cuda",
+                                                           cache=cache, first_segment=first):
             frames = to_uint8_frames(decoder.decode(latents))
             written += len(frames)
             if progress is not None:
                 elapsed = max(time.perf_counter() - started, 1e-9)
                 progress(index + 1, len(bounds), f"{written} frames, {written / request.fps:.1f} s of video, "
-                                                 f"{written / elapsed:.1f} frames/s")
+                                                 f"{(written - resumed_at) / elapsed:.1f} frames/s")
             yield frames
+            if checkpoints is not None:
+                checkpoints.maybe_save(index + 1, len(bounds), written, cache, decoder)
     if hasattr(pipe, "maybe_free_model_hooks"):
         pipe.maybe_free_model_hooks()

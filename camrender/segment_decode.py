@@ -81,6 +81,20 @@ class CausalStreamDecoder:
         self.latent_frames += latents.shape[2]
         return video
 
+    def state(self) -> dict:
+        """What the next chunk depends on: {"latent_frames": int, "tails": per causal conv (in module
+        order) its last k - 1 input frames (1, C, k - 1, h, w), or None before the first chunk}."""
+        return {"latent_frames": self.latent_frames, "tails": [self._tails.get(id(conv)) for conv in self._convs]}
+
+    def load_state(self, state: dict) -> None:
+        """Continue from `state()` of a decoder over the same VAE (e.g. after a resume)."""
+        tails = state["tails"]
+        if len(tails) != len(self._convs):
+            raise ValueError(f"decoder state has {len(tails)} convolution tails, this VAE {len(self._convs)}")
+        device = self.device or self.vae.device
+        self._tails = {id(conv): tail.to(device) for conv, tail in zip(self._convs, tails) if tail is not None}
+        self.latent_frames = int(state["latent_frames"])
+
     @contextlib.contextmanager
     def _streaming(self):
         """Route the decoder's temporal convs and upsamplers through the chunk-aware forwards and
