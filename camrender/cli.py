@@ -53,7 +53,11 @@ class Terminated(KeyboardInterrupt):
     the same cleanup runs: partial files are removed, segment checkpoints are kept."""
 
 
+_terminated = []  # set when SIGTERM arrived (click turns every KeyboardInterrupt into Abort)
+
+
 def _raise_terminated(signum, frame):
+    _terminated.append(signum)
     raise Terminated()
 
 
@@ -78,16 +82,17 @@ def _one_line(text: str) -> str:
 
 def main(argv=None):
     """Run the CLI; user errors become one line on stderr and exit code 2; Ctrl-C exits 130, SIGTERM 143."""
+    _terminated.clear()
     try:
         with _sigterm_as_interrupt():
             cli.main(args=argv, prog_name="camrender", standalone_mode=False)
     except CamrenderError as error:
         click.echo(f"camrender: error: {_one_line(error)}", err=True)
         sys.exit(error.exit_code)
-    except Terminated:
-        click.echo("camrender: terminated (SIGTERM)", err=True)
-        sys.exit(143)
     except (click.exceptions.Abort, KeyboardInterrupt):
+        if _terminated:
+            click.echo("camrender: terminated (SIGTERM)", err=True)
+            sys.exit(143)
         click.echo("camrender: interrupted", err=True)
         sys.exit(130)
     except click.UsageError as error:

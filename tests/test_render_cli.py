@@ -123,30 +123,6 @@ def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, capsys, monkeypa
         assert "--model PATH" in lines[0] and "--model tiny" in lines[0]
 
 
-def test_ctrl_c_leaves_no_partial_video(tmp_path):
-    path = small_trajectory(tmp_path)
-    work = tmp_path / "work"
-    work.mkdir()
-    env = dict(os.environ, TRITON_INTERPRET="0")
-    command = [sys.executable, "-m", "camrender.cli", "--traj", str(path), "--out", str(work / "v.mp4"),
-               "--model", "tiny", "--steps", "400", "--kernels", "torch"]
-    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 120
-        while not any(p.name.endswith(".part.mp4") for p in work.iterdir()):  # the render has started
-            assert process.poll() is None, process.communicate()
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
-        process.send_signal(signal.SIGINT)
-        _, err = process.communicate(timeout=60)
-    finally:
-        if process.poll() is None:
-            process.kill()
-    assert process.returncode == 130, err
-    assert "interrupted" in err and "Traceback" not in err
-    assert list(work.iterdir()) == []
-
-
 def test_release_model_without_image_fails_before_loading(tmp_path, capsys):
     out = tmp_path / "x.mp4"
     code, _, err = run_cli(["--traj", ORBIT, "--out", out, "--model", str(tmp_path / "no_such_model")], capsys)
