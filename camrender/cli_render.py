@@ -74,6 +74,7 @@ def _resolve_request(options: dict):
     from camrender import trajectory
     from camrender.formats.fileio import check_output_path
     from camrender.limits import check_frames, check_size
+    from camrender.loading import model_source
     from camrender.preflight import check_render_options, probe_writable
     from camrender.render import RenderRequest, open_image
 
@@ -101,6 +102,8 @@ def _resolve_request(options: dict):
     height = options["height"] or default_h
     width = options["width"] or default_w
     check_size(height, width, options["model"])
+    if options["model"] != "tiny":
+        model_source(options["model"])  # a folder that is not there: now, not after minutes of loading
     first = lambda *values: next((v for v in values if v is not None), None)  # noqa: E731
     prompt = first(options["prompt"], traj.prompt, "")
     negative = first(options["negative_prompt"], traj.negative_prompt, "")

@@ -23,9 +23,10 @@ def check_suffix(path, suffixes, what: str) -> None:
 
 
 def check_render_options(options: dict) -> None:
-    """Everything about the `render` options that can be checked without the model: output suffix,
-    numbers finite and in range, device, model source, weight files (sizes and frame counts are
-    checked where the request is resolved, `camrender.cli_render`)."""
+    """Everything about the `render` options that can be checked without the model and the
+    trajectory: output suffix, numbers finite and in range, device, weight files (sizes, frame
+    counts, the image and the model folder are checked where the request is resolved,
+    `camrender.cli_render`)."""
     check_suffix(options["out"], VIDEO_SUFFIXES, "the output video")
     check_finite(options["guidance"], "guidance", minimum=0.0)
     check_finite(options["fps"], "fps")
@@ -33,10 +34,6 @@ def check_render_options(options: dict) -> None:
     if seed is not None and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
         raise CamrenderError(f"must be between {SEED_RANGE[0]} and {SEED_RANGE[1]}, got {seed}", field="seed")
     check_device(options["device"], options["offload"])
-    if options["model"] != "tiny":
-        from camrender.loading import model_source
-
-        model_source(options["model"])
     weights = options["transformer_weights"]
     if weights is not None and not Path(weights).is_file():
         problem = "is a directory, expected a .safetensors or .pt file" if Path(weights).is_dir() else "file not found"

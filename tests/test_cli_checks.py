@@ -50,9 +50,12 @@ RENDER = ["--traj", ORBIT, "--model", "tiny"]
     (["--seed", str(2**70)], "seed: must be between"),
     (["--vae", "{tmp}/no_vae"], "vae: folder not found"),
     (["--transformer-weights", "{tmp}/none.pt"], "transformer-weights: file not found"),
-    (["--model", "{tmp}/no_model"], "model folder not found"),
+    (["--model", "{tmp}/no_model", "--image", "{tmp}/first.png"], "model folder not found"),
 ])
 def test_render_checks_before_loading(tmp_path, capsys, extra, expected):
+    import PIL.Image
+
+    PIL.Image.new("RGB", (1280, 704)).save(tmp_path / "first.png")
     extra = [item.format(tmp=tmp_path) for item in extra]
     line = one_error(RENDER + ["--out", tmp_path / "v.mp4"] + extra, capsys, tmp_path)
     assert expected in line

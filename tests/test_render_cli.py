@@ -62,7 +62,7 @@ def test_readme_demo_command(tmp_path, capsys, monkeypatch):
     np.testing.assert_allclose(resolved.c2w, expected.c2w, atol=1e-6)
     assert resolved.prompt == expected.prompt and resolved.seed == 0
     assert (tmp_path / "x.path.png").stat().st_size > 0
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.mp4", "x.path.png", "x.traj.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.mp4", "x.path.png", "x.render.json", "x.traj.json"]
     assert "Traceback" not in err
 
 

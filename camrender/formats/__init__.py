@@ -105,7 +105,7 @@ def import_file(path, fmt: str | None = None):
         if module in (None, actions) and looks_like_actions(path):
             return actions.from_string(os.fspath(path))
         raise CamrenderError("file not found", path=os.fspath(path))
-    if os.path.isdir(path):
+    if module is None and os.path.isdir(path):  # (--from colmap reads a model folder)
         raise CamrenderError("is a directory, not a trajectory file", path=os.fspath(path))
     module = module or detect(path)
     return module.read(path)
