@@ -58,12 +58,18 @@ def wait_for(condition, process, seconds=120):
         time.sleep(0.02)
 
 
-def test_sigkill_then_resume_equals_the_uninterrupted_render(tmp_path, capsys):
-    from camrender.resume import read_checkpoint_info
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory):
+    """The uninterrupted segment-mode render of SEGMENT_ARGS."""
+    out = tmp_path_factory.mktemp("whole") / "whole.mp4"
+    with pytest.raises(SystemExit) as done:
+        main(SEGMENT_ARGS + ["--out", str(out)])
+    assert done.value.code == 0
+    return out
 
-    whole = tmp_path / "whole.mp4"
-    code, err = run_cli(SEGMENT_ARGS + ["--out", whole], capsys)
-    assert code == 0, err
+
+def test_sigkill_then_resume_equals_the_uninterrupted_render(tmp_path, capsys, whole):
+    from camrender.resume import read_checkpoint_info
 
     work = tmp_path / "work"
     work.mkdir()
@@ -98,6 +104,31 @@ def test_sigkill_then_resume_equals_the_uninterrupted_render(tmp_path, capsys):
     assert np.array_equal(frames_of(out), frames_of(whole))  # every decoded frame, bit for bit
     assert not partial.exists()  # checkpoints removed on completion
     assert sorted(p.name for p in work.iterdir()) == ["v.mp4", "v.path.png", "v.render.json", "v.traj.json"]
+
+
+def test_interrupt_keeps_the_checkpoint_and_resume_finishes(tmp_path, capsys, monkeypatch, whole):
+    """Ctrl-C (here raised in place of the third segment's write) after checkpoints: the folder stays,
+    the message gives the command, and --resume completes the same video."""
+    from camrender.segment_video import SegmentVideoWriter
+
+    real_append = SegmentVideoWriter.append
+
+    def interrupted(self, frames):
+        if self.next_segment == 2:
+            raise KeyboardInterrupt
+        real_append(self, frames)
+
+    monkeypatch.setattr(SegmentVideoWriter, "append", interrupted)
+    out = tmp_path / "v.mp4"
+    code, err = run_cli(SEGMENT_ARGS + ["--out", out], capsys)
+    assert code == 130 and "--resume" in err and "Traceback" not in err, err
+    partial = tmp_path / ".v.mp4.partial"
+    assert sorted(p.name for p in partial.iterdir()) == ["checkpoint.safetensors", "segment-00000.mp4",
+                                                         "segment-00001.mp4"]
+    monkeypatch.setattr(SegmentVideoWriter, "append", real_append)
+    code, err = run_cli(SEGMENT_ARGS + ["--out", out, "--resume"], capsys)
+    assert code == 0, err
+    assert np.array_equal(frames_of(out), frames_of(whole)) and not partial.exists()
 
 
 @pytest.mark.parametrize("sig, code, word", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")])
