@@ -58,7 +58,7 @@ def render(transformer, vae, inputs, bounds, options, device, cuda_graphs, *, st
     decoder = CausalStreamDecoder(vae, device=device)
     cache, first = SegmentCache.empty(transformer), 0
     if checkpoints is not None:
-        cache, first = checkpoints.restore(cache, decoder, device)
+        cache, first = checkpoints.restore(cache, decoder, device, bounds)
     chunks, seconds = [], []
     sync()
     start = time.perf_counter()
@@ -102,7 +102,7 @@ def main(argv=None):
             for _ in range(args.repeats):
                 sync()
                 start = time.perf_counter()
-                size = checkpoints.save(args.stop_at, len(bounds), 0, cache, decoder)
+                size = checkpoints.save(args.stop_at, bounds, 0, cache, decoder)
                 writes.append(time.perf_counter() - start)
             del cache, decoder
             resumed = Checkpointer(folder, settings={}, resume_info={"next_segment": args.stop_at,

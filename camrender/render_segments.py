@@ -171,7 +171,7 @@ def render_segments(pipe, request, progress: Optional[Callable[..., None]] = Non
     cache, first = SegmentCache.empty(model), 0
     written = 0
     if checkpoints is not None:
-        cache, first = checkpoints.restore(cache, decoder, device)
+        cache, first = checkpoints.restore(cache, decoder, device, bounds)
         written = checkpoints.frames_before
 
     started, resumed_at = time.perf_counter(), written
@@ -187,6 +187,6 @@ def render_segments(pipe, request, progress: Optional[Callable[..., None]] = Non
                                                  f"{(written - resumed_at) / elapsed:.1f} frames/s")
             yield frames
             if checkpoints is not None:
-                checkpoints.maybe_save(index + 1, len(bounds), written, cache, decoder)
+                checkpoints.maybe_save(index + 1, bounds, written, cache, decoder)
     if hasattr(pipe, "maybe_free_model_hooks"):
         pipe.maybe_free_model_hooks()

@@ -153,9 +153,10 @@ class Checkpointer:
     def frames_before(self) -> int:
         return self.resume_info["frames_written"] if self.resume_info else 0
 
-    def restore(self, cache, decoder, device):
+    def restore(self, cache, decoder, device, bounds=None):
         """(cache, next segment) to continue from: the saved ones on a resume, else (`cache`, 0).
-        Loads the block caches and decoder state onto `device` and restores the RNG states."""
+        Loads the block caches and decoder state onto `device` and restores the RNG states.
+        bounds: this render's segment (start, stop) list, checked against the checkpoint's."""
         import torch
 
         from camrender.state_io import load_tree
@@ -163,6 +164,9 @@ class Checkpointer:
         if self.resume_info is None:
             return cache, 0
         tree, _ = load_tree(self.path, device=device)
+        if bounds is not None and [list(b) for b in tree["bounds"]] != [list(b) for b in bounds]:
+            raise CamrenderError("the checkpoint was made with another segment layout (another camrender "
+                                 f"version?); remove it: rm -r -- {shlex.quote(str(self.folder))}", path=self.path)
         if len(tree["cache"].blocks) != len(cache.blocks):
             raise CamrenderError(f"the checkpoint has {len(tree['cache'].blocks)} block caches, the model "
                                  f"{len(cache.blocks)}", path=self.path)
@@ -175,7 +179,7 @@ class Checkpointer:
     def due(self) -> bool:
         return time.monotonic() - self.last_save >= self.every
 
-    def save(self, next_segment: int, segments: int, frames_written: int, cache, decoder) -> int:
+    def save(self, next_segment: int, bounds: list, frames_written: int, cache, decoder) -> int:
         """Write the state after `next_segment` segments (all their files already on disk); bytes."""
         import torch
 
@@ -183,18 +187,19 @@ class Checkpointer:
 
         rng = {"cpu": torch.get_rng_state(),
                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None}
-        info = {"next_segment": next_segment, "segments": segments, "frames_written": frames_written,
+        info = {"next_segment": next_segment, "segments": len(bounds), "frames_written": frames_written,
                 "settings": self.settings, "written_at": time.time()}
-        tree = {"next_segment": next_segment, "cache": cache, "decoder": decoder.state(), "rng": rng}
+        tree = {"next_segment": next_segment, "bounds": [list(b) for b in bounds], "cache": cache,
+                "decoder": decoder.state(), "rng": rng}
         size = save_tree(self.path, tree, metadata={"camrender.checkpoint": json.dumps(info)})
         self.last_save = time.monotonic()
         self.saved = True
         return size
 
-    def maybe_save(self, next_segment: int, segments: int, frames_written: int, cache, decoder) -> None:
+    def maybe_save(self, next_segment: int, bounds: list, frames_written: int, cache, decoder) -> None:
         """`save` when `every` seconds have passed since the last one (never after the last segment)."""
-        if next_segment < segments and self.due():
-            self.save(next_segment, segments, frames_written, cache, decoder)
+        if next_segment < len(bounds) and self.due():
+            self.save(next_segment, bounds, frames_written, cache, decoder)
 
     def finish(self, completed: bool) -> None:
         """Remove the folder when the render completed, or when it stopped with nothing to resume

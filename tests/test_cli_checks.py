@@ -7,17 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from camrender.cli import main
+from helpers import run_cli as run
 
 REPO = Path(__file__).resolve().parents[1]
 ORBIT = REPO / "trajectories" / "orbit.json"
-
-
-def run(argv, capsys):
-    with pytest.raises(SystemExit) as done:
-        main([str(a) for a in argv])
-    captured = capsys.readouterr()
-    return done.value.code, captured.out, captured.err
 
 
 def one_error(argv, capsys, folder):

@@ -7,9 +7,8 @@ import os
 import random
 
 import numpy as np
-import pytest
 
-from camrender.cli import main
+from helpers import run_cli as _run
 
 SEED = 16
 PER_FRAME = {"version": 1, "width": 64, "height": 32, "fps": 8,
@@ -31,19 +30,18 @@ def _mutations():
     def drop(name):
         return lambda rng, doc: {k: v for k, v in doc.items() if k != name}
 
-    def frame_field(name, values):
+    def item_field(items, name, values):  # one entry of doc[items] gets a bad `name`
         def mutate(rng, doc):
             doc = copy.deepcopy(doc)
-            rng.choice(doc["frames"])[name] = rng.choice(values)
+            rng.choice(doc[items])[name] = rng.choice(values)
             return doc
         return mutate
 
+    def frame_field(name, values):
+        return item_field("frames", name, values)
+
     def keyframe_field(name, values):
-        def mutate(rng, doc):
-            doc = copy.deepcopy(doc)
-            rng.choice(doc["keyframes"])[name] = rng.choice(values)
-            return doc
-        return mutate
+        return item_field("keyframes", name, values)
 
     per_frame = [field("fps", BAD_NUMBERS), field("width", BAD_SIZES), field("height", BAD_SIZES),
                  field("version", [0, 2, "1", None, 1.5]), drop("version"), field("frames", [[], {}, "x", [1, 2]]),
@@ -80,13 +78,6 @@ def _text_cases(rng):
 def _one_line_error(code, out, err):
     lines = [line for line in err.splitlines() if line.strip()]
     return code == 2 and len(lines) == 1 and lines[0].startswith("camrender: error: ") and "Traceback" not in err
-
-
-def _run(argv, capsys):
-    with pytest.raises(SystemExit) as done:
-        main([str(a) for a in argv])
-    captured = capsys.readouterr()
-    return done.value.code, captured.out, captured.err
 
 
 def test_malformed_trajectory_files(tmp_path, capsys):

@@ -1,10 +1,7 @@
 """`camrender [render] --traj ... --out ...` end to end on the tiny offline model; bad input; Ctrl-C."""
 import json
 import os
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import imageio
@@ -13,19 +10,11 @@ import PIL.Image
 import pytest
 
 from camrender import trajectory
-from camrender.cli import main
 from camrender.trajectory import Trajectory
+from helpers import run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 ORBIT = REPO / "trajectories" / "orbit.json"
-
-
-def run_cli(argv, capsys):
-    """(exit code, stdout, stderr) of an in-process CLI run."""
-    with pytest.raises(SystemExit) as done:
-        main([str(a) for a in argv])
-    captured = capsys.readouterr()
-    return done.value.code, captured.out, captured.err
 
 
 def read_video(path):

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+import helpers
 from camrender.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -25,10 +26,8 @@ SEGMENT_ARGS = ["--traj", str(ORBIT), "--model", "tiny", "--mode", "segments", "
 
 
 def run_cli(argv, capsys):
-    with pytest.raises(SystemExit) as done:
-        main([str(a) for a in argv])
-    captured = capsys.readouterr()
-    return done.value.code, captured.err
+    code, _, err = helpers.run_cli(argv, capsys)
+    return code, err
 
 
 def error_lines(err):
@@ -185,7 +184,6 @@ def test_from_render_reproduces_the_video(tmp_path, capsys):
 
 def test_checkpoint_tree_round_trip_covers_new_fields(tmp_path):
     """The cache is saved by walking its fields: a field added later (here a subclass's) is kept."""
-    from camrender.segment_decode import CausalStreamDecoder  # noqa: F401  (the decoder state is a plain tree)
     from camrender.segments import BlockCache, SegmentCache, SoftmaxKV
     from camrender.state_io import load_tree, save_tree
 
