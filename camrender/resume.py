@@ -40,10 +40,19 @@ def partial_folder(out: Path) -> Path:
 
 
 def leftover_part_files(out: Path) -> list:
-    """`.NAME.mp4.*.part.mp4` files (of `camrender.video.VideoWriter`) that a killed render left."""
+    """`.*.part.mp4` files beside `out`: what `camrender.video.VideoWriter` leaves when its render is
+    killed (or writes while it runs)."""
     out = Path(out)
     folder = out.parent if str(out.parent) else Path(".")
-    return sorted(folder.glob(f".{out.name}.*.part.mp4"))
+    return sorted(folder.glob(".*.part.mp4"))
+
+
+def other_partial_folders(out: Path) -> list:
+    """Partial folders of other videos beside `out` that no live render owns."""
+    out = Path(out)
+    folder = out.parent if str(out.parent) else Path(".")
+    return sorted(p for p in folder.glob(".*.mp4.partial")
+                  if p != partial_folder(out) and p.is_dir() and _owner_alive(p) is None)
 
 
 def _owner_alive(folder: Path) -> Optional[int]:
@@ -88,8 +97,12 @@ def check_partials(request, resume: bool, log) -> Optional[dict]:
 
     out = Path(request.out)
     for leftover in leftover_part_files(out):
-        log(f"warning: {leftover} is left over from a render that was killed; remove it: "
-            f"rm -- {shlex.quote(str(leftover))}")
+        log(f"warning: {leftover} is left over from a render that was killed (unless one is still running); "
+            f"remove it: rm -- {shlex.quote(str(leftover))}")
+    for other in other_partial_folders(out):
+        video = other.with_name(other.name[1:-len(".partial")])
+        log(f"warning: {other} holds an interrupted segment-mode render of {video}: continue it with that "
+            f"render's command and --resume, or remove it: rm -r -- {shlex.quote(str(other))}")
     folder = partial_folder(out)
     if resume and request.mode != "segments":
         raise CamrenderError("--resume continues segment-mode renders (--mode segments)", field="resume")

@@ -148,13 +148,17 @@ def test_signals_leave_no_partial_video(tmp_path, sig, code, word):
     assert list(work.iterdir()) == []
 
 
-def test_killed_full_render_leftovers_are_listed_not_deleted(tmp_path, capsys):
+def test_killed_render_leftovers_are_listed_not_deleted(tmp_path, capsys):
     stale = tmp_path / ".v.mp4.abc123.part.mp4"
     stale.write_bytes(b"partial")
+    other = tmp_path / ".old.mp4.partial"
+    other.mkdir()
+    (other / "segment-00000.mp4").write_bytes(b"segment")
     code, err = run_cli(["--traj", ORBIT, "--out", tmp_path / "v.mp4", "--model", "tiny", "--frames", "9",
                          "--height", "32", "--width", "32", "--steps", "1", "--kernels", "torch"], capsys)
     assert code == 0, err
     assert stale.exists() and f"rm -- {stale}" in err
+    assert (other / "segment-00000.mp4").exists() and f"rm -r -- {other}" in err and "--resume" in err
 
 
 def test_resume_of_nothing_renders_from_the_start_and_full_mode_refuses(tmp_path, capsys):
