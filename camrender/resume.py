@@ -184,7 +184,7 @@ class Checkpointer:
             raise CamrenderError(f"the checkpoint has {len(tree['cache'].blocks)} block caches, the model "
                                  f"{len(cache.blocks)}", path=self.path)
         decoder.load_state(tree["decoder"])
-        torch.set_rng_state(tree["rng"]["cpu"])
+        torch.set_rng_state(tree["rng"]["cpu"].cpu())  # load_tree moved every tensor to `device`
         if tree["rng"]["cuda"] is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state_all([state.cpu() for state in tree["rng"]["cuda"]])
         return tree["cache"], tree["next_segment"]
