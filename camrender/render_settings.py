@@ -51,9 +51,25 @@ def trajectory_digest(traj) -> str:
     return digest.hexdigest()
 
 
+def file_identity(path) -> str:
+    """"SIZE bytes, modified NS" of a weights file or folder's config (a changed file under the same
+    name is caught without reading gigabytes); "" when there is no such file."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "config.json"
+    try:
+        stat = path.stat()
+    except OSError:
+        return ""
+    return f"{stat.st_size} bytes, modified {stat.st_mtime_ns}"
+
+
 def checkpoint_settings(request) -> dict:
-    """What a resume must match: the settings and the trajectory digest."""
-    return {**settings_record(request), "trajectory_sha256": trajectory_digest(request.traj)}
+    """What a resume must match: the settings, the trajectory digest and the identity of the weight
+    files named by path (--transformer-weights, --vae)."""
+    files = {f"{name}_file": file_identity(getattr(request, name)) for name in ("transformer_weights", "vae")
+             if getattr(request, name, None) is not None}
+    return {**settings_record(request), "trajectory_sha256": trajectory_digest(request.traj), **files}
 
 
 def settings_differences(saved: dict, current: dict) -> list:

@@ -80,7 +80,11 @@ def read_checkpoint_info(path: Path) -> dict:
     try:
         with safe_open(os.fspath(path), framework="pt") as handle:
             metadata = handle.metadata() or {}
-        return json.loads(metadata["camrender.checkpoint"])
+        info = json.loads(metadata["camrender.checkpoint"])
+        for key, kind in (("next_segment", int), ("segments", int), ("frames_written", int), ("settings", dict)):
+            if not isinstance(info[key], kind):
+                raise TypeError(key)
+        return info
     except Exception as error:  # a torn or foreign file: report it, never load it
         raise CamrenderError(f"unreadable checkpoint ({type(error).__name__}); remove it: "
                              f"rm -r -- {shlex.quote(str(path.parent))}", path=path) from None

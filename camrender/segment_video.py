@@ -17,6 +17,7 @@ from pathlib import Path
 
 from camrender.errors import CamrenderError
 from camrender.formats.fileio import output_file_mode
+from camrender.state_io import fsync_path
 from camrender.video import VideoWriter
 
 SEGMENT_PATTERN = "segment-{:05d}.mp4"
@@ -59,7 +60,7 @@ class SegmentVideoWriter:
         target = self.folder / SEGMENT_PATTERN.format(self.next_segment)
         with VideoWriter(target, fps=self.fps, fragmented=False) as video:
             video.append(frames)
-        _fsync(target)
+        fsync_path(target)  # a checkpoint written after it may refer to it (its rename: `save_tree`)
         self.next_segment += 1
         self.frames_written += video.frames_written
 
@@ -98,10 +99,3 @@ def join_segments(parts: list, path: Path) -> None:
                 pass
 
 
-def _fsync(path: Path) -> None:
-    """Flush a finished segment file to disk (a checkpoint written after it may refer to it)."""
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)

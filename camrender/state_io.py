@@ -102,12 +102,10 @@ def save_tree(path, tree, metadata: dict | None = None) -> int:
     os.close(handle)
     try:
         save_file(tensors, temp, metadata=meta)
-        descriptor = os.open(temp, os.O_RDONLY)
-        try:
-            os.fsync(descriptor)  # on disk before the rename makes it the checkpoint
-        finally:
-            os.close(descriptor)
+        fsync_path(temp)  # on disk before the rename makes it the checkpoint
+        fsync_path(folder)  # with the renames done in the folder before (e.g. the files it refers to)
         os.replace(temp, path)
+        fsync_path(folder)
     except BaseException:
         try:
             os.unlink(temp)
@@ -115,6 +113,15 @@ def save_tree(path, tree, metadata: dict | None = None) -> int:
             pass
         raise
     return os.path.getsize(path)
+
+
+def fsync_path(path) -> None:
+    """Flush a file's data, or a folder's entries (renames), to disk."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
 
 
 def load_tree(path, device="cpu"):
