@@ -60,7 +60,7 @@ def probe_writable(path) -> None:
 
 
 def check_device(device, offload: bool) -> None:
-    """The device exists here (a CUDA index below the GPU count); --offload has a GPU."""
+    """The device exists here (a CUDA index below the GPU count); --offload has a GPU and accelerate."""
     import torch
 
     from camrender.loading import resolve_device
@@ -74,3 +74,9 @@ def check_device(device, offload: bool) -> None:
     if offload and resolved.type != "cuda":
         raise CamrenderError("--offload moves components to a GPU while they run; it needs a CUDA device",
                              field="offload")
+    if offload:
+        try:
+            import accelerate  # noqa: F401
+        except ImportError:
+            raise CamrenderError("--offload needs the accelerate package (pip install accelerate)",
+                                 field="offload") from None

@@ -114,6 +114,7 @@ BAD_OPTIONS = [("--frames", "0"), ("--frames", "-3"), ("--frames", "8193"), ("--
                ("--segment-frames", "0"), ("--cached-segments", "-1"), ("--checkpoint-every", "-5"),
                ("--image", "{tmp}/missing.png"), ("--traj", "{tmp}/missing.json"), ("--traj", "w--5"),
                ("--traj", "{tmp}"), ("--bogus", "1"), ("--from-render", "{tmp}/missing.render.json"),
+               ("--from-render", "{tmp}/bad.render.json"), ("--from-render", "{tmp}/path.json"),
                ("--resume", None)]
 GOOD_OPTIONS = [("--steps", "1"), ("--seed", "3"), ("--prompt", "a room"), ("--guidance", "2"), ("--fps", "12"),
                 ("--frames", "17"), ("--height", "32"), ("--width", "48"), ("--kernels", "torch"), ("--model", "tiny")]
@@ -123,6 +124,8 @@ def test_malformed_render_command_lines(tmp_path, capsys):
     rng = random.Random(SEED)
     traj = tmp_path / "path.json"
     traj.write_text(json.dumps(PER_FRAME))
+    (tmp_path / "bad.render.json").write_text(json.dumps({"camrender_render": 1, "settings": {"steps": "abc"},
+                                                          "trajectory": PER_FRAME}))
     failures = []
     for case in range(120):
         option, value = rng.choice(BAD_OPTIONS)
@@ -131,6 +134,8 @@ def test_malformed_render_command_lines(tmp_path, capsys):
             if good != option:
                 args[good] = good_value
         args[option] = None if value is None else value.format(tmp=tmp_path)
+        if option == "--from-render" and rng.random() < 0.5:
+            del args["--traj"]  # alone, the file's own problem shows; with --traj, the clash does
         if option == "--resume":
             args["--mode"] = "full"
         argv = [item for key, val in args.items() for item in ([key] if val is None else [key, val])]
