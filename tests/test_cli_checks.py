@@ -41,6 +41,7 @@ RENDER = ["--traj", ORBIT, "--model", "tiny"]
     (["--device", "tpu"], "unknown device 'tpu'"),
     (["--device", "cuda:99"], "device"),
     (["--seed", str(2**70)], "seed: must be between"),
+    (["--device", "cpu", "--offload"], "offload: --offload moves components to a GPU"),
     (["--vae", "{tmp}/no_vae"], "vae: folder not found"),
     (["--transformer-weights", "{tmp}/none.pt"], "transformer-weights: file not found"),
     (["--model", "{tmp}/no_model", "--image", "{tmp}/first.png"], "model folder not found"),
