@@ -1,0 +1,217 @@
+"""Stage 2: the SANA-WM refiner (diffusers' `SanaWMLTX2Refiner`), streamed block by block.
+
+The refiner is an LTX-2 DiT that polishes stage-1 latents chunk-causally: latent frame 0 is the
+attention sink (kept verbatim), every later run of `block_size` (3) frames is one block, denoised
+from the stage-1 latents re-noised to sigma 0.909375 through the 3-step distilled list while its
+queries attend to [sink, the <= 10 most recent refined frames, the block]. A block therefore needs
+only its own stage-1 frames and the refined past: `RefinerStream.push` refines each block as soon
+as its frames have arrived, so segment mode keeps growing the video segment by segment with a
+bounded window (memory flat in the path length).
+
+`RefinerStream` drives diffusers' own modules (the refiner transformer, its
+`SanaWMRefinerKVCache` and the scheduler's sigma list) in the order `SanaWMLTX2Refiner.__call__`
+does, block for block and with the same noise draws, so the refined latents equal that call's
+on the whole clip (tests/test_refiner.py). What it changes is how the loop runs: it takes the
+stage-1 latents piecewise, encodes the prompt once per render, builds each block's RoPE once
+(not per step), gives the transformer one timestep per row instead of one per token (the same
+values, 2640x fewer adaLN rows at 704x1280) and keeps the sigmas as Python numbers (no
+host-device sync per step).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import torch
+from diffusers.models.transformers.transformer_sana_wm_refiner import SanaWMRefinerKVCache
+from diffusers.pipelines.sana_wm.refiner import STAGE_2_DISTILLED_SIGMA_VALUES, _pack_latents, _unpack_latents
+from diffusers.utils.torch_utils import randn_tensor
+
+SINK_FRAMES = 1  # the released recipe: latent frame 0 is the sink
+BLOCK_FRAMES = 3
+KV_MAX_FRAMES = 11  # sink + 10 recent frames
+
+
+@dataclasses.dataclass(frozen=True)
+class RefinerText:
+    """The refiner's prompt, encoded once per render: embeds (1, L, D_caption) and mask (1, L)."""
+
+    embeds: torch.Tensor
+    mask: torch.Tensor
+
+
+def encode_refiner_prompt(refiner, prompt: str, device, dtype) -> RefinerText:
+    """Gemma-3 + LTX-2 connectors through diffusers' `SanaWMLTX2Refiner._encode_prompt`.
+
+    The text encoder and connectors visit `device` for this one call when they live elsewhere
+    (they run once per render; the Gemma-3-12B encoder is 24 GB in bf16), and go back after.
+    """
+    moved = []
+    for name in ("text_encoder", "connectors"):
+        module = getattr(refiner, name)
+        if _device_of(module) != torch.device(device):
+            moved.append((module, _device_of(module)))
+            module.to(device)
+    try:
+        with torch.no_grad():
+            embeds, mask = refiner._encode_prompt(prompt or "", device=device, dtype=dtype)
+    finally:
+        for module, home in moved:
+            module.to(home)
+        if moved and torch.device(device).type == "cuda":
+            torch.cuda.empty_cache()
+    return RefinerText(embeds=embeds, mask=mask)
+
+
+def _device_of(module) -> torch.device:
+    return next(module.parameters()).device
+
+
+class RefinerStream:
+    """Refine one clip's stage-1 latents (1, C, T, h, w) as they arrive, in DiT-normalised space.
+
+        stream = RefinerStream(refiner, text, fps=16, generator=torch.Generator().manual_seed(42))
+        for segment in stage_one:            # consecutive latent frames, any split
+            emit(stream.push(segment))       # refined frames now final (possibly 0 of them)
+        emit(stream.finish())                # the last (possibly shorter) block
+
+    The concatenated outputs equal `SanaWMLTX2Refiner.__call__(clip, prompt, fps=fps,
+    generator=generator, output_type="latent")` for the same generator: frame 0 (the sink) is the
+    stage-1 frame, every block is refined once all its frames (or the clip's end) have arrived.
+
+    Args:
+        refiner: a `SanaWMLTX2Refiner` (only its transformer and scheduler are used here).
+        text: `encode_refiner_prompt`'s result.
+        fps: video frame rate (LTX-2's temporal RoPE is in seconds).
+        generator: noise of the block endpoints, drawn in block order as diffusers does
+            (a CPU generator keeps renders repeatable across devices).
+        device: where the transformer runs (default: its parameters' device).
+        sigmas: the Euler sigma list ending in 0 (default: diffusers' 3-step distilled list).
+    """
+
+    def __init__(self, refiner, text: RefinerText, *, fps: float, generator: Optional[torch.Generator] = None,
+                 device=None, sink_frames: int = SINK_FRAMES, block_frames: int = BLOCK_FRAMES,
+                 kv_max_frames: int = KV_MAX_FRAMES, sigmas=None):
+        self.transformer = refiner.transformer
+        self.text = text
+        self.fps = float(fps)
+        self.device = torch.device(device) if device is not None else _device_of(self.transformer)
+        self.dtype = next(self.transformer.parameters()).dtype
+        self.generator = generator
+        self.sink_frames, self.block_frames = int(sink_frames), int(block_frames)
+        self.max_history = int(kv_max_frames) - self.sink_frames
+        sigmas = STAGE_2_DISTILLED_SIGMA_VALUES if sigmas is None else sigmas
+        # The scheduler's own sigma list (it may shift what it is given), read once: Python numbers
+        # from here on, so no step waits for the GPU.
+        refiner.scheduler.set_timesteps(sigmas=[float(s) for s in sigmas[:-1]], device="cpu")
+        self.sigmas = [float(s) for s in refiner.scheduler.sigmas]
+        self.cache = SanaWMRefinerKVCache(len(self.transformer.transformer_blocks))
+        self.pending = None  # stage-1 frames received and not yet refined, (1, C, t, h, w)
+        self.next_frame = 0  # absolute index of pending's first frame
+        self.history_frames = 0
+        self.blocks_done = 0
+
+    # ------------------------------------------------------------------ public
+    @torch.no_grad()
+    def push(self, latents: torch.Tensor) -> torch.Tensor:
+        """Take the next stage-1 frames; return the refined frames that are now final (1, C, t', h, w)."""
+        latents = latents.to(device=self.device, dtype=self.dtype)
+        self.pending = latents if self.pending is None else torch.cat([self.pending, latents], dim=2)
+        out = []
+        if self.next_frame == 0:
+            if self.pending.shape[2] < self.sink_frames:
+                return self.pending[:, :, :0]
+            out.append(self._take(self.sink_frames))
+            self._capture_sink(out[0])
+        while self.pending.shape[2] >= self.block_frames:
+            out.append(self._refine_block(self._take(self.block_frames)))
+        return torch.cat(out, dim=2) if out else self.pending[:, :, :0]
+
+    @torch.no_grad()
+    def finish(self) -> torch.Tensor:
+        """Refine the frames still pending (the clip's last block, shorter than `block_frames`)."""
+        if self.pending is None or self.next_frame < self.sink_frames:
+            raise ValueError(f"the refiner needs more than {self.sink_frames} latent frame(s)")
+        if self.pending.shape[2] == 0:
+            return self.pending
+        return self._refine_block(self._take(self.pending.shape[2]))
+
+    # ------------------------------------------------------------------ internals
+    def _take(self, frames: int) -> torch.Tensor:
+        taken, self.pending = self.pending[:, :, :frames], self.pending[:, :, frames:]
+        self.next_frame += frames
+        return taken
+
+    def _rope(self, positions, height: int, width: int):
+        return self.transformer.build_rotary_emb_for_absolute_positions(
+            batch_size=1, frame_positions=list(positions), height=height, width=width, device=self.device,
+            fps=self.fps)
+
+    def _forward(self, block: torch.Tensor, sigma: float, rope, mode: str) -> torch.Tensor:
+        """The transformer on one block (1, C, t, h, w) at one sigma: the velocity tokens (1, t*h*w, C)."""
+        config = self.transformer.config
+        tokens = _pack_latents(block, patch_size=config.patch_size, patch_size_t=config.patch_size_t)
+        # One timestep per row: every token of a block has the same sigma, and the model
+        # broadcasts a (1, 1) timestep's modulation over the tokens.
+        timestep = torch.full((1, 1), sigma * float(config.timestep_scale_multiplier), dtype=torch.float32,
+                              device=self.device)
+        return self.transformer(hidden_states=tokens, encoder_hidden_states=self.text.embeds, timestep=timestep,
+                                video_rotary_emb=rope, encoder_attention_mask=self.text.mask,
+                                kv_cache=self.cache, kv_cache_mode=mode, return_dict=False)[0]
+
+    def _capture_sink(self, sink: torch.Tensor) -> None:
+        """Pre-RoPE K/V of the raw sink frames at sigma 0, stored in every layer's cache."""
+        _, _, frames, height, width = sink.shape
+        self._forward(sink, 0.0, self._rope(range(frames), height, width), "capture_pre_rope")
+        for layer in self.cache.layer_caches:
+            layer.store_sink(*layer.get_captured_pre_rope())
+
+    def _refine_block(self, clean: torch.Tensor) -> torch.Tensor:
+        """3-step Euler on one block from its re-noised stage-1 latents, then the history update."""
+        _, _, frames, height, width = clean.shape
+        start = self.next_frame - frames
+        # the sink slides to sit just before the kept history, as in diffusers' loop
+        sink_start = start - self.history_frames - self.sink_frames
+        self.cache.sink_pe = self._rope(range(sink_start, sink_start + self.sink_frames), height, width)
+        rope = self._rope(range(start, start + frames), height, width)
+
+        sigma_max = self.sigmas[0]
+        noise = randn_tensor(clean.shape, generator=self.generator, device=self.device, dtype=self.dtype)
+        latents = ((1.0 - sigma_max) * clean.float() + sigma_max * noise.float()).to(self.dtype)
+        config = self.transformer.config
+        for sigma, sigma_next in zip(self.sigmas[:-1], self.sigmas[1:]):
+            velocity = self._forward(latents, sigma, rope, "inject")
+            tokens = _pack_latents(latents, patch_size=config.patch_size, patch_size_t=config.patch_size_t)
+            denoised = _unpack_latents((tokens.float() - velocity.float() * sigma).to(self.dtype), num_frames=frames,
+                                       height=height, width=width, patch_size=config.patch_size,
+                                       patch_size_t=config.patch_size_t)
+            if sigma <= 1.0e-6:
+                latents = denoised
+            else:  # the scheduler's Euler step on the velocity implied by the x0 prediction
+                flow = (latents.float() - denoised.float()) / sigma
+                latents = (latents.float() + (sigma_next - sigma) * flow).to(self.dtype)
+
+        self._forward(latents, 0.0, rope, "inject_and_capture_post_rope")
+        self._append_history(frames, height * width // config.patch_size ** 2 // config.patch_size_t)
+        self.blocks_done += 1
+        return latents
+
+    def _append_history(self, frames: int, tokens_per_frame: int) -> None:
+        """Append the block's post-RoPE K/V to every layer's history; keep the last `max_history` frames."""
+        self.history_frames += frames
+        keep = None
+        if 0 < self.max_history < self.history_frames:
+            keep = self.max_history * tokens_per_frame
+            self.history_frames = self.max_history
+        for layer in self.cache.layer_caches:
+            key, value = layer.get_captured_post_rope()
+            history = layer.get_history()
+            if history is not None:
+                old_key, old_value = history
+                if keep is not None:  # drop what the trim would drop before concatenating: no oversize copy
+                    drop = max(0, old_key.shape[1] + key.shape[1] - keep)
+                    old_key, old_value = old_key[:, drop:], old_value[:, drop:]
+                key, value = torch.cat([old_key, key], dim=1), torch.cat([old_value, value], dim=1)
+            if keep is not None:
+                key, value = key[:, -keep:], value[:, -keep:]
+            layer.store_history(key, value)
