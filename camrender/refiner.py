@@ -46,10 +46,12 @@ def encode_refiner_prompt(refiner, prompt: str, device, dtype) -> RefinerText:
     The text encoder and connectors visit `device` for this one call when they live elsewhere
     (they run once per render; the Gemma-3-12B encoder is 24 GB in bf16), and go back after.
     """
+    from camrender.refiner_loading import is_layer_streamed
+
     moved = []
     for name in ("text_encoder", "connectors"):
         module = getattr(refiner, name)
-        if _device_of(module) != torch.device(device):
+        if not is_layer_streamed(module) and _device_of(module) != torch.device(device):
             moved.append((module, _device_of(module)))
             module.to(device)
     try:
