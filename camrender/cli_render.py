@@ -121,8 +121,17 @@ def _resolve_request(options: dict):
         segment_frames=options["segment_frames"],
         cached_segments=options["cached_segments"],
         cuda_graphs=options["cuda_graphs"],
+        refiner=_resolve_refiner(options),
+        refiner_offload=options["refiner_offload"],
         out=out,
     )
+
+
+def _resolve_refiner(options: dict):
+    """--refiner checked against the VAE's latent channels from the configs on disk (nothing loads yet)."""
+    from camrender.refiner_loading import resolve_refiner, vae_latent_channels
+
+    return resolve_refiner(options["refiner"], vae_latent_channels(options["model"], options["vae"]))
 
 
 def _write_companions(request) -> list:
@@ -192,6 +201,11 @@ def _quiet_libraries() -> None:
               help="Recent segments the softmax blocks attend to (segments mode).")
 @click.option("--cuda-graphs/--no-cuda-graphs", default=True, show_default=True,
               help="Replay the denoising passes as CUDA graphs (CUDA only, not with --offload).")
+@click.option("--refiner", default="none", show_default=True,
+              help="Stage 2: the SANA-WM refiner (a folder such as SANA-WM_streaming/refiner_diffusers, a hub id, "
+                   "'tiny' with --model tiny, or 'none').")
+@click.option("--refiner-offload", default="none", show_default=True, type=click.Choice(["none", "layers"]),
+              help="layers: the refiner's blocks visit the GPU one at a time (small GPUs; needs accelerate).")
 def render(**options):
     """Render a video along a camera path.
 
@@ -216,6 +230,11 @@ def render(**options):
                          transformer_weights=request.transformer_weights, vae=request.vae, log=log)
     patch_transformer(pipe.transformer, kernels=request.kernels)
     check_request(pipe, request)
+    if request.refiner is not None:
+        from camrender.refiner_loading import load_stage_two
+
+        click.echo(f"camrender: loading the refiner {request.refiner}", err=True)
+        load_stage_two(pipe, request)
 
     bar = _StepBar("denoising" if request.mode == "full" else "segments")
     try:

@@ -217,3 +217,48 @@ class RefinerStream:
             if keep is not None:
                 key, value = key[:, -keep:], value[:, -keep:]
             layer.store_history(key, value)
+
+
+# ----------------------------------------------------------------------------- a render's stage 2
+_ATTRIBUTE = "_camrender_refiner"
+
+
+def attach_refiner(pipe, refiner) -> None:
+    """Give a loaded `SanaWMLTX2Refiner` (or None) to the renders of `pipe` (`stage_two` finds it there)."""
+    setattr(pipe, _ATTRIBUTE, refiner)
+
+
+class _NoRefiner:
+    """`RefinerStream`'s interface when a render has no stage 2: latents pass through unchanged."""
+
+    def __init__(self):
+        self.last = None
+
+    def push(self, latents):
+        self.last = latents
+        return latents
+
+    def finish(self):
+        return self.last[:, :, :0]
+
+
+def stage_two(pipe, request, device):
+    """The refiner stream of one render: a `RefinerStream` when a refiner is attached to `pipe`, else a
+    pass-through with the same `push`/`finish`. Encodes the refiner's prompt here, once per render.
+
+    Noise of the block endpoints comes from a CPU generator seeded with the render's seed (repeatable
+    across devices, like stage 1's).
+    """
+    refiner = getattr(pipe, _ATTRIBUTE, None)
+    if refiner is None:
+        return _NoRefiner()
+    dtype = next(refiner.transformer.parameters()).dtype
+    text = encode_refiner_prompt(refiner, request.prompt, device, dtype)
+    return RefinerStream(refiner, text, fps=request.fps, device=device,
+                         generator=torch.Generator("cpu").manual_seed(int(request.seed)))
+
+
+def refine_clip(pipe, request, latents, device=None):
+    """Full mode's stage 2: the whole stage-1 clip (1, C, T, h, w) refined (unchanged without a refiner)."""
+    stream = stage_two(pipe, request, device if device is not None else latents.device)
+    return torch.cat([stream.push(latents), stream.finish()], dim=2)

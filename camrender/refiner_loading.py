@@ -232,3 +232,17 @@ def stream_layers(refiner, device, *, use_stream: bool) -> None:
 def is_layer_streamed(module) -> bool:
     """Whether `stream_layers` (diffusers group offloading) manages the module's placement."""
     return getattr(module, "_diffusers_hook", None) is not None
+
+
+def load_stage_two(pipe, request) -> None:
+    """Load `request.refiner` in the pipeline's dtype, place it (`request.refiner_offload`) and attach it
+    to `pipe` for the render (`camrender.refiner.stage_two`)."""
+    from camrender.refiner import attach_refiner
+
+    latent_channels = pipe.vae.config.latent_channels
+    refiner = load_refiner(request.refiner, dtype=pipe.transformer.dtype, latent_channels=latent_channels)
+    if refiner.transformer.config.in_channels != latent_channels:  # a hub id is checked only once downloaded
+        raise CamrenderError(f"the refiner works on {refiner.transformer.config.in_channels} latent channels but "
+                             f"the VAE makes {latent_channels}", path=request.refiner, field="refiner")
+    place_refiner(refiner, pipe._execution_device, request.refiner_offload)
+    attach_refiner(pipe, refiner)
