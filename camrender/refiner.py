@@ -144,10 +144,22 @@ class RefinerStream:
         self.next_frame += frames
         return taken
 
-    def _rope(self, positions, height: int, width: int):
-        return self.transformer.build_rotary_emb_for_absolute_positions(
-            batch_size=1, frame_positions=list(positions), height=height, width=width, device=self.device,
-            fps=self.fps)
+    def _rope(self, start: int, frames: int, height: int, width: int):
+        """The video RoPE (cos, sin) of latent frames [start, start + frames):
+        `build_rotary_emb_for_absolute_positions` with the same operations, its coordinates made with
+        `arange` on the device rather than copied from Python lists (each such copy waits for the GPU)."""
+        rope = self.transformer.rope
+        step_t, step = int(rope.patch_size_t), int(rope.patch_size)
+        axes = [torch.arange(start, start + frames, dtype=torch.float32, device=self.device)[::step_t],
+                torch.arange(0, height, step, dtype=torch.float32, device=self.device),
+                torch.arange(0, width, step, dtype=torch.float32, device=self.device)]
+        grid = torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=0)
+        ends = torch.stack([grid[0] + step_t, grid[1] + step, grid[2] + step])
+        coords = torch.stack([grid, ends], dim=-1).flatten(1, 3).unsqueeze(0)  # (1, 3, tokens, 2)
+        scales = rope.scale_factors
+        pixels = torch.stack([coords[:, axis] * scales[axis] for axis in range(3)], dim=1)
+        pixels[:, 0] = (pixels[:, 0] + rope.causal_offset - scales[0]).clamp(min=0) / self.fps
+        return rope(pixels, device=self.device)
 
     def _forward(self, block: torch.Tensor, sigma: float, rope, mode: str) -> torch.Tensor:
         """The transformer on one block (1, C, t, h, w) at one sigma: the velocity tokens (1, t*h*w, C)."""
@@ -164,7 +176,7 @@ class RefinerStream:
     def _capture_sink(self, sink: torch.Tensor) -> None:
         """Pre-RoPE K/V of the raw sink frames at sigma 0, stored in every layer's cache."""
         _, _, frames, height, width = sink.shape
-        self._forward(sink, 0.0, self._rope(range(frames), height, width), "capture_pre_rope")
+        self._forward(sink, 0.0, self._rope(0, frames, height, width), "capture_pre_rope")
         for layer in self.cache.layer_caches:
             layer.store_sink(*layer.get_captured_pre_rope())
 
@@ -174,11 +186,11 @@ class RefinerStream:
         start = self.next_frame - frames
         # the sink slides to sit just before the kept history, as in diffusers' loop
         sink_start = start - self.history_frames - self.sink_frames
-        self.cache.sink_pe = self._rope(range(sink_start, sink_start + self.sink_frames), height, width)
-        rope = self._rope(range(start, start + frames), height, width)
+        self.cache.sink_pe = self._rope(sink_start, self.sink_frames, height, width)
+        rope = self._rope(start, frames, height, width)
 
         sigma_max = self.sigmas[0]
-        noise = randn_tensor(clean.shape, generator=self.generator, device=self.device, dtype=self.dtype)
+        noise = self._noise(clean.shape)
         latents = ((1.0 - sigma_max) * clean.float() + sigma_max * noise.float()).to(self.dtype)
         config = self.transformer.config
         for sigma, sigma_next in zip(self.sigmas[:-1], self.sigmas[1:]):
@@ -197,6 +209,15 @@ class RefinerStream:
         self._append_history(frames, height * width // config.patch_size ** 2 // config.patch_size_t)
         self.blocks_done += 1
         return latents
+
+    def _noise(self, shape) -> torch.Tensor:
+        """`randn_tensor(shape, generator, device, dtype)`, the same numbers; a CPU generator's draw for a GPU
+        goes through page-locked memory, so the copy does not make the host wait for the GPU's queue."""
+        cpu_draw = self.generator is not None and self.generator.device.type == "cpu" and self.device.type == "cuda"
+        if not cpu_draw:
+            return randn_tensor(shape, generator=self.generator, device=self.device, dtype=self.dtype)
+        noise = torch.randn(shape, generator=self.generator, dtype=self.dtype)
+        return noise.pin_memory().to(self.device, non_blocking=True)
 
     def _append_history(self, frames: int, tokens_per_frame: int) -> None:
         """Append the block's post-RoPE K/V to every layer's history; keep the last `max_history` frames."""

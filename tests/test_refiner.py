@@ -66,3 +66,13 @@ def test_finish_needs_more_than_the_sink(refiner):
     stream = RefinerStream(refiner, text, fps=16.0)
     with pytest.raises(ValueError, match="more than 1 latent frame"):
         stream.finish()
+
+
+@pytest.mark.parametrize("start, frames", [(0, 1), (5, 3), (40, 2)])
+def test_rope_equals_diffusers_absolute_positions(refiner, start, frames):
+    stream = RefinerStream(refiner, encode_refiner_prompt(refiner, PROMPT, "cpu", torch.float32), fps=12.5)
+    expected = refiner.transformer.build_rotary_emb_for_absolute_positions(
+        batch_size=1, frame_positions=list(range(start, start + frames)), height=4, width=6,
+        device=torch.device("cpu"), fps=12.5)
+    for got, want in zip(stream._rope(start, frames, 4, 6), expected):
+        assert torch.equal(got, want)
