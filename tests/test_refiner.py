@@ -76,3 +76,21 @@ def test_rope_equals_diffusers_absolute_positions(refiner, start, frames):
         device=torch.device("cpu"), fps=12.5)
     for got, want in zip(stream._rope(start, frames, 4, 6), expected):
         assert torch.equal(got, want)
+
+
+def test_prompt_keys_and_values_are_computed_once(refiner, monkeypatch):
+    """The cross-attention K/V projections of the fixed prompt run once per stream, not once per forward."""
+    watched = {id(block.attn2.to_k): 0 for block in refiner.transformer.transformer_blocks}
+    linear_forward = torch.nn.Linear.forward
+
+    def counting(module, x):
+        if id(module) in watched:
+            watched[id(module)] += 1
+        return linear_forward(module, x)
+
+    monkeypatch.setattr(torch.nn.Linear, "forward", counting)
+    clip = torch.randn(1, 8, 7, 4, 6, generator=torch.Generator().manual_seed(5))
+    pieces, stream = streamed(refiner, clip, seed=0, splits=[4])
+    assert stream.blocks_done == 2  # 1 sink pass + 2 blocks x 4 passes = 9 forwards
+    assert set(watched.values()) == {1}
+    assert "forward" not in vars(refiner.transformer.transformer_blocks[0].attn2.to_k)  # unpatched afterwards
