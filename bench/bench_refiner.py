@@ -328,7 +328,8 @@ def main(argv=None):
     models = (transformer, vae, refiner_transformer, text, shape, options, device, dtype)
     results["build_s"] = round(time.perf_counter() - began_all, 1)
 
-    record("warmup", lambda: render_path(models, 2, True, breakdown=False))
+    # warm-up: compiles the kernels and captures every stage-1 segment layout; fills the refiner window
+    record("warmup", lambda: render_path(models, min(5, args.segments), True, breakdown=False))
     plain = record("without_refiner", lambda: peak_of(lambda: render_path(models, args.segments, False,
                                                                           breakdown=False)))
     record("with_refiner", lambda: peak_of(lambda: render_path(models, args.segments, True, breakdown=False)))
