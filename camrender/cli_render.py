@@ -121,17 +121,21 @@ def _resolve_request(options: dict):
         segment_frames=options["segment_frames"],
         cached_segments=options["cached_segments"],
         cuda_graphs=options["cuda_graphs"],
-        refiner=_resolve_refiner(options),
+        refiner=_resolve_refiner(options, resolved.num_frames),
         refiner_offload=options["refiner_offload"],
         out=out,
     )
 
 
-def _resolve_refiner(options: dict):
+def _resolve_refiner(options: dict, frames: int):
     """--refiner checked against the VAE's latent channels from the configs on disk (nothing loads yet)."""
     from camrender.refiner_loading import resolve_refiner, vae_latent_channels
 
-    return resolve_refiner(options["refiner"], vae_latent_channels(options["model"], options["vae"]))
+    refiner = resolve_refiner(options["refiner"], vae_latent_channels(options["model"], options["vae"]))
+    if refiner is not None and frames < 9:  # 8k+1 frames: k latent frames after the image's
+        raise CamrenderError(f"the refiner needs at least 9 frames (it refines the latent frames after the "
+                             f"image's), got {frames}", field="frames")
+    return refiner
 
 
 def _write_companions(request) -> list:

@@ -342,7 +342,23 @@ def stage_two(pipe, request, device):
                          generator=torch.Generator("cpu").manual_seed(int(request.seed)))
 
 
-def refine_clip(pipe, request, latents, device=None):
-    """Full mode's stage 2: the whole stage-1 clip (1, C, T, h, w) refined (unchanged without a refiner)."""
+def refine_clip(pipe, request, latents, device=None, progress=None):
+    """Full mode's stage 2: the whole stage-1 clip (1, C, T, h, w) refined (unchanged without a refiner).
+
+    progress: optional `progress(done, total, info)`, called after each refined block.
+    """
     stream = stage_two(pipe, request, device if device is not None else latents.device)
-    return torch.cat([stream.push(latents), stream.finish()], dim=2)
+    if isinstance(stream, _NoRefiner):
+        return latents
+    frames = latents.shape[2]
+    # the sink and then one block per push: each push refines exactly one block
+    edges = list(range(stream.sink_frames + stream.block_frames, frames, stream.block_frames)) + [frames]
+    pieces, start = [], 0
+    for done, stop in enumerate(edges, start=1):
+        pieces.append(stream.push(latents[:, :, start:stop]))
+        start = stop
+        if stop == frames:
+            pieces.append(stream.finish())
+        if progress is not None:
+            progress(done, len(edges), f"refining: block {done}/{len(edges)}")
+    return torch.cat(pieces, dim=2)

@@ -435,7 +435,7 @@ def _sample_and_decode(pipe, request: RenderRequest, progress: Progress = None):
 
     latents = sample_latents(pipe, request, progress)
     with torch.no_grad():
-        latents = refine_clip(pipe, request, latents)  # stage 2 (--refiner); unchanged without one
+        latents = refine_clip(pipe, request, latents, progress=progress)  # stage 2 (--refiner); unchanged without one
         video = decode_latents(pipe.vae, latents)
     if hasattr(pipe, "maybe_free_model_hooks"):
         pipe.maybe_free_model_hooks()

@@ -123,3 +123,10 @@ def test_cli_bad_refiner_is_one_line_exit_2(tmp_path, capsys, case):
     assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
     assert lines[0] == f"camrender: error: {folder}: refiner: {expected}"
     assert not list(work.iterdir())
+
+
+def test_full_mode_reports_refiner_progress(pipe):
+    calls = []
+    list(render_frames(pipe, request_for(mode="full", steps=1), lambda *call: calls.append(call)))
+    refining = [call for call in calls if call[2].startswith("refining")]
+    assert [call[:2] for call in refining] == [(1, 4), (2, 4), (3, 4), (4, 4)]  # blocks 1-3, 4-6, 7-9, 10
