@@ -360,6 +360,8 @@ def main(argv=None):
              else max(none_encode["peak_gib"], none_render["peak_gib"])}
     if not args.skip_layers:
         def layered():
+            import accelerate  # noqa: F401  (diffusers' group offloading needs it, as camrender's --offload does)
+
             refiner_transformer.to("cpu")
             if device.type == "cuda":
                 torch.cuda.empty_cache()

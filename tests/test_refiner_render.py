@@ -46,9 +46,14 @@ def stage_one(pipe, request):
                                                          torch.device("cpu"))], dim=2)
 
 
-def test_segment_mode_refines_each_segment_as_it_finishes(pipe):
+def test_segment_mode_refines_each_segment_as_it_finishes(pipe, monkeypatch):
     request = request_for()
+    refiner = pipe._camrender_refiner
+    encodes = []
+    monkeypatch.setattr(refiner, "_encode_prompt", lambda *a, _encode=refiner._encode_prompt, **k:
+                        encodes.append(a) or _encode(*a, **k))
     chunks = list(render_frames(pipe, request))
+    assert len(encodes) == 1  # the refiner's prompt is encoded once per render
     # the video still grows segment by segment: 1 + 3*8, 3*8, 3*8 frames, then the clip's 1-frame last block
     assert [len(chunk) for chunk in chunks] == [25, 24, 24, 8]
 
