@@ -153,7 +153,13 @@ def _from_folder(root: Path, dtype):
 
     try:
         if (root / "model_index.json").is_file():
-            return SanaWMLTX2Refiner.from_pretrained(str(root), torch_dtype=dtype)
+            # An LTX-2 transformer saved as `LTX2VideoTransformer3DModel` has the refiner's weights but not
+            # its KV-cached forward: load that folder as the refiner class.
+            listed = _read_json(root / "model_index.json").get("transformer", [None, None])[1]
+            override = {} if listed == "SanaWMLTX2RefinerTransformer3DModel" else {
+                "transformer": SanaWMLTX2RefinerTransformer3DModel.from_pretrained(str(root / "transformer"),
+                                                                                   torch_dtype=dtype)}
+            return SanaWMLTX2Refiner.from_pretrained(str(root), torch_dtype=dtype, **override)
         gemma = _text_encoder_folder(root)
         architecture = (_read_json(gemma / "config.json").get("architectures") or ["Gemma3ForConditionalGeneration"])[0]
         text_encoder = getattr(transformers, architecture).from_pretrained(str(gemma), torch_dtype=dtype)

@@ -42,6 +42,19 @@ def test_saved_folder_round_trip(saved):
     assert_same_refiner(loaded, original)
 
 
+def test_transformer_listed_as_plain_ltx2(saved, tmp_path):
+    """A refiner folder whose transformer is saved as LTX2VideoTransformer3DModel loads as the refiner class."""
+    folder, original = saved
+    copy = tmp_path / "ltx2"
+    shutil.copytree(folder, copy)
+    for path in (copy / "model_index.json", copy / "transformer" / "config.json"):
+        text = path.read_text().replace("SanaWMLTX2RefinerTransformer3DModel", "LTX2VideoTransformer3DModel")
+        path.write_text(text)
+    loaded = load_refiner(resolve_refiner(str(copy), latent_channels=8), dtype=torch.float32)
+    assert type(loaded.transformer).__name__ == "SanaWMLTX2RefinerTransformer3DModel"
+    assert_same_refiner(loaded, original)
+
+
 def test_streaming_checkpoint_layout(saved, tmp_path):
     """refiner_diffusers/{transformer,connectors} with the Gemma-3 encoder (and its tokenizer) in gemma3_12b/ beside it."""
     folder, original = saved
