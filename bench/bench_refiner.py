@@ -4,7 +4,8 @@ At the release shape (704x1280: 22x40 latent tokens per frame, 128 latent channe
 the release configs (SANA-WM 1.6B DiT and LTX-2 VAE as in bench_segments.py; the refiner
 transformer at diffusers' `SanaWMLTX2RefinerTransformer3DModel` defaults: 48 layers, 32 heads x
 128, audio branch dropped as camrender does; a Gemma-3-12B-shaped text model standing in for the
-refiner's text encoder), one run measures side by side:
+refiner's text encoder; a Gemma-2-2B-shaped stage-1 text encoder held on the GPU as in a render),
+one run measures side by side:
 
 - segment mode without and with the refiner on the same path (stage 1 + refiner + streaming
   decode; video frames per second of wall time, end to end, no syncs inside), and a breakdown
@@ -55,6 +56,9 @@ VIDEO_FPS = 16.0
 GPU_SIZES_GB = (24, 48, 80, 141)
 GEMM_OPS = ("mm", "addmm", "bmm", "baddbmm", "_scaled_mm")
 # Gemma-3-12B's text tower (the refiner's text encoder), for the encode time and memory
+# Gemma-2-2B, stage 1's text encoder: resident on the GPU during a render (built for the peaks, never run)
+GEMMA2_2B = dict(hidden_size=2304, intermediate_size=9216, num_hidden_layers=26, num_attention_heads=8,
+                 num_key_value_heads=4, head_dim=256, vocab_size=256000)
 GEMMA3_12B_TEXT = dict(hidden_size=3840, intermediate_size=15360, num_hidden_layers=48, num_attention_heads=16,
                        num_key_value_heads=8, head_dim=256, vocab_size=262208, sliding_window=1024)
 
@@ -318,7 +322,12 @@ def main(argv=None):
     kernels = "fused" if device.type == "cuda" else "torch"  # on a CPU (tests) the PyTorch references, never the interpreter
     stage_args = SimpleNamespace(cpu_smoke=args.tiny, quick=False, kernels=kernels)
     transformer, vae = stage_one.build_models(stage_args, device, dtype)
-    results["stage1_weights_gib"] = gib(allocated())
+    if not args.tiny:
+        from transformers import Gemma2Config, Gemma2ForCausalLM
+
+        with torch.device(device), default_dtype(dtype):
+            stage_one_text_encoder = Gemma2ForCausalLM(Gemma2Config(**GEMMA2_2B)).eval()  # noqa: F841 (kept resident)
+    results["stage1_weights_gib"] = gib(allocated())  # DiT, VAE and (release) the Gemma-2-2B text encoder
     before = allocated()
     refiner_transformer = build_refiner_transformer(args.tiny, device, dtype)
     results["refiner_weights_gib"] = gib(allocated() - before)
