@@ -14,8 +14,9 @@ does, block for block and with the same noise draws, so the refined latents equa
 on the whole clip (tests/test_refiner.py). What it changes is how the loop runs: it takes the
 stage-1 latents piecewise, encodes the prompt once per render, builds each block's RoPE once
 (not per step), gives the transformer one timestep per row instead of one per token (the same
-values, 2640x fewer adaLN rows at 704x1280) and keeps the sigmas as Python numbers (no
-host-device sync per step).
+values, 2640x fewer adaLN rows at 704x1280), keeps the sigmas as Python numbers and builds RoPE
+and noise without host-device syncs, computes the prompt's cross-attention keys and values once
+per render (`_TextMemo`) and runs SDPA cuDNN-first on CUDA.
 """
 from __future__ import annotations
 
@@ -36,10 +37,11 @@ KV_MAX_FRAMES = 11  # sink + 10 recent frames
 
 @dataclasses.dataclass(frozen=True)
 class RefinerText:
-    """The refiner's prompt, encoded once per render: embeds (1, L, D_caption) and mask (1, L)."""
+    """The refiner's prompt, encoded once per render: embeds (1, L, D_caption) and mask (1, L) of 0/1,
+    or None (every token kept)."""
 
     embeds: torch.Tensor
-    mask: torch.Tensor
+    mask: Optional[torch.Tensor]
 
 
 def encode_refiner_prompt(refiner, prompt: str, device, dtype) -> RefinerText:
