@@ -121,3 +121,18 @@ def test_tiny_and_none():
     assert resolve_refiner("tiny", latent_channels=8) == "tiny"
     with pytest.raises(CamrenderError, match="tiny refiner works on 8 latent channels.*--model tiny"):
         resolve_refiner("tiny", latent_channels=128)
+
+
+def test_hub_id_download_failure_is_one_line(monkeypatch):
+    import huggingface_hub
+
+    def unreachable(*args, **kwargs):
+        raise OSError("Cannot reach https://huggingface.co:\nconnection refused")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", unreachable)
+    assert resolve_refiner("Efficient-Large-Model/SANA-WM_streaming") == "Efficient-Large-Model/SANA-WM_streaming"
+    with pytest.raises(CamrenderError) as error:
+        load_refiner("Efficient-Large-Model/SANA-WM_streaming", dtype=torch.float32)
+    message = str(error.value)
+    assert message.startswith("Efficient-Large-Model/SANA-WM_streaming: refiner: cannot download the refiner")
+    assert "\n" not in message and "connection refused" in message
