@@ -338,10 +338,13 @@ def main(argv=None):
     results["build_s"] = round(time.perf_counter() - began_all, 1)
 
     # warm-up: compiles the kernels and captures every stage-1 segment layout; fills the refiner window
-    record("warmup", lambda: render_path(models, min(5, args.segments), True, breakdown=False))
+    record("warmup", lambda: peak_of(lambda: render_path(models, min(5, args.segments), True, breakdown=False)))
     plain = record("without_refiner", lambda: peak_of(lambda: render_path(models, args.segments, False,
                                                                           breakdown=False)))
     record("with_refiner", lambda: peak_of(lambda: render_path(models, args.segments, True, breakdown=False)))
+    if results.get("warmup") and results.get("with_refiner"):  # flat in the path length: 5 vs --segments segments
+        results["with_refiner_peak_gib_short_vs_long"] = [results["warmup"]["peak_gib"],
+                                                          results["with_refiner"]["peak_gib"]]
     record("with_refiner_breakdown", lambda: render_path(models, args.segments, True, breakdown=True))
     steady = record("refiner_steady_state", lambda: refiner_steady_state(refiner_transformer, text, shape, device,
                                                                           dtype))
