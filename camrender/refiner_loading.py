@@ -231,6 +231,10 @@ def stream_layers(refiner, device, *, use_stream: bool) -> None:
     from diffusers.hooks import apply_group_offloading
 
     for module, containers in ((refiner.transformer, None), (refiner.text_encoder, ["model", "language_model"])):
+        if use_stream:  # page-locked in place, one tensor at a time: the offloader keeps these (no second copy)
+            for param in module.parameters():
+                if param.device.type == "cpu" and not param.is_pinned():
+                    param.data = param.data.pin_memory()
         apply_group_offloading(module, onload_device=device, offload_type="block_level", num_blocks_per_group=1,
                                use_stream=use_stream, block_modules=containers)
 
