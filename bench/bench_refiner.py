@@ -43,7 +43,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import bench_segments as stage_one  # noqa: E402
-from camrender.refiner import RefinerStream, RefinerText  # noqa: E402
+from camrender.refiner import PassThrough, RefinerStream, RefinerText, refined_frames  # noqa: E402
 from camrender.refiner_loading import stream_layers, strip_audio  # noqa: E402
 from camrender.render_segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments  # noqa: E402
 from camrender.segment_decode import CausalStreamDecoder, to_uint8_frames  # noqa: E402
@@ -140,10 +140,12 @@ def as_refiner(transformer):
     return SimpleNamespace(transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(shift=1.0))
 
 
-def render_path(models, segments, refined, *, breakdown):
+def render_path(models, segments, refined, *, breakdown=False, overlap=None):
     """Segment mode on a path of `segments` segments: stage 1 -> refiner (optional) -> streaming decode.
 
-    breakdown: sync after each stage of each segment and time them apart; else time end to end only.
+    Without `breakdown`: the render's own loop (`camrender.refiner.refined_frames`; `overlap`: stage 2 on
+    a side CUDA stream, default as rendered), timed end to end. With it: the same stages in sequence,
+    synced after each stage of each segment to time them apart.
     """
     transformer, vae, refiner_transformer, text, shape, options, device, dtype = models
     height, width = shape
@@ -151,7 +153,7 @@ def render_path(models, segments, refined, *, breakdown):
     inputs = stage_one.path_inputs(transformer, latent_frames, height, width, device, dtype)
     decoder = CausalStreamDecoder(vae)
     stream = RefinerStream(as_refiner(refiner_transformer), text, fps=VIDEO_FPS, device=device,
-                           generator=torch.Generator().manual_seed(0)) if refined else None
+                           generator=torch.Generator().manual_seed(0)) if refined else PassThrough()
     times = dict(stage1=0.0, refiner=0.0, decode=0.0)
     frames = 0
     sync()
@@ -159,24 +161,26 @@ def render_path(models, segments, refined, *, breakdown):
 
     def lap(name):
         nonlocal last
-        if breakdown:
-            sync()
-            now = time.perf_counter()
-            times[name] += now - last
-            last = now
+        sync()
+        now = time.perf_counter()
+        times[name] += now - last
+        last = now
 
     with torch.no_grad():
-        for _, _, _, latents in sample_segments(transformer, inputs, segment_bounds(latent_frames, 3),
-                                                list(DEFAULT_SEGMENT_TIMESTEPS), options, device,
-                                                cuda_graphs=device.type == "cuda"):
-            lap("stage1")
-            if stream is not None:
+        chunks = (x for *_, x in sample_segments(transformer, inputs, segment_bounds(latent_frames, 3),
+                                                 list(DEFAULT_SEGMENT_TIMESTEPS), options, device,
+                                                 cuda_graphs=device.type == "cuda"))
+        if not breakdown:
+            for _, chunk in refined_frames(stream, chunks, decoder, device, overlap=overlap):
+                frames += len(chunk)
+        else:
+            for latents in chunks:
+                lap("stage1")
                 latents = stream.push(latents)
                 lap("refiner")
-            if latents.shape[2]:
-                frames += len(to_uint8_frames(decoder.decode(latents)))
-            lap("decode")
-        if stream is not None:
+                if latents.shape[2]:
+                    frames += len(to_uint8_frames(decoder.decode(latents)))
+                lap("decode")
             tail = stream.finish()
             if tail.shape[2]:
                 frames += len(to_uint8_frames(decoder.decode(tail)))
@@ -338,10 +342,10 @@ def main(argv=None):
     results["build_s"] = round(time.perf_counter() - began_all, 1)
 
     # warm-up: compiles the kernels and captures every stage-1 segment layout; fills the refiner window
-    record("warmup", lambda: peak_of(lambda: render_path(models, min(5, args.segments), True, breakdown=False)))
-    plain = record("without_refiner", lambda: peak_of(lambda: render_path(models, args.segments, False,
-                                                                          breakdown=False)))
-    record("with_refiner", lambda: peak_of(lambda: render_path(models, args.segments, True, breakdown=False)))
+    record("warmup", lambda: peak_of(lambda: render_path(models, min(5, args.segments), True)))
+    plain = record("without_refiner", lambda: peak_of(lambda: render_path(models, args.segments, False)))
+    record("with_refiner", lambda: peak_of(lambda: render_path(models, args.segments, True)))
+    record("with_refiner_no_overlap", lambda: render_path(models, args.segments, True, overlap=False))
     if results.get("warmup") and results.get("with_refiner"):  # flat in the path length: 5 vs --segments segments
         results["with_refiner_peak_gib_short_vs_long"] = [results["warmup"]["peak_gib"],
                                                           results["with_refiner"]["peak_gib"]]

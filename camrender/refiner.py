@@ -314,8 +314,8 @@ def attach_refiner(pipe, refiner) -> None:
     setattr(pipe, _ATTRIBUTE, refiner)
 
 
-class _NoRefiner:
-    """`RefinerStream`'s interface when a render has no stage 2: latents pass through unchanged."""
+class PassThrough:
+    """`RefinerStream`'s interface for a render without stage 2: latents pass through unchanged."""
 
     def __init__(self):
         self.last = None
@@ -337,11 +337,81 @@ def stage_two(pipe, request, device):
     """
     refiner = getattr(pipe, _ATTRIBUTE, None)
     if refiner is None:
-        return _NoRefiner()
+        return PassThrough()
     dtype = next(refiner.transformer.parameters()).dtype
     text = encode_refiner_prompt(refiner, request.prompt, device, dtype)
     return RefinerStream(refiner, text, fps=request.fps, device=device,
                          generator=torch.Generator("cpu").manual_seed(int(request.seed)))
+
+
+# On CUDA, a segment's refinement and decode run on a side stream while the next segment's stage 1
+# runs on the main one (stage 1 is latency-bound and leaves the GPU's tensor cores idle much of the time).
+OVERLAP_STAGE_TWO = True
+
+
+def refined_frames(stage, latent_chunks, decoder, device, overlap: Optional[bool] = None):
+    """Segment mode's stage 2 and decode: for each chunk of stage-1 latents (1, C, t, h, w) from the
+    iterator `latent_chunks`, yield `(chunks_consumed, frames)`, frames uint8 (F, H, W, 3) (possibly
+    empty), refined by `stage` (`stage_two`'s result: a `RefinerStream` or a pass-through) and decoded
+    by `decoder` (a `CausalStreamDecoder`); the clip's last block comes with the last chunk's count.
+
+    overlap (default `OVERLAP_STAGE_TWO`; CUDA with a refiner only): chunk k's refinement and decode
+    are queued on a side stream and its frames are yielded after chunk k+1's stage 1 has been queued
+    (taking chunk k+1 from `latent_chunks` is what queues it), so the two overlap on the GPU. The
+    frames are the same either way.
+    """
+    from camrender.segment_decode import to_uint8_frames_async
+
+    overlap = OVERLAP_STAGE_TWO if overlap is None else overlap
+    side = _SideStream(device) if overlap and isinstance(stage, RefinerStream) else None
+
+    def frames_of(latents):
+        """Queue the decode of refined latents; returns a callable giving the numpy frames."""
+        if not latents.shape[2]:
+            return lambda: []
+        host, ready = to_uint8_frames_async(decoder.decode(latents))
+        return lambda: (ready.synchronize() if ready is not None else None, host.numpy())[1]
+
+    waiting = None  # (count, frames callable) of the chunk queued on the side stream
+    count = 0
+    for count, latents in enumerate(latent_chunks, start=1):
+        if side is None:
+            yield count, frames_of(stage.push(latents))()
+            continue
+        with side.after(latents):
+            queued = frames_of(stage.push(latents))
+        if waiting is not None:
+            yield waiting[0], waiting[1]()
+        waiting = (count, queued)
+    with side.after() if side is not None else contextlib.nullcontext():
+        last_block = stage.finish()
+        tail = frames_of(last_block)
+    if waiting is not None:
+        yield waiting[0], waiting[1]()
+    if last_block.shape[2]:
+        yield count, tail()
+
+
+class _SideStream:
+    """A CUDA stream that runs after everything queued so far on the current one (a no-op off CUDA,
+    where work runs in order anyway)."""
+
+    def __init__(self, device):
+        self.device = torch.device(device)
+        self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+
+    @contextlib.contextmanager
+    def after(self, *inputs):
+        """Queue the block's work on the side stream, after the current stream's work; `inputs` were
+        made on the current stream and are read on the side one (their memory is kept until then)."""
+        if self.stream is None:
+            yield
+            return
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        for tensor in inputs:
+            tensor.record_stream(self.stream)
+        with torch.cuda.stream(self.stream):
+            yield
 
 
 def refine_clip(pipe, request, latents, device=None, progress=None):
@@ -350,7 +420,7 @@ def refine_clip(pipe, request, latents, device=None, progress=None):
     progress: optional `progress(done, total, info)`, called after each refined block.
     """
     stream = stage_two(pipe, request, device if device is not None else latents.device)
-    if isinstance(stream, _NoRefiner):
+    if isinstance(stream, PassThrough):
         return latents
     frames = latents.shape[2]
     # the sink and then one block per push: each push refines exactly one block

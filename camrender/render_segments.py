@@ -136,8 +136,8 @@ def render_segments(pipe, request, progress: Optional[Callable[..., None]] = Non
 
     from camrender import render
     from camrender.patch import KERNEL_BACKENDS
-    from camrender.refiner import stage_two
-    from camrender.segment_decode import CausalStreamDecoder, to_uint8_frames
+    from camrender.refiner import refined_frames, stage_two
+    from camrender.segment_decode import CausalStreamDecoder
     from camrender.segments import SegmentOptions, segment_bounds
 
     render.check_request(pipe, request)  # steps None: the segment step list
@@ -160,24 +160,20 @@ def render_segments(pipe, request, progress: Optional[Callable[..., None]] = Non
     inputs = prepare_inputs(pipe, request, device)
     bounds = segment_bounds(inputs.noise.shape[2], request.segment_frames)
     decoder = CausalStreamDecoder(pipe.vae, device=device)
-    refiner = stage_two(pipe, request, device)  # stage 2 (--refiner): a pass-through without one
 
     written = 0
     started = time.perf_counter()
     with torch.no_grad():
-        for index, start, stop, latents in sample_segments(model, inputs, bounds, timesteps, options, device,
-                                                           cuda_graphs=request.cuda_graphs and device.type == "cuda"):
-            latents = refiner.push(latents)  # the refined frames now final (all of them, segment-aligned)
-            frames = to_uint8_frames(decoder.decode(latents)) if latents.shape[2] else []
+        segments = (latents for *_, latents in sample_segments(
+            model, inputs, bounds, timesteps, options, device, cuda_graphs=request.cuda_graphs and device.type == "cuda"))
+        # stage 2 (--refiner; a pass-through without one) and the streaming decode, segment by segment
+        for done, frames in refined_frames(stage_two(pipe, request, device), segments, decoder, device):
             written += len(frames)
             if progress is not None:
                 elapsed = max(time.perf_counter() - started, 1e-9)
-                progress(index + 1, len(bounds), f"{written} frames, {written / request.fps:.1f} s of video, "
-                                                 f"{written / elapsed:.1f} frames/s")
+                progress(done, len(bounds), f"{written} frames, {written / request.fps:.1f} s of video, "
+                                            f"{written / elapsed:.1f} frames/s")
             if len(frames):
                 yield frames
-        tail = refiner.finish()
-        if tail.shape[2]:
-            yield to_uint8_frames(decoder.decode(tail))
     if hasattr(pipe, "maybe_free_model_hooks"):
         pipe.maybe_free_model_hooks()

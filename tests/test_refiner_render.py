@@ -135,3 +135,31 @@ def test_full_mode_reports_refiner_progress(pipe):
     list(render_frames(pipe, request_for(mode="full", steps=1), lambda *call: calls.append(call)))
     refining = [call for call in calls if call[2].startswith("refining")]
     assert [call[:2] for call in refining] == [(1, 4), (2, 4), (3, 4), (4, 4)]  # blocks 1-3, 4-6, 7-9, 10
+
+
+def test_overlapped_stage_two_yields_each_segment_one_chunk_later(pipe):
+    """The side-stream schedule of refined_frames (its stream calls are no-ops on a CPU): same frames,
+    and a segment's frames come out only after the next segment has been taken from stage 1."""
+    from camrender.refiner import refined_frames, stage_two
+
+    request = request_for()
+    latents = stage_one(pipe, request)
+    chunks = [latents[:, :, :4], latents[:, :, 4:7], latents[:, :, 7:11]]
+    results = {}
+    for overlap in (False, True):
+        taken = []
+
+        def source():
+            for index, chunk in enumerate(chunks):
+                taken.append(index)
+                yield chunk
+
+        events, video = [], []
+        for done, frames in refined_frames(stage_two(pipe, request, "cpu"), source(), CausalStreamDecoder(pipe.vae),
+                                           "cpu", overlap=overlap):
+            events.append((done, len(frames), len(taken)))
+            video.append(frames)
+        results[overlap] = events, np.concatenate(video)
+    assert results[False][0] == [(1, 25, 1), (2, 24, 2), (3, 24, 3), (3, 8, 3)]
+    assert results[True][0] == [(1, 25, 2), (2, 24, 3), (3, 24, 3), (3, 8, 3)]
+    assert np.array_equal(results[True][1], results[False][1])
