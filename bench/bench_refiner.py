@@ -43,7 +43,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import bench_segments as stage_one  # noqa: E402
-from camrender.refiner import PassThrough, RefinerStream, RefinerText, refined_frames  # noqa: E402
+from camrender.refiner import RefinerStream, RefinerText  # noqa: E402
+from camrender.stage_two import PassThrough, refined_frames  # noqa: E402
 from camrender.refiner_loading import stream_layers, strip_audio  # noqa: E402
 from camrender.render_segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments  # noqa: E402
 from camrender.segment_decode import CausalStreamDecoder, to_uint8_frames  # noqa: E402
@@ -143,7 +144,7 @@ def as_refiner(transformer):
 def render_path(models, segments, refined, *, breakdown=False, overlap=None):
     """Segment mode on a path of `segments` segments: stage 1 -> refiner (optional) -> streaming decode.
 
-    Without `breakdown`: the render's own loop (`camrender.refiner.refined_frames`; `overlap`: stage 2 on
+    Without `breakdown`: the render's own loop (`camrender.stage_two.refined_frames`; `overlap`: stage 2 on
     a side CUDA stream, default as rendered), timed end to end. With it: the same stages in sequence,
     synced after each stage of each segment to time them apart.
     """

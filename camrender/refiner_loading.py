@@ -246,8 +246,8 @@ def is_layer_streamed(module) -> bool:
 
 def load_stage_two(pipe, request) -> None:
     """Load `request.refiner` in the pipeline's dtype, place it (`request.refiner_offload`) and attach it
-    to `pipe` for the render (`camrender.refiner.stage_two`)."""
-    from camrender.refiner import attach_refiner
+    to `pipe` for the render (`camrender.stage_two.stage_two`)."""
+    from camrender.stage_two import attach_refiner
 
     latent_channels = pipe.vae.config.latent_channels
     refiner = load_refiner(request.refiner, dtype=pipe.transformer.dtype, latent_channels=latent_channels)

@@ -56,7 +56,7 @@ class RenderRequest:
             model CPU offload).
         refiner: stage 2 (`camrender.refiner_loading.resolve_refiner`'s result: None, "tiny", a checked
             folder or a hub id); loaded next to the pipeline and attached to it
-            (`camrender.refiner.attach_refiner`).
+            (`camrender.stage_two.attach_refiner`).
         refiner_offload: "none" (the refiner's DiT lives on the GPU) | "layers" (its blocks visit the GPU
             one at a time).
         out: output video path.
@@ -431,7 +431,7 @@ def _sample_and_decode(pipe, request: RenderRequest, progress: Progress = None):
     """`sample_latents`, then the decode: (1, 3, F, H, W) in [-1, 1] on the VAE's device."""
     import torch
 
-    from camrender.refiner import refine_clip
+    from camrender.stage_two import refine_clip
 
     latents = sample_latents(pipe, request, progress)
     with torch.no_grad():

@@ -136,7 +136,7 @@ def render_segments(pipe, request, progress: Optional[Callable[..., None]] = Non
 
     from camrender import render
     from camrender.patch import KERNEL_BACKENDS
-    from camrender.refiner import refined_frames, stage_two
+    from camrender.stage_two import refined_frames, stage_two
     from camrender.segment_decode import CausalStreamDecoder
     from camrender.segments import SegmentOptions, segment_bounds
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from camrender.refiner import attach_refiner
+from camrender.stage_two import attach_refiner
 from camrender.render import RenderRequest, prepare_inputs, render_frames
 from camrender.render_segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments
 from camrender.segment_decode import CausalStreamDecoder, to_uint8_frames
@@ -140,7 +140,7 @@ def test_full_mode_reports_refiner_progress(pipe):
 def test_overlapped_stage_two_yields_each_segment_one_chunk_later(pipe):
     """The side-stream schedule of refined_frames (its stream calls are no-ops on a CPU): same frames,
     and a segment's frames come out only after the next segment has been taken from stage 1."""
-    from camrender.refiner import refined_frames, stage_two
+    from camrender.stage_two import refined_frames, stage_two
 
     request = request_for()
     latents = stage_one(pipe, request)
