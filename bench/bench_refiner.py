@@ -279,6 +279,49 @@ def fits(peaks):
     return table
 
 
+def memory_settings(args, models, results, record, peak_of, peaks):
+    """Peak GPU memory of `--refiner-offload none` (the Gemma-3 encode with everything resident, then the
+    render already measured) and `layers` (refiner DiT and text encoder streaming their blocks)."""
+    transformer, vae, refiner_transformer, text, shape, options, device, dtype = models
+    text_model = build_text_model(args.tiny, device, dtype)
+    results["text_encoder_weights_gib"] = gib(sum(p.numel() * p.element_size() for p in text_model.parameters()))
+    tokens = torch.randint(0, text_model.config.vocab_size, (1, args.text_tokens), device=device)
+
+    def encode():
+        sync()
+        began = time.perf_counter()
+        with torch.no_grad():
+            text_model(input_ids=tokens, attention_mask=torch.ones_like(tokens), output_hidden_states=True)
+        sync()
+        return dict(encode_s=round(time.perf_counter() - began, 3))
+
+    encode()  # warm-up
+    none_encode = record("none_encode", lambda: peak_of(encode))  # everything resident at once
+    text_model.to("cpu")
+    none_render = results.get("with_refiner")
+    if none_encode is not None and none_render is not None:
+        peaks["none"] = max(none_encode["peak_gib"], none_render["peak_gib"])
+    if args.skip_layers:
+        return
+
+    def layered():
+        import accelerate  # noqa: F401  (diffusers' group offloading needs it, as camrender's --offload does)
+
+        refiner_transformer.to("cpu")
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        stream_layers(SimpleNamespace(transformer=refiner_transformer, text_encoder=text_model), device,
+                      use_stream=device.type == "cuda")
+        encode()  # onloads once (group offloading learns the block order on its first call)
+        value = {"encode": peak_of(encode)}
+        value["render"] = peak_of(lambda: render_path(models, args.layers_segments, True, breakdown=True))
+        return value
+
+    layers = record("layers", layered)
+    if layers is not None:
+        peaks["layers"] = max(layers["encode"]["peak_gib"], layers["render"]["peak_gib"])
+
+
 def main(argv=None):
     args = parse_args(argv)
     if args.tiny:
@@ -357,41 +400,11 @@ def main(argv=None):
         record("roofline", lambda: roofline(steady, plain["video_fps"] if plain else None))
 
     # Memory per --refiner-offload setting: prompt encode and render measured apart.
-    text_model = build_text_model(args.tiny, device, dtype)
-    results["text_encoder_weights_gib"] = gib(sum(p.numel() * p.element_size() for p in text_model.parameters()))
-    tokens = torch.randint(0, text_model.config.vocab_size, (1, args.text_tokens), device=device)
-
-    def encode():
-        sync()
-        began = time.perf_counter()
-        with torch.no_grad():
-            text_model(input_ids=tokens, attention_mask=torch.ones_like(tokens), output_hidden_states=True)
-        sync()
-        return dict(encode_s=round(time.perf_counter() - began, 3))
-
-    encode()  # warm-up
-    none_encode = record("none_encode", lambda: peak_of(encode))  # everything resident at once
-    text_model.to("cpu")
-    none_render = results.get("with_refiner")
-    peaks = {"none": None if none_encode is None or none_render is None
-             else max(none_encode["peak_gib"], none_render["peak_gib"])}
-    if not args.skip_layers:
-        def layered():
-            import accelerate  # noqa: F401  (diffusers' group offloading needs it, as camrender's --offload does)
-
-            refiner_transformer.to("cpu")
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-            stream_layers(SimpleNamespace(transformer=refiner_transformer, text_encoder=text_model), device,
-                          use_stream=device.type == "cuda")
-            encode()  # onloads once (group offloading learns the block order on its first call)
-            value = {"encode": peak_of(encode)}
-            value["render"] = peak_of(lambda: render_path(models, args.layers_segments, True, breakdown=True))
-            return value
-
-        layers = record("layers", layered)
-        if layers is not None:
-            peaks["layers"] = max(layers["encode"]["peak_gib"], layers["render"]["peak_gib"])
+    peaks = {"none": None}
+    try:
+        memory_settings(args, models, results, record, peak_of, peaks)
+    except Exception as error:  # e.g. out of memory building the text model: keep what was measured
+        results["errors"]["memory_settings"] = f"{type(error).__name__}: {str(error)[:300]}"
     results["peak_gib_by_setting"] = peaks
     results["setting_for_gpu"] = fits(peaks)
     results["total_wall_s"] = round(time.perf_counter() - began_all, 1)
