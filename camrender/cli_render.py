@@ -133,8 +133,21 @@ def _resolve_request(options: dict):
         segment_frames=options["segment_frames"],
         cached_segments=options["cached_segments"],
         cuda_graphs=options["cuda_graphs"],
+        refiner=_resolve_refiner(options, resolved.num_frames),
+        refiner_offload=options["refiner_offload"],
         out=out,
     )
+
+
+def _resolve_refiner(options: dict, frames: int):
+    """--refiner checked against the VAE's latent channels from the configs on disk (nothing loads yet)."""
+    from camrender.refiner_loading import resolve_refiner, vae_latent_channels
+
+    refiner = resolve_refiner(options["refiner"], vae_latent_channels(options["model"], options["vae"]))
+    if refiner is not None and frames < 9:  # 8k+1 frames: k latent frames after the image's
+        raise CamrenderError(f"the refiner needs at least 9 frames (it refines the latent frames after the "
+                             f"image's), got {frames}", field="frames")
+    return refiner
 
 
 def _apply_render_file(options: dict) -> None:
@@ -243,6 +256,11 @@ def _quiet_libraries() -> None:
               help="Segment mode: continue an interrupted render of the same command from its checkpoint.")
 @click.option("--checkpoint-every", default=DEFAULT_CHECKPOINT_EVERY, show_default=True,
               type=click.FloatRange(min=0), help="Segment mode: seconds between checkpoints (0: every segment).")
+@click.option("--refiner", default="none", show_default=True,
+              help="Stage 2: the SANA-WM refiner (a folder such as SANA-WM_streaming/refiner_diffusers, a hub id, "
+                   "'tiny' with --model tiny, or 'none').")
+@click.option("--refiner-offload", default="none", show_default=True, type=click.Choice(["none", "layers"]),
+              help="layers: the refiner's blocks visit the GPU one at a time (small GPUs; needs accelerate).")
 def render(**options):
     """Render a video along a camera path.
 
@@ -261,6 +279,9 @@ def render(**options):
     log = lambda line: click.echo(f"camrender: {line}", err=True)  # noqa: E731
     from camrender.resume import check_partials
 
+    if request.refiner is not None and resume:
+        raise CamrenderError("--resume does not work with --refiner yet (the refiner's state is not checkpointed)",
+                             field="resume")
     resume_info = check_partials(request, resume, log)  # before the model loads
 
     _quiet_libraries()
@@ -273,9 +294,16 @@ def render(**options):
                          transformer_weights=request.transformer_weights, vae=request.vae, log=log)
     patch_transformer(pipe.transformer, kernels=request.kernels)
     check_request(pipe, request)
+    if request.refiner is not None:
+        from camrender.refiner_loading import load_stage_two
+
+        click.echo(f"camrender: loading the refiner {request.refiner}", err=True)
+        load_stage_two(pipe, request)
 
     bar = _StepBar("denoising" if request.mode == "full" else "segments")
-    video, checkpoints = _video_output(request, resume_info, checkpoint_every)
+    # the refiner's window is not part of a checkpoint: with one, the render keeps none
+    video, checkpoints = _video_output(request, resume_info,
+                                       checkpoint_every if request.refiner is None else float("inf"))
     completed = False
     try:
         with video:

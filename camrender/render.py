@@ -54,6 +54,11 @@ class RenderRequest:
         cached_segments: how many recent segments softmax blocks attend to (segment mode).
         cuda_graphs: replay the denoising passes as CUDA graphs (`camrender.graphs`; on CUDA, without
             model CPU offload).
+        refiner: stage 2 (`camrender.refiner_loading.resolve_refiner`'s result: None, "tiny", a checked
+            folder or a hub id); loaded next to the pipeline and attached to it
+            (`camrender.stage_two.attach_refiner`).
+        refiner_offload: "none" (the refiner's DiT lives on the GPU) | "layers" (its blocks visit the GPU
+            one at a time).
         out: output video path.
     """
 
@@ -79,6 +84,8 @@ class RenderRequest:
     segment_frames: int = 3
     cached_segments: int = 2
     cuda_graphs: bool = True
+    refiner: Optional[str] = None
+    refiner_offload: str = "none"
     out: Optional[Path] = None
 
 
@@ -426,8 +433,11 @@ def _sample_and_decode(pipe, request: RenderRequest, progress: Progress = None):
     """`sample_latents`, then the decode: (1, 3, F, H, W) in [-1, 1] on the VAE's device."""
     import torch
 
+    from camrender.stage_two import refine_clip
+
     latents = sample_latents(pipe, request, progress)
     with torch.no_grad():
+        latents = refine_clip(pipe, request, latents, progress=progress)  # stage 2 (--refiner); unchanged without one
         video = decode_latents(pipe.vae, latents)
     if hasattr(pipe, "maybe_free_model_hooks"):
         pipe.maybe_free_model_hooks()

@@ -145,8 +145,9 @@ def render_segments(pipe, request, progress: Optional[Callable[..., None]] = Non
 
     from camrender import render
     from camrender.patch import KERNEL_BACKENDS
-    from camrender.segment_decode import CausalStreamDecoder, to_uint8_frames
+    from camrender.segment_decode import CausalStreamDecoder
     from camrender.segments import SegmentCache, SegmentOptions, segment_bounds
+    from camrender.stage_two import refined_frames, stage_two
 
     render.check_request(pipe, request)  # steps None: the segment step list
     if request.segment_frames < 1:
@@ -176,17 +177,20 @@ def render_segments(pipe, request, progress: Optional[Callable[..., None]] = Non
 
     started, resumed_at = time.perf_counter(), written
     with torch.no_grad():
-        for index, start, stop, latents in sample_segments(model, inputs, bounds, timesteps, options, device,
-                                                           cuda_graphs=request.cuda_graphs and device.type == "cuda",
-                                                           cache=cache, first_segment=first):
-            frames = to_uint8_frames(decoder.decode(latents))
+        segments = (latents for *_, latents in sample_segments(
+            model, inputs, bounds, timesteps, options, device, cuda_graphs=request.cuda_graphs and device.type == "cuda",
+            cache=cache, first_segment=first))
+        # stage 2 (--refiner; a pass-through without one) and the streaming decode, segment by segment
+        for done, frames in refined_frames(stage_two(pipe, request, device), segments, decoder, device):
+            done += first
             written += len(frames)
             if progress is not None:
                 elapsed = max(time.perf_counter() - started, 1e-9)
-                progress(index + 1, len(bounds), f"{written} frames, {written / request.fps:.1f} s of video, "
-                                                 f"{(written - resumed_at) / elapsed:.1f} frames/s")
-            yield frames
+                progress(done, len(bounds), f"{written} frames, {written / request.fps:.1f} s of video, "
+                                            f"{(written - resumed_at) / elapsed:.1f} frames/s")
+            if len(frames):
+                yield frames
             if checkpoints is not None:
-                checkpoints.maybe_save(index + 1, bounds, written, cache, decoder)
+                checkpoints.maybe_save(done, bounds, written, cache, decoder)
     if hasattr(pipe, "maybe_free_model_hooks"):
         pipe.maybe_free_model_hooks()

@@ -16,7 +16,7 @@ import functools
 
 import torch
 
-__all__ = ["CausalStreamDecoder", "video_frames_for_latents", "to_uint8_frames"]
+__all__ = ["CausalStreamDecoder", "video_frames_for_latents", "to_uint8_frames", "to_uint8_frames_async"]
 
 
 def video_frames_for_latents(start: int, stop: int, temporal_ratio: int = 8) -> int:
@@ -26,14 +26,26 @@ def video_frames_for_latents(start: int, stop: int, temporal_ratio: int = 8) -> 
 
 def to_uint8_frames(video: torch.Tensor):
     """(B=1, 3, F, H, W) decoded video in [-1, 1] -> numpy uint8 (F, H, W, 3)."""
+    frames, ready = to_uint8_frames_async(video)
+    if ready is not None:
+        ready.synchronize()
+    return frames.numpy()
+
+
+def to_uint8_frames_async(video: torch.Tensor):
+    """`to_uint8_frames` without waiting: (uint8 (F, H, W, 3) host tensor, CUDA event or None). On CUDA the
+    copy into the host tensor is queued on the current stream; read it after `event.synchronize()`."""
     frames = (video[0].float() / 2 + 0.5).clamp(0, 1).mul(255).round().to(torch.uint8)
     # Transpose on the device (a strided copy would leave the transpose to numpy) and copy into
     # page-locked memory (several times the bandwidth of a pageable copy; torch caches the buffers).
     frames = frames.permute(1, 2, 3, 0).contiguous()
     if not frames.is_cuda:
-        return frames.numpy()
+        return frames, None
     host = torch.empty(frames.shape, dtype=frames.dtype, pin_memory=True)
-    return host.copy_(frames).numpy()
+    host.copy_(frames, non_blocking=True)
+    ready = torch.cuda.Event()
+    ready.record(torch.cuda.current_stream(frames.device))
+    return host, ready
 
 
 class CausalStreamDecoder:
