@@ -8,6 +8,7 @@ import sys
 
 import click
 
+from camrender.distributed import is_main_process
 from camrender.errors import CamrenderError
 
 # Options that belong to the root group itself; anything else starting with "--"
@@ -36,14 +37,21 @@ def cli():
 
 
 def _register():
-    from camrender import cli_render, cli_traj
+    from camrender import cli_batch, cli_render, cli_traj
 
     cli.add_command(cli_traj.traj)
     for command in cli_render.COMMANDS:
         cli.add_command(command)
+    cli.add_command(cli_batch.batch)
 
 
 _register()
+
+
+def _say(line: str) -> None:
+    """One line on stderr, from rank 0 only when several processes run the command (torchrun)."""
+    if is_main_process():
+        click.echo(line, err=True)
 
 
 def main(argv=None):
@@ -51,16 +59,17 @@ def main(argv=None):
     try:
         cli.main(args=argv, prog_name="camrender", standalone_mode=False)
     except CamrenderError as error:
-        click.echo(f"camrender: error: {error}", err=True)
+        _say(f"camrender: error: {error}")
         sys.exit(error.exit_code)
     except click.exceptions.Abort:
-        click.echo("camrender: interrupted", err=True)
+        _say("camrender: interrupted")
         sys.exit(130)
     except KeyboardInterrupt:
-        click.echo("camrender: interrupted", err=True)
+        _say("camrender: interrupted")
         sys.exit(130)
     except click.ClickException as error:
-        error.show()
+        if is_main_process():
+            error.show()
         sys.exit(error.exit_code)
     except click.exceptions.Exit as done:
         sys.exit(done.exit_code)

@@ -1,11 +1,13 @@
 """`camrender render` and `camrender selftest` (torch/diffusers imported inside the commands)."""
 from __future__ import annotations
 
+import itertools
 import sys
 from pathlib import Path
 
 import click
 
+from camrender import cli_launch, distributed
 from camrender.errors import CamrenderError
 from camrender.loading import DEFAULT_MODEL
 RELEASE_SIZE = (704, 1280)  # (height, width) the released model was trained at
@@ -192,6 +194,7 @@ def _quiet_libraries() -> None:
               help="Recent segments the softmax blocks attend to (segments mode).")
 @click.option("--cuda-graphs/--no-cuda-graphs", default=True, show_default=True,
               help="Replay the denoising passes as CUDA graphs (CUDA only, not with --offload).")
+@cli_launch.gpus_option("GPUs for this video, started as torchrun workers (full mode with guidance: 2).")
 def render(**options):
     """Render a video along a camera path.
 
@@ -202,31 +205,63 @@ def render(**options):
     Writes VIDEO.mp4 (H.264), VIDEO.traj.json (the resolved trajectory: prompt, image, seed,
     frames; render it again to reproduce) and VIDEO.path.png (a plot of the path).
     """
-    request = _resolve_request(options)
+    from camrender.cfg_parallel import check_split
 
-    _quiet_libraries()
+    gpus = options.pop("gpus")
+    request = _resolve_request(options)
+    if cli_launch.wants_launch(gpus):  # one host, several GPUs: torchrun's workers run this command again
+        check_split(request.mode, request.guidance, gpus)
+        sys.exit(cli_launch.relaunch(gpus, request.device))
+    ranks = cli_launch.join_render(request)  # under torchrun: this rank's group and GPU; None on one process
+    leader = ranks is None or ranks.is_leader
+    log = lambda line: click.echo(f"camrender: {line}", err=True) if leader else None  # noqa: E731
+    bar = _StepBar("denoising" if request.mode == "full" else "segments") if leader else None
+    try:
+        _quiet_libraries()
+        log(f"loading {request.model}")
+        pipe = load_patched_pipeline(request, log)
+        frames, companions = write_video(pipe, request, bar)
+    finally:
+        if bar is not None:
+            bar.close()
+        distributed.stop()
+    log(f"wrote {request.out} ({frames} frames, {request.width}x{request.height}, {request.fps:g} fps) and "
+        f"{', '.join(str(p) for p in companions)}")
+
+
+def load_patched_pipeline(request, log=None):
+    """The request's pipeline on its device, patched with its `--kernels`."""
     from camrender.loading import load_pipeline
     from camrender.patch import patch_transformer
-    from camrender.render import check_request, render_frames
-    from camrender.video import VideoWriter
 
-    log = lambda line: click.echo(f"camrender: {line}", err=True)  # noqa: E731
-    click.echo(f"camrender: loading {request.model}", err=True)
     pipe = load_pipeline(request.model, dtype=request.dtype, device=request.device, offload=request.offload,
                          transformer_weights=request.transformer_weights, vae=request.vae, log=log)
     patch_transformer(pipe.transformer, kernels=request.kernels)
-    check_request(pipe, request)
+    return pipe
 
-    bar = _StepBar("denoising" if request.mode == "full" else "segments")
-    try:
-        with VideoWriter(request.out, fps=request.fps) as video:
-            for frames in render_frames(pipe, request, bar):
-                video.append(frames)
-    finally:
-        bar.close()
-    companions = _write_companions(request)
-    click.echo(f"camrender: wrote {request.out} ({video.frames_written} frames, {request.width}x{request.height}, "
-               f"{request.fps:g} fps) and {', '.join(str(p) for p in companions)}", err=True)
+
+def write_video(pipe, request, progress=None) -> tuple:
+    """Render `request` with `pipe` into `request.out` and its side files: (frames written, side files).
+
+    The other ranks of a video group render along and write nothing: (0, []).
+    """
+    from camrender.distributed import is_video_leader
+    from camrender.render import check_request, render_frames
+    from camrender.video import VideoWriter
+
+    check_request(pipe, request)
+    chunks = render_frames(pipe, request, progress)
+    if not is_video_leader():
+        for _ in chunks:
+            pass
+        return 0, []
+    # The temporary video appears with the first frames: by then the ranks of a split render have
+    # finished their collectives, so a rank failing before leaves no file behind.
+    first = next(chunks, None)
+    with VideoWriter(request.out, fps=request.fps) as video:
+        for frames in itertools.chain([] if first is None else [first], chunks):
+            video.append(frames)
+    return video.frames_written, _write_companions(request)
 
 
 @click.command()
