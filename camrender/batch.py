@@ -186,6 +186,7 @@ def run_jobs(planned: list, ranks, pipelines: Pipelines, write: Callable, log: C
         result = {"index": job.index, "where": job.where, "out": job.out, "rank": rank}
         try:
             check_split(request.mode, request.guidance, per_video)
+            pipe = None  # on a model change the previous pipeline goes before the next one loads
             pipe = pipelines.get(request)
             started = time.perf_counter()  # a video's seconds leave out the model load it may have waited for
             frames = write(pipe, request)

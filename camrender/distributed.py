@@ -34,6 +34,7 @@ CONTROL_TIMEOUT = datetime.timedelta(hours=24)  # job plan and results: a rank m
 FAILED_JOBS_EXIT_CODE = 3  # `camrender batch` finished and some jobs failed (its summary lists them)
 _REPORTED_EXIT_CODES = (CamrenderError.exit_code, FAILED_JOBS_EXIT_CODE)  # rank 0 has said why
 _current: Optional["Ranks"] = None
+_owns_process_group = False  # whether `start` made the default process group (then `stop` ends it)
 
 
 # ----------------------------------------------------------------------------- environment (no torch)
@@ -129,11 +130,12 @@ def rank_device(device: Optional[str], local_rank: int):
 
 
 def start(device: Optional[str] = None, per_video: Optional[int] = None) -> Ranks:
-    """Join the process group torchrun set up; `per_video` ranks (default: all) render each video.
+    """Join the process group torchrun set up (or the one the calling program made already);
+    `per_video` ranks (default: all) render each video.
 
     Raises CamrenderError (before any GPU work) when the layout does not fit the run.
     """
-    global _current
+    global _current, _owns_process_group
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -142,7 +144,8 @@ def start(device: Optional[str] = None, per_video: Optional[int] = None) -> Rank
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     per_video = size if per_video is None else per_video
     local_size = int(os.environ.get("LOCAL_WORLD_SIZE", str(size)))
-    if per_video < 1 or size % per_video or (per_video <= local_size and local_size % per_video):
+    if per_video < 1 or size % per_video or (per_video < size and local_size % per_video):
+        # a video group of a batch stays on one host: consecutive ranks, G dividing the processes per host
         raise CamrenderError(f"{per_video} GPUs per video do not divide the {local_size} processes per host "
                              f"({size} in all)", field="gpus-per-video")
     device = rank_device(device, local_rank)
@@ -150,7 +153,9 @@ def start(device: Optional[str] = None, per_video: Optional[int] = None) -> Rank
         os.environ.setdefault(name, value)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=TIMEOUT)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=TIMEOUT)
+        _owns_process_group = True
     mesh = init_device_mesh(device.type, (size // per_video, per_video), mesh_dim_names=("videos", "per_video"))
     control = dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
     _current = Ranks(rank=rank, world_size=size, local_rank=local_rank, device=device, mesh=mesh,
@@ -160,15 +165,16 @@ def start(device: Optional[str] = None, per_video: Optional[int] = None) -> Rank
 
 
 def stop() -> None:
-    """Leave the process group (no-op when `start` was not called)."""
-    global _current
+    """Leave the process group `start` made (no-op when `start` was not called)."""
+    global _current, _owns_process_group
     if _current is None:
         return
     import torch.distributed as dist
 
     _current = None
-    if dist.is_initialized():
+    if _owns_process_group and dist.is_initialized():
         dist.destroy_process_group()
+    _owns_process_group = False
 
 
 def _exit_on_sigterm(signum, frame):

@@ -1,8 +1,10 @@
 """Worker script of tests/test_distributed.py, run under torchrun (2 processes, gloo, tiny model).
 
-    python -m torch.distributed.run --standalone --nproc-per-node 2 tests/dist_worker.py latents OUT.pt float32,float64
+    python -m torch.distributed.run --standalone --nproc-per-node 2 tests/dist_worker.py latents OUT.pt \
+            float32,float64 [camrender-args...]
         every rank samples a guided full-mode clip with the guidance rows split over the ranks;
-        rank 0 also samples it alone (one process, B = 2) and saves all three to OUT.pt
+        rank 0 also samples it alone (one process, B = 2) and saves all of them to OUT.pt;
+        then, with arguments, `camrender` runs them on the same processes
     ... tests/dist_worker.py fail-rank-1 camrender-args...
         `camrender` with those arguments, where rank 1 raises at its second guidance gather
 """
@@ -48,7 +50,7 @@ def latents(out, dtypes):
             distributed._current = ranks
     if ranks.is_main:
         torch.save(results, out)
-    distributed.stop()
+    distributed._current = None  # a command run next joins the same process group
 
 
 def fail_rank_1(args):
@@ -71,6 +73,10 @@ def fail_rank_1(args):
 if __name__ == "__main__":
     if sys.argv[1] == "latents":
         latents(sys.argv[2], sys.argv[3])
+        if sys.argv[4:]:
+            from camrender.cli import main
+
+            main(sys.argv[4:])
     elif sys.argv[1] == "fail-rank-1":
         fail_rank_1(sys.argv[2:])
     else:

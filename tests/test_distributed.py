@@ -37,8 +37,11 @@ def run_processes(args, cwd, timeout=TIMEOUT_S):
     try:
         _, err = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.communicate()
+        process.terminate()  # torchrun's agent stops its workers (they run in sessions of their own)
+        try:
+            process.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
         pytest.fail(f"{' '.join(map(str, args))} did not finish in {timeout} s")
     return process.returncode, err, time.monotonic() - started
 
@@ -52,8 +55,12 @@ def max_rel(a, b) -> float:
 
 
 # ----------------------------------------------------------------------------- two processes
-def test_cfg_parallel_latents_equal_one_process(tmp_path):
-    code, err, _ = torchrun([WORKER, "latents", tmp_path / "latents.pt", "float32,float64"], tmp_path)
+def test_cfg_parallel_equals_one_process_and_rank_0_writes_the_video(tmp_path):
+    path = small_trajectory(tmp_path)
+    out = tmp_path / "work" / "v.mp4"
+    out.parent.mkdir()
+    code, err, _ = torchrun([WORKER, "latents", tmp_path / "latents.pt", "float32,float64", "render", "--traj", path,
+                             "--out", out, "--model", "tiny", "--steps", "2", "--device", "cpu"], tmp_path)
     assert code == 0, err[-3000:]
     results = torch.load(tmp_path / "latents.pt")
     for dtype, tolerance in (("float64", 1e-12), ("float32", 1e-3)):
@@ -65,20 +72,11 @@ def test_cfg_parallel_latents_equal_one_process(tmp_path):
         # the rounding of a B=1 against a B=2 matmul (one forward of the stock diffusers model,
         # row by row against both rows at once: 9e-5), so the bound there is looser.
         assert max_rel(rank0, alone) <= tolerance, (dtype, max_rel(rank0, alone))
-        assert not torch.equal(rank0[:, :, 1:], results[dtype]["alone"][:, :, :1].expand_as(rank0[:, :, 1:]))
-
-
-def test_render_on_two_processes_writes_one_video(tmp_path):
-    path = small_trajectory(tmp_path)
-    out = tmp_path / "work" / "v.mp4"
-    out.parent.mkdir()
-    code, err, _ = run_processes(["-m", "camrender", "render", "--traj", path, "--out", out, "--model", "tiny",
-                                  "--steps", "2", "--device", "cpu", "--gpus", "2"], tmp_path)
-    assert code == 0, err[-3000:]
+    # the CLI render on the same two processes: one video, written by rank 0, which alone reports
     frames, _ = read_video(out)
     assert frames.shape == (17, 64, 112, 3)
     assert sorted(p.name for p in out.parent.iterdir()) == ["v.mp4", "v.path.png", "v.traj.json"]
-    assert err.count("camrender: loading tiny") == 1 and err.count("camrender: wrote") == 1  # rank 0 only
+    assert err.count("camrender: loading tiny") == 1 and err.count("camrender: wrote") == 1
 
 
 def test_a_rank_that_raises_stops_the_run_and_leaves_no_video(tmp_path):
@@ -102,7 +100,7 @@ def test_bad_input_under_torchrun_is_one_line_from_rank_0(tmp_path):
     assert not (tmp_path / "v.mp4").exists()
 
 
-def test_batch_spreads_skips_and_reports(tmp_path):
+def test_batch_spreads_skips_and_reports(tmp_path, capsys, monkeypatch):
     small_trajectory(tmp_path)  # path.json
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "c.mp4").write_bytes(b"rendered before")
@@ -136,6 +134,12 @@ def test_batch_spreads_skips_and_reports(tmp_path):
     assert sorted(p.name for p in (tmp_path / "out").iterdir() if p.suffix == ".mp4") == ["a.mp4", "b.mp4", "c.mp4",
                                                                                             "f.mp4"]
     assert "batch: 3 done, 1 skipped (output exists), 2 failed of 6 jobs" in err
+    # f.mp4 was rank 1's second job, on the pipeline its first job loaded: the same video as a render alone
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    code, _, err = run_cli(["--traj", tmp_path / "path.json", "--out", tmp_path / "alone.mp4", "--model", "tiny",
+                            "--steps", "2", "--device", "cpu"], capsys)
+    assert code == 0, err
+    assert (read_video(tmp_path / "alone.mp4")[0] == read_video(tmp_path / "out" / "f.mp4")[0]).all()
 
 
 # ----------------------------------------------------------------------------- one process
