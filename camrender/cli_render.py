@@ -245,21 +245,22 @@ def write_video(pipe, request, progress=None) -> tuple:
 
     The other ranks of a video group render along and write nothing: (0, []).
     """
-    from camrender.distributed import is_video_leader
     from camrender.render import check_request, render_frames
     from camrender.video import VideoWriter
 
     check_request(pipe, request)
     chunks = render_frames(pipe, request, progress)
-    if not is_video_leader():
+    if not distributed.is_video_leader():
         for _ in chunks:
             pass
         return 0, []
-    # The temporary video appears with the first frames: by then the ranks of a split render have
-    # finished their collectives, so a rank failing before leaves no file behind.
-    first = next(chunks, None)
+    if distributed.shares_video():
+        # The temporary video appears with the first frames: by then the ranks of a split render
+        # have finished their collectives, so a rank that fails before leaves no file behind.
+        first = next(chunks, None)
+        chunks = itertools.chain([] if first is None else [first], chunks)
     with VideoWriter(request.out, fps=request.fps) as video:
-        for frames in itertools.chain([] if first is None else [first], chunks):
+        for frames in chunks:
             video.append(frames)
     return video.frames_written, _write_companions(request)
 

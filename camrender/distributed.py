@@ -109,6 +109,11 @@ def is_video_leader() -> bool:
     return _current is None or _current.is_leader
 
 
+def shares_video() -> bool:
+    """Whether this process renders its videos together with other ranks."""
+    return _current is not None and _current.per_video > 1
+
+
 def rank_device(device: Optional[str], local_rank: int):
     """This rank's device: its local rank's GPU, or the CPU with `--device cpu` / without CUDA.
 

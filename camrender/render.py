@@ -426,17 +426,13 @@ def sample_latents(pipe, request: RenderRequest, progress: Progress = None):
 def sample_video(pipe, request: RenderRequest, progress: Progress = None):
     """Sample and decode the whole clip: (F, H, W, 3) float32 in [0, 1] on the CPU (as the diffusers
     pipeline returns it; renders take uint8 frames from `render_full`)."""
-    video = _sample_and_decode(pipe, request, progress)
+    video = _decode(pipe, sample_latents(pipe, request, progress))
     return (video[0].float() / 2 + 0.5).clamp(0, 1).permute(1, 2, 3, 0).cpu()
 
 
-def _sample_and_decode(pipe, request: RenderRequest, progress: Progress = None):
-    """`sample_latents`, then the decode: (1, 3, F, H, W) in [-1, 1] on the VAE's device."""
-    return _decode(pipe, sample_latents(pipe, request, progress))
-
-
 def _decode(pipe, latents):
-    """`decode_latents` with the pipeline's VAE, then its offload hooks released."""
+    """`decode_latents` with the pipeline's VAE, then its offload hooks released: (1, 3, F, H, W) in
+    [-1, 1] on the VAE's device."""
     import torch
 
     with torch.no_grad():
