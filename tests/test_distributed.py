@@ -209,3 +209,67 @@ def test_pipelines_are_loaded_once_per_model():
     first = pipelines.get(requests[0])
     assert pipelines.get(requests[1]) is first
     assert pipelines.get(requests[2]) is not first and loads == ["x", "y"]
+
+
+@pytest.mark.parametrize("first_code, expected, message", [
+    (1, 1, "camrender: error: rank 1 exited with code 1; the other ranks were stopped"),
+    (-9, 1, "camrender: error: rank 1 was killed by signal 9; the other ranks were stopped"),
+    (2, 2, ""),  # bad input: rank 0 has said why
+    (3, 3, ""),  # a batch with failed jobs: its summary says which
+])
+def test_launch_reports_the_rank_that_failed_first(monkeypatch, capsys, first_code, expected, message):
+    import torch.distributed.run as torchrun
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from camrender import distributed
+
+    for name in (*distributed.NCCL_ENV, "OMP_NUM_THREADS"):
+        monkeypatch.setenv(name, os.environ.get(name, "1"))  # launch sets them for its workers
+    launched = []
+
+    def failing_torchrun(args):
+        launched.append(args)
+        failures = {1: ProcessFailure(local_rank=1, pid=11, exitcode=first_code, error_file=""),
+                    0: ProcessFailure(local_rank=0, pid=10, exitcode=-15, error_file="")}
+        failures[0].timestamp = failures[1].timestamp + 1  # stopped after rank 1 failed
+        raise ChildFailedError("camrender", failures)
+
+    monkeypatch.setattr(torchrun, "main", failing_torchrun)
+    assert distributed.launch(2, ["render", "--traj", "a.json"]) == expected
+    assert launched[0][-4:] == ["camrender", "render", "--traj", "a.json"] and "--nproc-per-node=2" in launched[0]
+    assert os.environ["NCCL_NVLS_ENABLE"] == "0" and os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
+    assert capsys.readouterr().err.strip() == message
+
+
+def test_run_jobs_deals_to_video_groups_and_only_leaders_report():
+    from types import SimpleNamespace
+
+    def planned(count):
+        request = lambda: SimpleNamespace(**dict.fromkeys(batching.MODEL_FIELDS), mode="full",  # noqa: E731
+                                          guidance=5.0)
+        return [batching.Planned(i, f"line {i}", f"{i}.mp4", "render", request=request()) for i in range(count)]
+
+    pipelines = batching.Pipelines(lambda request: "pipe")
+    written = []
+    write = lambda pipe, request: written.append(request) or 17  # noqa: E731
+    # rank 3 of 4: video group 1 of 2, second rank of its group (not the leader)
+    partner = SimpleNamespace(num_videos=2, video_index=1, per_video=2, is_leader=False, rank=3, device="cuda:1")
+    jobs = planned(5)
+    assert batching.run_jobs(jobs, partner, pipelines, write, print) == []  # renders along, reports nothing
+    assert written == [jobs[1].request, jobs[3].request] and jobs[1].request.device == "cuda:1"
+    leader = SimpleNamespace(num_videos=2, video_index=0, per_video=2, is_leader=True, rank=0, device="cuda:0")
+    results = batching.run_jobs(planned(3), leader, pipelines, write, lambda line: None)
+    assert [(r["index"], r["status"], r["frames"]) for r in results] == [(0, "done", 17), (2, "done", 17)]
+
+    def failing(pipe, request):
+        raise RuntimeError("device lost")
+
+    with pytest.raises(RuntimeError):  # a partner may be inside a collective: stop the run
+        batching.run_jobs(planned(1), leader, pipelines, failing, lambda line: None)
+    alone = SimpleNamespace(num_videos=1, video_index=0, per_video=1, is_leader=True, rank=0, device="cpu")
+    results = batching.run_jobs(planned(2), alone, pipelines, failing, lambda line: None)
+    assert [r["status"] for r in results] == ["failed", "failed"] and "device lost" in results[0]["reason"]
+    segments = planned(1)
+    segments[0].request.mode = "segments"
+    results = batching.run_jobs(segments, leader, pipelines, write, lambda line: None)
+    assert results[0]["status"] == "failed" and "segment mode renders a video on one GPU" in results[0]["reason"]
