@@ -25,6 +25,17 @@ def wants_launch(gpus: Optional[int]) -> bool:
     return gpus is not None and gpus > 1 and not distributed.launched_by_torchrun()
 
 
+def quiet_checks(gpus: Optional[int]):
+    """A context in which the request checks' warnings are dropped unless this process is the one
+    that reports them: rank 0 of the workers (a launching process is checked again there)."""
+    import contextlib
+    import io
+
+    if wants_launch(gpus) or not distributed.is_main_process():
+        return contextlib.redirect_stderr(io.StringIO())
+    return contextlib.nullcontext()
+
+
 def check_devices(gpus: int, device: Optional[str]) -> None:
     """Raise CamrenderError unless this host has `gpus` GPUs (`--device cpu`: N CPU processes, gloo)."""
     if device == "cpu":

@@ -208,7 +208,8 @@ def render(**options):
     from camrender.cfg_parallel import check_split
 
     gpus = options.pop("gpus")
-    request = _resolve_request(options)
+    with cli_launch.quiet_checks(gpus):  # their warnings come once, from rank 0
+        request = _resolve_request(options)
     if cli_launch.wants_launch(gpus):  # one host, several GPUs: torchrun's workers run this command again
         check_split(request.mode, request.guidance, gpus)
         sys.exit(cli_launch.relaunch(gpus, request.device))
