@@ -227,7 +227,9 @@ def launch(nproc: int, args: list) -> int:
 
     os.environ.update(NCCL_ENV)
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default for several workers, without its banner
-    logging.getLogger("torch.distributed").setLevel(logging.CRITICAL)  # the agent's failure tables
+    for name in list(logging.root.manager.loggerDict):  # the agent's warnings and failure tables
+        if name.startswith("torch.distributed"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
     try:
         torchrun.main(["--standalone", f"--nproc-per-node={nproc}", "--max-restarts=0", "-m", "camrender",
                        *[str(arg) for arg in args]])
@@ -239,7 +241,6 @@ def launch(nproc: int, args: list) -> int:
         how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
         print(f"camrender: error: rank {rank} {how}; the other ranks were stopped", file=sys.stderr)
         return code if code > 0 else 1
-    except (KeyboardInterrupt, SignalException):
-        print("camrender: interrupted", file=sys.stderr)
+    except (KeyboardInterrupt, SignalException):  # the agent has passed the signal on: rank 0 says so
         return 130
     return 0
