@@ -10,6 +10,7 @@ import sys
 
 import click
 
+from camrender.distributed import is_main_process
 from camrender.errors import CamrenderError
 
 # Options that belong to the root group itself; anything else starting with "--"
@@ -38,14 +39,21 @@ def cli():
 
 
 def _register():
-    from camrender import cli_render, cli_traj
+    from camrender import cli_batch, cli_render, cli_traj
 
     cli.add_command(cli_traj.traj)
     for command in cli_render.COMMANDS:
         cli.add_command(command)
+    cli.add_command(cli_batch.batch)
 
 
 _register()
+
+
+def _say(line: str) -> None:
+    """One line on stderr, from rank 0 only when several processes run the command (torchrun)."""
+    if is_main_process():
+        click.echo(line, err=True)
 
 
 class Terminated(KeyboardInterrupt):
@@ -87,21 +95,21 @@ def main(argv=None):
         with _sigterm_as_interrupt():
             cli.main(args=argv, prog_name="camrender", standalone_mode=False)
     except CamrenderError as error:
-        click.echo(f"camrender: error: {_one_line(error)}", err=True)
+        _say(f"camrender: error: {_one_line(error)}")
         sys.exit(error.exit_code)
     except (click.exceptions.Abort, KeyboardInterrupt):
         if _terminated:
-            click.echo("camrender: terminated (SIGTERM)", err=True)
+            _say("camrender: terminated (SIGTERM)")
             sys.exit(143)
-        click.echo("camrender: interrupted", err=True)
+        _say("camrender: interrupted")
         sys.exit(130)
     except click.UsageError as error:
         # one line (click's own display adds the usage and a hint); --help shows the usage
         command = error.ctx.command_path if error.ctx is not None else "camrender"
-        click.echo(f"camrender: error: {_one_line(error.format_message())} (see {command} --help)", err=True)
+        _say(f"camrender: error: {_one_line(error.format_message())} (see {command} --help)")
         sys.exit(error.exit_code)
     except click.ClickException as error:
-        click.echo(f"camrender: error: {_one_line(error.format_message())}", err=True)
+        _say(f"camrender: error: {_one_line(error.format_message())}")
         sys.exit(error.exit_code)
     except click.exceptions.Exit as done:
         sys.exit(done.exit_code)

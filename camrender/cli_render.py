@@ -1,11 +1,13 @@
 """`camrender render` and `camrender selftest` (torch/diffusers imported inside the commands)."""
 from __future__ import annotations
 
+import itertools
 import sys
 from pathlib import Path
 
 import click
 
+from camrender import cli_launch, distributed
 from camrender.errors import CamrenderError
 from camrender.loading import DEFAULT_MODEL
 from camrender.resume import DEFAULT_CHECKPOINT_EVERY
@@ -261,6 +263,7 @@ def _quiet_libraries() -> None:
                    "'tiny' with --model tiny, or 'none').")
 @click.option("--refiner-offload", default="none", show_default=True, type=click.Choice(["none", "layers"]),
               help="layers: the refiner's blocks visit the GPU one at a time (small GPUs; needs accelerate).")
+@cli_launch.gpus_option("GPUs for this video, started as torchrun workers (full mode with guidance: 2).")
 def render(**options):
     """Render a video along a camera path.
 
@@ -273,53 +276,93 @@ def render(**options):
     video) and VIDEO.path.png (a plot of the path). Segment mode saves checkpoints; after an
     interruption, the same command with --resume continues it.
     """
-    _apply_render_file(options)
-    resume, checkpoint_every = options.pop("resume"), options.pop("checkpoint_every")
-    request = _resolve_request(options)
-    log = lambda line: click.echo(f"camrender: {line}", err=True)  # noqa: E731
+    from camrender.cfg_parallel import check_split
     from camrender.resume import check_partials
 
+    _apply_render_file(options)
+    resume, checkpoint_every = options.pop("resume"), options.pop("checkpoint_every")
+    gpus = options.pop("gpus")
+    with cli_launch.quiet_checks(gpus):  # their warnings come once, from rank 0
+        request = _resolve_request(options)
     if request.refiner is not None and resume:
         raise CamrenderError("--resume does not work with --refiner yet (the refiner's state is not checkpointed)",
                              field="resume")
-    resume_info = check_partials(request, resume, log)  # before the model loads
+    if cli_launch.wants_launch(gpus):  # one host, several GPUs: torchrun's workers run this command again
+        check_split(request.mode, request.guidance, gpus)
+        sys.exit(cli_launch.relaunch(gpus, request.device))
+    ranks = cli_launch.join_render(request)  # under torchrun: this rank's group and GPU; None on one process
+    leader = ranks is None or ranks.is_leader
+    log = lambda line: click.echo(f"camrender: {line}", err=True) if leader else None  # noqa: E731
+    resume_info = check_partials(request, resume, log) if leader else None  # before the model loads
+    bar = _StepBar("denoising" if request.mode == "full" else "segments") if leader else None
+    try:
+        _quiet_libraries()
+        log(f"loading {request.model}")
+        pipe = load_patched_pipeline(request, log)
+        frames, companions = write_video(pipe, request, bar, resume_info=resume_info,
+                                         checkpoint_every=checkpoint_every, log=log)
+    finally:
+        if bar is not None:
+            bar.close()
+        distributed.stop()
+    log(f"wrote {request.out} ({frames} frames, {request.width}x{request.height}, {request.fps:g} fps) and "
+        f"{', '.join(str(p) for p in companions)}")
 
-    _quiet_libraries()
+
+def load_patched_pipeline(request, log=None):
+    """The request's pipeline on its device, patched with its `--kernels`, with its `--refiner` attached."""
     from camrender.loading import load_pipeline
     from camrender.patch import patch_transformer
-    from camrender.render import check_request, render_frames
 
-    click.echo(f"camrender: loading {request.model}", err=True)
     pipe = load_pipeline(request.model, dtype=request.dtype, device=request.device, offload=request.offload,
                          transformer_weights=request.transformer_weights, vae=request.vae, log=log)
     patch_transformer(pipe.transformer, kernels=request.kernels)
-    check_request(pipe, request)
     if request.refiner is not None:
         from camrender.refiner_loading import load_stage_two
 
-        click.echo(f"camrender: loading the refiner {request.refiner}", err=True)
+        if log is not None:
+            log(f"loading the refiner {request.refiner}")
         load_stage_two(pipe, request)
+    return pipe
 
-    bar = _StepBar("denoising" if request.mode == "full" else "segments")
+
+def write_video(pipe, request, progress=None, *, resume_info=None, checkpoint_every=DEFAULT_CHECKPOINT_EVERY,
+                log=None) -> tuple:
+    """Render `request` with `pipe` into `request.out` and its side files: (frames written, side files).
+
+    Segment mode writes checkpoints every `checkpoint_every` seconds and continues from
+    `resume_info` (`camrender.resume.check_partials`). The other ranks of a video group render
+    along and write nothing: (0, []).
+    """
+    from camrender.render import check_request, render_frames
+
+    check_request(pipe, request)
+    if not distributed.is_video_leader():
+        for _ in render_frames(pipe, request, progress):
+            pass
+        return 0, []
     # the refiner's window is not part of a checkpoint: with one, the render keeps none
     video, checkpoints = _video_output(request, resume_info,
                                        checkpoint_every if request.refiner is None else float("inf"))
+    chunks = render_frames(pipe, request, progress, checkpoints=checkpoints)
+    if distributed.shares_video():
+        # The temporary video appears with the first frames: by then the ranks of a split render
+        # have finished their collectives, so a rank that fails before leaves no file behind.
+        first = next(chunks, None)
+        chunks = itertools.chain([] if first is None else [first], chunks)
     completed = False
     try:
         with video:
-            for frames in render_frames(pipe, request, bar, checkpoints=checkpoints):
+            for frames in chunks:
                 video.append(frames)
         completed = True
     finally:
-        bar.close()
         if checkpoints is not None:
             checkpoints.finish(completed)
-            if not completed and checkpoints.saved:
+            if not completed and checkpoints.saved and log is not None:
                 log(f"the render can continue from its checkpoint: rerun the same command with --resume "
                     f"(or remove {checkpoints.folder})")
-    companions = _write_companions(request)
-    click.echo(f"camrender: wrote {request.out} ({video.frames_written} frames, {request.width}x{request.height}, "
-               f"{request.fps:g} fps) and {', '.join(str(p) for p in companions)}", err=True)
+    return video.frames_written, _write_companions(request)
 
 
 def _video_output(request, resume_info, checkpoint_every: float):
