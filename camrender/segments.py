@@ -86,6 +86,8 @@ class SegmentOptions:
         backend: the kernels' `backend`: "torch" (the PyTorch references), "auto" (the Triton
             kernels on CUDA and under TRITON_INTERPRET=1, the references otherwise) or "triton".
         precision: matrix-product precision of the fused kernels, "tf32" or "ieee" (exact fp32).
+        ucpe_downscale: scale the camera q/k/v down to their pre-UCPE RMS after the UCPE transform
+            (diffusers does; the original NVlabs code, which the original-format checkpoints ran, does not).
     """
 
     cached_segments: int = 2
@@ -93,6 +95,7 @@ class SegmentOptions:
     sdpa_dtype: Optional[torch.dtype] = None
     backend: str = "torch"
     precision: str = "tf32"
+    ucpe_downscale: bool = True
 
 
 @dataclasses.dataclass
@@ -292,7 +295,8 @@ def _gdn_main(attn, x, beta, decay, rope, call: _Call, cache: BlockCache, precis
     return out
 
 
-def _gdn_camera(attn, x, beta, decay, rays, call: _Call, cache: BlockCache, precision) -> torch.Tensor:
+def _gdn_camera(attn, x, beta, decay, rays, call: _Call, cache: BlockCache, precision,
+                downscale: bool = True) -> torch.Tensor:
     """UCPE camera branch of a GDN block -> (B, N, C) before `out_proj_cam` (`kernels.camera_branch`):
     numerator-only delta rule in ray space, forward from the cached camera state, reverse inside
     each segment. The camera short conv is segment-local."""
@@ -315,6 +319,7 @@ def _gdn_camera(attn, x, beta, decay, rays, call: _Call, cache: BlockCache, prec
         norm_eps=getattr(attn.q_norm_cam, "eps", 1e-5),
         initial_state=cache.cam_state,
         segment_starts=call.segment_starts(x.device),
+        downscale=downscale,
         precision=precision,
         backend=call.backend,
         return_final_state=True,
@@ -330,7 +335,8 @@ def _gdn_attention(attn, x, rope, rays, call: _Call, cache: BlockCache, options:
     out = _gdn_main(attn, x, beta, decay, rope, call, cache, options.precision)
     camera = None
     if rays is not None:
-        camera = attn.out_proj_cam(_gdn_camera(attn, x, beta, decay, rays, call, cache, options.precision))
+        camera = attn.out_proj_cam(_gdn_camera(attn, x, beta, decay, rays, call, cache, options.precision,
+                                               options.ucpe_downscale))
     return combine_branches(attn, x, out, camera, call.backend)
 
 
@@ -388,7 +394,7 @@ def _softmax_attention(attn, x, rope, rays, call: _Call, cache: BlockCache, opti
 
     cam_out = cam_key = cam_value = None
     if rays is not None:
-        cam_query, cam_key, cam_value = camera_encode(attn, x, rays, sdpa_dtype, triton)
+        cam_query, cam_key, cam_value = camera_encode(attn, x, rays, sdpa_dtype, triton, options.ucpe_downscale)
         cam_out = _attend(cam_query, cam_key, cam_value, [(kv.cam_key, kv.cam_value) for kv in context],
                           padded_sdpa_scale(attn.cam_head_dim), mask, prefixes)
         cam_out = attn.out_proj_cam(camera_decode(attn, cam_out, rays, x.dtype, triton))

@@ -44,6 +44,47 @@ KIT = os.environ.get("SANA_WM_KIT", os.path.join(os.path.dirname(REPO), "shared"
 if not os.path.isfile(os.path.join(KIT, "make_golden.py")):
     sys.exit(f"NVlabs reference kit not found at {KIT} (set SANA_WM_KIT)")
 sys.path.insert(0, KIT)
+sys.path.insert(0, os.path.join(KIT, "cpu"))
+# The bidirectional fused GDN scan of a call with no chunk boundary (fused_bigdn_func without *_bwd
+# arguments) takes the chunkwise kernels, which ignore FUSED_GDN_PRECISION and run bf16 dots: the Triton
+# interpreter returns garbage for those (as the kit README says of phase_a). The legacy path (forward +
+# reverse `fused_gdn_func`, what every multi-chunk call takes anyway) is the same math with fp32 dots.
+os.environ.setdefault("FUSED_GDN_FORCE_LEGACY", "1")
+
+
+def _install_fp32_gdn_stores(src):
+    """Rounding-only patch (like the kit's --fp32-softmax): `_fused_gdn_kernel` stores its per-direction
+    output, numerator and denominator rounded to bf16 even in an fp32 run (fused_gdn.py:370-372); the
+    patched module keeps them fp32. The kit's file is compiled from its own text with those three casts
+    changed (the text is registered in linecache under its own name so Triton's jit reads the patched
+    source); nothing is written anywhere."""
+    import importlib.util
+    import linecache
+
+    path = os.path.join(src, "diffusion", "model", "ops", "fused_gdn.py")
+    text = open(path, encoding="utf-8").read()
+    for name, mask in (("result", "mask_sd"), ("num", "mask_sd"), ("den", "mask_s")):
+        old = f"{name}.to(tl.bfloat16), mask={mask})"
+        if text.count(old) != 1:
+            raise SystemExit(f"{path}: expected one '{old}'; the kit changed, update the fp32 patch")
+        text = text.replace(old, f"{name}.to(tl.float32), mask={mask})")
+    patched = path + ":fp32-stores"
+    linecache.cache[patched] = (len(text), None, text.splitlines(True), patched)
+    spec = importlib.util.spec_from_loader("diffusion.model.ops.fused_gdn", loader=None, origin=patched)
+    module = importlib.util.module_from_spec(spec)
+    module.__file__ = patched
+    sys.modules[spec.name] = module
+    exec(compile(text, patched, "exec"), module.__dict__)
+
+
+if "--fp32-gdn" in sys.argv:
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported (as the kit does)
+    os.environ.setdefault("FUSED_GDN_PRECISION", "0")
+    import orig_import  # noqa: E402
+
+    _src = os.environ.get("SANA_WM_SRC", os.path.join(KIT, "src"))
+    orig_import.setup(_src, os.environ.get("SANA_WM_SITE", os.path.join(KIT, ".site")))
+    _install_fp32_gdn_stores(_src)
 # The kit module sets the CPU / Triton-interpreter environment, installs its import stand-ins and
 # (with --fp32-softmax in argv) keeps the softmax blocks' q/k/v in fp32, exactly as for its own goldens.
 import make_golden as kit  # noqa: E402
@@ -193,6 +234,8 @@ def main():
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--fp32-softmax", action="store_true",
                    help="keep the softmax blocks' q/k/v in fp32 (the official code casts them to bf16)")
+    p.add_argument("--fp32-gdn", action="store_true",
+                   help="keep the fused GDN scan's outputs in fp32 (the official kernel rounds them to bf16)")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -333,7 +376,9 @@ def main():
         "randomized_ones_init_params": json.dumps(randomized["ones"]),
         "dtype": "float32; CPU; Triton kernels in TRITON_INTERPRET mode; GDN scans with fp32 dots (FUSED_GDN_PRECISION="
                  + os.environ.get("FUSED_GDN_PRECISION", "") + "); softmax q/k/v "
-                 + ("kept in fp32 (--fp32-softmax)" if os.environ.get("KIT_FP32_SOFTMAX") == "1" else "cast to bf16"),
+                 + ("kept in fp32 (--fp32-softmax)" if os.environ.get("KIT_FP32_SOFTMAX") == "1" else "cast to bf16")
+                 + "; GDN scan outputs " + ("kept in fp32 (--fp32-gdn)" if args.fp32_gdn else "rounded to bf16")
+                 + "; FUSED_GDN_FORCE_LEGACY=" + os.environ.get("FUSED_GDN_FORCE_LEGACY", ""),
         "sample_seconds": f"{sample_seconds:.1f}",
         "torch_version": torch.__version__,
     }
