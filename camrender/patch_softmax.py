@@ -71,8 +71,8 @@ def softmax_qkv(attn, x, rope, attn_dtype, use_triton: bool):
 
 
 def camera_encode(attn, x, ray_transforms, attn_dtype, use_triton: bool, downscale: bool = True):
-    """Camera q, k, v of softmax-block attention `attn` after RMSNorm, UCPE and RMS downscale (diffusers;
-    `downscale=False`: none, as the original NVlabs code), each (B, H, N, DPAD) in `attn_dtype` (head dim
+    """Camera q, k, v of softmax-block attention `attn` after RMSNorm, UCPE and (diffusers; not
+    the original streaming code) RMS downscale, each (B, H, N, DPAD) in `attn_dtype` (head dim
     zero-padded, `kernels.softmax_cam`)."""
     if use_triton:
         from kernels.softmax_cam import cam_softmax_encode

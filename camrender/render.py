@@ -50,8 +50,11 @@ class RenderRequest:
         kernels: "fused" (the Triton kernels of every patched block; PyTorch references on CPU) |
             "torch" (diffusers' own code, with the PyTorch reference of the GDN camera branch).
         mode: "full" (whole clip at once) | "segments" (chunk-causal, state-cached).
-        segment_frames: latent frames per segment (segment mode).
-        cached_segments: how many recent segments softmax blocks attend to (segment mode).
+        recipe: the checkpoint's recipe (`camrender.recipes`): "bidirectional" | "streaming" | "chunk-causal".
+        allow_missing_weights: render even when `transformer_weights` leaves transformer weights unloaded.
+        segment_frames: latent frames per segment after the first (segment mode; None: the recipe's).
+        cached_segments: recent segments besides the first that softmax blocks attend to (segment
+            mode; None: the recipe's).
         cuda_graphs: replay the denoising passes as CUDA graphs (`camrender.graphs`; on CUDA, without
             model CPU offload).
         out: output video path.
@@ -76,8 +79,10 @@ class RenderRequest:
     vae: Optional[str] = None
     kernels: str = "fused"
     mode: str = "full"
-    segment_frames: int = 3
-    cached_segments: int = 2
+    recipe: str = "bidirectional"
+    allow_missing_weights: bool = False
+    segment_frames: Optional[int] = None
+    cached_segments: Optional[int] = None
     cuda_graphs: bool = True
     out: Optional[Path] = None
 

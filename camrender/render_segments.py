@@ -1,6 +1,8 @@
 """Segment mode: render a camera path segment by segment with cached block state, streaming the video out.
 
-For every segment of latent frames (`camrender.segments.segment_bounds`: 0, 4, 7, 10, ...):
+The request's recipe (`camrender.recipes`) picks the chunk layout, softmax window and scale and the
+sampler (`SEGMENT_SAMPLERS`). The self-forcing sampler (streaming recipe), for every segment of
+latent frames (`camrender.recipes.segment_bounds`: 0, 4, 7, 10, ...; the first absorbs the remainder):
 
 1. denoise it with the flow-match Euler sampler over a short timestep list (default 1000, 960,
    889, 727, as the streaming checkpoint was trained; `--steps N` takes the scheduler's N-step
@@ -23,16 +25,18 @@ import numpy as np
 from camrender.errors import CamrenderError
 from camrender.render import RenderInputs, prepare_inputs
 
-DEFAULT_SEGMENT_TIMESTEPS = (1000.0, 960.0, 889.0, 727.0)
+from camrender.recipes import STREAMING_TIMESTEPS as DEFAULT_SEGMENT_TIMESTEPS
+from camrender.recipes import get_recipe
 
 
-def segment_timesteps(scheduler, steps: Optional[int]) -> list:
+def segment_timesteps(scheduler, steps: Optional[int], recipe=None) -> list:
     """Timesteps (in [0, 1000], sigma = t / 1000) each segment is denoised through.
 
-    None -> `DEFAULT_SEGMENT_TIMESTEPS`; an int -> the scheduler's own `steps`-step list.
+    None -> the recipe's timestep list (`DEFAULT_SEGMENT_TIMESTEPS`, the streaming one, when it
+    has none); an int -> the scheduler's own `steps`-step list.
     """
     if steps is None:
-        return list(DEFAULT_SEGMENT_TIMESTEPS)
+        return list(getattr(recipe, "timesteps", None) or DEFAULT_SEGMENT_TIMESTEPS)
     if steps < 1:
         raise CamrenderError(f"must be at least 1, got {steps}", field="steps")
     scheduler.set_timesteps(int(steps), device="cpu")
@@ -119,6 +123,23 @@ def sample_segments(model, inputs: RenderInputs, bounds, timesteps, options, dev
                                                  graphs=graphs)
 
 
+def sample_chunk_flow(model, inputs: RenderInputs, bounds, timesteps, options, device, *,
+                      cuda_graphs: bool = False) -> Iterator:
+    """The chunk-causal teacher's ChunkFlowEuler sampler (staggered per-chunk schedule); same
+    contract as `sample_segments`. Hook: not implemented yet."""
+    raise CamrenderError("the chunk-causal recipe's ChunkFlowEuler sampler is not implemented yet; "
+                         "use --recipe streaming with the streaming checkpoint", field="recipe")
+
+
+# Segment-mode sampler of each recipe's `sampler` word: (model, inputs, bounds, timesteps, options,
+# device, cuda_graphs=...) -> iterator of (index, start, stop, clean latents (1, C, t, h, w)).
+SEGMENT_SAMPLERS = {
+    "self-forcing": sample_segments,
+    "euler": sample_segments,  # the bidirectional checkpoint forced into segment mode
+    "chunk-flow-euler": sample_chunk_flow,
+}
+
+
 def _bring_to_device(module) -> None:
     """With model CPU offload, run the module's offload hook (as its forward would) so it sits on the GPU."""
     hook = getattr(module, "_hf_hook", None)
@@ -140,10 +161,13 @@ def render_segments(pipe, request, progress: Optional[Callable[..., None]] = Non
     from camrender.segments import SegmentOptions, segment_bounds
 
     render.check_request(pipe, request)  # steps None: the segment step list
-    if request.segment_frames < 1:
-        raise CamrenderError(f"must be at least 1, got {request.segment_frames}", field="segment-frames")
-    if request.cached_segments < 0:
-        raise CamrenderError(f"must be 0 or more, got {request.cached_segments}", field="cached-segments")
+    recipe = get_recipe(request.recipe)
+    segment_frames = recipe.chunk_frames if request.segment_frames is None else request.segment_frames
+    cached_segments = recipe.recent_chunks if request.cached_segments is None else request.cached_segments
+    if segment_frames < 1:
+        raise CamrenderError(f"must be at least 1, got {segment_frames}", field="segment-frames")
+    if cached_segments is not None and cached_segments < 0:
+        raise CamrenderError(f"must be 0 or more, got {cached_segments}", field="cached-segments")
     device = pipe._execution_device
     model = pipe.transformer
     latent_frames = render.latent_shape(pipe, request)[0]
@@ -152,19 +176,22 @@ def render_segments(pipe, request, progress: Optional[Callable[..., None]] = Non
         raise CamrenderError(f"segment mode renders at most {longest} frames with this model, got {request.num_frames}",
                              field="frames")
     options = SegmentOptions(
-        cached_segments=request.cached_segments,
+        cached_segments=cached_segments,
+        softmax_scale=recipe.softmax_scale,
+        camera_downscale=recipe.camera_downscale,
         backend=KERNEL_BACKENDS[request.kernels],
     )
-    timesteps = segment_timesteps(pipe.scheduler, request.steps)
+    timesteps = segment_timesteps(pipe.scheduler, request.steps, recipe)
     inputs = prepare_inputs(pipe, request, device)
-    bounds = segment_bounds(inputs.noise.shape[2], request.segment_frames)
+    bounds = segment_bounds(inputs.noise.shape[2], segment_frames)
+    sampler = SEGMENT_SAMPLERS[recipe.sampler]
     decoder = CausalStreamDecoder(pipe.vae, device=device)
 
     written = 0
     started = time.perf_counter()
     with torch.no_grad():
-        for index, start, stop, latents in sample_segments(model, inputs, bounds, timesteps, options, device,
-                                                           cuda_graphs=request.cuda_graphs and device.type == "cuda"):
+        for index, start, stop, latents in sampler(model, inputs, bounds, timesteps, options, device,
+                                                   cuda_graphs=request.cuda_graphs and device.type == "cuda"):
             frames = to_uint8_frames(decoder.decode(latents))
             written += len(frames)
             if progress is not None:

@@ -34,6 +34,7 @@ from camrender.patch import combine_branches, gdn_gates
 from camrender.patch_block import glue_forward
 from camrender.patch_softmax import (camera_decode, camera_encode, padded_sdpa_scale, sdpa, sdpa_operand_dtype,
                                      softmax_qkv)
+from camrender.recipes import segment_bounds
 from camrender.render import ray_transforms
 from kernels._validate import BACKENDS, check_choice
 from kernels.camera_branch import camera_branch
@@ -52,23 +53,7 @@ __all__ = [
 ]
 
 
-def segment_bounds(num_frames: int, segment_frames: int = 3) -> list[tuple[int, int]]:
-    """Split `num_frames` latent frames into segments: the first holds the conditioning frame plus
-    `segment_frames`, later ones `segment_frames` each; a trailing remainder shorter than
-    `segment_frames` merges into the last segment.
-
-    Returns half-open `(start, stop)` latent-frame ranges, e.g. 21 frames, 3 per segment ->
-    (0, 4), (4, 7), (7, 10), (10, 13), (13, 16), (16, 21).
-    """
-    if num_frames < 1:
-        raise ValueError(f"need at least one latent frame, got {num_frames}")
-    if segment_frames < 1:
-        raise ValueError(f"segment_frames must be >= 1, got {segment_frames}")
-    starts = [0] + list(range(1 + segment_frames, num_frames, segment_frames))
-    if len(starts) > 1 and num_frames - starts[-1] < segment_frames:
-        starts.pop()
-    stops = starts[1:] + [num_frames]
-    return list(zip(starts, stops))
+SOFTMAX_SCALES = ("head", "diffusers")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,26 +61,26 @@ class SegmentOptions:
     """How the segment forward computes.
 
     Attributes:
-        cached_segments: recent segments (besides the sink) softmax blocks attend to.
-        main_softmax_scale: scale of the main softmax attention; None -> 1/sqrt(padded head dim)
-            (1/sqrt(128) for D = 112: the cached path scales both main and camera SDPA as for a
-            head dim padded to 128).
-            Pass 1/sqrt(D) to reproduce the stock bidirectional model.
+        cached_segments: recent segments (besides the sink) softmax blocks attend to; None: all.
+            The official `num_cached_blocks` n is n - 1 here (`Recipe.recent_chunks`).
+        softmax_scale: "head": 1/sqrt(head dim) in the main and camera softmax attention (the
+            original streaming code); "diffusers": the camera attention at 1/sqrt(its head dim
+            zero-padded to 128), as diffusers' model does (`Recipe.softmax_scale`; docs/recipes.md).
+        camera_downscale: scale each UCPE-encoded camera q/k/v back to its pre-UCPE RMS, as
+            diffusers' model does; the original code does not (`Recipe.camera_downscale`).
         sdpa_dtype: dtype of the softmax attention; None -> bfloat16 for fp32 activations (as
             diffusers does), the activation dtype otherwise.
         backend: the kernels' `backend`: "torch" (the PyTorch references), "auto" (the Triton
             kernels on CUDA and under TRITON_INTERPRET=1, the references otherwise) or "triton".
         precision: matrix-product precision of the fused kernels, "tf32" or "ieee" (exact fp32).
-        ucpe_downscale: scale the camera q/k/v down to their pre-UCPE RMS after the UCPE transform
-            (diffusers does; the original NVlabs code, which the original-format checkpoints ran, does not).
     """
 
-    cached_segments: int = 2
-    main_softmax_scale: Optional[float] = None
+    cached_segments: Optional[int] = 1
+    softmax_scale: str = "head"
+    camera_downscale: bool = False
     sdpa_dtype: Optional[torch.dtype] = None
     backend: str = "torch"
     precision: str = "tf32"
-    ucpe_downscale: bool = True
 
 
 @dataclasses.dataclass
@@ -295,8 +280,7 @@ def _gdn_main(attn, x, beta, decay, rope, call: _Call, cache: BlockCache, precis
     return out
 
 
-def _gdn_camera(attn, x, beta, decay, rays, call: _Call, cache: BlockCache, precision,
-                downscale: bool = True) -> torch.Tensor:
+def _gdn_camera(attn, x, beta, decay, rays, call: _Call, cache: BlockCache, options: SegmentOptions) -> torch.Tensor:
     """UCPE camera branch of a GDN block -> (B, N, C) before `out_proj_cam` (`kernels.camera_branch`):
     numerator-only delta rule in ray space, forward from the cached camera state, reverse inside
     each segment. The camera short conv is segment-local."""
@@ -319,8 +303,8 @@ def _gdn_camera(attn, x, beta, decay, rays, call: _Call, cache: BlockCache, prec
         norm_eps=getattr(attn.q_norm_cam, "eps", 1e-5),
         initial_state=cache.cam_state,
         segment_starts=call.segment_starts(x.device),
-        downscale=downscale,
-        precision=precision,
+        downscale=options.camera_downscale,
+        precision=options.precision,
         backend=call.backend,
         return_final_state=True,
     )
@@ -335,8 +319,7 @@ def _gdn_attention(attn, x, rope, rays, call: _Call, cache: BlockCache, options:
     out = _gdn_main(attn, x, beta, decay, rope, call, cache, options.precision)
     camera = None
     if rays is not None:
-        camera = attn.out_proj_cam(_gdn_camera(attn, x, beta, decay, rays, call, cache, options.precision,
-                                               options.ucpe_downscale))
+        camera = attn.out_proj_cam(_gdn_camera(attn, x, beta, decay, rays, call, cache, options))
     return combine_branches(attn, x, out, camera, call.backend)
 
 
@@ -347,8 +330,15 @@ def _softmax_mask(call: _Call, options: SegmentOptions, device) -> Optional[torc
         return None
     seg = call.segment_index(device)
     q_seg, k_seg = seg[:, None], seg[None, :]
-    allowed = (k_seg == q_seg) | (k_seg == 0) | ((k_seg < q_seg) & (k_seg >= q_seg - options.cached_segments))
+    allowed = (k_seg <= q_seg) if options.cached_segments is None else (
+        (k_seg == q_seg) | (k_seg == 0) | ((k_seg < q_seg) & (k_seg >= q_seg - options.cached_segments)))
     return allowed.repeat_interleave(call.spatial, 0).repeat_interleave(call.spatial, 1)
+
+
+def _softmax_scale(head_dim: int, options: SegmentOptions, camera: bool = False) -> float:
+    """SDPA scale of the main (or camera) attention under `options.softmax_scale`."""
+    check_choice("softmax_scale", options.softmax_scale, SOFTMAX_SCALES)
+    return padded_sdpa_scale(head_dim) if camera and options.softmax_scale == "diffusers" else head_dim ** -0.5
 
 
 def _attend(query, key, value, cached: list, scale: float, mask, prefixes=None) -> torch.Tensor:
@@ -389,14 +379,14 @@ def _softmax_attention(attn, x, rope, rays, call: _Call, cache: BlockCache, opti
 
     query, key, value = softmax_qkv(attn, x, rope, sdpa_dtype, triton)
     out = _attend(query, key, value, [(kv.key, kv.value) for kv in context],
-                  options.main_softmax_scale or padded_sdpa_scale(attn.dim), mask, prefixes)
+                  _softmax_scale(attn.dim, options), mask, prefixes)
     out = out.transpose(1, 2).reshape(batch, tokens, channels).to(x.dtype)
 
     cam_out = cam_key = cam_value = None
     if rays is not None:
-        cam_query, cam_key, cam_value = camera_encode(attn, x, rays, sdpa_dtype, triton, options.ucpe_downscale)
+        cam_query, cam_key, cam_value = camera_encode(attn, x, rays, sdpa_dtype, triton, options.camera_downscale)
         cam_out = _attend(cam_query, cam_key, cam_value, [(kv.cam_key, kv.cam_value) for kv in context],
-                          padded_sdpa_scale(attn.cam_head_dim), mask, prefixes)
+                          _softmax_scale(attn.cam_head_dim, options, camera=True), mask, prefixes)
         cam_out = attn.out_proj_cam(camera_decode(attn, cam_out, rays, x.dtype, triton))
 
     if call.write:
