@@ -89,9 +89,9 @@ def teacher_options(kernels: str):
     """Segment options of the chunk-causal recipe in fp32 (softmax in fp32 as the goldens)."""
     from camrender.segments import SegmentOptions
 
-    backend = {"torch": "torch", "fused": "auto"}[kernels]
+    backend = {"torch": "torch", "fused": "triton"}[kernels]
     return SegmentOptions(cached_segments=None, softmax_scale="head", sdpa_dtype=torch.float32, backend=backend,
-                          precision="ieee", ucpe_downscale=False)
+                          precision="ieee", camera_downscale=False)
 
 
 def replay(path, kernels: str = "torch") -> dict:
@@ -150,12 +150,18 @@ def replay(path, kernels: str = "torch") -> dict:
     return report
 
 
+def _has_gpu() -> bool:
+    return torch.cuda.is_available()
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("golden")
     parser.add_argument("--kernels", choices=["torch", "fused"], default="torch")
     parser.add_argument("--json", action="store_true", help="print the whole report as JSON")
     args = parser.parse_args(argv)
+    if args.kernels == "fused" and not _has_gpu():
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
     report = replay(args.golden, args.kernels)
     if args.json:
         print(json.dumps(report, indent=1))

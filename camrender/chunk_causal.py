@@ -97,7 +97,7 @@ def euler_dt(frame_timesteps: torch.Tensor, sigmas: torch.Tensor) -> torch.Tenso
 
 
 def sample_chunk_causal(model, inputs, bounds, schedule: TeacherSchedule, options, device, *,
-                        on_step: Optional[Callable] = None) -> Iterator:
+                        on_step: Optional[Callable] = None, before_call: Optional[Callable] = None) -> Iterator:
     """Yield `(index, start, stop, latents)` for each chunk of `bounds` as it finishes (latents clean,
     (1, C, t, h, w) in the model's dtype), like `render_segments.sample_segments`.
 
@@ -105,6 +105,7 @@ def sample_chunk_causal(model, inputs, bounds, schedule: TeacherSchedule, option
     options: `SegmentOptions` (the teacher's: cached_segments None, softmax_scale "head").
     on_step(step, start, stop, frame_timesteps, prediction): called after each model call with the
     in-flight frames [start, stop), their (T,) model timesteps and the guided prediction (1, C, T, h, w).
+    before_call(model): called before every model call (segment mode brings an offloaded model back).
     """
     from camrender.segments import SegmentCache, prepare_conditioning, segment_forward
 
@@ -133,6 +134,8 @@ def sample_chunk_causal(model, inputs, bounds, schedule: TeacherSchedule, option
         return conditioning[(start, stop)]
 
     def forward(start, stop, frame_timesteps, segments, write=False):
+        if before_call is not None:
+            before_call(model)
         x = latents[:, :, start:stop].expand(batch, -1, -1, -1, -1)
         timestep = frame_timesteps.to(device).view(1, 1, -1).expand(batch, 1, -1)
         return segment_forward(model, x, timestep, frame_start=start, cache=cache, write_cache=write,

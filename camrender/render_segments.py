@@ -125,10 +125,12 @@ def sample_segments(model, inputs: RenderInputs, bounds, timesteps, options, dev
 
 def sample_chunk_flow(model, inputs: RenderInputs, bounds, timesteps, options, device, *,
                       cuda_graphs: bool = False) -> Iterator:
-    """The chunk-causal teacher's ChunkFlowEuler sampler (staggered per-chunk schedule); same
-    contract as `sample_segments`. Hook: not implemented yet."""
-    raise CamrenderError("the chunk-causal recipe's ChunkFlowEuler sampler is not implemented yet; "
-                         "use --recipe streaming with the streaming checkpoint", field="recipe")
+    """The chunk-causal teacher's ChunkFlowEuler sampler (`camrender.chunk_causal`); same contract as
+    `sample_segments`, with `timesteps` its `TeacherSchedule` (`chunk_causal.teacher_schedule`). No
+    CUDA-graph replay: the in-flight window changes shape from step to step."""
+    from camrender.chunk_causal import sample_chunk_causal
+
+    yield from sample_chunk_causal(model, inputs, bounds, timesteps, options, device, before_call=_bring_to_device)
 
 
 # Segment-mode sampler of each recipe's `sampler` word: (model, inputs, bounds, timesteps, options,
@@ -181,9 +183,15 @@ def render_segments(pipe, request, progress: Optional[Callable[..., None]] = Non
         camera_downscale=recipe.camera_downscale,
         backend=KERNEL_BACKENDS[request.kernels],
     )
-    timesteps = segment_timesteps(pipe.scheduler, request.steps, recipe)
     inputs = prepare_inputs(pipe, request, device)
-    bounds = segment_bounds(inputs.noise.shape[2], segment_frames)
+    if recipe.sampler == "chunk-flow-euler":  # the teacher's own layout and staggered schedule
+        from camrender.chunk_causal import teacher_chunk_bounds, teacher_schedule
+
+        bounds = teacher_chunk_bounds(inputs.noise.shape[2], segment_frames)
+        timesteps = teacher_schedule(len(bounds), steps=request.steps or recipe.steps)
+    else:
+        bounds = segment_bounds(inputs.noise.shape[2], segment_frames)
+        timesteps = segment_timesteps(pipe.scheduler, request.steps, recipe)
     sampler = SEGMENT_SAMPLERS[recipe.sampler]
     decoder = CausalStreamDecoder(pipe.vae, device=device)
 

@@ -121,6 +121,20 @@ def teacher_config(args):
     return cfg
 
 
+def randomize_short_convs_(model, seed):
+    """The GDN blocks' K short convs (`attn.conv_k`, `attn.conv_k_cam`, (C, 1, K)) start as the identity
+    (1 on the last tap), which would hide every rule about their context; add N(0, 0.3^2) to every tap
+    (from Generator().manual_seed(seed * 1000 + 7), after the kit's own randomisation). Returns the names."""
+    generator = torch.Generator().manual_seed(seed * 1000 + 7)
+    names = []
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(("attn.conv_k.weight", "attn.conv_k_cam.weight")):
+                param.add_(0.3 * torch.randn(param.shape, generator=generator))
+                names.append(name)
+    return names
+
+
 def tiny_teacher_factory(depth, hidden, heads):
     """Register SanaMSVideoCamCtrl_1600M_P1_D20 with tiny depth / width / heads."""
     def _factory(**kwargs):
@@ -253,6 +267,7 @@ def main():
         torch.manual_seed(args.seed * 1000)
         model = build_model(name, use_fp32_attention=cfg.model.get("fp32_attention", False), **kwargs)
     randomized = kit.randomize_(model, torch.Generator().manual_seed(args.seed * 1000 + 1))
+    randomized["ones"] += [f"{name} (identity + noise)" for name in randomize_short_convs_(model, args.seed)]
     model = model.eval().to(torch.float32)
     state = model.state_dict()
 
