@@ -94,8 +94,13 @@ def teacher_options(kernels: str):
                           precision="ieee", camera_downscale=False)
 
 
-def replay(path, kernels: str = "torch") -> dict:
-    """Replay one chunk-causal golden; returns the JSON report (see the module docstring)."""
+def replay(path, kernels: str = "torch", **overrides) -> dict:
+    """Replay one chunk-causal golden; returns the JSON report (see the module docstring).
+
+    overrides: `SegmentOptions` fields replacing the recipe's (tests use them to show that another rule
+    is caught)."""
+    import dataclasses
+
     from camrender.chunk_causal import sample_chunk_causal, teacher_schedule
     from camrender.render import RenderInputs
 
@@ -129,8 +134,8 @@ def replay(path, kernels: str = "torch") -> dict:
                                 timesteps_match=bool(torch.equal(frame_t, tensors[f"step{step}/timestep"][start:stop]))))
 
     with torch.no_grad():
-        finished = list(sample_chunk_causal(model, inputs, bounds, schedule, teacher_options(kernels), "cpu",
-                                            on_step=on_step))
+        options = dataclasses.replace(teacher_options(kernels), **overrides)
+        finished = list(sample_chunk_causal(model, inputs, bounds, schedule, options, "cpu", on_step=on_step))
     ours = torch.cat([x for *_, x in finished], dim=2).float()
     golden = tensors["outputs/latents"]
     report = dict(
