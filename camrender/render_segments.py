@@ -123,7 +123,7 @@ def sample_segments(model, inputs: RenderInputs, bounds, timesteps, options, dev
                                                  graphs=graphs)
 
 
-def sample_chunk_flow(model, inputs: RenderInputs, bounds, timesteps, options, device, *,
+def sample_chunk_flow_hook(model, inputs: RenderInputs, bounds, timesteps, options, device, *,
                       cuda_graphs: bool = False) -> Iterator:
     """The chunk-causal teacher's ChunkFlowEuler sampler (staggered per-chunk schedule); same
     contract as `sample_segments`. Hook: not implemented yet."""
@@ -136,7 +136,7 @@ def sample_chunk_flow(model, inputs: RenderInputs, bounds, timesteps, options, d
 SEGMENT_SAMPLERS = {
     "self-forcing": sample_segments,
     "euler": sample_segments,  # the bidirectional checkpoint forced into segment mode
-    "chunk-flow-euler": sample_chunk_flow,
+    "chunk-flow-euler": sample_chunk_flow_hook,  # replace with the ChunkFlowEuler sampler
 }
 
 
@@ -175,12 +175,8 @@ def render_segments(pipe, request, progress: Optional[Callable[..., None]] = Non
         longest = (model.rope.max_seq_len - 1) * pipe.vae_temporal_compression_ratio + 1
         raise CamrenderError(f"segment mode renders at most {longest} frames with this model, got {request.num_frames}",
                              field="frames")
-    options = SegmentOptions(
-        cached_segments=cached_segments,
-        softmax_scale=recipe.softmax_scale,
-        camera_downscale=recipe.camera_downscale,
-        backend=KERNEL_BACKENDS[request.kernels],
-    )
+    options = SegmentOptions.for_recipe(recipe, cached_segments=cached_segments,
+                                        backend=KERNEL_BACKENDS[request.kernels])
     timesteps = segment_timesteps(pipe.scheduler, request.steps, recipe)
     inputs = prepare_inputs(pipe, request, device)
     bounds = segment_bounds(inputs.noise.shape[2], segment_frames)
