@@ -208,7 +208,8 @@ def read_original_state_dict(path) -> dict:
     """Tensors of an original-format DiT file, keyed by the diffusers transformer's names.
 
     `.safetensors` or a torch pickle (`.pt`, `.pth`, `.bin`, read with weights_only=True);
-    a `generator` (or `state_dict`) entry is unwrapped, then `map_original_state_dict`.
+    a `generator` (or `state_dict`) entry is unwrapped (in a safetensors file: the `generator.`
+    key prefix, other entries ignored), then `map_original_state_dict`.
     """
     import torch
 
@@ -228,6 +229,10 @@ def read_original_state_dict(path) -> dict:
     for wrapper in ("generator", "state_dict"):
         if isinstance(state, dict) and isinstance(state.get(wrapper), dict):
             state = state[wrapper]
+            break
+        flat = f"{wrapper}."  # the same wrapper flattened into key prefixes (safetensors)
+        if isinstance(state, dict) and any(key.startswith(flat) for key in state):
+            state = {key[len(flat):]: value for key, value in state.items() if key.startswith(flat)}
             break
     if not isinstance(state, dict):
         raise CamrenderError("file does not hold a state dict", **where)

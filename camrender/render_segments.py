@@ -177,12 +177,8 @@ def render_segments(pipe, request, progress: Optional[Callable[..., None]] = Non
         longest = (model.rope.max_seq_len - 1) * pipe.vae_temporal_compression_ratio + 1
         raise CamrenderError(f"segment mode renders at most {longest} frames with this model, got {request.num_frames}",
                              field="frames")
-    options = SegmentOptions(
-        cached_segments=cached_segments,
-        softmax_scale=recipe.softmax_scale,
-        camera_downscale=recipe.camera_downscale,
-        backend=KERNEL_BACKENDS[request.kernels],
-    )
+    options = SegmentOptions.for_recipe(recipe, cached_segments=cached_segments,
+                                        backend=KERNEL_BACKENDS[request.kernels])
     inputs = prepare_inputs(pipe, request, device)
     if recipe.sampler == "chunk-flow-euler":  # the teacher's own layout and staggered schedule
         from camrender.chunk_causal import teacher_chunk_bounds, teacher_schedule

@@ -78,6 +78,13 @@ class SegmentOptions:
     cached_segments: Optional[int] = 1
     softmax_scale: str = "head"
     camera_downscale: bool = False
+
+    @classmethod
+    def for_recipe(cls, recipe, **fields) -> "SegmentOptions":
+        """The options of a `camrender.recipes.Recipe` (its window, softmax scale and camera
+        arithmetic), with `fields` (backend, precision, ...) set or overridden."""
+        return cls(**{**dict(cached_segments=recipe.recent_chunks, softmax_scale=recipe.softmax_scale,
+                             camera_downscale=recipe.camera_downscale), **fields})
     sdpa_dtype: Optional[torch.dtype] = None
     backend: str = "torch"
     precision: str = "tf32"
@@ -99,8 +106,8 @@ class BlockCache:
     """What one block carries from finished segments to the next one (None before the first write).
 
     GDN blocks: `kv_state` (B, H, D, D) and `z_state` (B, H, D, 1) main forward-scan states, fp32;
-    `cam_state` (B, H, D, D) camera forward-scan state, fp32; `key_tail` (B, <= K-1, S, C) raw main K
-    (before the short conv) of the latest frames. Softmax blocks: `sink` (first segment) and
+    `cam_state` (B, H, D, D) camera forward-scan state, fp32; `key_tail` / `cam_key_tail`
+    (B, <= K-1, S, C) raw main / camera K (before their short convs) of the latest frames. Softmax blocks: `sink` (first segment) and
     `recent` (at most `cached_segments` later segments, oldest first). Both: `ffn_tail` (B, 1, S, C),
     the last frame of the FFN's spatial output y (token-major), read by the next segment's temporal conv.
     """
@@ -109,6 +116,7 @@ class BlockCache:
     z_state: Optional[torch.Tensor] = None
     cam_state: Optional[torch.Tensor] = None
     key_tail: Optional[torch.Tensor] = None
+    cam_key_tail: Optional[torch.Tensor] = None
     sink: Optional[SoftmaxKV] = None
     recent: list = dataclasses.field(default_factory=list)
     ffn_tail: Optional[torch.Tensor] = None
@@ -119,7 +127,7 @@ class BlockCache:
 
     def nbytes(self) -> int:
         """Memory held by this cache, in bytes."""
-        tensors = [self.kv_state, self.z_state, self.cam_state, self.key_tail, self.ffn_tail]
+        tensors = [self.kv_state, self.z_state, self.cam_state, self.key_tail, self.cam_key_tail, self.ffn_tail]
         for kv in self.softmax_context():
             tensors += [kv.key, kv.value, kv.cam_key, kv.cam_value]
         return sum(t.numel() * t.element_size() for t in tensors if t is not None)
@@ -245,6 +253,18 @@ def _short_conv(conv, x: torch.Tensor, call: _Call, *, carry: bool, left: Option
     return out
 
 
+def _carried_short_conv(conv, raw, call: _Call, cache: "BlockCache", tail_name: str) -> torch.Tensor:
+    """`_short_conv` whose causal half reads the raw frames cached in `cache.<tail_name>`
+    ((B, <= K-1, S, C)); a cache-writing call stores its own last K - 1 raw frames there."""
+    tail = getattr(cache, tail_name)
+    tail = None if tail is None else tail.flatten(1, 2)
+    out = _short_conv(conv, raw, call, carry=True, left=tail)
+    if call.write:
+        context = short_conv_context(raw, call.num_frames, tail, frames=conv.kernel_size - 1)
+        setattr(cache, tail_name, _compact(context).unflatten(1, (-1, call.spatial)))
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # Attention: GDN block (main + camera branch) and softmax block
 # ---------------------------------------------------------------------------------------------
@@ -260,11 +280,7 @@ def _gdn_main(attn, x, beta, decay, rope, call: _Call, cache: BlockCache, precis
     qkv = attn.qkv(x)
     query, key, value = qkv[..., :channels], qkv[..., channels:2 * channels], qkv[..., 2 * channels:]
     if attn.conv_k is not None:
-        tail = None if cache.key_tail is None else cache.key_tail.flatten(1, 2)
-        raw_key, key = key, _short_conv(attn.conv_k, key, call, carry=True, left=tail)
-        if call.write:
-            context = short_conv_context(raw_key, frames, tail, frames=attn.conv_k.kernel_size - 1)
-            cache.key_tail = _compact(context).unflatten(1, (-1, spatial))
+        key = _carried_short_conv(attn.conv_k, key, call, cache, "key_tail")
 
     if rope is None or not _has_weights(attn.q_norm, attn.k_norm):
         raise NotImplementedError("segment mode supports GDN blocks with RoPE and RMSNorm weights (the released ones)")
@@ -290,7 +306,7 @@ def _gdn_camera(attn, x, beta, decay, rays, call: _Call, cache: BlockCache, opti
     shape = (batch, tokens, attn.cam_heads, attn.cam_head_dim)
     query, key, value = attn.q_proj_cam(x), attn.k_proj_cam(x), attn.v_proj_cam(x)
     if attn.conv_k_cam is not None:
-        key = _short_conv(attn.conv_k_cam, key, call, carry=False)
+        key = _carried_short_conv(attn.conv_k_cam, key, call, cache, "cam_key_tail")
     out, cam_state = camera_branch(
         query.reshape(shape),
         key.reshape(shape),

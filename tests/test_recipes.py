@@ -79,3 +79,17 @@ def test_streaming_recipe_snaps_frames_to_24k_plus_1(tmp_path, capsys):
     code, _, err = run_cli(["--traj", small_trajectory(tmp_path), "--out", tmp_path / "x.mp4", "--model", "tiny",
                             "--recipe", "streaming", "--frames", "33"], capsys)
     assert code == 2 and "33 frames is not 24k+1" in err and "e.g. 25" in err
+
+
+def test_chunk_causal_sampler_hook_refuses_cleanly(tmp_path, capsys):
+    """Until the ChunkFlowEuler sampler lands, the chunk-causal recipe stops with one line and no video."""
+    from camrender import render_segments
+
+    if render_segments.SEGMENT_SAMPLERS["chunk-flow-euler"] is not render_segments.sample_chunk_flow_hook:
+        pytest.skip("the chunk-causal sampler is implemented")
+    out = tmp_path / "out" / "x.mp4"
+    out.parent.mkdir()
+    code, _, err = run_cli(["--traj", small_trajectory(tmp_path), "--out", out, "--model", "tiny",
+                            "--recipe", "chunk-causal"], capsys)
+    assert code == 2 and "ChunkFlowEuler" in err
+    assert not list(out.parent.iterdir())
