@@ -119,3 +119,29 @@ def test_multi_segment_call_from_a_cache_attends_to_every_earlier_segment(model)
         segment_forward(model, latents[:, :, 4:], timestep[..., 4:], text, mask, frame_start=4,
                         camera_conditions=conditions[:, 4:], chunk_plucker=plucker[:, :, 4:], cache=cache,
                         segments=[(0, 3), (3, 6)], options=SegmentOptions(cached_segments=2, backend="torch"))
+
+
+def test_render_segments_runs_the_teacher_sampler_and_streams_each_finished_chunk():
+    """The chunk-causal recipe in segment mode: teacher layout, staggered schedule with guidance, one
+    decoded piece per chunk, equal to the sampler's latents decoded as a whole clip."""
+    import numpy as np
+
+    from camrender.render import prepare_inputs
+    from camrender.render_segments import render_segments
+    from camrender.segment_decode import CausalStreamDecoder, to_uint8_frames
+    from camrender.tiny import build_tiny_pipeline
+    from test_segments_render import request_for
+
+    pipe = build_tiny_pipeline(seed=0)
+    request = request_for(frames=73, recipe="chunk-causal", steps=3, guidance=5.0)  # 10 latent frames
+    calls = []
+    chunks = list(render_segments(pipe, request, lambda done, total, info: calls.append((done, total))))
+    assert [len(chunk) for chunk in chunks] == [25, 24, 24] and calls == [(1, 3), (2, 3), (3, 3)]
+    inputs = prepare_inputs(pipe, request, torch.device("cpu"))
+    bounds = teacher_chunk_bounds(inputs.noise.shape[2])
+    options = SegmentOptions(cached_segments=None, camera_downscale=False, backend="torch")
+    with torch.no_grad():
+        latents = torch.cat([x for *_, x in sample_chunk_causal(pipe.transformer, inputs, bounds,
+                                                                teacher_schedule(3, steps=3), options, "cpu")], dim=2)
+        whole = to_uint8_frames(CausalStreamDecoder(pipe.vae).decode(latents))
+    assert np.abs(np.concatenate(chunks).astype(int) - whole.astype(int)).max() <= 1
