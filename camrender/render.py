@@ -320,7 +320,8 @@ class RenderInputs:
 
     text (B, 1, L, D) and text_mask (B, L) with B = 2 ([negative, prompt]) under guidance, else 1;
     camera_conditions (B, T, 20) and chunk_plucker (1, 48, T, h, w) or None; first_latent
-    (1, C, 1, h, w) normalised image latent or None; noise (1, C, T, h, w) on the CPU, frame 0 = first_latent.
+    (1, C, 1, h, w) normalised image latent or None; noise (1, C, T, h, w) on the CPU, frame 0 = first_latent
+    (float32 in segment mode, the transformer's dtype in full mode).
     """
 
     text: Any
@@ -344,7 +345,9 @@ def prepare_inputs(pipe, request: RenderRequest, device) -> RenderInputs:
         first = encode_first_frame(pipe.vae, pixels, device, dtype)
         camera = camera_tensors(pipe, request, device, dtype, 2 if guidance else 1)
     frames, h, w = latent_shape(pipe, request)
-    noise = initial_latents(first.cpu(), frames, h, w, request.seed, "cpu", dtype)
+    # segment mode draws and keeps its latents in float32, as the official streaming sampler does
+    noise_dtype = torch.float32 if request.mode == "segments" else dtype
+    noise = initial_latents(first.cpu(), frames, h, w, request.seed, "cpu", noise_dtype)
     return RenderInputs(text=text, text_mask=text_mask, camera_conditions=camera["camera_conditions"],
                         chunk_plucker=camera["chunk_plucker"], first_latent=first, noise=noise,
                         guidance=float(request.guidance or 1.0))

@@ -45,7 +45,7 @@ def segment_timesteps(scheduler, steps: Optional[int], recipe=None) -> list:
 
 def sample_segment(model, inputs: RenderInputs, start: int, stop: int, cache, timesteps, options, device,
                    graphs=None):
-    """Denoise latent frames [start, stop) and write their caches; returns the clean (1, C, t, h, w).
+    """Denoise latent frames [start, stop) and write their caches; returns the clean (1, C, t, h, w) float32.
 
     Euler on the flow prediction v (x_next = x + (sigma_next - sigma) v, sigma = t / 1000, the last
     step lands on 0); frame 0 of the clip stays pinned to the image latent at timestep 0.
@@ -56,13 +56,13 @@ def sample_segment(model, inputs: RenderInputs, start: int, stop: int, cache, ti
 
     from camrender.segments import prepare_conditioning, segment_forward
 
-    dtype = model.dtype
     batch = inputs.text.shape[0]
     frames = stop - start
-    latents = inputs.noise[:, :, start:stop].to(device=device, dtype=dtype).clone()
+    # The latents stay float32 between steps, as in the official sampler (the model casts its input).
+    latents = inputs.noise[:, :, start:stop].to(device=device, dtype=torch.float32).clone()
     pinned = torch.zeros(frames, dtype=torch.bool, device=device)
     if start == 0 and inputs.first_latent is not None:
-        latents[:, :, :1] = inputs.first_latent.to(device=device, dtype=dtype)
+        latents[:, :, :1] = inputs.first_latent.to(device=device, dtype=torch.float32)
         pinned[0] = True
 
     camera, plucker = inputs.camera_conditions, inputs.chunk_plucker
@@ -89,8 +89,8 @@ def sample_segment(model, inputs: RenderInputs, start: int, stop: int, cache, ti
         if batch == 2:
             uncond, cond = velocity.chunk(2)
             velocity = uncond + inputs.guidance * (cond - uncond)
-        stepped = latents.float() + (sigmas[index + 1] - sigmas[index]) * velocity
-        latents = torch.where(pinned[None, None, :, None, None], latents, stepped.to(dtype))
+        stepped = latents + (sigmas[index + 1] - sigmas[index]) * velocity
+        latents = torch.where(pinned[None, None, :, None, None], latents, stepped)
     forward(latents, torch.zeros(1, 1, frames, device=device), write=True)
     return latents
 
