@@ -3,10 +3,11 @@
 Measures, at the release resolution (704x1280, LTX-2 VAE 8x32x32, 128 latent channels,
 SANA-WM 1.6B DiT in bfloat16):
 
-- segment mode on paths of 3, 10 and 30 segments (3 latent frames each, the first 4):
+- segment mode (the streaming recipe: sink + 1 recent segment, 1/sqrt(D) softmax scale) on
+  paths of 3, 10 and 30 segments (3 latent frames each, the first 4):
   peak GPU memory (flat in the path length is the goal), stage-1 and decode seconds, and video
   frames produced per second of wall time (stage 1 + streaming decode; 4-step list, no CFG);
-- segment mode on the 161-frame path (21 latent frames, 6 segments);
+- segment mode on the 161-frame path (21 latent frames, 7 segments of 3);
 - full mode on the same 161-frame path: the 4-step list without CFG (measured), and the released
   full-mode recipe, 60 steps with CFG (2 guided steps measured, extrapolated to 60), plus one
   whole-clip causal decode.
@@ -35,6 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from camrender.render import RenderInputs  # noqa: E402
 from camrender.render_segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments  # noqa: E402
 from camrender.segment_decode import CausalStreamDecoder, to_uint8_frames  # noqa: E402
+from camrender.recipes import get_recipe  # noqa: E402
 from camrender.segments import SegmentOptions, segment_bounds  # noqa: E402
 from common import emit  # noqa: E402
 
@@ -266,11 +268,12 @@ def main(argv=None):
         height, width = (352, 640) if args.quick else (704, 1280)
     default_lengths = [2, 4, 8] if args.quick else [3, 10, 30]
     lengths = [int(x) for x in args.segments.split(",")] if args.segments else default_lengths
-    options = SegmentOptions(cached_segments=2, backend="auto" if args.kernels == "fused" else "torch")
+    recipe = get_recipe("streaming")
+    options = SegmentOptions.for_recipe(recipe, backend="auto" if args.kernels == "fused" else "torch")
     results = dict(
         device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu", torch=torch.__version__,
         quick=args.quick, kernels=args.kernels, height=height, width=width, dtype=str(dtype).replace("torch.", ""),
-        segment_timesteps=list(DEFAULT_SEGMENT_TIMESTEPS), cached_segments=options.cached_segments,
+        recipe=recipe.name, segment_timesteps=list(DEFAULT_SEGMENT_TIMESTEPS), cached_segments=options.cached_segments,
         segments={}, errors={},
     )
     try:
@@ -299,16 +302,16 @@ def main(argv=None):
     results["weights_gib"] = round(allocated_bytes() / GIB, 3)
     results["build_s"] = round(time.perf_counter() - began, 1)
 
-    # Warm-up on the 161-frame path: compiles the kernels for its 4-, 3- and 5-frame segments.
+    # Warm-up on a 22-latent-frame path: compiles the kernels for its 4- and 3-frame segments.
     graphs = not args.no_cuda_graphs and device.type == "cuda"
     results["cuda_graphs"] = graphs
-    if record("warmup", lambda: run_segment_path(transformer, vae, 21, height, width, options, device, dtype,
+    if record("warmup", lambda: run_segment_path(transformer, vae, 22, height, width, options, device, dtype,
                                                  graphs)) is None \
             and options.backend != "torch":
         # Keep measuring with the PyTorch scans rather than stopping; the error above says what failed.
-        options = SegmentOptions(cached_segments=options.cached_segments, backend="torch")
+        options = SegmentOptions.for_recipe(recipe, backend="torch")
         results["segment_backend_fallback"] = "torch"
-        record("warmup_torch", lambda: run_segment_path(transformer, vae, 21, height, width, options, device, dtype))
+        record("warmup_torch", lambda: run_segment_path(transformer, vae, 22, height, width, options, device, dtype))
     for length in lengths:
         value = record(f"segments_{length}", lambda: run_segment_path(transformer, vae, 1 + 3 * length, height, width,
                                                                      options, device, dtype, graphs))
@@ -318,7 +321,7 @@ def main(argv=None):
     if len(peaks) > 1 and min(peaks) > 0:
         results["peak_spread_pct"] = round(100 * (max(peaks) - min(peaks)) / min(peaks), 2)
 
-    # The 161-frame path: 21 latent frames (segments (0,4), (4,7), ..., (16,21)).
+    # The 161-frame path: 21 latent frames (segments (0,3), (3,6), ..., (18,21): F mod 3 = 0).
     results["segments_161_frames"] = record(
         "segments_161_frames", lambda: run_segment_path(transformer, vae, 21, height, width, options, device, dtype,
                                                         graphs))

@@ -113,12 +113,13 @@ def profile_segments(args) -> dict:
 
     from bench_segments import build_models, path_inputs
     from camrender.render_segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments
+    from camrender.recipes import get_recipe
     from camrender.segments import SegmentOptions, segment_bounds
 
     device, dtype = torch.device("cuda"), torch.bfloat16
     build_args = argparse.Namespace(cpu_smoke=False, quick=args.quick, kernels="torch" if args.stock else "fused")
     transformer, _ = build_models(build_args, device, dtype)
-    options = SegmentOptions(cached_segments=2, backend="torch" if args.stock else "auto")
+    options = SegmentOptions.for_recipe(get_recipe("streaming"), backend="torch" if args.stock else "auto")
     latent_frames = 1 + 3 * args.segments
 
     def stage1():

@@ -48,20 +48,24 @@ class _StepBar:
             self.bar = None
 
 
-def _default_steps(options: dict):
-    """--steps, else the mode's default: segment mode has its own step list (None), full mode 60 (tiny: 10)."""
+def _default_steps(options: dict, recipe):
+    """--steps, else the recipe's: the streaming recipe's timestep list (None), 60 steps otherwise
+    (full mode with the tiny model: 10)."""
     if options["steps"] is not None:
         return options["steps"]
-    if options["mode"] == "segments":
-        return None
-    return TINY_STEPS if options["model"] == "tiny" else RELEASE_STEPS
+    if options["mode"] == "full":
+        return TINY_STEPS if options["model"] == "tiny" else (recipe.steps or RELEASE_STEPS)
+    return recipe.steps if recipe.mode == "segments" else None
 
 
-def _default_guidance(options: dict):
-    """--guidance, else 5 in full mode (the release setting) and none in segment mode (streaming sampler)."""
+def _default_guidance(options: dict, recipe):
+    """--guidance, else the recipe's (bidirectional and chunk-causal 5, streaming off); the
+    bidirectional checkpoint forced into segment mode samples without guidance."""
     if options["guidance"] is not None:
         return options["guidance"]
-    return None if options["mode"] == "segments" else RELEASE_GUIDANCE
+    if options["mode"] != recipe.mode:
+        return None if options["mode"] == "segments" else RELEASE_GUIDANCE
+    return recipe.guidance if recipe.guidance > 1 else None
 
 
 def _resolve_request(options: dict):
@@ -69,27 +73,30 @@ def _resolve_request(options: dict):
 
     Everything a user can get wrong is checked here, before the model loads; nothing is written.
     """
-    if options["mode"] is None:
-        # The original-format DiT files are the chunk-causal and streaming checkpoints, which are
-        # trained for segment mode; the diffusers pipeline folder is the bidirectional one.
-        options["mode"] = "segments" if options["transformer_weights"] is not None else "full"
     from camrender import trajectory
     from camrender.formats.fileio import check_output_path
     from camrender.limits import check_frames, check_size
     from camrender.loading import model_source
     from camrender.preflight import check_render_options, probe_writable
+    from camrender.recipes import resolve_recipe
     from camrender.render import RenderRequest, open_image
 
     check_render_options(options)
     out = check_output_path(options["out"])
     probe_writable(out)
+    recipe = resolve_recipe(options["recipe"], options["transformer_weights"], options["model"])
+    if options["mode"] is None:
+        options["mode"] = recipe.mode
     if options["frames"] is not None:
         check_frames(options["frames"], options["mode"])
-    traj = options.pop("_trajectory", None)  # --from-render's
-    if traj is None:
-        traj = trajectory.load(options["traj"])  # every reader returns a validated trajectory
-    traj = trajectory.to_model_frames(traj, options["frames"])
+    loaded = options.pop("_trajectory", None)  # --from-render's
+    if loaded is None:
+        loaded = trajectory.load(options["traj"])  # every reader returns a validated trajectory
+    traj = trajectory.to_model_frames(loaded, options["frames"], stride=recipe.frame_stride)
     check_frames(traj.num_frames, options["mode"])
+    if traj.num_frames != loaded.num_frames:
+        click.echo(f"camrender: the path is re-timed to {traj.num_frames} frames "
+                   f"({recipe.frame_stride}k+1, the {recipe.name} recipe's frame counts)", err=True)
     image = options["image"] if options["image"] is not None else traj.image
     if image is not None:
         size = open_image(image).size  # missing/unreadable -> CamrenderError now, not after the model loads
@@ -117,8 +124,8 @@ def _resolve_request(options: dict):
         prompt=prompt,
         negative_prompt=negative,
         image=image,
-        steps=_default_steps(options),
-        guidance=_default_guidance(options),
+        steps=_default_steps(options, recipe),
+        guidance=_default_guidance(options, recipe),
         seed=seed,
         num_frames=resolved.num_frames,
         fps=fps,
@@ -132,6 +139,8 @@ def _resolve_request(options: dict):
         vae=options["vae"],
         kernels=options["kernels"],
         mode=options["mode"],
+        recipe=recipe.name,
+        allow_missing_weights=options["allow_missing_weights"],
         segment_frames=options["segment_frames"],
         cached_segments=options["cached_segments"],
         cuda_graphs=options["cuda_graphs"],
@@ -222,12 +231,13 @@ def _quiet_libraries() -> None:
 @click.option("--negative-prompt", default=None, help="Negative prompt (default: the trajectory's, else empty).")
 @click.option("--image", default=None, type=click.Path(path_type=Path),
               help="First-frame image (default: the trajectory's).")
-@click.option("--steps", default=None, type=click.IntRange(min=1), help="Denoising steps (full mode: 60, tiny: 10; segment mode: its 4-step schedule).")
+@click.option("--steps", default=None, type=click.IntRange(min=1),
+              help="Denoising steps (default: the recipe's; streaming: its 4-step list; tiny full mode: 10).")
 @click.option("--guidance", default=None, type=float,
-              help="Classifier-free guidance, <= 1: off (default: 5 in full mode, off in segment mode).")
+              help="Classifier-free guidance, <= 1: off (default: the recipe's: 5, streaming off).")
 @click.option("--seed", default=None, type=int, help="Noise seed (default: the trajectory's, else 0).")
 @click.option("--frames", default=None, type=click.IntRange(min=1),
-              help="Video frames, 8k+1 (default: the trajectory re-timed to the nearest 8k+1).")
+              help="Video frames, 8k+1 (streaming recipe: 24k+1; default: the trajectory re-timed to the nearest).")
 @click.option("--fps", default=None, type=click.FloatRange(min=0, min_open=True),
               help="Output frame rate (default: the trajectory's).")
 @click.option("--height", default=None, type=click.IntRange(min=1), help="Video height (default 704; tiny: 64).")
@@ -240,6 +250,10 @@ def _quiet_libraries() -> None:
 @click.option("--offload", is_flag=True, help="Model CPU offload: components visit the GPU only while they run.")
 @click.option("--transformer-weights", default=None, type=click.Path(path_type=Path),
               help="Original-format DiT weights (.safetensors or .pt) loaded over the transformer.")
+@click.option("--recipe", default=None,
+              help="Checkpoint recipe: bidirectional, streaming or chunk-causal (default: told from the checkpoint).")
+@click.option("--allow-missing-weights", is_flag=True,
+              help="Render even when --transformer-weights leaves transformer weights unloaded.")
 @click.option("--vae", default=None, type=click.Path(path_type=Path),
               help="Diffusers VAE folder replacing the pipeline's, e.g. SANA-WM_streaming/ltx2_causal_vae.")
 @click.option("--kernels", default="fused", show_default=True, type=click.Choice(["fused", "torch"]),
@@ -247,11 +261,12 @@ def _quiet_libraries() -> None:
                    "reference of the GDN camera branch.")
 @click.option("--mode", default=None, type=click.Choice(["full", "segments"]),
               help="full: whole clip at once; segments: segment by segment with cached state "
-                   "(default: segments with --transformer-weights, the causal checkpoints; else full).")
-@click.option("--segment-frames", default=3, show_default=True, type=click.IntRange(min=1),
-              help="Latent frames per segment (segments mode).")
-@click.option("--cached-segments", default=2, show_default=True, type=click.IntRange(min=0),
-              help="Recent segments the softmax blocks attend to (segments mode).")
+                   "(default: the recipe's: full for bidirectional, segments for streaming and chunk-causal).")
+@click.option("--segment-frames", default=None, type=click.IntRange(min=1),
+              help="Latent frames per segment after the first (segments mode; default: the recipe's, 3).")
+@click.option("--cached-segments", default=None, type=click.IntRange(min=0),
+              help="Recent segments besides the first the softmax blocks attend to (segments mode; default: "
+                   "the recipe's, 1 for streaming, all for chunk-causal).")
 @click.option("--cuda-graphs/--no-cuda-graphs", default=True, show_default=True,
               help="Replay the denoising passes as CUDA graphs (CUDA only, not with --offload).")
 @click.option("--resume", is_flag=True,
@@ -287,6 +302,9 @@ def render(**options):
     if request.refiner is not None and resume:
         raise CamrenderError("--resume does not work with --refiner yet (the refiner's state is not checkpointed)",
                              field="resume")
+    if request.recipe == "chunk-causal" and resume:
+        raise CamrenderError("--resume does not work with the chunk-causal recipe (several chunks are in flight at "
+                             "every boundary)", field="resume")
     if cli_launch.wants_launch(gpus):  # one host, several GPUs: torchrun's workers run this command again
         check_split(request.mode, request.guidance, gpus)
         sys.exit(cli_launch.relaunch(gpus, request.device))
@@ -315,7 +333,8 @@ def load_patched_pipeline(request, log=None):
     from camrender.patch import patch_transformer
 
     pipe = load_pipeline(request.model, dtype=request.dtype, device=request.device, offload=request.offload,
-                         transformer_weights=request.transformer_weights, vae=request.vae, log=log)
+                         transformer_weights=request.transformer_weights, vae=request.vae, log=log,
+                         allow_missing_weights=request.allow_missing_weights)
     patch_transformer(pipe.transformer, kernels=request.kernels)
     if request.refiner is not None:
         from camrender.refiner_loading import load_stage_two

@@ -5,7 +5,9 @@
 
 Original-format DiT checkpoints (chunk-causal `.safetensors`, streaming `.pt`) use the
 diffusers transformer's parameter names after unwrapping a `generator` entry, stripping a
-`model.` prefix and dropping `pos_embed`.
+`model.` prefix, renaming the timestep MLP (`t_embedder.mlp.0/2` -> `t_embedder.linear_1/2`)
+and dropping what only the original class has (`pos_embed`, `y_embedder.y_embedding`, the
+caption-dropout embedding). A file that leaves any transformer weight unloaded is refused.
 """
 from __future__ import annotations
 
@@ -54,7 +56,7 @@ def resolve_dtype(dtype, device):
 
 # ----------------------------------------------------------------------------- pipeline
 def load_pipeline(model: str = DEFAULT_MODEL, *, dtype="auto", device=None, offload: bool = False,
-                  transformer_weights=None, vae=None, log=None):
+                  transformer_weights=None, vae=None, log=None, allow_missing_weights: bool = False):
     """Load a `SanaWMPipeline` ready to run on `device`.
 
     Args:
@@ -67,6 +69,7 @@ def load_pipeline(model: str = DEFAULT_MODEL, *, dtype="auto", device=None, offl
         vae: optional diffusers `AutoencoderKLLTX2Video` folder replacing the pipeline's VAE
             (e.g. the streaming checkpoint's causal VAE, `SANA-WM_streaming/ltx2_causal_vae`).
         log: optional callable(str) for warnings (missing/unexpected weight keys).
+        allow_missing_weights: keep transformer weights the file lacks as they are instead of refusing.
 
     Raises CamrenderError when the folder is missing, the hub is unreachable, or the weights
     do not fit.
@@ -83,7 +86,8 @@ def load_pipeline(model: str = DEFAULT_MODEL, *, dtype="auto", device=None, offl
     if vae is not None:
         pipe.register_modules(vae=load_vae(vae, torch_dtype))
     if transformer_weights is not None:
-        report = load_transformer_weights(pipe.transformer, transformer_weights)
+        report = load_transformer_weights(pipe.transformer, transformer_weights,
+                                          allow_missing=allow_missing_weights)
         if log is not None:
             for line in report.summary_lines():
                 log(line)
@@ -173,12 +177,46 @@ class WeightsReport:
         return lines
 
 
+# Original (NVlabs `SanaMSVideoCamCtrl*`) parameter names -> diffusers `SanaWMTransformer3DModel` names.
+ORIGINAL_RENAMES = {
+    "t_embedder.mlp.0.": "t_embedder.linear_1.",
+    "t_embedder.mlp.2.": "t_embedder.linear_2.",
+}
+# Entries only the original class has: the sincos position buffer (unused with RoPE, popped by the
+# official loader) and the caption-dropout embedding (training only).
+ORIGINAL_ONLY = ("pos_embed", "y_embedder.y_embedding")
+
+
+def original_to_diffusers_key(key: str):
+    """The diffusers name of an original-format key (prefix `model.` stripped, timestep MLP
+    renamed), or None for an original-only entry."""
+    name = key[len("model."):] if key.startswith("model.") else key
+    if name.startswith(ORIGINAL_ONLY):
+        return None
+    for old, new in ORIGINAL_RENAMES.items():
+        if name.startswith(old):
+            return new + name[len(old):]
+    return name
+
+
+def map_original_state_dict(state: dict) -> dict:
+    """An original-format state dict (already unwrapped) keyed by diffusers names; tensors only."""
+    import torch
+
+    mapped = {}
+    for key, value in state.items():
+        name = original_to_diffusers_key(key) if isinstance(value, torch.Tensor) else None
+        if name is not None:
+            mapped[name] = value
+    return mapped
+
+
 def read_original_state_dict(path) -> dict:
     """Tensors of an original-format DiT file, keyed by the diffusers transformer's names.
 
     `.safetensors` or a torch pickle (`.pt`, `.pth`, `.bin`, read with weights_only=True);
-    a `generator` (or `state_dict`) entry is unwrapped, a leading `model.` stripped from every
-    key, and `pos_embed*` entries dropped.
+    a `generator` (or `state_dict`) entry is unwrapped (in a safetensors file: the `generator.`
+    key prefix, other entries ignored), then `map_original_state_dict`.
     """
     import torch
 
@@ -199,27 +237,26 @@ def read_original_state_dict(path) -> dict:
         if isinstance(state, dict) and isinstance(state.get(wrapper), dict):
             state = state[wrapper]
             break
+        flat = f"{wrapper}."  # the same wrapper flattened into key prefixes (safetensors)
+        if isinstance(state, dict) and any(key.startswith(flat) for key in state):
+            state = {key[len(flat):]: value for key, value in state.items() if key.startswith(flat)}
+            break
     if not isinstance(state, dict):
         raise CamrenderError("file does not hold a state dict", **where)
-    tensors = {}
-    for key, value in state.items():
-        if not isinstance(value, torch.Tensor):
-            continue
-        name = key[len("model."):] if key.startswith("model.") else key
-        if name.startswith("pos_embed"):
-            continue
-        tensors[name] = value
-    return tensors
+    return map_original_state_dict(state)
 
 
-def load_transformer_weights(transformer, path) -> WeightsReport:
+def load_transformer_weights(transformer, path, *, allow_missing: bool = False, tensors=None) -> WeightsReport:
     """Load an original-format DiT file into a `SanaWMTransformer3DModel` in place (dtype/device kept).
 
-    Missing and unexpected keys are reported, not fatal; a file sharing no key with the model,
-    or with a tensor of the wrong shape, raises CamrenderError.
+    A file that leaves any transformer weight unloaded raises CamrenderError naming the first
+    missing keys, unless `allow_missing` (then they keep their values and are reported);
+    unexpected keys are reported. A file sharing no key with the model, or with a tensor of the
+    wrong shape, raises CamrenderError. `tensors`: the file's state dict already mapped
+    (`map_original_state_dict`), instead of reading `path`.
     """
     where = dict(path=Path(path), field="transformer-weights")
-    tensors = read_original_state_dict(path)
+    tensors = read_original_state_dict(path) if tensors is None else tensors
     expected = transformer.state_dict()
     loaded = [name for name in tensors if name in expected]
     if not loaded:
@@ -230,10 +267,15 @@ def load_transformer_weights(transformer, path) -> WeightsReport:
                 f"{name}: shape {tuple(tensors[name].shape)} does not match the model's {tuple(expected[name].shape)}",
                 **where,
             )
+    missing = [name for name in expected if name not in tensors]
+    if missing and not allow_missing:
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        raise CamrenderError(f"leaves {len(missing)} transformer weights unloaded ({', '.join(missing[:3])}{more}); "
+                             f"pass --allow-missing-weights to render anyway", **where)
     transformer.load_state_dict({name: tensors[name] for name in loaded}, strict=False)
     return WeightsReport(
         path=str(path),
         loaded=loaded,
-        missing=[name for name in expected if name not in tensors],
+        missing=missing,
         unexpected=[name for name in tensors if name not in expected],
     )

@@ -70,9 +70,10 @@ def softmax_qkv(attn, x, rope, attn_dtype, use_triton: bool):
     return tuple(t.reshape(batch, tokens, heads, dim).transpose(1, 2) for t in (*prepped, value))
 
 
-def camera_encode(attn, x, ray_transforms, attn_dtype, use_triton: bool):
-    """Camera q, k, v of softmax-block attention `attn` after RMSNorm, UCPE and RMS downscale, each
-    (B, H, N, DPAD) in `attn_dtype` (head dim zero-padded, `kernels.softmax_cam`)."""
+def camera_encode(attn, x, ray_transforms, attn_dtype, use_triton: bool, downscale: bool = True):
+    """Camera q, k, v of softmax-block attention `attn` after RMSNorm, UCPE and (diffusers; not
+    the original streaming code) RMS downscale, each (B, H, N, DPAD) in `attn_dtype` (head dim
+    zero-padded, `kernels.softmax_cam`)."""
     if use_triton:
         from kernels.softmax_cam import cam_softmax_encode
     else:
@@ -80,7 +81,7 @@ def camera_encode(attn, x, ray_transforms, attn_dtype, use_triton: bool):
     encoded = cam_softmax_encode(
         attn.q_proj_cam(x), attn.k_proj_cam(x), attn.v_proj_cam(x), ray_transforms,
         q_norm_weight=attn.q_norm_cam.weight, k_norm_weight=attn.k_norm_cam.weight,
-        norm_eps=attn.q_norm_cam.eps, heads=attn.cam_heads, out_dtype=attn_dtype)
+        norm_eps=attn.q_norm_cam.eps, heads=attn.cam_heads, downscale=downscale, out_dtype=attn_dtype)
     return tuple(t.transpose(1, 2) for t in encoded)
 
 

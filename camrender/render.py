@@ -50,8 +50,11 @@ class RenderRequest:
         kernels: "fused" (the Triton kernels of every patched block; PyTorch references on CPU) |
             "torch" (diffusers' own code, with the PyTorch reference of the GDN camera branch).
         mode: "full" (whole clip at once) | "segments" (chunk-causal, state-cached).
-        segment_frames: latent frames per segment (segment mode).
-        cached_segments: how many recent segments softmax blocks attend to (segment mode).
+        recipe: the checkpoint's recipe (`camrender.recipes`): "bidirectional" | "streaming" | "chunk-causal".
+        allow_missing_weights: render even when `transformer_weights` leaves transformer weights unloaded.
+        segment_frames: latent frames per segment after the first (segment mode; None: the recipe's).
+        cached_segments: recent segments besides the first that softmax blocks attend to (segment
+            mode; None: the recipe's).
         cuda_graphs: replay the denoising passes as CUDA graphs (`camrender.graphs`; on CUDA, without
             model CPU offload).
         refiner: stage 2 (`camrender.refiner_loading.resolve_refiner`'s result: None, "tiny", a checked
@@ -81,8 +84,10 @@ class RenderRequest:
     vae: Optional[str] = None
     kernels: str = "fused"
     mode: str = "full"
-    segment_frames: int = 3
-    cached_segments: int = 2
+    recipe: str = "bidirectional"
+    allow_missing_weights: bool = False
+    segment_frames: Optional[int] = None
+    cached_segments: Optional[int] = None
     cuda_graphs: bool = True
     refiner: Optional[str] = None
     refiner_offload: str = "none"
@@ -329,7 +334,8 @@ class RenderInputs:
 
     text (B, 1, L, D) and text_mask (B, L) with B = 2 ([negative, prompt]) under guidance, else 1;
     camera_conditions (B, T, 20) and chunk_plucker (1, 48, T, h, w) or None; first_latent
-    (1, C, 1, h, w) normalised image latent or None; noise (1, C, T, h, w) on the CPU, frame 0 = first_latent.
+    (1, C, 1, h, w) normalised image latent or None; noise (1, C, T, h, w) on the CPU, frame 0 = first_latent
+    (float32 in segment mode, the transformer's dtype in full mode).
     """
 
     text: Any
@@ -353,7 +359,9 @@ def prepare_inputs(pipe, request: RenderRequest, device) -> RenderInputs:
         first = encode_first_frame(pipe.vae, pixels, device, dtype)
         camera = camera_tensors(pipe, request, device, dtype, 2 if guidance else 1)
     frames, h, w = latent_shape(pipe, request)
-    noise = initial_latents(first.cpu(), frames, h, w, request.seed, "cpu", dtype)
+    # segment mode draws and keeps its latents in float32, as the official streaming sampler does
+    noise_dtype = torch.float32 if request.mode == "segments" else dtype
+    noise = initial_latents(first.cpu(), frames, h, w, request.seed, "cpu", noise_dtype)
     return RenderInputs(text=text, text_mask=text_mask, camera_conditions=camera["camera_conditions"],
                         chunk_plucker=camera["chunk_plucker"], first_latent=first, noise=noise,
                         guidance=float(request.guidance or 1.0))

@@ -1,6 +1,8 @@
 """Segment mode: render a camera path segment by segment with cached block state, streaming the video out.
 
-For every segment of latent frames (`camrender.segments.segment_bounds`: 0, 4, 7, 10, ...):
+The request's recipe (`camrender.recipes`) picks the chunk layout, softmax window and scale and the
+sampler (`SEGMENT_SAMPLERS`). The self-forcing sampler (streaming recipe), for every segment of
+latent frames (`camrender.recipes.segment_bounds`: 0, 4, 7, 10, ...; the first absorbs the remainder):
 
 1. denoise it with the flow-match Euler sampler over a short timestep list (default 1000, 960,
    889, 727, as the streaming checkpoint was trained; `--steps N` takes the scheduler's N-step
@@ -23,16 +25,18 @@ import numpy as np
 from camrender.errors import CamrenderError
 from camrender.render import RenderInputs, prepare_inputs
 
-DEFAULT_SEGMENT_TIMESTEPS = (1000.0, 960.0, 889.0, 727.0)
+from camrender.recipes import STREAMING_TIMESTEPS as DEFAULT_SEGMENT_TIMESTEPS
+from camrender.recipes import get_recipe
 
 
-def segment_timesteps(scheduler, steps: Optional[int]) -> list:
+def segment_timesteps(scheduler, steps: Optional[int], recipe=None) -> list:
     """Timesteps (in [0, 1000], sigma = t / 1000) each segment is denoised through.
 
-    None -> `DEFAULT_SEGMENT_TIMESTEPS`; an int -> the scheduler's own `steps`-step list.
+    None -> the recipe's timestep list (`DEFAULT_SEGMENT_TIMESTEPS`, the streaming one, when it
+    has none); an int -> the scheduler's own `steps`-step list.
     """
     if steps is None:
-        return list(DEFAULT_SEGMENT_TIMESTEPS)
+        return list(getattr(recipe, "timesteps", None) or DEFAULT_SEGMENT_TIMESTEPS)
     if steps < 1:
         raise CamrenderError(f"must be at least 1, got {steps}", field="steps")
     scheduler.set_timesteps(int(steps), device="cpu")
@@ -41,7 +45,7 @@ def segment_timesteps(scheduler, steps: Optional[int]) -> list:
 
 def sample_segment(model, inputs: RenderInputs, start: int, stop: int, cache, timesteps, options, device,
                    graphs=None):
-    """Denoise latent frames [start, stop) and write their caches; returns the clean (1, C, t, h, w).
+    """Denoise latent frames [start, stop) and write their caches; returns the clean (1, C, t, h, w) float32.
 
     Euler on the flow prediction v (x_next = x + (sigma_next - sigma) v, sigma = t / 1000, the last
     step lands on 0); frame 0 of the clip stays pinned to the image latent at timestep 0.
@@ -52,13 +56,13 @@ def sample_segment(model, inputs: RenderInputs, start: int, stop: int, cache, ti
 
     from camrender.segments import prepare_conditioning, segment_forward
 
-    dtype = model.dtype
     batch = inputs.text.shape[0]
     frames = stop - start
-    latents = inputs.noise[:, :, start:stop].to(device=device, dtype=dtype).clone()
+    # The latents stay float32 between steps, as in the official sampler (the model casts its input).
+    latents = inputs.noise[:, :, start:stop].to(device=device, dtype=torch.float32).clone()
     pinned = torch.zeros(frames, dtype=torch.bool, device=device)
     if start == 0 and inputs.first_latent is not None:
-        latents[:, :, :1] = inputs.first_latent.to(device=device, dtype=dtype)
+        latents[:, :, :1] = inputs.first_latent.to(device=device, dtype=torch.float32)
         pinned[0] = True
 
     camera, plucker = inputs.camera_conditions, inputs.chunk_plucker
@@ -85,8 +89,8 @@ def sample_segment(model, inputs: RenderInputs, start: int, stop: int, cache, ti
         if batch == 2:
             uncond, cond = velocity.chunk(2)
             velocity = uncond + inputs.guidance * (cond - uncond)
-        stepped = latents.float() + (sigmas[index + 1] - sigmas[index]) * velocity
-        latents = torch.where(pinned[None, None, :, None, None], latents, stepped.to(dtype))
+        stepped = latents + (sigmas[index + 1] - sigmas[index]) * velocity
+        latents = torch.where(pinned[None, None, :, None, None], latents, stepped)
     forward(latents, torch.zeros(1, 1, frames, device=device), write=True)
     return latents
 
@@ -124,6 +128,25 @@ def sample_segments(model, inputs: RenderInputs, bounds, timesteps, options, dev
                                                  graphs=graphs)
 
 
+def sample_chunk_flow(model, inputs: RenderInputs, bounds, timesteps, options, device, *,
+                      cuda_graphs: bool = False) -> Iterator:
+    """The chunk-causal teacher's ChunkFlowEuler sampler (`camrender.chunk_causal`); same contract as
+    `sample_segments`, with `timesteps` its `TeacherSchedule` (`chunk_causal.teacher_schedule`). No
+    CUDA-graph replay: the in-flight window changes shape from step to step."""
+    from camrender.chunk_causal import sample_chunk_causal
+
+    yield from sample_chunk_causal(model, inputs, bounds, timesteps, options, device, before_call=_bring_to_device)
+
+
+# Segment-mode sampler of each recipe's `sampler` word: (model, inputs, bounds, timesteps, options,
+# device, cuda_graphs=...) -> iterator of (index, start, stop, clean latents (1, C, t, h, w)).
+SEGMENT_SAMPLERS = {
+    "self-forcing": sample_segments,
+    "euler": sample_segments,  # the bidirectional checkpoint forced into segment mode
+    "chunk-flow-euler": sample_chunk_flow,
+}
+
+
 def _bring_to_device(module) -> None:
     """With model CPU offload, run the module's offload hook (as its forward would) so it sits on the GPU."""
     hook = getattr(module, "_hf_hook", None)
@@ -150,10 +173,13 @@ def render_segments(pipe, request, progress: Optional[Callable[..., None]] = Non
     from camrender.stage_two import refined_frames, stage_two
 
     render.check_request(pipe, request)  # steps None: the segment step list
-    if request.segment_frames < 1:
-        raise CamrenderError(f"must be at least 1, got {request.segment_frames}", field="segment-frames")
-    if request.cached_segments < 0:
-        raise CamrenderError(f"must be 0 or more, got {request.cached_segments}", field="cached-segments")
+    recipe = get_recipe(request.recipe)
+    segment_frames = recipe.chunk_frames if request.segment_frames is None else request.segment_frames
+    cached_segments = recipe.recent_chunks if request.cached_segments is None else request.cached_segments
+    if segment_frames < 1:
+        raise CamrenderError(f"must be at least 1, got {segment_frames}", field="segment-frames")
+    if cached_segments is not None and cached_segments < 0:
+        raise CamrenderError(f"must be 0 or more, got {cached_segments}", field="cached-segments")
     device = pipe._execution_device
     model = pipe.transformer
     latent_frames = render.latent_shape(pipe, request)[0]
@@ -161,25 +187,34 @@ def render_segments(pipe, request, progress: Optional[Callable[..., None]] = Non
         longest = (model.rope.max_seq_len - 1) * pipe.vae_temporal_compression_ratio + 1
         raise CamrenderError(f"segment mode renders at most {longest} frames with this model, got {request.num_frames}",
                              field="frames")
-    options = SegmentOptions(
-        cached_segments=request.cached_segments,
-        backend=KERNEL_BACKENDS[request.kernels],
-    )
-    timesteps = segment_timesteps(pipe.scheduler, request.steps)
+    options = SegmentOptions.for_recipe(recipe, cached_segments=cached_segments,
+                                        backend=KERNEL_BACKENDS[request.kernels])
     inputs = prepare_inputs(pipe, request, device)
-    bounds = segment_bounds(inputs.noise.shape[2], request.segment_frames)
+    if recipe.sampler == "chunk-flow-euler":  # the teacher's own layout and staggered schedule
+        from camrender.chunk_causal import teacher_chunk_bounds, teacher_schedule
+
+        bounds = teacher_chunk_bounds(inputs.noise.shape[2], segment_frames)
+        timesteps = teacher_schedule(len(bounds), steps=request.steps or recipe.steps)
+    else:
+        bounds = segment_bounds(inputs.noise.shape[2], segment_frames)
+        timesteps = segment_timesteps(pipe.scheduler, request.steps, recipe)
+    sampler = SEGMENT_SAMPLERS[recipe.sampler]
     decoder = CausalStreamDecoder(pipe.vae, device=device)
     cache, first = SegmentCache.empty(model), 0
     written = 0
+    if recipe.sampler == "chunk-flow-euler":
+        checkpoints = None  # several chunks are in flight at every boundary: nothing to resume from
     if checkpoints is not None:
         cache, first = checkpoints.restore(cache, decoder, device, bounds)
         written = checkpoints.frames_before
 
     started, resumed_at = time.perf_counter(), written
     with torch.no_grad():
-        segments = (latents for *_, latents in sample_segments(
+        # the self-forcing sampler continues from a restored cache; the teacher's chunks in flight are not checkpointed
+        resumable = {} if recipe.sampler == "chunk-flow-euler" else {"cache": cache, "first_segment": first}
+        segments = (latents for *_, latents in sampler(
             model, inputs, bounds, timesteps, options, device, cuda_graphs=request.cuda_graphs and device.type == "cuda",
-            cache=cache, first_segment=first))
+            **resumable))
         # stage 2 (--refiner; a pass-through without one) and the streaming decode, segment by segment
         for done, frames in refined_frames(stage_two(pipe, request, device), segments, decoder, device):
             done += first

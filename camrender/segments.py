@@ -34,6 +34,7 @@ from camrender.patch import combine_branches, gdn_gates
 from camrender.patch_block import glue_forward
 from camrender.patch_softmax import (camera_decode, camera_encode, padded_sdpa_scale, sdpa, sdpa_operand_dtype,
                                      softmax_qkv)
+from camrender.recipes import segment_bounds
 from camrender.render import ray_transforms
 from kernels._validate import BACKENDS, check_choice
 from kernels.camera_branch import camera_branch
@@ -52,23 +53,7 @@ __all__ = [
 ]
 
 
-def segment_bounds(num_frames: int, segment_frames: int = 3) -> list[tuple[int, int]]:
-    """Split `num_frames` latent frames into segments: the first holds the conditioning frame plus
-    `segment_frames`, later ones `segment_frames` each; a trailing remainder shorter than
-    `segment_frames` merges into the last segment.
-
-    Returns half-open `(start, stop)` latent-frame ranges, e.g. 21 frames, 3 per segment ->
-    (0, 4), (4, 7), (7, 10), (10, 13), (13, 16), (16, 21).
-    """
-    if num_frames < 1:
-        raise ValueError(f"need at least one latent frame, got {num_frames}")
-    if segment_frames < 1:
-        raise ValueError(f"segment_frames must be >= 1, got {segment_frames}")
-    starts = [0] + list(range(1 + segment_frames, num_frames, segment_frames))
-    if len(starts) > 1 and num_frames - starts[-1] < segment_frames:
-        starts.pop()
-    stops = starts[1:] + [num_frames]
-    return list(zip(starts, stops))
+SOFTMAX_SCALES = ("head", "diffusers")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,11 +61,13 @@ class SegmentOptions:
     """How the segment forward computes.
 
     Attributes:
-        cached_segments: recent segments (besides the sink) softmax blocks attend to.
-        main_softmax_scale: scale of the main softmax attention; None -> 1/sqrt(padded head dim)
-            (1/sqrt(128) for D = 112: the cached path scales both main and camera SDPA as for a
-            head dim padded to 128).
-            Pass 1/sqrt(D) to reproduce the stock bidirectional model.
+        cached_segments: recent segments (besides the sink) softmax blocks attend to; None: all.
+            The official `num_cached_blocks` n is n - 1 here (`Recipe.recent_chunks`).
+        softmax_scale: "head": 1/sqrt(head dim) in the main and camera softmax attention (the
+            original streaming code); "diffusers": the camera attention at 1/sqrt(its head dim
+            zero-padded to 128), as diffusers' model does (`Recipe.softmax_scale`; docs/recipes.md).
+        camera_downscale: scale each UCPE-encoded camera q/k/v back to its pre-UCPE RMS, as
+            diffusers' model does; the original code does not (`Recipe.camera_downscale`).
         sdpa_dtype: dtype of the softmax attention; None -> bfloat16 for fp32 activations (as
             diffusers does), the activation dtype otherwise.
         backend: the kernels' `backend`: "torch" (the PyTorch references), "auto" (the Triton
@@ -88,8 +75,16 @@ class SegmentOptions:
         precision: matrix-product precision of the fused kernels, "tf32" or "ieee" (exact fp32).
     """
 
-    cached_segments: int = 2
-    main_softmax_scale: Optional[float] = None
+    cached_segments: Optional[int] = 1
+    softmax_scale: str = "head"
+    camera_downscale: bool = False
+
+    @classmethod
+    def for_recipe(cls, recipe, **fields) -> "SegmentOptions":
+        """The options of a `camrender.recipes.Recipe` (its window, softmax scale and camera
+        arithmetic), with `fields` (backend, precision, ...) set or overridden."""
+        return cls(**{**dict(cached_segments=recipe.recent_chunks, softmax_scale=recipe.softmax_scale,
+                             camera_downscale=recipe.camera_downscale), **fields})
     sdpa_dtype: Optional[torch.dtype] = None
     backend: str = "torch"
     precision: str = "tf32"
@@ -111,8 +106,8 @@ class BlockCache:
     """What one block carries from finished segments to the next one (None before the first write).
 
     GDN blocks: `kv_state` (B, H, D, D) and `z_state` (B, H, D, 1) main forward-scan states, fp32;
-    `cam_state` (B, H, D, D) camera forward-scan state, fp32; `key_tail` (B, <= K-1, S, C) raw main K
-    (before the short conv) of the latest frames. Softmax blocks: `sink` (first segment) and
+    `cam_state` (B, H, D, D) camera forward-scan state, fp32; `key_tail` / `cam_key_tail`
+    (B, <= K-1, S, C) raw main / camera K (before their short convs) of the latest frames. Softmax blocks: `sink` (first segment) and
     `recent` (at most `cached_segments` later segments, oldest first). Both: `ffn_tail` (B, 1, S, C),
     the last frame of the FFN's spatial output y (token-major), read by the next segment's temporal conv.
     """
@@ -121,6 +116,7 @@ class BlockCache:
     z_state: Optional[torch.Tensor] = None
     cam_state: Optional[torch.Tensor] = None
     key_tail: Optional[torch.Tensor] = None
+    cam_key_tail: Optional[torch.Tensor] = None
     sink: Optional[SoftmaxKV] = None
     recent: list = dataclasses.field(default_factory=list)
     ffn_tail: Optional[torch.Tensor] = None
@@ -131,7 +127,7 @@ class BlockCache:
 
     def nbytes(self) -> int:
         """Memory held by this cache, in bytes."""
-        tensors = [self.kv_state, self.z_state, self.cam_state, self.key_tail, self.ffn_tail]
+        tensors = [self.kv_state, self.z_state, self.cam_state, self.key_tail, self.cam_key_tail, self.ffn_tail]
         for kv in self.softmax_context():
             tensors += [kv.key, kv.value, kv.cam_key, kv.cam_value]
         return sum(t.numel() * t.element_size() for t in tensors if t is not None)
@@ -257,6 +253,18 @@ def _short_conv(conv, x: torch.Tensor, call: _Call, *, carry: bool, left: Option
     return out
 
 
+def _carried_short_conv(conv, raw, call: _Call, cache: "BlockCache", tail_name: str) -> torch.Tensor:
+    """`_short_conv` whose causal half reads the raw frames cached in `cache.<tail_name>`
+    ((B, <= K-1, S, C)); a cache-writing call stores its own last K - 1 raw frames there."""
+    tail = getattr(cache, tail_name)
+    tail = None if tail is None else tail.flatten(1, 2)
+    out = _short_conv(conv, raw, call, carry=True, left=tail)
+    if call.write:
+        context = short_conv_context(raw, call.num_frames, tail, frames=conv.kernel_size - 1)
+        setattr(cache, tail_name, _compact(context).unflatten(1, (-1, call.spatial)))
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # Attention: GDN block (main + camera branch) and softmax block
 # ---------------------------------------------------------------------------------------------
@@ -272,11 +280,7 @@ def _gdn_main(attn, x, beta, decay, rope, call: _Call, cache: BlockCache, precis
     qkv = attn.qkv(x)
     query, key, value = qkv[..., :channels], qkv[..., channels:2 * channels], qkv[..., 2 * channels:]
     if attn.conv_k is not None:
-        tail = None if cache.key_tail is None else cache.key_tail.flatten(1, 2)
-        raw_key, key = key, _short_conv(attn.conv_k, key, call, carry=True, left=tail)
-        if call.write:
-            context = short_conv_context(raw_key, frames, tail, frames=attn.conv_k.kernel_size - 1)
-            cache.key_tail = _compact(context).unflatten(1, (-1, spatial))
+        key = _carried_short_conv(attn.conv_k, key, call, cache, "key_tail")
 
     if rope is None or not _has_weights(attn.q_norm, attn.k_norm):
         raise NotImplementedError("segment mode supports GDN blocks with RoPE and RMSNorm weights (the released ones)")
@@ -292,7 +296,7 @@ def _gdn_main(attn, x, beta, decay, rope, call: _Call, cache: BlockCache, precis
     return out
 
 
-def _gdn_camera(attn, x, beta, decay, rays, call: _Call, cache: BlockCache, precision) -> torch.Tensor:
+def _gdn_camera(attn, x, beta, decay, rays, call: _Call, cache: BlockCache, options: SegmentOptions) -> torch.Tensor:
     """UCPE camera branch of a GDN block -> (B, N, C) before `out_proj_cam` (`kernels.camera_branch`):
     numerator-only delta rule in ray space, forward from the cached camera state, reverse inside
     each segment. The camera short conv is segment-local."""
@@ -302,7 +306,7 @@ def _gdn_camera(attn, x, beta, decay, rays, call: _Call, cache: BlockCache, prec
     shape = (batch, tokens, attn.cam_heads, attn.cam_head_dim)
     query, key, value = attn.q_proj_cam(x), attn.k_proj_cam(x), attn.v_proj_cam(x)
     if attn.conv_k_cam is not None:
-        key = _short_conv(attn.conv_k_cam, key, call, carry=False)
+        key = _carried_short_conv(attn.conv_k_cam, key, call, cache, "cam_key_tail")
     out, cam_state = camera_branch(
         query.reshape(shape),
         key.reshape(shape),
@@ -315,7 +319,8 @@ def _gdn_camera(attn, x, beta, decay, rays, call: _Call, cache: BlockCache, prec
         norm_eps=getattr(attn.q_norm_cam, "eps", 1e-5),
         initial_state=cache.cam_state,
         segment_starts=call.segment_starts(x.device),
-        precision=precision,
+        downscale=options.camera_downscale,
+        precision=options.precision,
         backend=call.backend,
         return_final_state=True,
     )
@@ -330,7 +335,7 @@ def _gdn_attention(attn, x, rope, rays, call: _Call, cache: BlockCache, options:
     out = _gdn_main(attn, x, beta, decay, rope, call, cache, options.precision)
     camera = None
     if rays is not None:
-        camera = attn.out_proj_cam(_gdn_camera(attn, x, beta, decay, rays, call, cache, options.precision))
+        camera = attn.out_proj_cam(_gdn_camera(attn, x, beta, decay, rays, call, cache, options))
     return combine_branches(attn, x, out, camera, call.backend)
 
 
@@ -341,16 +346,37 @@ def _softmax_mask(call: _Call, options: SegmentOptions, device) -> Optional[torc
         return None
     seg = call.segment_index(device)
     q_seg, k_seg = seg[:, None], seg[None, :]
-    allowed = (k_seg == q_seg) | (k_seg == 0) | ((k_seg < q_seg) & (k_seg >= q_seg - options.cached_segments))
+    allowed = (k_seg <= q_seg) if options.cached_segments is None else (
+        (k_seg == q_seg) | (k_seg == 0) | ((k_seg < q_seg) & (k_seg >= q_seg - options.cached_segments)))
     return allowed.repeat_interleave(call.spatial, 0).repeat_interleave(call.spatial, 1)
 
 
-def _attend(query, key, value, cached: list, scale: float, mask) -> torch.Tensor:
+def _softmax_scale(head_dim: int, options: SegmentOptions, camera: bool = False) -> float:
+    """SDPA scale of the main (or camera) attention under `options.softmax_scale`."""
+    check_choice("softmax_scale", options.softmax_scale, SOFTMAX_SCALES)
+    return padded_sdpa_scale(head_dim) if camera and options.softmax_scale == "diffusers" else head_dim ** -0.5
+
+
+def _attend(query, key, value, cached: list, scale: float, mask, prefixes=None) -> torch.Tensor:
     """SDPA of the call's queries (B, H, n, D) over the cached (key, value) pairs of earlier
-    segments followed by the call's own keys and values."""
+    segments followed by the call's own keys and values; with `prefixes` (`_prefix_rows`), each
+    query row range attends to a prefix of those keys instead (no mask)."""
     keys = torch.cat([k for k, _ in cached] + [key], dim=2)
     values = torch.cat([v for _, v in cached] + [value], dim=2)
-    return sdpa(query, keys, values, scale=scale, mask=mask)
+    if prefixes is None:
+        return sdpa(query, keys, values, scale=scale, mask=mask)
+    return torch.cat([sdpa(query[:, :, q0:q1], keys[:, :, :k1], values[:, :, :k1], scale=scale)
+                      for q0, q1, k1 in prefixes], dim=2)
+
+
+def _prefix_rows(call: _Call, options: SegmentOptions, context: list) -> Optional[list]:
+    """With an unbounded window (cached_segments None) a multi-segment call is block-causal: the
+    queries of call segment (a, b) see every cached key and the call's keys up to frame b. Returns
+    (query start, query stop, key stop) token ranges, one per segment, or None (one segment / a window)."""
+    if options.cached_segments is not None or len(call.segments) == 1:
+        return None
+    cached_tokens = sum(kv.key.shape[2] for kv in context)
+    return [(a * call.spatial, b * call.spatial, cached_tokens + b * call.spatial) for a, b in call.segments]
 
 
 def _softmax_attention(attn, x, rope, rays, call: _Call, cache: BlockCache, options: SegmentOptions):
@@ -362,26 +388,29 @@ def _softmax_attention(attn, x, rope, rays, call: _Call, cache: BlockCache, opti
     sdpa_dtype = sdpa_operand_dtype(x.dtype, options.sdpa_dtype)
     triton = use_triton(x, call.backend)
     context = cache.softmax_context()
-    if context and len(call.segments) > 1:
-        raise ValueError("a call with several segments must start from an empty cache")
-    mask = _softmax_mask(call, options, x.device)
+    prefixes = _prefix_rows(call, options, context)
+    if context and len(call.segments) > 1 and prefixes is None:
+        raise ValueError("a call with several segments starts from a cache only with cached_segments=None")
+    mask = None if prefixes is not None else _softmax_mask(call, options, x.device)
 
     query, key, value = softmax_qkv(attn, x, rope, sdpa_dtype, triton)
     out = _attend(query, key, value, [(kv.key, kv.value) for kv in context],
-                  options.main_softmax_scale or padded_sdpa_scale(attn.dim), mask)
+                  _softmax_scale(attn.dim, options), mask, prefixes)
     out = out.transpose(1, 2).reshape(batch, tokens, channels).to(x.dtype)
 
     cam_out = cam_key = cam_value = None
     if rays is not None:
-        cam_query, cam_key, cam_value = camera_encode(attn, x, rays, sdpa_dtype, triton)
+        cam_query, cam_key, cam_value = camera_encode(attn, x, rays, sdpa_dtype, triton, options.camera_downscale)
         cam_out = _attend(cam_query, cam_key, cam_value, [(kv.cam_key, kv.cam_value) for kv in context],
-                          padded_sdpa_scale(attn.cam_head_dim), mask)
+                          _softmax_scale(attn.cam_head_dim, options, camera=True), mask, prefixes)
         cam_out = attn.out_proj_cam(camera_decode(attn, cam_out, rays, x.dtype, triton))
 
     if call.write:
         entry = SoftmaxKV(*(_compact(t) for t in (key, value, cam_key, cam_value)))
         if cache.sink is None:
             cache.sink = entry
+        elif options.cached_segments is None:
+            cache.recent.append(entry)
         elif options.cached_segments > 0:
             cache.recent = (cache.recent + [entry])[-options.cached_segments :]
 

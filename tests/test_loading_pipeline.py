@@ -75,9 +75,14 @@ def test_offload_needs_a_gpu():
 
 
 def original_format(state_dict):
-    """What the original training code saves: `model.` prefixes and a `pos_embed` buffer."""
-    wrapped = {f"model.{name}": tensor.clone() for name, tensor in state_dict.items()}
+    """What the original training code saves: the original class's names (timestep MLP as
+    `t_embedder.mlp.0/2`), `model.` prefixes, a `pos_embed` buffer and the caption-dropout embedding."""
+    def original_name(name):
+        return name.replace("t_embedder.linear_1.", "t_embedder.mlp.0.").replace("t_embedder.linear_2.", "t_embedder.mlp.2.")
+
+    wrapped = {f"model.{original_name(name)}": tensor.clone() for name, tensor in state_dict.items()}
     wrapped["model.pos_embed"] = torch.zeros(1, 8, 32)
+    wrapped["model.y_embedder.y_embedding"] = torch.zeros(4, 32)
     return wrapped
 
 
@@ -96,8 +101,12 @@ def test_original_format_weights_load(tmp_path, suffix):
         save_file(state, str(path))
 
     before = target.state_dict()[dropped].clone()
-    report = load_transformer_weights(target, path)
+    with pytest.raises(CamrenderError, match=f"leaves 1 transformer weights unloaded \\({dropped}\\).*--allow-missing"):
+        load_transformer_weights(target, path)
+    assert torch.equal(target.state_dict()[dropped], before)  # refused before loading anything
+    report = load_transformer_weights(target, path, allow_missing=True)
     assert report.missing == [dropped]
+    assert "t_embedder.linear_1.weight" in report.loaded and "y_embedder.y_embedding" not in report.unexpected
     assert report.unexpected == ["extra_head.weight"]
     assert "pos_embed" not in report.unexpected
     for name, tensor in source.state_dict().items():

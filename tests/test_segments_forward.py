@@ -53,14 +53,17 @@ def model_inputs(batch, frames, height, width, seed=0):
     return latents, text, mask
 
 
-def test_segment_bounds_follow_the_streaming_layout():
-    assert segment_bounds(21) == [(0, 4), (4, 7), (7, 10), (10, 13), (13, 16), (16, 21)]
-    assert segment_bounds(22) == [(0, 4), (4, 7), (7, 10), (10, 13), (13, 16), (16, 19), (19, 22)]
+def test_segment_bounds_follow_the_official_layout():
+    """create_autoregressive_segments: the first chunk holds the image frame and absorbs F % 3."""
+    assert segment_bounds(16) == [(0, 4), (4, 7), (7, 10), (10, 13), (13, 16)]
+    assert segment_bounds(17) == [(0, 5), (5, 8), (8, 11), (11, 14), (14, 17)]
+    assert segment_bounds(18) == [(0, 3), (3, 6), (6, 9), (9, 12), (12, 15), (15, 18)]
     assert segment_bounds(4) == [(0, 4)]
-    assert segment_bounds(6) == [(0, 6)]  # remainder 2 < 3 merges into the first segment
+    assert segment_bounds(5) == [(0, 5)]
+    assert segment_bounds(6) == [(0, 3), (3, 6)]
     assert segment_bounds(7) == [(0, 4), (4, 7)]
-    assert segment_bounds(5, 1) == [(0, 2), (2, 3), (3, 4), (4, 5)]
-    assert segment_bounds(1) == [(0, 1)]
+    assert segment_bounds(5, 1) == [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5)]
+    assert segment_bounds(3) == [(0, 3)] and segment_bounds(1) == [(0, 1)]
     with pytest.raises(ValueError):
         segment_bounds(0)
 
@@ -85,13 +88,13 @@ def test_single_segment_equals_stock_bidirectional_forward(model):
         stock = model(latents, timestep, text, encoder_attention_mask=mask, camera_conditions=conditions,
                       chunk_plucker=plucker, return_dict=False)[0]
         ours = segment_forward(model, latents, timestep, text, mask, camera_conditions=conditions,
-                               chunk_plucker=plucker, options=SegmentOptions(main_softmax_scale=HEAD_DIM**-0.5))
-        default_scale = segment_forward(model, latents, timestep, text, mask, camera_conditions=conditions,
-                                        chunk_plucker=plucker)
+                               chunk_plucker=plucker, options=SegmentOptions(softmax_scale="diffusers", camera_downscale=True))
+        head_scale = segment_forward(model, latents, timestep, text, mask, camera_conditions=conditions, chunk_plucker=plucker,
+                                     options=SegmentOptions(softmax_scale="head", camera_downscale=True))
     assert ours.shape == stock.shape
     torch.testing.assert_close(ours, stock, atol=5e-4, rtol=1e-3)
-    # The cached path's default softmax scale (1/sqrt(128), padded head dim) is a different model.
-    assert (default_scale - stock).abs().max() > 1e-3
+    # The original code's camera scale, 1/sqrt(16) instead of diffusers' 1/sqrt(128), is a different model.
+    assert (head_scale - stock).abs().max() > 1e-3
 
 
 def run_segments(model, latents, text, mask, conditions, plucker, bounds, last_timestep, options):

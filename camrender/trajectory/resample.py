@@ -1,6 +1,7 @@
 """The 8k+1 frame rule: the LTX-2 VAE maps 8k+1 video frames to k+1 latent frames.
 
-Rule (`to_model_frames`): a trajectory whose frame count F is already 8k+1 is used
+Rule (`to_model_frames`, shown for the VAE's stride 8; the streaming recipe uses 24): a
+trajectory whose frame count F is already 8k+1 is used
 as is. Otherwise the path is re-timed to M = 8k+1 frames -- M = ``num_frames`` when
 given (rejected unless 8k+1), else the 8k+1 count nearest to F (ties go up, so no
 part of the path is lost). Re-timing keeps the first and last pose, the fps and the
@@ -60,18 +61,21 @@ def resample_frames(traj: Trajectory, num_frames: int, position: str = "linear")
     return traj.replace(c2w=c2w, intrinsics=intrinsics)
 
 
-def to_model_frames(traj: Trajectory, num_frames: int | None = None) -> Trajectory:
-    """Return a trajectory with an 8k+1 frame count the model accepts (see module docstring)."""
+def to_model_frames(traj: Trajectory, num_frames: int | None = None, stride: int = TIME_STRIDE) -> Trajectory:
+    """Return a trajectory with a `stride`*k+1 frame count the model accepts (see module docstring).
+
+    stride: 8 (the VAE's rule) or a multiple of it, e.g. 24 for the streaming recipe (chunks of
+    3 latent frames, as the official streaming CLI snaps its frame counts)."""
     if num_frames is not None:
         if isinstance(num_frames, bool) or not isinstance(num_frames, (int, np.integer)):
             raise CamrenderError(f"must be an integer, got {num_frames!r}", field="num_frames")
-        if not is_model_length(int(num_frames)):
-            near = nearest_model_length(max(int(num_frames), 1))
+        if not is_model_length(int(num_frames), stride):
+            near = nearest_model_length(max(int(num_frames), 1), stride)
             raise CamrenderError(
-                f"{num_frames} frames is not 8k+1 (the model needs 8k+1 video frames, e.g. {near})",
+                f"{num_frames} frames is not {stride}k+1 (this recipe needs {stride}k+1 video frames, e.g. {near})",
                 field="num_frames",
             )
         return resample_frames(traj, int(num_frames))
-    if is_model_length(traj.num_frames):
+    if is_model_length(traj.num_frames, stride):
         return traj.replace()
-    return resample_frames(traj, nearest_model_length(traj.num_frames))
+    return resample_frames(traj, nearest_model_length(traj.num_frames, stride))

@@ -1,0 +1,188 @@
+"""Replay a golden file of the official NVlabs streaming sampler through camrender's segment mode.
+
+Chunk-causal teacher goldens (metadata recipe "chunk-causal", tools/make_golden_chunk_causal.py) are
+replayed by bench/replay_teacher.py with the teacher's sampler; the rest of this docstring is about
+the streaming goldens.
+
+A golden file (`tests/golden/*.safetensors`, written by the reference kit's `make_golden.py`)
+holds a tiny random model in original checkpoint format (`generator.<key>`), the camera path
+(`inputs/c2w`, `inputs/intrinsics`), text embeddings, the noise, the official final latents and
+every model input and prediction per chunk and step. This script
+
+1. builds a diffusers `SanaWMTransformer3DModel` of the golden's size in float32 and loads the
+   weights through camrender's original-format loader (`camrender.loading`);
+2. builds the camera conditioning from the poses and intrinsics with camrender's own camera code
+   (`camrender.camera.build_camera_inputs`; the stored `camera_conditions` / `chunk_plucker` are
+   only compared against);
+3. samples with camrender's segment mode (`render_segments.sample_segments`, the streaming recipe)
+   from the golden's text embeddings and noise, recording every model prediction;
+
+and prints JSON: `max_rel_error` = max |ours - golden| / max |golden| over the final latents,
+`cosine`, per-chunk errors of the final latents, per-chunk-and-step errors of the predictions
+(each against the golden prediction of that step). Exit 0 when max_rel_error <= --tolerance.
+
+    python3 bench/replay_golden.py tests/golden/streaming_s2_h64x2_f14.safetensors --kernels fused --json
+
+`--kernels fused` runs the Triton kernels (under the interpreter on a CPU; `precision="ieee"`),
+`--kernels torch` the PyTorch references. The goldens keep the softmax blocks' q/k/v in fp32
+(`--fp32-softmax`), so the replay attends in fp32 too.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+TOLERANCE = 1e-4
+VAE_STRIDE = (8, 32, 32)  # the golden's pixel frames and pixel size per latent frame / token
+
+
+def _model_from_config(config: dict):
+    """A float32 `SanaWMTransformer3DModel` of the golden's `model_config` (random init)."""
+    from diffusers.models.transformers.transformer_sana_wm import SanaWMTransformer3DModel
+
+    kwargs = config["build_model_kwargs"]
+    return SanaWMTransformer3DModel(
+        in_channels=kwargs["in_channels"], num_layers=config["depth"], hidden_size=config["hidden_size"],
+        num_attention_heads=config["num_heads"], patch_size=tuple(config["patch_size"]),
+        softmax_every_n=kwargs["softmax_every_n"], linear_head_dim=kwargs["linear_head_dim"],
+        t_kernel_size=kwargs["t_kernel_size"], conv_kernel_size=kwargs["conv_kernel_size"],
+        k_conv_only=kwargs["k_conv_only"], caption_channels=kwargs["caption_channels"],
+        mlp_ratio=kwargs["mlp_ratio"], use_chunk_plucker_post_attn=kwargs["use_chunk_plucker_post_attn"],
+        chunk_plucker_post_attn_blocks=kwargs["chunk_plucker_post_attn_blocks"],
+    ).eval().float()
+
+
+def _rel(ours, golden) -> float:
+    return float((ours.float() - golden).abs().max() / golden.abs().max().clamp_min(1e-30))
+
+
+def _camera(tensors: dict, shapes: dict):
+    """camrender's camera_conditions (1, F, 20) and chunk_plucker (1, 48, F, h, w) of the golden's path."""
+    from camrender.camera import build_camera_inputs
+    from camrender.trajectory.model import Trajectory
+
+    height, width = shapes["latent_h"] * VAE_STRIDE[1], shapes["latent_w"] * VAE_STRIDE[2]
+    traj = Trajectory(c2w=tensors["inputs/c2w"].double().numpy(), intrinsics=tensors["inputs/intrinsics"].double().numpy(),
+                      width=width, height=height, fps=16.0)
+    camera = build_camera_inputs(traj, height, width, VAE_STRIDE)
+    return camera["camera_conditions"][None], camera["chunk_plucker"][None]
+
+
+def replay(golden_path: str, kernels: str = "torch", **overrides) -> dict:
+    """Replay `golden_path`; returns the JSON document (see the module docstring).
+
+    overrides: `SegmentOptions` fields replacing the recipe's (tests use them to show that a
+    rule other than the official one is caught)."""
+    import torch
+    from safetensors import safe_open
+
+    import camrender.segments as segments_module
+    from camrender.loading import load_transformer_weights
+    from camrender.recipes import get_recipe
+    from camrender.render import RenderInputs
+    from camrender.render_segments import sample_segments, segment_timesteps
+
+    with safe_open(golden_path, framework="pt") as handle:
+        metadata = handle.metadata()
+        if metadata.get("recipe") == "chunk-causal":  # the teacher's sampler: bench/replay_teacher.py
+            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+            from replay_teacher import replay as replay_teacher
+
+            return replay_teacher(golden_path, kernels, **overrides)
+        tensors = {key: handle.get_tensor(key) for key in handle.keys() if not key.startswith("generator.")}
+    config, shapes = json.loads(metadata["model_config"]), json.loads(metadata["shapes"])
+    sampler = json.loads(metadata["sampler_config"])
+    recipe = get_recipe(metadata.get("recipe", "streaming"))
+
+    model = _model_from_config(config)
+    report = load_transformer_weights(model, golden_path)  # refuses a file leaving weights unloaded
+    camera_conditions, chunk_plucker = _camera(tensors, shapes)
+    inputs = RenderInputs(text=tensors["inputs/text_embeds"], text_mask=tensors["inputs/text_mask"],
+                          camera_conditions=camera_conditions, chunk_plucker=chunk_plucker,
+                          first_latent=tensors["inputs/first_latent"], noise=tensors["inputs/latents_init"])
+    bounds = segments_module.segment_bounds(shapes["latent_frames"], recipe.chunk_frames)
+    options = segments_module.SegmentOptions.for_recipe(
+        recipe, sdpa_dtype=torch.float32, backend="triton" if kernels == "fused" else "torch", precision="ieee",
+        **overrides)
+    timesteps = segment_timesteps(None, None, recipe)
+
+    predictions = []  # (frame_start, write, prediction) of every model call
+    forward = segments_module.segment_forward
+
+    def recording_forward(model, hidden_states, timestep, *args, **kwargs):
+        out = forward(model, hidden_states, timestep, *args, **kwargs)
+        predictions.append((kwargs.get("frame_start", 0), kwargs.get("write_cache", False), out.detach().clone()))
+        return out
+
+    started = time.perf_counter()
+    segments_module.segment_forward = recording_forward
+    try:
+        with torch.no_grad():
+            latents = torch.cat([x for *_, x in sample_segments(model, inputs, bounds, timesteps, options,
+                                                                torch.device("cpu"))], dim=2)
+    finally:
+        segments_module.segment_forward = forward
+    seconds = time.perf_counter() - started
+
+    golden = tensors["outputs/latents"]
+    per_chunk, per_step = [], []
+    steps = [p for _, write, p in predictions if not write]
+    for index, (start, stop) in enumerate(bounds):
+        per_chunk.append(_rel(latents[:, :, start:stop], golden[:, :, start:stop]))
+        expected = tensors[f"chunk{index}/pred"]
+        per_step.append([_rel(steps[index * len(timesteps) + s][0], expected[s]) for s in range(len(timesteps))])
+    flat_ours, flat_golden = latents.flatten().double(), golden.flatten().double()
+    cosine = float(flat_ours @ flat_golden / (flat_ours.norm() * flat_golden.norm()))
+    max_rel = _rel(latents, golden)
+    return {
+        "golden": os.path.basename(golden_path),
+        "kernels": kernels,
+        "max_rel_error": max_rel,
+        "cosine": cosine,
+        "tolerance": TOLERANCE,
+        "passed": max_rel <= TOLERANCE,
+        "chunk_bounds": [b[0] for b in bounds] + [bounds[-1][1]],
+        "golden_chunk_bounds": sampler["chunk_bounds"],
+        "final_latents_rel_error_per_chunk": per_chunk,
+        "prediction_rel_error_per_chunk_step": per_step,
+        "camera_conditions_rel_error": _rel(camera_conditions, tensors["inputs/camera_conditions"]),
+        "chunk_plucker_rel_error": _rel(chunk_plucker, tensors["inputs/chunk_plucker"]),
+        "weights_loaded": len(report.loaded),
+        "seconds": round(seconds, 2),
+    }
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("golden", help="golden .safetensors file")
+    parser.add_argument("--kernels", default="torch", choices=["torch", "fused"],
+                        help="torch: PyTorch references; fused: Triton kernels (interpreted on a CPU), ieee precision")
+    parser.add_argument("--json", action="store_true", help="print the whole JSON document (default: a summary line)")
+    parser.add_argument("--tolerance", type=float, default=TOLERANCE, help="max_rel_error allowed (default 1e-4)")
+    args = parser.parse_args(argv)
+    if args.kernels == "fused" and not _has_gpu():
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
+    result = replay(args.golden, args.kernels)
+    result["tolerance"] = args.tolerance
+    result["passed"] = result["max_rel_error"] <= args.tolerance
+    if args.json:
+        print(json.dumps(result, indent=1))
+    else:
+        print(f"{result['golden']} ({args.kernels}): max_rel_error {result['max_rel_error']:.3g}, "
+              f"cosine {result['cosine']:.9f}, {'ok' if result['passed'] else 'FAILED'}")
+    return 0 if result["passed"] else 1
+
+
+def _has_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
