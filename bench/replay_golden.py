@@ -1,5 +1,9 @@
 """Replay a golden file of the official NVlabs streaming sampler through camrender's segment mode.
 
+Chunk-causal teacher goldens (metadata recipe "chunk-causal", tools/make_golden_chunk_causal.py) are
+replayed by bench/replay_teacher.py with the teacher's sampler; the rest of this docstring is about
+the streaming goldens.
+
 A golden file (`tests/golden/*.safetensors`, written by the reference kit's `make_golden.py`)
 holds a tiny random model in original checkpoint format (`generator.<key>`), the camera path
 (`inputs/c2w`, `inputs/intrinsics`), text embeddings, the noise, the official final latents and
@@ -85,6 +89,11 @@ def replay(golden_path: str, kernels: str = "torch", **overrides) -> dict:
 
     with safe_open(golden_path, framework="pt") as handle:
         metadata = handle.metadata()
+        if metadata.get("recipe") == "chunk-causal":  # the teacher's sampler: bench/replay_teacher.py
+            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+            from replay_teacher import replay as replay_teacher
+
+            return replay_teacher(golden_path, kernels, **overrides)
         tensors = {key: handle.get_tensor(key) for key in handle.keys() if not key.startswith("generator.")}
     config, shapes = json.loads(metadata["model_config"]), json.loads(metadata["shapes"])
     sampler = json.loads(metadata["sampler_config"])

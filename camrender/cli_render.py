@@ -1,13 +1,16 @@
 """`camrender render` and `camrender selftest` (torch/diffusers imported inside the commands)."""
 from __future__ import annotations
 
+import itertools
 import sys
 from pathlib import Path
 
 import click
 
+from camrender import cli_launch, distributed
 from camrender.errors import CamrenderError
 from camrender.loading import DEFAULT_MODEL
+from camrender.resume import DEFAULT_CHECKPOINT_EVERY
 RELEASE_SIZE = (704, 1280)  # (height, width) the released model was trained at
 TINY_SIZE = (64, 112)  # the offline tiny model's default: about the release aspect, small enough for a CPU
 RELEASE_GUIDANCE = 5.0
@@ -72,15 +75,25 @@ def _resolve_request(options: dict):
     """
     from camrender import trajectory
     from camrender.formats.fileio import check_output_path
+    from camrender.limits import check_frames, check_size
+    from camrender.loading import model_source
+    from camrender.preflight import check_render_options, probe_writable
     from camrender.recipes import resolve_recipe
     from camrender.render import RenderRequest, open_image
 
+    check_render_options(options)
     out = check_output_path(options["out"])
+    probe_writable(out)
     recipe = resolve_recipe(options["recipe"], options["transformer_weights"], options["model"])
     if options["mode"] is None:
         options["mode"] = recipe.mode
-    loaded = trajectory.load(options["traj"])  # every reader returns a validated trajectory
+    if options["frames"] is not None:
+        check_frames(options["frames"], options["mode"])
+    loaded = options.pop("_trajectory", None)  # --from-render's
+    if loaded is None:
+        loaded = trajectory.load(options["traj"])  # every reader returns a validated trajectory
     traj = trajectory.to_model_frames(loaded, options["frames"], stride=recipe.frame_stride)
+    check_frames(traj.num_frames, options["mode"])
     if traj.num_frames != loaded.num_frames:
         click.echo(f"camrender: the path is re-timed to {traj.num_frames} frames "
                    f"({recipe.frame_stride}k+1, the {recipe.name} recipe's frame counts)", err=True)
@@ -97,8 +110,9 @@ def _resolve_request(options: dict):
     default_h, default_w = TINY_SIZE if options["model"] == "tiny" else RELEASE_SIZE
     height = options["height"] or default_h
     width = options["width"] or default_w
-    if height % 2 or width % 2:
-        raise CamrenderError(f"H.264 needs an even frame size, got {width}x{height}", field="size")
+    check_size(height, width, options["model"])
+    if options["model"] != "tiny":
+        model_source(options["model"])  # a folder that is not there: now, not after minutes of loading
     first = lambda *values: next((v for v in values if v is not None), None)  # noqa: E731
     prompt = first(options["prompt"], traj.prompt, "")
     negative = first(options["negative_prompt"], traj.negative_prompt, "")
@@ -130,22 +144,66 @@ def _resolve_request(options: dict):
         segment_frames=options["segment_frames"],
         cached_segments=options["cached_segments"],
         cuda_graphs=options["cuda_graphs"],
+        refiner=_resolve_refiner(options, resolved.num_frames),
+        refiner_offload=options["refiner_offload"],
         out=out,
     )
 
 
-def _write_companions(request) -> list:
-    """`VIDEO.traj.json` (the resolved trajectory: re-run it to reproduce) and `VIDEO.path.png`."""
-    from camrender import trajectory
+def _resolve_refiner(options: dict, frames: int):
+    """--refiner checked against the VAE's latent channels from the configs on disk (nothing loads yet)."""
+    from camrender.refiner_loading import resolve_refiner, vae_latent_channels
 
-    written = [companion_path(request.out, ".traj.json")]
+    refiner = resolve_refiner(options["refiner"], vae_latent_channels(options["model"], options["vae"]))
+    if refiner is not None and frames < 9:  # 8k+1 frames: k latent frames after the image's
+        raise CamrenderError(f"the refiner needs at least 9 frames (it refines the latent frames after the "
+                             f"image's), got {frames}", field="frames")
+    return refiner
+
+
+def _apply_render_file(options: dict) -> None:
+    """--from-render FILE: the settings and path of FILE (a `NAME.render.json`) for every option
+    not given on the command line; the values go through the options' own types (checked)."""
+    from click.core import ParameterSource
+
+    from camrender.render_settings import read_render_json
+
+    path = options.pop("from_render")
+    if path is None:
+        if options["traj"] is None:
+            raise CamrenderError("give --traj FILE (or --from-render NAME.render.json)", field="traj")
+        return
+    ctx = click.get_current_context()
+    given = {name for name in options if ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None)}
+    if "traj" in given:
+        raise CamrenderError("--traj and --from-render exclude each other (the render file holds the path)",
+                             field="traj")
+    settings, options["_trajectory"] = read_render_json(path)
+    params = {param.name: param for param in ctx.command.params}
+    for name, value in settings.items():
+        option = "frames" if name == "num_frames" else name
+        if option in params and option not in given:
+            try:
+                options[option] = params[option].type_cast_value(ctx, value)
+            except click.BadParameter as error:
+                raise CamrenderError(f"{error.format_message()}", path=path, field=f"settings.{name}") from None
+
+
+def _write_companions(request) -> list:
+    """`VIDEO.traj.json` (the resolved trajectory), `VIDEO.render.json` (every setting plus the path:
+    `--from-render` renders the same video) and `VIDEO.path.png`."""
+    from camrender import trajectory
+    from camrender.render_settings import write_render_json
+
+    written = [companion_path(request.out, ".traj.json"), companion_path(request.out, ".render.json")]
     trajectory.save(request.traj, written[0])
+    write_render_json(request, written[1])
     try:
         from camrender.plot import plot_trajectory
     except ImportError:
         return written
     written.append(companion_path(request.out, ".path.png"))
-    plot_trajectory(request.traj, written[1])
+    plot_trajectory(request.traj, written[-1])
     return written
 
 
@@ -162,8 +220,12 @@ def _quiet_libraries() -> None:
 
 
 @click.command()
-@click.option("--traj", "traj", required=True, type=click.Path(dir_okay=False, path_type=Path),
-              help="Trajectory file (v1 JSON, RealEstate10K .txt, nerfstudio camera_path.json, ...).")
+@click.option("--traj", "traj", default=None, type=click.Path(dir_okay=False, path_type=Path),
+              help="Trajectory file (v1 JSON, RealEstate10K .txt, nerfstudio camera_path.json, COLMAP "
+                   "images.txt, transforms.json) or an action string such as w-80,jw-40.")
+@click.option("--from-render", "from_render", default=None, type=click.Path(dir_okay=False, path_type=Path),
+              help="Render again from a NAME.render.json written beside a video (its settings and path; "
+                   "options given here win).")
 @click.option("--out", "out", required=True, type=click.Path(path_type=Path), help="Output video (.mp4).")
 @click.option("--prompt", default=None, help="Text prompt (default: the trajectory's).")
 @click.option("--negative-prompt", default=None, help="Negative prompt (default: the trajectory's, else empty).")
@@ -207,6 +269,16 @@ def _quiet_libraries() -> None:
                    "the recipe's, 1 for streaming, all for chunk-causal).")
 @click.option("--cuda-graphs/--no-cuda-graphs", default=True, show_default=True,
               help="Replay the denoising passes as CUDA graphs (CUDA only, not with --offload).")
+@click.option("--resume", is_flag=True,
+              help="Segment mode: continue an interrupted render of the same command from its checkpoint.")
+@click.option("--checkpoint-every", default=DEFAULT_CHECKPOINT_EVERY, show_default=True,
+              type=click.FloatRange(min=0), help="Segment mode: seconds between checkpoints (0: every segment).")
+@click.option("--refiner", default="none", show_default=True,
+              help="Stage 2: the SANA-WM refiner (a folder such as SANA-WM_streaming/refiner_diffusers, a hub id, "
+                   "'tiny' with --model tiny, or 'none').")
+@click.option("--refiner-offload", default="none", show_default=True, type=click.Choice(["none", "layers"]),
+              help="layers: the refiner's blocks visit the GPU one at a time (small GPUs; needs accelerate).")
+@cli_launch.gpus_option("GPUs for this video, started as torchrun workers (full mode with guidance: 2).")
 def render(**options):
     """Render a video along a camera path.
 
@@ -215,34 +287,119 @@ def render(**options):
     camrender render --traj path.json --image first.png --prompt "..." --out video.mp4
 
     Writes VIDEO.mp4 (H.264), VIDEO.traj.json (the resolved trajectory: prompt, image, seed,
-    frames; render it again to reproduce) and VIDEO.path.png (a plot of the path).
+    frames), VIDEO.render.json (every setting plus the path: --from-render renders the same
+    video) and VIDEO.path.png (a plot of the path). Segment mode saves checkpoints; after an
+    interruption, the same command with --resume continues it.
     """
-    request = _resolve_request(options)
+    from camrender.cfg_parallel import check_split
+    from camrender.resume import check_partials
 
-    _quiet_libraries()
+    _apply_render_file(options)
+    resume, checkpoint_every = options.pop("resume"), options.pop("checkpoint_every")
+    gpus = options.pop("gpus")
+    with cli_launch.quiet_checks(gpus):  # their warnings come once, from rank 0
+        request = _resolve_request(options)
+    if request.refiner is not None and resume:
+        raise CamrenderError("--resume does not work with --refiner yet (the refiner's state is not checkpointed)",
+                             field="resume")
+    if request.recipe == "chunk-causal" and resume:
+        raise CamrenderError("--resume does not work with the chunk-causal recipe (several chunks are in flight at "
+                             "every boundary)", field="resume")
+    if cli_launch.wants_launch(gpus):  # one host, several GPUs: torchrun's workers run this command again
+        check_split(request.mode, request.guidance, gpus)
+        sys.exit(cli_launch.relaunch(gpus, request.device))
+    ranks = cli_launch.join_render(request)  # under torchrun: this rank's group and GPU; None on one process
+    leader = ranks is None or ranks.is_leader
+    log = lambda line: click.echo(f"camrender: {line}", err=True) if leader else None  # noqa: E731
+    resume_info = check_partials(request, resume, log) if leader else None  # before the model loads
+    bar = _StepBar("denoising" if request.mode == "full" else "segments") if leader else None
+    try:
+        _quiet_libraries()
+        log(f"loading {request.model}")
+        pipe = load_patched_pipeline(request, log)
+        frames, companions = write_video(pipe, request, bar, resume_info=resume_info,
+                                         checkpoint_every=checkpoint_every, log=log)
+    finally:
+        if bar is not None:
+            bar.close()
+        distributed.stop()
+    log(f"wrote {request.out} ({frames} frames, {request.width}x{request.height}, {request.fps:g} fps) and "
+        f"{', '.join(str(p) for p in companions)}")
+
+
+def load_patched_pipeline(request, log=None):
+    """The request's pipeline on its device, patched with its `--kernels`, with its `--refiner` attached."""
     from camrender.loading import load_pipeline
     from camrender.patch import patch_transformer
-    from camrender.render import check_request, render_frames
-    from camrender.video import VideoWriter
 
-    log = lambda line: click.echo(f"camrender: {line}", err=True)  # noqa: E731
-    click.echo(f"camrender: loading {request.model}", err=True)
     pipe = load_pipeline(request.model, dtype=request.dtype, device=request.device, offload=request.offload,
                          transformer_weights=request.transformer_weights, vae=request.vae, log=log,
                          allow_missing_weights=request.allow_missing_weights)
     patch_transformer(pipe.transformer, kernels=request.kernels)
-    check_request(pipe, request)
+    if request.refiner is not None:
+        from camrender.refiner_loading import load_stage_two
 
-    bar = _StepBar("denoising" if request.mode == "full" else "segments")
+        if log is not None:
+            log(f"loading the refiner {request.refiner}")
+        load_stage_two(pipe, request)
+    return pipe
+
+
+def write_video(pipe, request, progress=None, *, resume_info=None, checkpoint_every=DEFAULT_CHECKPOINT_EVERY,
+                log=None) -> tuple:
+    """Render `request` with `pipe` into `request.out` and its side files: (frames written, side files).
+
+    Segment mode writes checkpoints every `checkpoint_every` seconds and continues from
+    `resume_info` (`camrender.resume.check_partials`). The other ranks of a video group render
+    along and write nothing: (0, []).
+    """
+    from camrender.render import check_request, render_frames
+
+    check_request(pipe, request)
+    if not distributed.is_video_leader():
+        for _ in render_frames(pipe, request, progress):
+            pass
+        return 0, []
+    # the refiner's window is not part of a checkpoint: with one, the render keeps none
+    video, checkpoints = _video_output(request, resume_info,
+                                       checkpoint_every if request.refiner is None else float("inf"))
+    chunks = render_frames(pipe, request, progress, checkpoints=checkpoints)
+    if distributed.shares_video():
+        # The temporary video appears with the first frames: by then the ranks of a split render
+        # have finished their collectives, so a rank that fails before leaves no file behind.
+        first = next(chunks, None)
+        chunks = itertools.chain([] if first is None else [first], chunks)
+    completed = False
     try:
-        with VideoWriter(request.out, fps=request.fps) as video:
-            for frames in render_frames(pipe, request, bar):
+        with video:
+            for frames in chunks:
                 video.append(frames)
+        completed = True
     finally:
-        bar.close()
-    companions = _write_companions(request)
-    click.echo(f"camrender: wrote {request.out} ({video.frames_written} frames, {request.width}x{request.height}, "
-               f"{request.fps:g} fps) and {', '.join(str(p) for p in companions)}", err=True)
+        if checkpoints is not None:
+            checkpoints.finish(completed)
+            if not completed and checkpoints.saved and log is not None:
+                log(f"the render can continue from its checkpoint: rerun the same command with --resume "
+                    f"(or remove {checkpoints.folder})")
+    return video.frames_written, _write_companions(request)
+
+
+def _video_output(request, resume_info, checkpoint_every: float):
+    """(video writer, checkpointer or None): full mode writes one mp4 atomically; segment mode
+    one file per segment in the partial folder, with checkpoints (`camrender.resume`)."""
+    from camrender.video import VideoWriter
+
+    if request.mode != "segments":
+        return VideoWriter(request.out, fps=request.fps), None
+    from camrender.render_settings import checkpoint_settings
+    from camrender.resume import Checkpointer, partial_folder
+    from camrender.segment_video import SegmentVideoWriter
+
+    checkpoints = Checkpointer(partial_folder(request.out), checkpoint_settings(request), every=checkpoint_every,
+                               resume_info=resume_info)
+    video = SegmentVideoWriter(request.out, request.fps, checkpoints.folder, first_segment=checkpoints.first_segment,
+                               frames_before=checkpoints.frames_before)
+    return video, checkpoints
 
 
 @click.command()

@@ -5,6 +5,7 @@ import click
 
 from camrender import cli_traj_view
 from camrender.errors import CamrenderError
+from camrender.formats import help_text
 from camrender.trajectory import presets
 
 
@@ -35,7 +36,9 @@ def _new_options(function):
 
 @traj.command("new", epilog=_preset_help())
 @click.argument("preset")
-@click.option("-o", "--out", required=True, type=click.Path(dir_okay=False), help="Trajectory file to write (.json).")
+@click.option("-o", "--out", required=True, type=click.Path(dir_okay=False),
+              help="Trajectory file to write: .json keeps the keyframes; another format's suffix "
+                   "(.txt: RealEstate10K, ...) writes the per-frame path in it.")
 @click.option("--frames", "num_frames", type=int, default=None, help="Video frames (default 161; the model needs 8k+1).")
 @click.option("--fps", type=float, default=None, help="Frames per second (default 16).")
 @click.option("--width", type=int, default=None, help="Image width in pixels (default 1280).")
@@ -71,9 +74,14 @@ def new_command(preset, out, num_frames, fps, width, height, fov, prompt, negati
     if seed is not None:
         doc["seed"] = seed
     trajectory = v1.parse_document(doc, path=out)  # validates, and checks that the image exists
-    if expand:
-        doc = v1.to_document(trajectory, out)
-    atomic_write_text(out, dump_json(doc))
+    if os.path.splitext(out)[1].lower() != ".json":
+        from camrender.formats import export_file
+
+        export_file(trajectory, out)  # the format its suffix names (an unknown suffix is an error)
+    else:
+        if expand:
+            doc = v1.to_document(trajectory, out)
+        atomic_write_text(out, dump_json(doc))
     note = ""
     if not is_model_length(trajectory.num_frames):
         note = f" (not 8k+1: renders re-time it to {nearest_model_length(trajectory.num_frames)} frames)"
@@ -82,7 +90,7 @@ def new_command(preset, out, num_frames, fps, width, height, fov, prompt, negati
 
 @traj.command("check")
 @click.argument("file")
-@click.option("--from", "fmt", default=None, help="Input format (default: from the suffix/content).")
+@click.option("--from", "fmt", default=None, help=f"Input format: {help_text()} (default: from the suffix/content).")
 def check_command(file, fmt):
     """Validate FILE and print frames, duration, path length, fov range and the largest step per frame."""
     from camrender.trajectory import is_model_length, nearest_model_length
@@ -110,8 +118,10 @@ def check_command(file, fmt):
 @traj.command("convert")
 @click.argument("source")
 @click.option("-o", "--out", required=True, type=click.Path(dir_okay=False), help="File to write.")
-@click.option("--from", "from_fmt", default=None, help="Input format (default: from the suffix/content).")
-@click.option("--to", "to_fmt", default=None, help="Output format (default: from the output suffix).")
+@click.option("--from", "from_fmt", default=None,
+              help=f"Input format: {help_text()} (default: from the suffix/content).")
+@click.option("--to", "to_fmt", default=None,
+              help=f"Output format: {help_text(exportable=True)} (default: from the output suffix).")
 def convert_command(source, out, from_fmt, to_fmt):
     """Convert SOURCE to another format (with --from actions, SOURCE may be the action string itself)."""
     from camrender.formats import export_file, get
@@ -124,11 +134,9 @@ def convert_command(source, out, from_fmt, to_fmt):
 
 
 def _read(source, fmt):
-    from camrender.formats import actions, import_file
+    from camrender.formats import import_file
 
-    if fmt == "actions" and not os.path.exists(source):
-        return actions.from_string(source)
-    return import_file(source, fmt)
+    return import_file(source, fmt)  # a SOURCE that names no file may be the action string itself
 
 
 for _command in cli_traj_view.COMMANDS:

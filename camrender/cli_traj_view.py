@@ -19,13 +19,16 @@ def _load(path):
 
 @click.command("plot")
 @click.argument("file", type=click.Path(dir_okay=False))
-@click.option("-o", "--out", required=True, type=click.Path(), help="PNG to write.")
+@click.option("-o", "--out", required=True, type=click.Path(), help="Plot to write (.png, .jpg, .pdf or .svg).")
 @click.option("--every", type=click.IntRange(min=1), default=None,
               help="Draw a view frustum every N frames (default: about 16 per path).")
 def plot_command(file, out, every):
     """Top and side views of the path with frustums, plus speed and field-of-view charts (PNG)."""
-    from camrender.plot import plot_trajectory
+    from camrender.formats.fileio import check_output_path
+    from camrender.plot import plot_format, plot_trajectory
 
+    plot_format(out)
+    check_output_path(out)
     traj = _load(file)
     plot_trajectory(traj, out, every=every)
     click.echo(f"wrote {out}: {traj.num_frames} frames")
@@ -51,9 +54,14 @@ def preview_command(file, out, overlay, width, height, scene_scale, absolute):
     Ground 1.5 units below; red sphere ahead (+z), magenta right (+x), cyan left
     (-x), orange box behind (-z); a dark post 2 units ahead. See docs/preview.md.
     """
-    from camrender.preview import write_preview
+    from camrender.formats.fileio import check_output_path
+    from camrender.preflight import check_suffix, VIDEO_SUFFIXES
+    from camrender.preview import preview_size, write_preview
 
+    check_suffix(out, VIDEO_SUFFIXES, "the preview video")
+    check_output_path(out)
     traj = _load(file)
+    preview_size(traj, width, height)  # size limits before any frame is drawn
     start = time.perf_counter()
     w, h = write_preview(traj, out, width=width, height=height, overlay=overlay, scene_scale=scene_scale,
                          relative=not absolute, progress=True)

@@ -107,9 +107,9 @@ def load_pipeline(model: str = DEFAULT_MODEL, *, dtype="auto", device=None, offl
     return pipe
 
 
-def _from_pretrained(model: str, torch_dtype):
-    from diffusers import SanaWMPipeline
-
+def model_source(model: str) -> str:
+    """What `from_pretrained` loads for `model`: a local pipeline folder or a hub id. CamrenderError
+    (before anything loads) when it is neither."""
     folder = Path(model).expanduser()
     if folder.exists():
         if not folder.is_dir() or not (folder / "model_index.json").is_file():
@@ -120,6 +120,13 @@ def _from_pretrained(model: str, torch_dtype):
         source = model
     else:
         raise CamrenderError(f"model folder not found; {_SUGGESTION}", path=model, field="model")
+    return source
+
+
+def _from_pretrained(model: str, torch_dtype):
+    from diffusers import SanaWMPipeline
+
+    source = model_source(model)
     try:
         return SanaWMPipeline.from_pretrained(source, dtype=torch_dtype)
     except Exception as error:  # hub/network errors come in many types; all mean "cannot load"

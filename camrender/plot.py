@@ -65,7 +65,7 @@ def _default_every(num_frames: int) -> int:
 
 
 def plot_trajectory(traj, path, *, every: int | None = None) -> None:
-    """Write a PNG at `path` (atomically) showing `traj` (a camrender Trajectory).
+    """Write a plot (PNG, or JPEG/PDF/SVG by the suffix of `path`) atomically, showing `traj` (a camrender Trajectory).
 
     every: draw a frustum every this many frames (default: about 16 per path, plus the
     last frame). Frustum depth is a tenth of the path's extent (or 1 unit for a static camera).
@@ -158,8 +158,21 @@ def plot_trajectory(traj, path, *, every: int | None = None) -> None:
     _save_atomic(fig, path)
 
 
+PLOT_FORMATS = {".png": "png", ".jpg": "jpeg", ".jpeg": "jpeg", ".pdf": "pdf", ".svg": "svg"}
+
+
+def plot_format(path) -> str:
+    """matplotlib's format name for the plot file `path`, by its suffix; CamrenderError for others."""
+    suffix = os.path.splitext(os.fspath(path))[1].lower()
+    if suffix not in PLOT_FORMATS:
+        raise CamrenderError(f"a plot is written as {', '.join(PLOT_FORMATS)}; got {suffix or 'no suffix'!r}",
+                             path=os.fspath(path))
+    return PLOT_FORMATS[suffix]
+
+
 def _save_atomic(fig, path) -> None:
     from camrender.formats.fileio import atomic_output
 
+    fmt = plot_format(path)
     with atomic_output(path, "wb") as out:
-        fig.savefig(out, format="png")
+        fig.savefig(out, format=fmt)

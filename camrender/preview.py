@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from camrender.errors import CamrenderError
+from camrender.limits import MAX_PREVIEW_SIDE
 from camrender.trajectory.rotations import relative_poses
 from camrender.trajectory.stats import fields_of_view
 
@@ -409,6 +410,10 @@ def preview_size(traj, width: int | None = None, height: int | None = None) -> t
     else:
         w, h = width, height
     w, h = max(2, int(math.floor(w / 2 + 0.5)) * 2), max(2, int(math.floor(h / 2 + 0.5)) * 2)
+    if max(w, h) > MAX_PREVIEW_SIDE:
+        given = "--width/--height" if width is not None or height is not None else "the trajectory's image size"
+        raise CamrenderError(f"a preview is at most {MAX_PREVIEW_SIDE} pixels a side, got {w}x{h} from {given}",
+                             field="size")
     return w, h
 
 

@@ -57,6 +57,11 @@ class RenderRequest:
             mode; None: the recipe's).
         cuda_graphs: replay the denoising passes as CUDA graphs (`camrender.graphs`; on CUDA, without
             model CPU offload).
+        refiner: stage 2 (`camrender.refiner_loading.resolve_refiner`'s result: None, "tiny", a checked
+            folder or a hub id); loaded next to the pipeline and attached to it
+            (`camrender.stage_two.attach_refiner`).
+        refiner_offload: "none" (the refiner's DiT lives on the GPU) | "layers" (its blocks visit the GPU
+            one at a time).
         out: output video path.
     """
 
@@ -84,6 +89,8 @@ class RenderRequest:
     segment_frames: Optional[int] = None
     cached_segments: Optional[int] = None
     cuda_graphs: bool = True
+    refiner: Optional[str] = None
+    refiner_offload: str = "none"
     out: Optional[Path] = None
 
 
@@ -93,14 +100,16 @@ Progress = Optional[Callable[..., None]]
 
 
 # ----------------------------------------------------------------------------- entry point
-def render_frames(pipe, request: RenderRequest, progress: Progress = None) -> Iterator[np.ndarray]:
-    """Yield the video of `request` as uint8 (F_chunk, H, W, 3) chunks, in order (see module docstring)."""
+def render_frames(pipe, request: RenderRequest, progress: Progress = None, checkpoints=None) -> Iterator[np.ndarray]:
+    """Yield the video of `request` as uint8 (F_chunk, H, W, 3) chunks, in order (see module docstring).
+
+    checkpoints: segment mode's `camrender.resume.Checkpointer` (resume / save), or None."""
     if request.mode == "full":
         yield from render_full(pipe, request, progress)
     elif request.mode == "segments":
         from camrender.render_segments import render_segments
 
-        yield from render_segments(pipe, request, progress)
+        yield from render_segments(pipe, request, progress, checkpoints=checkpoints)
     else:
         raise CamrenderError(f"must be one of {', '.join(MODES)}, got {request.mode!r}", field="mode")
 
@@ -108,9 +117,14 @@ def render_frames(pipe, request: RenderRequest, progress: Progress = None) -> It
 def render_full(pipe, request: RenderRequest, progress: Progress = None) -> Iterator[np.ndarray]:
     """Full-clip render: denoise all latent frames together, decode, yield every frame at once
     (converted to uint8 where it was decoded: the float video is 4x the bytes of the frames)."""
+    from camrender.distributed import is_video_leader
     from camrender.segment_decode import to_uint8_frames
+    from camrender.stage_two import refine_clip
 
-    yield to_uint8_frames(_sample_and_decode(pipe, request, progress))
+    latents = sample_latents(pipe, request, progress)
+    if is_video_leader():  # the other ranks of a video group hold the same latents (camrender.cfg_parallel)
+        latents = refine_clip(pipe, request, latents, progress=progress)  # stage 2 (--refiner); unchanged without one
+        yield to_uint8_frames(_decode(pipe, latents))
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -359,9 +373,12 @@ def sample_latents(pipe, request: RenderRequest, progress: Progress = None):
 
     Latent frame 0 holds the encoded first image and stays clean (its timestep is 0
     throughout); every other frame starts from noise and follows the scheduler's sigmas.
+    On a video group of two ranks each runs one guidance row (`camrender.cfg_parallel`); every
+    rank returns the same latents.
     """
     import torch
 
+    from camrender.cfg_parallel import guidance_split
     from camrender.patch_block import fixed_plucker
 
     check_request(pipe, request)
@@ -371,11 +388,13 @@ def sample_latents(pipe, request: RenderRequest, progress: Progress = None):
     device = pipe._execution_device
     dtype = transformer.dtype
     guidance = request.guidance is not None and request.guidance > 1.0
-    batch = 2 if guidance else 1
 
     inputs = prepare_inputs(pipe, request, device)
-    text, text_mask = inputs.text, inputs.text_mask
-    camera = {"camera_conditions": inputs.camera_conditions, "chunk_plucker": inputs.chunk_plucker}
+    split = guidance_split(guidance)  # a video group of two ranks: each runs one guidance row
+    rows = split.rows if split is not None else (lambda batch_tensor: batch_tensor)
+    text, text_mask = rows(inputs.text), rows(inputs.text_mask)
+    camera = {"camera_conditions": rows(inputs.camera_conditions), "chunk_plucker": inputs.chunk_plucker}
+    local_batch = text.shape[0]
     latents = inputs.noise.to(device)
     channels, frames, h, w = latents.shape[1:]
     with torch.no_grad():
@@ -402,8 +421,10 @@ def sample_latents(pipe, request: RenderRequest, progress: Progress = None):
         # the Plucker maps' per-block projections, once (not under offload: it is there to save memory)
         with fixed_plucker(transformer, None if offloaded else camera.get("chunk_plucker")):
             for index, t in enumerate(timesteps):
-                frame_timesteps = (t.float() * frame_is_noisy).expand(batch, 1, frames)
-                prediction = forward(latents.repeat(batch, 1, 1, 1, 1), frame_timesteps)
+                frame_timesteps = (t.float() * frame_is_noisy).expand(local_batch, 1, frames)
+                prediction = forward(latents.repeat(local_batch, 1, 1, 1, 1), frame_timesteps)
+                if split is not None:
+                    prediction = split.gather(prediction)
                 if guidance:
                     uncond, cond = prediction.chunk(2)
                     prediction = uncond + request.guidance * (cond - uncond)
@@ -424,15 +445,18 @@ def sample_latents(pipe, request: RenderRequest, progress: Progress = None):
 def sample_video(pipe, request: RenderRequest, progress: Progress = None):
     """Sample and decode the whole clip: (F, H, W, 3) float32 in [0, 1] on the CPU (as the diffusers
     pipeline returns it; renders take uint8 frames from `render_full`)."""
-    video = _sample_and_decode(pipe, request, progress)
+    from camrender.stage_two import refine_clip
+
+    latents = refine_clip(pipe, request, sample_latents(pipe, request, progress), progress=progress)
+    video = _decode(pipe, latents)
     return (video[0].float() / 2 + 0.5).clamp(0, 1).permute(1, 2, 3, 0).cpu()
 
 
-def _sample_and_decode(pipe, request: RenderRequest, progress: Progress = None):
-    """`sample_latents`, then the decode: (1, 3, F, H, W) in [-1, 1] on the VAE's device."""
+def _decode(pipe, latents):
+    """`decode_latents` with the pipeline's VAE, then its offload hooks released: (1, 3, F, H, W) in
+    [-1, 1] on the VAE's device. `latents` are stage 2's output when there is a refiner."""
     import torch
 
-    latents = sample_latents(pipe, request, progress)
     with torch.no_grad():
         video = decode_latents(pipe.vae, latents)
     if hasattr(pipe, "maybe_free_model_hooks"):

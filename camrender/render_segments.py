@@ -96,9 +96,12 @@ def sample_segment(model, inputs: RenderInputs, start: int, stop: int, cache, ti
 
 
 def sample_segments(model, inputs: RenderInputs, bounds, timesteps, options, device, *,
-                    cuda_graphs: bool = False) -> Iterator:
+                    cuda_graphs: bool = False, cache=None, first_segment: int = 0) -> Iterator:
     """Yield `(index, start, stop, latents)` for each segment in order, carrying one `SegmentCache`
     (an offloaded transformer is brought back to the GPU before each segment).
+
+    cache, first_segment: continue from a restored cache at segment `first_segment` (resume);
+    default an empty cache at segment 0.
 
     cuda_graphs: replay the denoising passes as CUDA graphs (`camrender.graphs`); off
     under model CPU offload (the weights move between segments). Off CUDA the same replay path
@@ -109,7 +112,7 @@ def sample_segments(model, inputs: RenderInputs, bounds, timesteps, options, dev
     from camrender.graphs import GraphedForward
     from camrender.segments import SegmentCache, segment_forward
 
-    cache = SegmentCache.empty(model)
+    cache = SegmentCache.empty(model) if cache is None else cache
     graphs = None
     if cuda_graphs and getattr(model, "_hf_hook", None) is None:
         def forward(x, timestep, conditioning, segment_cache):
@@ -118,17 +121,21 @@ def sample_segments(model, inputs: RenderInputs, bounds, timesteps, options, dev
 
         graphs = GraphedForward(forward, capture=torch.device(device).type == "cuda")
     for index, (start, stop) in enumerate(bounds):
+        if index < first_segment:
+            continue
         _bring_to_device(model)
         yield index, start, stop, sample_segment(model, inputs, start, stop, cache, timesteps, options, device,
                                                  graphs=graphs)
 
 
-def sample_chunk_flow_hook(model, inputs: RenderInputs, bounds, timesteps, options, device, *,
+def sample_chunk_flow(model, inputs: RenderInputs, bounds, timesteps, options, device, *,
                       cuda_graphs: bool = False) -> Iterator:
-    """The chunk-causal teacher's ChunkFlowEuler sampler (staggered per-chunk schedule); same
-    contract as `sample_segments`. Hook: not implemented yet."""
-    raise CamrenderError("the chunk-causal recipe's ChunkFlowEuler sampler is not implemented yet; "
-                         "use --recipe streaming with the streaming checkpoint", field="recipe")
+    """The chunk-causal teacher's ChunkFlowEuler sampler (`camrender.chunk_causal`); same contract as
+    `sample_segments`, with `timesteps` its `TeacherSchedule` (`chunk_causal.teacher_schedule`). No
+    CUDA-graph replay: the in-flight window changes shape from step to step."""
+    from camrender.chunk_causal import sample_chunk_causal
+
+    yield from sample_chunk_causal(model, inputs, bounds, timesteps, options, device, before_call=_bring_to_device)
 
 
 # Segment-mode sampler of each recipe's `sampler` word: (model, inputs, bounds, timesteps, options,
@@ -136,7 +143,7 @@ def sample_chunk_flow_hook(model, inputs: RenderInputs, bounds, timesteps, optio
 SEGMENT_SAMPLERS = {
     "self-forcing": sample_segments,
     "euler": sample_segments,  # the bidirectional checkpoint forced into segment mode
-    "chunk-flow-euler": sample_chunk_flow_hook,  # replace with the ChunkFlowEuler sampler
+    "chunk-flow-euler": sample_chunk_flow,
 }
 
 
@@ -147,18 +154,23 @@ def _bring_to_device(module) -> None:
         hook.pre_forward(module)
 
 
-def render_segments(pipe, request, progress: Optional[Callable[..., None]] = None) -> Iterator[np.ndarray]:
+def render_segments(pipe, request, progress: Optional[Callable[..., None]] = None,
+                    checkpoints=None) -> Iterator[np.ndarray]:
     """Yield the video of `request` as uint8 (F_segment, H, W, 3) chunks, one per finished segment.
 
     `progress(done, total, info)` is called after each segment (done/total in segments; info:
     frames written, seconds of video, video frames per second of wall time).
+    checkpoints: a `camrender.resume.Checkpointer` (or None): the render starts from its
+    checkpoint, if it has one, and saves one at segment boundaries, after the consumer has
+    taken the previous segment's frames (so they are written before the checkpoint refers to them).
     """
     import torch
 
     from camrender import render
     from camrender.patch import KERNEL_BACKENDS
-    from camrender.segment_decode import CausalStreamDecoder, to_uint8_frames
-    from camrender.segments import SegmentOptions, segment_bounds
+    from camrender.segment_decode import CausalStreamDecoder
+    from camrender.segments import SegmentCache, SegmentOptions, segment_bounds
+    from camrender.stage_two import refined_frames, stage_two
 
     render.check_request(pipe, request)  # steps None: the segment step list
     recipe = get_recipe(request.recipe)
@@ -177,23 +189,43 @@ def render_segments(pipe, request, progress: Optional[Callable[..., None]] = Non
                              field="frames")
     options = SegmentOptions.for_recipe(recipe, cached_segments=cached_segments,
                                         backend=KERNEL_BACKENDS[request.kernels])
-    timesteps = segment_timesteps(pipe.scheduler, request.steps, recipe)
     inputs = prepare_inputs(pipe, request, device)
-    bounds = segment_bounds(inputs.noise.shape[2], segment_frames)
+    if recipe.sampler == "chunk-flow-euler":  # the teacher's own layout and staggered schedule
+        from camrender.chunk_causal import teacher_chunk_bounds, teacher_schedule
+
+        bounds = teacher_chunk_bounds(inputs.noise.shape[2], segment_frames)
+        timesteps = teacher_schedule(len(bounds), steps=request.steps or recipe.steps)
+    else:
+        bounds = segment_bounds(inputs.noise.shape[2], segment_frames)
+        timesteps = segment_timesteps(pipe.scheduler, request.steps, recipe)
     sampler = SEGMENT_SAMPLERS[recipe.sampler]
     decoder = CausalStreamDecoder(pipe.vae, device=device)
-
+    cache, first = SegmentCache.empty(model), 0
     written = 0
-    started = time.perf_counter()
+    if recipe.sampler == "chunk-flow-euler":
+        checkpoints = None  # several chunks are in flight at every boundary: nothing to resume from
+    if checkpoints is not None:
+        cache, first = checkpoints.restore(cache, decoder, device, bounds)
+        written = checkpoints.frames_before
+
+    started, resumed_at = time.perf_counter(), written
     with torch.no_grad():
-        for index, start, stop, latents in sampler(model, inputs, bounds, timesteps, options, device,
-                                                   cuda_graphs=request.cuda_graphs and device.type == "cuda"):
-            frames = to_uint8_frames(decoder.decode(latents))
+        # the self-forcing sampler continues from a restored cache; the teacher's chunks in flight are not checkpointed
+        resumable = {} if recipe.sampler == "chunk-flow-euler" else {"cache": cache, "first_segment": first}
+        segments = (latents for *_, latents in sampler(
+            model, inputs, bounds, timesteps, options, device, cuda_graphs=request.cuda_graphs and device.type == "cuda",
+            **resumable))
+        # stage 2 (--refiner; a pass-through without one) and the streaming decode, segment by segment
+        for done, frames in refined_frames(stage_two(pipe, request, device), segments, decoder, device):
+            done += first
             written += len(frames)
             if progress is not None:
                 elapsed = max(time.perf_counter() - started, 1e-9)
-                progress(index + 1, len(bounds), f"{written} frames, {written / request.fps:.1f} s of video, "
-                                                 f"{written / elapsed:.1f} frames/s")
-            yield frames
+                progress(done, len(bounds), f"{written} frames, {written / request.fps:.1f} s of video, "
+                                            f"{(written - resumed_at) / elapsed:.1f} frames/s")
+            if len(frames):
+                yield frames
+            if checkpoints is not None:
+                checkpoints.maybe_save(done, bounds, written, cache, decoder)
     if hasattr(pipe, "maybe_free_model_hooks"):
         pipe.maybe_free_model_hooks()

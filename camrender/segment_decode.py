@@ -16,7 +16,7 @@ import functools
 
 import torch
 
-__all__ = ["CausalStreamDecoder", "video_frames_for_latents", "to_uint8_frames"]
+__all__ = ["CausalStreamDecoder", "video_frames_for_latents", "to_uint8_frames", "to_uint8_frames_async"]
 
 
 def video_frames_for_latents(start: int, stop: int, temporal_ratio: int = 8) -> int:
@@ -26,14 +26,26 @@ def video_frames_for_latents(start: int, stop: int, temporal_ratio: int = 8) -> 
 
 def to_uint8_frames(video: torch.Tensor):
     """(B=1, 3, F, H, W) decoded video in [-1, 1] -> numpy uint8 (F, H, W, 3)."""
+    frames, ready = to_uint8_frames_async(video)
+    if ready is not None:
+        ready.synchronize()
+    return frames.numpy()
+
+
+def to_uint8_frames_async(video: torch.Tensor):
+    """`to_uint8_frames` without waiting: (uint8 (F, H, W, 3) host tensor, CUDA event or None). On CUDA the
+    copy into the host tensor is queued on the current stream; read it after `event.synchronize()`."""
     frames = (video[0].float() / 2 + 0.5).clamp(0, 1).mul(255).round().to(torch.uint8)
     # Transpose on the device (a strided copy would leave the transpose to numpy) and copy into
     # page-locked memory (several times the bandwidth of a pageable copy; torch caches the buffers).
     frames = frames.permute(1, 2, 3, 0).contiguous()
     if not frames.is_cuda:
-        return frames.numpy()
+        return frames, None
     host = torch.empty(frames.shape, dtype=frames.dtype, pin_memory=True)
-    return host.copy_(frames).numpy()
+    host.copy_(frames, non_blocking=True)
+    ready = torch.cuda.Event()
+    ready.record(torch.cuda.current_stream(frames.device))
+    return host, ready
 
 
 class CausalStreamDecoder:
@@ -80,6 +92,20 @@ class CausalStreamDecoder:
             video = vae.decode(z, causal=True, return_dict=False)[0]
         self.latent_frames += latents.shape[2]
         return video
+
+    def state(self) -> dict:
+        """What the next chunk depends on: {"latent_frames": int, "tails": per causal conv (in module
+        order) its last k - 1 input frames (1, C, k - 1, h, w), or None before the first chunk}."""
+        return {"latent_frames": self.latent_frames, "tails": [self._tails.get(id(conv)) for conv in self._convs]}
+
+    def load_state(self, state: dict) -> None:
+        """Continue from `state()` of a decoder over the same VAE (e.g. after a resume)."""
+        tails = state["tails"]
+        if len(tails) != len(self._convs):
+            raise ValueError(f"decoder state has {len(tails)} convolution tails, this VAE {len(self._convs)}")
+        device = self.device or self.vae.device
+        self._tails = {id(conv): tail.to(device) for conv, tail in zip(self._convs, tails) if tail is not None}
+        self.latent_frames = int(state["latent_frames"])
 
     @contextlib.contextmanager
     def _streaming(self):

@@ -360,12 +360,26 @@ def _softmax_scale(head_dim: int, options: SegmentOptions, camera: bool = False)
     return padded_sdpa_scale(head_dim) if camera and options.softmax_scale == "diffusers" else head_dim ** -0.5
 
 
-def _attend(query, key, value, cached: list, scale: float, mask) -> torch.Tensor:
+def _attend(query, key, value, cached: list, scale: float, mask, prefixes=None) -> torch.Tensor:
     """SDPA of the call's queries (B, H, n, D) over the cached (key, value) pairs of earlier
-    segments followed by the call's own keys and values."""
+    segments followed by the call's own keys and values; with `prefixes` (`_prefix_rows`), each
+    query row range attends to a prefix of those keys instead (no mask)."""
     keys = torch.cat([k for k, _ in cached] + [key], dim=2)
     values = torch.cat([v for _, v in cached] + [value], dim=2)
-    return sdpa(query, keys, values, scale=scale, mask=mask)
+    if prefixes is None:
+        return sdpa(query, keys, values, scale=scale, mask=mask)
+    return torch.cat([sdpa(query[:, :, q0:q1], keys[:, :, :k1], values[:, :, :k1], scale=scale)
+                      for q0, q1, k1 in prefixes], dim=2)
+
+
+def _prefix_rows(call: _Call, options: SegmentOptions, context: list) -> Optional[list]:
+    """With an unbounded window (cached_segments None) a multi-segment call is block-causal: the
+    queries of call segment (a, b) see every cached key and the call's keys up to frame b. Returns
+    (query start, query stop, key stop) token ranges, one per segment, or None (one segment / a window)."""
+    if options.cached_segments is not None or len(call.segments) == 1:
+        return None
+    cached_tokens = sum(kv.key.shape[2] for kv in context)
+    return [(a * call.spatial, b * call.spatial, cached_tokens + b * call.spatial) for a, b in call.segments]
 
 
 def _softmax_attention(attn, x, rope, rays, call: _Call, cache: BlockCache, options: SegmentOptions):
@@ -377,20 +391,21 @@ def _softmax_attention(attn, x, rope, rays, call: _Call, cache: BlockCache, opti
     sdpa_dtype = sdpa_operand_dtype(x.dtype, options.sdpa_dtype)
     triton = use_triton(x, call.backend)
     context = cache.softmax_context()
-    if context and len(call.segments) > 1:
-        raise ValueError("a call with several segments must start from an empty cache")
-    mask = _softmax_mask(call, options, x.device)
+    prefixes = _prefix_rows(call, options, context)
+    if context and len(call.segments) > 1 and prefixes is None:
+        raise ValueError("a call with several segments starts from a cache only with cached_segments=None")
+    mask = None if prefixes is not None else _softmax_mask(call, options, x.device)
 
     query, key, value = softmax_qkv(attn, x, rope, sdpa_dtype, triton)
     out = _attend(query, key, value, [(kv.key, kv.value) for kv in context],
-                  _softmax_scale(attn.dim, options), mask)
+                  _softmax_scale(attn.dim, options), mask, prefixes)
     out = out.transpose(1, 2).reshape(batch, tokens, channels).to(x.dtype)
 
     cam_out = cam_key = cam_value = None
     if rays is not None:
         cam_query, cam_key, cam_value = camera_encode(attn, x, rays, sdpa_dtype, triton, options.camera_downscale)
         cam_out = _attend(cam_query, cam_key, cam_value, [(kv.cam_key, kv.cam_value) for kv in context],
-                          _softmax_scale(attn.cam_head_dim, options, camera=True), mask)
+                          _softmax_scale(attn.cam_head_dim, options, camera=True), mask, prefixes)
         cam_out = attn.out_proj_cam(camera_decode(attn, cam_out, rays, x.dtype, triton))
 
     if call.write:

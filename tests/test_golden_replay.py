@@ -44,11 +44,12 @@ def test_a_rule_other_than_the_official_one_is_caught(rule):
     assert result["max_rel_error"] > 1e-3, rule
 
 
-def test_short_conv_context_is_carried_across_chunks():
-    """The conv-perturbed golden fails when the camera K short conv restarts at every chunk."""
+@pytest.mark.parametrize("kind", ["convs", "chunk_causal"])  # the goldens with randomised K short convs
+def test_short_conv_context_is_carried_across_chunks(kind):
+    """The conv-perturbed goldens fail when the camera K short conv restarts at every chunk."""
     import camrender.segments as segments
 
-    golden = next(g for g in GOLDENS if "convs" in g.stem)
+    golden = next(g for g in GOLDENS if kind in g.stem)
     carried = segments._carried_short_conv
     segments._carried_short_conv = lambda conv, raw, call, cache, tail_name: (
         segments._short_conv(conv, raw, call, carry=False) if tail_name == "cam_key_tail"

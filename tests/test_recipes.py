@@ -81,15 +81,12 @@ def test_streaming_recipe_snaps_frames_to_24k_plus_1(tmp_path, capsys):
     assert code == 2 and "33 frames is not 24k+1" in err and "e.g. 25" in err
 
 
-def test_chunk_causal_sampler_hook_refuses_cleanly(tmp_path, capsys):
-    """Until the ChunkFlowEuler sampler lands, the chunk-causal recipe stops with one line and no video."""
-    from camrender import render_segments
-
-    if render_segments.SEGMENT_SAMPLERS["chunk-flow-euler"] is not render_segments.sample_chunk_flow_hook:
-        pytest.skip("the chunk-causal sampler is implemented")
-    out = tmp_path / "out" / "x.mp4"
-    out.parent.mkdir()
+def test_chunk_causal_recipe_renders_through_the_cli(tmp_path, capsys, monkeypatch):
+    """--recipe chunk-causal runs the teacher's ChunkFlowEuler sampler in segment mode and writes the video."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # the CPU render path, as a user runs it
+    out = tmp_path / "x.mp4"
     code, _, err = run_cli(["--traj", small_trajectory(tmp_path), "--out", out, "--model", "tiny",
-                            "--recipe", "chunk-causal"], capsys)
-    assert code == 2 and "ChunkFlowEuler" in err
-    assert not list(out.parent.iterdir())
+                            "--recipe", "chunk-causal", "--frames", "41", "--height", "32", "--width", "32",
+                            "--steps", "2"], capsys)
+    assert code == 0, err
+    assert out.is_file() and not list(tmp_path.glob(".x.mp4.*"))

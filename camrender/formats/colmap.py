@@ -36,6 +36,7 @@ from camrender.trajectory import rotations
 from camrender.trajectory.model import DEFAULT_FPS, Trajectory
 
 NAME = "colmap"
+FILENAMES = ("images.txt",)  # the names this format's files have by convention
 SUFFIXES = (".txt",)
 DESCRIPTION = "COLMAP text model: images.txt (+ cameras.txt beside it), pinhole cameras"
 

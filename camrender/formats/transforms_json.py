@@ -35,6 +35,7 @@ from camrender.trajectory.model import DEFAULT_FPS, Trajectory, validate_pose
 from camrender.trajectory.rotations import flip_camera_axes
 
 NAME = "transforms_json"
+FILENAMES = ("transforms.json",)  # the names this format's files have by convention
 SUFFIXES = (".json",)
 DESCRIPTION = "instant-ngp / nerfstudio transforms.json (OpenGL c2w per frame)"
 

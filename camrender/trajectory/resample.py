@@ -26,9 +26,12 @@ def is_model_length(num_frames: int, stride: int = TIME_STRIDE) -> bool:
 
 
 def nearest_model_length(num_frames: int, stride: int = TIME_STRIDE) -> int:
-    """The stride*k+1 count closest to ``num_frames`` (ties -> the larger)."""
+    """The stride*k+1 count closest to ``num_frames`` (ties -> the larger); a path of 2 frames or
+    more gets at least stride + 1 (one frame would be the first image alone, no motion)."""
     if num_frames <= 1:
         return 1
+    if num_frames <= stride + 1:
+        return stride + 1
     below = num_frames - (num_frames - 1) % stride
     above = below + stride
     return below if below == num_frames or (num_frames - below) < (above - num_frames) else above

@@ -1,0 +1,272 @@
+"""One host, 1 and 2 GPUs side by side: the full-mode step with CFG parallel, and `camrender batch` throughput.
+
+Starts its measurements as torchrun workers of this same script (NCCL, NVLS and multicast off)
+and prints one JSON object (also written to --out):
+
+- full_mode_step: one guided denoising step of the release-size transformer (random weights, bf16,
+  161 frames at 704x1280, patched, fixed inputs prepared once, replayed as a CUDA graph: the step
+  as rendered), on 1 GPU (B=2) and on 2 GPUs (`camrender.cfg_parallel`: one guidance row per GPU,
+  the predictions all-gathered and mixed on both); ms per step (median), peak memory per GPU,
+  agreement of the 2-GPU guided prediction with the 1-GPU one (cosine, max |a-b| / max |b|);
+- segment_mode: not split yet (the per-block head split comes after issue 13);
+- batch: `camrender.batch` on 4 short paths (41 frames at 704x1280, full mode, guidance 5,
+  --batch-steps steps) with the release-size pipeline in random weights (a one-layer text encoder:
+  no Gemma weights on the machine), on 1 GPU, 2 GPUs with a video each, and 2 GPUs per video;
+  videos per minute after one warm-up video per rank, and the model load seconds.
+
+    python3 bench/bench_multi_gpu.py --out $OUT/bench_multi_gpu.json   # 2 H200s: about 4 minutes
+    python3 bench/bench_multi_gpu.py --tiny                              # CPU (gloo), tiny models: checks the script
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+from common import emit  # noqa: E402
+
+TARGETS = {"full_mode_step_ms_2gpu": 250.0, "batch_speedup_2gpu": 1.9}
+TRAJECTORIES = ("orbit.json", "pan.json", "dolly.json", "spiral.json")
+
+
+def log(message):
+    print(f"bench_multi_gpu: {message}", file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------- driver
+def run_workers(nproc: int, args: list, tiny: bool, timeout: int) -> dict:
+    """Run this script's worker on `nproc` processes under torchrun; rank 0's JSON result."""
+    from camrender.distributed import NCCL_ENV
+
+    with tempfile.TemporaryDirectory() as scratch:
+        out = Path(scratch) / "result.json"
+        env = dict(os.environ, **NCCL_ENV, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+        if tiny:
+            env.update(TRITON_INTERPRET="0", OMP_NUM_THREADS="1")
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+                   __file__, "--worker", *args, "--result", str(out), "--scratch", scratch] + (["--tiny"] if tiny else [])
+        started = time.perf_counter()
+        done = subprocess.run(command, env=env, timeout=timeout)
+        if done.returncode != 0 or not out.exists():
+            return {"error": f"workers exited with code {done.returncode} (see stderr)"}
+        result = json.loads(out.read_text())
+        result["launch_s"] = round(time.perf_counter() - started, 1)
+        return result
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tiny", action="store_true", help="CPU (gloo) with tiny models: checks the script")
+    parser.add_argument("--repeats", type=int, default=10, help="timed steps per layout")
+    parser.add_argument("--batch-steps", type=int, default=20, help="denoising steps of each batch video")
+    parser.add_argument("--skip-batch", action="store_true")
+    parser.add_argument("--timeout", type=int, default=400, help="seconds per torchrun launch")
+    parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--result", type=Path, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--scratch", type=Path, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--gpus-per-video", type=int, default=1, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker == "step":
+        return step_worker(args)
+    if args.worker == "batch":
+        return batch_worker(args)
+
+    result = {"torch": torch.__version__, "targets": TARGETS}
+    log("full-mode step on 1 and 2 GPUs")
+    result["full_mode_step"] = run_workers(2, ["step", "--repeats", str(args.repeats)], args.tiny, args.timeout)
+    result["segment_mode"] = {"1_gpu_vs_2_gpus": "needs the per-block head split (issue 13 first)"}
+    if not args.skip_batch:
+        result["batch"] = {}
+        for name, nproc, per_video in (("1_gpu", 1, 1), ("2_gpus", 2, 1), ("2_gpus_per_video", 2, 2)):
+            log(f"batch: {name}")
+            result["batch"][name] = run_workers(
+                nproc, ["batch", "--batch-steps", str(args.batch_steps), "--gpus-per-video", str(per_video)],
+                args.tiny, args.timeout)
+        one, two = (result["batch"][name].get("videos_per_minute") for name in ("1_gpu", "2_gpus"))
+        if one and two:
+            result["batch"]["speedup_2_gpus"] = round(two / one, 3)
+    step = result["full_mode_step"]
+    if not args.tiny and "2_gpus" in step:
+        result["meets_targets"] = {
+            "full_mode_step_2gpu": step["2_gpus"]["ms_per_step"] <= TARGETS["full_mode_step_ms_2gpu"],
+            "batch_2gpu": result.get("batch", {}).get("speedup_2_gpus", 0) >= TARGETS["batch_speedup_2gpu"],
+        }
+    emit(result, args.out)
+    return result
+
+
+# ----------------------------------------------------------------------------- worker: the step
+def step_worker(args) -> dict:
+    """Rank 0 times the B=2 step alone, then both ranks time the CFG-parallel step."""
+    import torch.distributed as dist
+
+    from bench_transformer import agreement, bench_setup, build_model, make_inputs, time_calls
+    from camrender import distributed
+    from camrender.cfg_parallel import CfgSplit
+    from camrender.patch import patch_transformer
+
+    ranks = distributed.start("cpu" if args.tiny else None)
+    device, dtype, config, frames, height, width = bench_setup(tiny=args.tiny)
+    device = ranks.device
+    model = build_model(config, device, dtype)  # same seed on every rank: the same weights
+    patch_transformer(model, kernels="fused")
+    inputs = make_inputs(config, frames, height, width, device, dtype)
+    result = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+              "shape": {"frames": frames, "height": height, "width": width,
+                        "tokens": int(np.prod(inputs["hidden_states"].shape[2:]))}}
+    if ranks.is_main:
+        times, peak, guided = time_step(model, inputs, None, args.repeats, time_calls)
+        result["1_gpu"] = {"ms_per_step": round(float(np.median(times)), 2), "peak_memory_gib": gib(peak)}
+        reference = guided.float().cpu()
+        log(f"1 GPU: {result['1_gpu']}")
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    dist.barrier(group=ranks.control_group)
+    split = CfgSplit(ranks.video_group, ranks.group_rank)
+    times, peak, guided = time_step(model, inputs, split, args.repeats, time_calls)
+    peaks = distributed.gather_objects(gib(peak), ranks)
+    if ranks.is_main:
+        result["2_gpus"] = {"ms_per_step": round(float(np.median(times)), 2), "peak_memory_gib_per_gpu": peaks,
+                            "agreement_vs_1_gpu": agreement(guided.float().cpu(), reference)}
+        log(f"2 GPUs: {result['2_gpus']}")
+        args.result.write_text(json.dumps(result))
+    distributed.stop()
+    return result
+
+
+def gib(peak: float):
+    """Peak memory in GiB, rounded; None off the GPU (no figure)."""
+    return None if np.isnan(peak) else round(peak, 3)
+
+
+def time_step(model, inputs, split, repeats, time_calls):
+    """(ms per step list, peak GiB, guided prediction) of the step as a render runs it: fixed inputs
+    prepared once (`camrender.render.step_constants`, one Plucker row, text without padding), the
+    forward as a CUDA graph, then (CFG parallel) the all-gather, then the guidance mix."""
+    from camrender.graphs import GraphedForward
+    from camrender.patch_block import fixed_plucker
+    from camrender.render import drop_text_padding, step_constants
+
+    rows = split.rows if split is not None else (lambda batch_tensor: batch_tensor)
+    t, h, w = inputs["hidden_states"].shape[2:]
+    text, mask = drop_text_padding(inputs["encoder_hidden_states"], inputs["encoder_attention_mask"])
+    camera = rows(inputs["camera_conditions"])
+    fixed = {**inputs, **step_constants(model, camera, (t, h, w)), "camera_conditions": camera,
+             "chunk_plucker": inputs["chunk_plucker"][:1], "encoder_hidden_states": rows(text),
+             "encoder_attention_mask": rows(mask)}
+    hidden, timestep = rows(inputs["hidden_states"]), rows(inputs["timestep"])
+
+    def forward(hidden_states, frame_timesteps):
+        return model(**{**fixed, "hidden_states": hidden_states, "timestep": frame_timesteps})[0]
+
+    graphed = GraphedForward(forward, capture=hidden.device.type == "cuda")
+
+    def step():
+        prediction = graphed(hidden, timestep)
+        if split is not None:
+            prediction = split.gather(prediction)
+        uncond, cond = prediction.chunk(2)
+        return uncond + 5.0 * (cond - uncond)
+
+    with fixed_plucker(model, fixed["chunk_plucker"]):
+        return time_calls(step, hidden.device, repeats, warmup=2, peak_with_warmup=True)
+
+
+# ----------------------------------------------------------------------------- worker: batch
+def batch_worker(args) -> dict:
+    """`camrender.batch` on 4 short paths: one warm-up video per rank, then the timed batch."""
+    import torch.distributed as dist
+
+    from camrender import batch as batching
+    from camrender import distributed
+    from camrender.cli_render import _resolve_request, load_patched_pipeline, render, write_video
+
+    ranks = distributed.start("cpu" if args.tiny else None, per_video=args.gpus_per_video)
+    model = "tiny" if args.tiny else "release-random"
+    defaults = {"model": model, "steps": args.batch_steps, "guidance": 5.0, "frames": 17 if args.tiny else 41,
+                "cuda_graphs": True}
+    if not args.tiny:
+        import PIL.Image
+
+        image = args.scratch / "first.png"
+        if ranks.is_main:
+            PIL.Image.new("RGB", (1280, 704), (120, 110, 100)).save(image)
+        defaults.update(image=str(image), height=704, width=1280)
+    dist.barrier(group=ranks.control_group)
+    lines = [{"trajectory": str(REPO / "trajectories" / name), "output": str(args.scratch / f"{index}.mp4")}
+             for index, name in enumerate(("orbit.json",) * ranks.num_videos + TRAJECTORIES)]
+    jobs_file = args.scratch / f"jobs{ranks.rank}.jsonl"
+    jobs_file.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    jobs = batching.read_jobs(jobs_file, render)
+    warmup, timed = jobs[:ranks.num_videos], jobs[ranks.num_videos:]
+    loader = load_patched_pipeline if args.tiny else load_release_random
+    pipelines = batching.Pipelines(loader)
+    write = lambda pipe, request: write_video(pipe, request)[0]  # noqa: E731
+
+    def run(job_list):
+        planned = batching.plan_jobs(job_list, render, defaults, _resolve_request) if ranks.is_main else None
+        planned = distributed.broadcast_object(planned, ranks)
+        dist.barrier(group=ranks.control_group)
+        started = time.perf_counter()
+        results = batching.run_jobs(planned, ranks, pipelines, write, log)
+        dist.barrier(group=ranks.control_group)
+        return planned, results, time.perf_counter() - started
+
+    load_started = time.perf_counter()
+    run(warmup)  # loads the model, compiles the kernels: one video per group
+    warm_s = time.perf_counter() - load_started
+    planned, results, seconds = run(timed)
+    gathered = distributed.gather_objects(results, ranks)
+    if ranks.is_main:
+        summary = batching.summarize(planned, [r for part in gathered for r in part], seconds, ranks,
+                                     [pipelines.loads])
+        result = {key: summary[key] for key in ("done", "failed", "seconds", "seconds_per_video", "videos_per_minute",
+                                                "ranks", "gpus_per_video")}
+        result.update(warmup_video_and_load_s=round(warm_s, 1), failures=summary["failures"], steps=args.batch_steps,
+                      frames=defaults["frames"])
+        args.result.write_text(json.dumps(result))
+    distributed.stop()
+    return {}
+
+
+def load_release_random(request):
+    """The release-size SANA-WM pipeline with random weights on the rank's GPU, patched as a render
+    patches it: the 1.6B DiT and the LTX-2 VAE of the release configs, a tiny tokenizer and a
+    one-layer Gemma-2 of the release caption width (its text is noise either way)."""
+    from diffusers import AutoencoderKLLTX2Video, FlowMatchEulerDiscreteScheduler, SanaWMPipeline
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    from bench_transformer import RELEASE_CONFIG, build_model
+    from camrender.patch import patch_transformer
+    from camrender.tiny import build_tiny_tokenizer
+
+    device, dtype = torch.device(request.device), torch.bfloat16
+    tokenizer = build_tiny_tokenizer()
+    torch.manual_seed(0)
+    with torch.device(device):
+        text_encoder = Gemma2ForCausalLM(Gemma2Config(
+            vocab_size=len(tokenizer), pad_token_id=0, eos_token_id=1, bos_token_id=2, hidden_size=2304,
+            intermediate_size=512, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=1, head_dim=64))
+        vae = AutoencoderKLLTX2Video(spatial_compression_ratio=32, temporal_compression_ratio=8)
+    pipe = SanaWMPipeline(tokenizer=tokenizer, text_encoder=text_encoder.to(dtype).eval(), vae=vae.to(dtype).eval(),
+                          transformer=build_model(RELEASE_CONFIG, device, dtype),
+                          scheduler=FlowMatchEulerDiscreteScheduler())
+    pipe.set_progress_bar_config(disable=True)
+    patch_transformer(pipe.transformer, kernels=request.kernels)
+    return pipe
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,416 @@
+"""GPU benchmark of stage 2 (the SANA-WM refiner, camrender.refiner) in segment mode, random weights.
+
+At the release shape (704x1280: 22x40 latent tokens per frame, 128 latent channels, bf16), with
+the release configs (SANA-WM 1.6B DiT and LTX-2 VAE as in bench_segments.py; the refiner
+transformer at diffusers' `SanaWMLTX2RefinerTransformer3DModel` defaults: 48 layers, 32 heads x
+128, audio branch dropped as camrender does; a Gemma-3-12B-shaped text model standing in for the
+refiner's text encoder; a Gemma-2-2B-shaped stage-1 text encoder held on the GPU as in a render),
+one run measures side by side:
+
+- segment mode without and with the refiner on the same path (stage 1 + refiner + streaming
+  decode; video frames per second of wall time, end to end, no syncs inside), and a breakdown
+  per stage (synced per segment);
+- the refiner alone in steady state (window full): seconds per block (= per segment of 3 latent
+  frames = 24 video frames) and per second of video, the host time to enqueue a block against
+  its GPU time, and the host-device syncs inside a block (torch.cuda sync debug mode);
+- the refiner's FLOPs per block (torch's FlopCounterMode on a real block: GEMMs and attention)
+  and the roofline they imply at 790 TFLOP/s (bf16 dense, H200): the fastest a refiner can go,
+  and segment mode's ceiling with it given the measured stage 1 + decode;
+- peak GPU memory of each `--refiner-offload` setting (none: the refiner's DiT resident and the
+  text encoder visiting the GPU once; layers: both stream their blocks), prompt encoding and
+  render separately, and which setting fits 24/48/80/141 GB GPUs.
+
+The refiner's prompt is random embeddings (1024 tokens) for the render figures; the Gemma-3
+encode is timed on its own (it runs once per render). Prints one JSON line per measurement, then
+the whole document; `--out FILE` also writes it. About 3-5 minutes on one H200.
+
+    python3 bench/bench_refiner.py --out $OUT/bench_refiner.json     # release shape, one H200
+    python3 bench/bench_refiner.py --tiny                            # the script's logic on a CPU
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+import warnings
+from types import SimpleNamespace
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import bench_segments as stage_one  # noqa: E402
+from camrender.refiner import RefinerStream, RefinerText  # noqa: E402
+from camrender.stage_two import PassThrough, refined_frames  # noqa: E402
+from camrender.refiner_loading import stream_layers, strip_audio  # noqa: E402
+from camrender.render_segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments  # noqa: E402
+from camrender.segment_decode import CausalStreamDecoder, to_uint8_frames  # noqa: E402
+from camrender.segments import SegmentOptions, segment_bounds  # noqa: E402
+from common import emit  # noqa: E402
+
+GIB = 1024**3
+PEAK_BF16_FLOPS = 790e12  # H200 dense bf16 tensor-core peak used for the roofline
+VIDEO_FPS = 16.0
+GPU_SIZES_GB = (24, 48, 80, 141)
+GEMM_OPS = ("mm", "addmm", "bmm", "baddbmm", "_scaled_mm")
+# Gemma-3-12B's text tower (the refiner's text encoder), for the encode time and memory
+# Gemma-2-2B, stage 1's text encoder: resident on the GPU during a render (built for the peaks, never run)
+GEMMA2_2B = dict(hidden_size=2304, intermediate_size=9216, num_hidden_layers=26, num_attention_heads=8,
+                 num_key_value_heads=4, head_dim=256, vocab_size=256000)
+GEMMA3_12B_TEXT = dict(hidden_size=3840, intermediate_size=15360, num_hidden_layers=48, num_attention_heads=16,
+                       num_key_value_heads=8, head_dim=256, vocab_size=262208, sliding_window=1024)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tiny", action="store_true", help="CPU, tiny models: checks the script (no figures)")
+    parser.add_argument("--segments", type=int, default=8, help="path length in segments (3 latent frames each)")
+    parser.add_argument("--layers-segments", type=int, default=3, help="segments rendered with --refiner-offload layers")
+    parser.add_argument("--skip-layers", action="store_true", help="skip the layer-streaming memory run")
+    parser.add_argument("--text-tokens", type=int, default=1024, help="refiner prompt tokens (release: 1024)")
+    parser.add_argument("--out", default=None, help="also write the JSON document here")
+    return parser.parse_args(argv)
+
+
+def sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def gib(value):
+    return round(value / GIB, 3)
+
+
+class default_dtype:
+    """Build modules directly in `dtype` (a release refiner in fp32 would need 76 GB before the cast)."""
+
+    def __init__(self, dtype):
+        self.dtype = dtype
+
+    def __enter__(self):
+        self.saved = torch.get_default_dtype()
+        torch.set_default_dtype(self.dtype)
+
+    def __exit__(self, *exc):
+        torch.set_default_dtype(self.saved)
+
+
+def build_refiner_transformer(tiny, device, dtype):
+    """The release refiner DiT (diffusers defaults) without its audio branch, random weights, on `device`."""
+    from diffusers.models.transformers.transformer_sana_wm_refiner import SanaWMLTX2RefinerTransformer3DModel
+
+    if tiny:
+        from camrender.tiny_refiner import build_tiny_refiner
+
+        transformer = build_tiny_refiner(seed=0).transformer
+    else:
+        torch.manual_seed(0)
+        with torch.device(device), default_dtype(dtype):
+            transformer = SanaWMLTX2RefinerTransformer3DModel()
+    strip_audio(transformer)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return transformer.to(device, dtype).eval()
+
+
+def build_text_model(tiny, device, dtype):
+    """A Gemma-3 text model shaped like the refiner's Gemma-3-12B text tower (tiny: one small layer)."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    config = Gemma3TextConfig(**(dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                      num_key_value_heads=1, head_dim=8, vocab_size=128) if tiny else GEMMA3_12B_TEXT))
+    torch.manual_seed(0)
+    with torch.device(device), default_dtype(dtype):
+        model = Gemma3ForCausalLM(config)
+    return model.to(dtype).eval()
+
+
+def refiner_text(transformer, tokens, device, dtype):
+    generator = torch.Generator().manual_seed(1)
+    embeds = torch.randn(1, tokens, transformer.config.caption_channels, generator=generator)
+    return RefinerText(embeds=embeds.to(device, dtype), mask=torch.ones(1, tokens, dtype=torch.long, device=device))
+
+
+def as_refiner(transformer):
+    """The parts of a `SanaWMLTX2Refiner` that `RefinerStream` reads."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    return SimpleNamespace(transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(shift=1.0))
+
+
+def render_path(models, segments, refined, *, breakdown=False, overlap=None):
+    """Segment mode on a path of `segments` segments: stage 1 -> refiner (optional) -> streaming decode.
+
+    Without `breakdown`: the render's own loop (`camrender.stage_two.refined_frames`; `overlap`: stage 2 on
+    a side CUDA stream, default as rendered), timed end to end. With it: the same stages in sequence,
+    synced after each stage of each segment to time them apart.
+    """
+    transformer, vae, refiner_transformer, text, shape, options, device, dtype = models
+    height, width = shape
+    latent_frames = 1 + 3 * segments
+    inputs = stage_one.path_inputs(transformer, latent_frames, height, width, device, dtype)
+    decoder = CausalStreamDecoder(vae)
+    stream = RefinerStream(as_refiner(refiner_transformer), text, fps=VIDEO_FPS, device=device,
+                           generator=torch.Generator().manual_seed(0)) if refined else PassThrough()
+    times = dict(stage1=0.0, refiner=0.0, decode=0.0)
+    frames = 0
+    sync()
+    started = last = time.perf_counter()
+
+    def lap(name):
+        nonlocal last
+        sync()
+        now = time.perf_counter()
+        times[name] += now - last
+        last = now
+
+    with torch.no_grad():
+        chunks = (x for *_, x in sample_segments(transformer, inputs, segment_bounds(latent_frames, 3),
+                                                 list(DEFAULT_SEGMENT_TIMESTEPS), options, device,
+                                                 cuda_graphs=device.type == "cuda"))
+        if not breakdown:
+            for _, chunk in refined_frames(stream, chunks, decoder, device, overlap=overlap):
+                frames += len(chunk)
+        else:
+            for latents in chunks:
+                lap("stage1")
+                latents = stream.push(latents)
+                lap("refiner")
+                if latents.shape[2]:
+                    frames += len(to_uint8_frames(decoder.decode(latents)))
+                lap("decode")
+            tail = stream.finish()
+            if tail.shape[2]:
+                frames += len(to_uint8_frames(decoder.decode(tail)))
+    sync()
+    total = time.perf_counter() - started
+    result = dict(segments=segments, video_frames=frames, total_s=round(total, 3), video_fps=round(frames / total, 2))
+    if breakdown:
+        result.update({f"{name}_s": round(value, 3) for name, value in times.items() if value})
+        if refined:
+            result["refiner_s_per_segment"] = round(times["refiner"] / segments, 4)
+    return result
+
+
+def refiner_steady_state(refiner_transformer, text, shape, device, dtype, blocks=3):
+    """The refiner alone, window full: per-block GPU and host-enqueue time, syncs inside a block, FLOPs."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    h, w = shape[0] // stage_one.SPATIAL, shape[1] // stage_one.SPATIAL
+    channels = refiner_transformer.config.in_channels
+    warm_blocks = 4  # sink + 4 blocks = 13 frames: the history holds its 10 frames from here on
+    clip = torch.randn(1, channels, 1 + 3 * (warm_blocks + blocks + 2), h, w, generator=torch.Generator().manual_seed(2))
+    clip = clip.to(device, dtype)
+    stream = RefinerStream(as_refiner(refiner_transformer), text, fps=VIDEO_FPS, device=device,
+                           generator=torch.Generator().manual_seed(0))
+    stream.push(clip[:, :, :1 + 3 * warm_blocks])
+    sync()
+    gpu, enqueue = [], []
+    for index in range(blocks):
+        start = 1 + 3 * (warm_blocks + index)
+        began = time.perf_counter()
+        stream.push(clip[:, :, start:start + 3])
+        enqueue.append(time.perf_counter() - began)
+        sync()
+        gpu.append(time.perf_counter() - began)
+    start = 1 + 3 * (warm_blocks + blocks)
+    syncs = 0
+    if device.type == "cuda":
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                stream.push(clip[:, :, start:start + 3])
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        syncs = sum("synchroniz" in str(item.message) for item in caught)
+    else:
+        stream.push(clip[:, :, start:start + 3])
+    history_frames = stream.history_frames
+    counter = FlopCounterMode(display=False)
+    with counter:
+        stream.push(clip[:, :, start + 3:start + 6])
+    counts = counter.get_flop_counts().get("Global", {})
+    gemm = sum(v for op, v in counts.items() if str(op).split(".")[-1] in GEMM_OPS)
+    counted_attention = sum(v for op, v in counts.items() if "attention" in str(op))
+    # QK^T and PV (2 flops per multiply-add each) of the 3 denoising passes and the cache pass, per layer:
+    # self-attention over [sink, history, block], cross-attention over the prompt tokens
+    config = refiner_transformer.config
+    inner = config.num_attention_heads * config.attention_head_dim
+    tokens = h * w // config.patch_size ** 2
+    queries, keys = 3 * tokens, (stream.sink_frames + history_frames + 3) * tokens
+    analytic_attention = 4 * config.num_layers * 4 * queries * (keys + text.embeds.shape[1]) * inner
+    attention = counted_attention or analytic_attention  # FlopCounterMode counts SDPA on CUDA, not on every CPU path
+    per_block = sorted(gpu)[len(gpu) // 2]
+    return dict(blocks_timed=blocks, s_per_block=round(per_block, 4),
+                s_per_video_second=round(per_block * VIDEO_FPS / 24, 4),
+                enqueue_s_per_block=round(sorted(enqueue)[len(enqueue) // 2], 4), host_syncs_per_block=syncs,
+                flop_per_block=gemm + attention, gemm_flop_per_block=gemm,
+                tflop_per_block=round((gemm + attention) / 1e12, 3), gemm_tflop_per_block=round(gemm / 1e12, 3),
+                attention_tflop_per_block=round(attention / 1e12, 3),
+                attention_tflop_analytic=round(analytic_attention / 1e12, 3),
+                window_frames=stream.sink_frames + history_frames + 3,
+                flop_by_op={str(op): round(v / 1e12, 4) for op, v in counts.items()})
+
+
+def roofline(steady, plain_fps):
+    """What 790 TFLOP/s allows: the refiner's floor per block and segment mode's ceiling with it."""
+    floor_s = steady["flop_per_block"] / PEAK_BF16_FLOPS
+    refiner_fps = 24 / floor_s
+    ceiling = 1 / (1 / plain_fps + 1 / refiner_fps) if plain_fps else None
+    return dict(peak_tflops=PEAK_BF16_FLOPS / 1e12,
+                refiner_tflop_per_video_second=round(steady["flop_per_block"] * VIDEO_FPS / 24 / 1e12, 2),
+                refiner_gemm_tflop_per_video_second=round(steady["gemm_flop_per_block"] * VIDEO_FPS / 24 / 1e12, 2),
+                refiner_floor_s_per_block=round(floor_s, 4), refiner_only_fps_at_peak=round(refiner_fps, 2),
+                refiner_only_fps_measured=round(24 / steady["s_per_block"], 2),
+                segment_mode_fps_ceiling_with_refiner=None if ceiling is None else round(ceiling, 2),
+                refiner_measured_fraction_of_peak=round(floor_s / steady["s_per_block"], 3))
+
+
+def fits(peaks):
+    """Per GPU size, the first setting whose measured peak leaves 8% headroom (CUDA context, fragmentation)."""
+    table = {}
+    for size in GPU_SIZES_GB:
+        usable = size * 1e9 * 0.92 / GIB
+        table[f"{size}GB"] = next((name for name, peak in peaks.items() if peak is not None and peak <= usable), None)
+    return table
+
+
+def memory_settings(args, models, results, record, peak_of, peaks):
+    """Peak GPU memory of `--refiner-offload none` (the Gemma-3 encode with everything resident, then the
+    render already measured) and `layers` (refiner DiT and text encoder streaming their blocks)."""
+    transformer, vae, refiner_transformer, text, shape, options, device, dtype = models
+    text_model = build_text_model(args.tiny, device, dtype)
+    results["text_encoder_weights_gib"] = gib(sum(p.numel() * p.element_size() for p in text_model.parameters()))
+    tokens = torch.randint(0, text_model.config.vocab_size, (1, args.text_tokens), device=device)
+
+    def encode():
+        sync()
+        began = time.perf_counter()
+        with torch.no_grad():
+            text_model(input_ids=tokens, attention_mask=torch.ones_like(tokens), output_hidden_states=True)
+        sync()
+        return dict(encode_s=round(time.perf_counter() - began, 3))
+
+    encode()  # warm-up
+    none_encode = record("none_encode", lambda: peak_of(encode))  # everything resident at once
+    text_model.to("cpu")
+    none_render = results.get("with_refiner")
+    if none_encode is not None and none_render is not None:
+        peaks["none"] = max(none_encode["peak_gib"], none_render["peak_gib"])
+    if args.skip_layers:
+        return
+
+    def layered():
+        import accelerate  # noqa: F401  (diffusers' group offloading needs it, as camrender's --offload does)
+
+        refiner_transformer.to("cpu")
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        stream_layers(SimpleNamespace(transformer=refiner_transformer, text_encoder=text_model), device,
+                      use_stream=device.type == "cuda")
+        encode()  # onloads once (group offloading learns the block order on its first call)
+        value = {"encode": peak_of(encode)}
+        value["render"] = peak_of(lambda: render_path(models, args.layers_segments, True, breakdown=True))
+        return value
+
+    layers = record("layers", layered)
+    if layers is not None:
+        peaks["layers"] = max(layers["encode"]["peak_gib"], layers["render"]["peak_gib"])
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.tiny:
+        device, dtype, shape = torch.device("cpu"), torch.float32, (32, 32)
+        stage_one.SPATIAL = 8
+        args.text_tokens = min(args.text_tokens, 16)
+        args.segments = min(args.segments, 3)
+    elif not torch.cuda.is_available():
+        print(json.dumps({"error": "no CUDA device (use --tiny to check the script on a CPU)"}))
+        return 1
+    else:
+        device, dtype, shape = torch.device("cuda"), torch.bfloat16, (704, 1280)
+    results = dict(device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu", torch=torch.__version__,
+                   tiny=args.tiny, height=shape[0], width=shape[1], dtype=str(dtype).replace("torch.", ""),
+                   video_fps=VIDEO_FPS, text_tokens=args.text_tokens, segments=args.segments, errors={},
+                   note="random weights; refiner prompt = random embeddings for the renders, the Gemma-3 encode is "
+                        "timed on its own; segment mode: 4-step list, no guidance, CUDA graphs for stage 1")
+    began_all = time.perf_counter()
+
+    def record(name, fn):
+        began = time.perf_counter()
+        try:
+            value = fn()
+        except Exception as error:  # one failed measurement must not lose the others
+            results["errors"][name] = f"{type(error).__name__}: {str(error)[:300]} | " + \
+                traceback.format_exc().strip().splitlines()[-3][:200]
+            print(json.dumps({name: "error", "detail": results["errors"][name]}), flush=True)
+            value = None
+        else:
+            if isinstance(value, dict):
+                value["wall_s"] = round(time.perf_counter() - began, 1)
+            print(json.dumps({name: value}), flush=True)
+        results[name] = value
+        return value
+
+    def peak_of(fn):
+        """fn's result with the peak GPU memory it reached (everything allocated counts)."""
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        value = fn()
+        value["peak_gib"] = gib(torch.cuda.max_memory_allocated()) if device.type == "cuda" else 0.0
+        return value
+
+    allocated = (lambda: torch.cuda.memory_allocated()) if device.type == "cuda" else (lambda: 0)
+    kernels = "fused" if device.type == "cuda" else "torch"  # on a CPU (tests) the PyTorch references, never the interpreter
+    stage_args = SimpleNamespace(cpu_smoke=args.tiny, quick=False, kernels=kernels)
+    transformer, vae = stage_one.build_models(stage_args, device, dtype)
+    if not args.tiny:
+        from transformers import Gemma2Config, Gemma2ForCausalLM
+
+        with torch.device(device), default_dtype(dtype):
+            stage_one_text_encoder = Gemma2ForCausalLM(Gemma2Config(**GEMMA2_2B)).eval()  # noqa: F841 (kept resident)
+    results["stage1_weights_gib"] = gib(allocated())  # DiT, VAE and (release) the Gemma-2-2B text encoder
+    before = allocated()
+    refiner_transformer = build_refiner_transformer(args.tiny, device, dtype)
+    results["refiner_weights_gib"] = gib(allocated() - before)
+    results["refiner_params_b"] = round(sum(p.numel() for p in refiner_transformer.parameters()) / 1e9, 3)
+    text = refiner_text(refiner_transformer, args.text_tokens, device, dtype)
+    options = SegmentOptions(cached_segments=2, backend="auto" if kernels == "fused" else "torch")
+    models = (transformer, vae, refiner_transformer, text, shape, options, device, dtype)
+    results["build_s"] = round(time.perf_counter() - began_all, 1)
+
+    # warm-up: compiles the kernels and captures every stage-1 segment layout; fills the refiner window
+    record("warmup", lambda: peak_of(lambda: render_path(models, min(5, args.segments), True)))
+    plain = record("without_refiner", lambda: peak_of(lambda: render_path(models, args.segments, False)))
+    record("with_refiner", lambda: peak_of(lambda: render_path(models, args.segments, True)))
+    record("with_refiner_no_overlap", lambda: render_path(models, args.segments, True, overlap=False))
+    if results.get("warmup") and results.get("with_refiner"):  # flat in the path length: 5 vs --segments segments
+        results["with_refiner_peak_gib_short_vs_long"] = [results["warmup"]["peak_gib"],
+                                                          results["with_refiner"]["peak_gib"]]
+    record("with_refiner_breakdown", lambda: render_path(models, args.segments, True, breakdown=True))
+    steady = record("refiner_steady_state", lambda: refiner_steady_state(refiner_transformer, text, shape, device,
+                                                                          dtype))
+    if steady is not None:
+        record("roofline", lambda: roofline(steady, plain["video_fps"] if plain else None))
+
+    # Memory per --refiner-offload setting: prompt encode and render measured apart.
+    peaks = {"none": None}
+    try:
+        memory_settings(args, models, results, record, peak_of, peaks)
+    except Exception as error:  # e.g. out of memory building the text model: keep what was measured
+        results["errors"]["memory_settings"] = f"{type(error).__name__}: {str(error)[:300]}"
+    results["peak_gib_by_setting"] = peaks
+    results["setting_for_gpu"] = fits(peaks)
+    results["total_wall_s"] = round(time.perf_counter() - began_all, 1)
+    emit(results, args.out)
+    return 0 if not results["errors"] else 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

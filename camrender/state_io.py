@@ -1,0 +1,135 @@
+"""Save and load a tree of render state (dataclasses, lists, tuples, dicts, tensors, numbers, None)
+as one safetensors file, atomically.
+
+The tree is walked generically: every tensor becomes an entry of the file under its path in the
+tree (e.g. ``blocks.3.sink.key``), everything else goes into a JSON skeleton stored in the file's
+metadata. A dataclass is recorded by its import path and rebuilt with its fields, so fields added
+to a cache class later are saved and restored without changes here. Only classes from camrender
+modules are rebuilt (a checkpoint cannot make this process import anything else).
+
+    save_tree(path, {"cache": segment_cache, "step": 3}, metadata={"settings": "..."})
+    tree, metadata = load_tree(path, device="cuda")
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import os
+import tempfile
+
+ALLOWED_MODULE_PREFIX = "camrender."
+_SKELETON_KEY = "camrender.tree"
+
+
+def _flatten(value, name: str, tensors: dict):
+    """JSON skeleton of `value`; its tensors go into `tensors` under their dotted path."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        # an owned, contiguous copy on the CPU: a view would save its whole base storage
+        tensors[name] = value.detach().to("cpu").contiguous().clone()
+        return {"tensor": name}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        cls = type(value)
+        fields = {f.name: _flatten(getattr(value, f.name), f"{name}.{f.name}", tensors)
+                  for f in dataclasses.fields(value)}
+        return {"dataclass": f"{cls.__module__}:{cls.__qualname__}", "fields": fields}
+    if isinstance(value, (list, tuple)):
+        items = [_flatten(item, f"{name}.{i}", tensors) for i, item in enumerate(value)]
+        return {"list": items} if isinstance(value, list) else {"tuple": items}
+    if isinstance(value, dict):
+        if not all(isinstance(key, str) for key in value):
+            raise TypeError(f"{name}: only str dict keys can be saved")
+        return {"dict": {key: _flatten(item, f"{name}.{key}", tensors) for key, item in value.items()}}
+    if isinstance(value, torch.dtype):
+        return {"dtype": str(value).removeprefix("torch.")}
+    raise TypeError(f"{name}: cannot save a {type(value).__name__}")
+
+
+def _dataclass(path: str):
+    module_name, _, qualname = path.partition(":")
+    if not module_name.startswith(ALLOWED_MODULE_PREFIX):
+        raise ValueError(f"refusing to rebuild {path!r}: not a camrender class")
+    cls = importlib.import_module(module_name)
+    for part in qualname.split("."):
+        cls = getattr(cls, part)
+    if not dataclasses.is_dataclass(cls):
+        raise ValueError(f"{path!r} is not a dataclass")
+    return cls
+
+
+def _unflatten(node, tensors: dict, device):
+    import torch
+
+    if not isinstance(node, dict):
+        return node
+    if "tensor" in node:
+        return tensors[node["tensor"]].to(device)
+    if "dataclass" in node:
+        cls = _dataclass(node["dataclass"])
+        fields = {key: _unflatten(item, tensors, device) for key, item in node["fields"].items()}
+        init = {f.name for f in dataclasses.fields(cls) if f.init}
+        obj = cls(**{key: value for key, value in fields.items() if key in init})
+        for key, value in fields.items():
+            if key not in init:
+                object.__setattr__(obj, key, value)
+        return obj
+    if "list" in node:
+        return [_unflatten(item, tensors, device) for item in node["list"]]
+    if "tuple" in node:
+        return tuple(_unflatten(item, tensors, device) for item in node["tuple"])
+    if "dict" in node:
+        return {key: _unflatten(item, tensors, device) for key, item in node["dict"].items()}
+    if "dtype" in node:
+        return getattr(torch, node["dtype"])
+    raise ValueError(f"unknown node {sorted(node)}")
+
+
+def save_tree(path, tree, metadata: dict | None = None) -> int:
+    """Write `tree` (and str -> str `metadata`) to `path` atomically: a temporary file in the same
+    folder, flushed to disk, then renamed over `path`. Returns the bytes written."""
+    from safetensors.torch import save_file
+
+    tensors: dict = {}
+    skeleton = _flatten(tree, "root", tensors)
+    meta = dict(metadata or {})
+    meta[_SKELETON_KEY] = json.dumps(skeleton)
+    folder = os.path.dirname(os.path.abspath(path))
+    handle, temp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".safetensors")
+    os.close(handle)
+    try:
+        save_file(tensors, temp, metadata=meta)
+        fsync_path(temp)  # on disk before the rename makes it the checkpoint
+        fsync_path(folder)  # with the renames done in the folder before (e.g. the files it refers to)
+        os.replace(temp, path)
+        fsync_path(folder)
+    except BaseException:
+        try:
+            os.unlink(temp)
+        except OSError:
+            pass
+        raise
+    return os.path.getsize(path)
+
+
+def fsync_path(path) -> None:
+    """Flush a file's data, or a folder's entries (renames), to disk."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def load_tree(path, device="cpu"):
+    """(tree, metadata) saved by `save_tree`; tensors are moved to `device`."""
+    from safetensors import safe_open
+
+    with safe_open(os.fspath(path), framework="pt") as handle:
+        metadata = dict(handle.metadata() or {})
+        tensors = {key: handle.get_tensor(key) for key in handle.keys()}
+    skeleton = json.loads(metadata.pop(_SKELETON_KEY))
+    return _unflatten(skeleton, tensors, device), metadata

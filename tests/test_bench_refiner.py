@@ -1,0 +1,26 @@
+"""bench/bench_refiner.py's logic on the CPU at a tiny shape (the lead runs it once on the H200)."""
+import json
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+def test_tiny_run_writes_every_figure(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    import bench_refiner
+
+    out = tmp_path / "bench.json"
+    assert bench_refiner.main(["--tiny", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["errors"] == {}
+    for name in ("without_refiner", "with_refiner", "with_refiner_breakdown"):
+        assert result[name]["video_frames"] == 73 and result[name]["video_fps"] > 0  # 3 segments, 1 + 72 frames
+    steady = result["refiner_steady_state"]
+    assert steady["window_frames"] == 14  # sink + 10 recent + the block: the window is full when timed
+    assert steady["host_syncs_per_block"] == 0
+    assert steady["gemm_flop_per_block"] > 0 and steady["flop_per_block"] > steady["gemm_flop_per_block"]
+    assert result["roofline"]["refiner_only_fps_at_peak"] > result["roofline"]["segment_mode_fps_ceiling_with_refiner"]
+    assert set(result["peak_gib_by_setting"]) == {"none", "layers"}
+    assert set(result["setting_for_gpu"]) == {"24GB", "48GB", "80GB", "141GB"}
+    sys.modules.pop("bench_refiner", None)
