@@ -38,10 +38,10 @@ from camrender.patch_softmax import (camera_decode, camera_encode, padded_sdpa_s
                                      softmax_qkv)
 from camrender.recipes import segment_bounds
 from camrender.render import ray_transforms
-from kernels._validate import BACKENDS, check_choice
-from kernels.camera_branch import camera_branch
-from kernels.main_branch import main_branch
-from kernels.short_conv import short_conv, short_conv_context, use_triton
+from camrender.kernels._validate import BACKENDS, check_choice
+from camrender.kernels.camera_branch import camera_branch
+from camrender.kernels.main_branch import main_branch
+from camrender.kernels.short_conv import short_conv, short_conv_context, use_triton
 
 __all__ = [
     "BlockCache",
