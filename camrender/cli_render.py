@@ -93,10 +93,7 @@ def _resolve_request(options: dict):
     if loaded is None:
         loaded = trajectory.load(options["traj"])  # every reader returns a validated trajectory
     traj = trajectory.to_model_frames(loaded, options["frames"], stride=recipe.frame_stride)
-    check_frames(traj.num_frames, options["mode"])
-    if traj.num_frames != loaded.num_frames:
-        click.echo(f"camrender: the path is re-timed to {traj.num_frames} frames "
-                   f"({recipe.frame_stride}k+1, the {recipe.name} recipe's frame counts)", err=True)
+    check_frames(traj.num_frames, options["mode"])  # re-timed silently, as the 8k+1 rule: VIDEO.traj.json has it
     image = options["image"] if options["image"] is not None else traj.image
     if image is not None:
         size = open_image(image).size  # missing/unreadable -> CamrenderError now, not after the model loads
