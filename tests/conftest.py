@@ -19,3 +19,14 @@ settings.load_profile("camrender")
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
+
+# Decorate every Triton kernel now, in interpreter mode: tests that set TRITON_INTERPRET=0 (the CPU
+# render path as a user runs it) must not be the first to import a kernel module, or its kernels
+# would be compiled for a GPU that is not there, whatever the test order.
+import importlib  # noqa: E402
+import pkgutil  # noqa: E402
+
+import camrender.kernels  # noqa: E402
+
+for _module in pkgutil.iter_modules(camrender.kernels.__path__):
+    importlib.import_module(f"camrender.kernels.{_module.name}")
