@@ -80,6 +80,9 @@ class SegmentOptions:
     cached_segments: Optional[int] = 1
     softmax_scale: str = "head"
     camera_downscale: bool = False
+    sdpa_dtype: Optional[torch.dtype] = None
+    backend: str = "torch"
+    precision: str = "tf32"
 
     @classmethod
     def for_recipe(cls, recipe, **fields) -> "SegmentOptions":
@@ -87,9 +90,6 @@ class SegmentOptions:
         arithmetic), with `fields` (backend, precision, ...) set or overridden."""
         return cls(**{**dict(cached_segments=recipe.recent_chunks, softmax_scale=recipe.softmax_scale,
                              camera_downscale=recipe.camera_downscale), **fields})
-    sdpa_dtype: Optional[torch.dtype] = None
-    backend: str = "torch"
-    precision: str = "tf32"
 
 
 @dataclasses.dataclass
