@@ -23,10 +23,9 @@ from typing import Callable, Iterator, Optional
 import numpy as np
 
 from camrender.errors import CamrenderError
-from camrender.render import RenderInputs, prepare_inputs
-
 from camrender.recipes import STREAMING_TIMESTEPS as DEFAULT_SEGMENT_TIMESTEPS
 from camrender.recipes import get_recipe
+from camrender.render import RenderInputs, prepare_inputs
 
 
 def segment_timesteps(scheduler, steps: Optional[int], recipe=None) -> list:
