@@ -227,21 +227,35 @@ def place_refiner(refiner, device, offload: str = "none") -> None:
 
 def stream_layers(refiner, device, *, use_stream: bool) -> None:
     """Group-offload the refiner's transformer blocks and its text encoder's decoder layers: each block
-    visits `device` while it runs (`use_stream`: the next one is copied on a side CUDA stream meanwhile)."""
-    from diffusers.hooks import apply_group_offloading
+    visits `device` while it runs. Modules already streamed are left as they are (a second render
+    with the same pipeline places its refiner again).
 
-    for module, containers in ((refiner.transformer, None), (refiner.text_encoder, ["model", "language_model"])):
-        if use_stream:  # page-locked in place, one tensor at a time: the offloader keeps these (no second copy)
+    use_stream: the transformer's next block is copied on a side CUDA stream while the current one
+    runs. The text encoder always streams synchronously: its decoder layers sit in nested modules
+    (`model.layers`, `model.language_model.layers`), and diffusers 0.42.1 gives each nesting level of
+    a streamed block-level offload its own lazy-prefetch hook, each registering a
+    `layer_execution_tracker` on the same inner layers ("Hook with name layer_execution_tracker
+    already exists"); the encoder runs once per render, so prefetching would save little anyway.
+    """
+    import torch
+    from diffusers import hooks
+
+    for module, containers, stream in ((refiner.transformer, None, use_stream),
+                                       (refiner.text_encoder, ["model", "language_model"], False)):
+        if is_layer_streamed(module):
+            continue
+        if stream and torch.device(device).type == "cuda":  # page-locked in place, one tensor at a time: the offloader keeps these (no second copy)
             for param in module.parameters():
                 if param.device.type == "cpu" and not param.is_pinned():
                     param.data = param.data.pin_memory()
-        apply_group_offloading(module, onload_device=device, offload_type="block_level", num_blocks_per_group=1,
-                               use_stream=use_stream, block_modules=containers)
+        hooks.apply_group_offloading(module, onload_device=device, offload_type="block_level", num_blocks_per_group=1,
+                               use_stream=stream, block_modules=containers)
 
 
 def is_layer_streamed(module) -> bool:
     """Whether `stream_layers` (diffusers group offloading) manages the module's placement."""
-    return getattr(module, "_diffusers_hook", None) is not None
+    registry = getattr(module, "_diffusers_hook", None)
+    return registry is not None and registry.get_hook("group_offloading") is not None
 
 
 def load_stage_two(pipe, request) -> None:

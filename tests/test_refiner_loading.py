@@ -89,6 +89,24 @@ def test_layer_streaming_gives_the_same_latents():
     before = refine(refiner, clip)
     stream_layers(refiner, torch.device("cpu"), use_stream=False)
     assert torch.equal(refine(refiner, clip), before)
+    stream_layers(refiner, torch.device("cpu"), use_stream=False)  # placed again for a second render: a no-op
+    assert torch.equal(refine(refiner, clip), before)
+
+
+def test_layer_streaming_never_nests_streamed_offloads(monkeypatch):
+    """diffusers 0.42.1 cannot stream (use_stream) an offload with nested block_modules: each level registers a
+    layer_execution_tracker on the same layers. The text encoder (nested layers) streams synchronously."""
+    import diffusers.hooks
+
+    calls = []
+    monkeypatch.setattr(diffusers.hooks, "apply_group_offloading",
+                        lambda module, **options: calls.append((module, options)))
+    refiner = build_tiny_refiner(seed=4)
+    stream_layers(refiner, torch.device("cpu"), use_stream=True)
+    assert [module for module, _ in calls] == [refiner.transformer, refiner.text_encoder]
+    for _, options in calls:
+        assert not (options["use_stream"] and options["block_modules"])
+    assert calls[0][1]["use_stream"] and calls[1][1]["block_modules"]
 
 
 def bad(spec, match, latent_channels=8):
