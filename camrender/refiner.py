@@ -214,6 +214,7 @@ class RefinerStream:
         return velocity
 
     def _steady(self, frames: int) -> bool:
+        """Whether a pass on a block of `frames` frames has the steady-state shapes (window full)."""
         return (self.graphs is not None and frames == self.block_frames and self.history_frames == self.max_history
                 and self.cache.layer_caches[0].history_k is not None)
 
@@ -272,8 +273,9 @@ class RefinerStream:
                 latents = (latents.float() + (sigma_next - sigma) * flow).to(self.dtype)
 
         self._forward(latents, 0.0, rope, "inject_and_capture_post_rope")  # appends to the history
-        self.history_frames = min(self.history_frames + frames, self.max_history) if self.max_history > 0 \
-            else self.history_frames + frames
+        self.history_frames += frames
+        if self.max_history > 0:
+            self.history_frames = min(self.history_frames, self.max_history)
         self.blocks_done += 1
         return latents
 
