@@ -253,9 +253,13 @@ def stream_layers(refiner, device, *, use_stream: bool) -> None:
 
 
 def is_layer_streamed(module) -> bool:
-    """Whether `stream_layers` (diffusers group offloading) manages the module's placement."""
-    registry = getattr(module, "_diffusers_hook", None)
-    return registry is not None and registry.get_hook("group_offloading") is not None
+    """Whether `stream_layers` (diffusers group offloading) manages the module's placement: a group
+    offloading hook on the module or any of its submodules."""
+    for submodule in module.modules():
+        registry = getattr(submodule, "_diffusers_hook", None)
+        if registry is not None and registry.get_hook("group_offloading") is not None:
+            return True
+    return False
 
 
 def load_stage_two(pipe, request) -> None:

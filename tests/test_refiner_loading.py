@@ -8,7 +8,7 @@ from helpers import rel
 
 from camrender.errors import CamrenderError
 from camrender.refiner import RefinerStream, encode_refiner_prompt
-from camrender.refiner_loading import load_refiner, resolve_refiner, strip_audio, stream_layers
+from camrender.refiner_loading import is_layer_streamed, load_refiner, resolve_refiner, strip_audio, stream_layers
 from camrender.tiny_refiner import build_tiny_refiner
 
 
@@ -87,7 +87,9 @@ def test_layer_streaming_gives_the_same_latents():
     refiner = build_tiny_refiner(seed=4)
     clip = torch.randn(1, 8, 4, 4, 6, generator=torch.Generator().manual_seed(2))
     before = refine(refiner, clip)
+    assert not is_layer_streamed(refiner.transformer) and not is_layer_streamed(refiner.text_encoder)
     stream_layers(refiner, torch.device("cpu"), use_stream=False)
+    assert is_layer_streamed(refiner.transformer) and is_layer_streamed(refiner.text_encoder)
     assert torch.equal(refine(refiner, clip), before)
     stream_layers(refiner, torch.device("cpu"), use_stream=False)  # placed again for a second render: a no-op
     assert torch.equal(refine(refiner, clip), before)
