@@ -92,7 +92,7 @@ def switches(model):
     import camrender.patch_block as patch_block
     from camrender.patch import PatchedGDNAttention, combine_branches
     from camrender.patch_softmax import PatchedSoftmaxAttention
-    from kernels.block_glue import gated_residual
+    from camrender.kernels.block_glue import gated_residual
 
     state = {"parts": set()}
     originals = (patch_block.ffn_residual, PatchedGDNAttention._main_branch, PatchedGDNAttention._camera_branch,

@@ -21,8 +21,8 @@ import triton
 import triton.testing
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-import kernels  # noqa: E402
-from kernels import reference  # noqa: E402
+from camrender import kernels  # noqa: E402
+from camrender.kernels import reference  # noqa: E402
 
 SHAPES = {
     "release": dict(B=2, T=21, S=880, H=20, D=112, initial_state=False),

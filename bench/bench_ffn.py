@@ -88,7 +88,7 @@ def main():
 
     import torch.nn.functional as F
     from camrender.patch_ffn import PatchedGLUMBConvTemp, _conv_frames, ffn_parts
-    from kernels.ffn_glu import glu_depthwise, glu_depthwise_ref
+    from camrender.kernels.ffn_glu import glu_depthwise, glu_depthwise_ref
 
     torch.manual_seed(0)
     device = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: a smoke run of the script (use tiny sizes)

@@ -27,7 +27,7 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     import triton.testing
 
-    from kernels import block_glue as glue
+    from camrender.kernels import block_glue as glue
 
     batch, frames, spatial, channels = 2, 21, 880, 2240
     tokens = frames * spatial

@@ -79,10 +79,10 @@ def bench_main(args, res):
         SanaWMTemporalShortConvolution,
     )
 
-    from kernels.main_branch import _chunkwise, main_branch
-    from kernels.main_prep import main_prep
-    from kernels.main_reference import rope_tables
-    from kernels.short_conv import short_conv
+    from camrender.kernels.main_branch import _chunkwise, main_branch
+    from camrender.kernels.main_prep import main_prep
+    from camrender.kernels.main_reference import rope_tables
+    from camrender.kernels.short_conv import short_conv
 
     dev = torch.device(args.device)
     B, T, hh, ww, H, D = args.batch, args.frames, args.height, args.width, args.heads, args.head_dim
@@ -157,7 +157,7 @@ def bench_main(args, res):
     print(json.dumps(t), flush=True)
 
     # kernels.delta_scan on the two streams, in the scan layout
-    import kernels
+    from camrender import kernels
 
     def to_scan(x):
         return x.reshape(B, T, S, H, -1).permute(0, 3, 1, 2, 4).contiguous()

@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_cam_branch import random_rays  # noqa: E402
-from kernels import softmax_cam  # noqa: E402
-from kernels.main_reference import cam_softmax_decode_ref, cam_softmax_encode_ref  # noqa: E402
+from camrender.kernels import softmax_cam  # noqa: E402
+from camrender.kernels.main_reference import cam_softmax_decode_ref, cam_softmax_encode_ref  # noqa: E402
 from common import emit  # noqa: E402
 
 SHAPES = {"release": dict(B=2, N=21 * 880, H=10, D=112), "tiny": dict(B=1, N=40, H=2, D=16)}

@@ -154,7 +154,8 @@ class Timer:
 @contextlib.contextmanager
 def instrumented(model, timer):
     """Time module calls by part with forward hooks, and the kernels' entry points by wrapping them."""
-    import kernels
+    from camrender import kernels
+
     from diffusers.models.transformers.transformer_sana_wm import (
         BidirectionalGDNUCPESinglePathLiteLA,
         SanaWMBidirectionalGDNAttention,
@@ -202,7 +203,7 @@ def instrumented(model, timer):
                 hook(child, "gdn_camera")
     wrap_function(kernels, "camera_branch", "gdn_camera")
     try:  # the patched main branch imports `main_branch` from this module at call time
-        main_module = importlib.import_module("kernels.main_branch")
+        main_module = importlib.import_module("camrender.kernels.main_branch")
     except ImportError:
         main_module = None
     if main_module is not None:

@@ -20,7 +20,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from kernels import ffn_glu  # noqa: E402
+from camrender.kernels import ffn_glu  # noqa: E402
 
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 SASS_OPS = ("LDG.E.128", "STG.E.128", "LDS", "STS", "SHFL", "MUFU", "BAR", "LDL", "STL")

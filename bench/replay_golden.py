@@ -67,8 +67,8 @@ def _camera(tensors: dict, shapes: dict):
     from camrender.trajectory.model import Trajectory
 
     height, width = shapes["latent_h"] * VAE_STRIDE[1], shapes["latent_w"] * VAE_STRIDE[2]
-    traj = Trajectory(c2w=tensors["inputs/c2w"].double().numpy(), intrinsics=tensors["inputs/intrinsics"].double().numpy(),
-                      width=width, height=height, fps=16.0)
+    traj = Trajectory(c2w=tensors["inputs/c2w"].double().numpy(),
+                      intrinsics=tensors["inputs/intrinsics"].double().numpy(), width=width, height=height, fps=16.0)
     camera = build_camera_inputs(traj, height, width, VAE_STRIDE)
     return camera["camera_conditions"][None], camera["chunk_plucker"][None]
 

@@ -18,9 +18,9 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_cam_branch as bcb  # noqa: E402
 
-from kernels import reference  # noqa: E402
+from camrender.kernels import reference  # noqa: E402
 
-cam_prep = importlib.import_module("kernels.cam_prep")
+cam_prep = importlib.import_module("camrender.kernels.cam_prep")
 
 STAGE = [(16, 4, None), (16, 8, None), (8, 4, None), (8, 4, 168)]  # (tokens, warps, register cap)
 # Per-kernel alternatives to kernels.camera_branch's defaults: (name, kernel, settings); kernel 0 =

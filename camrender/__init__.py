@@ -1,6 +1,28 @@
 """camrender: render videos along camera paths with SANA-WM and fused Triton kernels."""
+import importlib.abc
+import importlib.util
+import sys
+from pathlib import Path
 
 __version__ = "0.1.0"
+
+_CHECKOUT_KERNELS = Path(__file__).resolve().parent.parent / "kernels"
+
+
+class _CheckoutKernelsFinder(importlib.abc.MetaPathFinder):
+    """`camrender.kernels` is the repository's top-level `kernels/` folder (pyproject.toml maps it so
+    when installed). This finder, last on `sys.meta_path`, gives the same mapping to a source
+    checkout that runs uninstalled (`PYTHONPATH=.`, bench scripts on a bare GPU machine)."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "camrender.kernels":
+            return None
+        return importlib.util.spec_from_file_location(name, _CHECKOUT_KERNELS / "__init__.py",
+                                                      submodule_search_locations=[str(_CHECKOUT_KERNELS)])
+
+
+if (_CHECKOUT_KERNELS / "__init__.py").is_file():
+    sys.meta_path.append(_CheckoutKernelsFinder())
 
 
 def patch_transformer(transformer, kernels: str = "fused", **kwargs):

@@ -68,8 +68,11 @@ def _default_guidance(options: dict, recipe):
     return recipe.guidance if recipe.guidance > 1 else None
 
 
-def _resolve_request(options: dict):
+def _resolve_request(options: dict, notes: list | None = None):
     """Trajectory, prompt, image, size and frame count from the options and the trajectory file.
+
+    Notes for the user (a re-timed path) go to `notes` when given, so that the caller can say them
+    after its own checks (an error stays one line); else straight to stderr.
 
     Everything a user can get wrong is checked here, before the model loads; nothing is written.
     """
@@ -94,9 +97,6 @@ def _resolve_request(options: dict):
         loaded = trajectory.load(options["traj"])  # every reader returns a validated trajectory
     traj = trajectory.to_model_frames(loaded, options["frames"], stride=recipe.frame_stride)
     check_frames(traj.num_frames, options["mode"])
-    if traj.num_frames != loaded.num_frames:
-        click.echo(f"camrender: the path is re-timed to {traj.num_frames} frames "
-                   f"({recipe.frame_stride}k+1, the {recipe.name} recipe's frame counts)", err=True)
     image = options["image"] if options["image"] is not None else traj.image
     if image is not None:
         size = open_image(image).size  # missing/unreadable -> CamrenderError now, not after the model loads
@@ -119,7 +119,7 @@ def _resolve_request(options: dict):
     seed = first(options["seed"], traj.seed, 0)
     fps = first(options["fps"], traj.fps)
     resolved = traj.replace(prompt=prompt, negative_prompt=negative, image=image, seed=seed, fps=fps)
-    return RenderRequest(
+    request = RenderRequest(
         traj=resolved,
         prompt=prompt,
         negative_prompt=negative,
@@ -148,6 +148,14 @@ def _resolve_request(options: dict):
         refiner_offload=options["refiner_offload"],
         out=out,
     )
+    if traj.num_frames != loaded.num_frames:
+        note = (f"the path is re-timed to {traj.num_frames} frames "
+                f"({recipe.frame_stride}k+1, the {recipe.name} recipe's frame counts)")
+        if notes is None:
+            click.echo(f"camrender: {note}", err=True)
+        else:
+            notes.append(note)
+    return request
 
 
 def _resolve_refiner(options: dict, frames: int):
@@ -297,8 +305,9 @@ def render(**options):
     _apply_render_file(options)
     resume, checkpoint_every = options.pop("resume"), options.pop("checkpoint_every")
     gpus = options.pop("gpus")
+    notes = []
     with cli_launch.quiet_checks(gpus):  # their warnings come once, from rank 0
-        request = _resolve_request(options)
+        request = _resolve_request(options, notes)
     if request.refiner is not None and resume:
         raise CamrenderError("--resume does not work with --refiner yet (the refiner's state is not checkpointed)",
                              field="resume")
@@ -312,6 +321,8 @@ def render(**options):
     leader = ranks is None or ranks.is_leader
     log = lambda line: click.echo(f"camrender: {line}", err=True) if leader else None  # noqa: E731
     resume_info = check_partials(request, resume, log) if leader else None  # before the model loads
+    for note in notes:
+        log(note)
     bar = _StepBar("denoising" if request.mode == "full" else "segments") if leader else None
     try:
         _quiet_libraries()

@@ -48,7 +48,7 @@ def combine_branches(attn, x, main, camera, backend: str) -> torch.Tensor:
     otherwise the sum and gate in one pass (`kernels.block_glue.silu_gate`, stock rounding, that backend)."""
     gated = attn.use_output_gate and attn.output_gate is not None
     if backend != "torch" and gated:
-        from kernels.block_glue import silu_gate
+        from camrender.kernels.block_glue import silu_gate
 
         return attn.proj(silu_gate(main, attn.output_gate(x), b=camera, backend=backend))
     out = main if camera is None else main + camera
@@ -148,8 +148,8 @@ class PatchedGDNAttention(BidirectionalGDNUCPESinglePathLiteLA):
             and getattr(self.q_norm, "weight", None) is not None and getattr(self.k_norm, "weight", None) is not None
         )
         if fusable:
-            from kernels.main_branch import main_branch
-            from kernels.short_conv import short_conv
+            from camrender.kernels.main_branch import main_branch
+            from camrender.kernels.short_conv import short_conv
 
             backend = KERNEL_BACKENDS[self.kernels]
             qkv = self.qkv(x)
@@ -177,7 +177,7 @@ class PatchedGDNAttention(BidirectionalGDNUCPESinglePathLiteLA):
         The projections and short convolutions run here; RMSNorm, ReLU, k-scale, UCPE encode,
         RMS downscale, beta discount, both scans and UCPE decode run in `kernels.camera_branch`.
         """
-        import kernels
+        from camrender import kernels
 
         batch, tokens, _ = x.shape
         frames = HW[0]
@@ -187,7 +187,7 @@ class PatchedGDNAttention(BidirectionalGDNUCPESinglePathLiteLA):
         if self.conv_q_cam is not None:
             query = self.conv_q_cam(query, frames)
         if self.conv_k_cam is not None and self.conv_k_cam.bias is None and self.kernels == "fused":
-            from kernels.short_conv import short_conv
+            from camrender.kernels.short_conv import short_conv
 
             key = short_conv(key, self.conv_k_cam.weight, frames, backend=KERNEL_BACKENDS[self.kernels])
         elif self.conv_k_cam is not None:

@@ -43,13 +43,13 @@ class FusedCrossAttnProcessor(SanaWMCrossAttnProcessor):
         self.backend = backend
 
     def __call__(self, attn: MultiHeadCrossAttention, hidden_states, encoder_hidden_states, attention_mask=None):
-        from kernels.short_conv import use_triton
+        from camrender.kernels.short_conv import use_triton
 
         query_norm = getattr(attn.q_norm, "weight", None)
         if query_norm is None or not use_triton(hidden_states, self.backend):
             return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask)
-        from kernels.block_glue import merge_heads
-        from kernels.main_prep import main_prep
+        from camrender.kernels.block_glue import merge_heads
+        from camrender.kernels.main_prep import main_prep
 
         batch, _, channels = hidden_states.shape
         query = main_prep(attn.q_linear(hidden_states), query_norm, attn.heads, norm_eps=attn.q_norm.eps, relu=False)
@@ -87,7 +87,7 @@ def plucker_projection(block, plucker_emb: torch.Tensor) -> torch.Tensor:
 def attention_residual(block, x, attn_out, gate, plucker_emb, backend):
     """x + gate * attn_out (+ plucker_proj(plucker_emb) if given and the block has one), one pass.
     Inside `fixed_plucker` the block's projection computed there is used instead of plucker_emb's."""
-    from kernels.block_glue import gated_residual
+    from camrender.kernels.block_glue import gated_residual
 
     projected = getattr(block, "fixed_plucker", None)
     if projected is None and plucker_emb is not None and hasattr(block, "plucker_proj"):
@@ -128,7 +128,7 @@ def ffn_residual(block, x, mlp_in, grid, gate, backend, *, left=None, segments=N
     """x + gate * FFN(mlp_in) in one pass after the FFN's GEMMs: the patched `GLUMBConvTemp` hands
     over its two terms (y, temporal conv z) unsummed. grid = (T, h, w). Returns (x', y) with y the
     FFN's pre-temporal output (segment mode caches its last frame), or None for other FFNs."""
-    from kernels.block_glue import gated_residual
+    from camrender.kernels.block_glue import gated_residual
 
     frames, height, width = grid
     if isinstance(block.mlp, GLUMBConvTemp):
@@ -147,7 +147,7 @@ def glue_forward(block, x, y, mask, modulation, grid, attend, plucker_emb, backe
     modulation (B, 1, T, 6C); grid (T, h, w); left / segments: the FFN's segment-mode inputs (see
     `ffn_residual`). Returns (x', y_ffn) as `ffn_residual`.
     """
-    from kernels.block_glue import ada_norm, residual_ada_norm
+    from camrender.kernels.block_glue import ada_norm, residual_ada_norm
 
     if x.stride(-1) != 1:
         x = x.contiguous()  # block 0 receives the patch embedder's transposed view

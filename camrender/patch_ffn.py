@@ -41,7 +41,7 @@ def _fusable(mlp) -> bool:
 
 def _spatial_fused(mlp, x, frames, height, width, backend):
     """Inverted conv -> GLU depthwise -> point conv, token-major. x (B, N, C) -> y (B, T, S, C_out)."""
-    from kernels.ffn_glu import glu_depthwise
+    from camrender.kernels.ffn_glu import glu_depthwise
 
     batch, tokens, channels = x.shape
     inverted, depth, point = mlp.inverted_conv.conv, mlp.depth_conv.conv, mlp.point_conv.conv

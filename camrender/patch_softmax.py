@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from diffusers.models.transformers.transformer_sana_wm import _prepare_ucpe_ray_transforms, _SoftmaxUCPESinglePathLiteLA
 
 from camrender.patch import adopt_module, combine_branches
-from kernels.short_conv import use_triton as kernel_backend_is_triton
+from camrender.kernels.short_conv import use_triton as kernel_backend_is_triton
 
 
 # SDPA backends in priority order on CUDA (names of torch.nn.attention.SDPBackend), or None for
@@ -52,8 +52,8 @@ def softmax_qkv(attn, x, rope, attn_dtype, use_triton: bool):
     """Main-branch q, k (full-C RMSNorm, RoPE) and v of softmax-block attention `attn`, each
     (B, H, N, D) in `attn_dtype`. x (B, N, C); rope: diffusers' complex table or None.
     use_triton: `kernels.main_prep` writes q and k straight in `attn_dtype`, else its reference."""
-    from kernels.main_prep import main_prep
-    from kernels.main_reference import main_prep_ref
+    from camrender.kernels.main_prep import main_prep
+    from camrender.kernels.main_reference import main_prep_ref
 
     batch, tokens, channels = x.shape
     heads, dim = attn.heads, attn.dim
@@ -75,9 +75,9 @@ def camera_encode(attn, x, ray_transforms, attn_dtype, use_triton: bool, downsca
     the original streaming code) RMS downscale, each (B, H, N, DPAD) in `attn_dtype` (head dim
     zero-padded, `kernels.softmax_cam`)."""
     if use_triton:
-        from kernels.softmax_cam import cam_softmax_encode
+        from camrender.kernels.softmax_cam import cam_softmax_encode
     else:
-        from kernels.main_reference import cam_softmax_encode_ref as cam_softmax_encode
+        from camrender.kernels.main_reference import cam_softmax_encode_ref as cam_softmax_encode
     encoded = cam_softmax_encode(
         attn.q_proj_cam(x), attn.k_proj_cam(x), attn.v_proj_cam(x), ray_transforms,
         q_norm_weight=attn.q_norm_cam.weight, k_norm_weight=attn.k_norm_cam.weight,
@@ -88,9 +88,9 @@ def camera_encode(attn, x, ray_transforms, attn_dtype, use_triton: bool, downsca
 def camera_decode(attn, o, ray_transforms, dtype, use_triton: bool):
     """Camera SDPA output (B, H, N, DPAD) -> world space (B, N, C) in `dtype` (P, inverse RoPE)."""
     if use_triton:
-        from kernels.softmax_cam import cam_softmax_decode
+        from camrender.kernels.softmax_cam import cam_softmax_decode
     else:
-        from kernels.main_reference import cam_softmax_decode_ref as cam_softmax_decode
+        from camrender.kernels.main_reference import cam_softmax_decode_ref as cam_softmax_decode
     return cam_softmax_decode(o, ray_transforms, dim=attn.cam_head_dim, out_dtype=dtype)
 
 

@@ -194,6 +194,7 @@ def resolve_recipe(requested: Optional[str], weights=None, model: str = "") -> R
                                  path=weights, field="recipe")
         return get_recipe(detected)
     if stated is not None and stated != requested:  # the file name alone does not overrule --recipe
-        raise CamrenderError(f"--recipe {requested} does not fit this checkpoint (its keys are a {stated} checkpoint's)",
+        raise CamrenderError(f"--recipe {requested} does not fit this checkpoint "
+                             f"(its keys are a {stated} checkpoint's)",
                              path=weights, field="recipe")
     return get_recipe(requested)

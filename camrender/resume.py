@@ -28,9 +28,9 @@ from camrender.errors import CamrenderError
 CHECKPOINT_NAME = "checkpoint.safetensors"
 OWNER_NAME = "owner.json"
 # Seconds between checkpoints. At the release shape (1280x704, 20 blocks) a checkpoint holds the
-# block caches and the decoder's conv tails, about 1-3 GB: 1-2 s to copy off the GPU and write at
-# >= 1.5 GB/s, i.e. under 2 % of a render every 120 s (docs/resume.md; bench/bench_checkpoint.py).
-DEFAULT_CHECKPOINT_EVERY = 120.0
+# block caches and the decoder's conv tails, 1.54 GiB, written in 2.5 s on an H200 machine
+# (bench/bench_checkpoint.py): 1.4 % of the render time every 180 s (2.1 % every 120 s).
+DEFAULT_CHECKPOINT_EVERY = 180.0
 
 
 def partial_folder(out: Path) -> Path:

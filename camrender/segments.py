@@ -5,11 +5,13 @@ segment boundaries, through a per-block cache (`BlockCache`) that the extra time
 finished segment writes (`write_cache=True`) and every denoising pass only reads:
 
 - GDN blocks: the forward scans start from the final states of the previous segment (main KV state,
-  main Z state, camera KV state); reverse scans stay inside the segment. The main short conv's causal
-  half sees the last `K - 1` frames of raw K of earlier segments; its anti-causal half and the whole
-  camera short conv stay inside the segment (zero-padded).
+  main Z state, camera KV state); reverse scans stay inside the segment. The causal halves of the main
+  and camera K short convs see the last `K - 1` raw K frames of earlier segments; their anti-causal
+  halves stay inside the segment (zero-padded).
 - Softmax blocks: queries attend to the cached K/V (main K after RoPE, camera K/V after UCPE) of the
-  first segment (the sink) and of the `cached_segments` most recent segments, plus their own segment.
+  first segment (the sink) and of the `cached_segments` most recent segments (all with None), plus
+  their own segment. `SegmentOptions.for_recipe` sets the window, scale and camera arithmetic of a
+  checkpoint's recipe (`camrender.recipes`).
 - FFN temporal conv (kernel 3): the first frame of a segment sees the last frame of the previous
   segment, the last frame sees zero.
 
@@ -36,10 +38,10 @@ from camrender.patch_softmax import (camera_decode, camera_encode, padded_sdpa_s
                                      softmax_qkv)
 from camrender.recipes import segment_bounds
 from camrender.render import ray_transforms
-from kernels._validate import BACKENDS, check_choice
-from kernels.camera_branch import camera_branch
-from kernels.main_branch import main_branch
-from kernels.short_conv import short_conv, short_conv_context, use_triton
+from camrender.kernels._validate import BACKENDS, check_choice
+from camrender.kernels.camera_branch import camera_branch
+from camrender.kernels.main_branch import main_branch
+from camrender.kernels.short_conv import short_conv, short_conv_context, use_triton
 
 __all__ = [
     "BlockCache",
@@ -107,7 +109,8 @@ class BlockCache:
 
     GDN blocks: `kv_state` (B, H, D, D) and `z_state` (B, H, D, 1) main forward-scan states, fp32;
     `cam_state` (B, H, D, D) camera forward-scan state, fp32; `key_tail` / `cam_key_tail`
-    (B, <= K-1, S, C) raw main / camera K (before their short convs) of the latest frames. Softmax blocks: `sink` (first segment) and
+    (B, <= K-1, S, C) raw main / camera K (before their short convs) of the latest frames.
+    Softmax blocks: `sink` (first segment) and
     `recent` (at most `cached_segments` later segments, oldest first). Both: `ffn_tail` (B, 1, S, C),
     the last frame of the FFN's spatial output y (token-major), read by the next segment's temporal conv.
     """

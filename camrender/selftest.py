@@ -84,7 +84,7 @@ def _ray_transforms(batch, tokens, dim, generator, device):
 # ----------------------------------------------------------------------------- default cases
 def _scan_case(batch, heads, frames, spatial, dim):
     def run(device):
-        import kernels
+        from camrender import kernels
 
         g = _generator(1)
         q = _randn((batch, heads, frames, spatial, dim), g, device, 0.3)
@@ -125,7 +125,7 @@ def _camera_inputs(batch, heads, frames, spatial, dim, device):
 
 def _cam_prep_case(batch, heads, frames, spatial, dim):
     def run(device):
-        import kernels
+        from camrender import kernels
 
         q, k, v, _, _, rays, qw, kw, _ = _camera_inputs(batch, heads, frames, spatial, dim, device)
         kwargs = dict(num_frames=frames, q_norm_weight=qw, k_norm_weight=kw)
@@ -136,7 +136,7 @@ def _cam_prep_case(batch, heads, frames, spatial, dim):
 
 def _cam_decode_case(batch, heads, frames, spatial, dim):
     def run(device):
-        import kernels
+        from camrender import kernels
 
         g = _generator(3)
         tokens = frames * spatial
@@ -149,7 +149,7 @@ def _cam_decode_case(batch, heads, frames, spatial, dim):
 
 def _camera_branch_case(batch, heads, frames, spatial, dim):
     def run(device):
-        import kernels
+        from camrender import kernels
 
         q, k, v, beta, decay, rays, qw, kw, state = _camera_inputs(batch, heads, frames, spatial, dim, device)
         kwargs = dict(q_norm_weight=qw, k_norm_weight=kw, initial_state=state, return_final_state=True)
@@ -162,10 +162,10 @@ def _camera_branch_case(batch, heads, frames, spatial, dim):
 
 def _main_cases(batch, heads, frames, spatial, dim):
     """Main-branch kernels: short conv (with and without cached frames), prep, the whole branch."""
-    from kernels import main_reference as ref
-    from kernels.main_branch import main_branch
-    from kernels.main_prep import main_prep
-    from kernels.short_conv import short_conv
+    from camrender.kernels import main_reference as ref
+    from camrender.kernels.main_branch import main_branch
+    from camrender.kernels.main_prep import main_prep
+    from camrender.kernels.short_conv import short_conv
 
     channels, tokens = heads * dim, frames * spatial
     label = f"B{batch} H{heads} T{frames} S{spatial} D{dim}"
@@ -210,10 +210,10 @@ def _main_cases(batch, heads, frames, spatial, dim):
 
 def _softmax_camera_cases(batch, heads, frames, spatial, dim):
     """UCPE encode/decode around the softmax blocks' camera SDPA."""
-    from kernels.main_reference import cam_softmax_decode_ref as decode_ref
-    from kernels.main_reference import cam_softmax_encode_ref as encode_ref
-    from kernels.softmax_cam import cam_softmax_decode as decode
-    from kernels.softmax_cam import cam_softmax_encode as encode
+    from camrender.kernels.main_reference import cam_softmax_decode_ref as decode_ref
+    from camrender.kernels.main_reference import cam_softmax_encode_ref as encode_ref
+    from camrender.kernels.softmax_cam import cam_softmax_decode as decode
+    from camrender.kernels.softmax_cam import cam_softmax_encode as encode
 
     tokens, channels = frames * spatial, heads * dim
     label = f"B{batch} H{heads} N{tokens} D{dim}"
@@ -237,9 +237,9 @@ def _softmax_camera_cases(batch, heads, frames, spatial, dim):
 
 def _glue_cases(batch, frames, spatial, channels):
     """The block's single-pass adaLN glue (kernels.block_glue) and the FFN's GLU depthwise conv."""
-    from kernels import block_glue as glue
-    from kernels.ffn_glu import glu_depthwise as glu
-    from kernels.ffn_glu import glu_depthwise_ref as glu_ref
+    from camrender.kernels import block_glue as glue
+    from camrender.kernels.ffn_glu import glu_depthwise as glu
+    from camrender.kernels.ffn_glu import glu_depthwise_ref as glu_ref
 
     tokens = frames * spatial
     label = f"B{batch} T{frames} S{spatial} C{channels}"

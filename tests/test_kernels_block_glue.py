@@ -3,7 +3,7 @@ block's PyTorch ops (CPU, Triton interpreter from conftest)."""
 import pytest
 import torch
 
-from kernels.block_glue import (
+from camrender.kernels.block_glue import (
     ada_norm,
     ada_norm_ref,
     gated_residual,

@@ -5,8 +5,9 @@ import torch
 from diffusers.models.normalization import RMSNorm
 from diffusers.models.transformers import transformer_sana_wm as sana_wm
 
-import kernels
-from kernels import reference
+from camrender import kernels
+
+from camrender.kernels import reference
 from helpers import rel
 
 

@@ -11,7 +11,7 @@ import torch
 from diffusers.models.transformers.transformer_sana_wm import GLUMBConvTemp
 
 from camrender.patch_ffn import PatchedGLUMBConvTemp, ffn_parts, patch_ffn
-from kernels.ffn_glu import glu_depthwise, glu_depthwise_ref
+from camrender.kernels.ffn_glu import glu_depthwise, glu_depthwise_ref
 from helpers import rel
 
 

@@ -7,9 +7,9 @@ from diffusers.models.transformers.transformer_sana_wm import (
     _apply_rotary_emb,
 )
 
-from kernels.main_branch import main_branch
-from kernels.main_prep import main_prep
-from kernels.main_reference import main_branch_ref, main_prep_ref
+from camrender.kernels.main_branch import main_branch
+from camrender.kernels.main_prep import main_prep
+from camrender.kernels.main_reference import main_branch_ref, main_prep_ref
 from helpers import rel
 
 

@@ -2,8 +2,8 @@
 import torch
 from diffusers.models.transformers.transformer_sana_wm import SanaWMTemporalShortConvolution
 
-from kernels.main_reference import short_conv_ref
-from kernels.short_conv import short_conv, short_conv_context
+from camrender.kernels.main_reference import short_conv_ref
+from camrender.kernels.short_conv import short_conv, short_conv_context
 from helpers import rel
 
 

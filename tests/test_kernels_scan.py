@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from kernels import delta_scan, delta_scan_ref
+from camrender.kernels import delta_scan, delta_scan_ref
 from helpers import rel
 
 

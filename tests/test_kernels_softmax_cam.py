@@ -8,8 +8,8 @@ CPU, Triton interpreter, tiny shapes.
 import pytest
 import torch
 
-from kernels.main_reference import cam_softmax_decode_ref, cam_softmax_encode_ref
-from kernels.softmax_cam import cam_softmax_decode, cam_softmax_encode
+from camrender.kernels.main_reference import cam_softmax_decode_ref, cam_softmax_encode_ref
+from camrender.kernels.softmax_cam import cam_softmax_decode, cam_softmax_encode
 from helpers import rel
 
 

@@ -16,8 +16,8 @@ from diffusers.models.transformers.transformer_sana_wm import (
 )
 
 from camrender.patch_softmax import PatchedSoftmaxAttention, patch_softmax_block
-from kernels.main_reference import cam_softmax_decode_ref, cam_softmax_encode_ref
-from kernels.softmax_cam import cam_softmax_decode, cam_softmax_encode
+from camrender.kernels.main_reference import cam_softmax_decode_ref, cam_softmax_encode_ref
+from camrender.kernels.softmax_cam import cam_softmax_decode, cam_softmax_encode
 from helpers import rel
 
 

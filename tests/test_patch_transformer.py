@@ -10,7 +10,8 @@ from diffusers.models.transformers.transformer_sana_wm import (
     _SoftmaxUCPESinglePathLiteLA,
 )
 
-import kernels
+from camrender import kernels
+
 from camrender.patch import PatchedGDNAttention, patch_transformer
 from camrender.tiny import build_tiny_transformer
 
@@ -153,7 +154,7 @@ def test_patched_blocks_run_the_glue_kernels(monkeypatch):
     """kernels='fused' blocks run their adaLN steps through kernels.block_glue and still match the
     stock model; kernels='torch' blocks never touch them. The glue entry points are what is counted,
     so the PyTorch backend stands in for the interpreter (the kernels have their own tests)."""
-    import kernels.block_glue as glue
+    import camrender.kernels.block_glue as glue
     from camrender.patch_block import PatchedBlock
 
     monkeypatch.setenv("TRITON_INTERPRET", "0")
