@@ -8,11 +8,14 @@ refiner's text encoder; a Gemma-2-2B-shaped stage-1 text encoder held on the GPU
 one run measures side by side:
 
 - segment mode without and with the refiner on the same path (stage 1 + refiner + streaming
-  decode; video frames per second of wall time, end to end, no syncs inside), and a breakdown
-  per stage (synced per segment);
-- the refiner alone in steady state (window full): seconds per block (= per segment of 3 latent
-  frames = 24 video frames) and per second of video, the host time to enqueue a block against
-  its GPU time, and the host-device syncs inside a block (torch.cuda sync debug mode);
+  decode; video frames per second of wall time, end to end and over the path's second half, where
+  the refiner's window is full and its CUDA graphs replay; no syncs inside), the refiner eager
+  (`--no-cuda-graphs`' refiner) and graphed side by side, with and without the side-stream overlap,
+  and a breakdown per stage (synced per segment);
+- the refiner alone in steady state (window full), eager and as CUDA graphs: seconds per block
+  (= per segment of 3 latent frames = 24 video frames) and per second of video, the host time to
+  enqueue a block against its GPU time, and the host-device syncs inside a block (torch.cuda sync
+  debug mode);
 - the refiner's FLOPs per block (torch's FlopCounterMode on a real block: GEMMs and attention)
   and the roofline they imply at 790 TFLOP/s (bf16 dense, H200): the fastest a refiner can go,
   and segment mode's ceiling with it given the measured stage 1 + decode;
@@ -67,7 +70,8 @@ GEMMA3_12B_TEXT = dict(hidden_size=3840, intermediate_size=15360, num_hidden_lay
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiny", action="store_true", help="CPU, tiny models: checks the script (no figures)")
-    parser.add_argument("--segments", type=int, default=8, help="path length in segments (3 latent frames each)")
+    parser.add_argument("--segments", type=int, default=16,
+                        help="path length in segments (3 latent frames each; the refiner's graphs replay from the 6th)")
     parser.add_argument("--layers-segments", type=int, default=3, help="segments rendered with --refiner-offload layers")
     parser.add_argument("--skip-layers", action="store_true", help="skip the layer-streaming memory run")
     parser.add_argument("--text-tokens", type=int, default=1024, help="refiner prompt tokens (release: 1024)")
@@ -141,12 +145,13 @@ def as_refiner(transformer):
     return SimpleNamespace(transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(shift=1.0))
 
 
-def render_path(models, segments, refined, *, breakdown=False, overlap=None):
+def render_path(models, segments, refined, *, breakdown=False, overlap=None, cuda_graphs=None):
     """Segment mode on a path of `segments` segments: stage 1 -> refiner (optional) -> streaming decode.
 
     Without `breakdown`: the render's own loop (`camrender.stage_two.refined_frames`; `overlap`: stage 2 on
-    a side CUDA stream, default as rendered), timed end to end. With it: the same stages in sequence,
-    synced after each stage of each segment to time them apart.
+    a side CUDA stream, default as rendered), timed end to end and over the second half of the path. With
+    it: the same stages in sequence, synced after each stage of each segment to time them apart.
+    cuda_graphs: the refiner's (`RefinerStream`'s default: on CUDA); stage 1 always replays its graphs.
     """
     transformer, vae, refiner_transformer, text, shape, options, device, dtype = models
     height, width = shape
@@ -154,8 +159,10 @@ def render_path(models, segments, refined, *, breakdown=False, overlap=None):
     inputs = stage_one.path_inputs(transformer, latent_frames, height, width, device, dtype)
     decoder = CausalStreamDecoder(vae)
     stream = RefinerStream(as_refiner(refiner_transformer), text, fps=VIDEO_FPS, device=device,
-                           generator=torch.Generator().manual_seed(0)) if refined else PassThrough()
+                           generator=torch.Generator().manual_seed(0),
+                           cuda_graphs=cuda_graphs) if refined else PassThrough()
     times = dict(stage1=0.0, refiner=0.0, decode=0.0)
+    arrivals = []  # (wall time, video frames so far) at each yield of the render loop
     frames = 0
     sync()
     started = last = time.perf_counter()
@@ -174,6 +181,7 @@ def render_path(models, segments, refined, *, breakdown=False, overlap=None):
         if not breakdown:
             for _, chunk in refined_frames(stream, chunks, decoder, device, overlap=overlap):
                 frames += len(chunk)
+                arrivals.append((time.perf_counter(), frames))
         else:
             for latents in chunks:
                 lap("stage1")
@@ -188,6 +196,11 @@ def render_path(models, segments, refined, *, breakdown=False, overlap=None):
     sync()
     total = time.perf_counter() - started
     result = dict(segments=segments, video_frames=frames, total_s=round(total, 3), video_fps=round(frames / total, 2))
+    if len(arrivals) >= 4:  # frames yielded after the path's midpoint over the time they took
+        (t0, f0), (t1, f1) = arrivals[len(arrivals) // 2 - 1], arrivals[-1]
+        result["video_fps_second_half"] = round((f1 - f0) / (t1 - t0), 2) if t1 > t0 else None
+    if refined and getattr(stream, "graphs", None):
+        result["refiner_graph_stats"] = {mode: dict(g.stats) for mode, g in stream.graphs.items()}
     if breakdown:
         result.update({f"{name}_s": round(value, 3) for name, value in times.items() if value})
         if refined:
@@ -195,17 +208,19 @@ def render_path(models, segments, refined, *, breakdown=False, overlap=None):
     return result
 
 
-def refiner_steady_state(refiner_transformer, text, shape, device, dtype, blocks=3):
-    """The refiner alone, window full: per-block GPU and host-enqueue time, syncs inside a block, FLOPs."""
+def refiner_steady_state(refiner_transformer, text, shape, device, dtype, blocks=3, cuda_graphs=False):
+    """The refiner alone, window full: per-block GPU and host-enqueue time, syncs inside a block, FLOPs
+    (counted on an eager block: graph replays dispatch no operators)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     h, w = shape[0] // stage_one.SPATIAL, shape[1] // stage_one.SPATIAL
     channels = refiner_transformer.config.in_channels
-    warm_blocks = 4  # sink + 4 blocks = 13 frames: the history holds its 10 frames from here on
+    # sink + 4 blocks = 13 frames: the history holds its 10 frames from here on; 2 more blocks capture the graphs
+    warm_blocks = 6 if cuda_graphs else 4
     clip = torch.randn(1, channels, 1 + 3 * (warm_blocks + blocks + 2), h, w, generator=torch.Generator().manual_seed(2))
     clip = clip.to(device, dtype)
     stream = RefinerStream(as_refiner(refiner_transformer), text, fps=VIDEO_FPS, device=device,
-                           generator=torch.Generator().manual_seed(0))
+                           generator=torch.Generator().manual_seed(0), cuda_graphs=cuda_graphs)
     stream.push(clip[:, :, :1 + 3 * warm_blocks])
     sync()
     gpu, enqueue = [], []
@@ -230,6 +245,8 @@ def refiner_steady_state(refiner_transformer, text, shape, device, dtype, blocks
     else:
         stream.push(clip[:, :, start:start + 3])
     history_frames = stream.history_frames
+    graph_stats = {mode: dict(g.stats) for mode, g in stream.graphs.items()} if stream.graphs else None
+    stream.graphs = None  # the FLOP count needs the operators dispatched: an eager block
     counter = FlopCounterMode(display=False)
     with counter:
         stream.push(clip[:, :, start + 3:start + 6])
@@ -245,7 +262,8 @@ def refiner_steady_state(refiner_transformer, text, shape, device, dtype, blocks
     analytic_attention = 4 * config.num_layers * 4 * queries * (keys + text.embeds.shape[1]) * inner
     attention = counted_attention or analytic_attention  # FlopCounterMode counts SDPA on CUDA, not on every CPU path
     per_block = sorted(gpu)[len(gpu) // 2]
-    return dict(blocks_timed=blocks, s_per_block=round(per_block, 4),
+    return dict(cuda_graphs=bool(cuda_graphs), graph_stats=graph_stats, blocks_timed=blocks,
+                s_per_block=round(per_block, 4),
                 s_per_video_second=round(per_block * VIDEO_FPS / 24, 4),
                 enqueue_s_per_block=round(sorted(enqueue)[len(enqueue) // 2], 4), host_syncs_per_block=syncs,
                 flop_per_block=gemm + attention, gemm_flop_per_block=gemm,
@@ -256,8 +274,9 @@ def refiner_steady_state(refiner_transformer, text, shape, device, dtype, blocks
                 flop_by_op={str(op): round(v / 1e12, 4) for op, v in counts.items()})
 
 
-def roofline(steady, plain_fps):
-    """What 790 TFLOP/s allows: the refiner's floor per block and segment mode's ceiling with it."""
+def roofline(steady, plain_fps, graphed=None):
+    """What 790 TFLOP/s allows: the refiner's floor per block and segment mode's ceiling with it
+    (steady: the eager steady-state row, which counts the FLOPs; graphed: the CUDA-graph row)."""
     floor_s = steady["flop_per_block"] / PEAK_BF16_FLOPS
     refiner_fps = 24 / floor_s
     ceiling = 1 / (1 / plain_fps + 1 / refiner_fps) if plain_fps else None
@@ -267,7 +286,9 @@ def roofline(steady, plain_fps):
                 refiner_floor_s_per_block=round(floor_s, 4), refiner_only_fps_at_peak=round(refiner_fps, 2),
                 refiner_only_fps_measured=round(24 / steady["s_per_block"], 2),
                 segment_mode_fps_ceiling_with_refiner=None if ceiling is None else round(ceiling, 2),
-                refiner_measured_fraction_of_peak=round(floor_s / steady["s_per_block"], 3))
+                refiner_measured_fraction_of_peak=round(floor_s / steady["s_per_block"], 3),
+                refiner_only_fps_measured_graphed=round(24 / graphed["s_per_block"], 2) if graphed else None,
+                refiner_graphed_fraction_of_peak=round(floor_s / graphed["s_per_block"], 3) if graphed else None)
 
 
 def fits(peaks):
@@ -389,15 +410,18 @@ def main(argv=None):
     record("warmup", lambda: peak_of(lambda: render_path(models, min(5, args.segments), True)))
     plain = record("without_refiner", lambda: peak_of(lambda: render_path(models, args.segments, False)))
     record("with_refiner", lambda: peak_of(lambda: render_path(models, args.segments, True)))
+    record("with_refiner_eager", lambda: render_path(models, args.segments, True, cuda_graphs=False))
     record("with_refiner_no_overlap", lambda: render_path(models, args.segments, True, overlap=False))
     if results.get("warmup") and results.get("with_refiner"):  # flat in the path length: 5 vs --segments segments
         results["with_refiner_peak_gib_short_vs_long"] = [results["warmup"]["peak_gib"],
                                                           results["with_refiner"]["peak_gib"]]
     record("with_refiner_breakdown", lambda: render_path(models, args.segments, True, breakdown=True))
-    steady = record("refiner_steady_state", lambda: refiner_steady_state(refiner_transformer, text, shape, device,
-                                                                          dtype))
+    steady = record("refiner_steady_state_eager", lambda: refiner_steady_state(refiner_transformer, text, shape,
+                                                                                device, dtype))
+    graphed = record("refiner_steady_state", lambda: refiner_steady_state(refiner_transformer, text, shape, device,
+                                                                          dtype, cuda_graphs=True))
     if steady is not None:
-        record("roofline", lambda: roofline(steady, plain["video_fps"] if plain else None))
+        record("roofline", lambda: roofline(steady, plain["video_fps"] if plain else None, graphed))
 
     # Memory per --refiner-offload setting: prompt encode and render measured apart.
     peaks = {"none": None}

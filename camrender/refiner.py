@@ -17,6 +17,14 @@ stage-1 latents piecewise, encodes the prompt once per render, builds each block
 values, 2640x fewer adaLN rows at 704x1280), keeps the sigmas as Python numbers and builds RoPE
 and noise without host-device syncs, computes the prompt's cross-attention keys and values once
 per render (`_TextMemo`) and runs SDPA cuDNN-first on CUDA.
+
+Once the window is full (sink + 10 history frames + a 3-frame block: every pass of every later
+block has the same shapes) the passes replay as CUDA graphs (`camrender.graphs.GraphedForward`,
+one for the 3 denoising passes, one for the cache pass): a block then costs the host 4 replays
+and a few dozen small launches instead of ~4 x 48 layers of Python. The graphs read the KV
+cache in place: the sink's K/V never change after capture, the history is a fixed buffer per
+layer shifted in place (oldest frames out, the block's post-RoPE K/V in, the same order as the
+eager concatenation), and the cache pass does that shift inside its graph.
 """
 from __future__ import annotations
 
@@ -93,11 +101,13 @@ class RefinerStream:
             (a CPU generator keeps renders repeatable across devices).
         device: where the transformer runs (default: its parameters' device).
         sigmas: the Euler sigma list ending in 0 (default: diffusers' 3-step distilled list).
+        cuda_graphs: replay the steady-state passes as graphs (default: on CUDA unless the transformer
+            streams its layers from the CPU); off CUDA, True runs the same static-copy path without a graph.
     """
 
     def __init__(self, refiner, text: RefinerText, *, fps: float, generator: Optional[torch.Generator] = None,
                  device=None, sink_frames: int = SINK_FRAMES, block_frames: int = BLOCK_FRAMES,
-                 kv_max_frames: int = KV_MAX_FRAMES, sigmas=None):
+                 kv_max_frames: int = KV_MAX_FRAMES, sigmas=None, cuda_graphs: Optional[bool] = None):
         self.transformer = refiner.transformer
         self.text = text
         self.fps = float(fps)
@@ -116,6 +126,11 @@ class RefinerStream:
         self.text_mask = None if text.mask is None or bool(text.mask.all()) else text.mask
         self.text_memo = _TextMemo(self.transformer)
         self.cache = SanaWMRefinerKVCache(len(self.transformer.transformer_blocks))
+        scale = float(self.transformer.config.timestep_scale_multiplier)
+        # One (1, 1) timestep per sigma, made once: the model broadcasts its modulation over the tokens.
+        self.timesteps = {s: torch.full((1, 1), s * scale, dtype=torch.float32, device=self.device)
+                          for s in self.sigmas[:-1] + [0.0]}
+        self.graphs = self._graphs(cuda_graphs)
         self.pending = None  # stage-1 frames received and not yet refined, (1, C, t, h, w)
         self.next_frame = 0  # absolute index of pending's first frame
         self.history_frames = 0
@@ -169,18 +184,61 @@ class RefinerStream:
         pixels[:, 0] = (pixels[:, 0] + rope.causal_offset - scales[0]).clamp(min=0) / self.fps
         return rope(pixels, device=self.device)
 
+    def _graphs(self, enabled: Optional[bool]):
+        """{kv_cache_mode: GraphedForward} for the steady-state passes, or None (eager only)."""
+        from camrender.graphs import GraphedForward
+        from camrender.refiner_loading import is_layer_streamed
+
+        if enabled is None:  # group offloading moves weights between passes: nothing a graph could replay
+            enabled = self.device.type == "cuda" and not is_layer_streamed(self.transformer)
+        if not enabled or self.max_history <= 0:
+            return None
+        capture = self.device.type == "cuda"
+        return {mode: GraphedForward(functools.partial(self._window_pass, mode), capture=capture)
+                for mode in ("inject", "inject_and_capture_post_rope")}
+
     def _forward(self, block: torch.Tensor, sigma: float, rope, mode: str) -> torch.Tensor:
-        """The transformer on one block (1, C, t, h, w) at one sigma: the velocity tokens (1, t*h*w, C)."""
+        """The transformer on one block (1, C, t, h, w) at one sigma: the velocity tokens (1, t*h*w, C).
+        A steady-state pass (window full, full-size block) goes through the CUDA graphs."""
         config = self.transformer.config
         tokens = _pack_latents(block, patch_size=config.patch_size, patch_size_t=config.patch_size_t)
-        # One timestep per row: every token of a block has the same sigma, and the model
-        # broadcasts a (1, 1) timestep's modulation over the tokens.
-        timestep = torch.full((1, 1), sigma * float(config.timestep_scale_multiplier), dtype=torch.float32,
-                              device=self.device)
+        timestep = self.timesteps[sigma]
+        if mode != "capture_pre_rope" and self._steady(block.shape[2]):
+            layers = tuple((layer.sink_k_pre, layer.sink_v, layer.history_k, layer.history_v)
+                           for layer in self.cache.layer_caches)
+            shared = dict(embeds=self.text.embeds, mask=self.text_mask, layers=layers)
+            return self.graphs[mode](tokens, timestep, rope, self.cache.sink_pe, shared=shared)
+        velocity = self._transformer(tokens, timestep, rope, self.text.embeds, self.text_mask, self.cache, mode)
+        if mode == "inject_and_capture_post_rope":
+            self._append_history(block.shape[2])
+        return velocity
+
+    def _steady(self, frames: int) -> bool:
+        """Whether a pass on a block of `frames` frames has the steady-state shapes (window full)."""
+        return (self.graphs is not None and frames == self.block_frames and self.history_frames == self.max_history
+                and self.cache.layer_caches[0].history_k is not None)
+
+    def _transformer(self, tokens, timestep, rope, embeds, mask, cache, mode) -> torch.Tensor:
         with self.text_memo, _attention_backends(self.device):
-            return self.transformer(hidden_states=tokens, encoder_hidden_states=self.text.embeds, timestep=timestep,
-                                    video_rotary_emb=rope, encoder_attention_mask=self.text_mask,
-                                    kv_cache=self.cache, kv_cache_mode=mode, return_dict=False)[0]
+            return self.transformer(hidden_states=tokens, encoder_hidden_states=embeds, timestep=timestep,
+                                    video_rotary_emb=rope, encoder_attention_mask=mask,
+                                    kv_cache=cache, kv_cache_mode=mode, return_dict=False)[0]
+
+    def _window_pass(self, mode: str, tokens, timestep, rope, sink_pe, *, shared) -> torch.Tensor:
+        """One steady-state pass reading only its arguments (what `GraphedForward` captures): the cache is
+        rebuilt around the shared sink/history tensors; the cache pass shifts the history in place."""
+        cache = SanaWMRefinerKVCache(len(shared["layers"]))
+        cache.sink_pe = sink_pe
+        for layer, (sink_k, sink_v, history_k, history_v) in zip(cache.layer_caches, shared["layers"]):
+            layer.store_sink(sink_k, sink_v)
+            layer.store_history(history_k, history_v)
+        velocity = self._transformer(tokens, timestep, rope, shared["embeds"], shared["mask"], cache, mode)
+        if mode == "inject_and_capture_post_rope":
+            for layer, (_, _, history_k, history_v) in zip(cache.layer_caches, shared["layers"]):
+                key, value = layer.get_captured_post_rope()
+                _shift_in(history_k, key)
+                _shift_in(history_v, value)
+        return velocity
 
     def _capture_sink(self, sink: torch.Tensor) -> None:
         """Pre-RoPE K/V of the raw sink frames at sigma 0, stored in every layer's cache."""
@@ -214,8 +272,10 @@ class RefinerStream:
                 flow = (latents.float() - denoised.float()) / sigma
                 latents = (latents.float() + (sigma_next - sigma) * flow).to(self.dtype)
 
-        self._forward(latents, 0.0, rope, "inject_and_capture_post_rope")
-        self._append_history(frames, height * width // config.patch_size ** 2 // config.patch_size_t)
+        self._forward(latents, 0.0, rope, "inject_and_capture_post_rope")  # appends to the history
+        self.history_frames += frames
+        if self.max_history > 0:
+            self.history_frames = min(self.history_frames, self.max_history)
         self.blocks_done += 1
         return latents
 
@@ -228,16 +288,19 @@ class RefinerStream:
         noise = torch.randn(shape, generator=self.generator, dtype=self.dtype)
         return noise.pin_memory().to(self.device, non_blocking=True)
 
-    def _append_history(self, frames: int, tokens_per_frame: int) -> None:
-        """Append the block's post-RoPE K/V to every layer's history; keep the last `max_history` frames."""
-        self.history_frames += frames
-        keep = None
-        if 0 < self.max_history < self.history_frames:
-            keep = self.max_history * tokens_per_frame
-            self.history_frames = self.max_history
+    def _append_history(self, frames: int) -> None:
+        """Append the block's post-RoPE K/V to every layer's history; keep the last `max_history` frames.
+        A full history is shifted in place (its tensors keep their addresses for the CUDA graphs)."""
+        trims = 0 < self.max_history < self.history_frames + frames
+        in_place = trims and self.history_frames == self.max_history and frames <= self.max_history
         for layer in self.cache.layer_caches:
             key, value = layer.get_captured_post_rope()
             history = layer.get_history()
+            if in_place and history is not None:
+                _shift_in(history[0], key)
+                _shift_in(history[1], value)
+                continue
+            keep = self.max_history * (key.shape[1] // frames) if trims else None
             if history is not None:
                 old_key, old_value = history
                 if keep is not None:  # drop what the trim would drop before concatenating: no oversize copy
@@ -247,6 +310,11 @@ class RefinerStream:
             if keep is not None:
                 key, value = key[:, -keep:], value[:, -keep:]
             layer.store_history(key, value)
+
+
+def _shift_in(history: torch.Tensor, new: torch.Tensor) -> None:
+    """history (1, N, D) <- [history without its first n tokens, new (1, n, D)], in place."""
+    history.copy_(torch.cat([history[:, new.shape[1]:], new.to(history.dtype)], dim=1))
 
 
 def _attention_backends(device):

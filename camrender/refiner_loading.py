@@ -227,21 +227,62 @@ def place_refiner(refiner, device, offload: str = "none") -> None:
 
 def stream_layers(refiner, device, *, use_stream: bool) -> None:
     """Group-offload the refiner's transformer blocks and its text encoder's decoder layers: each block
-    visits `device` while it runs (`use_stream`: the next one is copied on a side CUDA stream meanwhile)."""
-    from diffusers.hooks import apply_group_offloading
+    visits `device` while it runs. Modules already streamed are left as they are (a second render
+    with the same pipeline places its refiner again).
 
-    for module, containers in ((refiner.transformer, None), (refiner.text_encoder, ["model", "language_model"])):
-        if use_stream:  # page-locked in place, one tensor at a time: the offloader keeps these (no second copy)
-            for param in module.parameters():
+    use_stream: the transformer's next block is copied on a side CUDA stream while the current one
+    runs. The text encoder runs once per render: its decoder layers stream one by one, synchronously,
+    each offloaded on its own (`_stream_decoder_layers`).
+    """
+    import torch
+    from diffusers import hooks
+
+    transformer = refiner.transformer
+    if not is_layer_streamed(transformer):
+        if use_stream and torch.device(device).type == "cuda":
+            for param in transformer.parameters():  # page-locked in place: the offloader keeps these (no 2nd copy)
                 if param.device.type == "cpu" and not param.is_pinned():
                     param.data = param.data.pin_memory()
-        apply_group_offloading(module, onload_device=device, offload_type="block_level", num_blocks_per_group=1,
-                               use_stream=use_stream, block_modules=containers)
+        hooks.apply_group_offloading(transformer, onload_device=device, offload_type="block_level",
+                                     num_blocks_per_group=1, use_stream=use_stream)
+    if not is_layer_streamed(refiner.text_encoder):
+        _stream_decoder_layers(refiner.text_encoder, device)
+
+
+def _stream_decoder_layers(text_encoder, device) -> None:
+    """The text encoder's decoder layers (its largest `layers` list) stay in CPU memory and visit `device`
+    one at a time; the rest (embeddings tied to the LM head, final norm, vision tower: ~3 GB for
+    Gemma-3-12B) lives on `device`.
+
+    Why not one block-level offload of the whole encoder: its layers sit in nested modules
+    (`model.layers`, `model.language_model.layers`), and diffusers 0.42.1 (a) registers a
+    `layer_execution_tracker` on the same inner layers once per nesting level when streaming ("Hook
+    with name layer_execution_tracker already exists"), and (b) offloads the inner model's embedding
+    after the inner forward, while the LM head that shares its weight still has to run.
+    """
+    import torch
+    from diffusers import hooks
+
+    lists = [(name, module) for name, module in text_encoder.named_modules()
+             if name.split(".")[-1] == "layers" and isinstance(module, torch.nn.ModuleList)]
+    name, layers = max(lists, key=lambda item: sum(p.numel() for p in item[1].parameters()))
+    prefix = name + "."
+    for tensor_name, tensor in [*text_encoder.named_parameters(), *text_encoder.named_buffers()]:
+        if not tensor_name.startswith(prefix):
+            tensor.data = tensor.data.to(device)
+    for layer in layers:  # each layer one group: onloaded before its forward, offloaded after
+        hooks.apply_group_offloading(layer, onload_device=device, offload_device=torch.device("cpu"),
+                                     offload_type="block_level", num_blocks_per_group=1, use_stream=False)
 
 
 def is_layer_streamed(module) -> bool:
-    """Whether `stream_layers` (diffusers group offloading) manages the module's placement."""
-    return getattr(module, "_diffusers_hook", None) is not None
+    """Whether `stream_layers` (diffusers group offloading) manages the module's placement: a group
+    offloading hook on the module or any of its submodules."""
+    for submodule in module.modules():
+        registry = getattr(submodule, "_diffusers_hook", None)
+        if registry is not None and registry.get_hook("group_offloading") is not None:
+            return True
+    return False
 
 
 def load_stage_two(pipe, request) -> None:

@@ -41,7 +41,7 @@ def stage_two(pipe, request, device):
     pass-through with the same `push`/`finish`. Encodes the refiner's prompt here, once per render.
 
     Noise of the block endpoints comes from a CPU generator seeded with the render's seed (repeatable
-    across devices, like stage 1's).
+    across devices, like stage 1's). `--no-cuda-graphs` (request.cuda_graphs False) keeps the refiner eager too.
     """
     refiner = getattr(pipe, _ATTRIBUTE, None)
     if refiner is None:
@@ -49,7 +49,8 @@ def stage_two(pipe, request, device):
     dtype = next(refiner.transformer.parameters()).dtype
     text = encode_refiner_prompt(refiner, request.prompt, device, dtype)
     return RefinerStream(refiner, text, fps=request.fps, device=device,
-                         generator=torch.Generator("cpu").manual_seed(int(request.seed)))
+                         generator=torch.Generator("cpu").manual_seed(int(request.seed)),
+                         cuda_graphs=None if getattr(request, "cuda_graphs", True) else False)
 
 
 # On CUDA, a segment's refinement and decode run on a side stream while the next segment's stage 1

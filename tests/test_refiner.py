@@ -18,9 +18,9 @@ def reference(refiner, clip, seed):
     return refiner(clip, PROMPT, fps=16.0, generator=torch.Generator().manual_seed(seed), output_type="latent")
 
 
-def streamed(refiner, clip, seed, splits):
+def streamed(refiner, clip, seed, splits, **options):
     text = encode_refiner_prompt(refiner, PROMPT, "cpu", torch.float32)
-    stream = RefinerStream(refiner, text, fps=16.0, generator=torch.Generator().manual_seed(seed))
+    stream = RefinerStream(refiner, text, fps=16.0, generator=torch.Generator().manual_seed(seed), **options)
     pieces, start = [], 0
     for stop in splits + [clip.shape[2]]:
         pieces.append(stream.push(clip[:, :, start:stop]))
@@ -94,3 +94,40 @@ def test_prompt_keys_and_values_are_computed_once(refiner, monkeypatch):
     assert stream.blocks_done == 2  # 1 sink pass + 2 blocks x 4 passes = 9 forwards
     assert set(watched.values()) == {1}
     assert "forward" not in vars(refiner.transformer.transformer_blocks[0].attn2.to_k)  # unpatched afterwards
+
+
+def test_graphed_steady_state_equals_eager_and_diffusers(refiner):
+    """The steady-state passes through GraphedForward (its static-copy replay, as on CUDA without the graph)
+    give the eager stream's latents exactly, and diffusers' call's within fp32 rounding."""
+    frames = 1 + 3 * 9 + 2  # 9 full blocks (the window is full from block 5) and a short last block
+    clip = torch.randn(1, 8, frames, 4, 6, generator=torch.Generator().manual_seed(11))
+    splits = list(range(4, frames, 3))
+    eager_pieces, eager = streamed(refiner, clip, seed=3, splits=splits, cuda_graphs=False)
+    graphed_pieces, graphed = streamed(refiner, clip, seed=3, splits=splits, cuda_graphs=True)
+    assert eager.graphs is None
+    inject, cache_pass = graphed.graphs["inject"].stats, graphed.graphs["inject_and_capture_post_rope"].stats
+    # blocks 5..9 are steady: 5 x 3 denoising passes (the first one of a layout eager) and 5 cache passes
+    assert (inject["eager"], inject["replays"]) == (1, 14)
+    assert (cache_pass["eager"], cache_pass["replays"]) == (1, 4)
+    got, want = torch.cat(graphed_pieces, dim=2), torch.cat(eager_pieces, dim=2)
+    assert torch.equal(got, want)
+    for graphed_layer, eager_layer in zip(graphed.cache.layer_caches, eager.cache.layer_caches):
+        assert torch.equal(graphed_layer.history_k, eager_layer.history_k)
+        assert torch.equal(graphed_layer.history_v, eager_layer.history_v)
+    expected = reference(refiner, clip, seed=3)
+    assert ((got - expected).abs().max() / expected.abs().max()).item() <= 1e-5
+
+
+def test_full_history_is_shifted_in_place(refiner):
+    """Once the window is full, each layer's history keeps its storage (what a captured graph reads)."""
+    clip = torch.randn(1, 8, 1 + 3 * 6, 4, 6, generator=torch.Generator().manual_seed(4))
+    text = encode_refiner_prompt(refiner, PROMPT, "cpu", torch.float32)
+    stream = RefinerStream(refiner, text, fps=16.0, generator=torch.Generator().manual_seed(0), cuda_graphs=False)
+    stream.push(clip[:, :, :13])  # sink + 4 blocks: 12 frames refined, the history holds the last 10
+    addresses = [layer.history_k.data_ptr() for layer in stream.cache.layer_caches]
+    before = stream.cache.layer_caches[0].history_k.clone()
+    stream.push(clip[:, :, 13:])
+    layer = stream.cache.layer_caches[0]
+    assert [cache.history_k.data_ptr() for cache in stream.cache.layer_caches] == addresses
+    tokens = 4 * 6
+    assert torch.equal(layer.history_k[:, :4 * tokens], before[:, 6 * tokens:])  # 2 blocks later: shifted by 6 frames

@@ -8,7 +8,7 @@ from helpers import rel
 
 from camrender.errors import CamrenderError
 from camrender.refiner import RefinerStream, encode_refiner_prompt
-from camrender.refiner_loading import load_refiner, resolve_refiner, strip_audio, stream_layers
+from camrender.refiner_loading import is_layer_streamed, load_refiner, resolve_refiner, strip_audio, stream_layers
 from camrender.tiny_refiner import build_tiny_refiner
 
 
@@ -87,8 +87,30 @@ def test_layer_streaming_gives_the_same_latents():
     refiner = build_tiny_refiner(seed=4)
     clip = torch.randn(1, 8, 4, 4, 6, generator=torch.Generator().manual_seed(2))
     before = refine(refiner, clip)
+    assert not is_layer_streamed(refiner.transformer) and not is_layer_streamed(refiner.text_encoder)
     stream_layers(refiner, torch.device("cpu"), use_stream=False)
+    assert is_layer_streamed(refiner.transformer) and is_layer_streamed(refiner.text_encoder)
     assert torch.equal(refine(refiner, clip), before)
+    stream_layers(refiner, torch.device("cpu"), use_stream=False)  # placed again for a second render: a no-op
+    assert torch.equal(refine(refiner, clip), before)
+
+
+def test_layer_streaming_never_nests_streamed_offloads(monkeypatch):
+    """diffusers 0.42.1 cannot stream (use_stream) an offload with nested block_modules, and offloads a
+    nested model's embedding while the tied LM head still needs it: the transformer is offloaded as one
+    flat block list, the text encoder one decoder layer at a time, the rest of it resident."""
+    import diffusers.hooks
+
+    calls = []
+    monkeypatch.setattr(diffusers.hooks, "apply_group_offloading",
+                        lambda module, **options: calls.append((module, options)))
+    refiner = build_tiny_refiner(seed=4)
+    stream_layers(refiner, torch.device("cpu"), use_stream=True)
+    layers = [module for name, module in refiner.text_encoder.named_modules()
+              if name.endswith("language_model.layers") or name == "model.layers"][0]
+    assert [module for module, _ in calls] == [refiner.transformer, *layers]
+    assert calls[0][1]["use_stream"] and all(not options["use_stream"] for _, options in calls[1:])
+    assert all(options.get("block_modules") is None for _, options in calls)
 
 
 def bad(spec, match, latent_channels=8):
