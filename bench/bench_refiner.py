@@ -59,6 +59,7 @@ PEAK_BF16_FLOPS = 790e12  # H200 dense bf16 tensor-core peak used for the roofli
 VIDEO_FPS = 16.0
 GPU_SIZES_GB = (24, 48, 80, 141)
 GEMM_OPS = ("mm", "addmm", "bmm", "baddbmm", "_scaled_mm")
+CHECK_BLOCK = 7  # refined by both steady-state rows (eager: 3rd timed block, graphed: 1st), compared
 # Gemma-3-12B's text tower (the refiner's text encoder), for the encode time and memory
 # Gemma-2-2B, stage 1's text encoder: resident on the GPU during a render (built for the peaks, never run)
 GEMMA2_2B = dict(hidden_size=2304, intermediate_size=9216, num_hidden_layers=26, num_attention_heads=8,
@@ -217,17 +218,21 @@ def refiner_steady_state(refiner_transformer, text, shape, device, dtype, blocks
     channels = refiner_transformer.config.in_channels
     # sink + 4 blocks = 13 frames: the history holds its 10 frames from here on; 2 more blocks capture the graphs
     warm_blocks = 6 if cuda_graphs else 4
-    clip = torch.randn(1, channels, 1 + 3 * (warm_blocks + blocks + 2), h, w, generator=torch.Generator().manual_seed(2))
+    # one clip and one noise seed for both rows: block CHECK_BLOCK is refined by each, compared in main()
+    clip = torch.randn(1, channels, 1 + 3 * (6 + blocks + 2), h, w, generator=torch.Generator().manual_seed(2))
     clip = clip.to(device, dtype)
     stream = RefinerStream(as_refiner(refiner_transformer), text, fps=VIDEO_FPS, device=device,
                            generator=torch.Generator().manual_seed(0), cuda_graphs=cuda_graphs)
     stream.push(clip[:, :, :1 + 3 * warm_blocks])
     sync()
     gpu, enqueue = [], []
+    check = None
     for index in range(blocks):
         start = 1 + 3 * (warm_blocks + index)
         began = time.perf_counter()
-        stream.push(clip[:, :, start:start + 3])
+        refined = stream.push(clip[:, :, start:start + 3])
+        if warm_blocks + index + 1 == CHECK_BLOCK:
+            check = refined
         enqueue.append(time.perf_counter() - began)
         sync()
         gpu.append(time.perf_counter() - began)
@@ -262,7 +267,7 @@ def refiner_steady_state(refiner_transformer, text, shape, device, dtype, blocks
     analytic_attention = 4 * config.num_layers * 4 * queries * (keys + text.embeds.shape[1]) * inner
     attention = counted_attention or analytic_attention  # FlopCounterMode counts SDPA on CUDA, not on every CPU path
     per_block = sorted(gpu)[len(gpu) // 2]
-    return dict(cuda_graphs=bool(cuda_graphs), graph_stats=graph_stats, blocks_timed=blocks,
+    return dict(cuda_graphs=bool(cuda_graphs), graph_stats=graph_stats, check_block=check, blocks_timed=blocks,
                 s_per_block=round(per_block, 4),
                 s_per_video_second=round(per_block * VIDEO_FPS / 24, 4),
                 enqueue_s_per_block=round(sorted(enqueue)[len(enqueue) // 2], 4), host_syncs_per_block=syncs,
@@ -272,6 +277,12 @@ def refiner_steady_state(refiner_transformer, text, shape, device, dtype, blocks
                 attention_tflop_analytic=round(analytic_attention / 1e12, 3),
                 window_frames=stream.sink_frames + history_frames + 3,
                 flop_by_op={str(op): round(v / 1e12, 4) for op, v in counts.items()})
+
+
+def without_check(row, checks):
+    """The steady-state row without its refined check block (a tensor, kept in `checks`), for the JSON."""
+    checks.append(row.pop("check_block"))
+    return row
 
 
 def roofline(steady, plain_fps, graphed=None):
@@ -416,10 +427,15 @@ def main(argv=None):
         results["with_refiner_peak_gib_short_vs_long"] = [results["warmup"]["peak_gib"],
                                                           results["with_refiner"]["peak_gib"]]
     record("with_refiner_breakdown", lambda: render_path(models, args.segments, True, breakdown=True))
-    steady = record("refiner_steady_state_eager", lambda: refiner_steady_state(refiner_transformer, text, shape,
-                                                                                device, dtype))
-    graphed = record("refiner_steady_state", lambda: refiner_steady_state(refiner_transformer, text, shape, device,
-                                                                          dtype, cuda_graphs=True))
+    checks = []
+    steady = record("refiner_steady_state_eager", lambda: without_check(
+        refiner_steady_state(refiner_transformer, text, shape, device, dtype), checks))
+    graphed = record("refiner_steady_state", lambda: without_check(
+        refiner_steady_state(refiner_transformer, text, shape, device, dtype, cuda_graphs=True), checks))
+    if len(checks) == 2:  # the same block, refined eagerly and by graph replay
+        difference = (checks[0].float() - checks[1].float()).abs().max().item()
+        results["graphed_vs_eager_block_max_abs_diff"] = difference
+        print(json.dumps({"graphed_vs_eager_block_max_abs_diff": difference}), flush=True)
     if steady is not None:
         record("roofline", lambda: roofline(steady, plain["video_fps"] if plain else None, graphed))
 

@@ -125,6 +125,7 @@ class RefinerStream:
         # registers) is an additive zero: leaving it out lets cross-attention use the fused SDPA kernels.
         self.text_mask = None if text.mask is None or bool(text.mask.all()) else text.mask
         self.text_memo = _TextMemo(self.transformer)
+        self.call = _TransformerCall(self.transformer, self.text_memo, self.device)
         self.cache = SanaWMRefinerKVCache(len(self.transformer.transformer_blocks))
         scale = float(self.transformer.config.timestep_scale_multiplier)
         # One (1, 1) timestep per sigma, made once: the model broadcasts its modulation over the tokens.
@@ -194,7 +195,9 @@ class RefinerStream:
         if not enabled or self.max_history <= 0:
             return None
         capture = self.device.type == "cuda"
-        return {mode: GraphedForward(functools.partial(self._window_pass, mode), capture=capture)
+        # the graphs hold `self.call`, not the stream: no reference cycle keeps a finished render's
+        # cache and graph memory alive until Python's cycle collector runs
+        return {mode: GraphedForward(functools.partial(_window_pass, self.call, mode), capture=capture)
                 for mode in ("inject", "inject_and_capture_post_rope")}
 
     def _forward(self, block: torch.Tensor, sigma: float, rope, mode: str) -> torch.Tensor:
@@ -208,7 +211,7 @@ class RefinerStream:
                            for layer in self.cache.layer_caches)
             shared = dict(embeds=self.text.embeds, mask=self.text_mask, layers=layers)
             return self.graphs[mode](tokens, timestep, rope, self.cache.sink_pe, shared=shared)
-        velocity = self._transformer(tokens, timestep, rope, self.text.embeds, self.text_mask, self.cache, mode)
+        velocity = self.call(tokens, timestep, rope, self.text.embeds, self.text_mask, self.cache, mode)
         if mode == "inject_and_capture_post_rope":
             self._append_history(block.shape[2])
         return velocity
@@ -217,28 +220,6 @@ class RefinerStream:
         """Whether a pass on a block of `frames` frames has the steady-state shapes (window full)."""
         return (self.graphs is not None and frames == self.block_frames and self.history_frames == self.max_history
                 and self.cache.layer_caches[0].history_k is not None)
-
-    def _transformer(self, tokens, timestep, rope, embeds, mask, cache, mode) -> torch.Tensor:
-        with self.text_memo, _attention_backends(self.device):
-            return self.transformer(hidden_states=tokens, encoder_hidden_states=embeds, timestep=timestep,
-                                    video_rotary_emb=rope, encoder_attention_mask=mask,
-                                    kv_cache=cache, kv_cache_mode=mode, return_dict=False)[0]
-
-    def _window_pass(self, mode: str, tokens, timestep, rope, sink_pe, *, shared) -> torch.Tensor:
-        """One steady-state pass reading only its arguments (what `GraphedForward` captures): the cache is
-        rebuilt around the shared sink/history tensors; the cache pass shifts the history in place."""
-        cache = SanaWMRefinerKVCache(len(shared["layers"]))
-        cache.sink_pe = sink_pe
-        for layer, (sink_k, sink_v, history_k, history_v) in zip(cache.layer_caches, shared["layers"]):
-            layer.store_sink(sink_k, sink_v)
-            layer.store_history(history_k, history_v)
-        velocity = self._transformer(tokens, timestep, rope, shared["embeds"], shared["mask"], cache, mode)
-        if mode == "inject_and_capture_post_rope":
-            for layer, (_, _, history_k, history_v) in zip(cache.layer_caches, shared["layers"]):
-                key, value = layer.get_captured_post_rope()
-                _shift_in(history_k, key)
-                _shift_in(history_v, value)
-        return velocity
 
     def _capture_sink(self, sink: torch.Tensor) -> None:
         """Pre-RoPE K/V of the raw sink frames at sigma 0, stored in every layer's cache."""
@@ -310,6 +291,36 @@ class RefinerStream:
             if keep is not None:
                 key, value = key[:, -keep:], value[:, -keep:]
             layer.store_history(key, value)
+
+
+class _TransformerCall:
+    """The refiner transformer on one block under the prompt memo and camrender's SDPA backends."""
+
+    def __init__(self, transformer, text_memo, device):
+        self.transformer, self.text_memo, self.device = transformer, text_memo, device
+
+    def __call__(self, tokens, timestep, rope, embeds, mask, cache, mode) -> torch.Tensor:
+        with self.text_memo, _attention_backends(self.device):
+            return self.transformer(hidden_states=tokens, encoder_hidden_states=embeds, timestep=timestep,
+                                    video_rotary_emb=rope, encoder_attention_mask=mask,
+                                    kv_cache=cache, kv_cache_mode=mode, return_dict=False)[0]
+
+
+def _window_pass(call: _TransformerCall, mode: str, tokens, timestep, rope, sink_pe, *, shared) -> torch.Tensor:
+    """One steady-state pass reading only its arguments (what `GraphedForward` captures): the cache is
+    rebuilt around the shared sink/history tensors; the cache pass shifts the history in place."""
+    cache = SanaWMRefinerKVCache(len(shared["layers"]))
+    cache.sink_pe = sink_pe
+    for layer, (sink_k, sink_v, history_k, history_v) in zip(cache.layer_caches, shared["layers"]):
+        layer.store_sink(sink_k, sink_v)
+        layer.store_history(history_k, history_v)
+    velocity = call(tokens, timestep, rope, shared["embeds"], shared["mask"], cache, mode)
+    if mode == "inject_and_capture_post_rope":
+        for layer, (_, _, history_k, history_v) in zip(cache.layer_caches, shared["layers"]):
+            key, value = layer.get_captured_post_rope()
+            _shift_in(history_k, key)
+            _shift_in(history_v, value)
+    return velocity
 
 
 def _shift_in(history: torch.Tensor, new: torch.Tensor) -> None:

@@ -131,3 +131,21 @@ def test_full_history_is_shifted_in_place(refiner):
     assert [cache.history_k.data_ptr() for cache in stream.cache.layer_caches] == addresses
     tokens = 4 * 6
     assert torch.equal(layer.history_k[:, :4 * tokens], before[:, 6 * tokens:])  # 2 blocks later: shifted by 6 frames
+
+
+def test_finished_stream_is_freed_without_the_cycle_collector(refiner):
+    """A render's stream (its KV cache, its graphs and their memory) goes as soon as the render drops it."""
+    import gc
+    import weakref
+
+    clip = torch.randn(1, 8, 1 + 3 * 6, 4, 6, generator=torch.Generator().manual_seed(6))
+    gc.disable()
+    try:
+        _, stream = streamed(refiner, clip, seed=0, splits=list(range(4, clip.shape[2], 3)), cuda_graphs=True)
+        assert stream.graphs["inject"].stats["replays"] > 0
+        history = weakref.ref(stream.cache.layer_caches[0].history_k)
+        gone = weakref.ref(stream)
+        del stream
+        assert gone() is None and history() is None
+    finally:
+        gc.enable()
