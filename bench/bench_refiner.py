@@ -75,6 +75,9 @@ def parse_args(argv=None):
                         help="path length in segments (3 latent frames each; the refiner's graphs replay from the 6th)")
     parser.add_argument("--layers-segments", type=int, default=3, help="segments rendered with --refiner-offload layers")
     parser.add_argument("--skip-layers", action="store_true", help="skip the layer-streaming memory run")
+    parser.add_argument("--refiner-graphs", action="store_true",
+                        help="also time the refiner replayed as CUDA graphs (off by default in renders: see "
+                             "camrender.refiner.RefinerStream._graphs)")
     parser.add_argument("--text-tokens", type=int, default=1024, help="refiner prompt tokens (release: 1024)")
     parser.add_argument("--out", default=None, help="also write the JSON document here")
     return parser.parse_args(argv)
@@ -421,7 +424,8 @@ def main(argv=None):
     record("warmup", lambda: peak_of(lambda: render_path(models, min(5, args.segments), True)))
     plain = record("without_refiner", lambda: peak_of(lambda: render_path(models, args.segments, False)))
     record("with_refiner", lambda: peak_of(lambda: render_path(models, args.segments, True)))
-    record("with_refiner_eager", lambda: render_path(models, args.segments, True, cuda_graphs=False))
+    if args.refiner_graphs:
+        record("with_refiner_graphed", lambda: render_path(models, args.segments, True, cuda_graphs=True))
     record("with_refiner_no_overlap", lambda: render_path(models, args.segments, True, overlap=False))
     if results.get("warmup") and results.get("with_refiner"):  # flat in the path length: 5 vs --segments segments
         results["with_refiner_peak_gib_short_vs_long"] = [results["warmup"]["peak_gib"],
@@ -430,8 +434,10 @@ def main(argv=None):
     checks = []
     steady = record("refiner_steady_state_eager", lambda: without_check(
         refiner_steady_state(refiner_transformer, text, shape, device, dtype), checks))
-    graphed = record("refiner_steady_state", lambda: without_check(
-        refiner_steady_state(refiner_transformer, text, shape, device, dtype, cuda_graphs=True), checks))
+    graphed = None
+    if args.refiner_graphs:
+        graphed = record("refiner_steady_state_graphed", lambda: without_check(
+            refiner_steady_state(refiner_transformer, text, shape, device, dtype, cuda_graphs=True), checks))
     if len(checks) == 2:  # the same block, refined eagerly and by graph replay
         difference = (checks[0].float() - checks[1].float()).abs().max().item()
         results["graphed_vs_eager_block_max_abs_diff"] = difference
