@@ -28,6 +28,7 @@ import click
 from camrender.errors import CamrenderError
 from camrender.formats import FORMAT_MODULES
 from camrender.formats.fileio import read_text
+from camrender.resume import partial_folder
 
 ALIASES = {"trajectory": "traj", "output": "out"}
 NOT_JOB_OPTIONS = {"gpus"}  # options of the run, not of one render
@@ -134,6 +135,9 @@ def plan_jobs(jobs: list, command: click.Command, defaults: dict, resolve: Calla
             if Path(out).exists():
                 planned.append(Planned(index, job.where, out, "skipped", "output exists"))
                 continue
+            if partial_folder(out).exists():  # an interrupted render's checkpoint: never overwritten here
+                raise CamrenderError(f"{partial_folder(out)} holds an interrupted render: continue it with "
+                                     f"`camrender render ... --resume` or remove it", path=job.where, field="output")
             Path(out).parent.mkdir(parents=True, exist_ok=True)
             planned.append(Planned(index, job.where, out, "render", request=resolve(params)))
         except CamrenderError as error:

@@ -275,3 +275,13 @@ def test_run_jobs_deals_to_video_groups_and_only_leaders_report():
     segments[0].request.mode = "segments"
     results = batching.run_jobs(segments, leader, pipelines, write, lambda line: None)
     assert results[0]["status"] == "failed" and "segment mode renders a video on one GPU" in results[0]["reason"]
+
+
+def test_plan_refuses_a_job_whose_interrupted_render_is_left(tmp_path):
+    small_trajectory(tmp_path)  # path.json
+    jobs = batching.read_jobs(tmp_path, render, tmp_path / "renders")
+    (tmp_path / "renders" / ".path.mp4.partial").mkdir(parents=True)  # a killed segment-mode render's checkpoint
+    planned = batching.plan_jobs(jobs, render, {"model": "tiny"}, lambda params: params["steps"])
+    assert [job.status for job in planned] == ["failed"]
+    assert "--resume" in planned[0].reason and ".path.mp4.partial" in planned[0].reason
+    assert (tmp_path / "renders" / ".path.mp4.partial").is_dir()
