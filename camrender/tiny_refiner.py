@@ -8,13 +8,15 @@ random (seeded): the point is to exercise stage 2 with no download, on a CPU, in
 """
 from __future__ import annotations
 
+from camrender.tiny import TINY_TRANSFORMER_CONFIG
+
 TINY_REFINER = "tiny"
 
-# The tiny refiner transformer; `build_tiny_refiner(**overrides)` replaces any entry. Latent
-# channels follow `camrender.tiny.TINY_TRANSFORMER_CONFIG["in_channels"]` (the tiny VAE's).
+# The tiny refiner transformer; `build_tiny_refiner(**overrides)` replaces any entry. Its latent
+# channels are the tiny stage-1 model's (the tiny VAE's).
 TINY_REFINER_TRANSFORMER_CONFIG = dict(
-    in_channels=8,
-    out_channels=8,
+    in_channels=TINY_TRANSFORMER_CONFIG["in_channels"],
+    out_channels=TINY_TRANSFORMER_CONFIG["in_channels"],
     num_attention_heads=2,
     attention_head_dim=8,
     cross_attention_dim=16,
