@@ -1,4 +1,4 @@
-"""GPU benchmark of stage 2 (the SANA-WM refiner, camrender.refiner) in segment mode, random weights.
+"""GPU benchmark of stage 2 (the SANA-WM refiner, camrender.model.refiner) in segment mode, random weights.
 
 At the release shape (704x1280: 22x40 latent tokens per frame, 128 latent channels, bf16), with
 the release configs (SANA-WM 1.6B DiT and LTX-2 VAE as in bench_segments.py; the refiner
@@ -46,12 +46,12 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import bench_segments as stage_one  # noqa: E402
-from camrender.refiner import RefinerStream, RefinerText  # noqa: E402
-from camrender.stage_two import PassThrough, refined_frames  # noqa: E402
-from camrender.refiner_loading import stream_layers, strip_audio  # noqa: E402
-from camrender.render_segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments  # noqa: E402
-from camrender.segment_decode import CausalStreamDecoder, to_uint8_frames  # noqa: E402
-from camrender.segments import SegmentOptions, segment_bounds  # noqa: E402
+from camrender.model.refiner import RefinerStream, RefinerText  # noqa: E402
+from camrender.render.stage_two import PassThrough, refined_frames  # noqa: E402
+from camrender.model.refiner_loading import stream_layers, strip_audio  # noqa: E402
+from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments  # noqa: E402
+from camrender.render.decode import CausalStreamDecoder, to_uint8_frames  # noqa: E402
+from camrender.model.segments import SegmentOptions, segment_bounds  # noqa: E402
 from common import emit  # noqa: E402
 
 GIB = 1024**3
@@ -77,7 +77,7 @@ def parse_args(argv=None):
     parser.add_argument("--skip-layers", action="store_true", help="skip the layer-streaming memory run")
     parser.add_argument("--refiner-graphs", action="store_true",
                         help="also time the refiner replayed as CUDA graphs (off by default in renders: see "
-                             "camrender.refiner.RefinerStream._graphs)")
+                             "camrender.model.refiner.RefinerStream._graphs)")
     parser.add_argument("--text-tokens", type=int, default=1024, help="refiner prompt tokens (release: 1024)")
     parser.add_argument("--out", default=None, help="also write the JSON document here")
     return parser.parse_args(argv)
@@ -111,7 +111,7 @@ def build_refiner_transformer(tiny, device, dtype):
     from diffusers.models.transformers.transformer_sana_wm_refiner import SanaWMLTX2RefinerTransformer3DModel
 
     if tiny:
-        from camrender.tiny_refiner import build_tiny_refiner
+        from camrender.model.tiny_refiner import build_tiny_refiner
 
         transformer = build_tiny_refiner(seed=0).transformer
     else:
@@ -152,7 +152,7 @@ def as_refiner(transformer):
 def render_path(models, segments, refined, *, breakdown=False, overlap=None, cuda_graphs=None):
     """Segment mode on a path of `segments` segments: stage 1 -> refiner (optional) -> streaming decode.
 
-    Without `breakdown`: the render's own loop (`camrender.stage_two.refined_frames`; `overlap`: stage 2 on
+    Without `breakdown`: the render's own loop (`camrender.render.stage_two.refined_frames`; `overlap`: stage 2 on
     a side CUDA stream, default as rendered), timed end to end and over the second half of the path. With
     it: the same stages in sequence, synced after each stage of each segment to time them apart.
     cuda_graphs: the refiner's (`RefinerStream`'s default: on CUDA); stage 1 always replays its graphs.
