@@ -22,7 +22,7 @@ class _CheckoutKernelsFinder(importlib.abc.MetaPathFinder):
 
 
 if (_CHECKOUT_KERNELS / "__init__.py").is_file():
-    sys.meta_path.append(_CheckoutKernelsFinder())
+    sys.meta_path.insert(0, _CheckoutKernelsFinder())  # before an editable install of another checkout
 
 
 def patch_transformer(transformer, kernels: str = "fused", **kwargs):

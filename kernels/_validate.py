@@ -49,3 +49,12 @@ def use_triton(x, backend="auto"):
     if backend == "auto":
         return x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
     return backend == "triton"
+
+
+def check_inv_rms(name, inv_rms, batch, tokens, device):
+    """A per-token inverse RMS (B, N) (or (1, N), broadcast) as the kernels read it: fp32,
+    contiguous (B, N) on `device`; raise ValueError on another shape."""
+    if not isinstance(inv_rms, torch.Tensor) or inv_rms.shape not in ((batch, tokens), (1, tokens)):
+        got = tuple(inv_rms.shape) if isinstance(inv_rms, torch.Tensor) else type(inv_rms).__name__
+        raise ValueError(f"{name} must have shape ({batch}, {tokens}), got {got}")
+    return inv_rms.to(device=device, dtype=torch.float32).expand(batch, tokens).contiguous()

@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from . import ucpe_tiles
-from ._validate import check_tensor
+from ._validate import check_inv_rms, check_tensor
 
 
 def ray_views(ray_transforms, batch, tokens, dim, device):
@@ -42,12 +42,20 @@ def ray_views(ray_transforms, batch, tokens, dim, device):
 
 @triton.jit
 def inverse_rms(q_rows, k_rows, nmask, norm_eps, C: tl.constexpr, BS: tl.constexpr, BC: tl.constexpr,
-                 HAS_QNORM: tl.constexpr, HAS_KNORM: tl.constexpr):
+                 HAS_QNORM: tl.constexpr, HAS_KNORM: tl.constexpr, q_given, k_given, given_offs,
+                 GIVEN: tl.constexpr):
     """1 / RMS over all C channels of BS token rows of q and k (the block's full-C RMSNorm);
-    (BS,) each, zeros for a tensor without a norm. `q_rows`, `k_rows`: (BS, 1) row pointers."""
+    (BS,) each, zeros for a tensor without a norm. `q_rows`, `k_rows`: (BS, 1) row pointers.
+    GIVEN: read them from q_given / k_given (fp32 (B, N), at offsets given_offs (BS,)) instead:
+    computed outside when the norm spans heads this call does not hold (head split)."""
     q_rms = tl.zeros((BS,), dtype=tl.float32)
     k_rms = tl.zeros((BS,), dtype=tl.float32)
-    if HAS_QNORM or HAS_KNORM:
+    if GIVEN:
+        if HAS_QNORM:
+            q_rms = tl.load(q_given + given_offs, mask=nmask, other=0.0)
+        if HAS_KNORM:
+            k_rms = tl.load(k_given + given_offs, mask=nmask, other=0.0)
+    elif HAS_QNORM or HAS_KNORM:
         acc_q = tl.zeros((BS, BC), dtype=tl.float32)
         acc_k = tl.zeros((BS, BC), dtype=tl.float32)
         for c0 in range(0, C, BC):
@@ -111,12 +119,12 @@ def encode_halves(xa, xb, wa, wb, inv_rms, m, c0, s0, c1, s1, scale, out_scale, 
 
 @triton.jit
 def _cam_encode_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, sb_b, sb_h, sb_t, sb_s,
-                       qw_ptr, kw_ptr, pt_ptr, spt_b, spt_n, spt_i, spt_j,
+                       qw_ptr, kw_ptr, qr_ptr, kr_ptr, pt_ptr, spt_b, spt_n, spt_i, spt_j,
                        pinv_ptr, spi_b, spi_n, spi_i, spi_j, rope_ptr,
                        q_out, k_out, v_out, infl_out,
                        N, S, norm_eps, k_scale,
                        H: tl.constexpr, D: tl.constexpr, GU: tl.constexpr, BS: tl.constexpr, BC: tl.constexpr,
-                       HAS_QNORM: tl.constexpr, HAS_KNORM: tl.constexpr,
+                       HAS_QNORM: tl.constexpr, HAS_KNORM: tl.constexpr, GIVEN_RMS: tl.constexpr,
                        HAS_ROPE: tl.constexpr, DOWNSCALE: tl.constexpr, FOLD_BETA: tl.constexpr):
     """One program per (block of BS tokens, b), looping over all H heads.
 
@@ -141,7 +149,8 @@ def _cam_encode_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, sb_b, sb_h, sb_t, sb_s,
     k_base = k_ptr + b * N * C
     v_base = v_ptr + b * N * C
     row = n[:, None] * C
-    q_rms, k_rms = inverse_rms(q_base + row, k_base + row, nmask, norm_eps, C, BS, BC, HAS_QNORM, HAS_KNORM)
+    q_rms, k_rms = inverse_rms(q_base + row, k_base + row, nmask, norm_eps, C, BS, BC, HAS_QNORM, HAS_KNORM,
+                               qr_ptr, kr_ptr, b * N + n, GIVEN_RMS)
     m_q = ucpe_tiles.token_matrix(pt_ptr, b * spt_b + n * spt_n, spt_i, spt_j, nmask)
     m_k = ucpe_tiles.token_matrix(pinv_ptr, b * spi_b + n * spi_n, spi_i, spi_j, nmask)
     c0, s0, c1, s1 = ucpe_tiles.rope_tiles(rope_ptr, n, nmask, BS, GU, NGU, HAS_ROPE, False)
@@ -195,11 +204,12 @@ def _cam_encode_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, sb_b, sb_h, sb_t, sb_s,
 
 
 def cam_stage(q, k, v, views, *, num_frames, q_norm_weight, k_norm_weight, norm_eps, downscale,
-              beta=None, out_dtype=torch.float32, block_s=16, num_warps=4, maxnreg=None):
+              beta=None, out_dtype=torch.float32, block_s=16, num_warps=4, maxnreg=None, q_inv_rms=None,
+              k_inv_rms=None):
     """Launch _cam_encode_kernel. views = ray_views(...) (read in place). Returns (q', k', v',
     inflation_sq) with encodings (B, H, N, D) in out_dtype and inflation (B, H, N) fp32. With
     `beta` the key/value are stored beta-folded (see _cam_encode_kernel). maxnreg: register cap
-    per thread (None: the compiler's choice)."""
+    per thread (None: the compiler's choice). q_inv_rms, k_inv_rms: see `given_inv_rms`."""
     batch, tokens, heads, dim = q.shape
     spatial = tokens // num_frames
     outs = [torch.empty(batch, heads, tokens, dim, device=q.device, dtype=out_dtype) for _ in range(3)]
@@ -207,17 +217,40 @@ def cam_stage(q, k, v, views, *, num_frames, q_norm_weight, k_norm_weight, norm_
     dummy = infl
     beta_args = (beta, *beta.stride()) if beta is not None else (dummy, 0, 0, 0, 0)
     _, p_t, p_inv, rope = views
+    given = given_inv_rms(q_inv_rms, k_inv_rms, q_norm_weight, k_norm_weight, batch, tokens, q.device)
     _cam_encode_kernel[(triton.cdiv(tokens, block_s), batch)](
         q, k, v, *beta_args,
         q_norm_weight if q_norm_weight is not None else dummy,
         k_norm_weight if k_norm_weight is not None else dummy,
+        *(given or (dummy, dummy)),
         p_t, *p_t.stride(), p_inv, *p_inv.stride(), rope if rope is not None else dummy,
         outs[0], outs[1], outs[2], infl, tokens, spatial, float(norm_eps), float(dim ** -0.5 * spatial ** -0.5),
         H=heads, D=dim, GU=triton.next_power_of_2(dim // 8), BS=block_s, BC=256,
-        HAS_QNORM=q_norm_weight is not None, HAS_KNORM=k_norm_weight is not None, HAS_ROPE=rope is not None,
-        DOWNSCALE=bool(downscale), FOLD_BETA=beta is not None, num_warps=num_warps,
+        HAS_QNORM=q_norm_weight is not None, HAS_KNORM=k_norm_weight is not None, GIVEN_RMS=given is not None,
+        HAS_ROPE=rope is not None, DOWNSCALE=bool(downscale), FOLD_BETA=beta is not None, num_warps=num_warps,
         **(dict(maxnreg=maxnreg) if maxnreg else {}))
     return outs[0], outs[1], outs[2], infl
+
+
+def given_inv_rms(q_inv_rms, k_inv_rms, q_norm_weight, k_norm_weight, batch, tokens, device):
+    """The (q, k) per-token inverse RMS computed outside (each (B, N) fp32 contiguous; a tensor
+    without a norm gets a placeholder), or None when neither is given (computed inside).
+
+    Given for one normed tensor, it must be given for the other normed one (one rule per call)."""
+    if q_inv_rms is None and k_inv_rms is None:
+        return None
+    out = []
+    for name, inv_rms, weight in (("q_inv_rms", q_inv_rms, q_norm_weight), ("k_inv_rms", k_inv_rms, k_norm_weight)):
+        if weight is None:
+            out.append(None)
+        elif inv_rms is None:
+            raise ValueError(f"{name} must be given with the other inverse RMS (both normed tensors)")
+        else:
+            out.append(check_inv_rms(name, inv_rms, batch, tokens, device))
+    placeholder = next(t for t in out if t is not None) if any(t is not None for t in out) else None
+    if placeholder is None:
+        return None
+    return tuple(placeholder if t is None else t for t in out)
 
 
 def check_projections(q, k, v):
@@ -238,7 +271,7 @@ def check_norm_weight(name, w, channels):
 
 
 def cam_prep(q, k, v, ray_transforms, *, num_frames, q_norm_weight=None, k_norm_weight=None,
-             norm_eps=1e-5, downscale=True):
+             norm_eps=1e-5, downscale=True, q_inv_rms=None, k_inv_rms=None):
     """Triton camera prep with cam_prep_ref's contract.
 
     q, k, v: (B, N, H, D) raw camera projections, contiguous, any float dtype.
@@ -252,6 +285,7 @@ def cam_prep(q, k, v, ray_transforms, *, num_frames, q_norm_weight=None, k_norm_
     check_norm_weight("k_norm_weight", k_norm_weight, heads * dim)
     views = ray_views(ray_transforms, batch, tokens, dim, q.device)
     q_enc, k_enc, v_enc, infl = cam_stage(q, k, v, views, num_frames=frames, q_norm_weight=q_norm_weight,
-                                          k_norm_weight=k_norm_weight, norm_eps=norm_eps, downscale=downscale)
+                                          k_norm_weight=k_norm_weight, norm_eps=norm_eps, downscale=downscale,
+                                          q_inv_rms=q_inv_rms, k_inv_rms=k_inv_rms)
     shape = (batch, heads, frames, spatial, dim)
     return q_enc.view(shape), k_enc.view(shape), v_enc.view(shape), infl.view(shape[:4])

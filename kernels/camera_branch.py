@@ -9,7 +9,7 @@ import torch
 
 from . import reference
 from ._validate import check_choice, check_tensor, segment_starts_tensor, use_triton
-from .cam_prep import cam_stage, check_norm_weight, check_projections, ray_views
+from .cam_prep import cam_stage, check_norm_weight, check_projections, given_inv_rms, ray_views
 from .delta_scan import PRECISIONS, run_scan
 
 # Launch defaults: the fastest measured on the H200 (docs/performance.md, 16:31 UTC run): 4-warp
@@ -20,7 +20,7 @@ STAGE_TUNING = {"stage_block_s": 16, "stage_num_warps": 4, "stage_maxnreg": None
 
 def camera_branch(q, k, v, beta, decay, ray_transforms, *, q_norm_weight, k_norm_weight, norm_eps=1e-5,
                   initial_state=None, segment_starts=None, downscale=True, precision="tf32", backend="auto",
-                  return_final_state=False, tuning=None):
+                  return_final_state=False, tuning=None, q_inv_rms=None, k_inv_rms=None):
     """Camera branch of a SANA-WM GDN block.
 
     Args:
@@ -44,6 +44,8 @@ def camera_branch(q, k, v, beta, decay, ray_transforms, *, q_norm_weight, k_norm
             (block_s, out_block_s, s_split, block_v, num_warps, num_stages, split, rec_f16, w_f16,
             maxnreg: see delta_scan.run_scan; stage_block_s, stage_num_warps, stage_maxnreg: see
             cam_prep.cam_stage), for benchmarks.
+        q_inv_rms, k_inv_rms: optional (B, N) fp32 1 / RMS per token of q and k, used instead of the
+            one over these H heads (head split: the norm spans heads this call does not hold).
 
     Returns:
         (B, N, H*D) in v's dtype, or (out, final_state (B, H, D, D) fp32).
@@ -63,12 +65,13 @@ def camera_branch(q, k, v, beta, decay, ray_transforms, *, q_norm_weight, k_norm
     check_choice("precision", precision, PRECISIONS)
     views = ray_views(ray_transforms, batch, tokens, dim, q.device)  # validates; no copies
     starts = segment_starts_tensor(segment_starts, batch, frames, q.device)
+    given_inv_rms(q_inv_rms, k_inv_rms, q_norm_weight, k_norm_weight, batch, tokens, q.device)  # validates
 
     if not use_triton(q, backend):
         return reference.camera_branch_ref(
             q, k, v, beta, decay, ray_transforms, q_norm_weight=q_norm_weight, k_norm_weight=k_norm_weight,
             norm_eps=norm_eps, initial_state=initial_state, segment_starts=segment_starts, downscale=downscale,
-            return_final_state=return_final_state)
+            return_final_state=return_final_state, q_inv_rms=q_inv_rms, k_inv_rms=k_inv_rms)
 
     # Stage: encode q, k, v once (beta folded into k and v), fp16 for tf32 (same mantissa), fp32 for ieee.
     tuning = {**SCAN_TUNING, **STAGE_TUNING, **(tuning or {})}
@@ -78,7 +81,8 @@ def camera_branch(q, k, v, beta, decay, ray_transforms, *, q_norm_weight, k_norm
     q_enc, k_enc, v_enc, infl = cam_stage(
         q, k, v, views, num_frames=frames, q_norm_weight=q_norm_weight,
         k_norm_weight=k_norm_weight, norm_eps=norm_eps, downscale=downscale, beta=beta, out_dtype=stage_dtype,
-        block_s=stage["stage_block_s"], num_warps=stage["stage_num_warps"], maxnreg=stage["stage_maxnreg"])
+        block_s=stage["stage_block_s"], num_warps=stage["stage_num_warps"], maxnreg=stage["stage_maxnreg"],
+        q_inv_rms=q_inv_rms, k_inv_rms=k_inv_rms)
     out = torch.empty(batch, tokens, channels, device=q.device, dtype=v.dtype)
     enc_strides = (heads * tokens * dim, tokens * dim, spatial * dim, dim)  # (B, H, N, D) as (B, H, T, S, D)
     out_strides = (tokens * channels, dim, spatial * channels, channels)    # (B, N, H*D) likewise

@@ -68,7 +68,7 @@ def _chunkwise(qn, kn, q_rot, k_rot, v, beta, decay, out, *, eps, initial_state,
 
 def main_branch(q, k, v, beta, decay, rope, *, q_norm_weight, k_norm_weight, norm_eps=1e-5, eps=1e-8,
                 initial_state=None, segment_starts=None, precision="tf32", backend="auto",
-                return_final_state=False):
+                return_final_state=False, q_inv_rms=None, k_inv_rms=None):
     """Main GDN branch of one block, fused; same contract as `kernels.main_reference.main_branch_ref`.
 
     Args:
@@ -84,6 +84,8 @@ def main_branch(q, k, v, beta, decay, rope, *, q_norm_weight, k_norm_weight, nor
             (exact fp32 dots).
         backend: "auto" (Triton on CUDA or under TRITON_INTERPRET=1, else PyTorch), "triton", "torch".
         return_final_state: also return the forward states (kv, z) after the last frame.
+        q_inv_rms, k_inv_rms: optional (B, N) fp32 1 / RMS per token of q and k, used instead of the
+            one over these C channels (head split: the norm spans heads this call does not hold).
 
     Returns:
         out (B, N, C) in v.dtype, or (out, (kv, z)).
@@ -91,7 +93,7 @@ def main_branch(q, k, v, beta, decay, rope, *, q_norm_weight, k_norm_weight, nor
     if not use_triton(v, backend):
         return main_branch_ref(q, k, v, beta, decay, rope, q_norm_weight=q_norm_weight, k_norm_weight=k_norm_weight,
                                norm_eps=norm_eps, eps=eps, initial_state=initial_state, segment_starts=segment_starts,
-                               return_final_state=return_final_state)
+                               return_final_state=return_final_state, q_inv_rms=q_inv_rms, k_inv_rms=k_inv_rms)
     batch, tokens, channels = v.shape
     heads, spatial = beta.shape[1], beta.shape[3]
     head_dim = channels // heads
@@ -99,8 +101,10 @@ def main_branch(q, k, v, beta, decay, rope, *, q_norm_weight, k_norm_weight, nor
     cos, sin = rope_tables(rope)
     rope = (cos.to(v.device), sin.to(v.device))
     k_scale = head_dim ** -0.5 * spatial ** -0.5
-    qn, q_rot = main_prep(q, q_norm_weight, heads, norm_eps=norm_eps, rope=rope, keep_unrotated=True)
-    kn, k_rot = main_prep(k, k_norm_weight, heads, norm_eps=norm_eps, scale=k_scale, rope=rope, keep_unrotated=True)
+    qn, q_rot = main_prep(q, q_norm_weight, heads, norm_eps=norm_eps, rope=rope, keep_unrotated=True,
+                          inv_rms=q_inv_rms)
+    kn, k_rot = main_prep(k, k_norm_weight, heads, norm_eps=norm_eps, scale=k_scale, rope=rope, keep_unrotated=True,
+                          inv_rms=k_inv_rms)
     out = torch.empty(batch, tokens, channels, device=v.device, dtype=v.dtype)
     final = _chunkwise(qn, kn, q_rot, k_rot, v, beta, decay, out, eps=eps, initial_state=initial_state,
                        segment_starts=segment_starts, precision=precision, return_final_state=return_final_state)

@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from ._rounding import cast_as, round_as
+from ._validate import check_inv_rms
 from .main_reference import rope_tables
 
 
@@ -27,10 +28,10 @@ def _normed(x, w, rstd, scale, RELU: tl.constexpr, DT: tl.constexpr):
 
 @triton.jit
 def _main_prep_kernel(
-    x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, rot_ptr,
+    x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, rot_ptr, rstd_ptr,
     stride_xb, stride_xn,
     N, C, D, norm_eps, scale,
-    RELU: tl.constexpr, ROPE: tl.constexpr, WRITE_PLAIN: tl.constexpr,
+    RELU: tl.constexpr, ROPE: tl.constexpr, WRITE_PLAIN: tl.constexpr, GIVEN_RSTD: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     DT: tl.constexpr = w_ptr.dtype.element_ty  # diffusers' RMSNorm returns the weight's dtype
@@ -39,13 +40,16 @@ def _main_prep_kernel(
     n_offs = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = n_offs < N
     row = x_ptr + b.to(tl.int64) * stride_xb + n_offs.to(tl.int64)[:, None] * stride_xn
-    sumsq = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for c0 in range(0, C, BLOCK_C):
-        c_offs = c0 + tl.arange(0, BLOCK_C)
-        m = n_mask[:, None] & (c_offs < C)[None, :]
-        x = tl.load(row + c_offs[None, :], mask=m, other=0.0).to(tl.float32)
-        sumsq += tl.sum(x * x, axis=1)
-    rstd = 1.0 / tl.sqrt(sumsq / C + norm_eps)
+    if GIVEN_RSTD:  # computed outside: the norm spans channels this call does not hold (head split)
+        rstd = tl.load(rstd_ptr + b.to(tl.int64) * N + n_offs, mask=n_mask, other=0.0)
+    else:
+        sumsq = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        for c0 in range(0, C, BLOCK_C):
+            c_offs = c0 + tl.arange(0, BLOCK_C)
+            m = n_mask[:, None] & (c_offs < C)[None, :]
+            x = tl.load(row + c_offs[None, :], mask=m, other=0.0).to(tl.float32)
+            sumsq += tl.sum(x * x, axis=1)
+        rstd = 1.0 / tl.sqrt(sumsq / C + norm_eps)
     out_row = (b.to(tl.int64) * N + n_offs.to(tl.int64))[:, None] * C
     for c0 in range(0, C, BLOCK_C):
         c_offs = c0 + tl.arange(0, BLOCK_C)
@@ -73,7 +77,7 @@ def _main_prep_kernel(
 
 
 def main_prep(x, weight, heads, *, norm_eps=1e-5, scale=1.0, relu=True, rope=None, out=None,
-              keep_unrotated=False):
+              keep_unrotated=False, inv_rms=None):
     """Full-C RMSNorm, ReLU, scale, RoPE; see `kernels.main_reference.main_prep_ref`.
 
     Args:
@@ -82,6 +86,8 @@ def main_prep(x, weight, heads, *, norm_eps=1e-5, scale=1.0, relu=True, rope=Non
         rope: None, diffusers' complex table (1, 1, N, D/2), or (cos, sin) of (N, D/2).
         out: optional contiguous (B, N, C) buffer for the result (the rotated one when rope is given).
         keep_unrotated: with rope, also write the un-rotated result (one pass over x for both).
+        inv_rms: optional (B, N) fp32 1 / RMS per token, used instead of the one over x's C channels
+            (the head split: x holds some heads of a norm over all of them; see `global_inv_rms`).
 
     Returns:
         (B, N, C) contiguous, x.dtype; with rope and keep_unrotated, (unrotated, rotated).
@@ -100,12 +106,15 @@ def main_prep(x, weight, heads, *, norm_eps=1e-5, scale=1.0, relu=True, rope=Non
         cos, sin = cos.to(x.device), sin.to(x.device)
     else:
         cos = sin = weight
+    if inv_rms is not None:
+        inv_rms = check_inv_rms("inv_rms", inv_rms, batch, tokens, x.device)
     block_n, block_c = 4, 256
     grid = (triton.cdiv(tokens, block_n), batch)
     _main_prep_kernel[grid](
-        x, weight, cos, sin, plain, rot, x.stride(0), x.stride(1),
+        x, weight, cos, sin, plain, rot, weight if inv_rms is None else inv_rms, x.stride(0), x.stride(1),
         tokens, channels, channels // heads, float(norm_eps), float(scale),
-        RELU=relu, ROPE=rope is not None, WRITE_PLAIN=write_plain, BLOCK_N=block_n, BLOCK_C=block_c, num_warps=4,
+        RELU=relu, ROPE=rope is not None, WRITE_PLAIN=write_plain, GIVEN_RSTD=inv_rms is not None,
+        BLOCK_N=block_n, BLOCK_C=block_c, num_warps=4,
     )
     if rope is not None and keep_unrotated:
         return plain, rot

@@ -55,7 +55,7 @@ def short_conv_ref(x, weight, num_frames, *, left_context=None):
     return out.reshape(batch, tokens, channels).to(x.dtype)
 
 
-def main_prep_ref(x, weight, heads, *, norm_eps=1e-5, scale=1.0, relu=True, rope=None):
+def main_prep_ref(x, weight, heads, *, norm_eps=1e-5, scale=1.0, relu=True, rope=None, inv_rms=None):
     """Full-C RMSNorm per token (across heads), optional ReLU, scale, optional RoPE, rounded as
     diffusers' code rounds: RMSNorm's normalised input and its weighted output, the scaled result and
     the rotated pairs are tensors in the weight's dtype (fp32 math throughout for an fp32 weight).
@@ -66,6 +66,8 @@ def main_prep_ref(x, weight, heads, *, norm_eps=1e-5, scale=1.0, relu=True, rope
         heads: H (C = H * D).
         scale: multiplies the result (D^-0.5 * S^-0.5 for the GDN key, 1 otherwise).
         rope: optional rotary table (see `rope_tables`) applied per head after the scale.
+        inv_rms: optional (B, N) fp32 1 / RMS per token used instead of the one over x's C channels
+            (head split: the norm spans heads x does not hold).
 
     Returns:
         (B, N, C) in x.dtype.
@@ -73,7 +75,10 @@ def main_prep_ref(x, weight, heads, *, norm_eps=1e-5, scale=1.0, relu=True, rope
     batch, tokens, channels = x.shape
     dtype = weight.dtype if weight.dtype in (torch.float16, torch.bfloat16) else torch.float32
     xf = x.float()
-    y = (xf * torch.rsqrt(xf.square().mean(dim=-1, keepdim=True) + norm_eps)).to(dtype) * weight.to(dtype)
+    if inv_rms is None:
+        y = (xf * torch.rsqrt(xf.square().mean(dim=-1, keepdim=True) + norm_eps)).to(dtype) * weight.to(dtype)
+    else:
+        y = (xf * inv_rms.float()[..., None]).to(dtype) * weight.to(dtype)
     if relu:
         y = torch.relu(y)
     y = y * scale
@@ -92,7 +97,7 @@ def _to_scan(x, frames, heads):
 
 def main_branch_ref(q, k, v, beta, decay, rope, *, q_norm_weight, k_norm_weight, norm_eps=1e-5, eps=1e-8,
                     initial_state=None, segment_starts=None, precision="ieee", backend="torch",
-                    return_final_state=False):
+                    return_final_state=False, q_inv_rms=None, k_inv_rms=None):
     """Main GDN branch: prep, KV (RoPE'd) and Z (un-rotated) bidirectional delta scans, division.
 
     Args:
@@ -106,6 +111,7 @@ def main_branch_ref(q, k, v, beta, decay, rope, *, q_norm_weight, k_norm_weight,
         segment_starts: optional bool (T,) or (B, T): the reverse scans restart where t+1 starts a segment.
         precision, backend: accepted for signature parity; the reference is PyTorch, fp32 after the prep.
         return_final_state: also return (kv, z), the forward states after the last frame.
+        q_inv_rms, k_inv_rms: optional (B, N) 1 / RMS per token of q and k (see `main_prep_ref`).
 
     Returns:
         out (B, N, C) in v.dtype, or (out, (kv, z)).
@@ -116,8 +122,8 @@ def main_branch_ref(q, k, v, beta, decay, rope, *, q_norm_weight, k_norm_weight,
     head_dim = channels // heads
     q, k = q.float().reshape(batch, tokens, channels), k.float().reshape(batch, tokens, channels)
     k_scale = head_dim ** -0.5 * spatial ** -0.5
-    qn = main_prep_ref(q, q_norm_weight, heads, norm_eps=norm_eps)
-    kn = main_prep_ref(k, k_norm_weight, heads, norm_eps=norm_eps, scale=k_scale)
+    qn = main_prep_ref(q, q_norm_weight, heads, norm_eps=norm_eps, inv_rms=q_inv_rms)
+    kn = main_prep_ref(k, k_norm_weight, heads, norm_eps=norm_eps, scale=k_scale, inv_rms=k_inv_rms)
     # the rotated streams rounded as main_prep_ref rounds them, from the prepped values
     cos, sin = rope_tables(rope)
     half = q_norm_weight.dtype if q_norm_weight.dtype in (torch.float16, torch.bfloat16) else torch.float32
@@ -146,17 +152,18 @@ def _ucpe_ref(x, mats, rope_cam, inverse_rope=False):
 
 
 def cam_softmax_encode_ref(q, k, v, ray_transforms, *, q_norm_weight=None, k_norm_weight=None, norm_eps=1e-5,
-                           heads, downscale=True, out_dtype=None):
+                           heads, downscale=True, out_dtype=None, q_inv_rms=None, k_inv_rms=None):
     """Reference for `kernels.softmax_cam.cam_softmax_encode`: (q, k, v) each (B, N, H, DPAD), zero padded."""
     batch, tokens, channels = q.shape
     dim = channels // heads
     dpad = 128 if dim <= 128 else 256
     _, p_t, p_inv, rope_cam = ray_transforms
     outs = []
-    for x, w, mats in ((q, q_norm_weight, p_t), (k, k_norm_weight, p_inv), (v, None, p_inv)):
+    for x, w, mats, inv_rms in ((q, q_norm_weight, p_t, q_inv_rms), (k, k_norm_weight, p_inv, k_inv_rms),
+                                (v, None, p_inv, None)):
         x = x.float()
         if w is not None:
-            x = rms_norm_ref(x, w, norm_eps)
+            x = rms_norm_ref(x, w, norm_eps, inv_rms)
         x = x.reshape(batch, tokens, heads, dim)
         y = _ucpe_ref(x, mats.expand(batch, tokens, 4, 4), rope_cam)
         if downscale:

@@ -70,16 +70,19 @@ def delta_scan_ref(q, k, v, beta, decay, *, initial_state=None, segment_starts=N
 # Camera branch (UCPE): prep, decode and the whole branch, fp32
 # ---------------------------------------------------------------------------
 
-def rms_norm_ref(x, weight, eps):
-    """RMSNorm over the last dim (C channels) with weight (C,), no bias; fp32."""
+def rms_norm_ref(x, weight, eps, inv_rms=None):
+    """RMSNorm over the last dim (C channels) with weight (C,), no bias; fp32. inv_rms: optional
+    (B, N) 1 / RMS per token used instead of the one over x's channels (head split)."""
     x = x.float()
-    return x * torch.rsqrt(x.square().mean(dim=-1, keepdim=True) + eps) * weight.float()
+    if inv_rms is None:
+        inv_rms = torch.rsqrt(x.square().mean(dim=-1) + eps)
+    return x * inv_rms.float()[..., None] * weight.float()
 
 
-def _rms_normalize(x, weight, eps):
+def _rms_normalize(x, weight, eps, inv_rms=None):
     """Full-channel RMSNorm of (B, N, H, D) over C = H*D per token, fp32; weight (C,)."""
     batch, tokens, heads, dim = x.shape
-    return rms_norm_ref(x.reshape(batch, tokens, heads * dim), weight, eps).reshape(batch, tokens, heads, dim)
+    return rms_norm_ref(x.reshape(batch, tokens, heads * dim), weight, eps, inv_rms).reshape(batch, tokens, heads, dim)
 
 
 def rope_tables(rope):
@@ -133,13 +136,14 @@ def ucpe_transform_ref(x, matrix, rope_tables, *, inverse_rope=False):
 
 
 def cam_prep_ref(q, k, v, ray_transforms, *, num_frames, q_norm_weight=None, k_norm_weight=None,
-                 norm_eps=1e-5, downscale=True):
+                 norm_eps=1e-5, downscale=True, q_inv_rms=None, k_inv_rms=None):
     """Camera-branch prep of raw projections, fp32.
 
     q, k, v: (B, N, H, D) raw camera projections (k after conv_k_cam). RMSNorm over C = H*D
     (when a weight is given) and ReLU on q and k, k *= D^-0.5 * S^-0.5 (S = N / num_frames),
     UCPE (P_T on q, P_inv on k and v) + RoPE, then (downscale=True, diffusers' behaviour) each
-    token's head vector is scaled down to its pre-UCPE RMS over D (eps 1e-6).
+    token's head vector is scaled down to its pre-UCPE RMS over D (eps 1e-6). q_inv_rms,
+    k_inv_rms: optional (B, N) 1 / RMS per token replacing the one over these H heads (head split).
 
     Returns (q_enc, k_enc, v_enc, inflation_sq): encodings (B, H, T, S, D) fp32 and the
     per-token key inflation (|k_after| / |k_before|)^2, norms clamped at 1e-6, (B, H, T, S).
@@ -150,9 +154,9 @@ def cam_prep_ref(q, k, v, ray_transforms, *, num_frames, q_norm_weight=None, k_n
     spatial = tokens // frames
     q, k, v = q.float(), k.float(), v.float()
     if q_norm_weight is not None:
-        q = _rms_normalize(q, q_norm_weight, norm_eps)
+        q = _rms_normalize(q, q_norm_weight, norm_eps, q_inv_rms)
     if k_norm_weight is not None:
-        k = _rms_normalize(k, k_norm_weight, norm_eps)
+        k = _rms_normalize(k, k_norm_weight, norm_eps, k_inv_rms)
     q = torch.relu(q)
     k = torch.relu(k) * (dim ** -0.5 * spatial ** -0.5)
     tables = None if rope_cam is None else rope_tables(rope_cam)
@@ -198,17 +202,18 @@ def cam_decode_ref(x, p, rope_cam):
 
 def camera_branch_ref(q, k, v, beta, decay, ray_transforms, *, q_norm_weight=None, k_norm_weight=None,
                       norm_eps=1e-5, initial_state=None, segment_starts=None, downscale=True,
-                      return_final_state=False):
+                      return_final_state=False, q_inv_rms=None, k_inv_rms=None):
     """The whole camera branch from raw projections, fp32 (see kernels.camera_branch).
 
     q, k, v (B, N, H, D); beta (B, H, T, S); decay (B, H, T); ray_transforms (P, P_T, P_inv,
-    rope_cam). Returns (B, N, H*D) in v's dtype, plus the forward state (B, H, D, D) fp32 when
+    rope_cam); q_inv_rms, k_inv_rms as cam_prep_ref. Returns (B, N, H*D) in v's dtype, plus the forward state (B, H, D, D) fp32 when
     return_final_state.
     """
     frames = decay.shape[-1]
     q_enc, k_enc, v_enc, inflation = cam_prep_ref(
         q, k, v, ray_transforms, num_frames=frames, q_norm_weight=q_norm_weight,
-        k_norm_weight=k_norm_weight, norm_eps=norm_eps, downscale=downscale)
+        k_norm_weight=k_norm_weight, norm_eps=norm_eps, downscale=downscale, q_inv_rms=q_inv_rms,
+        k_inv_rms=k_inv_rms)
     beta_cam = discount_beta_ref(beta, inflation)
     out, state = delta_scan_ref(q_enc, k_enc, v_enc, beta_cam, decay, initial_state=initial_state,
                                 segment_starts=segment_starts, reverse=True)

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from . import ucpe_tiles
-from .cam_prep import encode_halves, inverse_rms, ray_views
+from .cam_prep import encode_halves, given_inv_rms, inverse_rms, ray_views
 
 # Launch parameters from the H200 sweep at the release shape (bench/bench_softmax_cam.py,
 # bench/results/bench_softmax_cam_h200.json); neighbouring settings differ by about 0.01 ms.
@@ -52,12 +52,12 @@ def _encode_head(src, dst, tmask, pad_dst, pad_mask, w_ptr, inv_rms, m, c0, s0, 
 
 
 @triton.jit
-def _encode_kernel(q_ptr, k_ptr, v_ptr, sqb, sqn, skb, skn, svb, svn, qw_ptr, kw_ptr,
+def _encode_kernel(q_ptr, k_ptr, v_ptr, sqb, sqn, skb, skn, svb, svn, qw_ptr, kw_ptr, qr_ptr, kr_ptr,
                    pt_ptr, spt_b, spt_n, spt_i, spt_j, pinv_ptr, spi_b, spi_n, spi_i, spi_j, rope_ptr,
                    q_out, k_out, v_out, N, norm_eps,
                    H: tl.constexpr, D: tl.constexpr, DPAD: tl.constexpr, GU: tl.constexpr, PADW: tl.constexpr,
                    BS: tl.constexpr, BC: tl.constexpr, HAS_QNORM: tl.constexpr, HAS_KNORM: tl.constexpr,
-                   HAS_ROPE: tl.constexpr, DOWNSCALE: tl.constexpr):
+                   GIVEN_RMS: tl.constexpr, HAS_ROPE: tl.constexpr, DOWNSCALE: tl.constexpr):
     """One program per (block of BS tokens, b): q, k and v of every head of those tokens.
 
     Inputs (B, N, H*D) with channel stride 1 (row strides s*b, s*n); outputs (B, N, H, DPAD)
@@ -70,7 +70,8 @@ def _encode_kernel(q_ptr, k_ptr, v_ptr, sqb, sqn, skb, skn, svb, svn, qw_ptr, kw
     q_rows = q_ptr + b * sqb + n[:, None].to(tl.int64) * sqn
     k_rows = k_ptr + b * skb + n[:, None].to(tl.int64) * skn
     v_rows = v_ptr + b * svb + n[:, None].to(tl.int64) * svn
-    q_rms, k_rms = inverse_rms(q_rows, k_rows, nmask, norm_eps, C, BS, BC, HAS_QNORM, HAS_KNORM)
+    q_rms, k_rms = inverse_rms(q_rows, k_rows, nmask, norm_eps, C, BS, BC, HAS_QNORM, HAS_KNORM,
+                               qr_ptr, kr_ptr, b * N + n, GIVEN_RMS)
     m_q = ucpe_tiles.token_matrix(pt_ptr, b * spt_b + n * spt_n, spt_i, spt_j, nmask)
     m_k = ucpe_tiles.token_matrix(pinv_ptr, b * spi_b + n * spi_n, spi_i, spi_j, nmask)
     c0, s0, c1, s1 = ucpe_tiles.rope_tiles(rope_ptr, n, nmask, BS, GU, D // 8, HAS_ROPE, False)
@@ -150,7 +151,7 @@ def _check_dim(dim):
 
 
 def encode_launch(q, k, v, views, *, q_norm_weight, k_norm_weight, norm_eps, heads, downscale, out_dtype,
-                  block_s, num_warps):
+                  block_s, num_warps, q_inv_rms=None, k_inv_rms=None):
     """Launch _encode_kernel on validated inputs (views = ray_inputs(...)); see cam_softmax_encode."""
     batch, tokens, channels = q.shape
     dim = channels // heads
@@ -158,15 +159,17 @@ def encode_launch(q, k, v, views, *, q_norm_weight, k_norm_weight, norm_eps, hea
     outs = [torch.empty(batch, tokens, heads, dpad, device=q.device, dtype=out_dtype) for _ in range(3)]
     _, p_t, p_inv, rope = views
     dummy = outs[0]
+    given = given_inv_rms(q_inv_rms, k_inv_rms, q_norm_weight, k_norm_weight, batch, tokens, q.device)
     grid = (triton.cdiv(tokens, block_s), batch)
     _encode_kernel[grid](
         q, k, v, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         q_norm_weight if q_norm_weight is not None else dummy, k_norm_weight if k_norm_weight is not None else dummy,
+        *(given or (dummy, dummy)),
         p_t, *p_t.stride(), p_inv, *p_inv.stride(), rope if rope is not None else dummy,
         outs[0], outs[1], outs[2], tokens, float(norm_eps),
         H=heads, D=dim, DPAD=dpad, GU=_half_groups(dim), PADW=triton.next_power_of_2(max(dpad - dim, 1)),
         BS=block_s, BC=min(256, triton.next_power_of_2(channels)), HAS_QNORM=q_norm_weight is not None,
-        HAS_KNORM=k_norm_weight is not None, HAS_ROPE=rope is not None, DOWNSCALE=bool(downscale),
+        HAS_KNORM=k_norm_weight is not None, GIVEN_RMS=given is not None, HAS_ROPE=rope is not None, DOWNSCALE=bool(downscale),
         num_warps=num_warps)
     return tuple(outs)
 
@@ -183,7 +186,7 @@ def decode_launch(o, views, *, dim, out_dtype, block_s, num_warps):
 
 
 def cam_softmax_encode(q, k, v, ray_transforms, *, q_norm_weight=None, k_norm_weight=None, norm_eps=1e-5,
-                       heads, downscale=True, out_dtype=None):
+                       heads, downscale=True, out_dtype=None, q_inv_rms=None, k_inv_rms=None):
     """Encode raw camera projections for SDPA.
 
     Args:
@@ -192,6 +195,8 @@ def cam_softmax_encode(q, k, v, ray_transforms, *, q_norm_weight=None, k_norm_we
             strides), rope_cam complex (1, 1, N, D/4) or None.
         q_norm_weight, k_norm_weight: (C,) RMSNorm weights or None (no norm).
         heads: H (head dim D = C / H, D % 8 == 0). out_dtype: storage dtype (default q.dtype).
+        q_inv_rms, k_inv_rms: optional (B, N) fp32 1 / RMS per token of q and k, used instead of the
+            one over these C channels (head split); both or neither.
 
     Returns:
         (q_enc, k_enc, v_enc), each (B, N, H, DPAD) contiguous, zero past D.
@@ -208,7 +213,7 @@ def cam_softmax_encode(q, k, v, ray_transforms, *, q_norm_weight=None, k_norm_we
     views = ray_inputs(ray_transforms, batch, tokens, dim, q.device)
     return encode_launch(q, k, v, views, q_norm_weight=q_norm_weight, k_norm_weight=k_norm_weight,
                          norm_eps=norm_eps, heads=heads, downscale=downscale, out_dtype=out_dtype or q.dtype,
-                         **ENCODE_LAUNCH)
+                         q_inv_rms=q_inv_rms, k_inv_rms=k_inv_rms, **ENCODE_LAUNCH)
 
 
 def cam_softmax_decode(o, ray_transforms, *, dim, out_dtype=None):
