@@ -9,6 +9,15 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# Test modules import helpers from each other's folders (`from test_render_cli import ...`): every
+# test folder is importable, whichever file pytest collects first (or alone).
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+for _folder in sorted(p for p in Path(__file__).resolve().parent.iterdir() if p.is_dir() and p.name != "golden"):
+    if str(_folder) not in sys.path:
+        sys.path.append(str(_folder))
+
 # Property tests run the same examples every time, so a red CI run is reproducible.
 from hypothesis import settings  # noqa: E402
 

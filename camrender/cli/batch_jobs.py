@@ -148,7 +148,9 @@ def plan_jobs(jobs: list, command: click.Command, defaults: dict, resolve: Calla
 
 # ----------------------------------------------------------------------------- running
 class Pipelines:
-    """One loaded pipeline per rank, kept while consecutive jobs agree on `MODEL_FIELDS`."""
+    """One loaded pipeline per rank, kept while consecutive jobs agree on `MODEL_FIELDS` and on how
+    their video group splits the heads (`camrender.parallel.cfg.head_split_size`: a guided full-mode
+    job and a segment-mode job on the same group hold different shares of the weights)."""
 
     def __init__(self, load: Callable):
         self.load = load
@@ -157,7 +159,13 @@ class Pipelines:
         self.loads = 0
 
     def get(self, request):
-        key = tuple(str(getattr(request, name)) for name in MODEL_FIELDS)
+        from camrender.parallel import distributed
+        from camrender.parallel.cfg import head_split_size
+
+        ranks = distributed.current()
+        split = head_split_size(getattr(request, "mode", "full"), getattr(request, "guidance", None),
+                                1 if ranks is None else ranks.per_video)
+        key = (*(str(getattr(request, name)) for name in MODEL_FIELDS), split)
         if key != self.key:
             self.pipe, self.key = None, None  # let the previous model go before the next one loads
             self.pipe = self.load(request)

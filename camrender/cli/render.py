@@ -289,7 +289,9 @@ def _quiet_libraries() -> None:
                    "'tiny' with --model tiny, or 'none').")
 @click.option("--refiner-offload", default="none", show_default=True, type=click.Choice(["none", "layers"]),
               help="layers: the refiner's blocks visit the GPU one at a time (small GPUs; needs accelerate).")
-@cli_launch.gpus_option("GPUs for this video, started as torchrun workers (full mode with guidance: 2).")
+@cli_launch.gpus_option("GPUs for this video, started as torchrun workers: full mode with guidance runs its two "
+                        "branches on half each; every block's heads split over the GPUs of a branch (segment mode: "
+                        "over all).")
 def render(**options):
     """Render a video along a camera path.
 
@@ -317,6 +319,9 @@ def render(**options):
     if request.recipe == "chunk-causal" and resume:
         raise CamrenderError("--resume does not work with the chunk-causal recipe (several chunks are in flight at "
                              "every boundary)", field="resume")
+    if resume and request.mode == "segments" and max(gpus or 1, distributed.world_size()) > 1:
+        raise CamrenderError("--resume does not work with several GPUs per video in segment mode yet (each GPU "
+                             "holds its own heads' state; split renders keep no checkpoint)", field="resume")
     if cli_launch.wants_launch(gpus):  # one host, several GPUs: torchrun's workers run this command again
         check_split(request.mode, request.guidance, gpus)
         sys.exit(cli_launch.relaunch(gpus, request.device))
@@ -359,9 +364,10 @@ def write_video(pipe, request, progress=None, *, resume_info=None, checkpoint_ev
         for _ in render_frames(pipe, request, progress):
             pass
         return 0, []
-    # the refiner's window is not part of a checkpoint: with one, the render keeps none
-    video, checkpoints = _video_output(request, resume_info,
-                                       checkpoint_every if request.refiner is None else float("inf"))
+    # the refiner's window is not part of a checkpoint, nor the other ranks' heads of a split segment
+    # render: with either, the render keeps none
+    keeps = request.refiner is None and not (request.mode == "segments" and distributed.shares_video())
+    video, checkpoints = _video_output(request, resume_info, checkpoint_every if keeps else float("inf"))
     chunks = render_frames(pipe, request, progress, checkpoints=checkpoints)
     if distributed.shares_video():
         # The temporary video appears with the first frames: by then the ranks of a split render

@@ -29,7 +29,7 @@ from diffusers.models.transformers.transformer_sana_wm import (
     SanaWMCrossAttnProcessor,
 )
 
-from camrender.model.patch import KERNEL_BACKENDS, adopt_module
+from camrender.model.patch import KERNEL_BACKENDS, adopt_module, norm_inv_rms
 
 
 class FusedCrossAttnProcessor(SanaWMCrossAttnProcessor):
@@ -46,13 +46,20 @@ class FusedCrossAttnProcessor(SanaWMCrossAttnProcessor):
         from camrender.kernels.short_conv import use_triton
 
         query_norm = getattr(attn.q_norm, "weight", None)
-        if query_norm is None or not use_triton(hidden_states, self.backend):
+        fused = query_norm is not None and use_triton(hidden_states, self.backend)
+        batch = hidden_states.shape[0]
+        channels = attn.heads * attn.head_dim  # this rank's heads under the head split, else x's C
+        if not fused and channels == hidden_states.shape[-1]:
             return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask)
         from camrender.kernels.block_glue import merge_heads
         from camrender.kernels.main_prep import main_prep
 
-        batch, _, channels = hidden_states.shape
-        query = main_prep(attn.q_linear(hidden_states), query_norm, attn.heads, norm_eps=attn.q_norm.eps, relu=False)
+        query = attn.q_linear(hidden_states)
+        if fused:
+            query = main_prep(query, query_norm, attn.heads, norm_eps=attn.q_norm.eps, relu=False,
+                              inv_rms=norm_inv_rms(attn.q_norm, query))
+        else:
+            query = attn.q_norm(query)
         key, value = attn.kv_linear(encoder_hidden_states).view(batch, -1, 2, channels).unbind(2)
         key = attn.k_norm(key).view(batch, -1, attn.heads, attn.head_dim)
         value = value.view(batch, -1, attn.heads, attn.head_dim)
@@ -61,7 +68,9 @@ class FusedCrossAttnProcessor(SanaWMCrossAttnProcessor):
         out = dispatch_attention_fn(query.view(batch, -1, attn.heads, attn.head_dim), key, value,
                                     attn_mask=attention_mask, backend=self._attention_backend,
                                     parallel_config=self._parallel_config)
-        return attn.proj(merge_heads(out.type_as(query), backend=self.backend))
+        if fused:
+            return attn.proj(merge_heads(out.type_as(query), backend=self.backend))
+        return attn.proj(out.reshape(batch, -1, channels).type_as(query))
 
 
 def modulation_rows(block, modulation: torch.Tensor) -> tuple:

@@ -49,7 +49,11 @@ def _spatial_fused(mlp, x, frames, height, width, backend):
     gated = glu_depthwise(hidden.view(batch * frames, height * width, -1), depth.weight, depth.bias,
                           height, width, backend=backend)
     del hidden
-    y = F.linear(gated, point.weight[:, :, 0, 0], point.bias)
+    reduce_partial = getattr(point, "reduce_partial", None)  # head split: sum the ranks' partial products
+    if reduce_partial is None:
+        y = F.linear(gated, point.weight[:, :, 0, 0], point.bias)
+    else:
+        y = reduce_partial(F.linear(gated, point.weight[:, :, 0, 0]))
     if mlp.point_conv.act is not None:
         y = mlp.point_conv.act(y)
     return y.view(batch, frames, height * width, -1)

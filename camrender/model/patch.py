@@ -57,6 +57,14 @@ def combine_branches(attn, x, main, camera, backend: str) -> torch.Tensor:
     return attn.proj(out.to(x.dtype))
 
 
+def norm_inv_rms(norm, x: torch.Tensor):
+    """(B, N) fp32 1 / RMS per token of x (B, N, ...) for a norm that spans more channels than x
+    holds (the head split's `camrender.parallel.heads.SplitRMSNorm`), else None: the kernels then
+    take the RMS over x's own channels, as the stock RMSNorm does."""
+    inv_rms = getattr(norm, "inv_rms", None)
+    return None if inv_rms is None else inv_rms(x)
+
+
 def adopt_module(cls, stock: torch.nn.Module, **settings) -> torch.nn.Module:
     """An instance of `cls` that takes over `stock`'s parameters, buffers, sub-modules and
     attributes (the same tensors, no copies), with `settings` set as attributes."""
@@ -140,7 +148,8 @@ class PatchedGDNAttention(BidirectionalGDNUCPESinglePathLiteLA):
         `kernels.main_branch` (prep, KV + Z scans, division). Otherwise (or for a block layout
         the fused path does not cover) the diffusers computation (`self.attn`).
         """
-        batch, tokens, channels = x.shape
+        batch, tokens = x.shape[:2]
+        channels = self.heads * self.dim  # this rank's heads under the head split, else x's C
         frames = HW[0]
         fusable = (
             self.kernels == "fused" and rotary_emb is not None and self.conv_k is not None
@@ -154,10 +163,12 @@ class PatchedGDNAttention(BidirectionalGDNUCPESinglePathLiteLA):
             backend = KERNEL_BACKENDS[self.kernels]
             qkv = self.qkv(x)
             key = short_conv(qkv[..., channels:2 * channels], self.conv_k.weight, frames, backend=backend)
+            query = qkv[..., :channels]
             return main_branch(
-                qkv[..., :channels], key, qkv[..., 2 * channels:], beta, decay, rotary_emb,
+                query, key, qkv[..., 2 * channels:], beta, decay, rotary_emb,
                 q_norm_weight=self.q_norm.weight, k_norm_weight=self.k_norm.weight, norm_eps=self.q_norm.eps,
                 eps=self.attn.eps, precision=self.precision, backend=backend,
+                q_inv_rms=norm_inv_rms(self.q_norm, query), k_inv_rms=norm_inv_rms(self.k_norm, key),
             )
         shape = (batch, tokens, self.heads, self.dim)
         query, key, value = self.qkv(x).reshape(batch, tokens, 3, self.heads, self.dim).unbind(2)
@@ -208,6 +219,8 @@ class PatchedGDNAttention(BidirectionalGDNUCPESinglePathLiteLA):
             norm_eps=getattr(q_norm, "eps", 1e-5),
             precision=self.precision,
             backend=KERNEL_BACKENDS[self.kernels],
+            q_inv_rms=norm_inv_rms(q_norm, query),
+            k_inv_rms=norm_inv_rms(k_norm, key),
         )
 
     def _combine(self, x, main, camera) -> torch.Tensor:

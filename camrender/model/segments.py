@@ -32,7 +32,7 @@ from typing import Optional, Sequence
 import torch
 from diffusers.models.transformers.transformer_sana_wm import _SoftmaxUCPESinglePathLiteLA
 
-from camrender.model.patch import combine_branches, gdn_gates
+from camrender.model.patch import combine_branches, gdn_gates, norm_inv_rms
 from camrender.model.block import glue_forward
 from camrender.model.softmax_attention import (camera_decode, camera_encode, padded_sdpa_scale, sdpa, sdpa_operand_dtype,
                                      softmax_qkv)
@@ -276,7 +276,7 @@ def _carried_short_conv(conv, raw, call: _Call, cache: "BlockCache", tail_name: 
 def _gdn_main(attn, x, beta, decay, rope, call: _Call, cache: BlockCache, precision) -> torch.Tensor:
     """Main GDN branch -> (B, N, C) before the output gate: RoPE'd numerator (KV) and unrotated
     denominator (Z) streams, forward from the cached states, reverse inside each segment."""
-    channels = x.shape[-1]
+    channels = attn.heads * attn.dim  # this rank's heads under the head split, else x's C
     frames, spatial = call.num_frames, call.spatial
     if attn.conv_q is not None or attn.conv_v is not None:
         raise NotImplementedError("segment mode supports k_conv_only models (the released ones)")
@@ -293,6 +293,7 @@ def _gdn_main(attn, x, beta, decay, rope, call: _Call, cache: BlockCache, precis
         q_norm_weight=attn.q_norm.weight, k_norm_weight=attn.k_norm.weight, norm_eps=attn.q_norm.eps,
         eps=attn.attn.eps, initial_state=initial, segment_starts=call.segment_starts(x.device), precision=precision,
         backend=call.backend, return_final_state=True,
+        q_inv_rms=norm_inv_rms(attn.q_norm, query), k_inv_rms=norm_inv_rms(attn.k_norm, key),
     )
     if call.write:
         cache.kv_state, cache.z_state = kv_state.detach(), z_state.detach()
@@ -326,6 +327,8 @@ def _gdn_camera(attn, x, beta, decay, rays, call: _Call, cache: BlockCache, opti
         precision=options.precision,
         backend=call.backend,
         return_final_state=True,
+        q_inv_rms=norm_inv_rms(attn.q_norm_cam, query),
+        k_inv_rms=norm_inv_rms(attn.k_norm_cam, key),
     )
     if call.write:
         cache.cam_state = cam_state.detach()
@@ -385,7 +388,8 @@ def _prefix_rows(call: _Call, options: SegmentOptions, context: list) -> Optiona
 def _softmax_attention(attn, x, rope, rays, call: _Call, cache: BlockCache, options: SegmentOptions):
     """`_SoftmaxUCPESinglePathLiteLA.forward`, chunk-causal: queries of the call attend to the cached
     sink / recent segments and to the call's own keys (masked per segment). x (B, N, C) -> (B, N, C)."""
-    batch, tokens, channels = x.shape
+    batch, tokens = x.shape[:2]
+    channels = attn.heads * attn.dim  # this rank's heads under the head split, else x's C
     if not _has_weights(attn.q_norm, attn.k_norm, attn.q_norm_cam, attn.k_norm_cam):
         raise NotImplementedError("segment mode supports softmax blocks with RMSNorm weights (the released ones)")
     sdpa_dtype = sdpa_operand_dtype(x.dtype, options.sdpa_dtype)

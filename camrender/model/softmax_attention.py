@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from diffusers.models.transformers.transformer_sana_wm import _prepare_ucpe_ray_transforms, _SoftmaxUCPESinglePathLiteLA
 
-from camrender.model.patch import adopt_module, combine_branches
+from camrender.model.patch import adopt_module, combine_branches, norm_inv_rms
 from camrender.kernels.short_conv import use_triton as kernel_backend_is_triton
 
 
@@ -55,17 +55,20 @@ def softmax_qkv(attn, x, rope, attn_dtype, use_triton: bool):
     from camrender.kernels.main_prep import main_prep
     from camrender.kernels.main_reference import main_prep_ref
 
-    batch, tokens, channels = x.shape
+    batch, tokens = x.shape[:2]
     heads, dim = attn.heads, attn.dim
+    channels = heads * dim  # this rank's heads under the head split, else x's C
     qkv = attn.qkv(x)
     prepped = []
     for raw, norm in ((qkv[..., :channels], attn.q_norm), (qkv[..., channels:2 * channels], attn.k_norm)):
+        inv_rms = norm_inv_rms(norm, raw)
         if use_triton:
             out = torch.empty(batch, tokens, channels, device=x.device, dtype=attn_dtype)
-            prepped.append(main_prep(raw, norm.weight, heads, norm_eps=norm.eps, relu=False, rope=rope, out=out))
+            prepped.append(main_prep(raw, norm.weight, heads, norm_eps=norm.eps, relu=False, rope=rope, out=out,
+                                     inv_rms=inv_rms))
         else:
             prepped.append(main_prep_ref(raw, norm.weight, heads, norm_eps=norm.eps, relu=False,
-                                         rope=rope).to(attn_dtype))
+                                         rope=rope, inv_rms=inv_rms).to(attn_dtype))
     value = qkv[..., 2 * channels:].to(attn_dtype)
     return tuple(t.reshape(batch, tokens, heads, dim).transpose(1, 2) for t in (*prepped, value))
 
@@ -78,10 +81,12 @@ def camera_encode(attn, x, ray_transforms, attn_dtype, use_triton: bool, downsca
         from camrender.kernels.softmax_cam import cam_softmax_encode
     else:
         from camrender.kernels.main_reference import cam_softmax_encode_ref as cam_softmax_encode
+    query, key = attn.q_proj_cam(x), attn.k_proj_cam(x)
     encoded = cam_softmax_encode(
-        attn.q_proj_cam(x), attn.k_proj_cam(x), attn.v_proj_cam(x), ray_transforms,
+        query, key, attn.v_proj_cam(x), ray_transforms,
         q_norm_weight=attn.q_norm_cam.weight, k_norm_weight=attn.k_norm_cam.weight,
-        norm_eps=attn.q_norm_cam.eps, heads=attn.cam_heads, downscale=downscale, out_dtype=attn_dtype)
+        norm_eps=attn.q_norm_cam.eps, heads=attn.cam_heads, downscale=downscale, out_dtype=attn_dtype,
+        q_inv_rms=norm_inv_rms(attn.q_norm_cam, query), k_inv_rms=norm_inv_rms(attn.k_norm_cam, key))
     return tuple(t.transpose(1, 2) for t in encoded)
 
 
@@ -154,7 +159,7 @@ class PatchedSoftmaxAttention(_SoftmaxUCPESinglePathLiteLA):
     def _main_softmax(self, x, rotary_emb, attn_dtype, use_triton):
         """Main branch up to (not including) the gate: (B, N, C) in x.dtype."""
         o = sdpa(*softmax_qkv(self, x, rotary_emb, attn_dtype, use_triton), backends=self.sdpa_backends)
-        return o.transpose(1, 2).reshape(x.shape).to(x.dtype)
+        return o.transpose(1, 2).reshape(*x.shape[:2], -1).to(x.dtype)
 
     def _camera_softmax(self, x, ray_transforms, attn_dtype, use_triton):
         """Camera branch up to (not including) out_proj_cam: (B, N, C) in x.dtype, world space."""

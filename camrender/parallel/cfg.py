@@ -1,4 +1,4 @@
-"""Classifier-free guidance on two ranks (CFG parallel).
+"""Classifier-free guidance on two ranks (CFG parallel), and the layout of a video group.
 
 Full mode with guidance runs the transformer on a batch of two rows, [negative prompt, prompt],
 and mixes the predictions: uncond + g * (cond - uncond). With a video group of two ranks
@@ -6,9 +6,15 @@ and mixes the predictions: uncond + g * (cond - uncond). With a video group of t
 rows; the Plucker maps are shared), the two predictions are gathered on both ranks and mixed the
 same way there, so both ranks step identical latents and only the leader needs to decode.
 
-More ranks per video need the head split of every block (issue 13 first), and segment mode or
-full mode without guidance has no second branch: `check_split` refuses those layouts before any
-GPU work rather than leaving GPUs idle.
+Layouts of a video group of G ranks (`check_split` refuses the others before any GPU work):
+
+| render | G = 2 | G = 2k, k > 1 | G odd |
+|---|---|---|---|
+| full, guidance > 1 | CFG parallel | CFG parallel x head split k | refused |
+| full without guidance, segments | head split 2 | head split G | head split G |
+
+The head split (`camrender.parallel.heads`) further needs the model's heads divisible by its size,
+checked when the model is loaded.
 """
 from __future__ import annotations
 
@@ -18,23 +24,27 @@ from typing import Any, Optional
 from camrender.parallel import distributed
 from camrender.errors import CamrenderError
 
-CFG_RANKS = 2  # one rank per guidance branch
+CFG_RANKS = 2  # one rank (or one head-split group) per guidance branch
+
+
+def is_guided(mode: str, guidance: Optional[float]) -> bool:
+    """Whether a render runs two guidance branches (full mode with guidance > 1)."""
+    return mode == "full" and guidance is not None and guidance > 1.0
 
 
 def check_split(mode: str, guidance: Optional[float], gpus: int) -> None:
     """Raise CamrenderError unless a video of this mode and guidance renders on `gpus` ranks."""
+    if gpus > 1 and is_guided(mode, guidance) and gpus % CFG_RANKS:
+        raise CamrenderError(f"full mode with guidance runs its two branches on half of the GPUs each (the heads "
+                             f"of every block split over that half): {gpus} GPUs per video do not halve; use an "
+                             "even number, or camrender batch for many videos", field="gpus")
+
+
+def head_split_size(mode: str, guidance: Optional[float], gpus: int) -> int:
+    """How many ranks split every block's heads in a video group of `gpus` ranks (1: no split)."""
     if gpus == 1:
-        return
-    if mode != "full":
-        raise CamrenderError(f"segment mode renders a video on one GPU for now (splitting it over {gpus} needs the "
-                             "per-block head split); use one GPU per video, e.g. camrender batch", field="gpus")
-    if guidance is None or guidance <= 1.0:
-        raise CamrenderError(f"full mode without guidance has one branch: nothing to split over {gpus} GPUs "
-                             "(the per-block head split is not there yet); render on one GPU", field="gpus")
-    if gpus != CFG_RANKS:
-        raise CamrenderError(f"full mode splits its two guidance branches over 2 GPUs; {gpus} GPUs per video need "
-                             "the per-block head split, not there yet: use 2, or camrender batch for many videos",
-                             field="gpus")
+        return 1
+    return gpus // CFG_RANKS if is_guided(mode, guidance) else gpus
 
 
 @dataclasses.dataclass
@@ -59,9 +69,29 @@ class CfgSplit:
 
 
 def guidance_split(guided: bool) -> Optional[CfgSplit]:
-    """The split of a full-mode render on this process's video group; None on a group of one."""
+    """The guidance split of a full-mode render on this process's video group; None on a group of
+    one or without guidance (then the group splits heads only)."""
     ranks = distributed.current()
-    if ranks is None or ranks.per_video == 1:
+    if ranks is None or ranks.per_video == 1 or not guided:
         return None
-    check_split("full", 2.0 if guided else None, ranks.per_video)
-    return CfgSplit(ranks.video_group, ranks.group_rank)
+    check_split("full", 2.0, ranks.per_video)
+    if ranks.per_video == CFG_RANKS:
+        return CfgSplit(ranks.video_group, ranks.group_rank)
+    return CfgSplit(ranks.split_mesh.get_group("cfg"), ranks.split_mesh.get_local_rank("cfg"))
+
+
+def head_split(mode: str, guidance: Optional[float]):
+    """The `camrender.parallel.heads.HeadSplit` of this process for a render of `mode` and `guidance`
+    (see the layout table above), or None (one process, or CFG parallel alone on two ranks)."""
+    from camrender.parallel.heads import HeadSplit
+
+    ranks = distributed.current()
+    if ranks is None:
+        return None
+    check_split(mode, guidance, ranks.per_video)
+    size = head_split_size(mode, guidance, ranks.per_video)
+    if size == 1:
+        return None
+    if size == ranks.per_video:
+        return HeadSplit(ranks.video_group, ranks.group_rank, size)
+    return HeadSplit(ranks.split_mesh.get_group("heads"), ranks.split_mesh.get_local_rank("heads"), size)

@@ -6,10 +6,13 @@ agent with a standalone rendezvous). torchrun sets RANK / WORLD_SIZE / LOCAL_RAN
 `start` then joins the process group (NCCL on GPUs, gloo on the CPU), gives each rank the GPU of
 its local rank, and lays the ranks out on a DeviceMesh of shape (videos, per_video):
 
-- the ranks along "per_video" render one video together (`Ranks.video_group`): today the two
-  classifier-free-guidance branches (`camrender.parallel.cfg`); the head split of every block is
-  to use the same group;
+- the ranks along "per_video" render one video together (`Ranks.video_group`): the two
+  classifier-free-guidance branches (`camrender.parallel.cfg`) and/or the heads of every block
+  (`camrender.parallel.heads`);
 - the rows along "videos" take different jobs of `camrender batch`.
+
+A video group of 2k ranks (k > 1) is also laid out as (cfg = 2, heads = k) (`Ranks.split_mesh`):
+a guided full-mode render runs each guidance branch on k ranks that split the heads.
 
 Failure handling is torchrun's: a worker that exits non-zero makes the agent stop the others
 (SIGTERM, turned into a clean exit here so temporary files are removed, SIGKILL 30 s later), and
@@ -61,7 +64,8 @@ class Ranks:
     rank, world_size: global; local_rank: on this host; device: this rank's `torch.device`;
     mesh: the (videos, per_video) DeviceMesh; video_group: the process group of the ranks rendering
     one video with this one (size per_video); control_group: a gloo group over all ranks with a
-    long timeout, for the CPU objects of `camrender.cli.batch_jobs` (job plan, results).
+    long timeout, for the CPU objects of `camrender.cli.batch_jobs` (job plan, results);
+    split_mesh: the (videos, cfg, heads) DeviceMesh of video groups of 2k ranks, k > 1 (else None).
     """
 
     rank: int
@@ -71,6 +75,7 @@ class Ranks:
     mesh: Any
     video_group: Any
     control_group: Any
+    split_mesh: Any = None
 
     @property
     def per_video(self) -> int:
@@ -162,9 +167,13 @@ def start(device: Optional[str] = None, per_video: Optional[int] = None) -> Rank
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=TIMEOUT)
         _owns_process_group = True
     mesh = init_device_mesh(device.type, (size // per_video, per_video), mesh_dim_names=("videos", "per_video"))
+    split_mesh = None
+    if per_video > 2 and per_video % 2 == 0:  # guidance branches x head split (made by every rank, used by some)
+        split_mesh = init_device_mesh(device.type, (size // per_video, 2, per_video // 2),
+                                      mesh_dim_names=("videos", "cfg", "heads"))
     control = dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
     _current = Ranks(rank=rank, world_size=size, local_rank=local_rank, device=device, mesh=mesh,
-                     video_group=mesh.get_group("per_video"), control_group=control)
+                     video_group=mesh.get_group("per_video"), control_group=control, split_mesh=split_mesh)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     return _current
 

@@ -1,17 +1,35 @@
 """The pipeline a render runs: loaded (hub id, local folder or "tiny"), patched with the fused kernels,
-with the stage-2 refiner attached when the request names one."""
+with the stage-2 refiner attached when the request names one, and its blocks split over the heads when
+this rank's video group splits them (`camrender.parallel.heads`)."""
 from __future__ import annotations
+
+from camrender.errors import CamrenderError
 
 
 def load_patched_pipeline(request, log=None):
-    """The request's pipeline on its device, patched with its `--kernels`, with its `--refiner` attached."""
+    """The request's pipeline on its device, patched with its `--kernels`, with its `--refiner` attached,
+    and this rank's share of every block's heads under a head split."""
     from camrender.model.loading import load_pipeline
     from camrender.model.patch import patch_transformer
+    from camrender.parallel.cfg import head_split
 
+    split = head_split(request.mode, request.guidance)
+    if split is not None and request.offload:
+        raise CamrenderError("--offload does not work with the head split of several GPUs per video (each GPU "
+                             "holds its share of the weights)", field="offload")
+    if split is not None and request.kernels != "fused":
+        raise CamrenderError("--kernels torch runs the stock diffusers blocks, which the head split of several GPUs "
+                             "per video does not cover: use --kernels fused", field="kernels")
     pipe = load_pipeline(request.model, dtype=request.dtype, device=request.device, offload=request.offload,
                          transformer_weights=request.transformer_weights, vae=request.vae, log=log,
                          allow_missing_weights=request.allow_missing_weights)
     patch_transformer(pipe.transformer, kernels=request.kernels)
+    if split is not None:
+        from camrender.parallel.heads import split_transformer
+
+        if log is not None:
+            log(f"splitting every block's heads over {split.size} GPUs")
+        split_transformer(pipe.transformer, split)
     if request.refiner is not None:
         from camrender.render.stage_two import load_stage_two
 

@@ -169,6 +169,7 @@ def render_segments(pipe, request, progress: Optional[Callable[..., None]] = Non
     from camrender.model.patch import KERNEL_BACKENDS
     from camrender.render.decode import CausalStreamDecoder
     from camrender.model.segments import SegmentCache, SegmentOptions, segment_bounds
+    from camrender.parallel.distributed import is_video_leader
     from camrender.render.stage_two import refined_frames, stage_two
 
     check_request(pipe, request)  # steps None: the segment step list
@@ -214,6 +215,10 @@ def render_segments(pipe, request, progress: Optional[Callable[..., None]] = Non
         segments = (latents for *_, latents in sampler(
             model, inputs, bounds, timesteps, options, device, cuda_graphs=request.cuda_graphs and device.type == "cuda",
             **resumable))
+        if not is_video_leader():  # a head split's other ranks: the forwards only, the leader decodes
+            for _ in segments:
+                pass
+            return
         # stage 2 (--refiner; a pass-through without one) and the streaming decode, segment by segment
         for done, frames in refined_frames(stage_two(pipe, request, device), segments, decoder, device):
             done += first

@@ -1,0 +1,147 @@
+"""Worker script of tests/parallel/test_heads.py, run under torchrun (gloo, CPU, tiny model of 4 heads).
+
+    python -m torch.distributed.run --standalone --nproc-per-node N tests/parallel/heads_worker.py modules OUT.pt
+        every rank builds the same patched tiny transformer, records the unsplit outputs of each
+        block's attention, cross-attention and FFN and of the whole forward, splits a copy over the
+        N ranks (`camrender.parallel.heads`) and runs the same inputs; rank 0 saves both.
+    ... tests/parallel/heads_worker.py segments OUT.pt [camrender-args...]
+        every rank renders a segment-mode clip with the heads split over the ranks (the sampler's
+        latents recorded); rank 0 also renders it alone (one process) and saves all of them;
+        then, with arguments, `camrender` runs them on the same processes
+"""
+import copy
+import sys
+from pathlib import Path
+
+import torch
+
+from camrender.parallel import distributed
+from camrender.parallel.heads import HeadSplit, split_transformer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "model"))
+from test_patch_transformer import transformer_inputs  # noqa: E402
+
+TINY_HEADS = dict(num_attention_heads=4, linear_head_dim=8)  # 2 heads per rank on 2 ranks
+
+
+def record_calls(modules):
+    """Forward hooks saving each module's first (args, kwargs, output); returns (records, handles)."""
+    records, handles = {}, []
+    for name, module in modules.items():
+        def hook(module, args, kwargs, output, name=name):
+            records.setdefault(name, (args, kwargs, output))
+        handles.append(module.register_forward_hook(hook, with_kwargs=True))
+    return records, handles
+
+
+def named_parts(model):
+    parts = {}
+    for index, block in enumerate(model.blocks):
+        parts[f"attn{index}"] = block.attn
+        parts[f"cross{index}"] = block.cross_attn
+    return parts
+
+
+def modules(out):
+    from camrender.model.patch import patch_transformer
+    from camrender.model.tiny import build_tiny_transformer
+
+    torch.set_num_threads(1)
+    ranks = distributed.start("cpu")
+    model = patch_transformer(build_tiny_transformer(seed=0, **TINY_HEADS), kernels="fused", precision="ieee")
+    inputs = transformer_inputs(model)
+    records, handles = record_calls(named_parts(model))
+    with torch.no_grad():
+        whole = model(**inputs)[0]
+    for handle in handles:
+        handle.remove()
+    g = torch.Generator().manual_seed(5)
+    frames, height, width = 3, 2, 4
+    ffn_in = torch.randn(2, frames * height * width, model.config.hidden_size, generator=g)
+    with torch.no_grad():
+        ffn = {f"ffn{i}": block.mlp(ffn_in, (frames, height, width)) for i, block in enumerate(model.blocks)}
+
+    split_model = split_transformer(copy.deepcopy(model), HeadSplit(ranks.video_group, ranks.group_rank,
+                                                                     ranks.per_video))
+    results = {}
+    with torch.no_grad():
+        for name, module in named_parts(split_model).items():
+            args, kwargs, expected = records[name]
+            results[name] = (module(*args, **kwargs), expected)
+        for index, block in enumerate(split_model.blocks):
+            results[f"ffn{index}"] = (block.mlp(ffn_in, (frames, height, width)), ffn[f"ffn{index}"])
+        results["forward"] = (split_model(**inputs)[0], whole)
+    results["heads"] = [block.attn.heads for block in split_model.blocks]
+    results["qkv_rows"] = split_model.blocks[0].attn.qkv.weight.shape[0]
+    gathered = distributed.gather_objects(results, ranks)
+    if ranks.is_main:
+        torch.save(gathered, out)
+    distributed.stop()
+
+
+def recorded_latents(pipe, request):
+    """Run segment mode's `render_segments` and return the latents of every segment, concatenated
+    over frames (B, C, T, h, w) (the sampler's output, recorded on every rank)."""
+    from camrender.render import segments as segment_render
+
+    recorded = []
+
+    def recording(sampler):
+        def run(*args, **kwargs):
+            for item in sampler(*args, **kwargs):
+                recorded.append(item[-1].clone())
+                yield item
+        return run
+
+    samplers = dict(segment_render.SEGMENT_SAMPLERS)
+    segment_render.SEGMENT_SAMPLERS.update({name: recording(sampler) for name, sampler in samplers.items()})
+    try:
+        for _ in segment_render.render_segments(pipe, request):
+            pass
+    finally:
+        segment_render.SEGMENT_SAMPLERS.update(samplers)
+    return torch.cat(recorded, dim=2)
+
+
+def segments(out):
+    from camrender.render.pipeline import load_patched_pipeline
+    from dist_worker import orbit_request
+
+    def request():
+        return dataclasses_replace(orbit_request(), mode="segments", guidance=None, steps=2, segment_frames=1)
+
+    def latents(dtype):
+        return recorded_latents(load_patched_pipeline(request()).to(dtype), request())
+
+    torch.set_num_threads(1)
+    ranks = distributed.start("cpu")
+    results = {}
+    for dtype in (torch.float32, torch.float64):
+        gathered = distributed.gather_objects(latents(dtype), ranks)
+        if ranks.is_main:
+            distributed._current = None  # the same render on this process alone
+            results[str(dtype)] = {"ranks": gathered, "alone": latents(dtype)}
+            distributed._current = ranks
+    if ranks.is_main:
+        torch.save(results, out)
+    distributed._current = None  # a command run next joins the same process group
+
+
+def dataclasses_replace(request, **fields):
+    import dataclasses
+
+    return dataclasses.replace(request, **fields)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    if sys.argv[1] == "modules":
+        modules(sys.argv[2])
+    elif sys.argv[1] == "segments":
+        segments(sys.argv[2])
+        if sys.argv[3:]:
+            from camrender.cli.main import main
+
+            main(sys.argv[3:])
+    else:
+        sys.exit(f"unknown worker task {sys.argv[1]!r}")
