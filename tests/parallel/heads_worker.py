@@ -8,6 +8,9 @@
         every rank renders a segment-mode clip with the heads split over the ranks (the sampler's
         latents recorded); rank 0 also renders it alone (one process) and saves all of them;
         then, with arguments, `camrender` runs them on the same processes
+    ... tests/parallel/heads_worker.py full OUT.pt GUIDANCE
+        the same for a full-mode clip (GUIDANCE > 1 on 4 ranks: the guidance branches on 2 ranks
+        each, which split the heads)
 """
 import copy
 import sys
@@ -127,6 +130,34 @@ def segments(out):
     distributed._current = None  # a command run next joins the same process group
 
 
+def full(out, guidance):
+    from camrender.render.full import sample_latents
+    from camrender.render.pipeline import load_patched_pipeline
+    from dist_worker import orbit_request
+
+    layout = []
+
+    def latents(dtype):
+        request = dataclasses_replace(orbit_request(), guidance=guidance, steps=2)
+        pipe = load_patched_pipeline(request).to(dtype)
+        split = getattr(pipe.transformer, "head_split", None)
+        layout.append((pipe.transformer.blocks[0].attn.heads, None if split is None else split.size))
+        return sample_latents(pipe, request)
+
+    torch.set_num_threads(1)
+    ranks = distributed.start("cpu")
+    results = {"layout": layout}
+    for dtype in (torch.float32, torch.float64):
+        gathered = distributed.gather_objects(latents(dtype), ranks)
+        if ranks.is_main:
+            distributed._current = None  # the same render on this process alone
+            results[str(dtype)] = {"ranks": gathered, "alone": latents(dtype)}
+            distributed._current = ranks
+    if ranks.is_main:
+        torch.save(results, out)
+    distributed.stop()
+
+
 def dataclasses_replace(request, **fields):
     import dataclasses
 
@@ -137,6 +168,8 @@ if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     if sys.argv[1] == "modules":
         modules(sys.argv[2])
+    elif sys.argv[1] == "full":
+        full(sys.argv[2], float(sys.argv[3]))
     elif sys.argv[1] == "segments":
         segments(sys.argv[2])
         if sys.argv[3:]:

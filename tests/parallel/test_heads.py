@@ -16,9 +16,9 @@ from test_render_cli import read_video, run_cli, small_trajectory
 WORKER = REPO / "tests" / "parallel" / "heads_worker.py"
 
 
-def torchrun(args, cwd, interpret):
-    """`torchrun --nproc-per-node 2 ARGS`, the Triton kernels through the interpreter or not."""
-    return run_processes(["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", *args], cwd,
+def torchrun(args, cwd, interpret, nproc=2):
+    """`torchrun --nproc-per-node NPROC ARGS`, the Triton kernels through the interpreter or not."""
+    return run_processes(["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *args], cwd,
                          interpret=interpret)
 
 
@@ -56,6 +56,20 @@ def test_segment_mode_on_two_processes_equals_one_and_rank_0_writes(tmp_path):
     assert frames.shape == (17, 64, 112, 3)
     assert sorted(p.name for p in out.parent.iterdir()) == ["v.mp4", "v.path.png", "v.render.json", "v.traj.json"]
     assert err.count("camrender: wrote") == 1 and err.count("splitting every block's heads over 2 GPUs") == 1
+
+
+def test_guided_full_mode_on_four_processes_is_cfg_times_head_split(tmp_path):
+    code, err, _ = torchrun([WORKER, "full", tmp_path / "latents.pt", "4.0"], tmp_path, interpret=False, nproc=4)
+    assert code == 0, err[-3000:]
+    results = torch.load(tmp_path / "latents.pt", weights_only=False)
+    assert results["layout"][0] == (1, 2)  # rank 0 keeps 1 of the tiny model's 2 heads: a head split of 2
+    # float32: the CFG split's B=1 against B=2 matmul rounding, amplified by the random tiny model (see
+    # test_distributed); float64: the kernels' references still take the norms' RMS in fp32
+    for dtype, tolerance in (("torch.float32", 1e-3), ("torch.float64", 1e-6)):
+        ranks = results[dtype]["ranks"]
+        assert len(ranks) == 4 and all(torch.equal(ranks[0], other) for other in ranks[1:])
+        assert max_rel(ranks[0], results[dtype]["alone"]) <= tolerance, (dtype, max_rel(ranks[0],
+                                                                                       results[dtype]["alone"]))
 
 
 def test_heads_split_2_4_or_5_ways_and_other_counts_are_refused():
