@@ -1,4 +1,5 @@
-"""One host, 1 and 2 GPUs side by side: the full-mode step with CFG parallel, and `camrender batch` throughput.
+"""One host, 1 and 2 GPUs side by side: the full-mode step (CFG parallel, head split), segment mode (head split)
+and `camrender batch` throughput.
 
 Starts its measurements as torchrun workers of this same script (NCCL, NVLS and multicast off)
 and prints one JSON object (also written to --out):
@@ -7,8 +8,13 @@ and prints one JSON object (also written to --out):
   161 frames at 704x1280, patched, fixed inputs prepared once, replayed as a CUDA graph: the step
   as rendered), on 1 GPU (B=2) and on 2 GPUs (`camrender.parallel.cfg`: one guidance row per GPU,
   the predictions all-gathered and mixed on both); ms per step (median), peak memory per GPU,
-  agreement of the 2-GPU guided prediction with the 1-GPU one (cosine, max |a-b| / max |b|);
-- segment_mode: not split yet (the per-block head split comes after issue 13);
+  agreement of the 2-GPU guided prediction with the 1-GPU one (cosine, max |a-b| / max |b|); then the
+  same guided step (B=2) with every block's heads split over the 2 GPUs (`camrender.parallel.heads`);
+- segment_mode: the streaming recipe (4 steps, no CFG, segments of 3 latent frames) on a 31-segment
+  path (--segments) at 704x1280 with the release-size DiT and LTX-2 VAE (random weights): on 1 GPU,
+  then with the heads split over 2 GPUs (the leader decodes each segment, as a render does); video
+  frames per second (stage 1 + decode), stage-1 seconds, peak memory per GPU, agreement of the
+  latents with the 1-GPU ones;
 - batch: `camrender.cli.batch_jobs` on 4 short paths (41 frames at 704x1280, full mode, guidance 5,
   --batch-steps steps) with the release-size pipeline in random weights (a one-layer text encoder:
   no Gemma weights on the machine), on 1 GPU, 2 GPUs with a video each, and 2 GPUs per video;
@@ -36,7 +42,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 from common import emit  # noqa: E402
 
-TARGETS = {"full_mode_step_ms_2gpu": 250.0, "batch_speedup_2gpu": 1.9}
+TARGETS = {"full_mode_step_ms_2gpu": 250.0, "segment_fps_speedup_2gpu": 1.7, "batch_speedup_2gpu": 1.9}
 TRAJECTORIES = ("orbit.json", "pan.json", "dolly.json", "spiral.json")
 
 
@@ -71,6 +77,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--repeats", type=int, default=10, help="timed steps per layout")
     parser.add_argument("--batch-steps", type=int, default=20, help="denoising steps of each batch video")
     parser.add_argument("--skip-batch", action="store_true")
+    parser.add_argument("--skip-segments", action="store_true")
+    parser.add_argument("--segments", type=int, default=31, help="segments of the segment-mode path")
     parser.add_argument("--timeout", type=int, default=400, help="seconds per torchrun launch")
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -82,11 +90,16 @@ def main(argv=None) -> dict:
         return step_worker(args)
     if args.worker == "batch":
         return batch_worker(args)
+    if args.worker == "segments":
+        return segment_worker(args)
 
     result = {"torch": torch.__version__, "targets": TARGETS}
     log("full-mode step on 1 and 2 GPUs")
     result["full_mode_step"] = run_workers(2, ["step", "--repeats", str(args.repeats)], args.tiny, args.timeout)
-    result["segment_mode"] = {"1_gpu_vs_2_gpus": "needs the per-block head split (issue 13 first)"}
+    if not args.skip_segments:
+        log("segment mode on 1 and 2 GPUs")
+        result["segment_mode"] = run_workers(2, ["segments", "--segments", str(args.segments)], args.tiny,
+                                             args.timeout)
     if not args.skip_batch:
         result["batch"] = {}
         for name, nproc, per_video in (("1_gpu", 1, 1), ("2_gpus", 2, 1), ("2_gpus_per_video", 2, 2)):
@@ -101,6 +114,8 @@ def main(argv=None) -> dict:
     if not args.tiny and "2_gpus" in step:
         result["meets_targets"] = {
             "full_mode_step_2gpu": step["2_gpus"]["ms_per_step"] <= TARGETS["full_mode_step_ms_2gpu"],
+            "segment_fps_2gpu": result.get("segment_mode", {}).get("fps_speedup_2_gpus", 0)
+            >= TARGETS["segment_fps_speedup_2gpu"],
             "batch_2gpu": result.get("batch", {}).get("speedup_2_gpus", 0) >= TARGETS["batch_speedup_2gpu"],
         }
     emit(result, args.out)
@@ -115,6 +130,7 @@ def step_worker(args) -> dict:
     from bench_transformer import agreement, bench_setup, build_model, make_inputs, time_calls
     from camrender.parallel import distributed
     from camrender.parallel.cfg import CfgSplit
+    from camrender.parallel.heads import HeadSplit, split_transformer
     from camrender.model.patch import patch_transformer
 
     ranks = distributed.start("cpu" if args.tiny else None)
@@ -141,6 +157,17 @@ def step_worker(args) -> dict:
         result["2_gpus"] = {"ms_per_step": round(float(np.median(times)), 2), "peak_memory_gib_per_gpu": peaks,
                             "agreement_vs_1_gpu": agreement(guided.float().cpu(), reference)}
         log(f"2 GPUs: {result['2_gpus']}")
+    # the same guided step (B=2 on both GPUs) with every block's heads split over the two
+    split_transformer(model, HeadSplit(ranks.video_group, ranks.group_rank, ranks.per_video))
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    times, peak, guided = time_step(model, inputs, None, args.repeats, time_calls)
+    peaks = distributed.gather_objects(gib(peak), ranks)
+    if ranks.is_main:
+        result["2_gpus_head_split"] = {"ms_per_step": round(float(np.median(times)), 2),
+                                       "peak_memory_gib_per_gpu": peaks,
+                                       "agreement_vs_1_gpu": agreement(guided.float().cpu(), reference)}
+        log(f"2 GPUs, head split: {result['2_gpus_head_split']}")
         args.result.write_text(json.dumps(result))
     distributed.stop()
     return result
@@ -183,6 +210,91 @@ def time_step(model, inputs, split, repeats, time_calls):
 
     with fixed_plucker(model, fixed["chunk_plucker"]):
         return time_calls(step, hidden.device, repeats, warmup=2, peak_with_warmup=True)
+
+
+# ----------------------------------------------------------------------------- worker: segment mode
+def segment_worker(args) -> dict:
+    """Rank 0 renders the segment path alone, then both ranks render it with the heads split."""
+    import torch.distributed as dist
+
+    import bench_segments
+    from camrender.model.recipes import get_recipe
+    from camrender.model.segments import SegmentOptions
+    from camrender.parallel import distributed
+    from camrender.parallel.heads import HeadSplit, split_transformer
+
+    ranks = distributed.start("cpu" if args.tiny else None)
+    device = ranks.device
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    if args.tiny:
+        bench_segments.SPATIAL, height, width, segments = 8, 32, 32, 2
+    else:
+        height, width, segments = 704, 1280, args.segments
+    build = argparse.Namespace(cpu_smoke=args.tiny, quick=False, kernels="fused")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    with torch.device(device):
+        transformer, vae = bench_segments.build_models(build, device, dtype)
+    if args.tiny:
+        from camrender.model.patch import patch_transformer
+
+        patch_transformer(transformer, kernels="fused")
+    options = SegmentOptions.for_recipe(get_recipe("streaming"), backend="auto")
+    latent_frames = 1 + 3 * segments
+    result = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+              "height": height, "width": width, "segments": segments, "latent_frames": latent_frames}
+    if ranks.is_main:
+        result["1_gpu"], reference = render_segment_path(transformer, vae, latent_frames, height, width, options,
+                                                         device, dtype, leader=True)
+        log(f"segment mode, 1 GPU: {result['1_gpu']}")
+    dist.barrier(group=ranks.control_group)
+    split_transformer(transformer, HeadSplit(ranks.video_group, ranks.group_rank, ranks.per_video))
+    measured, latents = render_segment_path(transformer, vae, latent_frames, height, width, options, device, dtype,
+                                            leader=ranks.is_leader)
+    peaks = distributed.gather_objects(measured["peak_gib"], ranks)
+    if ranks.is_main:
+        from bench_transformer import agreement
+
+        measured.update(peak_gib_per_gpu=peaks, agreement_vs_1_gpu=agreement(latents, reference))
+        result["2_gpus_head_split"] = measured
+        result["fps_speedup_2_gpus"] = round(measured["video_fps"] / result["1_gpu"]["video_fps"], 3)
+        log(f"segment mode, 2 GPUs: {measured}")
+        args.result.write_text(json.dumps(result))
+    distributed.stop()
+    return result
+
+
+def render_segment_path(transformer, vae, latent_frames, height, width, options, device, dtype, *, leader):
+    """Stage 1 of a segment path (CUDA graphs on the GPU) with the leader decoding each segment as it
+    comes, as a render does: (figures, the concatenated latents on the CPU)."""
+    import bench_segments
+    from camrender.model.segments import segment_bounds
+    from camrender.render.decode import CausalStreamDecoder, to_uint8_frames
+    from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments
+
+    inputs = bench_segments.path_inputs(transformer, latent_frames, height, width, device, dtype)
+    decoder = CausalStreamDecoder(vae) if leader else None
+    bench_segments.reset_peak()
+    frames, decode_s, kept = 0, 0.0, []
+    with torch.no_grad():
+        bench_segments.sync()
+        started = time.perf_counter()
+        for *_, latents in sample_segments(transformer, inputs, segment_bounds(latent_frames, 3),
+                                           list(DEFAULT_SEGMENT_TIMESTEPS), options, device,
+                                           cuda_graphs=device.type == "cuda"):
+            kept.append(latents.float().cpu())
+            if decoder is not None:
+                bench_segments.sync()
+                mid = time.perf_counter()
+                frames += len(to_uint8_frames(decoder.decode(latents)))
+                bench_segments.sync()
+                decode_s += time.perf_counter() - mid
+        bench_segments.sync()
+        total = time.perf_counter() - started
+    figures = {"video_frames": frames, "total_s": round(total, 3), "decode_s": round(decode_s, 3),
+               "stage1_s": round(total - decode_s, 3), "video_fps": round(frames / total, 2) if frames else None,
+               "peak_gib": round(bench_segments.peak_bytes() / bench_segments.GIB, 3)}
+    return figures, torch.cat(kept, dim=2)
 
 
 # ----------------------------------------------------------------------------- worker: batch
