@@ -21,7 +21,8 @@ embeddings, final layer) stay whole and identical on every rank.
 The GDN scan states and the softmax K/V caches are per head, so segment mode's state passing
 splits with them. Weights are sliced from the loaded model (a copy of this rank's share; the whole
 tensors are freed once nothing else holds them). Per block and step: 3 all-reduces of (B, N, C)
-(attention, cross-attention, FFN), one all-gather of (B, N, C) (camera branch) and 4-6 tiny ones.
+(attention, cross-attention, FFN), one all-gather of (B, N, C) (camera branch) and six (B, N) ones
+(the q/k norms of the main, camera and cross attentions).
 """
 from __future__ import annotations
 
