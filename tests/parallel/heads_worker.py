@@ -13,6 +13,7 @@
         each, which split the heads)
 """
 import copy
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -106,19 +107,11 @@ def recorded_latents(pipe, request):
     return torch.cat(recorded, dim=2)
 
 
-def segments(out):
-    from camrender.render.pipeline import load_patched_pipeline
-    from dist_worker import orbit_request
-
-    def request():
-        return dataclasses_replace(orbit_request(), mode="segments", guidance=None, steps=2, segment_frames=1)
-
-    def latents(dtype):
-        return recorded_latents(load_patched_pipeline(request()).to(dtype), request())
-
+def split_and_alone(latents, out, results):
+    """Every rank's latents(dtype) with the heads split, then rank 0's alone (one process), for fp32
+    and fp64, saved to `out` by rank 0 with `results`. Leaves the process group joined."""
     torch.set_num_threads(1)
     ranks = distributed.start("cpu")
-    results = {}
     for dtype in (torch.float32, torch.float64):
         gathered = distributed.gather_objects(latents(dtype), ranks)
         if ranks.is_main:
@@ -127,6 +120,19 @@ def segments(out):
             distributed._current = ranks
     if ranks.is_main:
         torch.save(results, out)
+
+
+def segments(out):
+    from camrender.render.pipeline import load_patched_pipeline
+    from dist_worker import orbit_request
+
+    def request():
+        return dataclasses.replace(orbit_request(), mode="segments", guidance=None, steps=2, segment_frames=1)
+
+    def latents(dtype):
+        return recorded_latents(load_patched_pipeline(request()).to(dtype), request())
+
+    split_and_alone(latents, out, {})
     distributed._current = None  # a command run next joins the same process group
 
 
@@ -138,30 +144,14 @@ def full(out, guidance):
     layout = []
 
     def latents(dtype):
-        request = dataclasses_replace(orbit_request(), guidance=guidance, steps=2)
+        request = dataclasses.replace(orbit_request(), guidance=guidance, steps=2)
         pipe = load_patched_pipeline(request).to(dtype)
         split = getattr(pipe.transformer, "head_split", None)
         layout.append((pipe.transformer.blocks[0].attn.heads, None if split is None else split.size))
         return sample_latents(pipe, request)
 
-    torch.set_num_threads(1)
-    ranks = distributed.start("cpu")
-    results = {"layout": layout}
-    for dtype in (torch.float32, torch.float64):
-        gathered = distributed.gather_objects(latents(dtype), ranks)
-        if ranks.is_main:
-            distributed._current = None  # the same render on this process alone
-            results[str(dtype)] = {"ranks": gathered, "alone": latents(dtype)}
-            distributed._current = ranks
-    if ranks.is_main:
-        torch.save(results, out)
+    split_and_alone(latents, out, {"layout": layout})
     distributed.stop()
-
-
-def dataclasses_replace(request, **fields):
-    import dataclasses
-
-    return dataclasses.replace(request, **fields)
 
 
 if __name__ == "__main__":
