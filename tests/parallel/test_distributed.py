@@ -270,10 +270,9 @@ def test_run_jobs_deals_to_video_groups_and_only_leaders_report():
     alone = SimpleNamespace(num_videos=1, video_index=0, per_video=1, is_leader=True, rank=0, device="cpu")
     results = batching.run_jobs(planned(2), alone, pipelines, failing, lambda line: None)
     assert [r["status"] for r in results] == ["failed", "failed"] and "device lost" in results[0]["reason"]
-    segments = planned(1)
-    segments[0].request.mode = "segments"
-    results = batching.run_jobs(segments, leader, pipelines, write, lambda line: None)
-    assert results[0]["status"] == "failed" and "segment mode renders a video on one GPU" in results[0]["reason"]
+    odd = SimpleNamespace(num_videos=1, video_index=0, per_video=3, is_leader=True, rank=0, device="cuda:0")
+    results = batching.run_jobs(planned(1), odd, pipelines, write, lambda line: None)
+    assert results[0]["status"] == "failed" and "3 GPUs per video do not halve" in results[0]["reason"]
 
 
 def test_plan_refuses_a_job_whose_interrupted_render_is_left(tmp_path):
