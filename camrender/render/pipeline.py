@@ -27,9 +27,9 @@ def load_patched_pipeline(request, log=None):
     if split is not None:
         from camrender.parallel.heads import split_transformer
 
-        if log is not None:
-            log(f"splitting every block's heads over {split.size} GPUs")
         split_transformer(pipe.transformer, split)
+        if log is not None:
+            log(f"every block's heads split over {split.size} GPUs")
     if request.refiner is not None:
         from camrender.render.stage_two import load_stage_two
 

@@ -55,7 +55,7 @@ def test_segment_mode_on_two_processes_equals_one_and_rank_0_writes(tmp_path):
     frames, _ = read_video(out)
     assert frames.shape == (17, 64, 112, 3)
     assert sorted(p.name for p in out.parent.iterdir()) == ["v.mp4", "v.path.png", "v.render.json", "v.traj.json"]
-    assert err.count("camrender: wrote") == 1 and err.count("splitting every block's heads over 2 GPUs") == 1
+    assert err.count("camrender: wrote") == 1 and err.count("every block's heads split over 2 GPUs") == 1
 
 
 def test_guided_full_mode_on_four_processes_is_cfg_times_head_split(tmp_path):
