@@ -16,11 +16,9 @@ Helpers (models, inputs, memory) are bench_segments.py's. JSON on stdout, as ben
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
-import traceback
 
 import torch
 
@@ -33,7 +31,7 @@ from camrender.chunk_causal import (DEFAULT_GUIDANCE, DEFAULT_STEPS, sample_chun
 from camrender.recipes import get_recipe  # noqa: E402
 from camrender.segment_decode import CausalStreamDecoder, to_uint8_frames  # noqa: E402
 from camrender.segments import SegmentOptions  # noqa: E402
-from common import GIB, Laps, allocated_bytes, emit, peak_bytes, reset_peak  # noqa: E402
+from common import GIB, Laps, allocated_bytes, emit, measure, peak_bytes, reset_peak  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -111,18 +109,9 @@ def main(argv=None):
     results["build_s"] = round(time.perf_counter() - began, 1)
 
     def record(name, fn):
-        began = time.perf_counter()
-        try:
-            value = fn()
-        except Exception as error:  # one failed measurement must not lose the others
-            reset_peak()
-            results["errors"][name] = f"{type(error).__name__}: {str(error)[:300]} | " + \
-                traceback.format_exc().strip().splitlines()[-3][:200]
-            print(json.dumps({name: "error", "detail": results["errors"][name]}), flush=True)
-            return None
-        value["wall_s"] = round(time.perf_counter() - began, 1)
-        results["paths"][name] = value
-        print(json.dumps({name: value}), flush=True)
+        value = measure(results["errors"], name, fn)
+        if value is not None:
+            results["paths"][name] = value
         return value
 
     # Warm-up (kernel compilation for every in-flight width): a short run of the first path.

@@ -37,7 +37,6 @@ import json
 import os
 import sys
 import time
-import traceback
 import warnings
 from types import SimpleNamespace
 
@@ -52,7 +51,7 @@ from camrender.refiner_loading import stream_layers, strip_audio  # noqa: E402
 from camrender.render_segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments  # noqa: E402
 from camrender.segment_decode import CausalStreamDecoder, to_uint8_frames  # noqa: E402
 from camrender.segments import SegmentOptions, segment_bounds  # noqa: E402
-from common import GIB, Laps, emit, gib, peak_bytes, reset_peak, sync  # noqa: E402
+from common import GIB, Laps, emit, measure, gib, peak_bytes, reset_peak, sync  # noqa: E402
 
 PEAK_BF16_FLOPS = 790e12  # H200 dense bf16 tensor-core peak used for the roofline
 VIDEO_FPS = 16.0
@@ -351,20 +350,8 @@ def main(argv=None):
     began_all = time.perf_counter()
 
     def record(name, fn):
-        began = time.perf_counter()
-        try:
-            value = fn()
-        except Exception as error:  # one failed measurement must not lose the others
-            results["errors"][name] = f"{type(error).__name__}: {str(error)[:300]} | " + \
-                traceback.format_exc().strip().splitlines()[-3][:200]
-            print(json.dumps({name: "error", "detail": results["errors"][name]}), flush=True)
-            value = None
-        else:
-            if isinstance(value, dict):
-                value["wall_s"] = round(time.perf_counter() - began, 1)
-            print(json.dumps({name: value}), flush=True)
-        results[name] = value
-        return value
+        results[name] = measure(results["errors"], name, fn)
+        return results[name]
 
     def peak_of(fn):
         """fn's result with the peak GPU memory it reached (everything allocated counts; 0 off CUDA)."""

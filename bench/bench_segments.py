@@ -27,7 +27,6 @@ import math
 import os
 import sys
 import time
-import traceback
 
 import torch
 
@@ -38,7 +37,7 @@ from camrender.render_segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments
 from camrender.segment_decode import CausalStreamDecoder, to_uint8_frames  # noqa: E402
 from camrender.recipes import get_recipe  # noqa: E402
 from camrender.segments import SegmentOptions, segment_bounds  # noqa: E402
-from common import GIB, Laps, allocated_bytes, emit, peak_bytes, reset_peak, sync  # noqa: E402
+from common import GIB, Laps, allocated_bytes, emit, measure, peak_bytes, reset_peak, sync  # noqa: E402
 
 SPATIAL = 32  # VAE spatial stride (8 for the --cpu-smoke tiny VAE)
 
@@ -241,18 +240,7 @@ def main(argv=None):
         pass
 
     def record(name, fn):
-        began = time.perf_counter()
-        try:
-            value = fn()
-        except Exception as error:  # keep going: one failed measurement must not lose the others
-            reset_peak()
-            results["errors"][name] = f"{type(error).__name__}: {str(error)[:300]} | " + \
-                traceback.format_exc().strip().splitlines()[-3][:200]
-            print(json.dumps({name: "error", "detail": results["errors"][name]}), flush=True)
-            return None
-        value["wall_s"] = round(time.perf_counter() - began, 1)
-        print(json.dumps({name: value}), flush=True)
-        return value
+        return measure(results["errors"], name, fn)
 
     began = time.perf_counter()
     transformer, vae = build_models(args, device, dtype)

@@ -151,6 +151,27 @@ def add_latent_args(parser, *, batch=2, frames=21, height=22, width=40):
     parser.add_argument("--width", type=int, default=width, help="latent columns")
 
 
+def measure(errors: dict, name: str, fn: Callable):
+    """One measurement of a script that keeps going when one fails: fn()'s result (a dict gets its
+    wall seconds as "wall_s"), printed as a JSON line. On an exception: the error and the line that
+    raised it go into `errors[name]`, the peak-memory window is reset, and the result is None."""
+    import traceback
+
+    began = time.perf_counter()
+    try:
+        value = fn()
+    except Exception as error:  # one failed measurement must not lose the others
+        reset_peak()
+        errors[name] = (f"{type(error).__name__}: {str(error)[:300]} | "
+                        + traceback.format_exc().strip().splitlines()[-3][:200])
+        print(json.dumps({name: "error", "detail": errors[name]}), flush=True)
+        return None
+    if isinstance(value, dict):
+        value["wall_s"] = round(time.perf_counter() - began, 1)
+    print(json.dumps({name: value}), flush=True)
+    return value
+
+
 def emit(result: dict, out=None, *, indent: int = 1, **dumps) -> str:
     """Print `result` as JSON on stdout (the scripts' output) and write the same text to `out`."""
     text = json.dumps(result, indent=indent, **dumps)
