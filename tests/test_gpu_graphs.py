@@ -53,17 +53,17 @@ def test_graphed_forward_replay_equals_eager():
     assert torch.equal(graphs(x, scale), forward(x, scale))
 
 
-def _request(mode):
+def _request(mode, frames=FRAMES):
     from camrender.render import RenderRequest
     from camrender.trajectory import Trajectory
 
-    c2w = np.tile(np.eye(4), (FRAMES, 1, 1))
-    c2w[:, 0, 3] = np.linspace(0.0, 1.0, FRAMES)  # truck right
-    c2w[:, 2, 3] = np.linspace(0.0, 0.5, FRAMES)  # and forward
-    traj = Trajectory(c2w=c2w, intrinsics=np.tile([56.0, 56.0, 56.0, 32.0], (FRAMES, 1)), width=112, height=64,
+    c2w = np.tile(np.eye(4), (frames, 1, 1))
+    c2w[:, 0, 3] = np.linspace(0.0, 1.0, frames)  # truck right
+    c2w[:, 2, 3] = np.linspace(0.0, 0.5, frames)  # and forward
+    traj = Trajectory(c2w=c2w, intrinsics=np.tile([56.0, 56.0, 56.0, 32.0], (frames, 1)), width=112, height=64,
                       fps=16)
     return RenderRequest(traj=traj, prompt="a quiet street", steps=6 if mode == "full" else None, guidance=5.0,
-                         num_frames=FRAMES, height=64, width=112, model="tiny", device="cuda", kernels="fused",
+                         num_frames=frames, height=64, width=112, model="tiny", device="cuda", kernels="fused",
                          mode=mode, recipe="streaming" if mode == "segments" else "bidirectional")
 
 
@@ -150,9 +150,9 @@ def test_resume_from_a_checkpoint_equals_the_uninterrupted_render(pipe, tmp_path
     from camrender.segments import SegmentCache, SegmentOptions, segment_bounds
 
     device = torch.device("cuda")
-    inputs = prepare_inputs(pipe, _request("segments"), device)
+    inputs = prepare_inputs(pipe, _request("segments", frames=121), device)  # 16 latent frames
     bounds = segment_bounds(inputs.noise.shape[2], 3)
-    assert len(bounds) >= 3
+    assert len(bounds) >= 4
 
     def render(stop=None, checkpoints=None):
         decoder = CausalStreamDecoder(pipe.vae, device=device)
