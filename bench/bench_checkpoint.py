@@ -1,4 +1,4 @@
-"""GPU benchmark of segment-mode checkpoints (camrender.resume) at the release shape, random weights.
+"""GPU benchmark of segment-mode checkpoints (camrender.render.resume) at the release shape, random weights.
 
 Renders a path segment by segment (stage 1 + streaming decode, as `bench_segments.py`), writes
 the checkpoint a resume needs (every block cache, the decoder state, RNG) at a segment boundary
@@ -10,7 +10,7 @@ several times, and reports:
   spent on checkpoints at the default interval (one checkpoint per interval of rendering);
 - resume_s: seconds to restore the checkpoint and render the rest of the path (CUDA graphs on,
   as the CLI renders). That the resumed frames equal the uninterrupted render's is a test:
-  tests/test_gpu_graphs.py (`python3 -m pytest -m gpu`).
+  tests/render/test_graphs_gpu.py (`python3 -m pytest -m gpu`).
 
 The checkpoint is written under --dir (default: the current folder, i.e. the disk the video
 would go to; /tmp may be memory).
@@ -33,10 +33,10 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench_segments import build_models, path_inputs  # noqa: E402
-from camrender.render_segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments  # noqa: E402
-from camrender.resume import DEFAULT_CHECKPOINT_EVERY, Checkpointer  # noqa: E402
-from camrender.segment_decode import CausalStreamDecoder, to_uint8_frames  # noqa: E402
-from camrender.segments import SegmentCache, SegmentOptions, segment_bounds  # noqa: E402
+from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments  # noqa: E402
+from camrender.render.resume import DEFAULT_CHECKPOINT_EVERY, Checkpointer  # noqa: E402
+from camrender.render.decode import CausalStreamDecoder, to_uint8_frames  # noqa: E402
+from camrender.model.segments import SegmentCache, SegmentOptions, segment_bounds  # noqa: E402
 from common import Stopwatch, emit, sync  # noqa: E402
 
 

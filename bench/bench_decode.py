@@ -1,9 +1,9 @@
-"""Streaming causal decode speed of the LTX-2 video VAE (camrender.segment_decode), GPU.
+"""Streaming causal decode speed of the LTX-2 video VAE (camrender.render.decode), GPU.
 
 Decodes a path of 3-latent-frame segments (the first 4 frames) at the release resolution with
 `CausalStreamDecoder`, random VAE weights in bf16, under several cuDNN settings side by side.
 Prints JSON: seconds per path, video frames per second. That the settings give the same frames
-is a test: tests/test_gpu_kernels.py (`python3 -m pytest -m gpu`).
+is a test: tests/kernels/test_kernels_gpu.py (`python3 -m pytest -m gpu`).
 
     python3 bench/bench_decode.py --segments 6 --out decode.json
 """
@@ -18,8 +18,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from camrender.segment_decode import CausalStreamDecoder  # noqa: E402
-from camrender.segments import segment_bounds  # noqa: E402
+from camrender.render.decode import CausalStreamDecoder  # noqa: E402
+from camrender.model.segments import segment_bounds  # noqa: E402
 from common import Stopwatch, emit  # noqa: E402
 
 

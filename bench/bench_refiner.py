@@ -1,4 +1,4 @@
-"""GPU benchmark of stage 2 (the SANA-WM refiner, camrender.refiner) in segment mode, random weights.
+"""GPU benchmark of stage 2 (the SANA-WM refiner, camrender.model.refiner) in segment mode, random weights.
 
 At the release shape (704x1280: 22x40 latent tokens per frame, 128 latent channels, bf16), with
 the release configs (SANA-WM 1.6B DiT and LTX-2 VAE as in bench_segments.py; the refiner
@@ -45,12 +45,12 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import bench_segments as stage_one  # noqa: E402
-from camrender.refiner import RefinerStream, RefinerText  # noqa: E402
-from camrender.stage_two import PassThrough, refined_frames  # noqa: E402
-from camrender.refiner_loading import stream_layers, strip_audio  # noqa: E402
-from camrender.render_segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments  # noqa: E402
-from camrender.segment_decode import CausalStreamDecoder, to_uint8_frames  # noqa: E402
-from camrender.segments import SegmentOptions, segment_bounds  # noqa: E402
+from camrender.model.refiner import RefinerStream, RefinerText  # noqa: E402
+from camrender.render.stage_two import PassThrough, refined_frames  # noqa: E402
+from camrender.model.refiner_loading import stream_layers, strip_audio  # noqa: E402
+from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments  # noqa: E402
+from camrender.render.decode import CausalStreamDecoder, to_uint8_frames  # noqa: E402
+from camrender.model.segments import SegmentOptions, segment_bounds  # noqa: E402
 from common import GIB, Laps, emit, measure, gib, peak_bytes, reset_peak, sync  # noqa: E402
 
 PEAK_BF16_FLOPS = 790e12  # H200 dense bf16 tensor-core peak used for the roofline
@@ -74,7 +74,7 @@ def parse_args(argv=None):
     parser.add_argument("--skip-layers", action="store_true", help="skip the layer-streaming memory run")
     parser.add_argument("--refiner-graphs", action="store_true",
                         help="also time the refiner replayed as CUDA graphs (off by default in renders: see "
-                             "camrender.refiner.RefinerStream._graphs)")
+                             "camrender.model.refiner.RefinerStream._graphs)")
     parser.add_argument("--text-tokens", type=int, default=1024, help="refiner prompt tokens (release: 1024)")
     parser.add_argument("--out", default=None, help="also write the JSON document here")
     return parser.parse_args(argv)
@@ -99,7 +99,7 @@ def build_refiner_transformer(tiny, device, dtype):
     from diffusers.models.transformers.transformer_sana_wm_refiner import SanaWMLTX2RefinerTransformer3DModel
 
     if tiny:
-        from camrender.tiny_refiner import build_tiny_refiner
+        from camrender.model.tiny_refiner import build_tiny_refiner
 
         transformer = build_tiny_refiner(seed=0).transformer
     else:
@@ -140,7 +140,7 @@ def as_refiner(transformer):
 def render_path(models, segments, refined, *, breakdown=False, overlap=None, cuda_graphs=None):
     """Segment mode on a path of `segments` segments: stage 1 -> refiner (optional) -> streaming decode.
 
-    Without `breakdown`: the render's own loop (`camrender.stage_two.refined_frames`; `overlap`: stage 2 on
+    Without `breakdown`: the render's own loop (`camrender.render.stage_two.refined_frames`; `overlap`: stage 2 on
     a side CUDA stream, default as rendered), timed end to end and over the second half of the path. With
     it: the same stages in sequence, synced after each stage of each segment to time them apart.
     cuda_graphs: the refiner's (`RefinerStream`'s default: on CUDA); stage 1 always replays its graphs.
@@ -203,7 +203,7 @@ def refiner_steady_state(refiner_transformer, text, shape, device, dtype, blocks
     channels = refiner_transformer.config.in_channels
     # sink + 4 blocks = 13 frames: the history holds its 10 frames from here on; 2 more blocks capture the graphs
     warm_blocks = 6 if cuda_graphs else 4
-    # one clip and one noise seed for both rows (graph replay equals eager: tests/test_gpu_graphs.py)
+    # one clip and one noise seed for both rows (graph replay equals eager: tests/render/test_graphs_gpu.py)
     clip = torch.randn(1, channels, 1 + 3 * (6 + blocks + 2), h, w, generator=torch.Generator().manual_seed(2))
     clip = clip.to(device, dtype)
     stream = RefinerStream(as_refiner(refiner_transformer), text, fps=VIDEO_FPS, device=device,

@@ -1,7 +1,7 @@
 """The table of kernel cases: each fused kernel beside its PyTorch reference, on given sizes.
 
-One table serves `camrender selftest` (camrender/selftest.py iterates it) and the kernel tests
-(tests/test_kernel_cases.py parametrizes over it: tiny shapes under the Triton interpreter on the
+One table serves `camrender selftest` (camrender/cli/selftest.py iterates it) and the kernel tests
+(tests/kernels/test_kernel_cases.py parametrizes over it: tiny shapes under the Triton interpreter on the
 CPU, compiled and in tf32 precision on a GPU). Imports torch and the kernels only (no diffusers).
 
 A `KernelCase` holds:
