@@ -21,7 +21,8 @@ def test_cpu_suite_runs_kernels_in_the_interpreter():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU machine `-m gpu` runs the compiled suite")
 def test_dash_m_gpu_collects_every_gpu_test_and_skips_it_without_cuda():
-    env = dict(os.environ, PYTHONPATH=str(REPO), CAMRENDER_TEST_GPU="")
+    path = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(REPO)) if p)
+    env = dict(os.environ, PYTHONPATH=path, CAMRENDER_TEST_GPU="")
     env.pop("TRITON_INTERPRET", None)
     done = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-rs", "-p", "no:cacheprovider",
                            *GPU_FILES], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
