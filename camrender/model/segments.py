@@ -28,8 +28,8 @@ import torch
 
 from camrender.model.block import PatchedBlock
 from camrender.model.conditioning import ray_transforms
-from camrender.model.state import BlockCache, SegmentCache, SegmentCall, SegmentOptions, SoftmaxKV
 from camrender.model.recipes import segment_bounds
+from camrender.model.state import BlockCache, SegmentCache, SegmentCall, SegmentOptions, SoftmaxKV
 
 __all__ = [
     "BlockCache",
