@@ -64,21 +64,23 @@ def parse_args(argv=None):
 
 
 def build_models(args, device, dtype):
+    """The transformer (patched with `args.kernels`: both modes run the patched blocks, as the CLI) and VAE."""
     from diffusers import AutoencoderKLLTX2Video, SanaWMTransformer3DModel
+
+    from camrender.model.patch import patch_transformer
 
     if args.cpu_smoke:
         from camrender.model.tiny import build_tiny_transformer, build_tiny_vae
 
-        return build_tiny_transformer(seed=0).to(dtype), build_tiny_vae(latent_channels=8).to(dtype)
-    config = dict(num_layers=8) if args.quick else {}
-    torch.manual_seed(0)
-    with torch.device(device):
-        transformer = SanaWMTransformer3DModel(**config)
-        vae = AutoencoderKLLTX2Video(spatial_compression_ratio=32, temporal_compression_ratio=8)
-    transformer = transformer.to(dtype).eval()
-    vae = vae.to(dtype).eval()
-    from camrender.model.patch import patch_transformer  # both modes run through the patched blocks, as the CLI
-
+        transformer, vae = build_tiny_transformer(seed=0).to(dtype), build_tiny_vae(latent_channels=8).to(dtype)
+    else:
+        config = dict(num_layers=8) if args.quick else {}
+        torch.manual_seed(0)
+        with torch.device(device):
+            transformer = SanaWMTransformer3DModel(**config)
+            vae = AutoencoderKLLTX2Video(spatial_compression_ratio=32, temporal_compression_ratio=8)
+        transformer = transformer.to(dtype).eval()
+        vae = vae.to(dtype).eval()
     patch_transformer(transformer, kernels=args.kernels)
     return transformer, vae
 

@@ -219,3 +219,22 @@ def test_fused_kernels_pass_state_like_the_reference(model):
             outputs[backend], _ = run_segments(patched, latents, text, mask, conditions, plucker, bounds, 600.0,
                                                SegmentOptions(sdpa_dtype=torch.float32))
     torch.testing.assert_close(outputs["triton"], outputs["torch"], atol=1e-4, rtol=1e-4)
+
+
+def test_full_mode_is_one_segment_without_state():
+    """The patched model's own forward (full mode) and `segment_forward` over one segment with
+    diffusers' rules and no cache run the same block modules: equal outputs, on the PyTorch
+    references (backend "torch" in segment mode) and on the Triton kernels (interpreted)."""
+    from camrender.model.state import FULL_MODE
+
+    batch, frames, height, width = 2, 4, 2, 3
+    latents, text, mask = model_inputs(batch, frames, height, width, seed=5)
+    conditions, plucker = camera_inputs(batch, frames, height, width, seed=5)
+    timestep = torch.full((batch, 1, frames), 400.0)
+    model = patch_transformer(build_tiny_transformer(seed=0), settings=KernelSettings("triton", "ieee"))
+    with torch.no_grad():
+        full = model(latents, timestep, text, encoder_attention_mask=mask, camera_conditions=conditions,
+                     chunk_plucker=plucker, return_dict=False)[0]
+        one_segment = segment_forward(model, latents, timestep, text, mask, camera_conditions=conditions,
+                                      chunk_plucker=plucker, options=FULL_MODE)
+    torch.testing.assert_close(one_segment, full, rtol=1e-5, atol=1e-5)
