@@ -85,8 +85,10 @@ def main(argv=None):
 
         bench_segments.SPATIAL = 8
     height, width = (64, 64) if args.cpu_smoke else (704, 1280)
+    if device.type == "cpu":
+        args.kernels = "torch"  # the PyTorch references on a CPU, never the Triton interpreter
     transformer, vae = build_models(args, device, dtype)
-    options = SegmentOptions(backend="torch" if args.kernels == "torch" or device.type == "cpu" else "auto")
+    options = SegmentOptions()  # backend: the one build_models patched the transformer with
     latent_frames = 1 + 3 * args.segments
     bounds = segment_bounds(latent_frames, 3)
     cuda_graphs = device.type == "cuda"

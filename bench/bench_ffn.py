@@ -6,7 +6,7 @@ object (also written to --out):
 
 - ms: median over --repeats (CUDA events) of
     stock         GLUMBConvTemp.forward (diffusers)
-    patched       PatchedGLUMBConvTemp.forward (kernels="fused")
+    patched       PatchedGLUMBConvTemp.forward (settings backend "auto")
     inverted_gemm / glu_depthwise / point_gemm / temporal_conv: the patched parts alone
     glu_depthwise_ref: the PyTorch reference of the GLU stage
     segment_*:    ffn_parts on a segment-mode call (T = --segment-frames, cached left frame)
@@ -64,6 +64,7 @@ def main():
 
     import torch.nn.functional as F
     from camrender.model.ffn import PatchedGLUMBConvTemp, _conv_frames, ffn_parts
+    from camrender.model.settings import KernelSettings
     from camrender.kernels.ffn_glu import glu_depthwise, glu_depthwise_ref
 
     torch.manual_seed(0)
@@ -77,7 +78,7 @@ def main():
         for p in stock.parameters():
             p.normal_(0.0, (1.0 / p[0].numel()) ** 0.5 if p.ndim > 1 else 0.1)
     stock = stock.to(device, dtype).eval()
-    patched = PatchedGLUMBConvTemp.adopt(stock, kernels="fused")
+    patched = PatchedGLUMBConvTemp.adopt(stock, KernelSettings.from_kernels("fused"))
     x = torch.randn(batch, frames * spatial, channels, device=device, dtype=dtype)
     hw = (frames, height, width)
     results = {"shape": {"batch": batch, "frames": frames, "height": height, "width": width,

@@ -254,7 +254,8 @@ def bench_gdn_block(args, res):
         SanaWMRotaryPosEmbed,
     )
 
-    from camrender.model.patch import PatchedGDNAttention
+    from camrender.model.gdn_attention import PatchedGDNAttention
+    from camrender.model.settings import KernelSettings
 
     dev = torch.device(args.device)
     B, T, hh, ww, H, D = args.batch, args.frames, args.height, args.width, args.heads, args.head_dim
@@ -274,7 +275,7 @@ def bench_gdn_block(args, res):
     rope = SanaWMRotaryPosEmbed(D, (1, 1, 1), 1024)((T, hh, ww), device=dev)
     kw = dict(HW=(T, hh, ww), rotary_emb=rope)
     block16 = copy.deepcopy(block).to(torch.bfloat16)
-    patched = PatchedGDNAttention.adopt(block16, kernels="fused", precision="tf32")
+    patched = PatchedGDNAttention.adopt(block16, KernelSettings.from_kernels("fused", "tf32"))
     x16 = x.bfloat16()
     with torch.no_grad():
         ref32 = block(x, **kw)

@@ -62,23 +62,24 @@ def parse_args(argv=None):
 
 
 def build_models(args, device, dtype):
+    """The transformer (patched with `args.kernels`: both modes run the patched blocks, as the CLI) and VAE."""
     from diffusers import AutoencoderKLLTX2Video, SanaWMTransformer3DModel
+
+    from camrender.model.patch import patch_transformer
 
     if args.cpu_smoke:
         from camrender.model.tiny import build_tiny_transformer, build_tiny_vae
 
-        return build_tiny_transformer(seed=0).to(dtype), build_tiny_vae(latent_channels=8).to(dtype)
-    config = dict(num_layers=8) if args.quick else {}
-    torch.manual_seed(0)
-    with torch.device(device):
-        transformer = SanaWMTransformer3DModel(**config)
-        vae = AutoencoderKLLTX2Video(spatial_compression_ratio=32, temporal_compression_ratio=8)
-    transformer = transformer.to(dtype).eval()
-    vae = vae.to(dtype).eval()
-    if args.kernels == "fused":
-        from camrender.model.patch import patch_transformer  # full mode runs through the patched blocks, as the CLI
-
-        patch_transformer(transformer, kernels="fused")
+        transformer, vae = build_tiny_transformer(seed=0).to(dtype), build_tiny_vae(latent_channels=8).to(dtype)
+    else:
+        config = dict(num_layers=8) if args.quick else {}
+        torch.manual_seed(0)
+        with torch.device(device):
+            transformer = SanaWMTransformer3DModel(**config)
+            vae = AutoencoderKLLTX2Video(spatial_compression_ratio=32, temporal_compression_ratio=8)
+        transformer = transformer.to(dtype).eval()
+        vae = vae.to(dtype).eval()
+    patch_transformer(transformer, kernels=args.kernels)
     return transformer, vae
 
 
@@ -225,7 +226,7 @@ def main(argv=None):
     default_lengths = [2, 4, 8] if args.quick else [3, 10, 30]
     lengths = [int(x) for x in args.segments.split(",")] if args.segments else default_lengths
     recipe = get_recipe("streaming")
-    options = SegmentOptions.for_recipe(recipe, backend="auto" if args.kernels == "fused" else "torch")
+    options = SegmentOptions.for_recipe(recipe)
     results = dict(
         device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu", torch=torch.__version__,
         quick=args.quick, kernels=args.kernels, height=height, width=width, dtype=str(dtype).replace("torch.", ""),
@@ -252,9 +253,11 @@ def main(argv=None):
     results["cuda_graphs"] = graphs
     if record("warmup", lambda: run_segment_path(transformer, vae, 22, height, width, options, device, dtype,
                                                  graphs)) is None \
-            and options.backend != "torch":
+            and args.kernels != "torch":
         # Keep measuring with the PyTorch scans rather than stopping; the error above says what failed.
-        options = SegmentOptions.for_recipe(recipe, backend="torch")
+        from camrender.model.patch import patch_transformer
+
+        patch_transformer(transformer, kernels="torch")
         results["segment_backend_fallback"] = "torch"
         record("warmup_torch", lambda: run_segment_path(transformer, vae, 22, height, width, options, device, dtype))
     for length in lengths:

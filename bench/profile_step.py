@@ -117,7 +117,7 @@ def profile_segments(args) -> dict:
     device, dtype = torch.device("cuda"), torch.bfloat16
     build_args = argparse.Namespace(cpu_smoke=False, quick=args.quick, kernels="torch" if args.stock else "fused")
     transformer, _ = build_models(build_args, device, dtype)
-    options = SegmentOptions.for_recipe(get_recipe("streaming"), backend="torch" if args.stock else "auto")
+    options = SegmentOptions.for_recipe(get_recipe("streaming"))  # backend: build_models' patch
     latent_frames = 1 + 3 * args.segments
 
     def stage1():
