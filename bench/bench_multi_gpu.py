@@ -144,7 +144,7 @@ def step_worker(args) -> dict:
                         "tokens": int(np.prod(inputs["hidden_states"].shape[2:]))}}
     if ranks.is_main:
         times, peak, guided = time_step(model, inputs, None, args.repeats, time_calls)
-        result["1_gpu"] = {"ms_per_step": round(float(np.median(times)), 2), "peak_memory_gib": gib(peak)}
+        result["1_gpu"] = {"ms_per_step": round(float(np.median(times)), 2), "peak_memory_gib": peak_figure(peak)}
         reference = guided.float().cpu()
         log(f"1 GPU: {result['1_gpu']}")
     if device.type == "cuda":
@@ -152,7 +152,7 @@ def step_worker(args) -> dict:
     dist.barrier(group=ranks.control_group)
     split = CfgSplit(ranks.video_group, ranks.group_rank)
     times, peak, guided = time_step(model, inputs, split, args.repeats, time_calls)
-    peaks = distributed.gather_objects(gib(peak), ranks)
+    peaks = distributed.gather_objects(peak_figure(peak), ranks)
     if ranks.is_main:
         result["2_gpus"] = {"ms_per_step": round(float(np.median(times)), 2), "peak_memory_gib_per_gpu": peaks,
                             "agreement_vs_1_gpu": agreement(guided.float().cpu(), reference)}
@@ -173,7 +173,7 @@ def step_worker(args) -> dict:
     return result
 
 
-def gib(peak: float):
+def peak_figure(peak: float):
     """Peak memory in GiB, rounded; None off the GPU (no figure)."""
     return None if np.isnan(peak) else round(peak, 3)
 
@@ -235,10 +235,6 @@ def segment_worker(args) -> dict:
         torch.cuda.set_device(device)
     with torch.device(device):
         transformer, vae = bench_segments.build_models(build, device, dtype)
-    if args.tiny:
-        from camrender.model.patch import patch_transformer
-
-        patch_transformer(transformer, kernels="fused")
     options = SegmentOptions.for_recipe(get_recipe("streaming"), backend="auto")
     latent_frames = 1 + 3 * segments
     result = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",

@@ -37,7 +37,6 @@ import json
 import os
 import sys
 import time
-import traceback
 import warnings
 from types import SimpleNamespace
 
@@ -52,14 +51,12 @@ from camrender.model.refiner_loading import stream_layers, strip_audio  # noqa: 
 from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments  # noqa: E402
 from camrender.render.decode import CausalStreamDecoder, to_uint8_frames  # noqa: E402
 from camrender.model.segments import SegmentOptions, segment_bounds  # noqa: E402
-from common import emit  # noqa: E402
+from common import GIB, Laps, emit, measure, gib, peak_bytes, reset_peak, sync  # noqa: E402
 
-GIB = 1024**3
 PEAK_BF16_FLOPS = 790e12  # H200 dense bf16 tensor-core peak used for the roofline
 VIDEO_FPS = 16.0
 GPU_SIZES_GB = (24, 48, 80, 141)
 GEMM_OPS = ("mm", "addmm", "bmm", "baddbmm", "_scaled_mm")
-CHECK_BLOCK = 7  # refined by both steady-state rows (eager: 3rd timed block, graphed: 1st), compared
 # Gemma-3-12B's text tower (the refiner's text encoder), for the encode time and memory
 # Gemma-2-2B, stage 1's text encoder: resident on the GPU during a render (built for the peaks, never run)
 GEMMA2_2B = dict(hidden_size=2304, intermediate_size=9216, num_hidden_layers=26, num_attention_heads=8,
@@ -81,15 +78,6 @@ def parse_args(argv=None):
     parser.add_argument("--text-tokens", type=int, default=1024, help="refiner prompt tokens (release: 1024)")
     parser.add_argument("--out", default=None, help="also write the JSON document here")
     return parser.parse_args(argv)
-
-
-def sync():
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def gib(value):
-    return round(value / GIB, 3)
 
 
 class default_dtype:
@@ -165,18 +153,10 @@ def render_path(models, segments, refined, *, breakdown=False, overlap=None, cud
     stream = RefinerStream(as_refiner(refiner_transformer), text, fps=VIDEO_FPS, device=device,
                            generator=torch.Generator().manual_seed(0),
                            cuda_graphs=cuda_graphs) if refined else PassThrough()
-    times = dict(stage1=0.0, refiner=0.0, decode=0.0)
     arrivals = []  # (wall time, video frames so far) at each yield of the render loop
     frames = 0
-    sync()
-    started = last = time.perf_counter()
-
-    def lap(name):
-        nonlocal last
-        sync()
-        now = time.perf_counter()
-        times[name] += now - last
-        last = now
+    lap = Laps(device)
+    started = lap.last
 
     with torch.no_grad():
         chunks = (x for *_, x in sample_segments(transformer, inputs, segment_bounds(latent_frames, 3),
@@ -197,8 +177,10 @@ def render_path(models, segments, refined, *, breakdown=False, overlap=None, cud
             tail = stream.finish()
             if tail.shape[2]:
                 frames += len(to_uint8_frames(decoder.decode(tail)))
-    sync()
-    total = time.perf_counter() - started
+    lap("end")
+    total = lap.last - started
+    times = dict(dict(stage1=0.0, refiner=0.0, decode=0.0), **lap.totals)
+    times.pop("end")
     result = dict(segments=segments, video_frames=frames, total_s=round(total, 3), video_fps=round(frames / total, 2))
     if len(arrivals) >= 4:  # frames yielded after the path's midpoint over the time they took
         (t0, f0), (t1, f1) = arrivals[len(arrivals) // 2 - 1], arrivals[-1]
@@ -221,7 +203,7 @@ def refiner_steady_state(refiner_transformer, text, shape, device, dtype, blocks
     channels = refiner_transformer.config.in_channels
     # sink + 4 blocks = 13 frames: the history holds its 10 frames from here on; 2 more blocks capture the graphs
     warm_blocks = 6 if cuda_graphs else 4
-    # one clip and one noise seed for both rows: block CHECK_BLOCK is refined by each, compared in main()
+    # one clip and one noise seed for both rows (graph replay equals eager: tests/render/test_graphs_gpu.py)
     clip = torch.randn(1, channels, 1 + 3 * (6 + blocks + 2), h, w, generator=torch.Generator().manual_seed(2))
     clip = clip.to(device, dtype)
     stream = RefinerStream(as_refiner(refiner_transformer), text, fps=VIDEO_FPS, device=device,
@@ -229,13 +211,10 @@ def refiner_steady_state(refiner_transformer, text, shape, device, dtype, blocks
     stream.push(clip[:, :, :1 + 3 * warm_blocks])
     sync()
     gpu, enqueue = [], []
-    check = None
     for index in range(blocks):
         start = 1 + 3 * (warm_blocks + index)
         began = time.perf_counter()
-        refined = stream.push(clip[:, :, start:start + 3])
-        if warm_blocks + index + 1 == CHECK_BLOCK:
-            check = refined
+        stream.push(clip[:, :, start:start + 3])
         enqueue.append(time.perf_counter() - began)
         sync()
         gpu.append(time.perf_counter() - began)
@@ -270,7 +249,7 @@ def refiner_steady_state(refiner_transformer, text, shape, device, dtype, blocks
     analytic_attention = 4 * config.num_layers * 4 * queries * (keys + text.embeds.shape[1]) * inner
     attention = counted_attention or analytic_attention  # FlopCounterMode counts SDPA on CUDA, not on every CPU path
     per_block = sorted(gpu)[len(gpu) // 2]
-    return dict(cuda_graphs=bool(cuda_graphs), graph_stats=graph_stats, check_block=check, blocks_timed=blocks,
+    return dict(cuda_graphs=bool(cuda_graphs), graph_stats=graph_stats, blocks_timed=blocks,
                 s_per_block=round(per_block, 4),
                 s_per_video_second=round(per_block * VIDEO_FPS / 24, 4),
                 enqueue_s_per_block=round(sorted(enqueue)[len(enqueue) // 2], 4), host_syncs_per_block=syncs,
@@ -280,12 +259,6 @@ def refiner_steady_state(refiner_transformer, text, shape, device, dtype, blocks
                 attention_tflop_analytic=round(analytic_attention / 1e12, 3),
                 window_frames=stream.sink_frames + history_frames + 3,
                 flop_by_op={str(op): round(v / 1e12, 4) for op, v in counts.items()})
-
-
-def without_check(row, checks):
-    """The steady-state row without its refined check block (a tensor, kept in `checks`), for the JSON."""
-    checks.append(row.pop("check_block"))
-    return row
 
 
 def roofline(steady, plain_fps, graphed=None):
@@ -377,28 +350,14 @@ def main(argv=None):
     began_all = time.perf_counter()
 
     def record(name, fn):
-        began = time.perf_counter()
-        try:
-            value = fn()
-        except Exception as error:  # one failed measurement must not lose the others
-            results["errors"][name] = f"{type(error).__name__}: {str(error)[:300]} | " + \
-                traceback.format_exc().strip().splitlines()[-3][:200]
-            print(json.dumps({name: "error", "detail": results["errors"][name]}), flush=True)
-            value = None
-        else:
-            if isinstance(value, dict):
-                value["wall_s"] = round(time.perf_counter() - began, 1)
-            print(json.dumps({name: value}), flush=True)
-        results[name] = value
-        return value
+        results[name] = measure(results["errors"], name, fn)
+        return results[name]
 
     def peak_of(fn):
-        """fn's result with the peak GPU memory it reached (everything allocated counts)."""
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats()
+        """fn's result with the peak GPU memory it reached (everything allocated counts; 0 off CUDA)."""
+        reset_peak(device)
         value = fn()
-        value["peak_gib"] = gib(torch.cuda.max_memory_allocated()) if device.type == "cuda" else 0.0
+        value["peak_gib"] = gib(peak_bytes(device))
         return value
 
     allocated = (lambda: torch.cuda.memory_allocated()) if device.type == "cuda" else (lambda: 0)
@@ -416,7 +375,7 @@ def main(argv=None):
     results["refiner_weights_gib"] = gib(allocated() - before)
     results["refiner_params_b"] = round(sum(p.numel() for p in refiner_transformer.parameters()) / 1e9, 3)
     text = refiner_text(refiner_transformer, args.text_tokens, device, dtype)
-    options = SegmentOptions(cached_segments=2, backend="auto" if kernels == "fused" else "torch")
+    options = SegmentOptions(cached_segments=2)  # backend: the one build_models patched the transformer with
     models = (transformer, vae, refiner_transformer, text, shape, options, device, dtype)
     results["build_s"] = round(time.perf_counter() - began_all, 1)
 
@@ -431,17 +390,12 @@ def main(argv=None):
         results["with_refiner_peak_gib_short_vs_long"] = [results["warmup"]["peak_gib"],
                                                           results["with_refiner"]["peak_gib"]]
     record("with_refiner_breakdown", lambda: render_path(models, args.segments, True, breakdown=True))
-    checks = []
-    steady = record("refiner_steady_state_eager", lambda: without_check(
-        refiner_steady_state(refiner_transformer, text, shape, device, dtype), checks))
+    steady = record("refiner_steady_state_eager",
+                    lambda: refiner_steady_state(refiner_transformer, text, shape, device, dtype))
     graphed = None
     if args.refiner_graphs:
-        graphed = record("refiner_steady_state_graphed", lambda: without_check(
-            refiner_steady_state(refiner_transformer, text, shape, device, dtype, cuda_graphs=True), checks))
-    if len(checks) == 2:  # the same block, refined eagerly and by graph replay
-        difference = (checks[0].float() - checks[1].float()).abs().max().item()
-        results["graphed_vs_eager_block_max_abs_diff"] = difference
-        print(json.dumps({"graphed_vs_eager_block_max_abs_diff": difference}), flush=True)
+        graphed = record("refiner_steady_state_graphed",
+                         lambda: refiner_steady_state(refiner_transformer, text, shape, device, dtype, cuda_graphs=True))
     if steady is not None:
         record("roofline", lambda: roofline(steady, plain["video_fps"] if plain else None, graphed))
 

@@ -11,7 +11,7 @@ _CHECKOUT_KERNELS = Path(__file__).resolve().parent.parent / "kernels"
 
 class _CheckoutKernelsFinder(importlib.abc.MetaPathFinder):
     """`camrender.kernels` is the repository's top-level `kernels/` folder (pyproject.toml maps it so
-    when installed). This finder, last on `sys.meta_path`, gives the same mapping to a source
+    when installed). This finder, first on `sys.meta_path`, gives the same mapping to a source
     checkout that runs uninstalled (`PYTHONPATH=.`, bench scripts on a bare GPU machine)."""
 
     def find_spec(self, name, path=None, target=None):
@@ -26,7 +26,7 @@ if (_CHECKOUT_KERNELS / "__init__.py").is_file():
 
 
 def patch_transformer(transformer, kernels: str = "fused", **kwargs):
-    """Replace the attention of every GDN block in place; see `camrender.model.patch`."""
+    """Patch every block in place with one `KernelSettings` (full and segment mode); see `camrender.model.patch`."""
     from camrender.model.patch import patch_transformer as _patch
 
     return _patch(transformer, kernels=kernels, **kwargs)
