@@ -16,7 +16,7 @@ embeddings, final layer) stay whole and identical on every rank.
   `out_proj_cam` computes this rank's C/N output channels;
 - RMSNorms over all C channels (q/k norms of every attention): the per-token sum of squares is
   all-reduced ((B, N) fp32, tiny) and handed to the fused kernels as an inverse RMS
-  (`camrender.model.patch.norm_inv_rms`); on the PyTorch path `SplitRMSNorm` does the same.
+  (`camrender.model.gdn_attention.norm_inv_rms`); on the PyTorch path `SplitRMSNorm` does the same.
 
 The GDN scan states and the softmax K/V caches are per head, so segment mode's state passing
 splits with them. Weights are sliced from the loaded model (a copy of this rank's share; the whole
