@@ -21,6 +21,8 @@ N = T * S tokens frame-major (channel stride 1, any batch / token strides); shif
 (B, T, C) per-frame rows (channel stride 1; e.g. views into the block's (B, T, 6, C) modulation
 tensor). LayerNorm has no affine parameters (SANA-WM's).
 """
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -92,13 +94,14 @@ def _frame_offset(row, tokens, spatial, stride_b, stride_t):
 
 @triton.jit
 def _ada_norm_kernel(x_ptr, r_ptr, x_out_ptr, out_ptr, shift_ptr, scale_ptr,
-                     tokens, spatial, channels, eps,
+                     n_rows, tokens, spatial, channels, eps,
                      stride_xb, stride_xn, stride_rb, stride_rn, stride_sb, stride_st, stride_cb, stride_ct,
                      HAS_RESIDUAL: tl.constexpr, BLOCK_C: tl.constexpr, RMS: tl.constexpr = False,
-                     MODULATE: tl.constexpr = True):
-    row = tl.program_id(0)
-    c = tl.arange(0, BLOCK_C)
-    mask = c < channels
+                     MODULATE: tl.constexpr = True, ROWS: tl.constexpr = 1):
+    # ROWS token rows per program (1 on the GPU; more under the interpreter, where programs run one by one)
+    row = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[:, None]  # (ROWS, 1)
+    c = tl.arange(0, BLOCK_C)[None, :]
+    mask = (c < channels) & (row < n_rows)
     DT: tl.constexpr = out_ptr.dtype.element_ty
     x = tl.load(x_ptr + _token_offset(row, tokens, stride_xb, stride_xn) + c, mask=mask, other=0.0).to(tl.float32)
     out_off = row.to(tl.int64) * channels + c  # outputs are contiguous (B, N, C)
@@ -109,9 +112,9 @@ def _ada_norm_kernel(x_ptr, r_ptr, x_out_ptr, out_ptr, shift_ptr, scale_ptr,
     if RMS:  # diffusers RMSNorm without weight: x * rsqrt(mean(x^2) + eps), rounded
         centred = x
     else:
-        mean = tl.sum(x, axis=0) / channels
+        mean = tl.sum(x, axis=1)[:, None] / channels
         centred = tl.where(mask, x - mean, 0.0)
-    rstd = 1.0 / tl.sqrt(tl.sum(centred * centred, axis=0) / channels + eps)
+    rstd = 1.0 / tl.sqrt(tl.sum(centred * centred, axis=1)[:, None] / channels + eps)
     normed = round_as(centred * rstd, DT)
     if MODULATE:
         shift = tl.load(shift_ptr + _frame_offset(row, tokens, spatial, stride_sb, stride_st) + c, mask=mask,
@@ -126,14 +129,14 @@ def _ada_norm_kernel(x_ptr, r_ptr, x_out_ptr, out_ptr, shift_ptr, scale_ptr,
 
 
 @triton.jit
-def _gated_residual_kernel(x_ptr, y_ptr, y2_ptr, e_ptr, eb_ptr, gate_ptr, out_ptr, tokens, spatial, channels,
-                           stride_xb, stride_xn, stride_yb, stride_yn, stride_zb, stride_zn, stride_eb, stride_en,
+def _gated_residual_kernel(x_ptr, y_ptr, y2_ptr, e_ptr, eb_ptr, gate_ptr, out_ptr, n_rows, tokens, spatial,
+                           channels, stride_xb, stride_xn, stride_yb, stride_yn, stride_zb, stride_zn, stride_eb, stride_en,
                            stride_gb, stride_gt, HAS_Y2: tl.constexpr, HAS_EXTRA: tl.constexpr,
-                           HAS_EXTRA_BIAS: tl.constexpr, BLOCK_C: tl.constexpr):
+                           HAS_EXTRA_BIAS: tl.constexpr, BLOCK_C: tl.constexpr, ROWS: tl.constexpr = 1):
     DT: tl.constexpr = out_ptr.dtype.element_ty
-    row = tl.program_id(0)
-    c = tl.arange(0, BLOCK_C)
-    mask = c < channels
+    row = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[:, None]  # (ROWS, 1), as _ada_norm_kernel
+    c = tl.arange(0, BLOCK_C)[None, :]
+    mask = (c < channels) & (row < n_rows)
     update = tl.load(y_ptr + _token_offset(row, tokens, stride_yb, stride_yn) + c, mask=mask, other=0.0)
     update = update.to(tl.float32)
     if HAS_Y2:  # stock FFN: y + t_conv(y) -> tensor
@@ -146,7 +149,7 @@ def _gated_residual_kernel(x_ptr, y_ptr, y2_ptr, e_ptr, eb_ptr, gate_ptr, out_pt
         extra = tl.load(e_ptr + _token_offset(row, tokens, stride_eb, stride_en) + c, mask=mask, other=0.0)
         extra = extra.to(tl.float32)
         if HAS_EXTRA_BIAS:
-            extra = round_as(extra + tl.load(eb_ptr + c, mask=mask, other=0.0).to(tl.float32), DT)
+            extra = round_as(extra + tl.load(eb_ptr + c, mask=c < channels, other=0.0).to(tl.float32), DT)
         out = round_as(out, DT) + extra
     tl.store(out_ptr + row.to(tl.int64) * channels + c, cast_as(out, DT), mask=mask)
 
@@ -198,6 +201,12 @@ def _check(x, modulations, others=()):
     return batch, tokens, channels, tokens // frames
 
 
+def _rows_per_program():
+    """Token rows per program: 1 on the GPU (the tuned launch); 64 under the Triton interpreter, which runs
+    programs one after another, so the CPU tests take a fraction of the time."""
+    return 64 if os.environ.get("TRITON_INTERPRET") == "1" else 1
+
+
 def _launch_config(channels, num_warps=None):
     """(BLOCK_C, warps): one program per token row, the whole row in registers. 4 warps: fastest at
     C = 2240 on the H200 (bench/bench_glue.py: ada_norm 0.134 ms at 4 warps, 0.153 at 8, 0.213 at 16)."""
@@ -238,11 +247,12 @@ def ada_norm(x, shift, scale, *, eps=1e-6, residual=None, norm="layer", backend=
     updated = torch.empty_like(out) if residual is not None else out
     r = residual if residual is not None else x
     block_c, warps = _launch_config(channels, num_warps)
-    _ada_norm_kernel[(batch * tokens,)](
-        x, r, updated, out, shift, scale, tokens, spatial, channels, eps,
+    rows = _rows_per_program()
+    _ada_norm_kernel[(triton.cdiv(batch * tokens, rows),)](
+        x, r, updated, out, shift, scale, batch * tokens, tokens, spatial, channels, eps,
         x.stride(0), x.stride(1), r.stride(0), r.stride(1), shift.stride(0), shift.stride(1),
         scale.stride(0), scale.stride(1), HAS_RESIDUAL=residual is not None, BLOCK_C=block_c,
-        RMS=norm == "rms", MODULATE=modulate, num_warps=warps,
+        RMS=norm == "rms", MODULATE=modulate, ROWS=rows, num_warps=warps,
     )
     return out if residual is None else (updated, out)
 
@@ -278,11 +288,12 @@ def gated_residual(x, y, gate, *, y2=None, extra=None, extra_bias=None, backend=
     e = extra if extra is not None else y
     eb = extra_bias.contiguous() if extra_bias is not None else gate
     block_c, warps = _launch_config(channels, num_warps)
-    _gated_residual_kernel[(batch * tokens,)](
-        x, y, z, e, eb, gate, out, tokens, spatial, channels,
+    rows = _rows_per_program()
+    _gated_residual_kernel[(triton.cdiv(batch * tokens, rows),)](
+        x, y, z, e, eb, gate, out, batch * tokens, tokens, spatial, channels,
         x.stride(0), x.stride(1), y.stride(0), y.stride(1), z.stride(0), z.stride(1), e.stride(0), e.stride(1),
         gate.stride(0), gate.stride(1), HAS_Y2=y2 is not None, HAS_EXTRA=extra is not None,
-        HAS_EXTRA_BIAS=extra_bias is not None, BLOCK_C=block_c, num_warps=warps,
+        HAS_EXTRA_BIAS=extra_bias is not None, BLOCK_C=block_c, ROWS=rows, num_warps=warps,
     )
     return out
 

@@ -21,6 +21,8 @@ RoPE layouts (diffusers' `rope_type`):
     "split":       cos, sin (B, H, N, D/2) (any strides, last dim contiguous); within each head of
                    size D, channel j < D/2 rotates with j + D/2.
 """
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -56,16 +58,17 @@ def rms_rope_qk_ref(q, k, q_weight, k_weight, cos, sin, *, eps, rope_type="inter
 
 # --------------------------------------------------------------------------- kernel
 @triton.jit
-def _row(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, pre_ptr, row, tokens, channels, eps,
-         stride_xb, stride_xn, stride_ob, stride_on, stride_pb, stride_pn,
-         stride_cb, stride_cn, stride_ch, HEAD_DIM: tl.constexpr, SPLIT: tl.constexpr, NORM: tl.constexpr,
-         HAS_WEIGHT: tl.constexpr, HAS_PRE: tl.constexpr, BLOCK_C: tl.constexpr):
-    """One token row: [RMSNorm (x weight)] then RoPE; stores out (and the pre-RoPE row)."""
+def _rows(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, pre_ptr, first_row, n_rows, tokens, channels, eps,
+          stride_xb, stride_xn, stride_ob, stride_on, stride_pb, stride_pn,
+          stride_cb, stride_cn, stride_ch, HEAD_DIM: tl.constexpr, SPLIT: tl.constexpr, NORM: tl.constexpr,
+          HAS_WEIGHT: tl.constexpr, HAS_PRE: tl.constexpr, BLOCK_C: tl.constexpr, ROWS: tl.constexpr):
+    """ROWS token rows from `first_row`: [RMSNorm (x weight)] then RoPE; stores out (and the pre-RoPE rows)."""
     DT: tl.constexpr = out_ptr.dtype.element_ty
+    row = first_row + tl.arange(0, ROWS)[:, None]  # (ROWS, 1)
     b = (row // tokens).to(tl.int64)
     n = (row % tokens).to(tl.int64)
-    c = tl.arange(0, BLOCK_C)
-    mask = c < channels
+    c = tl.arange(0, BLOCK_C)[None, :]  # (1, BLOCK_C)
+    mask = (c < channels) & (row < n_rows)
     head = c // HEAD_DIM
     j = c % HEAD_DIM
     if SPLIT:
@@ -81,12 +84,12 @@ def _row(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, pre_ptr, row, tokens, channels
     x = tl.load(x_row + c, mask=mask, other=0.0).to(tl.float32)
     xp = tl.load(x_row + partner, mask=mask, other=0.0).to(tl.float32)
     if NORM:
-        rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / channels + eps)
+        rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1)[:, None] / channels + eps)
         x = x * rstd
         xp = xp * rstd
         if HAS_WEIGHT:  # ATen's rms_norm (CPU, and CUDA's fused kernel): x * rstd * weight in fp32, rounded once
-            x = x * tl.load(w_ptr + c, mask=mask, other=0.0).to(tl.float32)
-            xp = xp * tl.load(w_ptr + partner, mask=mask, other=0.0).to(tl.float32)
+            x = x * tl.load(w_ptr + c, mask=c < channels, other=0.0).to(tl.float32)
+            xp = xp * tl.load(w_ptr + partner, mask=c < channels, other=0.0).to(tl.float32)
         x = round_as(x, DT)
         xp = round_as(xp, DT)
         if HAS_PRE:
@@ -100,27 +103,28 @@ def _row(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, pre_ptr, row, tokens, channels
 
 @triton.jit
 def _rms_rope_kernel(q_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_out_ptr, k_out_ptr, k_pre_ptr,
-                     tokens, channels, eps,
+                     n_rows, tokens, channels, eps,
                      stride_qb, stride_qn, stride_kb, stride_kn, stride_qob, stride_qon, stride_kob, stride_kon,
                      stride_pb, stride_pn, stride_cb, stride_cn, stride_ch,
                      HEAD_DIM: tl.constexpr, SPLIT: tl.constexpr, NORM: tl.constexpr, HAS_Q: tl.constexpr,
-                     HAS_WEIGHT: tl.constexpr, HAS_PRE: tl.constexpr, BLOCK_C: tl.constexpr):
-    # program 2r is row r of q, 2r + 1 row r of k: both read the same cos/sin row (second time from L2)
+                     HAS_WEIGHT: tl.constexpr, HAS_PRE: tl.constexpr, BLOCK_C: tl.constexpr, ROWS: tl.constexpr):
+    # programs 2i and 2i + 1 take rows block i of q and of k: both read the same cos/sin rows (the second
+    # time from L2)
     pid = tl.program_id(0)
     if HAS_Q:
-        row = pid // 2
+        first_row = (pid // 2) * ROWS
         is_key = pid % 2 == 1
     else:
-        row = pid
+        first_row = pid * ROWS
         is_key = True
     if is_key:
-        _row(k_ptr, kw_ptr, cos_ptr, sin_ptr, k_out_ptr, k_pre_ptr, row, tokens, channels, eps,
-             stride_kb, stride_kn, stride_kob, stride_kon, stride_pb, stride_pn, stride_cb, stride_cn, stride_ch,
-             HEAD_DIM, SPLIT, NORM, HAS_WEIGHT, HAS_PRE, BLOCK_C)
+        _rows(k_ptr, kw_ptr, cos_ptr, sin_ptr, k_out_ptr, k_pre_ptr, first_row, n_rows, tokens, channels, eps,
+              stride_kb, stride_kn, stride_kob, stride_kon, stride_pb, stride_pn, stride_cb, stride_cn, stride_ch,
+              HEAD_DIM, SPLIT, NORM, HAS_WEIGHT, HAS_PRE, BLOCK_C, ROWS)
     else:
-        _row(q_ptr, qw_ptr, cos_ptr, sin_ptr, q_out_ptr, q_out_ptr, row, tokens, channels, eps,
-             stride_qb, stride_qn, stride_qob, stride_qon, 0, 0, stride_cb, stride_cn, stride_ch,
-             HEAD_DIM, SPLIT, NORM, HAS_WEIGHT, False, BLOCK_C)
+        _rows(q_ptr, qw_ptr, cos_ptr, sin_ptr, q_out_ptr, q_out_ptr, first_row, n_rows, tokens, channels, eps,
+              stride_qb, stride_qn, stride_qob, stride_qon, 0, 0, stride_cb, stride_cn, stride_ch,
+              HEAD_DIM, SPLIT, NORM, HAS_WEIGHT, False, BLOCK_C, ROWS)
 
 
 # --------------------------------------------------------------------------- entry points
@@ -147,8 +151,11 @@ def _check_rows(name, t, batch, tokens, channels):
                          f"got {tuple(t.shape)} strides {tuple(t.stride())}")
 
 
-def _warps(block_c):
-    return max(1, min(8, block_c // 512))
+def _launch(block_c, rows):
+    """(rows per program, warps): one row per program on the GPU (the row in registers); 64 rows under the
+    Triton interpreter, which runs programs one after another."""
+    per_program = 64 if os.environ.get("TRITON_INTERPRET") == "1" else 1
+    return per_program, triton.cdiv(rows, per_program), max(1, min(8, block_c // 512))
 
 
 def rms_rope_qk(q, k, q_weight, k_weight, cos, sin, *, eps, head_dim, rope_type="interleaved", k_out=None,
@@ -186,12 +193,13 @@ def rms_rope_qk(q, k, q_weight, k_weight, cos, sin, *, eps, head_dim, rope_type=
     if has_weight != (k_weight is not None):
         raise ValueError("q_weight and k_weight must both be given or both be None")
     block_c = triton.next_power_of_2(channels)
-    _rms_rope_kernel[(2 * batch * tokens,)](
+    per_program, programs, warps = _launch(block_c, batch * tokens)
+    _rms_rope_kernel[(2 * programs,)](
         q, k, q_weight if has_weight else q, k_weight if has_weight else k, cos, sin, q_rot, k_rot, k_pre,
-        tokens, channels, eps, q.stride(0), q.stride(1), k.stride(0), k.stride(1), q_rot.stride(0), q_rot.stride(1),
+        batch * tokens, tokens, channels, eps, q.stride(0), q.stride(1), k.stride(0), k.stride(1), q_rot.stride(0), q_rot.stride(1),
         k_rot.stride(0), k_rot.stride(1), k_pre.stride(0), k_pre.stride(1), stride_cb, stride_cn, stride_ch,
         HEAD_DIM=head_dim, SPLIT=rope_type == "split", NORM=True, HAS_Q=True, HAS_WEIGHT=has_weight,
-        HAS_PRE=return_k_pre, BLOCK_C=block_c, num_warps=_warps(block_c))
+        HAS_PRE=return_k_pre, BLOCK_C=block_c, ROWS=per_program, num_warps=warps)
     return (q_rot, k_rot, k_pre) if return_k_pre else (q_rot, k_rot)
 
 
@@ -210,9 +218,10 @@ def rope_rows(x, cos, sin, *, head_dim, rope_type="interleaved", out=None, backe
         return rotated if out is None else out.copy_(rotated)
     out = out if out is not None else torch.empty(batch, tokens, channels, device=x.device, dtype=x.dtype)
     block_c = triton.next_power_of_2(channels)
-    _rms_rope_kernel[(batch * tokens,)](
-        x, x, x, x, cos, sin, out, out, out, tokens, channels, 0.0, 0, 0, x.stride(0), x.stride(1), 0, 0,
+    per_program, programs, warps = _launch(block_c, batch * tokens)
+    _rms_rope_kernel[(programs,)](
+        x, x, x, x, cos, sin, out, out, out, batch * tokens, tokens, channels, 0.0, 0, 0, x.stride(0), x.stride(1), 0, 0,
         out.stride(0), out.stride(1), 0, 0, stride_cb, stride_cn, stride_ch,
         HEAD_DIM=head_dim, SPLIT=rope_type == "split", NORM=False, HAS_Q=False, HAS_WEIGHT=False,
-        HAS_PRE=False, BLOCK_C=block_c, num_warps=_warps(block_c))
+        HAS_PRE=False, BLOCK_C=block_c, ROWS=per_program, num_warps=warps)
     return out
