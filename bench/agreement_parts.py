@@ -89,9 +89,9 @@ def switches(model):
     select(parts), which puts the PARTS named in `parts` on our kernels and the rest on diffusers'."""
     from diffusers.models.transformers.transformer_sana_wm import GLUMBConvTemp
 
-    import camrender.patch_block as patch_block
-    from camrender.patch import PatchedGDNAttention, combine_branches
-    from camrender.patch_softmax import PatchedSoftmaxAttention
+    import camrender.model.block as patch_block
+    from camrender.model.patch import PatchedGDNAttention, combine_branches
+    from camrender.model.softmax_attention import PatchedSoftmaxAttention
     from camrender.kernels.block_glue import gated_residual
 
     state = {"parts": set()}
@@ -150,7 +150,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     args = parser.parse_args(argv)
 
-    from camrender.patch import patch_transformer
+    from camrender.model.patch import patch_transformer
 
     device, dtype, config, frames, height, width = bench_setup(quick=args.quick, tiny=args.tiny)
     model = build_model(config, device, dtype)

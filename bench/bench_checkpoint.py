@@ -1,4 +1,4 @@
-"""GPU benchmark of segment-mode checkpoints (camrender.resume) at the release shape, random weights.
+"""GPU benchmark of segment-mode checkpoints (camrender.render.resume) at the release shape, random weights.
 
 Renders a path segment by segment (stage 1 + streaming decode, as `bench_segments.py`), writes
 the checkpoint a resume needs (every block cache, the decoder state, RNG) at a segment boundary
@@ -32,10 +32,10 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench_segments import build_models, path_inputs, sync  # noqa: E402
-from camrender.render_segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments  # noqa: E402
-from camrender.resume import DEFAULT_CHECKPOINT_EVERY, Checkpointer  # noqa: E402
-from camrender.segment_decode import CausalStreamDecoder, to_uint8_frames  # noqa: E402
-from camrender.segments import SegmentCache, SegmentOptions, segment_bounds  # noqa: E402
+from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments  # noqa: E402
+from camrender.render.resume import DEFAULT_CHECKPOINT_EVERY, Checkpointer  # noqa: E402
+from camrender.render.decode import CausalStreamDecoder, to_uint8_frames  # noqa: E402
+from camrender.model.segments import SegmentCache, SegmentOptions, segment_bounds  # noqa: E402
 from common import emit  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""GPU benchmark of the chunk-causal teacher recipe (camrender.chunk_causal) in segment mode, random weights.
+"""GPU benchmark of the chunk-causal teacher recipe (camrender.render.chunk_causal) in segment mode, random weights.
 
 At the release shape (704x1280, 128 latent channels, SANA-WM 1.6B DiT in bfloat16, fused kernels):
 ChunkFlowEuler with 60 steps, guidance 5 (batch 2), flow shift 9.8, state passing, streaming
@@ -28,11 +28,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import bench_segments as bs  # noqa: E402
-from camrender.chunk_causal import (DEFAULT_GUIDANCE, DEFAULT_STEPS, sample_chunk_causal,  # noqa: E402
+from camrender.render.chunk_causal import (DEFAULT_GUIDANCE, DEFAULT_STEPS, sample_chunk_causal,  # noqa: E402
                                     teacher_chunk_bounds, teacher_schedule)
-from camrender.recipes import get_recipe  # noqa: E402
-from camrender.segment_decode import CausalStreamDecoder, to_uint8_frames  # noqa: E402
-from camrender.segments import SegmentOptions  # noqa: E402
+from camrender.model.recipes import get_recipe  # noqa: E402
+from camrender.render.decode import CausalStreamDecoder, to_uint8_frames  # noqa: E402
+from camrender.model.segments import SegmentOptions  # noqa: E402
 from common import emit  # noqa: E402
 
 

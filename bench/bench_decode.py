@@ -1,4 +1,4 @@
-"""Streaming causal decode speed of the LTX-2 video VAE (camrender.segment_decode), GPU.
+"""Streaming causal decode speed of the LTX-2 video VAE (camrender.render.decode), GPU.
 
 Decodes a path of 3-latent-frame segments (the first 4 frames) at the release resolution with
 `CausalStreamDecoder`, random VAE weights in bf16, under several cuDNN settings side by side,
@@ -19,8 +19,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from camrender.segment_decode import CausalStreamDecoder  # noqa: E402
-from camrender.segments import segment_bounds  # noqa: E402
+from camrender.render.decode import CausalStreamDecoder  # noqa: E402
+from camrender.model.segments import segment_bounds  # noqa: E402
 from common import emit  # noqa: E402
 
 

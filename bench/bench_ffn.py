@@ -1,4 +1,4 @@
-"""SANA-WM FFN (`GLUMBConvTemp`) on one GPU: stock diffusers vs camrender.patch_ffn, and the GLU kernel.
+"""SANA-WM FFN (`GLUMBConvTemp`) on one GPU: stock diffusers vs camrender.model.ffn, and the GLU kernel.
 
 Release shape by default: B=2, T=21 frames of 22x40 tokens, C=2240, Hd=6720, bf16, random
 weights (the released block layout: biases on the inverted and depthwise convs). Prints one JSON
@@ -87,7 +87,7 @@ def main():
     from diffusers.models.transformers.transformer_sana_wm import GLUMBConvTemp
 
     import torch.nn.functional as F
-    from camrender.patch_ffn import PatchedGLUMBConvTemp, _conv_frames, ffn_parts
+    from camrender.model.ffn import PatchedGLUMBConvTemp, _conv_frames, ffn_parts
     from camrender.kernels.ffn_glu import glu_depthwise, glu_depthwise_ref
 
     torch.manual_seed(0)

@@ -5,11 +5,11 @@ and prints one JSON object (also written to --out):
 
 - full_mode_step: one guided denoising step of the release-size transformer (random weights, bf16,
   161 frames at 704x1280, patched, fixed inputs prepared once, replayed as a CUDA graph: the step
-  as rendered), on 1 GPU (B=2) and on 2 GPUs (`camrender.cfg_parallel`: one guidance row per GPU,
+  as rendered), on 1 GPU (B=2) and on 2 GPUs (`camrender.parallel.cfg`: one guidance row per GPU,
   the predictions all-gathered and mixed on both); ms per step (median), peak memory per GPU,
   agreement of the 2-GPU guided prediction with the 1-GPU one (cosine, max |a-b| / max |b|);
 - segment_mode: not split yet (the per-block head split comes after issue 13);
-- batch: `camrender.batch` on 4 short paths (41 frames at 704x1280, full mode, guidance 5,
+- batch: `camrender.cli.batch_jobs` on 4 short paths (41 frames at 704x1280, full mode, guidance 5,
   --batch-steps steps) with the release-size pipeline in random weights (a one-layer text encoder:
   no Gemma weights on the machine), on 1 GPU, 2 GPUs with a video each, and 2 GPUs per video;
   videos per minute after one warm-up video per rank, and the model load seconds.
@@ -47,7 +47,7 @@ def log(message):
 # ----------------------------------------------------------------------------- driver
 def run_workers(nproc: int, args: list, tiny: bool, timeout: int) -> dict:
     """Run this script's worker on `nproc` processes under torchrun; rank 0's JSON result."""
-    from camrender.distributed import NCCL_ENV
+    from camrender.parallel.distributed import NCCL_ENV
 
     with tempfile.TemporaryDirectory() as scratch:
         out = Path(scratch) / "result.json"
@@ -113,9 +113,9 @@ def step_worker(args) -> dict:
     import torch.distributed as dist
 
     from bench_transformer import agreement, bench_setup, build_model, make_inputs, time_calls
-    from camrender import distributed
-    from camrender.cfg_parallel import CfgSplit
-    from camrender.patch import patch_transformer
+    from camrender.parallel import distributed
+    from camrender.parallel.cfg import CfgSplit
+    from camrender.model.patch import patch_transformer
 
     ranks = distributed.start("cpu" if args.tiny else None)
     device, dtype, config, frames, height, width = bench_setup(tiny=args.tiny)
@@ -153,11 +153,12 @@ def gib(peak: float):
 
 def time_step(model, inputs, split, repeats, time_calls):
     """(ms per step list, peak GiB, guided prediction) of the step as a render runs it: fixed inputs
-    prepared once (`camrender.render.step_constants`, one Plucker row, text without padding), the
+    prepared once (`camrender.model.conditioning.step_constants`, one Plucker row, text without padding), the
     forward as a CUDA graph, then (CFG parallel) the all-gather, then the guidance mix."""
-    from camrender.graphs import GraphedForward
-    from camrender.patch_block import fixed_plucker
-    from camrender.render import drop_text_padding, step_constants
+    from camrender.model.graphs import GraphedForward
+    from camrender.model.block import fixed_plucker
+    from camrender.render.inputs import drop_text_padding
+    from camrender.model.conditioning import step_constants
 
     rows = split.rows if split is not None else (lambda batch_tensor: batch_tensor)
     t, h, w = inputs["hidden_states"].shape[2:]
@@ -186,12 +187,13 @@ def time_step(model, inputs, split, repeats, time_calls):
 
 # ----------------------------------------------------------------------------- worker: batch
 def batch_worker(args) -> dict:
-    """`camrender.batch` on 4 short paths: one warm-up video per rank, then the timed batch."""
+    """`camrender.cli.batch_jobs` on 4 short paths: one warm-up video per rank, then the timed batch."""
     import torch.distributed as dist
 
-    from camrender import batch as batching
-    from camrender import distributed
-    from camrender.cli_render import _resolve_request, load_patched_pipeline, render, write_video
+    from camrender.cli import batch_jobs as batching
+    from camrender.parallel import distributed
+    from camrender.cli.render import _resolve_request, render, write_video
+    from camrender.render.pipeline import load_patched_pipeline
 
     ranks = distributed.start("cpu" if args.tiny else None, per_video=args.gpus_per_video)
     model = "tiny" if args.tiny else "release-random"
@@ -249,8 +251,8 @@ def load_release_random(request):
     from transformers import Gemma2Config, Gemma2ForCausalLM
 
     from bench_transformer import RELEASE_CONFIG, build_model
-    from camrender.patch import patch_transformer
-    from camrender.tiny import build_tiny_tokenizer
+    from camrender.model.patch import patch_transformer
+    from camrender.model.tiny import build_tiny_tokenizer
 
     device, dtype = torch.device(request.device), torch.bfloat16
     tokenizer = build_tiny_tokenizer()

@@ -22,7 +22,7 @@ sys.path.insert(0, ROOT)
 import imageio_ffmpeg  # noqa: E402
 import numpy as np  # noqa: E402
 
-from camrender.preview import render_frames, write_preview  # noqa: E402
+from camrender.views.preview import render_frames, write_preview  # noqa: E402
 from camrender.trajectory import load  # noqa: E402
 
 

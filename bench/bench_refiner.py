@@ -1,4 +1,4 @@
-"""GPU benchmark of stage 2 (the SANA-WM refiner, camrender.refiner) in segment mode, random weights.
+"""GPU benchmark of stage 2 (the SANA-WM refiner, camrender.model.refiner) in segment mode, random weights.
 
 At the release shape (704x1280: 22x40 latent tokens per frame, 128 latent channels, bf16), with
 the release configs (SANA-WM 1.6B DiT and LTX-2 VAE as in bench_segments.py; the refiner
@@ -19,7 +19,7 @@ one run measures side by side:
 - the refiner's FLOPs per block (torch's FlopCounterMode on a real block: GEMMs and attention)
   and the roofline they imply at 790 TFLOP/s (bf16 dense, H200): the fastest a refiner can go,
   and segment mode's ceiling with it given the measured stage 1 + decode;
-- the refiner blocks' fused path (`camrender.refiner_block`: fused q/k norm + RoPE, K/V written into
+- the refiner blocks' fused path (`camrender.model.refiner_block`: fused q/k norm + RoPE, K/V written into
   a window buffer, fused adaLN glue) against diffusers' stock blocks (`--refiner-kernels both`):
   segment mode and steady state side by side, kernel launches per layer and pass (torch.profiler);
 - peak GPU memory of each `--refiner-offload` setting (none: the refiner's DiT resident and the
@@ -50,12 +50,12 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import bench_segments as stage_one  # noqa: E402
-from camrender.refiner import RefinerStream, RefinerText  # noqa: E402
-from camrender.stage_two import PassThrough, refined_frames  # noqa: E402
-from camrender.refiner_loading import stream_layers, strip_audio  # noqa: E402
-from camrender.render_segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments  # noqa: E402
-from camrender.segment_decode import CausalStreamDecoder, to_uint8_frames  # noqa: E402
-from camrender.segments import SegmentOptions, segment_bounds  # noqa: E402
+from camrender.model.refiner import RefinerStream, RefinerText  # noqa: E402
+from camrender.render.stage_two import PassThrough, refined_frames  # noqa: E402
+from camrender.model.refiner_loading import stream_layers, strip_audio  # noqa: E402
+from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments  # noqa: E402
+from camrender.render.decode import CausalStreamDecoder, to_uint8_frames  # noqa: E402
+from camrender.model.segments import SegmentOptions, segment_bounds  # noqa: E402
 from common import emit  # noqa: E402
 
 GIB = 1024**3
@@ -81,9 +81,9 @@ def parse_args(argv=None):
     parser.add_argument("--skip-layers", action="store_true", help="skip the layer-streaming memory run")
     parser.add_argument("--refiner-graphs", action="store_true",
                         help="also time the refiner replayed as CUDA graphs (off by default in renders: see "
-                             "camrender.refiner.RefinerStream._graphs)")
+                             "camrender.model.refiner.RefinerStream._graphs)")
     parser.add_argument("--refiner-kernels", choices=("both", "fused", "stock"), default="both",
-                        help="the refiner blocks' path (camrender.refiner_block): both = side by side rows "
+                        help="the refiner blocks' path (camrender.model.refiner_block): both = side by side rows "
                              "(the stock ones suffixed _stock_kernels), fused (renders' default) or stock only")
     parser.add_argument("--text-tokens", type=int, default=1024, help="refiner prompt tokens (release: 1024)")
     parser.add_argument("--out", default=None, help="also write the JSON document here")
@@ -118,7 +118,7 @@ def build_refiner_transformer(tiny, device, dtype):
     from diffusers.models.transformers.transformer_sana_wm_refiner import SanaWMLTX2RefinerTransformer3DModel
 
     if tiny:
-        from camrender.tiny_refiner import build_tiny_refiner
+        from camrender.model.tiny_refiner import build_tiny_refiner
 
         transformer = build_tiny_refiner(seed=0).transformer
     else:
@@ -165,7 +165,7 @@ def kernel_backend(device):
 def render_path(models, segments, refined, *, breakdown=False, overlap=None, cuda_graphs=None, kernels="fused"):
     """Segment mode on a path of `segments` segments: stage 1 -> refiner (optional) -> streaming decode.
 
-    Without `breakdown`: the render's own loop (`camrender.stage_two.refined_frames`; `overlap`: stage 2 on
+    Without `breakdown`: the render's own loop (`camrender.render.stage_two.refined_frames`; `overlap`: stage 2 on
     a side CUDA stream, default as rendered), timed end to end and over the second half of the path. With
     it: the same stages in sequence, synced after each stage of each segment to time them apart.
     cuda_graphs: the refiner's (`RefinerStream`'s default: on CUDA); stage 1 always replays its graphs.

@@ -1,4 +1,4 @@
-"""GPU benchmark of segment mode (camrender.render_segments) against full mode, random weights.
+"""GPU benchmark of segment mode (camrender.render.segments) against full mode, random weights.
 
 Measures, at the release resolution (704x1280, LTX-2 VAE 8x32x32, 128 latent channels,
 SANA-WM 1.6B DiT in bfloat16):
@@ -33,11 +33,11 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from camrender.render import RenderInputs  # noqa: E402
-from camrender.render_segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments  # noqa: E402
-from camrender.segment_decode import CausalStreamDecoder, to_uint8_frames  # noqa: E402
-from camrender.recipes import get_recipe  # noqa: E402
-from camrender.segments import SegmentOptions, segment_bounds  # noqa: E402
+from camrender.render.inputs import RenderInputs  # noqa: E402
+from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments  # noqa: E402
+from camrender.render.decode import CausalStreamDecoder, to_uint8_frames  # noqa: E402
+from camrender.model.recipes import get_recipe  # noqa: E402
+from camrender.model.segments import SegmentOptions, segment_bounds  # noqa: E402
 from common import emit  # noqa: E402
 
 GIB = 1024**3
@@ -67,7 +67,7 @@ def build_models(args, device, dtype):
     from diffusers import AutoencoderKLLTX2Video, SanaWMTransformer3DModel
 
     if args.cpu_smoke:
-        from camrender.tiny import build_tiny_transformer, build_tiny_vae
+        from camrender.model.tiny import build_tiny_transformer, build_tiny_vae
 
         return build_tiny_transformer(seed=0).to(dtype), build_tiny_vae(latent_channels=8).to(dtype)
     config = dict(num_layers=8) if args.quick else {}
@@ -78,7 +78,7 @@ def build_models(args, device, dtype):
     transformer = transformer.to(dtype).eval()
     vae = vae.to(dtype).eval()
     if args.kernels == "fused":
-        from camrender.patch import patch_transformer  # full mode runs through the patched blocks, as the CLI
+        from camrender.model.patch import patch_transformer  # full mode runs through the patched blocks, as the CLI
 
         patch_transformer(transformer, kernels="fused")
     return transformer, vae

@@ -4,11 +4,11 @@ Builds the release-config `SanaWMTransformer3DModel` in code (20 layers, C=2240,
 D=112, softmax blocks 3/7/11/15/19, patch (1,1,1), 128 latent channels; random weights, bf16)
 and runs one transformer forward at the release shape: B=2 (classifier-free guidance),
 161 frames at 704x1280 -> T=21 latent frames of 22x40 tokens, a 300-token prompt, camera
-inputs from an orbit path (`camrender.camera.build_camera_inputs`).
+inputs from an orbit path (`camrender.render.camera.build_camera_inputs`).
 
 Prints one JSON object (also written to --out):
 - ms_per_step: median of --repeats timed forwards (CUDA events), stock and patched; patched also
-  as the renders run it (cuda_graph: a CUDA graph of the step, `camrender.graphs`, with the step's
+  as the renders run it (cuda_graph: a CUDA graph of the step, `camrender.model.graphs`, with the step's
   fixed inputs prepared once, see `timed_graphed_steps`; agreement_vs_eager compares its output);
 - breakdown_ms: per part, summed over the blocks of one forward, timed with CUDA events
   around module / kernel calls (a separate, instrumented forward):
@@ -101,7 +101,7 @@ def build_model(config, device, dtype, seed=0):
 
 
 def make_inputs(config, frames, height, width, device, dtype, seed=1):
-    from camrender.camera import build_camera_inputs
+    from camrender.render.camera import build_camera_inputs
 
     gen = torch.Generator().manual_seed(seed)
     t, h, w = (frames - 1) // 8 + 1, height // 32, width // 32
@@ -209,7 +209,7 @@ def instrumented(model, timer):
     if main_module is not None:
         wrap_function(main_module, "main_branch", "gdn_main")
     try:  # the patched block runs the FFN through `ffn_parts`, not the module's forward
-        ffn_module = importlib.import_module("camrender.patch_ffn")
+        ffn_module = importlib.import_module("camrender.model.ffn")
     except ImportError:
         ffn_module = None
     if ffn_module is not None:
@@ -271,19 +271,20 @@ def time_calls(step, device, repeats, warmup, *, peak_with_warmup=False) -> tupl
 
 def timed_graphed_steps(model, inputs, device, repeats) -> tuple[list, float, torch.Tensor]:
     """As `timed_steps`, the way a full-mode render runs a step: RoPE and camera tables computed once
-    (`camrender.render.step_constants`), one Plucker row broadcast over the guidance batch and its
-    per-block projections computed once (`camrender.patch_block.fixed_plucker`), the text without the
-    padding no row attends to (`camrender.render.drop_text_padding`), and the forward replayed as a
-    CUDA graph (`camrender.graphs.GraphedForward`): two untimed calls (eager warm-up, capture), then
+    (`camrender.model.conditioning.step_constants`), one Plucker row broadcast over the guidance batch and its
+    per-block projections computed once (`camrender.model.block.fixed_plucker`), the text without the
+    padding no row attends to (`camrender.render.inputs.drop_text_padding`), and the forward replayed as a
+    CUDA graph (`camrender.model.graphs.GraphedForward`): two untimed calls (eager warm-up, capture), then
     `repeats` timed replays. The peak memory spans all of them, with the fixed Plucker projections:
     a replay allocates nothing (the graph's activations live in its memory pool, set up at capture)."""
-    from camrender.graphs import GraphedForward
-    from camrender.patch_block import fixed_plucker
-    from camrender.render import drop_text_padding, step_constants
+    from camrender.model.graphs import GraphedForward
+    from camrender.model.block import fixed_plucker
+    from camrender.render.inputs import drop_text_padding
+    from camrender.model.conditioning import step_constants
 
     t, h, w = inputs["hidden_states"].shape[2:]
     text, mask = drop_text_padding(inputs["encoder_hidden_states"], inputs["encoder_attention_mask"])
-    # As `camrender.render`: one Plucker row for both guidance rows (the transformer broadcasts it).
+    # As `camrender.render.full`: one Plucker row for both guidance rows (the transformer broadcasts it).
     fixed = {**inputs, **step_constants(model, inputs["camera_conditions"], (t, h, w)),
              "chunk_plucker": inputs["chunk_plucker"][:1], "encoder_hidden_states": text,
              "encoder_attention_mask": mask}
@@ -347,7 +348,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     args = parser.parse_args(argv)
 
-    from camrender.patch import patch_transformer
+    from camrender.model.patch import patch_transformer
 
     device, dtype, config, frames, height, width = bench_setup(quick=args.quick, tiny=args.tiny)
     frames = args.frames or frames

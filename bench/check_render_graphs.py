@@ -1,6 +1,6 @@
 """Render the same path with and without CUDA-graph replay and compare the frames (GPU).
 
-Runs the render paths the CLI runs (`camrender.render.render_frames`: full mode and segment
+Runs the render paths the CLI runs (`camrender.render.full.render_frames`: full mode and segment
 mode) on a pipeline (default: the built-in tiny model), patched with the fused kernels, once with
 `cuda_graphs=True` and once with False, and prints JSON: per mode the number of frames and the max
 |difference| of the uint8 frames (0 expected: replay runs the same kernels on the same inputs).
@@ -33,9 +33,10 @@ def main(argv=None) -> dict:
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     from camrender import trajectory
-    from camrender.loading import load_pipeline
-    from camrender.patch import patch_transformer
-    from camrender.render import RenderRequest, render_frames
+    from camrender.model.loading import load_pipeline
+    from camrender.model.patch import patch_transformer
+    from camrender.render.request import RenderRequest
+    from camrender.render.full import render_frames
 
     cuda = args.device.startswith("cuda")
     pipe = load_pipeline(args.model, device=args.device)

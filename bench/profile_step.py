@@ -50,7 +50,7 @@ def main(argv=None) -> dict:
 
     from torch.profiler import ProfilerActivity, profile
 
-    from camrender.patch import patch_transformer
+    from camrender.model.patch import patch_transformer
 
     if args.segments:
         return profile_segments(args)
@@ -112,9 +112,9 @@ def profile_segments(args) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     from bench_segments import build_models, path_inputs
-    from camrender.render_segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments
-    from camrender.recipes import get_recipe
-    from camrender.segments import SegmentOptions, segment_bounds
+    from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments
+    from camrender.model.recipes import get_recipe
+    from camrender.model.segments import SegmentOptions, segment_bounds
 
     device, dtype = torch.device("cuda"), torch.bfloat16
     build_args = argparse.Namespace(cpu_smoke=False, quick=args.quick, kernels="torch" if args.stock else "fused")

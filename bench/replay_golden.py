@@ -10,9 +10,9 @@ holds a tiny random model in original checkpoint format (`generator.<key>`), the
 every model input and prediction per chunk and step. This script
 
 1. builds a diffusers `SanaWMTransformer3DModel` of the golden's size in float32 and loads the
-   weights through camrender's original-format loader (`camrender.loading`);
+   weights through camrender's original-format loader (`camrender.model.loading`);
 2. builds the camera conditioning from the poses and intrinsics with camrender's own camera code
-   (`camrender.camera.build_camera_inputs`; the stored `camera_conditions` / `chunk_plucker` are
+   (`camrender.render.camera.build_camera_inputs`; the stored `camera_conditions` / `chunk_plucker` are
    only compared against);
 3. samples with camrender's segment mode (`render_segments.sample_segments`, the streaming recipe)
    from the golden's text embeddings and noise, recording every model prediction;
@@ -63,7 +63,7 @@ def _rel(ours, golden) -> float:
 
 def _camera(tensors: dict, shapes: dict):
     """camrender's camera_conditions (1, F, 20) and chunk_plucker (1, 48, F, h, w) of the golden's path."""
-    from camrender.camera import build_camera_inputs
+    from camrender.render.camera import build_camera_inputs
     from camrender.trajectory.model import Trajectory
 
     height, width = shapes["latent_h"] * VAE_STRIDE[1], shapes["latent_w"] * VAE_STRIDE[2]
@@ -81,11 +81,11 @@ def replay(golden_path: str, kernels: str = "torch", **overrides) -> dict:
     import torch
     from safetensors import safe_open
 
-    import camrender.segments as segments_module
-    from camrender.loading import load_transformer_weights
-    from camrender.recipes import get_recipe
-    from camrender.render import RenderInputs
-    from camrender.render_segments import sample_segments, segment_timesteps
+    import camrender.model.segments as segments_module
+    from camrender.model.loading import load_transformer_weights
+    from camrender.model.recipes import get_recipe
+    from camrender.render.inputs import RenderInputs
+    from camrender.render.segments import sample_segments, segment_timesteps
 
     with safe_open(golden_path, framework="pt") as handle:
         metadata = handle.metadata()

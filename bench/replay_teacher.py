@@ -3,7 +3,7 @@ calls `replay` for files whose metadata says recipe "chunk-causal".
 
 Loads the golden's weights through camrender's original-format loader, builds the camera
 conditioning from the golden's poses and pixel intrinsics with camrender's camera code, and runs
-`camrender.chunk_causal.sample_chunk_causal` (the recipe's options, fp32) with the golden's text
+`camrender.render.chunk_causal.sample_chunk_causal` (the recipe's options, fp32) with the golden's text
 embeddings (negative prompt first under guidance) and noise. The report has replay_golden's keys,
 with the predictions compared per global sampler step: the guided prediction of the chunks in
 flight against the golden's (its raw [negative, prompt] outputs combined with the same guidance).
@@ -26,11 +26,11 @@ def replay(golden_path: str, kernels: str = "torch", **overrides) -> dict:
     """Replay one chunk-causal golden; overrides replace fields of the recipe's `SegmentOptions`."""
     from safetensors import safe_open
 
-    from camrender.chunk_causal import sample_chunk_causal, teacher_schedule
-    from camrender.loading import load_transformer_weights
-    from camrender.recipes import get_recipe
-    from camrender.render import RenderInputs
-    from camrender.segments import SegmentOptions
+    from camrender.render.chunk_causal import sample_chunk_causal, teacher_schedule
+    from camrender.model.loading import load_transformer_weights
+    from camrender.model.recipes import get_recipe
+    from camrender.render.inputs import RenderInputs
+    from camrender.model.segments import SegmentOptions
 
     with safe_open(str(golden_path), framework="pt") as handle:
         metadata = handle.metadata()

@@ -1,4 +1,4 @@
 """`python -m camrender ...` (what torchrun runs: `torchrun --nproc-per-node N -m camrender render ...`)."""
-from camrender.cli import main
+from camrender.cli.main import main
 
 main()

@@ -10,7 +10,7 @@ def run_cli(argv, capsys):
     """(exit code, stdout, stderr) of an in-process `camrender` run."""
     import pytest
 
-    from camrender.cli import main
+    from camrender.cli.main import main
 
     with pytest.raises(SystemExit) as done:
         main([str(a) for a in argv])

@@ -1,6 +1,6 @@
 """Camera trajectories: the `Trajectory` type, file loading/saving and the 8k+1 frame rule.
 
-    traj = load("trajectories/orbit.json")      # any registered format (camrender.formats)
+    traj = load("trajectories/orbit.json")      # any registered format (camrender.trajectory.formats)
     traj = to_model_frames(traj)                 # 8k+1 frames for the model
     save(traj, "render.traj.json")               # per-frame v1 JSON, written atomically
 
@@ -26,13 +26,13 @@ __all__ = [
 
 def load(path, fmt: str | None = None) -> Trajectory:
     """Read a trajectory file of any registered format (chosen by ``fmt``, suffix or content)."""
-    from camrender.formats import import_file
+    from camrender.trajectory.formats import import_file
 
     return import_file(path, fmt)
 
 
 def save(traj: Trajectory, path) -> None:
     """Write ``traj`` as a per-frame v1 JSON file (temp file in the same folder, then rename)."""
-    from camrender.formats import export_file
+    from camrender.trajectory.formats import export_file
 
     export_file(traj, path, "v1")

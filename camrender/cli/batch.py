@@ -1,0 +1,94 @@
+"""`camrender batch JOBS`: render many videos, spread over the GPUs of a torchrun run (`camrender.cli.batch_jobs`)."""
+from __future__ import annotations
+
+import copy
+import json
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from camrender.cli import batch_jobs as batching
+from camrender.cli import launch as cli_launch
+from camrender.parallel import distributed
+from camrender.cli.render import render
+from camrender.errors import CamrenderError
+
+_RUN_OPTIONS = {"traj", "out", "gpus"}  # render options a batch does not take as defaults
+
+
+def _render_defaults(command):
+    """`batch` takes every `camrender render` option, as the default of each job."""
+    for param in render.params:
+        if param.name not in _RUN_OPTIONS:
+            command.params.append(copy.copy(param))
+    return command
+
+
+@_render_defaults
+@click.command()
+@click.argument("jobs", type=click.Path(path_type=Path))
+@click.option("--out-dir", default=None, type=click.Path(file_okay=False, path_type=Path),
+              help="Where the videos of a folder of trajectories go (default: that folder).")
+@cli_launch.gpus_option("GPUs of this host, one torchrun worker each.")
+@click.option("--gpus-per-video", default=1, show_default=True, type=click.IntRange(min=1),
+              help="GPUs rendering each video together (2: the guidance branches of full mode on a GPU each).")
+@click.option("--summary", "summary_path", default=None, type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write the summary as JSON to this file.")
+def batch(jobs, out_dir, gpus, gpus_per_video, summary_path, **defaults):
+    """Render many videos: JOBS is a JSON-lines file (one render per line) or a folder of trajectories.
+
+    \b
+    camrender batch jobs.jsonl --gpus 8 --model PATH
+    torchrun --nproc-per-node 8 -m camrender batch paths/ --out-dir renders/ --steps 30
+    {"trajectory": "a.json", "image": "a.png", "prompt": "...", "output": "a.mp4", "options": {"seed": 1}}
+
+    A job whose output exists is skipped (a re-run resumes); a failed job is reported and the rest
+    go on; a summary follows (exit code 3 when a job failed). Options given here apply to every job.
+    """
+    from camrender.cli.render import _quiet_libraries, _resolve_request, write_video
+    from camrender.render.pipeline import load_patched_pipeline
+
+    given = {name: value for name, value in defaults.items()
+             if click.get_current_context().get_parameter_source(name) != click.core.ParameterSource.DEFAULT}
+    job_list = batching.read_jobs(jobs, render, out_dir)
+    if cli_launch.wants_launch(gpus):
+        if gpus % gpus_per_video:
+            raise CamrenderError(f"{gpus_per_video} GPUs per video do not divide {gpus} GPUs", field="gpus-per-video")
+        sys.exit(cli_launch.relaunch(gpus, defaults["device"]))
+    ranks = None
+    if distributed.world_size() > 1:
+        ranks = distributed.start(defaults["device"], per_video=gpus_per_video)
+    elif gpus_per_video > 1:
+        raise CamrenderError(f"{gpus_per_video} GPUs per video need that many processes (--gpus or torchrun)",
+                             field="gpus-per-video")
+    log = lambda line: click.echo(f"camrender: {line}", err=True)  # noqa: E731
+    try:
+        _quiet_libraries()
+        started = time.perf_counter()
+        planned = None
+        if ranks is None or ranks.is_main:
+            planned = batching.plan_jobs(job_list, render, given, _resolve_request)
+            to_render = sum(job.status == "render" for job in planned)
+            groups = 1 if ranks is None else ranks.num_videos
+            log(f"batch: {len(planned)} jobs, {to_render} to render on {groups} group(s) of {gpus_per_video} GPU(s)")
+        planned = distributed.broadcast_object(planned, ranks)
+        pipelines = batching.Pipelines(load_patched_pipeline)
+        results = batching.run_jobs(planned, ranks, pipelines, lambda pipe, request: write_video(pipe, request)[0],
+                                    log)
+        gathered = distributed.gather_objects((results, pipelines.loads), ranks)
+        if gathered is None:
+            return
+        summary = batching.summarize(planned, [r for rank_results, _ in gathered for r in rank_results],
+                                     time.perf_counter() - started, ranks, [loads for _, loads in gathered])
+    finally:
+        distributed.stop()
+    for line in batching.summary_lines(summary):
+        log(line)
+    if summary_path is not None:
+        from camrender.trajectory.formats.fileio import atomic_write_text
+
+        atomic_write_text(summary_path, json.dumps(summary, indent=1) + "\n")
+    if summary["failed"]:
+        sys.exit(distributed.FAILED_JOBS_EXIT_CODE)

@@ -1,0 +1,82 @@
+"""Checks of the render options that need no model: run before anything loads (loading a real
+model takes minutes, so every mistake a user can make must be caught here first).
+
+Each check raises `CamrenderError` (one line, exit code 2) naming the option.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from camrender.errors import CamrenderError
+from camrender.limits import check_finite
+
+SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed takes
+VIDEO_SUFFIXES = (".mp4",)
+
+
+def check_suffix(path, suffixes, what: str) -> None:
+    """CamrenderError unless `path` ends with one of `suffixes` (lower case, with the dot)."""
+    suffix = Path(path).suffix.lower()
+    if suffix not in suffixes:
+        raise CamrenderError(f"{what} must end with {' or '.join(suffixes)}, got {suffix or 'no suffix'!r}",
+                             path=path)
+
+
+def check_render_options(options: dict) -> None:
+    """Everything about the `render` options that can be checked without the model and the
+    trajectory: output suffix, numbers finite and in range, device, weight files (sizes, frame
+    counts, the image and the model folder are checked where the request is resolved,
+    `camrender.cli.render`)."""
+    check_suffix(options["out"], VIDEO_SUFFIXES, "the output video")
+    check_finite(options["guidance"], "guidance", minimum=0.0)
+    check_finite(options["fps"], "fps")
+    seed = options["seed"]
+    if seed is not None and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
+        raise CamrenderError(f"must be between {SEED_RANGE[0]} and {SEED_RANGE[1]}, got {seed}", field="seed")
+    check_device(options["device"], options["offload"])
+    weights = options["transformer_weights"]
+    if weights is not None and not Path(weights).is_file():
+        problem = "is a directory, expected a .safetensors or .pt file" if Path(weights).is_dir() else "file not found"
+        raise CamrenderError(problem, path=weights, field="transformer-weights")
+    vae = options["vae"]
+    if vae is not None and not (Path(vae).expanduser() / "config.json").is_file():
+        problem = "folder not found" if not Path(vae).exists() else "not a diffusers VAE folder (no config.json)"
+        raise CamrenderError(problem, path=vae, field="vae")
+
+
+def probe_writable(path) -> None:
+    """Create and delete a file next to `path`: some folders pass the permission bits and still
+    refuse new files (/sys, read-only mounts), which would only show after the model has loaded."""
+    import os
+    import tempfile
+
+    parent = Path(path).parent if str(Path(path).parent) else Path(".")
+    try:
+        handle, name = tempfile.mkstemp(dir=parent, prefix=f".{Path(path).name}.", suffix=".probe")
+    except OSError as error:
+        raise CamrenderError(f"cannot create a file in {str(parent)!r}: {error.strerror or error}", path=path) from None
+    os.close(handle)
+    os.unlink(name)
+
+
+def check_device(device, offload: bool) -> None:
+    """The device exists here (a CUDA index below the GPU count); --offload has a GPU and accelerate."""
+    import torch
+
+    from camrender.model.loading import resolve_device
+
+    resolved = resolve_device(device)
+    if resolved.type not in ("cpu", "cuda"):
+        raise CamrenderError(f"must be cpu, cuda or cuda:N, got {device!r}", field="device")
+    if resolved.type == "cuda" and resolved.index is not None and resolved.index >= torch.cuda.device_count():
+        raise CamrenderError(f"there is no GPU {resolved.index} (this machine has {torch.cuda.device_count()})",
+                             field="device")
+    if offload and resolved.type != "cuda":
+        raise CamrenderError("--offload moves components to a GPU while they run; it needs a CUDA device",
+                             field="offload")
+    if offload:
+        try:
+            import accelerate  # noqa: F401
+        except ImportError:
+            raise CamrenderError("--offload needs the accelerate package (pip install accelerate)",
+                                 field="offload") from None

@@ -1,0 +1,198 @@
+"""Block-level patch of SANA-WM: the adaLN glue and the cross-attention around the patched attention.
+
+`PatchedBlock.adopt(stock, kernels=...)` takes over a `SanaVideoMSCamCtrlBlock`'s parameters and
+sub-modules (no copies: the transformer's `state_dict()` is unchanged). With kernels="fused" its
+forward is the stock block's, with each adaLN step one pass of `kernels.block_glue` (rounded
+where the stock block writes its intermediate tensors, so the glue itself matches it bit for bit):
+
+    h = ada_norm(x, shift_msa, scale_msa)              LayerNorm + modulation
+    x = gated_residual(x, attn(h), gate_msa, extra=p, extra_bias=b)   x + gate * attn + plucker_proj(P)
+    x, h = residual_ada_norm(x, cross_attn(x), shift_mlp, scale_mlp)
+    x = gated_residual(x, y, gate_mlp, y2=z)           FFN output y + z (temporal conv), see patch_ffn
+
+and the cross-attention's query RMSNorm runs as one kernel (`kernels.main_prep`) instead of five
+fp32 passes. The residual stream leaves every block contiguous: the stock model carries it in the
+patch embedder's transposed layout, which sends every later elementwise op down PyTorch's slow
+strided path. kernels="torch" (or a padded-frame mask) runs the stock block forward (around the
+patched attention and FFN modules).
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from diffusers.models.attention_dispatch import dispatch_attention_fn
+from diffusers.models.transformers.transformer_sana_wm import (
+    GLUMBConvTemp,
+    MultiHeadCrossAttention,
+    SanaVideoMSCamCtrlBlock,
+    SanaWMCrossAttnProcessor,
+)
+
+from camrender.model.patch import KERNEL_BACKENDS, adopt_module
+
+
+class FusedCrossAttnProcessor(SanaWMCrossAttnProcessor):
+    """`SanaWMCrossAttnProcessor` with the (B, N, C) query RMSNorm as one `kernels.main_prep` pass
+    and the attention output's head merge as one tiled copy (`kernels.block_glue.merge_heads`).
+
+    `backend` as the kernels' ("auto": Triton on CUDA / under TRITON_INTERPRET=1, else the stock code).
+    """
+
+    def __init__(self, backend: str = "auto"):
+        self.backend = backend
+
+    def __call__(self, attn: MultiHeadCrossAttention, hidden_states, encoder_hidden_states, attention_mask=None):
+        from camrender.kernels.short_conv import use_triton
+
+        query_norm = getattr(attn.q_norm, "weight", None)
+        if query_norm is None or not use_triton(hidden_states, self.backend):
+            return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask)
+        from camrender.kernels.block_glue import merge_heads
+        from camrender.kernels.main_prep import main_prep
+
+        batch, _, channels = hidden_states.shape
+        query = main_prep(attn.q_linear(hidden_states), query_norm, attn.heads, norm_eps=attn.q_norm.eps, relu=False)
+        key, value = attn.kv_linear(encoder_hidden_states).view(batch, -1, 2, channels).unbind(2)
+        key = attn.k_norm(key).view(batch, -1, attn.heads, attn.head_dim)
+        value = value.view(batch, -1, attn.heads, attn.head_dim)
+        if attention_mask is not None and attention_mask.ndim == 2:
+            attention_mask = attention_mask.bool()[:, None, None, :]
+        out = dispatch_attention_fn(query.view(batch, -1, attn.heads, attn.head_dim), key, value,
+                                    attn_mask=attention_mask, backend=self._attention_backend,
+                                    parallel_config=self._parallel_config)
+        return attn.proj(merge_heads(out.type_as(query), backend=self.backend))
+
+
+def modulation_rows(block, modulation: torch.Tensor) -> tuple:
+    """The block's six per-frame adaLN rows, each (B, T, C): shift, scale, gate for the attention,
+    then for the FFN. modulation: the transformer's (B, 1, T, 6C) timestep embedding."""
+    batch, _, frames, _ = modulation.shape
+    rows = block.scale_shift_table[None, None] + modulation.reshape(batch, frames, 6, -1)
+    return rows.unbind(2)
+
+
+def plucker_projection(block, plucker_emb: torch.Tensor) -> torch.Tensor:
+    """plucker_emb @ block.plucker_proj.weight^T (no bias) -> (B, N, C) contiguous. The embedder hands
+    over a transposed (B, N, C) view; one GEMM per batch item reads it in place. The bias is left to
+    `attention_residual`, which adds it as the stock Linear does on that view (a separate add on the
+    rounded GEMM output)."""
+    weight = block.plucker_proj.weight
+    out = plucker_emb.new_empty(*plucker_emb.shape[:2], weight.shape[0])
+    for index in range(plucker_emb.shape[0]):
+        torch.mm(plucker_emb[index], weight.t(), out=out[index])
+    return out
+
+
+def attention_residual(block, x, attn_out, gate, plucker_emb, backend):
+    """x + gate * attn_out (+ plucker_proj(plucker_emb) if given and the block has one), one pass.
+    Inside `fixed_plucker` the block's projection computed there is used instead of plucker_emb's."""
+    from camrender.kernels.block_glue import gated_residual
+
+    projected = getattr(block, "fixed_plucker", None)
+    if projected is None and plucker_emb is not None and hasattr(block, "plucker_proj"):
+        projected = plucker_projection(block, plucker_emb)
+    if projected is None:
+        return gated_residual(x, attn_out, gate, backend=backend)
+    return gated_residual(x, attn_out, gate, extra=projected, extra_bias=block.plucker_proj.bias, backend=backend)
+
+
+@contextlib.contextmanager
+def fixed_plucker(transformer, chunk_plucker):
+    """Project the post-attention Plucker embedding of `chunk_plucker` once for every fused block,
+    and have those blocks add that projection on every call inside the context.
+
+    For a render's denoising steps, whose camera path (so Plucker maps) never changes: the blocks
+    otherwise repeat one (N x C) @ (C x C) GEMM each per step. Every call inside the context must
+    pass this `chunk_plucker`. Memory: one (B_p, N, C) tensor per block (B_p = chunk_plucker's batch,
+    1 for a render: the guidance rows share it). No-op without Plucker inputs.
+    """
+    blocks = [block for block in transformer.blocks
+              if isinstance(block, PatchedBlock) and block.kernels == "fused" and hasattr(block, "plucker_proj")]
+    if chunk_plucker is None or not getattr(transformer, "use_chunk_plucker_post_attn", False) or not blocks:
+        yield
+        return
+    with torch.no_grad():
+        embedded = transformer.plucker_embedder(chunk_plucker.to(transformer.dtype))
+        for block in blocks:
+            block.fixed_plucker = plucker_projection(block, embedded)
+    del embedded
+    try:
+        yield
+    finally:
+        for block in blocks:
+            block.fixed_plucker = None
+
+
+def ffn_residual(block, x, mlp_in, grid, gate, backend, *, left=None, segments=None):
+    """x + gate * FFN(mlp_in) in one pass after the FFN's GEMMs: the patched `GLUMBConvTemp` hands
+    over its two terms (y, temporal conv z) unsummed. grid = (T, h, w). Returns (x', y) with y the
+    FFN's pre-temporal output (segment mode caches its last frame), or None for other FFNs."""
+    from camrender.kernels.block_glue import gated_residual
+
+    frames, height, width = grid
+    if isinstance(block.mlp, GLUMBConvTemp):
+        from camrender.model.ffn import ffn_parts
+
+        y, z = ffn_parts(block.mlp, mlp_in, frames, height, width, left=left, segments=segments, backend=backend)
+        return gated_residual(x, y, gate, y2=z, backend=backend), y
+    return gated_residual(x, block.mlp(mlp_in), gate, backend=backend), None
+
+
+def glue_forward(block, x, y, mask, modulation, grid, attend, plucker_emb, backend, *, left=None, segments=None):
+    """A SANA-WM block's forward on the fused adaLN glue, with its self-attention given as
+    attend(h) -> (B, N, C): `PatchedBlock.forward`, and segment mode's with the cached attention.
+
+    x (B, N, C) (any layout with channel stride 1); y (B, 1, L, C) text, mask its padding mask;
+    modulation (B, 1, T, 6C); grid (T, h, w); left / segments: the FFN's segment-mode inputs (see
+    `ffn_residual`). Returns (x', y_ffn) as `ffn_residual`.
+    """
+    from camrender.kernels.block_glue import ada_norm, residual_ada_norm
+
+    if x.stride(-1) != 1:
+        x = x.contiguous()  # block 0 receives the patch embedder's transposed view
+    shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = modulation_rows(block, modulation)
+    attn_out = attend(ada_norm(x, shift_msa, scale_msa, eps=block.norm1.eps, backend=backend))
+    x = attention_residual(block, x, attn_out, gate_msa, plucker_emb, backend)
+    x, mlp_in = residual_ada_norm(x, block.cross_attn(x, y, mask=mask), shift_mlp, scale_mlp,
+                                  eps=block.norm2.eps, backend=backend)
+    return ffn_residual(block, x, mlp_in, grid, gate_mlp, backend, left=left, segments=segments)
+
+
+class PatchedBlock(SanaVideoMSCamCtrlBlock):
+    """A SANA-WM block whose adaLN glue runs on `kernels.block_glue`; same call as the stock block.
+
+    x (B, N, C), y (B, 1, L, C) text, t (B, 1, T, 6C) modulation; returns (B, N, C) contiguous.
+    """
+
+    kernels: str = "fused"
+    fixed_plucker = None  # (B_p, N, C) Plucker projection without bias, set by `fixed_plucker`
+
+    @classmethod
+    def adopt(cls, stock: SanaVideoMSCamCtrlBlock, *, kernels: str):
+        block = adopt_module(cls, stock, kernels=kernels)
+        if not isinstance(block.cross_attn.processor, FusedCrossAttnProcessor):
+            block.cross_attn.set_processor(FusedCrossAttnProcessor())
+        block.cross_attn.processor.backend = KERNEL_BACKENDS[kernels]
+        return block
+
+    def forward(self, x, y, t, mask=None, THW=None, rotary_emb=None, block_mask=None, camera_conditions=None,
+                ucpe_ray_transforms=None, plucker_emb=None, frame_valid_mask=None, chunk_size=None):
+        if self.kernels != "fused" or frame_valid_mask is not None:
+            return super().forward(x, y, t, mask, THW, rotary_emb, block_mask, camera_conditions,
+                                   ucpe_ray_transforms, plucker_emb, frame_valid_mask, chunk_size)
+        def attend(attn_in):
+            return self.attn(attn_in, HW=THW, rotary_emb=rotary_emb, block_mask=block_mask,
+                             camera_conditions=camera_conditions, ucpe_ray_transforms=ucpe_ray_transforms,
+                             chunk_size=self.chunk_size if chunk_size is None else chunk_size)
+
+        return glue_forward(self, x, y, mask, t, THW, attend, plucker_emb, KERNEL_BACKENDS[self.kernels])[0]
+
+
+def patch_block(block, *, kernels: str = "fused"):
+    """The patched block for `block` (updates it in place if already patched)."""
+    if isinstance(block, PatchedBlock):
+        block.kernels = kernels
+        block.cross_attn.processor.backend = KERNEL_BACKENDS[kernels]
+        return block
+    return PatchedBlock.adopt(block, kernels=kernels)

@@ -1,0 +1,179 @@
+"""SANA-WM's FFN (`GLUMBConvTemp`) in the token-major layout, on the fused GLU depthwise kernel.
+
+The stock forward permutes (B, N, C) to channels-first images for its 1x1 / depthwise convs and
+back, and runs the temporal conv on non-contiguous views. Here everything stays (B, T, S, C):
+
+    h = x @ W_inv^T + b_inv                          (B*T, S, 2Hd)   cuBLAS
+    g = kernels.ffn_glu.glu_depthwise(h, ...)        (B*T, S, Hd)    silu, 3x3 depthwise, GLU
+    y = point_act(g @ W_point^T (+ b_point))         (B, T, S, C)    cuBLAS
+    z = temporal conv of y over frames (kernel 3)    (B, T, S, C)    cuDNN, channels-last in place
+    out = y + z
+
+`ffn_parts` returns y and z separately (the block's fused residual computes x + gate * (y + z)) and
+takes the segment-mode rule: `segments` (frame ranges) cut the temporal conv on the right of each
+range, and `left` is the cached last frame of y before the call. `PatchedGLUMBConvTemp` adopts a
+stock module (same parameters, no copies); kernels="torch" runs the stock forward.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from diffusers.models.transformers.transformer_sana_wm import GLUMBConvTemp
+
+# PyTorch's conv kernels index with 32 bits; keep one temporal conv call under this many elements.
+_CONV_ELEMENTS_LIMIT = 1 << 30
+
+
+def _fusable(mlp) -> bool:
+    """Whether the fused spatial path computes this module's function (the released layout:
+    1x1 inverted conv + silu, 3x3 depthwise conv without activation, silu GLU, 1x1 point conv)."""
+    inverted, depth, point = mlp.inverted_conv.conv, mlp.depth_conv.conv, mlp.point_conv.conv
+    return (
+        isinstance(mlp.inverted_conv.act, torch.nn.SiLU)
+        and isinstance(mlp.glu_act, torch.nn.SiLU)
+        and mlp.depth_conv.act is None
+        and inverted.kernel_size == (1, 1) and point.kernel_size == (1, 1)
+        and depth.kernel_size == (3, 3) and depth.padding == (1, 1) and depth.groups == depth.in_channels
+    )
+
+
+def _spatial_fused(mlp, x, frames, height, width, backend):
+    """Inverted conv -> GLU depthwise -> point conv, token-major. x (B, N, C) -> y (B, T, S, C_out)."""
+    from camrender.kernels.ffn_glu import glu_depthwise
+
+    batch, tokens, channels = x.shape
+    inverted, depth, point = mlp.inverted_conv.conv, mlp.depth_conv.conv, mlp.point_conv.conv
+    hidden = F.linear(x, inverted.weight[:, :, 0, 0], inverted.bias)  # (B, N, 2Hd)
+    gated = glu_depthwise(hidden.view(batch * frames, height * width, -1), depth.weight, depth.bias,
+                          height, width, backend=backend)
+    del hidden
+    y = F.linear(gated, point.weight[:, :, 0, 0], point.bias)
+    if mlp.point_conv.act is not None:
+        y = mlp.point_conv.act(y)
+    return y.view(batch, frames, height * width, -1)
+
+
+def _spatial_stock(mlp, x, frames, height, width):
+    """The stock spatial convs (any activation layout), returned token-major (B, T, S, C_out)."""
+    batch, _, channels = x.shape
+    images = x.reshape(batch * frames, height, width, channels).permute(0, 3, 1, 2)
+    hidden = mlp.depth_conv(mlp.inverted_conv(images))
+    value, gate = torch.chunk(hidden, 2, dim=1)
+    y = mlp.point_conv(value * mlp.glu_act(gate))
+    return y.permute(0, 2, 3, 1).reshape(batch, frames, height * width, -1)
+
+
+def _conv_frames(y, weight, bias):
+    """Temporal conv (kernel (k, 1), zero padding k//2) of y (B, T, S, C) over T -> (B, T, S, C).
+
+    y's memory is the channels-last (NHWC) layout of the (B, C, T, S) image y.permute(0, 3, 1, 2),
+    so cuDNN reads it in place and writes a channels-last result (checked, else copied).
+    """
+    batch = y.shape[0]
+    if batch > 1 and y.numel() > _CONV_ELEMENTS_LIMIT:
+        return torch.cat([_conv_frames(y[i:i + 1], weight, bias) for i in range(batch)])
+    out = F.conv2d(y.permute(0, 3, 1, 2), weight, bias, padding=(weight.shape[2] // 2, 0))
+    out = out.permute(0, 2, 3, 1)
+    return out if out.is_contiguous() else out.contiguous()
+
+
+def _temporal(mlp, y, left, segments):
+    """z = t_conv(y) over frames with the chunk-causal rule; y (B, T, S, C) contiguous.
+
+    Each (start, stop) range sees zero after `stop`; the first range sees `left` (B, 1, S, C) (or
+    zero) before frame 0; later ranges see the previous frame of the call.
+    """
+    t_conv = mlp.t_conv
+    weight = t_conv.weight.to(y.dtype).contiguous(memory_format=torch.channels_last)  # (C, C, k, 1)
+    bias = None if t_conv.bias is None else t_conv.bias.to(y.dtype)
+    if left is None and len(segments) == 1:
+        return _conv_frames(y, weight, bias)
+    if weight.shape[2] != 3:
+        raise NotImplementedError("segment mode supports the temporal kernel 3 of the released models")
+    if len(segments) == 1:
+        z = _conv_frames(y, weight, bias)
+    else:
+        z = torch.empty_like(y)
+        for start, stop in segments:
+            # frames [start - 1, stop): the extra frame is the left context, its own output dropped
+            first = max(start - 1, 0)
+            part = _conv_frames(y[:, first:stop], weight, bias)
+            z[:, start:stop] = part[:, start - first:]
+    if left is not None:
+        # frame 0's left tap: z[0] += W[:, :, 0] @ left, added in place (cuBLAS accumulates in fp32)
+        tap = t_conv.weight[:, :, 0, 0].to(y.dtype)
+        left = left.to(y.dtype)
+        for b in range(y.shape[0]):
+            z[b, 0].addmm_(left[b, 0], tap.t())
+    return z
+
+
+def ffn_parts(mlp, x: torch.Tensor, frames: int, height: int, width: int, *, left: Optional[torch.Tensor] = None,
+              segments: Optional[Sequence[tuple]] = None, backend: Optional[str] = None):
+    """The two terms of `GLUMBConvTemp`'s output, token-major: out = y + z.
+
+    Args:
+        mlp: a `GLUMBConvTemp` (stock or patched); its parameters are read, never copied.
+        x: (B, N, C) input, N = frames * height * width (frame-major tokens).
+        left: (B, 1, S, C) last frame of y before this call (segment mode) or None (zero).
+        segments: (start, stop) frame ranges tiling [0, frames); the temporal conv sees zero after
+            each range's end. None = one range, the whole call.
+        backend: GLU depthwise backend ("auto", "triton", "torch"); None = "torch" for a module
+            patched with kernels="torch", else "auto" (Triton on CUDA or under TRITON_INTERPRET=1).
+
+    Returns:
+        y: (B, N, C_out) spatial part (point conv output); z: (B, N, C_out) temporal conv of y.
+    """
+    batch, tokens, _ = x.shape
+    if tokens != frames * height * width:
+        raise ValueError(f"x holds {tokens} tokens, frames * height * width = {frames * height * width}")
+    segments = [tuple(s) for s in (segments or [(0, frames)])]
+    if segments[0][0] != 0 or segments[-1][1] != frames or any(a[1] != b[0] for a, b in zip(segments, segments[1:])) \
+            or any(start >= stop for start, stop in segments):
+        raise ValueError(f"segments {segments} must tile the {frames} frames of the call")
+    if backend is None:
+        backend = "torch" if getattr(mlp, "kernels", "fused") == "torch" else "auto"
+    if _fusable(mlp):
+        y = _spatial_fused(mlp, x, frames, height, width, backend)
+    else:
+        y = _spatial_stock(mlp, x, frames, height, width)
+    if left is not None and tuple(left.shape) != (batch, 1, height * width, y.shape[-1]):
+        raise ValueError(f"left must have shape ({batch}, 1, {height * width}, {y.shape[-1]}), "
+                         f"got {tuple(left.shape)}")
+    z = _temporal(mlp, y, left, segments)
+    return y.view(batch, tokens, -1), z.view(batch, tokens, -1)
+
+
+class PatchedGLUMBConvTemp(GLUMBConvTemp):
+    """`GLUMBConvTemp` on the fused token-major path; x (B, N, C) -> (B, N, C), HW = (T, H, W).
+
+    Built only by `adopt(stock, kernels=...)`: it takes over the stock module's parameters and
+    sub-modules (no copies), so `state_dict()` is unchanged. kernels="torch" runs the stock forward.
+    """
+
+    kernels: str = "fused"
+
+    @classmethod
+    def adopt(cls, stock: GLUMBConvTemp, *, kernels: str = "fused") -> "PatchedGLUMBConvTemp":
+        from camrender.model.patch import adopt_module
+
+        return adopt_module(cls, stock, kernels=kernels)
+
+    def forward(self, hidden_states: torch.Tensor, HW=None) -> torch.Tensor:
+        if self.kernels == "torch":
+            return super().forward(hidden_states, HW)
+        frames, height, width = HW
+        y, z = ffn_parts(self, hidden_states, frames, height, width)
+        return z.add_(y)  # z is a fresh tensor of this call: add in place, no third buffer
+
+
+def patch_ffn(mlp, *, kernels: str = "fused"):
+    """Return the patched FFN for `mlp` (a `GLUMBConvTemp`; updated in place if already patched)."""
+    if isinstance(mlp, PatchedGLUMBConvTemp):
+        mlp.kernels = kernels
+        return mlp
+    if not isinstance(mlp, GLUMBConvTemp):
+        raise TypeError(f"expected a GLUMBConvTemp FFN, got {type(mlp).__name__}")
+    return PatchedGLUMBConvTemp.adopt(mlp, kernels=kernels)

@@ -1,0 +1,1 @@
+"""Several processes rendering one video: torch.distributed setup and CFG parallel."""

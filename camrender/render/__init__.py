@@ -1,0 +1,1 @@
+"""Rendering: requests and inputs, the full and segment samplers, stage 2, decode, video output, resume."""

@@ -1,0 +1,172 @@
+"""Streaming causal decode with the LTX-2 video VAE: latent frames in, video frames out, chunk by chunk.
+
+In a causal decode (`vae.decode(z, causal=True)`) every temporal convolution pads on the left
+by repeating the first frame, and every temporal upsampler drops the first `stride - 1` frames
+it produces. The decoder has no other coupling across time (its norms are per position), so a
+decode can be split anywhere: each causal conv keeps its last `k - 1` input frames as the left
+context of the next chunk, and the upsamplers drop frames on the first chunk only. The frames
+of `CausalStreamDecoder` therefore equal those of a whole-clip causal decode, while each chunk
+costs only its own frames (latent frame 0 gives 1 video frame, every later one
+`temporal_compression_ratio`).
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import torch
+
+__all__ = ["CausalStreamDecoder", "video_frames_for_latents", "to_uint8_frames", "to_uint8_frames_async",
+           "decode_latents", "denormalize_latents"]
+
+
+def denormalize_latents(vae, latents):
+    """Undo `encode_first_frame`'s normalisation: DiT-space latents -> the VAE's latent space."""
+    mean = vae.latents_mean.view(1, -1, 1, 1, 1).to(latents)
+    std = vae.latents_std.view(1, -1, 1, 1, 1).to(latents)
+    return latents / vae.config.scaling_factor * std + mean
+
+
+
+def decode_latents(vae, latents):
+    """Latents (1, C_lat, T, h, w) -> decoded video (1, 3, F, H, W) in [-1, 1], on the VAE's device."""
+    return vae.decode(denormalize_latents(vae, latents.to(dtype=vae.dtype)), return_dict=False)[0]
+
+
+def video_frames_for_latents(start: int, stop: int, temporal_ratio: int = 8) -> int:
+    """Video frames a causal decode produces for latent frames [start, stop) of a clip."""
+    return (stop - start) * temporal_ratio - (temporal_ratio - 1 if start == 0 else 0)
+
+
+def to_uint8_frames(video: torch.Tensor):
+    """(B=1, 3, F, H, W) decoded video in [-1, 1] -> numpy uint8 (F, H, W, 3)."""
+    frames, ready = to_uint8_frames_async(video)
+    if ready is not None:
+        ready.synchronize()
+    return frames.numpy()
+
+
+def to_uint8_frames_async(video: torch.Tensor):
+    """`to_uint8_frames` without waiting: (uint8 (F, H, W, 3) host tensor, CUDA event or None). On CUDA the
+    copy into the host tensor is queued on the current stream; read it after `event.synchronize()`."""
+    frames = (video[0].float() / 2 + 0.5).clamp(0, 1).mul(255).round().to(torch.uint8)
+    # Transpose on the device (a strided copy would leave the transpose to numpy) and copy into
+    # page-locked memory (several times the bandwidth of a pageable copy; torch caches the buffers).
+    frames = frames.permute(1, 2, 3, 0).contiguous()
+    if not frames.is_cuda:
+        return frames, None
+    host = torch.empty(frames.shape, dtype=frames.dtype, pin_memory=True)
+    host.copy_(frames, non_blocking=True)
+    ready = torch.cuda.Event()
+    ready.record(torch.cuda.current_stream(frames.device))
+    return host, ready
+
+
+class CausalStreamDecoder:
+    """Decode consecutive latent chunks of one clip; the concatenated frames equal the whole-clip
+    causal decode of the concatenated latents.
+
+    Latents are in the DiT's normalised space (as the SANA-WM pipeline produces them); the
+    normalisation is undone before decoding.
+
+    Args:
+        vae: `AutoencoderKLLTX2Video`.
+        device: where the decoder runs (the pipeline's execution device under model CPU offload,
+            where `vae.device` reads "cpu" between calls); default `vae.device`.
+    """
+
+    def __init__(self, vae, *, device=None):
+        from diffusers.models.autoencoders.autoencoder_kl_ltx2 import (
+            LTX2VideoCausalConv3d,
+            LTX2VideoUpsampler3d,
+        )
+
+        self.vae = vae
+        self.device = device
+        decoder = vae.decoder
+        self._convs = [m for m in decoder.modules() if isinstance(m, LTX2VideoCausalConv3d)]
+        self._upsamplers = [m for m in decoder.modules() if isinstance(m, LTX2VideoUpsampler3d)]
+        for conv in self._convs:
+            if conv.conv.stride[0] != 1 or conv.conv.dilation[0] != 1:
+                raise NotImplementedError("streaming decode needs temporal stride and dilation 1")
+        self._tails: dict[int, torch.Tensor] = {}  # id(conv) -> its last k - 1 input frames
+        self.latent_frames = 0  # latent frames decoded so far
+
+    @torch.no_grad()
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """Decode the next chunk of latents (1, C, t, h, w) -> video (1, 3, F, H, W) in [-1, 1],
+        F = 1 + 8 (t - 1) for the first chunk and 8 t after it (for 8x temporal compression)."""
+        if latents.shape[0] != 1:
+            raise ValueError("streaming decode works on one video at a time (batch 1)")
+
+        vae = self.vae
+        z = denormalize_latents(vae, latents.to(device=self.device or vae.device, dtype=vae.dtype))
+        with self._streaming():
+            video = vae.decode(z, causal=True, return_dict=False)[0]
+        self.latent_frames += latents.shape[2]
+        return video
+
+    def state(self) -> dict:
+        """What the next chunk depends on: {"latent_frames": int, "tails": per causal conv (in module
+        order) its last k - 1 input frames (1, C, k - 1, h, w), or None before the first chunk}."""
+        return {"latent_frames": self.latent_frames, "tails": [self._tails.get(id(conv)) for conv in self._convs]}
+
+    def load_state(self, state: dict) -> None:
+        """Continue from `state()` of a decoder over the same VAE (e.g. after a resume)."""
+        tails = state["tails"]
+        if len(tails) != len(self._convs):
+            raise ValueError(f"decoder state has {len(tails)} convolution tails, this VAE {len(self._convs)}")
+        device = self.device or self.vae.device
+        self._tails = {id(conv): tail.to(device) for conv, tail in zip(self._convs, tails) if tail is not None}
+        self.latent_frames = int(state["latent_frames"])
+
+    @contextlib.contextmanager
+    def _streaming(self):
+        """Route the decoder's temporal convs and upsamplers through the chunk-aware forwards and
+        turn off tiling / slicing (they would split the clip in ways the caches do not follow)."""
+        vae = self.vae
+        flags = {name: getattr(vae, name) for name in ("use_tiling", "use_framewise_decoding", "use_slicing")
+                 if hasattr(vae, name)}
+        first = self.latent_frames == 0
+        try:
+            for name in flags:
+                setattr(vae, name, False)
+            for conv in self._convs:
+                conv.forward = functools.partial(self._conv_forward, conv)
+            for upsampler in self._upsamplers:
+                upsampler.forward = functools.partial(self._upsampler_forward, upsampler, first)
+            yield
+        finally:
+            for module in self._convs + self._upsamplers:
+                module.__dict__.pop("forward", None)
+            for name, value in flags.items():
+                setattr(vae, name, value)
+
+    def _conv_forward(self, conv, hidden_states: torch.Tensor, causal: bool = True) -> torch.Tensor:
+        """`LTX2VideoCausalConv3d.forward` (causal) with the previous chunk's frames as left padding."""
+        if not causal:
+            raise ValueError("streaming decode is causal only")
+        context = conv.kernel_size[0] - 1
+        tail = self._tails.get(id(conv))
+        if tail is None:  # first chunk: repeat the first frame, as the whole-clip decode does
+            tail = hidden_states[:, :, :1].repeat(1, 1, context, 1, 1)
+        padded = torch.cat([tail, hidden_states], dim=2)
+        self._tails[id(conv)] = padded[:, :, padded.shape[2] - context :]
+        return conv.conv(padded)
+
+    @staticmethod
+    def _upsampler_forward(upsampler, first: bool, hidden_states: torch.Tensor, causal: bool = True):
+        """`LTX2VideoUpsampler3d.forward` that drops its leading `stride_t - 1` frames on the first chunk only."""
+        batch, _, frames, height, width = hidden_states.shape
+        stride_t, stride_h, stride_w = upsampler.stride
+
+        def depth_to_space(x):
+            x = x.reshape(batch, -1, stride_t, stride_h, stride_w, frames, height, width)
+            return x.permute(0, 1, 5, 2, 6, 3, 7, 4).flatten(6, 7).flatten(4, 5).flatten(2, 3)
+
+        drop = stride_t - 1 if first else 0
+        out = depth_to_space(upsampler.conv(hidden_states, causal=causal))[:, :, drop:]
+        if upsampler.residual:
+            repeats = (stride_t * stride_h * stride_w) // upsampler.upscale_factor
+            out = out + depth_to_space(hidden_states).repeat(1, repeats, 1, 1, 1)[:, :, drop:]
+        return out

@@ -1,0 +1,190 @@
+"""A render's inputs, built once per render for both modes: the first frame and its latent, the prompt
+embeddings, the camera tensors of the whole trajectory and the initial noise (`prepare_inputs`)."""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from camrender.errors import CamrenderError
+from camrender.render.request import MAX_SEQUENCE_LENGTH, RenderRequest, latent_shape
+
+def open_image(image):
+    """The first-frame image as an RGB PIL image; `image` is a path or a PIL image.
+
+    Raises CamrenderError (naming the file, field "image") when it is missing or unreadable.
+    """
+    import PIL.Image
+
+    if isinstance(image, PIL.Image.Image):
+        return image.convert("RGB")
+    path = Path(image)
+    if not path.exists():
+        raise CamrenderError("first-frame image not found", path=path, field="image")
+    if path.is_dir():
+        raise CamrenderError("first-frame image is a directory", path=path, field="image")
+    try:
+        with PIL.Image.open(path) as handle:
+            handle.load()
+            return handle.convert("RGB")
+    except (OSError, ValueError, PIL.Image.DecompressionBombError) as error:
+        raise CamrenderError(f"cannot read the image ({error})", path=path, field="image") from None
+
+
+
+def first_frame_pixels(image, height: int, width: int):
+    """Resize (aspect kept, cover) and center-crop to height x width; (1, 3, H, W) float32 in [-1, 1].
+
+    The same resize+crop rule maps the trajectory's intrinsics (`camrender.render.camera`).
+    """
+    import torch
+    from diffusers.pipelines.sana_wm.cam_utils import resize_and_center_crop
+
+    cropped = resize_and_center_crop(open_image(image), height, width)[0]
+    pixels = torch.from_numpy(np.asarray(cropped, dtype=np.float32) / 255.0)
+    return (pixels.permute(2, 0, 1)[None] * 2.0 - 1.0).contiguous()
+
+
+
+def neutral_first_frame(height: int, width: int):
+    """Mid-gray (1, 3, H, W) frame: the stand-in first frame of the tiny offline model."""
+    import torch
+
+    return torch.zeros(1, 3, height, width)
+
+
+
+def request_first_frame(request: RenderRequest):
+    """The request's first frame as (1, 3, H, W) float32 in [-1, 1]: its image, or (tiny model only)
+    a mid-gray frame. Raises CamrenderError when a real model has no image."""
+    if request.image is not None:
+        return first_frame_pixels(request.image, request.height, request.width)
+    if request.model == "tiny":
+        return neutral_first_frame(request.height, request.width)
+    raise CamrenderError("SANA-WM needs a first-frame image: pass --image or set \"image\" in the trajectory",
+                         field="image")
+
+
+
+def encode_text(pipe, request: RenderRequest, device, guidance: bool):
+    """Gemma-2 prompt embeddings as the released pipeline builds them (chi prefix, right padding),
+    without the padding columns no row attends to (`drop_text_padding`).
+
+    Returns (embeds (B, 1, L, D), mask (B, L)) with B = 2 ([negative, prompt]) under guidance, else 1.
+    """
+    import torch
+    from diffusers.pipelines.sana_wm.pipeline_sana_wm import DEFAULT_CHI_PROMPT
+
+    cond, cond_mask, neg, neg_mask = pipe.encode_prompt(
+        request.prompt or "",
+        request.negative_prompt or "",
+        device=device,
+        max_sequence_length=MAX_SEQUENCE_LENGTH,
+        chi_prompt=DEFAULT_CHI_PROMPT,
+    )
+    if not guidance:
+        return drop_text_padding(cond, cond_mask)
+    return drop_text_padding(torch.cat([neg, cond]), torch.cat([neg_mask, cond_mask]))
+
+
+
+def drop_text_padding(embeds, mask):
+    """Drop the trailing token columns that every row masks out: embeds (B, 1, L, D) and mask (B, L)
+    -> (B, 1, L', D), (B, L'), L' = 1 + the last column any row attends to (at least 1).
+
+    The pipeline pads prompts to 300 tokens; text tokens reach the transformer only as the keys and
+    values of its cross-attention (after per-token projections), where masked keys get zero weight,
+    so the dropped columns change nothing but the time spent on them.
+    """
+    used = mask.bool().any(dim=0).nonzero()
+    length = int(used.max()) + 1 if used.numel() else 1
+    return embeds[:, :, :length].contiguous(), mask[:, :length].contiguous()
+
+
+
+def encode_first_frame(vae, pixels, device, dtype):
+    """VAE posterior mode of the first frame, normalised: (1, C_lat, 1, h, w) in `dtype`."""
+    z = vae.encode(pixels[:, :, None].to(device, dtype=vae.dtype)).latent_dist.mode()
+    mean = vae.latents_mean.view(1, -1, 1, 1, 1).to(z)
+    std = vae.latents_std.view(1, -1, 1, 1, 1).to(z)
+    return ((z - mean) * vae.config.scaling_factor / std).to(dtype)
+
+
+
+def camera_tensors(pipe, request: RenderRequest, device, dtype, batch: int) -> dict:
+    """Camera conditioning from our trajectory (per-frame poses and intrinsics) for the transformer.
+
+    Returns camera_conditions (B, T, 20) and chunk_plucker (1, 48, T, h, w) in `dtype`: the Plucker
+    maps are the same for every batch row (guidance only changes the text), and the transformer
+    broadcasts them, so its Plucker projections run once instead of once per row.
+    """
+    from camrender.render.camera import build_camera_inputs
+
+    s_stride = pipe.vae_spatial_compression_ratio
+    camera = build_camera_inputs(
+        request.traj,
+        height=request.height,
+        width=request.width,
+        vae_stride=(pipe.vae_temporal_compression_ratio, s_stride, s_stride),
+        patch_size=tuple(pipe.transformer.config.patch_size),
+    )
+    return {
+        "camera_conditions": camera["camera_conditions"][None].to(device, dtype).repeat(batch, 1, 1),
+        "chunk_plucker": camera["chunk_plucker"][None].to(device, dtype),
+    }
+
+
+
+def initial_latents(first_latent, num_latent_frames: int, height: int, width: int, seed: int, device, dtype):
+    """Gaussian noise (1, C, T, h, w) drawn on the CPU from `seed` (repeatable across devices), frame 0 = image latent."""
+    import torch
+
+    generator = torch.Generator("cpu").manual_seed(int(seed))
+    shape = (1, first_latent.shape[1], num_latent_frames, height, width)
+    latents = torch.randn(shape, generator=generator, dtype=dtype).to(device)
+    latents[:, :, :1] = first_latent
+    return latents
+
+
+
+@dataclasses.dataclass
+class RenderInputs:
+    """Conditioning and noise of one render, whole trajectory (segment mode slices it per segment).
+
+    text (B, 1, L, D) and text_mask (B, L) with B = 2 ([negative, prompt]) under guidance, else 1;
+    camera_conditions (B, T, 20) and chunk_plucker (1, 48, T, h, w) or None; first_latent
+    (1, C, 1, h, w) normalised image latent or None; noise (1, C, T, h, w) on the CPU, frame 0 = first_latent
+    (float32 in segment mode, the transformer's dtype in full mode).
+    """
+
+    text: Any
+    text_mask: Any
+    camera_conditions: Any
+    chunk_plucker: Any
+    first_latent: Any
+    noise: Any
+    guidance: float = 1.0
+
+
+
+def prepare_inputs(pipe, request: RenderRequest, device) -> RenderInputs:
+    """Text, first-image latent, whole-trajectory camera tensors and noise of `request`, for both modes."""
+    import torch
+
+    dtype = pipe.transformer.dtype
+    guidance = request.guidance is not None and request.guidance > 1.0
+    pixels = request_first_frame(request)
+    with torch.no_grad():
+        text, text_mask = encode_text(pipe, request, device, guidance)
+        first = encode_first_frame(pipe.vae, pixels, device, dtype)
+        camera = camera_tensors(pipe, request, device, dtype, 2 if guidance else 1)
+    frames, h, w = latent_shape(pipe, request)
+    # segment mode draws and keeps its latents in float32, as the official streaming sampler does
+    noise_dtype = torch.float32 if request.mode == "segments" else dtype
+    noise = initial_latents(first.cpu(), frames, h, w, request.seed, "cpu", noise_dtype)
+    return RenderInputs(text=text, text_mask=text_mask, camera_conditions=camera["camera_conditions"],
+                        chunk_plucker=camera["chunk_plucker"], first_latent=first, noise=noise,
+                        guidance=float(request.guidance or 1.0))
+

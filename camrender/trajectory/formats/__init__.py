@@ -1,0 +1,119 @@
+"""Trajectory file formats: a registry of importer/exporter modules.
+
+A format is one module with:
+    NAME         short name used by ``--from`` / ``--to`` (e.g. "nerfstudio")
+    SUFFIXES     file suffixes it claims, lower case (e.g. (".json",))
+    DESCRIPTION  one line for help texts
+    read(path) -> Trajectory
+    write(traj, path)            only if the format can be exported (write atomically)
+    sniff(doc_or_text) -> bool   optional: when several formats share a suffix, the
+                                 first module whose sniff accepts the content wins
+    FILENAMES    optional: conventional file names (e.g. ("images.txt",)); when no sniff
+                 accepts the content, a module claiming the file's name reads it
+                                 (JSON suffixes get the parsed document, others the text)
+To add a format, write the module and append it to FORMAT_MODULES.
+"""
+from __future__ import annotations
+
+import os
+
+from camrender.errors import CamrenderError
+from camrender.trajectory.formats import actions, colmap, nerfstudio, realestate10k, transforms_json, v1
+from camrender.trajectory.formats.fileio import parse_json, read_text
+
+FORMAT_MODULES = [v1, realestate10k, nerfstudio, actions, colmap, transforms_json]
+
+
+def names(exportable: bool = False) -> list[str]:
+    return [m.NAME for m in FORMAT_MODULES if not exportable or hasattr(m, "write")]
+
+
+ALIASES = {"re10k": "realestate10k", "json": "v1", "transforms": "transforms_json"}
+
+
+def help_text(exportable: bool = False) -> str:
+    """The format names for an option's help, e.g. "v1, realestate10k (or re10k), ..."."""
+    aliases = {name: alias for alias, name in ALIASES.items()}
+    return ", ".join(f"{n} (or {aliases[n]})" if n in aliases else n for n in names(exportable))
+
+
+def get(name: str):
+    """The format module called ``name`` (or one of its `ALIASES`)."""
+    name = ALIASES.get(name, name)
+    for module in FORMAT_MODULES:
+        if module.NAME == name:
+            return module
+    raise CamrenderError(f"unknown format {name!r} (known: {', '.join(names())})", field="format")
+
+
+def _read_only(module, path) -> CamrenderError:
+    return CamrenderError(
+        f"format {module.NAME} can be read but not written (writable: {', '.join(names(exportable=True))})",
+        path=os.fspath(path),
+    )
+
+
+def _suffix(path) -> str:
+    return os.path.splitext(os.fspath(path))[1].lower()
+
+
+def detect(path, *, for_writing: bool = False):
+    """Pick the format module for ``path``: by suffix, then by content when a suffix is shared.
+
+    For writing, only the suffix counts and the first exportable module claiming it wins.
+    """
+    suffix = _suffix(path)
+    candidates = [m for m in FORMAT_MODULES if suffix in m.SUFFIXES]
+    if for_writing and candidates and not any(hasattr(m, "write") for m in candidates):
+        raise _read_only(candidates[0], path)
+    if for_writing:
+        candidates = [m for m in candidates if hasattr(m, "write")]
+    if not candidates:
+        usable = names(exportable=for_writing)
+        raise CamrenderError(
+            f"cannot tell the format from the suffix {suffix or '(none)'!r}; pass one of: {', '.join(usable)}",
+            path=os.fspath(path),
+        )
+    if for_writing or len(candidates) == 1:
+        return candidates[0]
+    text = read_text(path)
+    content = parse_json(text, os.fspath(path)) if suffix == ".json" else text
+    for module in candidates:
+        sniff = getattr(module, "sniff", None)
+        if sniff is not None and sniff(content):
+            return module
+    named = [m for m in candidates if os.path.basename(os.fspath(path)).lower() in getattr(m, "FILENAMES", ())]
+    if named:  # a broken images.txt / transforms.json: its own reader says what is wrong with it
+        return named[0]
+    return candidates[0]
+
+
+def looks_like_actions(text) -> bool:
+    """Whether a --traj / SOURCE argument that names no file reads as an action string ("w-80,jw-40")."""
+    text = os.fspath(text)
+    return "-" in text and "/" not in text and os.sep not in text and "." not in text
+
+
+def import_file(path, fmt: str | None = None):
+    """Read ``path`` as format ``fmt`` (or the detected one) into a validated Trajectory.
+
+    A ``path`` that names no file but reads as an action string is parsed as one (``fmt`` None
+    or "actions"); a missing file or a directory is reported as such before any format is guessed.
+    """
+    module = get(fmt) if fmt else None
+    if not os.path.exists(path):
+        if module in (None, actions) and looks_like_actions(path):
+            return actions.from_string(os.fspath(path))
+        raise CamrenderError("file not found", path=os.fspath(path))
+    if module is None and os.path.isdir(path):  # (--from colmap reads a model folder)
+        raise CamrenderError("is a directory, not a trajectory file", path=os.fspath(path))
+    module = module or detect(path)
+    return module.read(path)
+
+
+def export_file(traj, path, fmt: str | None = None) -> None:
+    """Write ``traj`` to ``path`` in format ``fmt`` (or the one its suffix names)."""
+    module = get(fmt) if fmt else detect(path, for_writing=True)
+    if not hasattr(module, "write"):
+        raise _read_only(module, path)
+    module.write(traj, path)

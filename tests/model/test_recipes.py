@@ -1,0 +1,92 @@
+"""Checkpoint recipes (camrender.model.recipes): detection from the weights file, --recipe checks, CLI errors."""
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from camrender.errors import CamrenderError
+from camrender.model.recipes import RECIPES, detect_recipe, get_recipe, resolve_recipe
+from test_render_cli import run_cli, small_trajectory
+
+
+def streaming_pt(path):
+    """The distillation trainer's layout: {"generator": state dict, "step", "denoising_step_list"}."""
+    torch.save({"generator": {"x_embedder.proj.weight": torch.ones(2)}, "step": 3,
+                "denoising_step_list": [1000, 960, 889, 727, 0]}, path)
+    return path
+
+
+def test_recipes_hold_the_official_defaults():
+    streaming = get_recipe("streaming")
+    assert (streaming.mode, streaming.chunk_frames, streaming.cached_chunks, streaming.recent_chunks) == ("segments", 3, 2, 1)
+    assert streaming.timesteps == (1000.0, 960.0, 889.0, 727.0) and streaming.guidance <= 1
+    assert streaming.frame_stride == 24 and streaming.softmax_scale == "head" and not streaming.camera_downscale
+    teacher = get_recipe("chunk-causal")
+    assert (teacher.sampler, teacher.steps, teacher.guidance, teacher.recent_chunks) == ("chunk-flow-euler", 60, 5.0, None)
+    assert get_recipe("bidirectional").mode == "full"
+    with pytest.raises(CamrenderError, match="unknown recipe 'fast'; recipes: bidirectional, streaming, chunk-causal"):
+        get_recipe("fast")
+
+
+def test_detection_from_the_file(tmp_path):
+    assert detect_recipe(streaming_pt(tmp_path / "model.pt")) == "streaming"
+    tagged = tmp_path / "weights.safetensors"
+    save_file({"a": torch.ones(1)}, str(tagged), metadata={"recipe": "chunk-causal"})
+    assert detect_recipe(tagged) == "chunk-causal"
+    named = tmp_path / "sana_wm_chunk_causal_1600m_720p.safetensors"
+    save_file({"a": torch.ones(1)}, str(named))
+    assert detect_recipe(named) == "chunk-causal"  # the file name, as a last resort
+    plain = tmp_path / "dit.pt"
+    torch.save({"a": torch.ones(1)}, plain)
+    assert detect_recipe(plain) is None
+
+
+def test_resolve_checks_recipe_against_the_checkpoint(tmp_path):
+    streaming = streaming_pt(tmp_path / "model.pt")
+    assert resolve_recipe(None, streaming).name == "streaming"
+    assert resolve_recipe("streaming", streaming).name == "streaming"
+    with pytest.raises(CamrenderError, match="--recipe chunk-causal does not fit this checkpoint"):
+        resolve_recipe("chunk-causal", streaming)
+    plain = tmp_path / "dit.pt"
+    torch.save({"a": torch.ones(1)}, plain)
+    with pytest.raises(CamrenderError, match=r"cannot tell which recipe.*--recipe \(bidirectional, streaming, chunk-causal\)"):
+        resolve_recipe(None, plain)
+    assert resolve_recipe("chunk-causal", plain).name == "chunk-causal"
+    assert resolve_recipe(None, None, "Efficient-Large-Model/x").name == "bidirectional"
+    with pytest.raises(CamrenderError, match="needs its original-format DiT"):
+        resolve_recipe("streaming", None, "Efficient-Large-Model/x")
+    assert resolve_recipe("streaming", None, "tiny").name == "streaming"  # the test model takes any recipe
+    assert set(RECIPES) == {"bidirectional", "streaming", "chunk-causal"}
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--recipe", "fast"], "recipe: unknown recipe 'fast'; recipes: bidirectional, streaming, chunk-causal"),
+    (["--recipe", "chunk-causal", "--transformer-weights", "{streaming}"], "does not fit this checkpoint"),
+    (["--transformer-weights", "{plain}"], "cannot tell which recipe this checkpoint uses"),
+])
+def test_cli_recipe_errors_write_nothing(tmp_path, capsys, extra, message):
+    streaming_pt(tmp_path / "model.pt")
+    torch.save({"a": torch.ones(1)}, tmp_path / "dit.pt")
+    extra = [a.format(streaming=tmp_path / "model.pt", plain=tmp_path / "dit.pt") for a in extra]
+    out = tmp_path / "out" / "x.mp4"
+    out.parent.mkdir()
+    code, _, err = run_cli(["--traj", small_trajectory(tmp_path), "--out", out, "--model", "tiny", *extra], capsys)
+    assert code == 2
+    assert message in err and len(err.strip().splitlines()) == 1
+    assert not list(out.parent.iterdir())
+
+
+def test_streaming_recipe_snaps_frames_to_24k_plus_1(tmp_path, capsys):
+    code, _, err = run_cli(["--traj", small_trajectory(tmp_path), "--out", tmp_path / "x.mp4", "--model", "tiny",
+                            "--recipe", "streaming", "--frames", "33"], capsys)
+    assert code == 2 and "33 frames is not 24k+1" in err and "e.g. 25" in err
+
+
+def test_chunk_causal_recipe_renders_through_the_cli(tmp_path, capsys, monkeypatch):
+    """--recipe chunk-causal runs the teacher's ChunkFlowEuler sampler in segment mode and writes the video."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # the CPU render path, as a user runs it
+    out = tmp_path / "x.mp4"
+    code, _, err = run_cli(["--traj", small_trajectory(tmp_path), "--out", out, "--model", "tiny",
+                            "--recipe", "chunk-causal", "--frames", "41", "--height", "32", "--width", "32",
+                            "--steps", "2"], capsys)
+    assert code == 0, err
+    assert out.is_file() and not list(tmp_path.glob(".x.mp4.*"))

@@ -1,0 +1,58 @@
+"""Streaming causal LTX-2 decode (camrender.render.decode): chunked frames equal a whole-clip causal decode."""
+import pytest
+import torch
+
+from camrender.render.decode import CausalStreamDecoder, to_uint8_frames, video_frames_for_latents
+from camrender.model.segments import segment_bounds
+from camrender.model.tiny import build_tiny_vae
+
+
+@pytest.fixture(scope="module")
+def vae():
+    return build_tiny_vae(latent_channels=8, seed=0)
+
+
+@pytest.fixture(scope="module")
+def clip(vae):
+    """Normalised latents (1, 8, 8, 2, 3) and their whole-clip causal decode (1, 3, 57, 16, 24)."""
+    latents = torch.randn(1, 8, 8, 2, 3, generator=torch.Generator().manual_seed(0))
+    mean = vae.latents_mean.view(1, -1, 1, 1, 1)
+    std = vae.latents_std.view(1, -1, 1, 1, 1)
+    with torch.no_grad():
+        video = vae.decode(latents / vae.config.scaling_factor * std + mean, causal=True, return_dict=False)[0]
+    return latents, video
+
+
+@pytest.mark.parametrize("segment_frames", [3, 1])
+def test_streamed_decode_equals_whole_clip_causal_decode(vae, clip, segment_frames):
+    latents, whole = clip
+    decoder = CausalStreamDecoder(vae)
+    chunks = []
+    for start, stop in segment_bounds(latents.shape[2], segment_frames):
+        chunk = decoder.decode(latents[:, :, start:stop])
+        assert chunk.shape[2] == video_frames_for_latents(start, stop)
+        chunks.append(chunk)
+    streamed = torch.cat(chunks, dim=2)
+    assert streamed.shape == whole.shape == (1, 3, 57, 16, 24)
+    torch.testing.assert_close(streamed, whole, atol=1e-5, rtol=1e-5)
+    # The decoder's own modules are untouched afterwards: a plain decode still works.
+    assert all("forward" not in vars(m) for m in vae.decoder.modules())
+
+
+def test_chunks_decoded_independently_differ(vae, clip):
+    """Without the carried conv context the second chunk's frames are wrong (the test above can fail)."""
+    latents, whole = clip
+    mean = vae.latents_mean.view(1, -1, 1, 1, 1)
+    std = vae.latents_std.view(1, -1, 1, 1, 1)
+    with torch.no_grad():
+        alone = vae.decode(latents[:, :, 4:] / vae.config.scaling_factor * std + mean, causal=True,
+                           return_dict=False)[0]
+    assert (alone[:, :, -24:] - whole[:, :, -24:]).abs().max() > 1e-3
+
+
+def test_uint8_frames_layout():
+    video = torch.tensor([-1.0, 0.0, 1.0]).view(1, 3, 1, 1, 1).expand(1, 3, 2, 2, 4)
+    frames = to_uint8_frames(video)
+    assert frames.shape == (2, 2, 4, 3) and frames.dtype.name == "uint8"
+    assert frames[0, 0, 0].tolist() == [0, 128, 255]
+    assert video_frames_for_latents(0, 4) == 25 and video_frames_for_latents(4, 7) == 24

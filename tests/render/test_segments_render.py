@@ -1,0 +1,255 @@
+"""Segment-mode rendering on the tiny pipeline: sampler, streaming output, CLI, original-format DiT files."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from camrender.render.request import RenderRequest
+from camrender.render.inputs import prepare_inputs
+from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, render_segments, sample_segments, segment_timesteps
+from camrender.render.decode import CausalStreamDecoder, to_uint8_frames
+from camrender.model.segments import SegmentOptions, dense_reference_forward, segment_bounds, segment_forward
+from camrender.model.tiny import build_tiny_pipeline, build_tiny_transformer
+from camrender.trajectory import Trajectory
+
+FRAMES = 57  # 8 latent frames -> segments (0, 4), (4, 8)
+SIZE = 32
+
+
+@pytest.fixture(scope="module")
+def pipe():
+    pipe = build_tiny_pipeline(seed=0)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def request_for(frames=FRAMES, **changes):
+    c2w = np.tile(np.eye(4), (frames, 1, 1))
+    c2w[:, 0, 3] = np.linspace(0.0, 1.0, frames)  # truck right
+    c2w[:, 2, 3] = np.linspace(0.0, 0.5, frames)  # and forward
+    traj = Trajectory(c2w=c2w, intrinsics=np.tile([28.0, 28.0, 16.0, 16.0], (frames, 1)), width=SIZE,
+                      height=SIZE, fps=16)
+    fields = dict(traj=traj, prompt="a quiet street", steps=None, guidance=1.0, num_frames=frames, height=SIZE,
+                  width=SIZE, model="tiny", dtype="float32", kernels="torch", mode="segments", recipe="streaming")
+    fields.update(changes)
+    return RenderRequest(**fields)
+
+
+def dense_sampler(model, inputs, bounds, timesteps, options):
+    """The segment sampler written against the dense reference forward: every step of segment k runs
+    the whole prefix [0, stop) with finished segments clean at timestep 0. Returns (1, C, T, h, w)."""
+    clean = inputs.noise.clone()
+    batch = inputs.text.shape[0]
+    sigmas = [t / 1000.0 for t in timesteps] + [0.0]
+    for index, (start, stop) in enumerate(bounds):
+        x = inputs.noise[:, :, start:stop].clone()
+        if start == 0:
+            x[:, :, 0] = inputs.first_latent[:, :, 0]
+        for step, t in enumerate(timesteps):
+            timestep = torch.zeros(1, 1, stop)
+            timestep[..., start:] = t
+            timestep[..., 0] = 0.0
+            prefix = torch.cat([clean[:, :, :start], x], dim=2)
+            velocity = dense_reference_forward(
+                model, prefix.expand(batch, -1, -1, -1, -1), timestep.expand(batch, 1, stop), inputs.text,
+                inputs.text_mask, segments=bounds[: index + 1], camera_conditions=inputs.camera_conditions[:, :stop],
+                chunk_plucker=inputs.chunk_plucker[:, :, :stop], options=options,
+            )[:, :, start:]
+            if batch == 2:
+                velocity = velocity[:1] + inputs.guidance * (velocity[1:] - velocity[:1])
+            stepped = x + (sigmas[step + 1] - sigmas[step]) * velocity
+            if start == 0:
+                stepped[:, :, 0] = x[:, :, 0]
+            x = stepped
+        clean[:, :, start:stop] = x
+    return clean
+
+
+@pytest.mark.parametrize("guidance", [1.0, 3.0])
+def test_segment_sampler_equals_dense_sampler(pipe, guidance):
+    request = request_for(guidance=guidance, steps=2 if guidance > 1 else None)
+    inputs = prepare_inputs(pipe, request, torch.device("cpu"))
+    assert inputs.text.shape[0] == (2 if guidance > 1 else 1)
+    bounds = segment_bounds(inputs.noise.shape[2], 3)
+    assert bounds == [(0, 5), (5, 8)]  # the first segment absorbs the remainder
+    timesteps = segment_timesteps(pipe.scheduler, request.steps)
+    options = SegmentOptions(sdpa_dtype=torch.float32)
+    with torch.no_grad():
+        cached = torch.cat([latents for *_, latents in sample_segments(pipe.transformer, inputs, bounds, timesteps,
+                                                                       options, torch.device("cpu"))], dim=2)
+        dense = dense_sampler(pipe.transformer, inputs, bounds, timesteps, options)
+    torch.testing.assert_close(cached, dense, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(cached[:, :, :1], inputs.first_latent)  # the image frame stays pinned
+    assert (cached[:, :, 1:] - inputs.noise[:, :, 1:]).abs().min() > 0  # every other frame was denoised
+
+
+def test_render_segments_streams_one_chunk_per_segment(pipe):
+    request = request_for()
+    calls = []
+    chunks = list(render_segments(pipe, request, lambda done, total, info: calls.append((done, total, info))))
+    assert [len(chunk) for chunk in chunks] == [33, 24]
+    assert all(chunk.dtype == np.uint8 and chunk.shape[1:] == (SIZE, SIZE, 3) for chunk in chunks)
+    assert [call[:2] for call in calls] == [(1, 2), (2, 2)]
+    assert calls[-1][2].startswith("57 frames, 3.6 s of video")
+
+    # The streamed frames are the whole-clip causal decode of the sampled latents.
+    inputs = prepare_inputs(pipe, request, torch.device("cpu"))
+    bounds = segment_bounds(inputs.noise.shape[2])
+    with torch.no_grad():
+        latents = torch.cat([x for *_, x in sample_segments(pipe.transformer, inputs, bounds,
+                                                            list(DEFAULT_SEGMENT_TIMESTEPS), SegmentOptions(),
+                                                            torch.device("cpu"))], dim=2)
+        whole = to_uint8_frames(CausalStreamDecoder(pipe.vae).decode(latents))
+    assert np.abs(np.concatenate(chunks).astype(int) - whole.astype(int)).max() <= 1
+
+
+def test_graph_replay_path_gives_the_eager_latents(pipe):
+    """sample_segments(cuda_graphs=True) off CUDA runs the graph bookkeeping without graphs: inputs copied
+    into static tensors, one layout per segment shape and cache size. It must give the eager latents, and
+    the steady-state segments (sink + 1 recent segment cached) must reuse one layout."""
+    request = request_for(frames=121)  # 16 latent frames: segments (0, 4), (4, 7), ..., (13, 16)
+    inputs = prepare_inputs(pipe, request, torch.device("cpu"))
+    bounds = segment_bounds(inputs.noise.shape[2])
+    assert len(bounds) == 5
+    timesteps = [1000.0, 800.0, 500.0]
+    runs = {}
+    with torch.no_grad():
+        for graphs in (False, True):
+            runs[graphs] = torch.cat([x for *_, x in sample_segments(
+                pipe.transformer, inputs, bounds, timesteps, SegmentOptions(), torch.device("cpu"),
+                cuda_graphs=graphs)], dim=2)
+    torch.testing.assert_close(runs[True], runs[False], rtol=0, atol=0)
+
+
+def test_graph_replay_reuses_a_layout():
+    from camrender.model.graphs import GraphedForward
+
+    calls = []
+
+    def forward(x, state):
+        calls.append(x.data_ptr())
+        return x * state["scale"][0]
+
+    graphs = GraphedForward(forward, capture=False)
+    state = {"scale": [torch.tensor(2.0)]}
+    outs = [graphs(torch.full((3,), float(i)), state) for i in range(4)]
+    assert [float(o[0]) for o in outs] == [0.0, 2.0, 4.0, 6.0]
+    assert graphs.stats == {"eager": 1, "captures": 0, "replays": 3}
+    assert len(set(calls[1:])) == 1 and calls[0] != calls[1]  # replays read one static input
+    graphs(torch.ones(5), state)  # a new layout: eager first
+    assert graphs.stats["eager"] == 2
+
+
+def test_graph_replay_copies_only_changed_inputs(monkeypatch):
+    """An input that is the object copied last time, unmodified, is not copied again; a new object or
+    one modified in place is."""
+    from camrender.model.graphs import GraphedForward
+
+    graphs = GraphedForward(lambda x, state: x + state["bias"], capture=False)
+    bias = torch.zeros(3)
+    graphs(torch.ones(3), {"bias": bias})  # first sight: eager
+    copied = []
+    copy = torch.Tensor.copy_
+    monkeypatch.setattr(torch.Tensor, "copy_", lambda self, src, *args: copied.append(src) or copy(self, src, *args))
+    assert graphs(torch.ones(3), {"bias": bias}).tolist() == [1.0] * 3  # set up: both inputs copied
+    assert len(copied) == 2
+    copied.clear()
+    assert graphs(torch.ones(3), {"bias": bias}).tolist() == [1.0] * 3
+    assert len(copied) == 1  # only the new x
+    bias += 2.0  # modified in place: copied again
+    assert graphs(torch.ones(3), {"bias": bias}).tolist() == [3.0] * 3
+    assert graphs(torch.ones(3), {"bias": torch.full((3,), 5.0)}).tolist() == [6.0] * 3  # another object
+
+
+def test_graph_replay_reads_shared_tensors_in_place(monkeypatch):
+    """`shared` tensors are neither cloned nor copied: the forward sees (and may update) the caller's own
+    tensor, in place; another tensor in their place is a new layout (eager first, then a new capture)."""
+    from camrender.model.graphs import GraphedForward
+
+    def forward(x, *, shared):
+        shared["history"].add_(x)  # an in-place update, like the refiner's history shift
+        return shared["history"] * 1.0
+
+    graphs = GraphedForward(forward, capture=False)
+    history = torch.zeros(3)
+    for _ in range(3):
+        out = graphs(torch.ones(3), shared={"history": history})
+    assert history.tolist() == [3.0] * 3 and out.tolist() == [3.0] * 3  # every call updated the caller's tensor
+    assert graphs.stats == {"eager": 1, "captures": 0, "replays": 2}
+    copied = []
+    copy = torch.Tensor.copy_
+    monkeypatch.setattr(torch.Tensor, "copy_", lambda self, src, *args: copied.append(src) or copy(self, src, *args))
+    graphs(torch.ones(3), shared={"history": history})
+    assert len(copied) == 1 and copied[0] is not history  # only x goes to its static copy
+    other = torch.zeros(3)
+    graphs(torch.ones(3), shared={"history": other})  # same shape, another address: a new layout
+    assert graphs.stats["eager"] == 2 and other.tolist() == [1.0] * 3 and history.tolist() == [4.0] * 3
+
+
+def test_path_longer_than_the_rope_table_is_a_user_error(pipe):
+    from camrender.errors import CamrenderError
+
+    frames = 8 * pipe.transformer.rope.max_seq_len + 1
+    with pytest.raises(CamrenderError, match="at most 8185 frames") as error:
+        next(render_segments(pipe, request_for(frames=frames)))
+    assert error.value.field == "frames"
+
+
+def test_step_list():
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    assert segment_timesteps(None, None) == [1000.0, 960.0, 889.0, 727.0]
+    eight = segment_timesteps(FlowMatchEulerDiscreteScheduler(), 8)
+    assert len(eight) == 8 and eight[0] == 1000.0 and eight == sorted(eight, reverse=True) and eight[-1] > 0
+
+
+def test_cli_segments_mode_writes_a_playable_video(tmp_path, monkeypatch):
+    import imageio.v3 as iio
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # the CPU render path, as a user runs it (kernels: own tests)
+    from camrender.cli.main import main
+
+    out = tmp_path / "orbit.mp4"
+    traj = Path(__file__).resolve().parents[2] / "trajectories" / "orbit.json"
+    with pytest.raises(SystemExit) as done:
+        main(["--traj", str(traj), "--out", str(out), "--model", "tiny", "--mode", "segments", "--frames", "25",
+              "--height", "32", "--width", "32", "--steps", "2", "--guidance", "1", "--segment-frames", "1"])
+    assert done.value.code == 0
+    frames = np.stack(list(iio.imiter(out)))
+    assert frames.shape == (25, 32, 32, 3)
+    assert not list(tmp_path.glob(".orbit.mp4.*"))  # no partial file left behind
+
+
+@pytest.mark.parametrize("fmt", ["chunk_causal_safetensors", "streaming_pt"])
+def test_original_format_dit_files_load_and_render(tmp_path, fmt):
+    """Tiny chunk-causal (.safetensors) and streaming (.pt: `generator` entry, `model.` prefixes) files
+    load into a differently-initialised transformer, which then gives the source model's segment outputs."""
+    from safetensors.torch import save_file
+
+    from camrender.model.loading import load_transformer_weights
+
+    source = build_tiny_transformer(seed=5)
+    state = {name: tensor.clone().contiguous() for name, tensor in source.state_dict().items()}
+    if fmt == "chunk_causal_safetensors":
+        path = tmp_path / "sana_wm_chunk_causal_tiny.safetensors"
+        original = {name.replace("t_embedder.linear_", "t_embedder.mlp.").replace("mlp.1.", "mlp.0."): tensor
+                    for name, tensor in state.items()}
+        save_file({**original, "pos_embed": torch.zeros(1, 4, 32)}, str(path))
+    else:
+        path = tmp_path / "model.pt"
+        torch.save({"generator": {f"model.{name}": tensor for name, tensor in state.items()}, "step": 7}, path)
+
+    target = build_tiny_transformer(seed=6)
+    report = load_transformer_weights(target, path)
+    assert set(report.loaded) == set(state) and not report.missing
+    for name, tensor in target.state_dict().items():
+        torch.testing.assert_close(tensor, state[name], rtol=0, atol=0)
+
+    latents = torch.randn(1, 8, 4, 2, 2, generator=torch.Generator().manual_seed(1))
+    text, mask = torch.randn(1, 1, 5, 32), torch.ones(1, 5, dtype=torch.long)
+    timestep = torch.tensor([[[0.0, 889.0, 889.0, 889.0]]])
+    with torch.no_grad():
+        expected = segment_forward(source, latents, timestep, text, mask)
+        got = segment_forward(target, latents, timestep, text, mask)
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
