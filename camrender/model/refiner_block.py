@@ -68,12 +68,13 @@ def fused_block_forward(self, hidden_states, encoder_hidden_states, temb, video_
         self.scale_shift_table, temb, hidden_states.size(0))
     hidden_states = hidden_states.contiguous()
     norm = ada_norm(hidden_states, shift_msa, scale_msa, eps=self.norm1.eps, norm="rms", backend=backend)
-    attention = self.attn1(norm, query_rotary_emb=video_rotary_emb, sink_rotary_emb=sink_rotary_emb,
-                           kv_cache=kv_cache, kv_cache_mode=kv_cache_mode)
+    # the processors are called directly: `SanaWMLTX2Attention.forward` only filters keyword arguments, with an
+    # `inspect.signature` per call (host time in a launch-bound model)
+    attention = self.attn1.processor(self.attn1, norm, query_rotary_emb=video_rotary_emb,
+                                     sink_rotary_emb=sink_rotary_emb, kv_cache=kv_cache, kv_cache_mode=kv_cache_mode)
     hidden_states = gated_residual(hidden_states, attention, gate_msa, backend=backend)
     norm = ada_norm(hidden_states, None, None, eps=self.norm2.eps, norm="rms", backend=backend)
-    attention = self.attn2(norm, encoder_hidden_states=encoder_hidden_states, query_rotary_emb=None,
-                           attention_mask=encoder_attention_mask)
+    attention = self.attn2.processor(self.attn2, norm, encoder_hidden_states, encoder_attention_mask)
     hidden_states, norm = residual_ada_norm(hidden_states, attention, shift_mlp, scale_mlp, eps=self.norm3.eps,
                                             norm="rms", backend=backend)
     return gated_residual(hidden_states, self.ff(norm), gate_mlp, backend=backend)
