@@ -325,7 +325,8 @@ def kernels_comparison(fused, stock, fused_render, stock_render, fused_block, st
                enqueue_s_per_block_stock=stock["enqueue_s_per_block"],
                launches_per_layer_pass_fused=fused["launches_per_layer_pass"],
                launches_per_layer_pass_stock=stock["launches_per_layer_pass"],
-               block_max_abs_diff_over_max_abs=round(difference / max(stock_block.float().abs().max().item(), 1e-12), 5))
+               block_max_abs_diff_over_max_abs=round(
+                   difference / max(stock_block.float().abs().max().item(), 1e-12), 5))
     if fused_render and stock_render:
         row.update(video_fps_fused=fused_render["video_fps"], video_fps_stock=stock_render["video_fps"])
     return row

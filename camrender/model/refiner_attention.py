@@ -69,7 +69,8 @@ class FusedRefinerAttnProcessor:
             kv_cache.value[:, start:end].copy_(value)
             query, _ = rms_rope_qk(query, key, *weights, cos, sin, k_out=kv_cache.key[:, start:end], **prep)
             if kv_cache.sink_stale:
-                _rope_sink(kv_cache.sink_k_pre, sink_rotary_emb, attn, self.backend, out=kv_cache.key[:, :kv_cache.sink_tokens])
+                sink_slot = kv_cache.key[:, :kv_cache.sink_tokens]
+                _rope_sink(kv_cache.sink_k_pre, sink_rotary_emb, attn, self.backend, out=sink_slot)
                 kv_cache.sink_stale = False
             key, value = kv_cache.key[:, :end], kv_cache.value[:, :end]
         else:
