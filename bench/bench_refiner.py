@@ -234,7 +234,7 @@ def launches_per_layer(stream, block, device):
         return None
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         stream.push(block)
         sync()
     kernels = sum(1 for event in prof.events() if event.device_type == torch.autograd.DeviceType.CUDA)
