@@ -90,9 +90,12 @@ def switches(model):
     from diffusers.models.transformers.transformer_sana_wm import GLUMBConvTemp
 
     import camrender.model.block as patch_block
-    from camrender.model.patch import PatchedGDNAttention, combine_branches
-    from camrender.model.softmax_attention import PatchedSoftmaxAttention
     from camrender.kernels.block_glue import gated_residual
+    from camrender.model.gdn_attention import PatchedGDNAttention, combine_branches
+    from camrender.model.settings import KernelSettings
+    from camrender.model.softmax_attention import PatchedSoftmaxAttention
+
+    fused_settings, torch_settings = KernelSettings("auto", "tf32"), KernelSettings("torch", "tf32")
 
     state = {"parts": set()}
     originals = (patch_block.ffn_residual, PatchedGDNAttention._main_branch, PatchedGDNAttention._camera_branch,
@@ -103,31 +106,30 @@ def switches(model):
             return originals[0](block, x, mlp_in, grid, gate, backend, **kwargs)
         return gated_residual(x, GLUMBConvTemp.forward(block.mlp, mlp_in, grid), gate, backend=backend), None
 
-    def main_branch(attn, *args):
+    def main_branch(attn, *args, **kwargs):
         fused = "gdn_main" in state["parts"]
-        attn.kernels = "fused" if fused else "torch"  # "torch": the stock lines of the forward
+        attn.settings = fused_settings if fused else torch_settings  # "torch": the stock lines of the forward
         try:
-            return originals[1](attn, *args)
+            return originals[1](attn, *args, **kwargs)
         finally:
-            attn.kernels = "fused"
+            attn.settings = fused_settings
 
-    def camera_branch(attn, *args):
+    def camera_branch(attn, x, beta, decay, rays, call, block_state, *, full):
         if "gdn_camera" in state["parts"]:
-            return originals[2](attn, *args)
-        return stock_camera_branch(attn, *args)
+            return originals[2](attn, x, beta, decay, rays, call, block_state, full=full)
+        return stock_camera_branch(attn, x, beta, decay, call.grid, rays)
 
     def combine(attn, x, main, camera):
-        camera = None if camera is None else attn.out_proj_cam(camera)
         return combine_branches(attn, x, main, camera, "auto" if "glue" in state["parts"] else "torch")
 
     def select(parts):
         state["parts"] = set(parts)
         for block in model.blocks:
-            block.kernels = "fused" if "glue" in parts else "torch"
+            block.settings = fused_settings if "glue" in parts else torch_settings
             block.cross_attn.processor.backend = "auto" if "cross_attn" in parts else "torch"
-            block.mlp.kernels = "fused" if "ffn" in parts else "torch"
+            block.mlp.settings = fused_settings if "ffn" in parts else torch_settings
             if isinstance(block.attn, PatchedSoftmaxAttention):
-                block.attn.kernels = "fused" if "softmax" in parts else "torch"
+                block.attn.settings = fused_settings if "softmax" in parts else torch_settings
 
     patch_block.ffn_residual = ffn_residual
     PatchedGDNAttention._main_branch, PatchedGDNAttention._camera_branch = main_branch, camera_branch

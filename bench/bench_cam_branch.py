@@ -23,6 +23,7 @@ import triton.testing
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from camrender import kernels  # noqa: E402
 from camrender.kernels import reference  # noqa: E402
+from common import kernel_ms  # noqa: E402
 
 SHAPES = {
     "release": dict(B=2, T=21, S=880, H=20, D=112, initial_state=False),
@@ -103,7 +104,7 @@ def diffusers_branch_fn(x, dtype):
 
 
 def bench_ms(fn, rep=200):
-    return triton.testing.do_bench(fn, warmup=25, rep=rep, return_mode="median")
+    return kernel_ms(fn, warmup=25, rep=rep)
 
 
 def kernel_breakdown(fn):
@@ -182,27 +183,6 @@ def run_shape(name, shape, sweep, log, device="cuda", timings=True):
     return res
 
 
-def delta_scan_check(device):
-    """Generic delta_scan vs delta_scan_ref (KV stream Dv = D, Z stream Dv = 1), with state and cuts."""
-    gen = torch.Generator().manual_seed(1)
-    out = {}
-    for dv in (112, 1):
-        b, h, t, s, dk = 1, 4, 5, 200, 112
-        q = torch.rand(b, h, t, s, dk, generator=gen).to(device)
-        k = (torch.rand(b, h, t, s, dk, generator=gen) * (dk * s) ** -0.5).to(device)
-        v = torch.randn(b, h, t, s, dv, generator=gen).to(device)
-        beta = torch.rand(b, h, t, s, generator=gen).to(device)
-        decay = (0.5 + 0.5 * torch.rand(b, h, t, generator=gen)).to(device)
-        state = torch.randn(b, h, dk, dv, generator=gen).to(device)
-        starts = torch.tensor([True, False, False, True, False], device=device)
-        ref, ref_state = reference.delta_scan_ref(q, k, v, beta, decay, initial_state=state, segment_starts=starts)
-        for precision in ("ieee", "tf32"):
-            got, got_state = kernels.delta_scan(q, k, v, beta, decay, initial_state=state, segment_starts=starts,
-                                                precision=precision)
-            out[f"dv{dv}_{precision}"] = dict(out=rel_err(got, ref)["rel_l2"], state=rel_err(got_state, ref_state)["rel_l2"])
-    return out
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None, help="also write the JSON here")
@@ -228,11 +208,6 @@ def main():
     device = "cpu" if args.cpu_smoke else "cuda"
     result = dict(device=torch.cuda.get_device_name() if device == "cuda" else "cpu",
                   torch=torch.__version__, triton=triton.__version__, tuning=dict(BASE_TUNING))
-    try:
-        result["delta_scan_check"] = delta_scan_check(device)
-    except Exception:
-        result["delta_scan_check"] = traceback.format_exc()[-2000:]
-    log(f"delta_scan_check {result['delta_scan_check']}")
     for name in args.shapes.split(","):
         try:
             result[name] = run_shape(name, SHAPES[name], not args.no_sweep and name == "release", log,

@@ -8,8 +8,9 @@ several times, and reports:
 - segment_s: seconds per segment of the uninterrupted render (median);
 - overhead_pct_at_default: write_s / DEFAULT_CHECKPOINT_EVERY * 100, the share of render time
   spent on checkpoints at the default interval (one checkpoint per interval of rendering);
-- resume_frames_equal: frames of a render restored from the checkpoint at segment k equal those
-  of the uninterrupted render, bit for bit (CUDA graphs on, as the CLI renders).
+- resume_s: seconds to restore the checkpoint and render the rest of the path (CUDA graphs on,
+  as the CLI renders). That the resumed frames equal the uninterrupted render's is a test:
+  tests/render/test_graphs_gpu.py (`python3 -m pytest -m gpu`).
 
 The checkpoint is written under --dir (default: the current folder, i.e. the disk the video
 would go to; /tmp may be memory).
@@ -31,12 +32,12 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench_segments import build_models, path_inputs, sync  # noqa: E402
+from bench_segments import build_models, path_inputs  # noqa: E402
 from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments  # noqa: E402
 from camrender.render.resume import DEFAULT_CHECKPOINT_EVERY, Checkpointer  # noqa: E402
 from camrender.render.decode import CausalStreamDecoder, to_uint8_frames  # noqa: E402
 from camrender.model.segments import SegmentCache, SegmentOptions, segment_bounds  # noqa: E402
-from common import emit  # noqa: E402
+from common import Stopwatch, emit, sync  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -84,38 +85,34 @@ def main(argv=None):
 
         bench_segments.SPATIAL = 8
     height, width = (64, 64) if args.cpu_smoke else (704, 1280)
+    if device.type == "cpu":
+        args.kernels = "torch"  # the PyTorch references on a CPU, never the Triton interpreter
     transformer, vae = build_models(args, device, dtype)
-    options = SegmentOptions(backend="torch" if args.kernels == "torch" or device.type == "cpu" else "auto")
+    options = SegmentOptions()  # backend: the one build_models patched the transformer with
     latent_frames = 1 + 3 * args.segments
     bounds = segment_bounds(latent_frames, 3)
     cuda_graphs = device.type == "cuda"
     inputs = path_inputs(transformer, latent_frames, height, width, device, dtype)
 
     with torch.no_grad():
-        whole, seconds, _, _ = render(transformer, vae, inputs, bounds, options, device, cuda_graphs)
-        head, _, cache, decoder = render(transformer, vae, inputs, bounds, options, device, cuda_graphs,
-                                         stop=args.stop_at)
+        _, seconds, _, _ = render(transformer, vae, inputs, bounds, options, device, cuda_graphs)
+        _, _, cache, decoder = render(transformer, vae, inputs, bounds, options, device, cuda_graphs,
+                                      stop=args.stop_at)
         folder = tempfile.mkdtemp(dir=args.dir, prefix=".bench-checkpoint-")
         try:
             checkpoints = Checkpointer(folder, settings={}, every=0)
             writes = []
             for _ in range(args.repeats):
-                sync()
-                start = time.perf_counter()
-                size = checkpoints.save(args.stop_at, bounds, 0, cache, decoder)
-                writes.append(time.perf_counter() - start)
+                with Stopwatch(device) as watch:
+                    size = checkpoints.save(args.stop_at, bounds, 0, cache, decoder)
+                writes.append(watch.seconds)
             del cache, decoder
             resumed = Checkpointer(folder, settings={}, resume_info={"next_segment": args.stop_at,
                                                                       "frames_written": 0})
-            sync()
-            start = time.perf_counter()
-            tail, _, _, _ = render(transformer, vae, inputs, bounds, options, device, cuda_graphs,
-                                   checkpoints=resumed)
-            sync()
+            with Stopwatch(device) as resume:
+                render(transformer, vae, inputs, bounds, options, device, cuda_graphs, checkpoints=resumed)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
-    equal = len(head) + len(tail) == len(whole) and all(
-        a.shape == b.shape and (a == b).all() for a, b in zip(head + tail, whole))
     write_s = statistics.median(writes)
     segment_s = statistics.median(seconds[1:] or seconds)  # the first segment includes graph capture
     result = {
@@ -132,10 +129,10 @@ def main(argv=None):
         "default_checkpoint_every_s": DEFAULT_CHECKPOINT_EVERY,
         "overhead_pct_at_default": round(100 * write_s / DEFAULT_CHECKPOINT_EVERY, 3),
         "overhead_pct_every_segment": round(100 * write_s / segment_s, 1),
-        "resume_frames_equal": bool(equal),
+        "resume_s": round(resume.seconds, 3),
     }
     emit(result, args.out)
-    return 0 if equal else 1
+    return 0
 
 
 if __name__ == "__main__":

@@ -16,11 +16,9 @@ Helpers (models, inputs, memory) are bench_segments.py's. JSON on stdout, as ben
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
-import traceback
 
 import torch
 
@@ -33,7 +31,7 @@ from camrender.render.chunk_causal import (DEFAULT_GUIDANCE, DEFAULT_STEPS, samp
 from camrender.model.recipes import get_recipe  # noqa: E402
 from camrender.render.decode import CausalStreamDecoder, to_uint8_frames  # noqa: E402
 from camrender.model.segments import SegmentOptions  # noqa: E402
-from common import emit  # noqa: E402
+from common import GIB, Laps, allocated_bytes, emit, measure, peak_bytes, reset_peak  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -60,22 +58,17 @@ def run_teacher_path(transformer, vae, latent_frames, height, width, options, de
         calls[0] += 1
         widest[0] = max(widest[0], stop - start)
 
-    bs.reset_peak()
-    base = bs.allocated_bytes()
-    stage1 = decode = 0.0
+    reset_peak()
+    base = allocated_bytes()
     frames = 0
     with torch.no_grad():
-        bs.sync()
-        start = time.perf_counter()
+        laps = Laps(device)
         for _, _, _, latents in sample_chunk_causal(transformer, inputs, bounds, schedule, options, device,
                                                     on_step=on_step):
-            bs.sync()
-            mid = time.perf_counter()
-            stage1 += mid - start
+            laps("stage1")
             frames += len(to_uint8_frames(decoder.decode(latents)))
-            bs.sync()
-            start = time.perf_counter()
-            decode += start - mid
+            laps("decode")
+    stage1, decode = laps.totals["stage1"], laps.totals["decode"]
     total = stage1 + decode
     return dict(
         latent_frames=latent_frames, chunks=len(bounds), video_frames=frames, steps=steps, guidance=DEFAULT_GUIDANCE,
@@ -83,7 +76,7 @@ def run_teacher_path(transformer, vae, latent_frames, height, width, options, de
         cache_passes=len(bounds) - 1, widest_call_frames=widest[0],
         stage1_s=round(stage1, 3), decode_s=round(decode, 3), total_s=round(total, 3),
         video_fps=round(frames / total, 3), stage1_fps=round(frames / stage1, 3),
-        peak_gib=round(bs.peak_bytes() / bs.GIB, 3), peak_above_weights_gib=round((bs.peak_bytes() - base) / bs.GIB, 3),
+        peak_gib=round(peak_bytes() / GIB, 3), peak_above_weights_gib=round((peak_bytes() - base) / GIB, 3),
     )
 
 
@@ -104,30 +97,20 @@ def main(argv=None):
         frames = [int(x) for x in args.frames.split(",")]
     recipe = get_recipe("chunk-causal")
     options = SegmentOptions(cached_segments=recipe.recent_chunks, softmax_scale=recipe.softmax_scale,
-                             camera_downscale=recipe.camera_downscale,
-                             backend="auto" if args.kernels == "fused" else "torch")
+                             camera_downscale=recipe.camera_downscale)  # backend: build_models' patch
     bench_args = argparse.Namespace(cpu_smoke=args.cpu_smoke, quick=args.quick, kernels=args.kernels)
     results = dict(device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu", torch=torch.__version__,
                    kernels=args.kernels, height=height, width=width, dtype=str(dtype).replace("torch.", ""),
                    recipe="chunk-causal", steps=args.steps, guidance=DEFAULT_GUIDANCE, paths={}, errors={})
     began = time.perf_counter()
     transformer, vae = bs.build_models(bench_args, device, dtype)
-    results["weights_gib"] = round(bs.allocated_bytes() / bs.GIB, 3)
+    results["weights_gib"] = round(allocated_bytes() / GIB, 3)
     results["build_s"] = round(time.perf_counter() - began, 1)
 
     def record(name, fn):
-        began = time.perf_counter()
-        try:
-            value = fn()
-        except Exception as error:  # one failed measurement must not lose the others
-            bs.reset_peak()
-            results["errors"][name] = f"{type(error).__name__}: {str(error)[:300]} | " + \
-                traceback.format_exc().strip().splitlines()[-3][:200]
-            print(json.dumps({name: "error", "detail": results["errors"][name]}), flush=True)
-            return None
-        value["wall_s"] = round(time.perf_counter() - began, 1)
-        results["paths"][name] = value
-        print(json.dumps({name: value}), flush=True)
+        value = measure(results["errors"], name, fn)
+        if value is not None:
+            results["paths"][name] = value
         return value
 
     # Warm-up (kernel compilation for every in-flight width): a short run of the first path.

@@ -1,9 +1,9 @@
 """Streaming causal decode speed of the LTX-2 video VAE (camrender.render.decode), GPU.
 
 Decodes a path of 3-latent-frame segments (the first 4 frames) at the release resolution with
-`CausalStreamDecoder`, random VAE weights in bf16, under several cuDNN settings side by side,
-and checks that every variant gives the frames of the first one. Prints JSON: seconds per
-path, video frames per second, max |difference| against the first variant.
+`CausalStreamDecoder`, random VAE weights in bf16, under several cuDNN settings side by side.
+Prints JSON: seconds per path, video frames per second. That the settings give the same frames
+is a test: tests/kernels/test_kernels_gpu.py (`python3 -m pytest -m gpu`).
 
     python3 bench/bench_decode.py --segments 6 --out decode.json
 """
@@ -13,7 +13,6 @@ import argparse
 import json
 import os
 import sys
-import time
 
 import torch
 
@@ -21,21 +20,20 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from camrender.render.decode import CausalStreamDecoder  # noqa: E402
 from camrender.model.segments import segment_bounds  # noqa: E402
-from common import emit  # noqa: E402
+from common import Stopwatch, emit  # noqa: E402
 
 
-def decode_path(vae, latents, channels_last: bool) -> tuple[float, torch.Tensor]:
+def decode_path(vae, latents, channels_last: bool) -> tuple[float, int]:
+    """(synced seconds, video frames) of the streaming decode of `latents`, 3 latent frames a call."""
     decoder = CausalStreamDecoder(vae)
-    videos = []
-    torch.cuda.synchronize()
-    began = time.perf_counter()
-    for start, stop in segment_bounds(latents.shape[2], 3):
-        chunk = latents[:, :, start:stop]
-        if channels_last:
-            chunk = chunk.contiguous(memory_format=torch.channels_last_3d)
-        videos.append(decoder.decode(chunk))
-    torch.cuda.synchronize()
-    return time.perf_counter() - began, torch.cat(videos, dim=2)
+    frames = 0
+    with Stopwatch("cuda") as watch:
+        for start, stop in segment_bounds(latents.shape[2], 3):
+            chunk = latents[:, :, start:stop]
+            if channels_last:
+                chunk = chunk.contiguous(memory_format=torch.channels_last_3d)
+            frames += decoder.decode(chunk).shape[2]
+    return watch.seconds, frames
 
 
 def main(argv=None) -> dict:
@@ -58,20 +56,14 @@ def main(argv=None) -> dict:
     }
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "segments": args.segments,
               "variants": {}}
-    reference = None
     with torch.no_grad():
         for name, setting in variants.items():
             torch.backends.cudnn.benchmark = setting["benchmark"]
             vae.to(memory_format=torch.channels_last_3d if setting["channels_last"] else torch.contiguous_format)
             decode_path(vae, latents, setting["channels_last"])  # warm-up (and cuDNN autotuning)
-            seconds, video = decode_path(vae, latents, setting["channels_last"])
-            video = video.float()
-            if reference is None:
-                reference = video
-            frames = video.shape[2]
+            seconds, frames = decode_path(vae, latents, setting["channels_last"])
             result["variants"][name] = {
                 "seconds": round(seconds, 3), "video_frames": frames, "video_fps": round(frames / seconds, 1),
-                "max_abs_diff_vs_default": float((video - reference).abs().max()),
             }
             print(json.dumps({name: result["variants"][name]}), flush=True)
     emit(result, args.out)

@@ -20,14 +20,13 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from common import emit  # noqa: E402
+from common import emit, kernel_ms  # noqa: E402
 
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
-    import triton.testing
 
     from camrender.kernels import block_glue as glue
 
@@ -49,8 +48,7 @@ def main(argv=None) -> dict:
     def stock_gated(h):
         return h + (gate * y.reshape(batch, frames, spatial, channels)).reshape(h.shape)
 
-    def bench(fn):
-        return triton.testing.do_bench(fn, return_mode="median")
+    bench = kernel_ms
 
     rows = {"shape": dict(batch=batch, frames=frames, spatial=spatial, channels=channels), "ms": {}, "max_error": {}}
     ms = rows["ms"]

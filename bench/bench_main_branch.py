@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from common import add_latent_args, emit  # noqa: E402
+from common import add_latent_args, emit, kernel_ms, peak_of  # noqa: E402
 
 
 def _stats(ours, ref):
@@ -38,27 +38,14 @@ def _stats(ours, ref):
 
 
 def _bench(fn, quick):
-    if not torch.cuda.is_available():  # CPU smoke run (TRITON_INTERPRET=1): one timed call
-        start = time.perf_counter()
-        fn()
-        return (time.perf_counter() - start) * 1e3
-    from triton.testing import do_bench
-
-    return do_bench(fn, warmup=10 if quick else 25, rep=50 if quick else 200, return_mode="median")
+    """Median ms (common.kernel_ms: do_bench on CUDA, one timed call in a CPU smoke run)."""
+    return kernel_ms(fn, warmup=10 if quick else 25, rep=50 if quick else 200)
 
 
 def _peak(fn):
-    if not torch.cuda.is_available():
-        return None
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    out = fn()
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - base
-    del out
-    return peak / 2**20
+    """Peak MiB of one call above what was allocated before it (None off CUDA)."""
+    peak = peak_of(fn, above_current=True)[1]
+    return None if peak is None else peak / 2**20
 
 
 def _random_se3(count, device, generator):
@@ -267,7 +254,8 @@ def bench_gdn_block(args, res):
         SanaWMRotaryPosEmbed,
     )
 
-    from camrender.model.patch import PatchedGDNAttention
+    from camrender.model.gdn_attention import PatchedGDNAttention
+    from camrender.model.settings import KernelSettings
 
     dev = torch.device(args.device)
     B, T, hh, ww, H, D = args.batch, args.frames, args.height, args.width, args.heads, args.head_dim
@@ -287,7 +275,7 @@ def bench_gdn_block(args, res):
     rope = SanaWMRotaryPosEmbed(D, (1, 1, 1), 1024)((T, hh, ww), device=dev)
     kw = dict(HW=(T, hh, ww), rotary_emb=rope)
     block16 = copy.deepcopy(block).to(torch.bfloat16)
-    patched = PatchedGDNAttention.adopt(block16, kernels="fused", precision="tf32")
+    patched = PatchedGDNAttention.adopt(block16, KernelSettings.from_kernels("fused", "tf32"))
     x16 = x.bfloat16()
     with torch.no_grad():
         ref32 = block(x, **kw)

@@ -128,7 +128,7 @@ def step_worker(args) -> dict:
                         "tokens": int(np.prod(inputs["hidden_states"].shape[2:]))}}
     if ranks.is_main:
         times, peak, guided = time_step(model, inputs, None, args.repeats, time_calls)
-        result["1_gpu"] = {"ms_per_step": round(float(np.median(times)), 2), "peak_memory_gib": gib(peak)}
+        result["1_gpu"] = {"ms_per_step": round(float(np.median(times)), 2), "peak_memory_gib": peak_figure(peak)}
         reference = guided.float().cpu()
         log(f"1 GPU: {result['1_gpu']}")
     if device.type == "cuda":
@@ -136,7 +136,7 @@ def step_worker(args) -> dict:
     dist.barrier(group=ranks.control_group)
     split = CfgSplit(ranks.video_group, ranks.group_rank)
     times, peak, guided = time_step(model, inputs, split, args.repeats, time_calls)
-    peaks = distributed.gather_objects(gib(peak), ranks)
+    peaks = distributed.gather_objects(peak_figure(peak), ranks)
     if ranks.is_main:
         result["2_gpus"] = {"ms_per_step": round(float(np.median(times)), 2), "peak_memory_gib_per_gpu": peaks,
                             "agreement_vs_1_gpu": agreement(guided.float().cpu(), reference)}
@@ -146,7 +146,7 @@ def step_worker(args) -> dict:
     return result
 
 
-def gib(peak: float):
+def peak_figure(peak: float):
     """Peak memory in GiB, rounded; None off the GPU (no figure)."""
     return None if np.isnan(peak) else round(peak, 3)
 

@@ -19,8 +19,8 @@ one run measures side by side:
 - the refiner's FLOPs per block (torch's FlopCounterMode on a real block: GEMMs and attention)
   and the roofline they imply at 790 TFLOP/s (bf16 dense, H200): the fastest a refiner can go,
   and segment mode's ceiling with it given the measured stage 1 + decode;
-- the refiner blocks' fused path (`camrender.model.refiner_block`: fused q/k norm + RoPE, K/V written into
-  a window buffer, fused adaLN glue) against diffusers' stock blocks (`--refiner-kernels both`):
+- the refiner blocks' fused path (`camrender.model.refiner_block`: fused q/k norm + RoPE, K/V written
+  into a window buffer, fused adaLN glue) against diffusers' stock blocks (`--refiner-kernels both`):
   segment mode and steady state side by side, kernel launches per layer and pass (torch.profiler);
 - peak GPU memory of each `--refiner-offload` setting (none: the refiner's DiT resident and the
   text encoder visiting the GPU once; layers: both stream their blocks), prompt encoding and
@@ -41,7 +41,6 @@ import json
 import os
 import sys
 import time
-import traceback
 import warnings
 from types import SimpleNamespace
 
@@ -56,14 +55,12 @@ from camrender.model.refiner_loading import stream_layers, strip_audio  # noqa: 
 from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments  # noqa: E402
 from camrender.render.decode import CausalStreamDecoder, to_uint8_frames  # noqa: E402
 from camrender.model.segments import SegmentOptions, segment_bounds  # noqa: E402
-from common import emit  # noqa: E402
+from common import GIB, Laps, emit, measure, gib, peak_bytes, reset_peak, sync  # noqa: E402
 
-GIB = 1024**3
 PEAK_BF16_FLOPS = 790e12  # H200 dense bf16 tensor-core peak used for the roofline
 VIDEO_FPS = 16.0
 GPU_SIZES_GB = (24, 48, 80, 141)
 GEMM_OPS = ("mm", "addmm", "bmm", "baddbmm", "_scaled_mm")
-CHECK_BLOCK = 7  # refined by both steady-state rows (eager: 3rd timed block, graphed: 1st), compared
 # Gemma-3-12B's text tower (the refiner's text encoder), for the encode time and memory
 # Gemma-2-2B, stage 1's text encoder: resident on the GPU during a render (built for the peaks, never run)
 GEMMA2_2B = dict(hidden_size=2304, intermediate_size=9216, num_hidden_layers=26, num_attention_heads=8,
@@ -88,15 +85,6 @@ def parse_args(argv=None):
     parser.add_argument("--text-tokens", type=int, default=1024, help="refiner prompt tokens (release: 1024)")
     parser.add_argument("--out", default=None, help="also write the JSON document here")
     return parser.parse_args(argv)
-
-
-def sync():
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def gib(value):
-    return round(value / GIB, 3)
 
 
 class default_dtype:
@@ -179,18 +167,10 @@ def render_path(models, segments, refined, *, breakdown=False, overlap=None, cud
     stream = RefinerStream(as_refiner(refiner_transformer), text, fps=VIDEO_FPS, device=device,
                            generator=torch.Generator().manual_seed(0), cuda_graphs=cuda_graphs, kernels=kernels,
                            kernel_backend=kernel_backend(device)) if refined else PassThrough()
-    times = dict(stage1=0.0, refiner=0.0, decode=0.0)
     arrivals = []  # (wall time, video frames so far) at each yield of the render loop
     frames = 0
-    sync()
-    started = last = time.perf_counter()
-
-    def lap(name):
-        nonlocal last
-        sync()
-        now = time.perf_counter()
-        times[name] += now - last
-        last = now
+    lap = Laps(device)
+    started = lap.last
 
     with torch.no_grad():
         chunks = (x for *_, x in sample_segments(transformer, inputs, segment_bounds(latent_frames, 3),
@@ -211,8 +191,10 @@ def render_path(models, segments, refined, *, breakdown=False, overlap=None, cud
             tail = stream.finish()
             if tail.shape[2]:
                 frames += len(to_uint8_frames(decoder.decode(tail)))
-    sync()
-    total = time.perf_counter() - started
+    lap("end")
+    total = lap.last - started
+    times = dict(dict(stage1=0.0, refiner=0.0, decode=0.0), **lap.totals)
+    times.pop("end")
     result = dict(segments=segments, video_frames=frames, total_s=round(total, 3), video_fps=round(frames / total, 2))
     if len(arrivals) >= 4:  # frames yielded after the path's midpoint over the time they took
         (t0, f0), (t1, f1) = arrivals[len(arrivals) // 2 - 1], arrivals[-1]
@@ -244,14 +226,15 @@ def launches_per_layer(stream, block, device):
 def refiner_steady_state(refiner_transformer, text, shape, device, dtype, blocks=3, cuda_graphs=False,
                          kernels="fused"):
     """The refiner alone, window full: per-block GPU and host-enqueue time, syncs inside a block, FLOPs
-    (counted on an eager block: graph replays dispatch no operators), kernel launches per layer (eager)."""
+    (counted on an eager block: graph replays dispatch no operators), kernel launches per layer (eager).
+    `first_block` (popped by main): the first timed block's refined latents, the same block for every row."""
     from torch.utils.flop_counter import FlopCounterMode
 
     h, w = shape[0] // stage_one.SPATIAL, shape[1] // stage_one.SPATIAL
     channels = refiner_transformer.config.in_channels
     # sink + 4 blocks = 13 frames: the history holds its 10 frames from here on; 2 more blocks capture the graphs
     warm_blocks = 6 if cuda_graphs else 4
-    # one clip and one noise seed for both rows: block CHECK_BLOCK is refined by each, compared in main()
+    # one clip and one noise seed for both rows (graph replay equals eager: tests/render/test_graphs_gpu.py)
     clip = torch.randn(1, channels, 1 + 3 * (6 + blocks + 3), h, w, generator=torch.Generator().manual_seed(2))
     clip = clip.to(device, dtype)
     stream = RefinerStream(as_refiner(refiner_transformer), text, fps=VIDEO_FPS, device=device,
@@ -259,14 +242,11 @@ def refiner_steady_state(refiner_transformer, text, shape, device, dtype, blocks
                            kernel_backend=kernel_backend(device))
     stream.push(clip[:, :, :1 + 3 * warm_blocks])
     sync()
-    gpu, enqueue = [], []
-    check = None
+    gpu, enqueue, refined = [], [], []
     for index in range(blocks):
         start = 1 + 3 * (warm_blocks + index)
         began = time.perf_counter()
-        refined = stream.push(clip[:, :, start:start + 3])
-        if warm_blocks + index + 1 == CHECK_BLOCK:
-            check = refined
+        refined.append(stream.push(clip[:, :, start:start + 3]))
         enqueue.append(time.perf_counter() - began)
         sync()
         gpu.append(time.perf_counter() - began)
@@ -302,8 +282,8 @@ def refiner_steady_state(refiner_transformer, text, shape, device, dtype, blocks
     analytic_attention = 4 * config.num_layers * 4 * queries * (keys + text.embeds.shape[1]) * inner
     attention = counted_attention or analytic_attention  # FlopCounterMode counts SDPA on CUDA, not on every CPU path
     per_block = sorted(gpu)[len(gpu) // 2]
-    return dict(cuda_graphs=bool(cuda_graphs), kernels=kernels, graph_stats=graph_stats, check_block=check,
-                blocks_timed=blocks, launches_per_layer_pass=launches,
+    return dict(cuda_graphs=bool(cuda_graphs), kernels=kernels, graph_stats=graph_stats, blocks_timed=blocks,
+                first_block=refined[0], launches_per_layer_pass=launches,
                 s_per_block=round(per_block, 4),
                 s_per_video_second=round(per_block * VIDEO_FPS / 24, 4),
                 enqueue_s_per_block=round(sorted(enqueue)[len(enqueue) // 2], 4), host_syncs_per_block=syncs,
@@ -315,26 +295,27 @@ def refiner_steady_state(refiner_transformer, text, shape, device, dtype, blocks
                 flop_by_op={str(op): round(v / 1e12, 4) for op, v in counts.items()})
 
 
-def kernels_comparison(fused, stock, fused_render, stock_render, fused_block, stock_block):
+def kernels_comparison(fused, stock, fused_render, stock_render):
     """The fused refiner path against diffusers' stock blocks: steady-state seconds and launches per block,
     segment-mode fps, and how far the same refined block lies apart (bf16 rounding, relative to its scale)."""
-    difference = (fused_block.float() - stock_block.float()).abs().max().item()
+    fused_block, stock_block = fused["first_block"].float(), stock["first_block"].float()
+    difference = (fused_block - stock_block).abs().max().item()
     row = dict(s_per_block_fused=fused["s_per_block"], s_per_block_stock=stock["s_per_block"],
                speedup=round(stock["s_per_block"] / fused["s_per_block"], 3),
                enqueue_s_per_block_fused=fused["enqueue_s_per_block"],
                enqueue_s_per_block_stock=stock["enqueue_s_per_block"],
                launches_per_layer_pass_fused=fused["launches_per_layer_pass"],
                launches_per_layer_pass_stock=stock["launches_per_layer_pass"],
-               block_max_abs_diff_over_max_abs=round(
-                   difference / max(stock_block.float().abs().max().item(), 1e-12), 5))
+               block_max_abs_diff_over_max_abs=round(difference / max(stock_block.abs().max().item(), 1e-12), 5))
     if fused_render and stock_render:
         row.update(video_fps_fused=fused_render["video_fps"], video_fps_stock=stock_render["video_fps"])
     return row
 
 
-def without_check(row, checks):
-    """The steady-state row without its refined check block (a tensor, kept in `checks`), for the JSON."""
-    checks.append(row.pop("check_block"))
+def steady_row(row, blocks):
+    """The steady-state row for the JSON: its refined block (a tensor) moved to `blocks`."""
+    if row is not None:
+        blocks.append(row.pop("first_block"))
     return row
 
 
@@ -427,28 +408,14 @@ def main(argv=None):
     began_all = time.perf_counter()
 
     def record(name, fn):
-        began = time.perf_counter()
-        try:
-            value = fn()
-        except Exception as error:  # one failed measurement must not lose the others
-            results["errors"][name] = f"{type(error).__name__}: {str(error)[:300]} | " + \
-                traceback.format_exc().strip().splitlines()[-3][:200]
-            print(json.dumps({name: "error", "detail": results["errors"][name]}), flush=True)
-            value = None
-        else:
-            if isinstance(value, dict):
-                value["wall_s"] = round(time.perf_counter() - began, 1)
-            print(json.dumps({name: value}), flush=True)
-        results[name] = value
-        return value
+        results[name] = measure(results["errors"], name, fn)
+        return results[name]
 
     def peak_of(fn):
-        """fn's result with the peak GPU memory it reached (everything allocated counts)."""
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats()
+        """fn's result with the peak GPU memory it reached (everything allocated counts; 0 off CUDA)."""
+        reset_peak(device)
         value = fn()
-        value["peak_gib"] = gib(torch.cuda.max_memory_allocated()) if device.type == "cuda" else 0.0
+        value["peak_gib"] = gib(peak_bytes(device))
         return value
 
     allocated = (lambda: torch.cuda.memory_allocated()) if device.type == "cuda" else (lambda: 0)
@@ -466,15 +433,14 @@ def main(argv=None):
     results["refiner_weights_gib"] = gib(allocated() - before)
     results["refiner_params_b"] = round(sum(p.numel() for p in refiner_transformer.parameters()) / 1e9, 3)
     text = refiner_text(refiner_transformer, args.text_tokens, device, dtype)
-    options = SegmentOptions(cached_segments=2, backend="auto" if kernels == "fused" else "torch")
+    options = SegmentOptions(cached_segments=2)  # backend: the one build_models patched the transformer with
     models = (transformer, vae, refiner_transformer, text, shape, options, device, dtype)
     results["build_s"] = round(time.perf_counter() - began_all, 1)
 
     # warm-up: compiles the kernels and captures every stage-1 segment layout; fills the refiner window
     record("warmup", lambda: peak_of(lambda: render_path(models, min(5, args.segments), True)))
     plain = record("without_refiner", lambda: peak_of(lambda: render_path(models, args.segments, False)))
-    fused = args.refiner_kernels in ("both", "fused")
-    main_kernels = "fused" if fused else "stock"  # the rows without a suffix
+    main_kernels = "fused" if args.refiner_kernels in ("both", "fused") else "stock"  # the rows without a suffix
     record("with_refiner", lambda: peak_of(lambda: render_path(models, args.segments, True, kernels=main_kernels)))
     if args.refiner_kernels == "both":
         record("with_refiner_stock_kernels",
@@ -489,26 +455,20 @@ def main(argv=None):
                                                           results["with_refiner"]["peak_gib"]]
     record("with_refiner_breakdown", lambda: render_path(models, args.segments, True, breakdown=True,
                                                          kernels=main_kernels))
-    checks = []
-    steady = record("refiner_steady_state_eager", lambda: without_check(
-        refiner_steady_state(refiner_transformer, text, shape, device, dtype, kernels=main_kernels), checks))
+    fused_blocks, stock_blocks = [], []
+    steady = record("refiner_steady_state_eager", lambda: steady_row(
+        refiner_steady_state(refiner_transformer, text, shape, device, dtype, kernels=main_kernels), fused_blocks))
     graphed = None
     if args.refiner_graphs:
-        graphed = record("refiner_steady_state_graphed", lambda: without_check(
-            refiner_steady_state(refiner_transformer, text, shape, device, dtype, cuda_graphs=True,
-                                 kernels=main_kernels), checks))
+        graphed = record("refiner_steady_state_graphed", lambda: steady_row(refiner_steady_state(
+            refiner_transformer, text, shape, device, dtype, cuda_graphs=True, kernels=main_kernels), []))
     if args.refiner_kernels == "both":
-        stock_checks = []
-        stock = record("refiner_steady_state_eager_stock_kernels", lambda: without_check(
-            refiner_steady_state(refiner_transformer, text, shape, device, dtype, kernels="stock"), stock_checks))
-        if stock and steady:
+        stock = record("refiner_steady_state_eager_stock_kernels", lambda: steady_row(
+            refiner_steady_state(refiner_transformer, text, shape, device, dtype, kernels="stock"), stock_blocks))
+        if steady and stock:
             record("refiner_kernels_fused_vs_stock", lambda: kernels_comparison(
-                steady, stock, results.get("with_refiner"), results.get("with_refiner_stock_kernels"),
-                checks[0], stock_checks[0]))
-    if len(checks) == 2:  # the same block, refined eagerly and by graph replay
-        difference = (checks[0].float() - checks[1].float()).abs().max().item()
-        results["graphed_vs_eager_block_max_abs_diff"] = difference
-        print(json.dumps({"graphed_vs_eager_block_max_abs_diff": difference}), flush=True)
+                dict(steady, first_block=fused_blocks[0]), dict(stock, first_block=stock_blocks[0]),
+                results.get("with_refiner"), results.get("with_refiner_stock_kernels")))
     if steady is not None:
         record("roofline", lambda: roofline(steady, plain["video_fps"] if plain else None, graphed))
 

@@ -27,7 +27,6 @@ import math
 import os
 import sys
 import time
-import traceback
 
 import torch
 
@@ -38,9 +37,8 @@ from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments
 from camrender.render.decode import CausalStreamDecoder, to_uint8_frames  # noqa: E402
 from camrender.model.recipes import get_recipe  # noqa: E402
 from camrender.model.segments import SegmentOptions, segment_bounds  # noqa: E402
-from common import emit  # noqa: E402
+from common import GIB, Laps, allocated_bytes, emit, measure, peak_bytes, reset_peak, sync  # noqa: E402
 
-GIB = 1024**3
 SPATIAL = 32  # VAE spatial stride (8 for the --cpu-smoke tiny VAE)
 
 
@@ -53,7 +51,7 @@ def parse_args(argv=None):
     parser.add_argument("--kernels", default="fused", choices=["fused", "torch"], help="fused: Triton kernels on CUDA")
     parser.add_argument("--skip-full", action="store_true", help="skip the full-mode measurements")
     parser.add_argument("--no-cuda-graphs", action="store_true",
-                        help="segment mode without CUDA-graph replay (default: replay, plus one eager run to compare)")
+                        help="segment mode without CUDA-graph replay (default: replay, plus one eager run timed beside it)")
     parser.add_argument("--full-cfg-steps", type=int, default=2,
                         help="guided full-mode steps measured (extrapolated to 60)")
     parser.add_argument("--out", default=None, help="also write the JSON document here")
@@ -64,23 +62,24 @@ def parse_args(argv=None):
 
 
 def build_models(args, device, dtype):
+    """The transformer (patched with `args.kernels`: both modes run the patched blocks, as the CLI) and VAE."""
     from diffusers import AutoencoderKLLTX2Video, SanaWMTransformer3DModel
+
+    from camrender.model.patch import patch_transformer
 
     if args.cpu_smoke:
         from camrender.model.tiny import build_tiny_transformer, build_tiny_vae
 
-        return build_tiny_transformer(seed=0).to(dtype), build_tiny_vae(latent_channels=8).to(dtype)
-    config = dict(num_layers=8) if args.quick else {}
-    torch.manual_seed(0)
-    with torch.device(device):
-        transformer = SanaWMTransformer3DModel(**config)
-        vae = AutoencoderKLLTX2Video(spatial_compression_ratio=32, temporal_compression_ratio=8)
-    transformer = transformer.to(dtype).eval()
-    vae = vae.to(dtype).eval()
-    if args.kernels == "fused":
-        from camrender.model.patch import patch_transformer  # full mode runs through the patched blocks, as the CLI
-
-        patch_transformer(transformer, kernels="fused")
+        transformer, vae = build_tiny_transformer(seed=0).to(dtype), build_tiny_vae(latent_channels=8).to(dtype)
+    else:
+        config = dict(num_layers=8) if args.quick else {}
+        torch.manual_seed(0)
+        with torch.device(device):
+            transformer = SanaWMTransformer3DModel(**config)
+            vae = AutoencoderKLLTX2Video(spatial_compression_ratio=32, temporal_compression_ratio=8)
+        transformer = transformer.to(dtype).eval()
+        vae = vae.to(dtype).eval()
+    patch_transformer(transformer, kernels=args.kernels)
     return transformer, vae
 
 
@@ -111,43 +110,6 @@ def path_inputs(transformer, latent_frames, height, width, device, dtype, guidan
     )
 
 
-def sync():
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def peak_bytes():
-    return torch.cuda.max_memory_allocated() if torch.cuda.is_available() else 0
-
-
-def allocated_bytes():
-    return torch.cuda.memory_allocated() if torch.cuda.is_available() else 0
-
-
-def reset_peak():
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-
-
-def segment_latents(transformer, latent_frames, height, width, options, device, dtype, cuda_graphs):
-    """Stage 1 alone on a path of `latent_frames`: the concatenated clean latents."""
-    inputs = path_inputs(transformer, latent_frames, height, width, device, dtype)
-    with torch.no_grad():
-        return torch.cat([x for *_, x in sample_segments(transformer, inputs, segment_bounds(latent_frames, 3),
-                                                         list(DEFAULT_SEGMENT_TIMESTEPS), options, device,
-                                                         cuda_graphs=cuda_graphs)], dim=2)
-
-
-def graph_check(transformer, height, width, options, device, dtype, segments=6):
-    """CUDA-graph replay against eager stage 1 on the same path: max |difference| of the latents."""
-    graphed = segment_latents(transformer, 1 + 3 * segments, height, width, options, device, dtype, True)
-    eager = segment_latents(transformer, 1 + 3 * segments, height, width, options, device, dtype, False)
-    scale = float(eager.float().abs().max())
-    return dict(segments=segments, max_abs_diff=float((graphed.float() - eager.float()).abs().max()),
-                max_abs_latent=scale)
-
-
 def run_segment_path(transformer, vae, latent_frames, height, width, options, device, dtype, cuda_graphs=True):
     """Render a path of `latent_frames` latent frames in segments; times stage 1 and decode separately.
     A path of n segments has 1 + 3 n latent frames (8 (1 + 3 n) - 7 video frames)."""
@@ -156,22 +118,17 @@ def run_segment_path(transformer, vae, latent_frames, height, width, options, de
     decoder = CausalStreamDecoder(vae)
     reset_peak()
     base = allocated_bytes()
-    stage1 = decode = 0.0
     frames = 0
     per_segment_peak = []
     with torch.no_grad():
-        sync()
-        start = time.perf_counter()
+        laps = Laps(device)
         for _, _, _, latents in sample_segments(transformer, inputs, bounds, list(DEFAULT_SEGMENT_TIMESTEPS),
                                                 options, device, cuda_graphs=cuda_graphs):
-            sync()
-            mid = time.perf_counter()
-            stage1 += mid - start
+            laps("stage1")
             frames += len(to_uint8_frames(decoder.decode(latents)))
-            sync()
-            start = time.perf_counter()
-            decode += start - mid
+            laps("decode")
             per_segment_peak.append(peak_bytes() / GIB)
+    stage1, decode = laps.totals["stage1"], laps.totals["decode"]
     total = stage1 + decode
     return dict(
         segments=len(bounds), latent_frames=latent_frames, video_frames=frames,
@@ -269,7 +226,7 @@ def main(argv=None):
     default_lengths = [2, 4, 8] if args.quick else [3, 10, 30]
     lengths = [int(x) for x in args.segments.split(",")] if args.segments else default_lengths
     recipe = get_recipe("streaming")
-    options = SegmentOptions.for_recipe(recipe, backend="auto" if args.kernels == "fused" else "torch")
+    options = SegmentOptions.for_recipe(recipe)
     results = dict(
         device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu", torch=torch.__version__,
         quick=args.quick, kernels=args.kernels, height=height, width=width, dtype=str(dtype).replace("torch.", ""),
@@ -284,18 +241,7 @@ def main(argv=None):
         pass
 
     def record(name, fn):
-        began = time.perf_counter()
-        try:
-            value = fn()
-        except Exception as error:  # keep going: one failed measurement must not lose the others
-            reset_peak()
-            results["errors"][name] = f"{type(error).__name__}: {str(error)[:300]} | " + \
-                traceback.format_exc().strip().splitlines()[-3][:200]
-            print(json.dumps({name: "error", "detail": results["errors"][name]}), flush=True)
-            return None
-        value["wall_s"] = round(time.perf_counter() - began, 1)
-        print(json.dumps({name: value}), flush=True)
-        return value
+        return measure(results["errors"], name, fn)
 
     began = time.perf_counter()
     transformer, vae = build_models(args, device, dtype)
@@ -307,9 +253,11 @@ def main(argv=None):
     results["cuda_graphs"] = graphs
     if record("warmup", lambda: run_segment_path(transformer, vae, 22, height, width, options, device, dtype,
                                                  graphs)) is None \
-            and options.backend != "torch":
+            and args.kernels != "torch":
         # Keep measuring with the PyTorch scans rather than stopping; the error above says what failed.
-        options = SegmentOptions.for_recipe(recipe, backend="torch")
+        from camrender.model.patch import patch_transformer
+
+        patch_transformer(transformer, kernels="torch")
         results["segment_backend_fallback"] = "torch"
         record("warmup_torch", lambda: run_segment_path(transformer, vae, 22, height, width, options, device, dtype))
     for length in lengths:
@@ -329,8 +277,6 @@ def main(argv=None):
         results["segments_10_eager"] = record(
             "segments_10_eager", lambda: run_segment_path(transformer, vae, 31, height, width, options, device, dtype,
                                                           False))
-        results["graph_check"] = record(
-            "graph_check", lambda: graph_check(transformer, height, width, options, device, dtype))
     if not args.skip_full:
         steps4 = list(DEFAULT_SEGMENT_TIMESTEPS)
         results["full_161_frames_4_steps"] = record(
@@ -375,10 +321,6 @@ def markdown_table(results) -> str:
                      f"| {v['peak_gib']} |")
     if "peak_spread_pct" in results:
         lines += ["", f"Peak memory spread over the segment paths: {results['peak_spread_pct']} %."]
-    check = results.get("graph_check")
-    if check:
-        lines += [f"CUDA-graph replay vs eager stage 1, {check['segments']} segments: max |difference| "
-                  f"{check['max_abs_diff']:.3g} (latents up to {check['max_abs_latent']:.3g})."]
     whole = results.get("full_161_frames_whole_clip_decode")
     if whole:
         lines += [f"Whole-clip causal decode of 161 frames: {whole['decode_s']} s, peak {whole['peak_gib']} GiB."]

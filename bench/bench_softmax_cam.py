@@ -21,7 +21,6 @@ from pathlib import Path
 
 import torch
 import triton
-import triton.testing
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -29,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_cam_branch import random_rays  # noqa: E402
 from camrender.kernels import softmax_cam  # noqa: E402
 from camrender.kernels.main_reference import cam_softmax_decode_ref, cam_softmax_encode_ref  # noqa: E402
-from common import emit  # noqa: E402
+from common import emit, kernel_ms  # noqa: E402
 
 SHAPES = {"release": dict(B=2, N=21 * 880, H=10, D=112), "tiny": dict(B=1, N=40, H=2, D=16)}
 SWEEP = [(bs, w) for bs in (8, 16, 32) for w in (2, 4, 8)]
@@ -106,7 +105,7 @@ def main(argv=None):
 
         def bench(fn):
             try:
-                return round(triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median"), 4)
+                return round(kernel_ms(fn, warmup=10, rep=60), 4)
             except Exception as exc:
                 return repr(exc)[:200]
 

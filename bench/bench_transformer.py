@@ -45,7 +45,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from common import emit  # noqa: E402
+from common import GIB, emit, on_cuda, peak_bytes, reset_peak, time_ms  # noqa: E402
 
 RELEASE_CONFIG = dict(  # SanaWMTransformer3DModel defaults == the SANA-WM_bidirectional release
     in_channels=128, num_layers=20, hidden_size=2240, num_attention_heads=20, linear_head_dim=112,
@@ -247,26 +247,23 @@ def timed_steps(model, inputs, device, repeats, warmup) -> tuple[list, float, to
 
 
 def time_calls(step, device, repeats, warmup, *, peak_with_warmup=False) -> tuple[list, float, torch.Tensor]:
-    """`warmup` untimed calls of step(), then `repeats` timed ones (CUDA events): (ms list, peak memory
-    GiB over the timed calls, or over all calls with peak_with_warmup, output of the last call)."""
+    """`warmup` untimed calls of step(), then `repeats` timed ones (common.time_ms: CUDA events): (ms list,
+    peak memory GiB over the timed calls, or over all calls with peak_with_warmup, output of the last call)."""
+    last = []
+
+    def call():
+        last[:] = [step()]
+
     with torch.no_grad():
-        if peak_with_warmup and device.type == "cuda":
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
+        if peak_with_warmup:
+            reset_peak(device, empty_cache=False)
         for _ in range(warmup):
-            out = step()
-        if device.type == "cuda" and not peak_with_warmup:
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-        times = []
-        for _ in range(repeats):
-            timer = Timer(device)
-            started = timer.start()
-            out = step()
-            timer.stop("step", started)
-            times.append(timer.totals()["step"])
-    peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else float("nan")
-    return times, peak, out
+            call()
+        if not peak_with_warmup:
+            reset_peak(device, empty_cache=False)
+        times = time_ms(call, repeats=repeats, warmup=0, device=device)
+    peak = peak_bytes(device) / GIB if on_cuda(device) else float("nan")
+    return times, peak, last[0]
 
 
 def timed_graphed_steps(model, inputs, device, repeats) -> tuple[list, float, torch.Tensor]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import collections
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -24,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_transformer import bench_setup, build_model, make_inputs  # noqa: E402
-from common import emit  # noqa: E402
+from common import Stopwatch, emit  # noqa: E402
 
 
 def kernel_table(profiler, top: int) -> tuple[list, float]:
@@ -63,10 +62,9 @@ def main(argv=None) -> dict:
         model(**inputs)
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as profiler:
-            began = time.perf_counter()
-            model(**inputs)
-            torch.cuda.synchronize()
-            wall_ms = (time.perf_counter() - began) * 1e3
+            with Stopwatch("cuda") as watch:
+                model(**inputs)
+        wall_ms = watch.seconds * 1e3
     return report(args, "stock" if args.stock else "patched", profiler, wall_ms)
 
 
@@ -119,7 +117,7 @@ def profile_segments(args) -> dict:
     device, dtype = torch.device("cuda"), torch.bfloat16
     build_args = argparse.Namespace(cpu_smoke=False, quick=args.quick, kernels="torch" if args.stock else "fused")
     transformer, _ = build_models(build_args, device, dtype)
-    options = SegmentOptions.for_recipe(get_recipe("streaming"), backend="torch" if args.stock else "auto")
+    options = SegmentOptions.for_recipe(get_recipe("streaming"))  # backend: build_models' patch
     latent_frames = 1 + 3 * args.segments
 
     def stage1():
@@ -132,9 +130,9 @@ def profile_segments(args) -> dict:
     with torch.no_grad():
         stage1()
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as profiler:
-            began = time.perf_counter()
-            stage1()
-            wall_ms = (time.perf_counter() - began) * 1e3
+            with Stopwatch("cuda") as watch:
+                stage1()
+        wall_ms = watch.seconds * 1e3
     return report(args, f"segments_{args.segments}", profiler, wall_ms)
 
 

@@ -83,6 +83,7 @@ def replay(golden_path: str, kernels: str = "torch", **overrides) -> dict:
 
     import camrender.model.segments as segments_module
     from camrender.model.loading import load_transformer_weights
+    from camrender.model.patch import KernelSettings, patch_transformer
     from camrender.model.recipes import get_recipe
     from camrender.render.inputs import RenderInputs
     from camrender.render.segments import sample_segments, segment_timesteps
@@ -106,9 +107,8 @@ def replay(golden_path: str, kernels: str = "torch", **overrides) -> dict:
                           camera_conditions=camera_conditions, chunk_plucker=chunk_plucker,
                           first_latent=tensors["inputs/first_latent"], noise=tensors["inputs/latents_init"])
     bounds = segments_module.segment_bounds(shapes["latent_frames"], recipe.chunk_frames)
-    options = segments_module.SegmentOptions.for_recipe(
-        recipe, sdpa_dtype=torch.float32, backend="triton" if kernels == "fused" else "torch", precision="ieee",
-        **overrides)
+    patch_transformer(model, settings=KernelSettings("triton" if kernels == "fused" else "torch", "ieee"))
+    options = segments_module.SegmentOptions.for_recipe(recipe, sdpa_dtype=torch.float32, **overrides)
     timesteps = segment_timesteps(None, None, recipe)
 
     predictions = []  # (frame_start, write, prediction) of every model call

@@ -28,6 +28,7 @@ def replay(golden_path: str, kernels: str = "torch", **overrides) -> dict:
 
     from camrender.render.chunk_causal import sample_chunk_causal, teacher_schedule
     from camrender.model.loading import load_transformer_weights
+    from camrender.model.patch import KernelSettings, patch_transformer
     from camrender.model.recipes import get_recipe
     from camrender.render.inputs import RenderInputs
     from camrender.model.segments import SegmentOptions
@@ -39,6 +40,7 @@ def replay(golden_path: str, kernels: str = "torch", **overrides) -> dict:
     sampler = json.loads(metadata["sampler_config"])
     model = _model_from_config(config)
     weights = load_transformer_weights(model, golden_path)
+    patch_transformer(model, settings=KernelSettings("triton" if kernels == "fused" else "torch", "ieee"))
     camera_conditions, chunk_plucker = _camera(tensors, shapes)
 
     guidance = float(sampler["cfg_scale"])
@@ -55,8 +57,7 @@ def replay(golden_path: str, kernels: str = "torch", **overrides) -> dict:
                                 interval_k=float(sampler["interval_k"]))
     matrix = torch.tensor([[schedule.timestep(c, s) for s in range(schedule.total)] for c in range(len(bounds))])
     options = dataclasses.replace(
-        SegmentOptions.for_recipe(get_recipe("chunk-causal"), sdpa_dtype=torch.float32,
-                                  backend="triton" if kernels == "fused" else "torch", precision="ieee"),
+        SegmentOptions.for_recipe(get_recipe("chunk-causal"), sdpa_dtype=torch.float32),
         **overrides)
 
     per_step, per_chunk_step = [], [[] for _ in bounds]

@@ -32,7 +32,7 @@ if (_CHECKOUT_KERNELS / "__init__.py").is_file():
 
 
 def patch_transformer(transformer, kernels: str = "fused", **kwargs):
-    """Replace the attention of every GDN block in place; see `camrender.model.patch`."""
+    """Patch every block in place with one `KernelSettings` (full and segment mode); see `camrender.model.patch`."""
     from camrender.model.patch import patch_transformer as _patch
 
     return _patch(transformer, kernels=kernels, **kwargs)

@@ -1,11 +1,22 @@
-"""Test-wide setup: run Triton kernels through the interpreter on CPU.
+"""Test-wide setup: Triton kernels run through the interpreter on CPU, or compiled on a GPU.
 
-TRITON_INTERPRET must be set before triton is first imported, so it is set here,
-at the top of the first module pytest loads.
+Two modes, decided once in `pytest_configure` (before any test module imports triton):
+
+- CPU suite (`python3 -m pytest`): TRITON_INTERPRET=1, every kernel runs through the Triton
+  interpreter; tests marked `gpu` are skipped.
+- GPU suite (`python3 -m pytest -m gpu`, or CAMRENDER_TEST_GPU=1): when CUDA is present the kernels
+  are compiled for it (TRITON_INTERPRET=0) and only the `gpu` tests run; without CUDA the `gpu`
+  tests are skipped with the reason. See docs/testing.md.
+
+TRITON_INTERPRET must be set before triton is first imported, so nothing here imports it at module
+level (`import torch` does not import triton).
 """
+import importlib
 import os
+import pkgutil
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import pytest
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -15,18 +26,46 @@ from hypothesis import settings  # noqa: E402
 settings.register_profile("camrender", derandomize=True, deadline=None)
 settings.load_profile("camrender")
 
-# Tiny tensors run several times faster on one thread than on two shared cores.
-import torch  # noqa: E402
+GPU_ENV = "CAMRENDER_TEST_GPU"
+_compiled = False  # True: kernels compiled for CUDA, the gpu tests run, the CPU tests are skipped
 
-torch.set_num_threads(1)
 
-# Decorate every Triton kernel now, in interpreter mode: tests that set TRITON_INTERPRET=0 (the CPU
-# render path as a user runs it) must not be the first to import a kernel module, or its kernels
-# would be compiled for a GPU that is not there, whatever the test order.
-import importlib  # noqa: E402
-import pkgutil  # noqa: E402
+def gpu_requested(markexpr: str) -> bool:
+    """The run asks for the GPU suite: CAMRENDER_TEST_GPU=1, or `-m gpu` (the whole expression)."""
+    return os.environ.get(GPU_ENV, "") == "1" or markexpr.strip() == "gpu"
 
-import camrender.kernels  # noqa: E402
 
-for _module in pkgutil.iter_modules(camrender.kernels.__path__):
-    importlib.import_module(f"camrender.kernels.{_module.name}")
+def pytest_configure(config):
+    global _compiled
+    import torch
+
+    _compiled = gpu_requested(config.getoption("markexpr", "") or "") and torch.cuda.is_available()
+    if _compiled:
+        os.environ["TRITON_INTERPRET"] = "0"
+    else:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        # Tiny tensors run several times faster on one thread than on two shared cores.
+        torch.set_num_threads(1)
+    # Decorate every Triton kernel now, in the chosen mode: tests that set TRITON_INTERPRET=0 (the
+    # CPU render path as a user runs it) must not be the first to import a kernel module, or its
+    # kernels would be compiled for a GPU that is not there, whatever the test order.
+    import camrender.kernels
+
+    for module in pkgutil.iter_modules(camrender.kernels.__path__):
+        importlib.import_module(f"camrender.kernels.{module.name}")
+
+
+def pytest_collection_modifyitems(config, items):
+    if _compiled:
+        cpu_only = pytest.mark.skip(reason="CPU test: run the CPU suite (Triton interpreter) without -m gpu")
+        for item in items:
+            if item.get_closest_marker("gpu") is None:
+                item.add_marker(cpu_only)
+        return
+    import torch
+
+    why = ("needs CUDA and compiled Triton kernels: run `python3 -m pytest -m gpu` on a GPU machine"
+           if torch.cuda.is_available() else "needs a CUDA GPU (none here)")
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(pytest.mark.skip(reason=why))

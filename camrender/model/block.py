@@ -1,24 +1,30 @@
-"""Block-level patch of SANA-WM: the adaLN glue and the cross-attention around the patched attention.
+"""A SANA-WM block (`SanaVideoMSCamCtrlBlock`) on the fused kernels: adaLN glue and cross-attention
+around the patched attention and FFN, with state passing.
 
-`PatchedBlock.adopt(stock, kernels=...)` takes over a `SanaVideoMSCamCtrlBlock`'s parameters and
-sub-modules (no copies: the transformer's `state_dict()` is unchanged). With kernels="fused" its
+`PatchedBlock.adopt(stock, settings)` takes over a `SanaVideoMSCamCtrlBlock`'s parameters and
+sub-modules (no copies: the transformer's `state_dict()` is unchanged). On the kernels its
 forward is the stock block's, with each adaLN step one pass of `kernels.block_glue` (rounded
 where the stock block writes its intermediate tensors, so the glue itself matches it bit for bit):
 
     h = ada_norm(x, shift_msa, scale_msa)              LayerNorm + modulation
     x = gated_residual(x, attn(h), gate_msa, extra=p, extra_bias=b)   x + gate * attn + plucker_proj(P)
     x, h = residual_ada_norm(x, cross_attn(x), shift_mlp, scale_mlp)
-    x = gated_residual(x, y, gate_mlp, y2=z)           FFN output y + z (temporal conv), see patch_ffn
+    x = gated_residual(x, y, gate_mlp, y2=z)           FFN output y + z (temporal conv), see model/ffn.py
 
 and the cross-attention's query RMSNorm runs as one kernel (`kernels.main_prep`) instead of five
 fp32 passes. The residual stream leaves every block contiguous: the stock model carries it in the
 patch embedder's transposed layout, which sends every later elementwise op down PyTorch's slow
-strided path. kernels="torch" (or a padded-frame mask) runs the stock block forward (around the
-patched attention and FFN modules).
+strided path. In full mode, settings backend "torch" (or a padded-frame mask) runs the stock block
+forward (around the patched attention and FFN modules).
+
+Segment mode is the same forward with a `segment` (`SegmentCall`) and the block's `state`
+(`BlockCache`): the attention reads / writes its part of the state, the FFN's temporal conv sees
+the cached last frame of the previous segment on the left and zero after each segment's end.
 """
 from __future__ import annotations
 
 import contextlib
+from typing import Optional
 
 import torch
 from diffusers.models.attention_dispatch import dispatch_attention_fn
@@ -29,7 +35,9 @@ from diffusers.models.transformers.transformer_sana_wm import (
     SanaWMCrossAttnProcessor,
 )
 
-from camrender.model.patch import KERNEL_BACKENDS, adopt_module
+from camrender.model.adopt import adopt_module
+from camrender.model.settings import KernelSettings
+from camrender.model.state import BlockCache, SegmentCall
 
 
 class FusedCrossAttnProcessor(SanaWMCrossAttnProcessor):
@@ -43,7 +51,7 @@ class FusedCrossAttnProcessor(SanaWMCrossAttnProcessor):
         self.backend = backend
 
     def __call__(self, attn: MultiHeadCrossAttention, hidden_states, encoder_hidden_states, attention_mask=None):
-        from camrender.kernels.short_conv import use_triton
+        from camrender.kernels._validate import use_triton
 
         query_norm = getattr(attn.q_norm, "weight", None)
         if query_norm is None or not use_triton(hidden_states, self.backend):
@@ -108,7 +116,7 @@ def fixed_plucker(transformer, chunk_plucker):
     1 for a render: the guidance rows share it). No-op without Plucker inputs.
     """
     blocks = [block for block in transformer.blocks
-              if isinstance(block, PatchedBlock) and block.kernels == "fused" and hasattr(block, "plucker_proj")]
+              if isinstance(block, PatchedBlock) and block.settings.fused and hasattr(block, "plucker_proj")]
     if chunk_plucker is None or not getattr(transformer, "use_chunk_plucker_post_attn", False) or not blocks:
         yield
         return
@@ -141,7 +149,7 @@ def ffn_residual(block, x, mlp_in, grid, gate, backend, *, left=None, segments=N
 
 def glue_forward(block, x, y, mask, modulation, grid, attend, plucker_emb, backend, *, left=None, segments=None):
     """A SANA-WM block's forward on the fused adaLN glue, with its self-attention given as
-    attend(h) -> (B, N, C): `PatchedBlock.forward`, and segment mode's with the cached attention.
+    attend(h) -> (B, N, C) (`PatchedBlock.forward`).
 
     x (B, N, C) (any layout with channel stride 1); y (B, 1, L, C) text, mask its padding mask;
     modulation (B, 1, T, 6C); grid (T, h, w); left / segments: the FFN's segment-mode inputs (see
@@ -163,36 +171,51 @@ class PatchedBlock(SanaVideoMSCamCtrlBlock):
     """A SANA-WM block whose adaLN glue runs on `kernels.block_glue`; same call as the stock block.
 
     x (B, N, C), y (B, 1, L, C) text, t (B, 1, T, 6C) modulation; returns (B, N, C) contiguous.
+    Segment mode adds `state` (this block's `BlockCache`, or None) and `segment` (the call's
+    `SegmentCall`; THW, camera_conditions, frame_valid_mask and chunk_size are then not read).
     """
 
-    kernels: str = "fused"
+    settings: KernelSettings = KernelSettings()
     fixed_plucker = None  # (B_p, N, C) Plucker projection without bias, set by `fixed_plucker`
 
     @classmethod
-    def adopt(cls, stock: SanaVideoMSCamCtrlBlock, *, kernels: str):
-        block = adopt_module(cls, stock, kernels=kernels)
+    def adopt(cls, stock: SanaVideoMSCamCtrlBlock, settings: KernelSettings = KernelSettings()):
+        block = adopt_module(cls, stock, settings=settings)
         if not isinstance(block.cross_attn.processor, FusedCrossAttnProcessor):
             block.cross_attn.set_processor(FusedCrossAttnProcessor())
-        block.cross_attn.processor.backend = KERNEL_BACKENDS[kernels]
+        block.cross_attn.processor.backend = settings.backend
         return block
 
     def forward(self, x, y, t, mask=None, THW=None, rotary_emb=None, block_mask=None, camera_conditions=None,
-                ucpe_ray_transforms=None, plucker_emb=None, frame_valid_mask=None, chunk_size=None):
-        if self.kernels != "fused" or frame_valid_mask is not None:
-            return super().forward(x, y, t, mask, THW, rotary_emb, block_mask, camera_conditions,
-                                   ucpe_ray_transforms, plucker_emb, frame_valid_mask, chunk_size)
+                ucpe_ray_transforms=None, plucker_emb=None, frame_valid_mask=None, chunk_size=None, *,
+                state: Optional[BlockCache] = None, segment: Optional[SegmentCall] = None):
+        if segment is None:
+            if not self.settings.fused or frame_valid_mask is not None:
+                return super().forward(x, y, t, mask, THW, rotary_emb, block_mask, camera_conditions,
+                                       ucpe_ray_transforms, plucker_emb, frame_valid_mask, chunk_size)
+
+            def attend(attn_in):
+                return self.attn(attn_in, HW=THW, rotary_emb=rotary_emb, block_mask=block_mask,
+                                 camera_conditions=camera_conditions, ucpe_ray_transforms=ucpe_ray_transforms,
+                                 chunk_size=self.chunk_size if chunk_size is None else chunk_size)
+
+            return glue_forward(self, x, y, mask, t, THW, attend, plucker_emb, self.settings.backend)[0]
+
         def attend(attn_in):
-            return self.attn(attn_in, HW=THW, rotary_emb=rotary_emb, block_mask=block_mask,
-                             camera_conditions=camera_conditions, ucpe_ray_transforms=ucpe_ray_transforms,
-                             chunk_size=self.chunk_size if chunk_size is None else chunk_size)
+            return self.attn(attn_in, rotary_emb=rotary_emb, ucpe_ray_transforms=ucpe_ray_transforms,
+                             state=state, segment=segment)
 
-        return glue_forward(self, x, y, mask, t, THW, attend, plucker_emb, KERNEL_BACKENDS[self.kernels])[0]
+        x, spatial = glue_forward(self, x, y, mask, t, segment.grid, attend, plucker_emb, self.settings.backend,
+                                  left=None if state is None else state.ffn_tail, segments=segment.segments)
+        if segment.write:
+            state.keep_ffn_tail(spatial, segment)
+        return x
 
 
-def patch_block(block, *, kernels: str = "fused"):
-    """The patched block for `block` (updates it in place if already patched)."""
+def patch_block(block, settings: KernelSettings = KernelSettings()):
+    """The patched block for `block` (updates its settings in place if already patched)."""
     if isinstance(block, PatchedBlock):
-        block.kernels = kernels
-        block.cross_attn.processor.backend = KERNEL_BACKENDS[kernels]
+        block.settings = settings
+        block.cross_attn.processor.backend = settings.backend
         return block
-    return PatchedBlock.adopt(block, kernels=kernels)
+    return PatchedBlock.adopt(block, settings)

@@ -12,7 +12,7 @@ back, and runs the temporal conv on non-contiguous views. Here everything stays 
 `ffn_parts` returns y and z separately (the block's fused residual computes x + gate * (y + z)) and
 takes the segment-mode rule: `segments` (frame ranges) cut the temporal conv on the right of each
 range, and `left` is the cached last frame of y before the call. `PatchedGLUMBConvTemp` adopts a
-stock module (same parameters, no copies); kernels="torch" runs the stock forward.
+stock module (same parameters, no copies); settings backend "torch" runs the stock forward.
 """
 from __future__ import annotations
 
@@ -21,6 +21,9 @@ from typing import Optional, Sequence
 import torch
 import torch.nn.functional as F
 from diffusers.models.transformers.transformer_sana_wm import GLUMBConvTemp
+
+from camrender.model.adopt import adopt_module
+from camrender.model.settings import KernelSettings
 
 # PyTorch's conv kernels index with 32 bits; keep one temporal conv call under this many elements.
 _CONV_ELEMENTS_LIMIT = 1 << 30
@@ -120,8 +123,8 @@ def ffn_parts(mlp, x: torch.Tensor, frames: int, height: int, width: int, *, lef
         left: (B, 1, S, C) last frame of y before this call (segment mode) or None (zero).
         segments: (start, stop) frame ranges tiling [0, frames); the temporal conv sees zero after
             each range's end. None = one range, the whole call.
-        backend: GLU depthwise backend ("auto", "triton", "torch"); None = "torch" for a module
-            patched with kernels="torch", else "auto" (Triton on CUDA or under TRITON_INTERPRET=1).
+        backend: GLU depthwise backend ("auto", "triton", "torch"); None = the patched module's
+            `settings.backend` ("auto", Triton on CUDA or under TRITON_INTERPRET=1, for a stock one).
 
     Returns:
         y: (B, N, C_out) spatial part (point conv output); z: (B, N, C_out) temporal conv of y.
@@ -134,7 +137,7 @@ def ffn_parts(mlp, x: torch.Tensor, frames: int, height: int, width: int, *, lef
             or any(start >= stop for start, stop in segments):
         raise ValueError(f"segments {segments} must tile the {frames} frames of the call")
     if backend is None:
-        backend = "torch" if getattr(mlp, "kernels", "fused") == "torch" else "auto"
+        backend = getattr(mlp, "settings", KernelSettings()).backend
     if _fusable(mlp):
         y = _spatial_fused(mlp, x, frames, height, width, backend)
     else:
@@ -149,31 +152,30 @@ def ffn_parts(mlp, x: torch.Tensor, frames: int, height: int, width: int, *, lef
 class PatchedGLUMBConvTemp(GLUMBConvTemp):
     """`GLUMBConvTemp` on the fused token-major path; x (B, N, C) -> (B, N, C), HW = (T, H, W).
 
-    Built only by `adopt(stock, kernels=...)`: it takes over the stock module's parameters and
-    sub-modules (no copies), so `state_dict()` is unchanged. kernels="torch" runs the stock forward.
+    Built only by `adopt(stock, settings)`: it takes over the stock module's parameters and
+    sub-modules (no copies), so `state_dict()` is unchanged. Settings backend "torch" runs the stock
+    forward. (Patched blocks call `ffn_parts` directly, with their segment-mode inputs.)
     """
 
-    kernels: str = "fused"
+    settings: KernelSettings = KernelSettings()
 
     @classmethod
-    def adopt(cls, stock: GLUMBConvTemp, *, kernels: str = "fused") -> "PatchedGLUMBConvTemp":
-        from camrender.model.patch import adopt_module
-
-        return adopt_module(cls, stock, kernels=kernels)
+    def adopt(cls, stock: GLUMBConvTemp, settings: KernelSettings = KernelSettings()) -> "PatchedGLUMBConvTemp":
+        return adopt_module(cls, stock, settings=settings)
 
     def forward(self, hidden_states: torch.Tensor, HW=None) -> torch.Tensor:
-        if self.kernels == "torch":
+        if not self.settings.fused:
             return super().forward(hidden_states, HW)
         frames, height, width = HW
         y, z = ffn_parts(self, hidden_states, frames, height, width)
         return z.add_(y)  # z is a fresh tensor of this call: add in place, no third buffer
 
 
-def patch_ffn(mlp, *, kernels: str = "fused"):
-    """Return the patched FFN for `mlp` (a `GLUMBConvTemp`; updated in place if already patched)."""
+def patch_ffn(mlp, settings: KernelSettings = KernelSettings()):
+    """Return the patched FFN for `mlp` (a `GLUMBConvTemp`; its settings updated in place if already patched)."""
     if isinstance(mlp, PatchedGLUMBConvTemp):
-        mlp.kernels = kernels
+        mlp.settings = settings
         return mlp
     if not isinstance(mlp, GLUMBConvTemp):
         raise TypeError(f"expected a GLUMBConvTemp FFN, got {type(mlp).__name__}")
-    return PatchedGLUMBConvTemp.adopt(mlp, kernels=kernels)
+    return PatchedGLUMBConvTemp.adopt(mlp, settings)

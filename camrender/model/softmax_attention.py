@@ -1,27 +1,34 @@
-"""Fused attention for SANA-WM's softmax blocks (every 4th block: 3, 7, 11, 15, 19).
+"""Softmax-block attention of SANA-WM (every 4th block: 3, 7, 11, 15, 19) on the fused kernels, with state passing.
 
-`PatchedSoftmaxAttention.adopt(stock, kernels=..., precision=...)` takes over a stock
-`_SoftmaxUCPESinglePathLiteLA`'s parameters, buffers and sub-modules (no copies: the
-transformer's `state_dict()` is unchanged). With kernels="fused":
+`PatchedSoftmaxAttention.adopt(stock, settings)` takes over a stock `_SoftmaxUCPESinglePathLiteLA`'s
+parameters, buffers and sub-modules (no copies: the transformer's `state_dict()` is unchanged):
 - main branch: qkv -> `kernels.main_prep` (full-C RMSNorm + RoPE, written straight in the SDPA
-  dtype) -> SDPA over all N tokens at head dim D (bf16 on CUDA; cuDNN attention first, then
-  flash, see SDPA_BACKENDS); V is read in place from the qkv output.
+  dtype) -> SDPA at head dim D (bf16 on CUDA; cuDNN attention first, then flash, see
+  SDPA_BACKENDS); V is read in place from the qkv output.
 - camera branch: q/k/v_proj_cam -> `kernels.softmax_cam.cam_softmax_encode` (RMSNorm, UCPE,
-  RoPE, RMS downscale, zero-padded to 128, SDPA dtype) -> SDPA (scale 1/sqrt(128), as stock) ->
-  `cam_softmax_decode` (P, inverse RoPE) -> out_proj_cam.
-- combine: proj((main + cam) * silu(output_gate(x))) in one pass (`camrender.model.patch.combine_branches`).
-kernels="torch" (or a padded-frame mask, or a block without RMSNorm) runs the stock forward.
-Off CUDA and without TRITON_INTERPRET=1 the same fused structure runs on the PyTorch references.
+  RoPE, RMS downscale, zero-padded to 128, SDPA dtype) -> SDPA -> `cam_softmax_decode` (P,
+  inverse RoPE) -> out_proj_cam.
+- combine: proj((main + cam) * silu(output_gate(x))) in one pass (`gdn_attention.combine_branches`).
+Off CUDA and without TRITON_INTERPRET=1 the same structure runs on the PyTorch references.
+
+Full mode (no `segment`): all N tokens attend to each other; settings backend "torch" (or a
+padded-frame mask, or a block without RMSNorm weights) runs the stock forward. Segment mode
+(`segment`, `state`): queries attend to the cached K/V of the first segment (the sink) and of the
+`cached_segments` most recent segments, plus their own segment (masked per segment in a call of
+several); a writing call stores its K/V in the state.
 """
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from diffusers.models.transformers.transformer_sana_wm import _prepare_ucpe_ray_transforms, _SoftmaxUCPESinglePathLiteLA
 
-from camrender.model.patch import adopt_module, combine_branches
-from camrender.kernels.short_conv import use_triton as kernel_backend_is_triton
-
+from camrender.model.adopt import adopt_module
+from camrender.model.gdn_attention import combine_branches
+from camrender.model.settings import KernelSettings
+from camrender.model.state import BlockCache, SegmentCall, SoftmaxKV, compact
 
 # SDPA backends in priority order on CUDA (names of torch.nn.attention.SDPBackend), or None for
 # PyTorch's own choice. H200, torch 2.11, B=2 N=18480 H=20 bf16: cuDNN attention 12.3 ms vs flash
@@ -42,10 +49,16 @@ def sdpa(q, k, v, *, scale=None, mask=None, backends=SDPA_BACKENDS):
 
 def padded_sdpa_scale(head_dim: int) -> float:
     """1 / sqrt(padded head dim), the scale of diffusers' camera SDPA: it zero-pads head dims other
-    than FlashAttention's 32/64/128/256 to 128 (or 256) and attends at the padded size's default
-    scale. Segment mode's cached attention scales both branches this way."""
+    than FlashAttention's 32/64/128/256 to 128 (or 256) and attends at the padded size's default scale."""
     padded = head_dim if head_dim in (32, 64, 128) or head_dim >= 256 else (128 if head_dim <= 128 else 256)
     return padded ** -0.5
+
+
+def sdpa_operand_dtype(dtype, override):
+    """SDPA operand dtype: the override, else the stock rule (fp32 -> bf16, other dtypes unchanged)."""
+    if override is not None:
+        return override
+    return torch.bfloat16 if dtype == torch.float32 else dtype
 
 
 def softmax_qkv(attn, x, rope, attn_dtype, use_triton: bool):
@@ -94,81 +107,115 @@ def camera_decode(attn, o, ray_transforms, dtype, use_triton: bool):
     return cam_softmax_decode(o, ray_transforms, dim=attn.cam_head_dim, out_dtype=dtype)
 
 
-def sdpa_operand_dtype(dtype, override):
-    """SDPA operand dtype: the override, else the stock rule (fp32 -> bf16, other dtypes unchanged)."""
-    if override is not None:
-        return override
-    return torch.bfloat16 if dtype == torch.float32 else dtype
+def softmax_scale(head_dim: int, rule: str, camera: bool = False) -> Optional[float]:
+    """SDPA scale of the main (or camera) attention under a `SegmentOptions.softmax_scale` rule:
+    "diffusers" as diffusers' model (main: SDPA's default, None; camera: `padded_sdpa_scale`),
+    "head" 1/sqrt(head dim) in both."""
+    if rule == "diffusers":
+        return padded_sdpa_scale(head_dim) if camera else None
+    return head_dim ** -0.5
+
+
+def softmax_mask(call: SegmentCall, device) -> Optional[torch.Tensor]:
+    """Bool (N, N) attention pattern of a multi-segment call: a query of segment i sees segment 0,
+    segments i - cached_segments .. i - 1, and its own segment. None for a single segment."""
+    if len(call.segments) == 1:
+        return None
+    window = call.options.cached_segments
+    seg = call.segment_index(device)
+    q_seg, k_seg = seg[:, None], seg[None, :]
+    allowed = (k_seg <= q_seg) if window is None else (
+        (k_seg == q_seg) | (k_seg == 0) | ((k_seg < q_seg) & (k_seg >= q_seg - window)))
+    return allowed.repeat_interleave(call.spatial, 0).repeat_interleave(call.spatial, 1)
+
+
+def prefix_rows(call: SegmentCall, context: list) -> Optional[list]:
+    """With an unbounded window (cached_segments None) a multi-segment call is block-causal: the
+    queries of call segment (a, b) see every cached key and the call's keys up to frame b. Returns
+    (query start, query stop, key stop) token ranges, one per segment, or None (one segment / a window)."""
+    if call.options.cached_segments is not None or len(call.segments) == 1:
+        return None
+    cached_tokens = sum(kv.key.shape[2] for kv in context)
+    return [(a * call.spatial, b * call.spatial, cached_tokens + b * call.spatial) for a, b in call.segments]
+
+
+def attend(query, key, value, cached: list, scale, mask, prefixes=None, backends=SDPA_BACKENDS) -> torch.Tensor:
+    """SDPA of the call's queries (B, H, n, D) over the cached (key, value) pairs of earlier
+    segments followed by the call's own keys and values; with `prefixes` (`prefix_rows`), each
+    query row range attends to a prefix of those keys instead (no mask)."""
+    if cached:
+        key = torch.cat([k for k, _ in cached] + [key], dim=2)
+        value = torch.cat([v for _, v in cached] + [value], dim=2)
+    if prefixes is None:
+        return sdpa(query, key, value, scale=scale, mask=mask, backends=backends)
+    return torch.cat([sdpa(query[:, :, q0:q1], key[:, :, :k1], value[:, :, :k1], scale=scale, backends=backends)
+                      for q0, q1, k1 in prefixes], dim=2)
 
 
 class PatchedSoftmaxAttention(_SoftmaxUCPESinglePathLiteLA):
     """Softmax-block attention on the fused prep / UCPE kernels; x (B, N, C) -> (B, N, C).
 
     Attributes:
-        kernels: "fused" or "torch" (stock forward).
-        precision: kept for symmetry with the GDN blocks (SDPA has no tf32/ieee switch).
-        sdpa_dtype: None (stock rule: fp32 inputs attend in bf16) or a dtype to attend in.
+        settings: the model's `KernelSettings` (backend "torch": stock forward in full mode).
+        sdpa_dtype: full mode's SDPA dtype, None (stock rule: fp32 inputs attend in bf16) or a dtype;
+            in segment mode `SegmentOptions.sdpa_dtype` takes precedence.
         sdpa_backends: SDPA backend priority (see SDPA_BACKENDS).
     """
 
-    kernels: str = "fused"
-    precision: str = "tf32"
+    settings: KernelSettings = KernelSettings()
     sdpa_dtype = None
     sdpa_backends = SDPA_BACKENDS
 
     @classmethod
-    def adopt(cls, stock: _SoftmaxUCPESinglePathLiteLA, *, kernels: str = "fused", precision: str = "tf32"):
-        return adopt_module(cls, stock, kernels=kernels, precision=precision)
+    def adopt(cls, stock: _SoftmaxUCPESinglePathLiteLA, settings: KernelSettings = KernelSettings()):
+        return adopt_module(cls, stock, settings=settings)
 
-    def _fusable(self, frame_valid_mask) -> bool:
-        return (
-            self.kernels == "fused"
-            and frame_valid_mask is None
-            and all(getattr(norm, "weight", None) is not None
+    def _on_kernels(self) -> bool:
+        """Whether the fused structure computes this block (RMSNorm weights, even head dims)."""
+        return (all(getattr(norm, "weight", None) is not None
                     for norm in (self.q_norm, self.k_norm, self.q_norm_cam, self.k_norm_cam))
-            and self.dim % 2 == 0
-            and self.cam_head_dim % 8 == 0
-        )
+                and self.dim % 2 == 0 and self.cam_head_dim % 8 == 0)
 
     def forward(self, x, mask=None, HW=None, rotary_emb=None, block_mask=None, camera_conditions=None,
-                chunk_size=None, *, frame_valid_mask=None, ucpe_ray_transforms=None):
-        if HW is None:
+                chunk_size=None, *, frame_valid_mask=None, ucpe_ray_transforms=None,
+                state: Optional[BlockCache] = None, segment: Optional[SegmentCall] = None):
+        if HW is None and segment is None:
             raise ValueError("HW (T, H, W) must be provided for softmax attention.")
-        if not self._fusable(frame_valid_mask):
+        if segment is None and not (self.settings.fused and frame_valid_mask is None and self._on_kernels()):
             return super().forward(x, mask, HW, rotary_emb, block_mask, camera_conditions, chunk_size,
                                    frame_valid_mask=frame_valid_mask, ucpe_ray_transforms=ucpe_ray_transforms)
-        use_triton = kernel_backend_is_triton(x)
-        attn_dtype = sdpa_operand_dtype(x.dtype, self.sdpa_dtype)
-        out = self._main_softmax(x, rotary_emb, attn_dtype, use_triton)
-        if camera_conditions is not None:
-            ray_transforms = ucpe_ray_transforms
-            if ray_transforms is None:
-                ray_transforms = _prepare_ucpe_ray_transforms(
-                    head_dim=self.cam_head_dim, camera_conditions=camera_conditions, HW=HW,
-                    patch_size=self.patch_size, rotary_emb=rotary_emb)
-            camera = self.out_proj_cam(self._camera_softmax(x, ray_transforms, attn_dtype, use_triton))
-        else:
-            camera = None
-        return combine_branches(self, x, out, camera, backend="auto" if use_triton else "torch")
+        if segment is not None and not self._on_kernels():
+            raise NotImplementedError("segment mode supports softmax blocks with RMSNorm weights (the released ones)")
+        call = segment or SegmentCall.whole(HW)
+        options = call.options
+        rays = ucpe_ray_transforms
+        if rays is None and camera_conditions is not None:
+            rays = _prepare_ucpe_ray_transforms(head_dim=self.cam_head_dim, camera_conditions=camera_conditions,
+                                                HW=call.grid, patch_size=self.patch_size, rotary_emb=rotary_emb)
+        use_triton = self.settings.use_triton(x)
+        attn_dtype = sdpa_operand_dtype(x.dtype, options.sdpa_dtype if options.sdpa_dtype is not None
+                                        else self.sdpa_dtype)
+        context = [] if state is None else state.softmax_context()
+        prefixes = prefix_rows(call, context)
+        if context and len(call.segments) > 1 and prefixes is None:
+            raise ValueError("a call with several segments starts from a cache only with cached_segments=None")
+        attn_mask = None if prefixes is not None else softmax_mask(call, x.device)
 
-    def _main_softmax(self, x, rotary_emb, attn_dtype, use_triton):
-        """Main branch up to (not including) the gate: (B, N, C) in x.dtype."""
-        o = sdpa(*softmax_qkv(self, x, rotary_emb, attn_dtype, use_triton), backends=self.sdpa_backends)
-        return o.transpose(1, 2).reshape(x.shape).to(x.dtype)
+        query, key, value = softmax_qkv(self, x, rotary_emb, attn_dtype, use_triton)
+        out = attend(query, key, value, [(kv.key, kv.value) for kv in context],
+                     softmax_scale(self.dim, options.softmax_scale), attn_mask, prefixes, self.sdpa_backends)
+        out = out.transpose(1, 2).reshape(x.shape).to(x.dtype)
 
-    def _camera_softmax(self, x, ray_transforms, attn_dtype, use_triton):
-        """Camera branch up to (not including) out_proj_cam: (B, N, C) in x.dtype, world space."""
-        # Our encode pads every head dim to 128 or 256 (zeros, no effect on the scores): the scale is stock's.
-        o = sdpa(*camera_encode(self, x, ray_transforms, attn_dtype, use_triton),
-                 scale=padded_sdpa_scale(self.cam_head_dim), backends=self.sdpa_backends)
-        return camera_decode(self, o, ray_transforms, x.dtype, use_triton)
+        camera = cam_key = cam_value = None
+        if rays is not None:
+            cam_query, cam_key, cam_value = camera_encode(self, x, rays, attn_dtype, use_triton,
+                                                          options.camera_downscale)
+            cam_out = attend(cam_query, cam_key, cam_value, [(kv.cam_key, kv.cam_value) for kv in context],
+                             softmax_scale(self.cam_head_dim, options.softmax_scale, camera=True), attn_mask,
+                             prefixes, self.sdpa_backends)
+            camera = self.out_proj_cam(camera_decode(self, cam_out, rays, x.dtype, use_triton))
 
-
-def patch_softmax_block(attention, *, kernels: str = "fused", precision: str = "tf32"):
-    """Return the patched softmax attention for `attention` (updates it in place if already patched)."""
-    if isinstance(attention, PatchedSoftmaxAttention):
-        attention.kernels, attention.precision = kernels, precision
-        return attention
-    if not isinstance(attention, _SoftmaxUCPESinglePathLiteLA):
-        raise TypeError(f"expected a softmax-block attention, got {type(attention).__name__}")
-    return PatchedSoftmaxAttention.adopt(attention, kernels=kernels, precision=precision)
+        if call.write:
+            state.keep_softmax(SoftmaxKV(*(compact(t) for t in (key, value, cam_key, cam_value))),
+                               options.cached_segments)
+        return combine_branches(self, x, out, camera, self.settings.backend if use_triton else "torch")

@@ -166,7 +166,8 @@ def render_segments(pipe, request, progress: Optional[Callable[..., None]] = Non
     import torch
 
     from camrender.render.request import check_request, latent_shape
-    from camrender.model.patch import KERNEL_BACKENDS
+    from camrender.model.patch import patch_transformer
+    from camrender.model.settings import model_settings
     from camrender.render.decode import CausalStreamDecoder
     from camrender.model.segments import SegmentCache, SegmentOptions, segment_bounds
     from camrender.render.stage_two import refined_frames, stage_two
@@ -186,8 +187,9 @@ def render_segments(pipe, request, progress: Optional[Callable[..., None]] = Non
         longest = (model.rope.max_seq_len - 1) * pipe.vae_temporal_compression_ratio + 1
         raise CamrenderError(f"segment mode renders at most {longest} frames with this model, got {request.num_frames}",
                              field="frames")
-    options = SegmentOptions.for_recipe(recipe, cached_segments=cached_segments,
-                                        backend=KERNEL_BACKENDS[request.kernels])
+    if model_settings(model) is None:  # the CLI patches with the request's --kernels; a bare pipeline here
+        patch_transformer(model, kernels=request.kernels)
+    options = SegmentOptions.for_recipe(recipe, cached_segments=cached_segments)
     inputs = prepare_inputs(pipe, request, device)
     if recipe.sampler == "chunk-flow-euler":  # the teacher's own layout and staggered schedule
         from camrender.render.chunk_causal import teacher_chunk_bounds, teacher_schedule

@@ -28,7 +28,7 @@ def test_tiny_run_writes_every_figure(tmp_path, monkeypatch):
     assert stats["inject"]["replays"] >= 12 and stats["inject_and_capture_post_rope"]["replays"] >= 4
     assert result["refiner_steady_state_eager"]["graph_stats"] is None
     assert result["roofline"]["refiner_only_fps_measured_graphed"] > 0
-    assert result["graphed_vs_eager_block_max_abs_diff"] == 0.0  # the same block, eager and replayed
+    assert "graphed_vs_eager_block_max_abs_diff" not in result  # a check: tests/render/test_graphs_gpu.py
     assert result["roofline"]["refiner_only_fps_at_peak"] > result["roofline"]["segment_mode_fps_ceiling_with_refiner"]
     # the fused refiner blocks against diffusers' stock ones, side by side (fp32 here: the same block)
     assert result["with_refiner_stock_kernels"]["video_frames"] == 73

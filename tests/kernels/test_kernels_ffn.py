@@ -11,6 +11,7 @@ import torch
 from diffusers.models.transformers.transformer_sana_wm import GLUMBConvTemp
 
 from camrender.model.ffn import PatchedGLUMBConvTemp, ffn_parts, patch_ffn
+from camrender.model.settings import KernelSettings
 from camrender.kernels.ffn_glu import glu_depthwise, glu_depthwise_ref
 from helpers import rel
 
@@ -82,10 +83,10 @@ def test_patched_ffn_matches_stock(seed):
     x = torch.randn(batch, frames * height * width, 8, generator=torch.Generator().manual_seed(seed + 10))
     with torch.no_grad():
         stock = mlp(x, HW=(frames, height, width))
-        patched = PatchedGLUMBConvTemp.adopt(mlp, kernels="fused")
+        patched = PatchedGLUMBConvTemp.adopt(mlp, KernelSettings.from_kernels("fused"))
         fused = patched(x, HW=(frames, height, width))
         y, z = ffn_parts(patched, x, frames, height, width, backend="torch")
-        patched.kernels = "torch"
+        patched.settings = KernelSettings.from_kernels("torch")
         torch_mode = patched(x, HW=(frames, height, width))
     assert fused.shape == stock.shape and fused.dtype == stock.dtype
     assert rel(fused, stock) < 1e-5
@@ -97,12 +98,13 @@ def test_patched_ffn_matches_stock(seed):
 def test_adopt_keeps_the_state_dict_and_shares_parameters():
     mlp = _mlp(2)
     before = mlp.state_dict()
-    patched = patch_ffn(mlp, kernels="fused")
+    patched = patch_ffn(mlp, KernelSettings.from_kernels("fused"))
     after = patched.state_dict()
     assert isinstance(patched, PatchedGLUMBConvTemp) and isinstance(patched, GLUMBConvTemp)
     assert list(after) == list(before)
     assert all(after[k].data_ptr() == before[k].data_ptr() for k in before)
-    assert patch_ffn(patched, kernels="torch") is patched and patched.kernels == "torch"
+    torch_settings = KernelSettings.from_kernels("torch")
+    assert patch_ffn(patched, torch_settings) is patched and patched.settings == torch_settings
     with pytest.raises(TypeError):
         patch_ffn(torch.nn.Linear(2, 2))
 
@@ -148,12 +150,12 @@ def test_ffn_parts_follows_the_segment_rule(segments, with_left):
 
 
 def test_segment_ffn_carries_the_last_frame():
-    """Segment mode's FFN (`ffn_residual` with the cached left frame, `segments._keep_ffn_tail`):
+    """Segment mode's FFN (`ffn_residual` with the cached left frame, `BlockCache.keep_ffn_tail`):
     two cached calls equal one two-segment call over all frames."""
     from types import SimpleNamespace
 
     from camrender.model.block import ffn_residual
-    from camrender.model.segments import BlockCache, _Call, _keep_ffn_tail
+    from camrender.model.state import BlockCache, SegmentCall
 
     block = SimpleNamespace(mlp=_mlp(4))
     batch, height, width = 1, 2, 3
@@ -163,12 +165,12 @@ def test_segment_ffn_carries_the_last_frame():
     gate = torch.randn(batch, 5, 8, generator=g)
 
     def run(start, stop, segments, cache, write):
-        call = _Call(stop - start, height, width, segments, write)
+        call = SegmentCall(stop - start, height, width, tuple(segments), write)
         tokens = slice(start * spatial, stop * spatial)
         out, y = ffn_residual(block, residual[:, tokens], x[:, tokens], (stop - start, height, width),
                               gate[:, start:stop], "auto", left=cache.ffn_tail, segments=segments)
         if write:
-            _keep_ffn_tail(cache, y, call)
+            cache.keep_ffn_tail(y, call)
         return out
 
     with torch.no_grad():

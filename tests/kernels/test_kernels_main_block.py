@@ -9,7 +9,8 @@ from diffusers.models.transformers.transformer_sana_wm import (
     SanaWMRotaryPosEmbed,
 )
 
-from camrender.model.patch import PatchedGDNAttention
+from camrender.model.gdn_attention import PatchedGDNAttention
+from camrender.model.settings import KernelSettings
 from helpers import rel
 
 
@@ -32,9 +33,9 @@ def test_patched_gdn_main_branch_matches_stock():
     with torch.no_grad():
         want = block.double()(x, HW=(frames, *hw), rotary_emb=rope)
         block.float()
-        fused = PatchedGDNAttention.adopt(block, kernels="fused", precision="ieee")
+        fused = PatchedGDNAttention.adopt(block, KernelSettings.from_kernels("fused", "ieee"))
         got = fused(x.float(), HW=(frames, *hw), rotary_emb=rope)
-        stock_path = PatchedGDNAttention.adopt(block, kernels="torch", precision="ieee")
+        stock_path = PatchedGDNAttention.adopt(block, KernelSettings.from_kernels("torch", "ieee"))
         torch_out = stock_path(x.float(), HW=(frames, *hw), rotary_emb=rope)
     assert got.shape == want.shape and got.dtype == torch.float32
     assert rel(got, want) < 1e-4

@@ -47,17 +47,17 @@ def test_a_rule_other_than_the_official_one_is_caught(rule):
 @pytest.mark.parametrize("kind", ["convs", "chunk_causal"])  # the goldens with randomised K short convs
 def test_short_conv_context_is_carried_across_chunks(kind):
     """The conv-perturbed goldens fail when the camera K short conv restarts at every chunk."""
-    import camrender.model.segments as segments
+    import camrender.model.gdn_attention as gdn
 
     golden = next(g for g in GOLDENS if kind in g.stem)
-    carried = segments._carried_short_conv
-    segments._carried_short_conv = lambda conv, raw, call, cache, tail_name: (
-        segments._short_conv(conv, raw, call, carry=False) if tail_name == "cam_key_tail"
-        else carried(conv, raw, call, cache, tail_name))
+    carried = gdn.carried_short_conv
+    gdn.carried_short_conv = lambda conv, raw, call, state, tail_name, backend: (
+        gdn.segment_short_conv(conv, raw, call, backend, carry=False) if tail_name == "cam_key_tail"
+        else carried(conv, raw, call, state, tail_name, backend))
     try:
         result = replay_golden.replay(str(golden), "torch")
     finally:
-        segments._carried_short_conv = carried
+        gdn.carried_short_conv = carried
     assert result["max_rel_error"] > 1e-3
     assert result["final_latents_rel_error_per_chunk"][0] < 1e-5  # chunk 0 has no context to carry
 

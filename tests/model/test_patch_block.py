@@ -2,7 +2,7 @@
 import torch
 from diffusers.models.transformers.transformer_sana_wm import MultiHeadCrossAttention
 
-from camrender.model.patch import combine_branches
+from camrender.model.gdn_attention import combine_branches
 from camrender.model.block import FusedCrossAttnProcessor, plucker_projection
 from camrender.model.tiny import build_tiny_transformer
 

@@ -15,7 +15,9 @@ from diffusers.models.transformers.transformer_sana_wm import (
     _SoftmaxUCPESinglePathLiteLA,
 )
 
-from camrender.model.softmax_attention import PatchedSoftmaxAttention, patch_softmax_block
+from camrender.model.patch import patch_attention
+from camrender.model.settings import KernelSettings
+from camrender.model.softmax_attention import PatchedSoftmaxAttention
 from camrender.kernels.main_reference import cam_softmax_decode_ref, cam_softmax_encode_ref
 from camrender.kernels.softmax_cam import cam_softmax_decode, cam_softmax_encode
 from helpers import rel
@@ -61,7 +63,7 @@ def test_patched_softmax_block_matches_stock(seed, head_dim, monkeypatch):
     with torch.no_grad():
         ref = block.double()(x, HW=hw, rotary_emb=rope, camera_conditions=cam, ucpe_ray_transforms=rays)
         block.float()
-        patched = PatchedSoftmaxAttention.adopt(block, kernels="fused")
+        patched = PatchedSoftmaxAttention.adopt(block, KernelSettings.from_kernels("fused"))
         patched.sdpa_dtype = torch.float32
         rays32 = tuple(r.float() if not r.is_complex() else r for r in rays)
         out = patched(x.float(), HW=hw, rotary_emb=rope, camera_conditions=cam, ucpe_ray_transforms=rays32)
@@ -79,7 +81,7 @@ def test_adopt_shares_parameters_and_torch_mode_is_stock():
     block, x, hw, rope, rays = _setup(3)
     block.float()
     keys = {k: v.data_ptr() for k, v in block.state_dict().items()}
-    patched = patch_softmax_block(block, kernels="torch")
+    patched = patch_attention(block, KernelSettings.from_kernels("torch"))
     assert {k: v.data_ptr() for k, v in patched.state_dict().items()} == keys
     cam = torch.zeros(x.shape[0], hw[0], 20)
     rays32 = tuple(r.float() if not r.is_complex() else r for r in rays)
@@ -87,7 +89,8 @@ def test_adopt_shares_parameters_and_torch_mode_is_stock():
         ref = block(x.float(), HW=hw, rotary_emb=rope, camera_conditions=cam, ucpe_ray_transforms=rays32)
         out = patched(x.float(), HW=hw, rotary_emb=rope, camera_conditions=cam, ucpe_ray_transforms=rays32)
     assert torch.equal(out, ref)
-    assert patch_softmax_block(patched, kernels="fused") is patched and patched.kernels == "fused"
+    fused = KernelSettings.from_kernels("fused")
+    assert patch_attention(patched, fused) is patched and patched.settings == fused
 
 
 def test_default_bf16_attention_stays_close_to_stock():

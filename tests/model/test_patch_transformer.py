@@ -12,7 +12,9 @@ from diffusers.models.transformers.transformer_sana_wm import (
 
 from camrender import kernels
 
-from camrender.model.patch import PatchedGDNAttention, patch_transformer
+from camrender.model.gdn_attention import PatchedGDNAttention
+from camrender.model.patch import patch_transformer
+from camrender.model.settings import KernelSettings, model_settings
 from camrender.model.tiny import build_tiny_transformer
 
 HEAD_DIM_CONFIGS = {
@@ -68,7 +70,9 @@ def test_patch_keeps_every_parameter_and_buffer():
     assert issubclass(kinds[1], _SoftmaxUCPESinglePathLiteLA)
     # patching again only updates the settings
     patch_transformer(model, kernels="torch", precision="ieee")
-    assert model.blocks[0].attn.kernels == "torch" and model.blocks[0].attn.precision == "ieee"
+    settings = KernelSettings(backend="torch", precision="ieee")
+    assert model_settings(model) == settings
+    assert all(module.settings is model_settings(model) for block in model.blocks for module in (block, block.attn, block.mlp))
     assert list(model.state_dict()) == list(before)
     with pytest.raises(ValueError):
         patch_transformer(model, kernels="cuda")
@@ -86,7 +90,7 @@ def _stock_softmax_blocks(model):
     """Keep the softmax blocks on the stock forward (their SDPA runs in bf16 in stock)."""
     for block in model.blocks:
         if not isinstance(block.attn, BidirectionalGDNUCPESinglePathLiteLA):
-            block.attn.kernels = "torch"
+            block.attn.settings = KernelSettings(backend="torch", precision=block.attn.settings.precision)
 
 
 @pytest.mark.parametrize("head_dim", sorted(HEAD_DIM_CONFIGS))

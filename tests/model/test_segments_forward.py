@@ -16,6 +16,7 @@ from camrender.model.segments import (
     segment_bounds,
     segment_forward,
 )
+from camrender.model.patch import KernelSettings, patch_transformer
 from camrender.model.tiny import build_tiny_transformer
 
 HEAD_DIM = 16  # tiny model: hidden 32, 2 heads; block 0 GDN, block 1 softmax
@@ -23,7 +24,7 @@ HEAD_DIM = 16  # tiny model: hidden 32, 2 heads; block 0 GDN, block 1 softmax
 
 @pytest.fixture(scope="module")
 def model():
-    return build_tiny_transformer(seed=0)
+    return patch_transformer(build_tiny_transformer(seed=0), kernels="torch")
 
 
 def camera_inputs(batch, frames, height, width, seed=0):
@@ -198,8 +199,15 @@ def test_denoising_passes_only_read_the_cache(model):
         segment_forward(model, latents[:, :, 5:], torch.zeros(1, 1, 2), text, mask, frame_start=5, cache=cache)
 
 
+def test_segment_mode_needs_a_patched_model():
+    latents, text, mask = model_inputs(1, 2, 2, 2)
+    with pytest.raises(ValueError, match="patch the transformer first"):
+        segment_forward(build_tiny_transformer(seed=0), latents, torch.zeros(1, 1, 2), text, mask)
+
+
 def test_fused_kernels_pass_state_like_the_reference(model):
-    """backend="triton" (Triton kernels, interpreted on CPU) carries GDN states across segments like the PyTorch path."""
+    """A model patched with backend "triton" (Triton kernels, interpreted on CPU) carries GDN states across
+    segments like one on the PyTorch references."""
     batch, frames, height, width = 1, 7, 2, 2
     latents, text, mask = model_inputs(batch, frames, height, width, seed=4)
     conditions, plucker = camera_inputs(batch, frames, height, width, seed=4)
@@ -207,6 +215,26 @@ def test_fused_kernels_pass_state_like_the_reference(model):
     outputs = {}
     with torch.no_grad():
         for backend in ("torch", "triton"):
-            options = SegmentOptions(sdpa_dtype=torch.float32, backend=backend, precision="ieee")
-            outputs[backend], _ = run_segments(model, latents, text, mask, conditions, plucker, bounds, 600.0, options)
+            patched = patch_transformer(build_tiny_transformer(seed=0), settings=KernelSettings(backend, "ieee"))
+            outputs[backend], _ = run_segments(patched, latents, text, mask, conditions, plucker, bounds, 600.0,
+                                               SegmentOptions(sdpa_dtype=torch.float32))
     torch.testing.assert_close(outputs["triton"], outputs["torch"], atol=1e-4, rtol=1e-4)
+
+
+def test_full_mode_is_one_segment_without_state():
+    """The patched model's own forward (full mode) and `segment_forward` over one segment with
+    diffusers' rules and no cache run the same block modules: equal outputs, on the PyTorch
+    references (backend "torch" in segment mode) and on the Triton kernels (interpreted)."""
+    from camrender.model.state import FULL_MODE
+
+    batch, frames, height, width = 2, 4, 2, 3
+    latents, text, mask = model_inputs(batch, frames, height, width, seed=5)
+    conditions, plucker = camera_inputs(batch, frames, height, width, seed=5)
+    timestep = torch.full((batch, 1, frames), 400.0)
+    model = patch_transformer(build_tiny_transformer(seed=0), settings=KernelSettings("triton", "ieee"))
+    with torch.no_grad():
+        full = model(latents, timestep, text, encoder_attention_mask=mask, camera_conditions=conditions,
+                     chunk_plucker=plucker, return_dict=False)[0]
+        one_segment = segment_forward(model, latents, timestep, text, mask, camera_conditions=conditions,
+                                      chunk_plucker=plucker, options=FULL_MODE)
+    torch.testing.assert_close(one_segment, full, rtol=1e-5, atol=1e-5)

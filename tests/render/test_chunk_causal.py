@@ -11,16 +11,17 @@ import torch
 from camrender.render.chunk_causal import euler_dt, sample_chunk_causal, teacher_chunk_bounds, teacher_schedule
 from camrender.render.inputs import RenderInputs
 from camrender.model.segments import SegmentCache, SegmentOptions, dense_reference_forward, segment_forward
+from camrender.model.patch import patch_transformer
 from camrender.model.tiny import build_tiny_transformer
 from helpers import rel
 from test_segments_forward import camera_inputs
 
-TEACHER = SegmentOptions(cached_segments=None, backend="torch", sdpa_dtype=torch.float32)
+TEACHER = SegmentOptions(cached_segments=None, sdpa_dtype=torch.float32)
 
 
 @pytest.fixture(scope="module")
 def model():
-    return build_tiny_transformer(seed=0)
+    return patch_transformer(build_tiny_transformer(seed=0), kernels="torch")
 
 
 def test_teacher_chunks_put_the_remainder_into_the_last_chunk():
@@ -118,7 +119,7 @@ def test_multi_segment_call_from_a_cache_attends_to_every_earlier_segment(model)
     with torch.no_grad(), pytest.raises(ValueError, match="cached_segments=None"):
         segment_forward(model, latents[:, :, 4:], timestep[..., 4:], text, mask, frame_start=4,
                         camera_conditions=conditions[:, 4:], chunk_plucker=plucker[:, :, 4:], cache=cache,
-                        segments=[(0, 3), (3, 6)], options=SegmentOptions(cached_segments=2, backend="torch"))
+                        segments=[(0, 3), (3, 6)], options=SegmentOptions(cached_segments=2))
 
 
 def test_render_segments_runs_the_teacher_sampler_and_streams_each_finished_chunk():
@@ -139,7 +140,7 @@ def test_render_segments_runs_the_teacher_sampler_and_streams_each_finished_chun
     assert [len(chunk) for chunk in chunks] == [25, 24, 24] and calls == [(1, 3), (2, 3), (3, 3)]
     inputs = prepare_inputs(pipe, request, torch.device("cpu"))
     bounds = teacher_chunk_bounds(inputs.noise.shape[2])
-    options = SegmentOptions(cached_segments=None, camera_downscale=False, backend="torch")
+    options = SegmentOptions(cached_segments=None, camera_downscale=False)
     with torch.no_grad():
         latents = torch.cat([x for *_, x in sample_chunk_causal(pipe.transformer, inputs, bounds,
                                                                 teacher_schedule(3, steps=3), options, "cpu")], dim=2)

@@ -12,6 +12,7 @@ from camrender.render.full import render_frames
 from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments
 from camrender.render.decode import CausalStreamDecoder, to_uint8_frames
 from camrender.model.segments import SegmentOptions, segment_bounds
+from camrender.model.patch import patch_transformer
 from camrender.model.tiny import build_tiny_pipeline
 from camrender.model.tiny_refiner import build_tiny_refiner
 from camrender.trajectory import Trajectory
@@ -25,6 +26,7 @@ PROMPT = "a quiet street"
 def pipe():
     pipe = build_tiny_pipeline(seed=0)
     pipe.set_progress_bar_config(disable=True)
+    patch_transformer(pipe.transformer, kernels="torch")  # as the CLI does for the requests' --kernels torch
     attach_refiner(pipe, build_tiny_refiner(seed=1))
     return pipe
 

@@ -10,6 +10,7 @@ from camrender.render.inputs import prepare_inputs
 from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, render_segments, sample_segments, segment_timesteps
 from camrender.render.decode import CausalStreamDecoder, to_uint8_frames
 from camrender.model.segments import SegmentOptions, dense_reference_forward, segment_bounds, segment_forward
+from camrender.model.patch import patch_transformer
 from camrender.model.tiny import build_tiny_pipeline, build_tiny_transformer
 from camrender.trajectory import Trajectory
 
@@ -21,6 +22,7 @@ SIZE = 32
 def pipe():
     pipe = build_tiny_pipeline(seed=0)
     pipe.set_progress_bar_config(disable=True)
+    patch_transformer(pipe.transformer, kernels="torch")  # as the CLI does for the requests' --kernels torch
     return pipe
 
 
@@ -229,7 +231,7 @@ def test_original_format_dit_files_load_and_render(tmp_path, fmt):
 
     from camrender.model.loading import load_transformer_weights
 
-    source = build_tiny_transformer(seed=5)
+    source = patch_transformer(build_tiny_transformer(seed=5), kernels="torch")
     state = {name: tensor.clone().contiguous() for name, tensor in source.state_dict().items()}
     if fmt == "chunk_causal_safetensors":
         path = tmp_path / "sana_wm_chunk_causal_tiny.safetensors"
@@ -249,6 +251,7 @@ def test_original_format_dit_files_load_and_render(tmp_path, fmt):
     latents = torch.randn(1, 8, 4, 2, 2, generator=torch.Generator().manual_seed(1))
     text, mask = torch.randn(1, 1, 5, 32), torch.ones(1, 5, dtype=torch.long)
     timestep = torch.tensor([[[0.0, 889.0, 889.0, 889.0]]])
+    patch_transformer(target, kernels="torch")
     with torch.no_grad():
         expected = segment_forward(source, latents, timestep, text, mask)
         got = segment_forward(target, latents, timestep, text, mask)

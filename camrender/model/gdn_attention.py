@@ -1,0 +1,242 @@
+"""GDN block attention (`BidirectionalGDNUCPESinglePathLiteLA`) on the fused kernels, with state passing.
+
+`PatchedGDNAttention` adopts a stock module's parameters, buffers and sub-modules (no copies: the
+transformer's `state_dict()` is unchanged). Its forward is split into `gdn_gates` (shared by both
+branches), `_main_branch` (`kernels.short_conv` + `kernels.main_branch`), `_camera_branch`
+(`kernels.camera_branch`) and `combine_branches`.
+
+One forward for both modes:
+- full mode (no `segment`): one segment, no state; with settings backend "torch" (or a block
+  layout the kernels do not cover) the main branch and short convs run diffusers' own code;
+- segment mode (`segment`, a `SegmentCall`, and `state`, the block's `BlockCache`): the forward
+  scans start from the cached states, reverse scans stay inside each segment of the call; the
+  causal halves of the main and camera K short convs read the last K - 1 raw K frames cached
+  (their anti-causal halves stay inside the segment). A writing call stores its final states.
+Shapes: B batch, T frames of the call, S = h * w, N = T * S tokens, C channels, H heads.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from diffusers.models.transformers.transformer_sana_wm import (
+    BidirectionalGDNUCPESinglePathLiteLA,
+    _prepare_ucpe_ray_transforms,
+)
+
+from camrender.kernels.camera_branch import camera_branch
+from camrender.kernels.main_branch import main_branch
+from camrender.kernels.short_conv import short_conv, short_conv_context
+from camrender.model.adopt import adopt_module
+from camrender.model.settings import KernelSettings
+from camrender.model.state import BlockCache, SegmentCall, compact
+
+
+def gdn_gates(attn, x: torch.Tensor, frames: int, spatial: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The GDN gates of block attention `attn`, shared by its main and camera branches.
+
+    x (B, N, C), N = frames * spatial. Returns beta (B, H, T, S) = sigmoid(beta_proj(x)) in x's
+    dtype, and the per-frame decay (B, H, T) fp32 =
+    exp(-exp(A_log) * softplus(gate_proj(mean_s x) + dt_bias)).
+    """
+    batch, _, channels = x.shape
+    beta = attn.beta_proj(x).sigmoid().reshape(batch, frames, spatial, attn.heads).permute(0, 3, 1, 2)
+    frame_mean = x.reshape(batch, frames, spatial, channels).mean(dim=2)
+    gate = attn.gate_proj(frame_mean).float()
+    rate = attn.A_log.float().exp().view(1, 1, -1)
+    decay = (-rate * F.softplus(gate + attn.dt_bias.float().view(1, 1, -1))).exp().transpose(1, 2)
+    return beta, decay
+
+
+def combine_branches(attn, x, main, camera, backend: str) -> torch.Tensor:
+    """proj((main + camera) * silu(output_gate(x))) of block attention `attn`; camera is already
+    through out_proj_cam (or None). backend "torch": the stock computation (bf16 sum, fp32 gate);
+    otherwise the sum and gate in one pass (`kernels.block_glue.silu_gate`, stock rounding, that backend)."""
+    gated = attn.use_output_gate and attn.output_gate is not None
+    if backend != "torch" and gated:
+        from camrender.kernels.block_glue import silu_gate
+
+        return attn.proj(silu_gate(main, attn.output_gate(x), b=camera, backend=backend))
+    out = main if camera is None else main + camera
+    if gated:
+        out = out * F.silu(attn.output_gate(x).to(torch.float32))
+    return attn.proj(out.to(x.dtype))
+
+
+# ---------------------------------------------------------------------------------------------
+# Temporal short convolution, chunk-causal
+# ---------------------------------------------------------------------------------------------
+
+
+def segment_short_conv(conv, x: torch.Tensor, call: SegmentCall, backend: str, *, carry: bool,
+                       left: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """SANA-WM's bidirectional depthwise short conv over frames (diffusers
+    `SanaWMTemporalShortConvolution`, here `kernels.short_conv`), chunk-causal.
+
+    The anti-causal half stops at the end of each segment of the call. With `carry` the causal
+    half reads `left`, the raw frames before the call, and the earlier segments of the call;
+    without, each segment is zero-padded on both sides.
+
+    Args:
+        conv: the block's `SanaWMTemporalShortConvolution` (weight (C, 1, K)).
+        x: (B, N, C) raw projections of the call (channel stride 1; a slice of the qkv output is fine).
+        left: (B, L*S, C), L <= K - 1, raw frames right before the call, or None.
+    Returns (B, N, C).
+    """
+    spatial = call.spatial
+    pieces = []
+    for index, (start, stop) in enumerate(call.segments):
+        piece = x[:, start * spatial : stop * spatial]
+        pieces.append(short_conv(piece, conv.weight, stop - start, left_context=left if carry else None,
+                                 backend=backend))
+        if carry and index + 1 < len(call.segments):
+            left = short_conv_context(piece, stop - start, left, frames=conv.kernel_size - 1)
+    out = pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1)
+    if conv.bias is not None:
+        out = out + 2 * conv.bias.to(out.dtype)  # both halves carry the bias in diffusers
+    return out
+
+
+def carried_short_conv(conv, raw: torch.Tensor, call: SegmentCall, state: Optional[BlockCache], tail_name: str,
+                       backend: str) -> torch.Tensor:
+    """`segment_short_conv` whose causal half reads the raw frames cached in `state.<tail_name>`
+    ((B, <= K-1, S, C); none without a state); a cache-writing call stores its own last K - 1
+    raw frames there."""
+    tail = None if state is None else getattr(state, tail_name)
+    tail = None if tail is None else tail.flatten(1, 2)
+    out = segment_short_conv(conv, raw, call, backend, carry=True, left=tail)
+    if call.write:
+        context = short_conv_context(raw, call.num_frames, tail, frames=conv.kernel_size - 1)
+        setattr(state, tail_name, compact(context).unflatten(1, (-1, call.spatial)))
+    return out
+
+
+class PatchedGDNAttention(BidirectionalGDNUCPESinglePathLiteLA):
+    """GDN block attention on the fused kernels (main branch and camera branch).
+
+    Built only by `adopt(stock, settings)`: it takes over the stock module's parameters, buffers,
+    sub-modules and configuration attributes (no copies), so it is a drop-in replacement whose
+    `state_dict()` equals the stock one. Input/output as the stock forward: x (B, N, C) -> (B, N, C),
+    N = T * h * w tokens, HW = (T, h, w); plus the segment-mode `state` and `segment` (module docstring).
+    """
+
+    settings: KernelSettings = KernelSettings()
+
+    @classmethod
+    def adopt(cls, stock: BidirectionalGDNUCPESinglePathLiteLA, settings: KernelSettings = KernelSettings()):
+        return adopt_module(cls, stock, settings=settings)
+
+    def forward(self, x: torch.Tensor, mask=None, HW=None, rotary_emb=None, block_mask=None, camera_conditions=None,
+                chunk_size=None, *, frame_valid_mask=None, ucpe_ray_transforms=None,
+                state: Optional[BlockCache] = None, segment: Optional[SegmentCall] = None) -> torch.Tensor:
+        if HW is None and segment is None:
+            raise ValueError("HW (T, h, w) must be provided for GDN attention.")
+        if frame_valid_mask is not None and segment is None:
+            # Padded-frame masking is only used by training-time batching; keep diffusers' path for it.
+            return super().forward(x, mask, HW, rotary_emb, block_mask, camera_conditions, chunk_size,
+                                   frame_valid_mask=frame_valid_mask, ucpe_ray_transforms=ucpe_ray_transforms)
+        call = segment or SegmentCall.whole(HW)
+        beta, decay = gdn_gates(self, x, call.num_frames, call.spatial)
+        main = self._main_branch(x, beta, decay, rotary_emb, call, state, full=segment is None)
+        rays = ucpe_ray_transforms
+        if rays is None and camera_conditions is not None:
+            rays = _prepare_ucpe_ray_transforms(head_dim=self.cam_head_dim, camera_conditions=camera_conditions,
+                                                HW=call.grid, patch_size=self.patch_size, rotary_emb=rotary_emb)
+        camera = None
+        if rays is not None:
+            camera = self.out_proj_cam(self._camera_branch(x, beta, decay, rays, call, state, full=segment is None))
+        return self._combine(x, main, camera)
+
+    def _combine(self, x, main, camera) -> torch.Tensor:
+        """proj((main + camera) * silu(output_gate(x))), camera through out_proj_cam; `combine_branches`."""
+        return combine_branches(self, x, main, camera, self.settings.backend)
+
+    def _main_on_kernels(self, rotary_emb) -> bool:
+        """Whether the kernels compute this block's main branch: RoPE, RMSNorm weights, no q / v
+        short convs (the released layout)."""
+        return (rotary_emb is not None and self.conv_q is None and self.conv_v is None
+                and getattr(self.q_norm, "weight", None) is not None
+                and getattr(self.k_norm, "weight", None) is not None)
+
+    def _main_branch(self, x, beta, decay, rotary_emb, call: SegmentCall, state, *, full: bool) -> torch.Tensor:
+        """Main branch: qkv -> short conv on K -> RMSNorm -> ReLU -> bidirectional GDN; (B, N, C) in x's dtype.
+
+        On the kernels: `kernels.short_conv` reads K in place from the qkv output (carrying the
+        cached K tail), then `kernels.main_branch` (prep, KV + Z scans from the cached states,
+        division). Full mode with backend "torch" (or a layout the kernels do not cover, or a
+        biased K conv): the diffusers computation (`self.attn`).
+        """
+        if full and not (self.settings.fused and self._main_on_kernels(rotary_emb)
+                         and self.conv_k is not None and self.conv_k.bias is None):
+            return self._main_branch_stock(x, beta, decay, call.num_frames, rotary_emb)
+        if not self._main_on_kernels(rotary_emb):
+            raise NotImplementedError("segment mode supports k_conv_only GDN blocks with RoPE and RMSNorm "
+                                      "weights (the released ones)")
+        channels = x.shape[-1]
+        backend = self.settings.backend
+        qkv = self.qkv(x)
+        query, key, value = qkv[..., :channels], qkv[..., channels:2 * channels], qkv[..., 2 * channels:]
+        if self.conv_k is not None:
+            key = carried_short_conv(self.conv_k, key, call, state, "key_tail", backend)
+        initial = None if state is None or state.kv_state is None else (state.kv_state, state.z_state)
+        out = main_branch(
+            query, key, value, beta, decay, rotary_emb,
+            q_norm_weight=self.q_norm.weight, k_norm_weight=self.k_norm.weight, norm_eps=self.q_norm.eps,
+            eps=self.attn.eps, initial_state=initial, segment_starts=call.segment_starts(x.device),
+            precision=self.settings.precision, backend=backend, return_final_state=call.write,
+        )
+        if call.write:
+            out, (kv_state, z_state) = out
+            state.kv_state, state.z_state = kv_state.detach(), z_state.detach()
+        return out
+
+    def _main_branch_stock(self, x, beta, decay, frames: int, rotary_emb) -> torch.Tensor:
+        """The diffusers main branch (any block layout), (B, N, C) in x's dtype."""
+        batch, tokens, channels = x.shape
+        shape = (batch, tokens, self.heads, self.dim)
+        query, key, value = self.qkv(x).reshape(batch, tokens, 3, self.heads, self.dim).unbind(2)
+        if self.conv_q is not None:
+            query = self.conv_q(query.reshape(batch, tokens, channels), frames).reshape(shape)
+        if self.conv_k is not None:
+            key = self.conv_k(key.reshape(batch, tokens, channels), frames).reshape(shape)
+        if self.conv_v is not None:
+            value = self.conv_v(value.reshape(batch, tokens, channels), frames).reshape(shape)
+        query = self.kernel_func(self.q_norm(query.reshape(batch, tokens, channels)).reshape(shape))
+        key = self.kernel_func(self.k_norm(key.reshape(batch, tokens, channels)).reshape(shape))
+        return self.attn(query, key, value, beta, decay, self.recall_gate, frames, rotary_emb=rotary_emb)
+
+    def _camera_branch(self, x, beta, decay, rays, call: SegmentCall, state, *, full: bool) -> torch.Tensor:
+        """Camera branch up to (not including) out_proj_cam: (B, N, C) in x's dtype.
+
+        The projections and short convolutions run here; RMSNorm, ReLU, k-scale, UCPE encode,
+        RMS downscale (`options.camera_downscale`), beta discount, both scans (the forward one from
+        the cached camera state) and UCPE decode run in `kernels.camera_branch`.
+        """
+        if not full and (self.conv_q_cam is not None or self.conv_v_cam is not None):
+            raise NotImplementedError("segment mode supports k_conv_only models (the released ones)")
+        batch, tokens, _ = x.shape
+        frames = call.num_frames
+        query, key, value = self.q_proj_cam(x), self.k_proj_cam(x), self.v_proj_cam(x)
+        if self.conv_q_cam is not None:
+            query = self.conv_q_cam(query, frames)
+        if self.conv_k_cam is not None:
+            if full and not (self.settings.fused and self.conv_k_cam.bias is None):
+                key = self.conv_k_cam(key, frames)
+            else:
+                key = carried_short_conv(self.conv_k_cam, key, call, state, "cam_key_tail", self.settings.backend)
+        if self.conv_v_cam is not None:
+            value = self.conv_v_cam(value, frames)
+        shape = (batch, tokens, self.cam_heads, self.cam_head_dim)
+        q_norm, k_norm = self.q_norm_cam, self.k_norm_cam
+        out = camera_branch(
+            query.reshape(shape), key.reshape(shape), value.reshape(shape), beta, decay, rays,
+            q_norm_weight=getattr(q_norm, "weight", None), k_norm_weight=getattr(k_norm, "weight", None),
+            norm_eps=getattr(q_norm, "eps", 1e-5), initial_state=None if state is None else state.cam_state,
+            segment_starts=call.segment_starts(x.device), downscale=call.options.camera_downscale,
+            precision=self.settings.precision, backend=self.settings.backend, return_final_state=call.write,
+        )
+        if call.write:
+            out, cam_state = out
+            state.cam_state = cam_state.detach()
+        return out

@@ -1,0 +1,182 @@
+"""What one call of the patched transformer holds (`SegmentCall`) and what its blocks carry from
+finished segments to the next one (`BlockCache`, `SegmentCache`).
+
+Full mode is a call of one segment with no state (`SegmentCall.whole`); segment mode passes a
+`SegmentCall` built from `SegmentOptions` (a recipe's rules) and one `BlockCache` per block. The
+caches live in the `SegmentCache` the caller passes in, never on the modules, so a CUDA-graph
+replay of `segment_forward` reads only its arguments.
+
+Shapes: B batch, T latent frames of the call, S = h * w tokens per frame, N = T * S, C channels,
+H heads, D head dim.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import torch
+
+SOFTMAX_SCALES = ("head", "diffusers")
+
+
+@dataclasses.dataclass(frozen=True)
+class SegmentOptions:
+    """The rules of a segment-mode render (a checkpoint's recipe; the kernels' backend and
+    precision are the model's `KernelSettings`).
+
+    Attributes:
+        cached_segments: recent segments (besides the sink) softmax blocks attend to; None: all.
+            The official `num_cached_blocks` n is n - 1 here (`Recipe.recent_chunks`).
+        softmax_scale: "head": 1/sqrt(head dim) in the main and camera softmax attention (the
+            original streaming code); "diffusers": as diffusers' model (the main attention at
+            SDPA's default scale, the camera attention at 1/sqrt(its head dim zero-padded to
+            128); `Recipe.softmax_scale`, docs/recipes.md).
+        camera_downscale: scale each UCPE-encoded camera q/k/v back to its pre-UCPE RMS, as
+            diffusers' model does; the original code does not (`Recipe.camera_downscale`).
+        sdpa_dtype: dtype of the softmax attention; None -> bfloat16 for fp32 activations (as
+            diffusers does), the activation dtype otherwise.
+    """
+
+    cached_segments: Optional[int] = 1
+    softmax_scale: str = "head"
+    camera_downscale: bool = False
+    sdpa_dtype: Optional[torch.dtype] = None
+
+    def __post_init__(self):
+        if self.softmax_scale not in SOFTMAX_SCALES:
+            raise ValueError(f"softmax_scale must be one of {SOFTMAX_SCALES}, got {self.softmax_scale!r}")
+
+    @classmethod
+    def for_recipe(cls, recipe, **fields) -> "SegmentOptions":
+        """The options of a `camrender.model.recipes.Recipe` (its window, softmax scale and camera
+        arithmetic), with `fields` set or overridden."""
+        return cls(**{**dict(cached_segments=recipe.recent_chunks, softmax_scale=recipe.softmax_scale,
+                             camera_downscale=recipe.camera_downscale), **fields})
+
+
+# Full mode computes as diffusers' bidirectional model.
+FULL_MODE = SegmentOptions(cached_segments=None, softmax_scale="diffusers", camera_downscale=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class SegmentCall:
+    """Layout of one forward call: `segments` are (start, stop) frame ranges relative to the call,
+    tiling [0, num_frames); `write`: the call stores its states in the blocks' caches (the
+    timestep-0 pass on a finished segment); `options`: the rules it computes with."""
+
+    num_frames: int
+    height: int
+    width: int
+    segments: tuple
+    write: bool = False
+    options: SegmentOptions = FULL_MODE
+
+    @classmethod
+    def whole(cls, grid) -> "SegmentCall":
+        """Full mode: one segment over the grid (T, h, w), nothing cached, diffusers' rules."""
+        frames, height, width = grid
+        return cls(frames, height, width, ((0, frames),))
+
+    @property
+    def grid(self) -> tuple:
+        return self.num_frames, self.height, self.width
+
+    @property
+    def spatial(self) -> int:
+        return self.height * self.width
+
+    def segment_starts(self, device) -> Optional[torch.Tensor]:
+        """Bool (T,) marking frames that open a segment (None for a single segment)."""
+        if len(self.segments) == 1:
+            return None
+        starts = torch.zeros(self.num_frames, dtype=torch.bool, device=device)
+        for start, _ in self.segments:
+            starts[start] = True
+        return starts
+
+    def segment_index(self, device) -> torch.Tensor:
+        """Long (T,) segment number of every frame of the call."""
+        index = torch.empty(self.num_frames, dtype=torch.long, device=device)
+        for i, (start, stop) in enumerate(self.segments):
+            index[start:stop] = i
+        return index
+
+
+def compact(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """A cache-owned copy: never a view that would keep a whole projection buffer alive."""
+    return None if t is None else t.detach().clone(memory_format=torch.contiguous_format)
+
+
+@dataclasses.dataclass
+class SoftmaxKV:
+    """Keys and values of one segment for a softmax block, (B, H, n, D) each, in the SDPA dtype
+    (main K after RoPE, camera K and V after UCPE and RMS downscale)."""
+
+    key: torch.Tensor
+    value: torch.Tensor
+    cam_key: Optional[torch.Tensor]
+    cam_value: Optional[torch.Tensor]
+
+
+@dataclasses.dataclass
+class BlockCache:
+    """What one block carries from finished segments to the next one (None before the first write).
+
+    GDN blocks: `kv_state` (B, H, D, D) and `z_state` (B, H, D, 1) main forward-scan states, fp32;
+    `cam_state` (B, H, D, D) camera forward-scan state, fp32; `key_tail` / `cam_key_tail`
+    (B, <= K-1, S, C) raw main / camera K (before their short convs) of the latest frames.
+    Softmax blocks: `sink` (first segment) and
+    `recent` (at most `cached_segments` later segments, oldest first). Both: `ffn_tail` (B, 1, S, C),
+    the last frame of the FFN's spatial output y (token-major), read by the next segment's temporal conv.
+    """
+
+    kv_state: Optional[torch.Tensor] = None
+    z_state: Optional[torch.Tensor] = None
+    cam_state: Optional[torch.Tensor] = None
+    key_tail: Optional[torch.Tensor] = None
+    cam_key_tail: Optional[torch.Tensor] = None
+    sink: Optional[SoftmaxKV] = None
+    recent: list = dataclasses.field(default_factory=list)
+    ffn_tail: Optional[torch.Tensor] = None
+
+    def softmax_context(self) -> list:
+        """Cached segments a new segment's queries attend to: the sink, then the recent ones."""
+        return ([self.sink] if self.sink is not None else []) + list(self.recent)
+
+    def keep_softmax(self, entry: SoftmaxKV, cached_segments: Optional[int]) -> None:
+        """Store a finished segment's keys and values: the first becomes the sink, later ones
+        the recent window (at most `cached_segments`, all with None)."""
+        if self.sink is None:
+            self.sink = entry
+        elif cached_segments is None:
+            self.recent.append(entry)
+        elif cached_segments > 0:
+            self.recent = (self.recent + [entry])[-cached_segments:]
+
+    def keep_ffn_tail(self, spatial: Optional[torch.Tensor], call: SegmentCall) -> None:
+        """Cache the last frame of the FFN's spatial output y (B, N, C), (B, 1, S, C): the next
+        segment's temporal conv reads it on the left. No-op for FFNs without one (spatial None)."""
+        if spatial is not None:
+            self.ffn_tail = spatial.view(spatial.shape[0], call.num_frames, call.spatial, -1)[:, -1:].detach().clone()
+
+    def nbytes(self) -> int:
+        """Memory held by this cache, in bytes."""
+        tensors = [self.kv_state, self.z_state, self.cam_state, self.key_tail, self.cam_key_tail, self.ffn_tail]
+        for kv in self.softmax_context():
+            tensors += [kv.key, kv.value, kv.cam_key, kv.cam_value]
+        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+@dataclasses.dataclass
+class SegmentCache:
+    """Per-block caches of one render, plus the next latent frame the cache expects."""
+
+    blocks: list
+    next_frame: int = 0
+
+    @classmethod
+    def empty(cls, model) -> "SegmentCache":
+        return cls(blocks=[BlockCache() for _ in model.blocks])
+
+    def nbytes(self) -> int:
+        return sum(block.nbytes() for block in self.blocks)

@@ -1,0 +1,121 @@
+"""Kernel checks that need CUDA (`python3 -m pytest -m gpu`): release-size shapes, the tf32 and fp16
+scan paths, the inline-asm silu of the FFN, launch configurations, and cuDNN settings of the decode.
+
+These were the pass/fail parts of bench/bench_cam_branch.py (delta_scan check), bench/bench_ffn.py
+(--sweep against the default launch) and bench/bench_decode.py (variants against the default); the
+bench scripts keep the timings. Tiny-shape versions of every kernel run on the CPU in
+tests/kernels/test_kernel_cases.py.
+"""
+import pytest
+import torch
+
+from helpers import rel
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("dv", [112, 1])  # the KV stream (Dv = D) and the normaliser stream (Dv = 1)
+def test_delta_scan_release_head_dim(dv):
+    from camrender.kernels import delta_scan, delta_scan_ref
+
+    gen = torch.Generator().manual_seed(1)
+    b, h, t, s, dk = 1, 4, 5, 200, 112
+    q = torch.rand(b, h, t, s, dk, generator=gen).cuda()
+    k = (torch.rand(b, h, t, s, dk, generator=gen) * (dk * s) ** -0.5).cuda()
+    v = torch.randn(b, h, t, s, dv, generator=gen).cuda()
+    beta = torch.rand(b, h, t, s, generator=gen).cuda()
+    decay = (0.5 + 0.5 * torch.rand(b, h, t, generator=gen)).cuda()
+    state = torch.randn(b, h, dk, dv, generator=gen).cuda()
+    starts = torch.tensor([True, False, False, True, False], device="cuda")
+    kwargs = dict(initial_state=state, segment_starts=starts)
+    ref, ref_state = delta_scan_ref(q, k, v, beta, decay, **kwargs)
+    exact, exact_state = delta_scan(q, k, v, beta, decay, precision="ieee", **kwargs)
+    assert rel(exact, ref) < 1e-5 and rel(exact_state, ref_state) < 1e-5  # H200: 3e-7, 4e-7
+    for options in (dict(precision="tf32"), dict(precision="tf32", f16_operands=True)):
+        fast, fast_state = delta_scan(q, k, v, beta, decay, **options, **kwargs)
+        assert rel(fast, ref) < 1e-2 and rel(fast_state, ref_state) < 1e-2, options  # H200 tf32: 2e-3, 3.5e-3
+        assert not torch.equal(fast, exact), options  # the tf32 path really ran
+
+
+def _glu_inputs(frames=6, height=22, width=40, hidden=96, dtype=torch.bfloat16):
+    gen = torch.Generator().manual_seed(0)
+    h = (torch.randn(frames, height * width, 2 * hidden, generator=gen) * 2).to("cuda", dtype)
+    weight = (torch.randn(2 * hidden, 1, 3, 3, generator=gen) * 0.3).to("cuda", dtype)
+    bias = (torch.randn(2 * hidden, generator=gen) * 0.1).to("cuda", dtype)
+    return h, weight, bias, height, width
+
+
+@pytest.mark.parametrize("silu", ["tanh", "exp"])
+def test_glu_depthwise_inline_asm_silu(silu):
+    """On CUDA the GLU's silu runs on PTX approximations (inline asm: tanh.approx, or ex2.approx.ftz):
+    within one bf16 rounding (plus the approximation) of the fp32 reference, in fp32 within 1e-3."""
+    from camrender.kernels.ffn_glu import glu_depthwise, glu_depthwise_ref
+
+    for dtype, bound in ((torch.float32, 1e-3), (torch.bfloat16, 2.0**-7)):
+        h, weight, bias, height, width = _glu_inputs(dtype=dtype)
+        got = glu_depthwise(h, weight, bias, height, width, backend="triton", tuning={"silu": silu})
+        expected = glu_depthwise_ref(h.float(), weight.float(), bias.float(), height, width)
+        assert got.dtype == dtype and torch.isfinite(got).all()
+        scale = expected.abs().max().item()
+        assert ((got.float() - expected).abs() <= bound * (expected.abs() + 1e-2 * scale)).all(), (dtype, silu)
+    tanh = glu_depthwise(h, weight, bias, height, width, backend="triton", tuning={"silu": "tanh"})
+    exp = glu_depthwise(h, weight, bias, height, width, backend="triton", tuning={"silu": "exp"})
+    assert not torch.equal(tanh, exp)  # two different approximations ran
+
+
+def test_glu_depthwise_launch_configurations_agree():
+    """Every launch configuration of bench_ffn's sweep gives the default launch's output, bit for bit
+    (same arithmetic per element, other tiles), for its silu."""
+    from camrender.kernels.ffn_glu import glu_depthwise
+
+    h, weight, bias, height, width = _glu_inputs()
+    default = {silu: glu_depthwise(h, weight, bias, height, width, backend="triton", tuning={"silu": silu})
+               for silu in ("exp", "tanh")}
+    for lanes, silu in ((64, "exp"), (128, "exp"), (256, "exp"), (128, "tanh"), (64, "tanh")):
+        for block_c, num_warps in ((8, 4), (16, 8), (8, 8), (16, 4)):
+            for prefetch in (1, 2):
+                tuning = {"lanes": lanes, "block_c": block_c, "num_warps": num_warps, "prefetch": prefetch,
+                          "silu": silu}
+                got = glu_depthwise(h, weight, bias, height, width, backend="triton", tuning=tuning)
+                assert torch.equal(got, default[silu]), tuning
+
+
+def test_streaming_decode_cudnn_settings_agree():
+    """The causal stream decode with cuDNN autotuning gives the default frames; channels-last 3-D
+    within bf16 rounding (bench_decode's former check; H200, release VAE: 0 and 0.023)."""
+    from diffusers import AutoencoderKLLTX2Video
+
+    from camrender.render.decode import CausalStreamDecoder
+    from camrender.model.segments import segment_bounds
+
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        vae = AutoencoderKLLTX2Video(spatial_compression_ratio=32, temporal_compression_ratio=8)
+    vae = vae.to(torch.bfloat16).eval()
+    latents = torch.randn(1, vae.config.latent_channels, 1 + 3 * 2, 4, 6, device="cuda", dtype=torch.bfloat16)
+
+    def decode(channels_last):
+        decoder, videos = CausalStreamDecoder(vae), []
+        for start, stop in segment_bounds(latents.shape[2], 3):
+            chunk = latents[:, :, start:stop]
+            if channels_last:
+                chunk = chunk.contiguous(memory_format=torch.channels_last_3d)
+            videos.append(decoder.decode(chunk))
+        return torch.cat(videos, dim=2).float()
+
+    saved = torch.backends.cudnn.benchmark
+    try:
+        with torch.no_grad():
+            torch.backends.cudnn.benchmark = False
+            default = decode(False)
+            torch.backends.cudnn.benchmark = True
+            decode(False)  # autotuning run
+            tuned = decode(False)
+            vae.to(memory_format=torch.channels_last_3d)
+            decode(True)
+            channels_last = decode(True)
+    finally:
+        torch.backends.cudnn.benchmark = saved
+    assert default.shape[2] == 1 + 8 * 6 and torch.isfinite(default).all()
+    assert torch.equal(tuned, default)
+    assert (channels_last - default).abs().max().item() <= 0.1 * max(1.0, default.abs().max().item())
