@@ -7,6 +7,8 @@ fused kernel at several warp counts, and a device copy of the same bytes (the fl
 JSON (also written to --out): medians of `triton.testing.do_bench` in ms, and the max |error| of
 the kernel against its fp32 reference.
 
+Also the refiner's (LTX-2) self-attention prep and adaLN at its release shape (`refiner_*` rows).
+
     python3 bench/bench_glue.py --out glue.json
 """
 from __future__ import annotations
@@ -66,6 +68,7 @@ def main(argv=None) -> dict:
         ms[f"gated_residual_w{warps}"] = bench(lambda: glue.gated_residual(x, y, rows_gate, num_warps=warps))
         ms[f"gated_residual_y2_w{warps}"] = bench(lambda: glue.gated_residual(x, y, rows_gate, y2=z, num_warps=warps))
     ms["silu_gate"] = bench(lambda: glue.silu_gate(x, y, b=z))
+    refiner_rows(ms, rows, bench, randn)
     errors = rows["max_error"]
     errors["ada_norm"] = float((glue.ada_norm(x, rows_shift, rows_scale).float()
                                 - glue.ada_norm_ref(x, rows_shift, rows_scale).float()).abs().max())
@@ -74,6 +77,43 @@ def main(argv=None) -> dict:
     rows["ms"] = {k: round(v, 4) for k, v in ms.items()}
     emit(rows, args.out)
     return rows
+
+
+@torch.no_grad()
+def refiner_rows(ms, rows, bench, randn):
+    """The refiner's self-attention prep and adaLN (release: 3 frames x 880 tokens, C = 32 x 128 = 4096, bf16):
+    diffusers' ops against kernels.rms_rope / block_glue(norm="rms"), and the per-pass window concatenation
+    the fused path no longer does (sink 1 + history 10 + block 3 frames)."""
+    from diffusers.models.normalization import RMSNorm
+    from diffusers.models.transformers.transformer_sana_wm_refiner import apply_interleaved_rotary_emb
+
+    from camrender.kernels import block_glue as glue
+    from camrender.kernels.rms_rope import rms_rope_qk
+
+    tokens, channels, window = 3 * 880, 4096, 14 * 880
+    q, k = randn(1, tokens, channels), randn(1, tokens, channels)
+    angles = torch.rand(1, tokens, channels // 2, device="cuda") * 6
+    cos, sin = angles.cos().repeat_interleave(2, -1), angles.sin().repeat_interleave(2, -1)
+    norm_q = torch.nn.RMSNorm(channels, eps=1e-6, device="cuda", dtype=torch.bfloat16)
+    norm_k = torch.nn.RMSNorm(channels, eps=1e-6, device="cuda", dtype=torch.bfloat16)
+
+    def stock_prep():
+        return apply_interleaved_rotary_emb(norm_q(q), (cos, sin)), apply_interleaved_rotary_emb(norm_k(k), (cos, sin))
+
+    def fused_prep():
+        return rms_rope_qk(q, k, norm_q.weight, norm_k.weight, cos, sin, eps=1e-6, head_dim=128)
+
+    ms["refiner_stock_qk_norm_rope"] = bench(stock_prep)
+    ms["refiner_rms_rope_qk"] = bench(fused_prep)
+    history = randn(1, window - tokens, channels)
+    ms["refiner_stock_window_cat_k_and_v"] = bench(lambda: (torch.cat([history, k], 1), torch.cat([history, q], 1)))
+    shift, scale = randn(1, 1, channels), randn(1, 1, channels)
+    norm = RMSNorm(channels, eps=1e-6, elementwise_affine=False)
+    ms["refiner_stock_modulate"] = bench(lambda: norm(q) * (1 + scale) + shift)
+    ms["refiner_ada_norm_rms"] = bench(lambda: glue.ada_norm(q, shift, scale, norm="rms"))
+    stock, fused = stock_prep(), fused_prep()
+    rows["max_error"]["refiner_rms_rope_qk_vs_stock"] = max(
+        float((a.float() - b.float()).abs().max()) for a, b in zip(stock, fused))
 
 
 if __name__ == "__main__":

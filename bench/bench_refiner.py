@@ -19,6 +19,9 @@ one run measures side by side:
 - the refiner's FLOPs per block (torch's FlopCounterMode on a real block: GEMMs and attention)
   and the roofline they imply at 790 TFLOP/s (bf16 dense, H200): the fastest a refiner can go,
   and segment mode's ceiling with it given the measured stage 1 + decode;
+- the refiner blocks' fused path (`camrender.model.refiner_block`: fused q/k norm + RoPE, K/V written
+  into a window buffer, fused adaLN glue) against diffusers' stock blocks (`--refiner-kernels both`):
+  segment mode and steady state side by side, kernel launches per layer and pass (torch.profiler);
 - peak GPU memory of each `--refiner-offload` setting (none: the refiner's DiT resident and the
   text encoder visiting the GPU once; layers: both stream their blocks), prompt encoding and
   render separately, and which setting fits 24/48/80/141 GB GPUs.
@@ -28,6 +31,7 @@ encode is timed on its own (it runs once per render). Prints one JSON line per m
 the whole document; `--out FILE` also writes it. About 3-5 minutes on one H200.
 
     python3 bench/bench_refiner.py --out $OUT/bench_refiner.json     # release shape, one H200
+    python3 bench/bench_refiner.py --segments 8 --skip-layers        # quicker (no layer-streaming run)
     python3 bench/bench_refiner.py --tiny                            # the script's logic on a CPU
 """
 from __future__ import annotations
@@ -75,6 +79,9 @@ def parse_args(argv=None):
     parser.add_argument("--refiner-graphs", action="store_true",
                         help="also time the refiner replayed as CUDA graphs (off by default in renders: see "
                              "camrender.model.refiner.RefinerStream._graphs)")
+    parser.add_argument("--refiner-kernels", choices=("both", "fused", "stock"), default="both",
+                        help="the refiner blocks' path (camrender.model.refiner_block): both = side by side rows "
+                             "(the stock ones suffixed _stock_kernels), fused (renders' default) or stock only")
     parser.add_argument("--text-tokens", type=int, default=1024, help="refiner prompt tokens (release: 1024)")
     parser.add_argument("--out", default=None, help="also write the JSON document here")
     return parser.parse_args(argv)
@@ -137,13 +144,20 @@ def as_refiner(transformer):
     return SimpleNamespace(transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(shift=1.0))
 
 
-def render_path(models, segments, refined, *, breakdown=False, overlap=None, cuda_graphs=None):
+def kernel_backend(device):
+    """The fused refiner path's kernels: Triton on CUDA; on a CPU (tests) their PyTorch references, never the
+    interpreter."""
+    return "auto" if device.type == "cuda" else "torch"
+
+
+def render_path(models, segments, refined, *, breakdown=False, overlap=None, cuda_graphs=None, kernels="fused"):
     """Segment mode on a path of `segments` segments: stage 1 -> refiner (optional) -> streaming decode.
 
     Without `breakdown`: the render's own loop (`camrender.render.stage_two.refined_frames`; `overlap`: stage 2 on
     a side CUDA stream, default as rendered), timed end to end and over the second half of the path. With
     it: the same stages in sequence, synced after each stage of each segment to time them apart.
     cuda_graphs: the refiner's (`RefinerStream`'s default: on CUDA); stage 1 always replays its graphs.
+    kernels: the refiner blocks' path, "fused" or "stock" (`RefinerStream`'s `kernels`).
     """
     transformer, vae, refiner_transformer, text, shape, options, device, dtype = models
     height, width = shape
@@ -151,8 +165,8 @@ def render_path(models, segments, refined, *, breakdown=False, overlap=None, cud
     inputs = stage_one.path_inputs(transformer, latent_frames, height, width, device, dtype)
     decoder = CausalStreamDecoder(vae)
     stream = RefinerStream(as_refiner(refiner_transformer), text, fps=VIDEO_FPS, device=device,
-                           generator=torch.Generator().manual_seed(0),
-                           cuda_graphs=cuda_graphs) if refined else PassThrough()
+                           generator=torch.Generator().manual_seed(0), cuda_graphs=cuda_graphs, kernels=kernels,
+                           kernel_backend=kernel_backend(device)) if refined else PassThrough()
     arrivals = []  # (wall time, video frames so far) at each yield of the render loop
     frames = 0
     lap = Laps(device)
@@ -194,9 +208,26 @@ def render_path(models, segments, refined, *, breakdown=False, overlap=None, cud
     return result
 
 
-def refiner_steady_state(refiner_transformer, text, shape, device, dtype, blocks=3, cuda_graphs=False):
+def launches_per_layer(stream, block, device):
+    """GPU kernels (and copies) launched per transformer layer and pass while `stream` refines `block`
+    (3 denoising passes + the cache pass; torch.profiler on CUDA; None elsewhere)."""
+    if device.type != "cuda":
+        stream.push(block)
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        stream.push(block)
+        sync()
+    kernels = sum(1 for event in prof.events() if event.device_type == torch.autograd.DeviceType.CUDA)
+    return round(kernels / (4 * len(stream.transformer.transformer_blocks)), 1)
+
+
+def refiner_steady_state(refiner_transformer, text, shape, device, dtype, blocks=3, cuda_graphs=False,
+                         kernels="fused"):
     """The refiner alone, window full: per-block GPU and host-enqueue time, syncs inside a block, FLOPs
-    (counted on an eager block: graph replays dispatch no operators)."""
+    (counted on an eager block: graph replays dispatch no operators), kernel launches per layer (eager).
+    `first_block` (popped by main): the first timed block's refined latents, the same block for every row."""
     from torch.utils.flop_counter import FlopCounterMode
 
     h, w = shape[0] // stage_one.SPATIAL, shape[1] // stage_one.SPATIAL
@@ -204,17 +235,18 @@ def refiner_steady_state(refiner_transformer, text, shape, device, dtype, blocks
     # sink + 4 blocks = 13 frames: the history holds its 10 frames from here on; 2 more blocks capture the graphs
     warm_blocks = 6 if cuda_graphs else 4
     # one clip and one noise seed for both rows (graph replay equals eager: tests/render/test_graphs_gpu.py)
-    clip = torch.randn(1, channels, 1 + 3 * (6 + blocks + 2), h, w, generator=torch.Generator().manual_seed(2))
+    clip = torch.randn(1, channels, 1 + 3 * (6 + blocks + 3), h, w, generator=torch.Generator().manual_seed(2))
     clip = clip.to(device, dtype)
     stream = RefinerStream(as_refiner(refiner_transformer), text, fps=VIDEO_FPS, device=device,
-                           generator=torch.Generator().manual_seed(0), cuda_graphs=cuda_graphs)
+                           generator=torch.Generator().manual_seed(0), cuda_graphs=cuda_graphs, kernels=kernels,
+                           kernel_backend=kernel_backend(device))
     stream.push(clip[:, :, :1 + 3 * warm_blocks])
     sync()
-    gpu, enqueue = [], []
+    gpu, enqueue, refined = [], [], []
     for index in range(blocks):
         start = 1 + 3 * (warm_blocks + index)
         began = time.perf_counter()
-        stream.push(clip[:, :, start:start + 3])
+        refined.append(stream.push(clip[:, :, start:start + 3]))
         enqueue.append(time.perf_counter() - began)
         sync()
         gpu.append(time.perf_counter() - began)
@@ -238,6 +270,7 @@ def refiner_steady_state(refiner_transformer, text, shape, device, dtype, blocks
     with counter:
         stream.push(clip[:, :, start + 3:start + 6])
     counts = counter.get_flop_counts().get("Global", {})
+    launches = launches_per_layer(stream, clip[:, :, start + 6:start + 9], device)
     gemm = sum(v for op, v in counts.items() if str(op).split(".")[-1] in GEMM_OPS)
     counted_attention = sum(v for op, v in counts.items() if "attention" in str(op))
     # QK^T and PV (2 flops per multiply-add each) of the 3 denoising passes and the cache pass, per layer:
@@ -249,7 +282,8 @@ def refiner_steady_state(refiner_transformer, text, shape, device, dtype, blocks
     analytic_attention = 4 * config.num_layers * 4 * queries * (keys + text.embeds.shape[1]) * inner
     attention = counted_attention or analytic_attention  # FlopCounterMode counts SDPA on CUDA, not on every CPU path
     per_block = sorted(gpu)[len(gpu) // 2]
-    return dict(cuda_graphs=bool(cuda_graphs), graph_stats=graph_stats, blocks_timed=blocks,
+    return dict(cuda_graphs=bool(cuda_graphs), kernels=kernels, graph_stats=graph_stats, blocks_timed=blocks,
+                first_block=refined[0], launches_per_layer_pass=launches,
                 s_per_block=round(per_block, 4),
                 s_per_video_second=round(per_block * VIDEO_FPS / 24, 4),
                 enqueue_s_per_block=round(sorted(enqueue)[len(enqueue) // 2], 4), host_syncs_per_block=syncs,
@@ -259,6 +293,30 @@ def refiner_steady_state(refiner_transformer, text, shape, device, dtype, blocks
                 attention_tflop_analytic=round(analytic_attention / 1e12, 3),
                 window_frames=stream.sink_frames + history_frames + 3,
                 flop_by_op={str(op): round(v / 1e12, 4) for op, v in counts.items()})
+
+
+def kernels_comparison(fused, stock, fused_render, stock_render):
+    """The fused refiner path against diffusers' stock blocks: steady-state seconds and launches per block,
+    segment-mode fps, and how far the same refined block lies apart (bf16 rounding, relative to its scale)."""
+    fused_block, stock_block = fused["first_block"].float(), stock["first_block"].float()
+    difference = (fused_block - stock_block).abs().max().item()
+    row = dict(s_per_block_fused=fused["s_per_block"], s_per_block_stock=stock["s_per_block"],
+               speedup=round(stock["s_per_block"] / fused["s_per_block"], 3),
+               enqueue_s_per_block_fused=fused["enqueue_s_per_block"],
+               enqueue_s_per_block_stock=stock["enqueue_s_per_block"],
+               launches_per_layer_pass_fused=fused["launches_per_layer_pass"],
+               launches_per_layer_pass_stock=stock["launches_per_layer_pass"],
+               block_max_abs_diff_over_max_abs=round(difference / max(stock_block.abs().max().item(), 1e-12), 5))
+    if fused_render and stock_render:
+        row.update(video_fps_fused=fused_render["video_fps"], video_fps_stock=stock_render["video_fps"])
+    return row
+
+
+def steady_row(row, blocks):
+    """The steady-state row for the JSON: its refined block (a tensor) moved to `blocks`."""
+    if row is not None:
+        blocks.append(row.pop("first_block"))
+    return row
 
 
 def roofline(steady, plain_fps, graphed=None):
@@ -382,20 +440,35 @@ def main(argv=None):
     # warm-up: compiles the kernels and captures every stage-1 segment layout; fills the refiner window
     record("warmup", lambda: peak_of(lambda: render_path(models, min(5, args.segments), True)))
     plain = record("without_refiner", lambda: peak_of(lambda: render_path(models, args.segments, False)))
-    record("with_refiner", lambda: peak_of(lambda: render_path(models, args.segments, True)))
+    main_kernels = "fused" if args.refiner_kernels in ("both", "fused") else "stock"  # the rows without a suffix
+    record("with_refiner", lambda: peak_of(lambda: render_path(models, args.segments, True, kernels=main_kernels)))
+    if args.refiner_kernels == "both":
+        record("with_refiner_stock_kernels",
+               lambda: peak_of(lambda: render_path(models, args.segments, True, kernels="stock")))
     if args.refiner_graphs:
-        record("with_refiner_graphed", lambda: render_path(models, args.segments, True, cuda_graphs=True))
-    record("with_refiner_no_overlap", lambda: render_path(models, args.segments, True, overlap=False))
+        record("with_refiner_graphed", lambda: render_path(models, args.segments, True, cuda_graphs=True,
+                                                           kernels=main_kernels))
+    record("with_refiner_no_overlap", lambda: render_path(models, args.segments, True, overlap=False,
+                                                          kernels=main_kernels))
     if results.get("warmup") and results.get("with_refiner"):  # flat in the path length: 5 vs --segments segments
         results["with_refiner_peak_gib_short_vs_long"] = [results["warmup"]["peak_gib"],
                                                           results["with_refiner"]["peak_gib"]]
-    record("with_refiner_breakdown", lambda: render_path(models, args.segments, True, breakdown=True))
-    steady = record("refiner_steady_state_eager",
-                    lambda: refiner_steady_state(refiner_transformer, text, shape, device, dtype))
+    record("with_refiner_breakdown", lambda: render_path(models, args.segments, True, breakdown=True,
+                                                         kernels=main_kernels))
+    fused_blocks, stock_blocks = [], []
+    steady = record("refiner_steady_state_eager", lambda: steady_row(
+        refiner_steady_state(refiner_transformer, text, shape, device, dtype, kernels=main_kernels), fused_blocks))
     graphed = None
     if args.refiner_graphs:
-        graphed = record("refiner_steady_state_graphed",
-                         lambda: refiner_steady_state(refiner_transformer, text, shape, device, dtype, cuda_graphs=True))
+        graphed = record("refiner_steady_state_graphed", lambda: steady_row(refiner_steady_state(
+            refiner_transformer, text, shape, device, dtype, cuda_graphs=True, kernels=main_kernels), []))
+    if args.refiner_kernels == "both":
+        stock = record("refiner_steady_state_eager_stock_kernels", lambda: steady_row(
+            refiner_steady_state(refiner_transformer, text, shape, device, dtype, kernels="stock"), stock_blocks))
+        if steady and stock:
+            record("refiner_kernels_fused_vs_stock", lambda: kernels_comparison(
+                dict(steady, first_block=fused_blocks[0]), dict(stock, first_block=stock_blocks[0]),
+                results.get("with_refiner"), results.get("with_refiner_stock_kernels")))
     if steady is not None:
         record("roofline", lambda: roofline(steady, plain["video_fps"] if plain else None, graphed))
 

@@ -22,7 +22,17 @@ class _CheckoutKernelsFinder(importlib.abc.MetaPathFinder):
 
 
 if (_CHECKOUT_KERNELS / "__init__.py").is_file():
+<<<<<<< HEAD
     sys.meta_path.insert(0, _CheckoutKernelsFinder())  # before an editable install of another checkout
+=======
+    # A source checkout (its pyproject.toml beside the package) maps to its own kernels first, ahead of an
+    # editable install of another checkout; an installed camrender (site-packages, where a `kernels`
+    # folder is Hugging Face's package) keeps the installed mapping.
+    if (_CHECKOUT_KERNELS.parent / "pyproject.toml").is_file():
+        sys.meta_path.insert(0, _CheckoutKernelsFinder())
+    else:
+        sys.meta_path.append(_CheckoutKernelsFinder())
+>>>>>>> main
 
 
 def patch_transformer(transformer, kernels: str = "fused", **kwargs):

@@ -9,6 +9,7 @@ intermediate tensor (`kernels._rounding`), so a bf16 result equals stock's bit f
 LayerNorm's fp32 sum order:
 
     ada_norm(x, shift, scale)           LayerNorm(x) * (1 + scale[t]) + shift[t]
+                                        (norm="rms": diffusers' weightless RMSNorm, the LTX-2 refiner's)
     residual_ada_norm(x, r, shift, scale)   x' = x + r; returns (x', ada_norm(x', shift, scale))
     gated_residual(x, y, gate, y2=None, extra=None, extra_bias=None)
                                         x + gate[t] * (y + y2) + (extra + extra_bias)
@@ -20,12 +21,14 @@ N = T * S tokens frame-major (channel stride 1, any batch / token strides); shif
 (B, T, C) per-frame rows (channel stride 1; e.g. views into the block's (B, T, 6, C) modulation
 tensor). LayerNorm has no affine parameters (SANA-WM's).
 """
+import os
+
 import torch
 import triton
 import triton.language as tl
 
 from ._rounding import cast_as, round_as
-from ._validate import use_triton
+from ._validate import check_choice, use_triton
 
 
 # --------------------------------------------------------------------------- references
@@ -34,18 +37,29 @@ def _per_frame(t, frames):
     return t.reshape(t.shape[0], frames, -1, t.shape[-1])
 
 
-def ada_norm_ref(x, shift, scale, *, eps=1e-6):
-    """LayerNorm(x) * (1 + scale) + shift per frame, in x.dtype op by op as the stock block; (B, N, C)."""
+def _norm_ref(x, eps, norm):
+    """LayerNorm without affine (SANA-WM) or diffusers' weightless RMSNorm (LTX-2: fp32 math, rounded once)."""
+    if norm == "layer":
+        return torch.nn.functional.layer_norm(x, (x.shape[-1],), eps=eps)
+    squares = x.float().pow(2).mean(-1, keepdim=True)
+    return (x.float() * torch.rsqrt(squares + eps)).to(x.dtype)
+
+
+def ada_norm_ref(x, shift, scale, *, eps=1e-6, norm="layer"):
+    """norm(x) * (1 + scale) + shift per frame, in x.dtype op by op as the stock block; (B, N, C).
+    shift and scale None: norm(x) alone."""
+    if shift is None:
+        return _norm_ref(x, eps, norm)
     frames = shift.shape[1]
-    normed = torch.nn.functional.layer_norm(_per_frame(x, frames), (x.shape[-1],), eps=eps)
+    normed = _norm_ref(_per_frame(x, frames), eps, norm)
     out = normed * (1 + scale.to(x.dtype)[:, :, None]) + shift.to(x.dtype)[:, :, None]
     return out.reshape(x.shape)
 
 
-def residual_ada_norm_ref(x, residual, shift, scale, *, eps=1e-6):
+def residual_ada_norm_ref(x, residual, shift, scale, *, eps=1e-6, norm="layer"):
     """(x + residual in x.dtype, ada_norm of it)."""
     updated = x + residual.to(x.dtype)
-    return updated, ada_norm_ref(updated, shift, scale, eps=eps)
+    return updated, ada_norm_ref(updated, shift, scale, eps=eps, norm=norm)
 
 
 def gated_residual_ref(x, y, gate, y2=None, extra=None, extra_bias=None):
@@ -80,12 +94,14 @@ def _frame_offset(row, tokens, spatial, stride_b, stride_t):
 
 @triton.jit
 def _ada_norm_kernel(x_ptr, r_ptr, x_out_ptr, out_ptr, shift_ptr, scale_ptr,
-                     tokens, spatial, channels, eps,
+                     n_rows, tokens, spatial, channels, eps,
                      stride_xb, stride_xn, stride_rb, stride_rn, stride_sb, stride_st, stride_cb, stride_ct,
-                     HAS_RESIDUAL: tl.constexpr, BLOCK_C: tl.constexpr):
-    row = tl.program_id(0)
-    c = tl.arange(0, BLOCK_C)
-    mask = c < channels
+                     HAS_RESIDUAL: tl.constexpr, BLOCK_C: tl.constexpr, RMS: tl.constexpr = False,
+                     MODULATE: tl.constexpr = True, ROWS: tl.constexpr = 1):
+    # ROWS token rows per program (1 on the GPU; more under the interpreter, where programs run one by one)
+    row = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[:, None]  # (ROWS, 1)
+    c = tl.arange(0, BLOCK_C)[None, :]
+    mask = (c < channels) & (row < n_rows)
     DT: tl.constexpr = out_ptr.dtype.element_ty
     x = tl.load(x_ptr + _token_offset(row, tokens, stride_xb, stride_xn) + c, mask=mask, other=0.0).to(tl.float32)
     out_off = row.to(tl.int64) * channels + c  # outputs are contiguous (B, N, C)
@@ -93,26 +109,34 @@ def _ada_norm_kernel(x_ptr, r_ptr, x_out_ptr, out_ptr, shift_ptr, scale_ptr,
         r = tl.load(r_ptr + _token_offset(row, tokens, stride_rb, stride_rn) + c, mask=mask, other=0.0)
         x = round_as(x + r.to(tl.float32), DT)  # normalise what the next step reads, as the stock block does
         tl.store(x_out_ptr + out_off, x.to(DT), mask=mask)
-    mean = tl.sum(x, axis=0) / channels
-    centred = tl.where(mask, x - mean, 0.0)
-    rstd = 1.0 / tl.sqrt(tl.sum(centred * centred, axis=0) / channels + eps)
-    shift = tl.load(shift_ptr + _frame_offset(row, tokens, spatial, stride_sb, stride_st) + c, mask=mask, other=0.0)
-    scale = tl.load(scale_ptr + _frame_offset(row, tokens, spatial, stride_cb, stride_ct) + c, mask=mask, other=0.0)
-    # stock: norm1(x) -> tensor; (1 + scale) -> tensor; product -> tensor; + shift
+    if RMS:  # diffusers RMSNorm without weight: x * rsqrt(mean(x^2) + eps), rounded
+        centred = x
+    else:
+        mean = tl.sum(x, axis=1)[:, None] / channels
+        centred = tl.where(mask, x - mean, 0.0)
+    rstd = 1.0 / tl.sqrt(tl.sum(centred * centred, axis=1)[:, None] / channels + eps)
     normed = round_as(centred * rstd, DT)
-    out = round_as(normed * round_as(1.0 + scale.to(tl.float32), DT), DT) + shift.to(tl.float32)
+    if MODULATE:
+        shift = tl.load(shift_ptr + _frame_offset(row, tokens, spatial, stride_sb, stride_st) + c, mask=mask,
+                        other=0.0)
+        scale = tl.load(scale_ptr + _frame_offset(row, tokens, spatial, stride_cb, stride_ct) + c, mask=mask,
+                        other=0.0)
+        # stock: norm1(x) -> tensor; (1 + scale) -> tensor; product -> tensor; + shift
+        out = round_as(normed * round_as(1.0 + scale.to(tl.float32), DT), DT) + shift.to(tl.float32)
+    else:
+        out = normed
     tl.store(out_ptr + out_off, cast_as(out, DT), mask=mask)
 
 
 @triton.jit
-def _gated_residual_kernel(x_ptr, y_ptr, y2_ptr, e_ptr, eb_ptr, gate_ptr, out_ptr, tokens, spatial, channels,
-                           stride_xb, stride_xn, stride_yb, stride_yn, stride_zb, stride_zn, stride_eb, stride_en,
+def _gated_residual_kernel(x_ptr, y_ptr, y2_ptr, e_ptr, eb_ptr, gate_ptr, out_ptr, n_rows, tokens, spatial,
+                           channels, stride_xb, stride_xn, stride_yb, stride_yn, stride_zb, stride_zn, stride_eb, stride_en,
                            stride_gb, stride_gt, HAS_Y2: tl.constexpr, HAS_EXTRA: tl.constexpr,
-                           HAS_EXTRA_BIAS: tl.constexpr, BLOCK_C: tl.constexpr):
+                           HAS_EXTRA_BIAS: tl.constexpr, BLOCK_C: tl.constexpr, ROWS: tl.constexpr = 1):
     DT: tl.constexpr = out_ptr.dtype.element_ty
-    row = tl.program_id(0)
-    c = tl.arange(0, BLOCK_C)
-    mask = c < channels
+    row = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[:, None]  # (ROWS, 1), as _ada_norm_kernel
+    c = tl.arange(0, BLOCK_C)[None, :]
+    mask = (c < channels) & (row < n_rows)
     update = tl.load(y_ptr + _token_offset(row, tokens, stride_yb, stride_yn) + c, mask=mask, other=0.0)
     update = update.to(tl.float32)
     if HAS_Y2:  # stock FFN: y + t_conv(y) -> tensor
@@ -125,7 +149,7 @@ def _gated_residual_kernel(x_ptr, y_ptr, y2_ptr, e_ptr, eb_ptr, gate_ptr, out_pt
         extra = tl.load(e_ptr + _token_offset(row, tokens, stride_eb, stride_en) + c, mask=mask, other=0.0)
         extra = extra.to(tl.float32)
         if HAS_EXTRA_BIAS:
-            extra = round_as(extra + tl.load(eb_ptr + c, mask=mask, other=0.0).to(tl.float32), DT)
+            extra = round_as(extra + tl.load(eb_ptr + c, mask=c < channels, other=0.0).to(tl.float32), DT)
         out = round_as(out, DT) + extra
     tl.store(out_ptr + row.to(tl.int64) * channels + c, cast_as(out, DT), mask=mask)
 
@@ -177,6 +201,12 @@ def _check(x, modulations, others=()):
     return batch, tokens, channels, tokens // frames
 
 
+def _rows_per_program():
+    """Token rows per program: 1 on the GPU (the tuned launch); 64 under the Triton interpreter, which runs
+    programs one after another, so the CPU tests take a fraction of the time."""
+    return 64 if os.environ.get("TRITON_INTERPRET") == "1" else 1
+
+
 def _launch_config(channels, num_warps=None):
     """(BLOCK_C, warps): one program per token row, the whole row in registers. 4 warps: fastest at
     C = 2240 on the H200 (bench/bench_glue.py: ada_norm 0.134 ms at 4 warps, 0.153 at 8, 0.213 at 16)."""
@@ -184,41 +214,53 @@ def _launch_config(channels, num_warps=None):
     return block_c, num_warps or max(1, min(4, block_c // 256))
 
 
-def ada_norm(x, shift, scale, *, eps=1e-6, residual=None, backend="auto", num_warps=None):
-    """LayerNorm(x [+ residual]) * (1 + scale) + shift, one pass.
+def ada_norm(x, shift, scale, *, eps=1e-6, residual=None, norm="layer", backend="auto", num_warps=None):
+    """norm(x [+ residual]) * (1 + scale) + shift, one pass.
 
     Args:
         x: (B, N, C) activations, N = T * S frame-major.
-        shift, scale: (B, T, C) per-frame modulation rows.
-        eps: LayerNorm epsilon (no affine parameters).
+        shift, scale: (B, T, C) per-frame modulation rows, or both None (the norm alone).
+        eps: the norm's epsilon (no affine parameters).
         residual: optional (B, N, C) added to x first (see `residual_ada_norm`).
+        norm: "layer" (LayerNorm, SANA-WM) or "rms" (diffusers' RMSNorm, LTX-2 / the refiner).
         backend: "auto" (Triton on CUDA or under TRITON_INTERPRET=1), "triton" or "torch".
         num_warps: launch override (default 4).
     Returns:
         (B, N, C) contiguous in x.dtype; with `residual`, the pair (x + residual, normed).
     """
+    check_choice("norm", norm, ("layer", "rms"))
+    modulate = shift is not None
+    if modulate != (scale is not None):
+        raise ValueError("shift and scale must both be given or both be None")
     others = () if residual is None else (("residual", residual),)
-    batch, tokens, channels, spatial = _check(x, (("shift", shift), ("scale", scale)), others)
+    if modulate:
+        batch, tokens, channels, spatial = _check(x, (("shift", shift), ("scale", scale)), others)
+    else:
+        batch, tokens, channels, spatial = _check(x, (("x", x[:, :1]),), others)  # one "frame": no rows to read
+        shift = scale = x
     if not use_triton(x, backend):
+        mods = (shift, scale) if modulate else (None, None)
         if residual is None:
-            return ada_norm_ref(x, shift, scale, eps=eps)
-        return residual_ada_norm_ref(x, residual, shift, scale, eps=eps)
+            return ada_norm_ref(x, *mods, eps=eps, norm=norm)
+        return residual_ada_norm_ref(x, residual, *mods, eps=eps, norm=norm)
     out = torch.empty(batch, tokens, channels, device=x.device, dtype=x.dtype)
     updated = torch.empty_like(out) if residual is not None else out
     r = residual if residual is not None else x
     block_c, warps = _launch_config(channels, num_warps)
-    _ada_norm_kernel[(batch * tokens,)](
-        x, r, updated, out, shift, scale, tokens, spatial, channels, eps,
+    rows = _rows_per_program()
+    _ada_norm_kernel[(triton.cdiv(batch * tokens, rows),)](
+        x, r, updated, out, shift, scale, batch * tokens, tokens, spatial, channels, eps,
         x.stride(0), x.stride(1), r.stride(0), r.stride(1), shift.stride(0), shift.stride(1),
-        scale.stride(0), scale.stride(1), HAS_RESIDUAL=residual is not None, BLOCK_C=block_c, num_warps=warps,
+        scale.stride(0), scale.stride(1), HAS_RESIDUAL=residual is not None, BLOCK_C=block_c,
+        RMS=norm == "rms", MODULATE=modulate, ROWS=rows, num_warps=warps,
     )
     return out if residual is None else (updated, out)
 
 
-def residual_ada_norm(x, residual, shift, scale, *, eps=1e-6, backend="auto"):
-    """x' = x + residual (rounded to x.dtype) and LayerNorm(x') * (1 + scale) + shift, one pass.
+def residual_ada_norm(x, residual, shift, scale, *, eps=1e-6, norm="layer", backend="auto"):
+    """x' = x + residual (rounded to x.dtype) and norm(x') * (1 + scale) + shift, one pass.
     Shapes as `ada_norm`; returns (x', normed), both (B, N, C) contiguous in x.dtype."""
-    return ada_norm(x, shift, scale, eps=eps, residual=residual, backend=backend)
+    return ada_norm(x, shift, scale, eps=eps, residual=residual, norm=norm, backend=backend)
 
 
 def gated_residual(x, y, gate, *, y2=None, extra=None, extra_bias=None, backend="auto", num_warps=None):
@@ -246,11 +288,12 @@ def gated_residual(x, y, gate, *, y2=None, extra=None, extra_bias=None, backend=
     e = extra if extra is not None else y
     eb = extra_bias.contiguous() if extra_bias is not None else gate
     block_c, warps = _launch_config(channels, num_warps)
-    _gated_residual_kernel[(batch * tokens,)](
-        x, y, z, e, eb, gate, out, tokens, spatial, channels,
+    rows = _rows_per_program()
+    _gated_residual_kernel[(triton.cdiv(batch * tokens, rows),)](
+        x, y, z, e, eb, gate, out, batch * tokens, tokens, spatial, channels,
         x.stride(0), x.stride(1), y.stride(0), y.stride(1), z.stride(0), z.stride(1), e.stride(0), e.stride(1),
         gate.stride(0), gate.stride(1), HAS_Y2=y2 is not None, HAS_EXTRA=extra is not None,
-        HAS_EXTRA_BIAS=extra_bias is not None, BLOCK_C=block_c, num_warps=warps,
+        HAS_EXTRA_BIAS=extra_bias is not None, BLOCK_C=block_c, ROWS=rows, num_warps=warps,
     )
     return out
 

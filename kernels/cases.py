@@ -25,6 +25,7 @@ from typing import Callable
 
 import torch
 
+from . import _refiner_cases as _refiner
 from ._random_inputs import Draw as _Draw
 from ._random_inputs import middle_segment_start as _middle_segment_start
 
@@ -385,6 +386,12 @@ CASES = (
     KernelCase("gated_residual", _glue_inputs, _gated_residual_fused, _gated_residual_reference, _glue_label,
                GLUE_SIZES),
     KernelCase("silu_gate", _glue_inputs, _silu_gate_fused, _silu_gate_reference, _glue_label, GLUE_SIZES),
+    KernelCase("rms_rope_qk", _refiner.rms_rope_inputs, _refiner.rms_rope_fused, _refiner.rms_rope_reference,
+               _glue_label, GLUE_SIZES),
+    KernelCase("rms_rope_qk+split", lambda s, device, dtype: _refiner.rms_rope_inputs(s, device, dtype, "split"),
+               _refiner.rms_rope_fused, _refiner.rms_rope_reference, _glue_label, GLUE_SIZES),
+    KernelCase("residual_ada_norm+rms", _glue_inputs, _refiner.rms_ada_norm_fused, _refiner.rms_ada_norm_reference,
+               _glue_label, GLUE_SIZES),
     # on CUDA the GLU's silu runs on the hardware's approximate tanh (inline asm, relative error ~2^-11)
     KernelCase("glu_depthwise", _glu_inputs, _glu_fused, _glu_reference, _glu_label, GLUE_SIZES),
 )

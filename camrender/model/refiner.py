@@ -38,6 +38,9 @@ from diffusers.models.transformers.transformer_sana_wm_refiner import SanaWMRefi
 from diffusers.pipelines.sana_wm.refiner import STAGE_2_DISTILLED_SIGMA_VALUES, _pack_latents, _unpack_latents
 from diffusers.utils.torch_utils import randn_tensor
 
+from camrender.model.refiner_block import use_refiner_kernels
+from camrender.model.refiner_window import WindowKVCache
+
 SINK_FRAMES = 1  # the released recipe: latent frame 0 is the sink
 BLOCK_FRAMES = 3
 KV_MAX_FRAMES = 11  # sink + 10 recent frames
@@ -103,11 +106,17 @@ class RefinerStream:
         sigmas: the Euler sigma list ending in 0 (default: diffusers' 3-step distilled list).
         cuda_graphs: replay the steady-state passes as graphs (default off, see `_graphs`; never when the transformer
             streams its layers from the CPU); off CUDA, True runs the same static-copy path without a graph.
+        kernels: "fused" (default): the blocks run `camrender.model.refiner_block`'s fused path and, eager, a
+            `WindowKVCache` (no per-pass concatenation); "stock": diffusers' block forward and processor.
+            Either way the setting stays on the transformer until another stream changes it.
+        kernel_backend: the fused path's kernels: "auto" (Triton on CUDA or under TRITON_INTERPRET=1),
+            "triton" or "torch" (their PyTorch references).
     """
 
     def __init__(self, refiner, text: RefinerText, *, fps: float, generator: Optional[torch.Generator] = None,
                  device=None, sink_frames: int = SINK_FRAMES, block_frames: int = BLOCK_FRAMES,
-                 kv_max_frames: int = KV_MAX_FRAMES, sigmas=None, cuda_graphs: Optional[bool] = None):
+                 kv_max_frames: int = KV_MAX_FRAMES, sigmas=None, cuda_graphs: Optional[bool] = None,
+                 kernels: str = "fused", kernel_backend: str = "auto"):
         self.transformer = refiner.transformer
         self.text = text
         self.fps = float(fps)
@@ -126,12 +135,18 @@ class RefinerStream:
         self.text_mask = None if text.mask is None or bool(text.mask.all()) else text.mask
         self.text_memo = _TextMemo(self.transformer)
         self.call = _TransformerCall(self.transformer, self.text_memo, self.device)
-        self.cache = SanaWMRefinerKVCache(len(self.transformer.transformer_blocks))
+        fused = use_refiner_kernels(self.transformer, kernels, kernel_backend)
         scale = float(self.transformer.config.timestep_scale_multiplier)
         # One (1, 1) timestep per sigma, made once: the model broadcasts its modulation over the tokens.
         self.timesteps = {s: torch.full((1, 1), s * scale, dtype=torch.float32, device=self.device)
                           for s in self.sigmas[:-1] + [0.0]}
         self.graphs = self._graphs(cuda_graphs)
+        layers = len(self.transformer.transformer_blocks)
+        if fused and self.graphs is None and self.max_history > 0:  # K/V written in place, no per-pass copies
+            self.cache = WindowKVCache(layers, history_frames=self.max_history, block_frames=self.block_frames,
+                                       sink_frames=self.sink_frames)
+        else:  # the graphed passes read diffusers' cache (its history shifted in place)
+            self.cache = SanaWMRefinerKVCache(layers)
         self.pending = None  # stage-1 frames received and not yet refined, (1, C, t, h, w)
         self.next_frame = 0  # absolute index of pending's first frame
         self.history_frames = 0
@@ -277,6 +292,10 @@ class RefinerStream:
     def _append_history(self, frames: int) -> None:
         """Append the block's post-RoPE K/V to every layer's history; keep the last `max_history` frames.
         A full history is shifted in place (its tensors keep their addresses for the CUDA graphs)."""
+        if isinstance(self.cache, WindowKVCache):
+            for layer in self.cache.layer_caches:
+                layer.commit(frames)
+            return
         trims = 0 < self.max_history < self.history_frames + frames
         in_place = trims and self.history_frames == self.max_history and frames <= self.max_history
         for layer in self.cache.layer_caches:
@@ -347,7 +366,7 @@ def _attention_backends(device):
 
 class _TextMemo:
     """While active, the modules that see only the prompt (the caption projection and every
-    cross-attention's key and value projections) return their previous output when called again on
+    cross-attention's key and value projections and key RMSNorm) return their previous output when called again on
     the same, unmodified input: the prompt is fixed for a render, so its keys and values are computed
     once instead of on every forward (about 3.7% of the refiner's FLOPs at the release shape).
 
@@ -360,7 +379,7 @@ class _TextMemo:
     def __init__(self, transformer):
         self.modules = [transformer.caption_projection]
         for block in transformer.transformer_blocks:
-            self.modules += [block.attn2.to_k, block.attn2.to_v]
+            self.modules += [block.attn2.to_k, block.attn2.norm_k, block.attn2.to_v]
         self.remembered = {}  # id(module) -> (input, its key, output)
 
     @staticmethod

@@ -42,16 +42,21 @@ def stage_two(pipe, request, device):
     pass-through with the same `push`/`finish`. Encodes the refiner's prompt here, once per render.
 
     Noise of the block endpoints comes from a CPU generator seeded with the render's seed (repeatable
-    across devices, like stage 1's). `--no-cuda-graphs` (request.cuda_graphs False) keeps the refiner eager too.
+    across devices, like stage 1's). `--no-cuda-graphs` (request.cuda_graphs False) keeps the refiner eager too;
+    `--kernels torch` runs diffusers' stock refiner blocks.
     """
     refiner = getattr(pipe, _ATTRIBUTE, None)
     if refiner is None:
         return PassThrough()
     dtype = next(refiner.transformer.parameters()).dtype
     text = encode_refiner_prompt(refiner, request.prompt, device, dtype)
+    # --kernels fused: the refiner blocks' fused path (Triton on CUDA, its PyTorch references on a CPU, as
+    # stage 1); --kernels torch: diffusers' own blocks
+    kernels = "stock" if getattr(request, "kernels", "fused") == "torch" else "fused"
     return RefinerStream(refiner, text, fps=request.fps, device=device,
                          generator=torch.Generator("cpu").manual_seed(int(request.seed)),
-                         cuda_graphs=None if getattr(request, "cuda_graphs", True) else False)
+                         cuda_graphs=None if getattr(request, "cuda_graphs", True) else False, kernels=kernels,
+                         kernel_backend="auto" if torch.device(device).type == "cuda" else "torch")
 
 
 # On CUDA, a segment's refinement and decode run on a side stream while the next segment's stage 1

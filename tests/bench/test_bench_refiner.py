@@ -30,6 +30,12 @@ def test_tiny_run_writes_every_figure(tmp_path, monkeypatch):
     assert result["roofline"]["refiner_only_fps_measured_graphed"] > 0
     assert "graphed_vs_eager_block_max_abs_diff" not in result  # a check: tests/render/test_graphs_gpu.py
     assert result["roofline"]["refiner_only_fps_at_peak"] > result["roofline"]["segment_mode_fps_ceiling_with_refiner"]
+    # the fused refiner blocks against diffusers' stock ones, side by side (fp32 here: the same block)
+    assert result["with_refiner_stock_kernels"]["video_frames"] == 73
+    assert result["refiner_steady_state_eager"]["kernels"] == "fused"
+    assert result["refiner_steady_state_eager_stock_kernels"]["kernels"] == "stock"
+    comparison = result["refiner_kernels_fused_vs_stock"]
+    assert comparison["speedup"] > 0 and comparison["block_max_abs_diff_over_max_abs"] <= 1e-5
     assert set(result["peak_gib_by_setting"]) == {"none", "layers"}
     assert set(result["setting_for_gpu"]) == {"24GB", "48GB", "80GB", "141GB"}
     sys.modules.pop("bench_refiner", None)

@@ -7,6 +7,9 @@ from camrender.model.refiner import RefinerStream, encode_refiner_prompt
 from camrender.model.tiny_refiner import build_tiny_refiner
 
 PROMPT = "a sunlit room"
+# The history / graph bookkeeping tests run the fused path's PyTorch references: the Triton kernels go
+# through the interpreter in the diffusers-equivalence tests here and in tests/kernels (seconds, not minutes).
+BOOKKEEPING = dict(kernel_backend="torch")
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +57,7 @@ def test_streamed_equals_diffusers_call(refiner, frames, splits):
 
 def test_history_stays_bounded(refiner):
     clip = torch.randn(1, 8, 31, 4, 6, generator=torch.Generator().manual_seed(0))
-    _, stream = streamed(refiner, clip, seed=1, splits=list(range(4, 31, 3)))
+    _, stream = streamed(refiner, clip, seed=1, splits=list(range(4, 31, 3)), **BOOKKEEPING)
     tokens_per_frame = 4 * 6
     for layer in stream.cache.layer_caches:
         assert layer.history_k.shape[1] == 10 * tokens_per_frame  # sink + 10 recent frames, whatever the length
@@ -102,8 +105,8 @@ def test_graphed_steady_state_equals_eager_and_diffusers(refiner):
     frames = 1 + 3 * 9 + 2  # 9 full blocks (the window is full from block 5) and a short last block
     clip = torch.randn(1, 8, frames, 4, 6, generator=torch.Generator().manual_seed(11))
     splits = list(range(4, frames, 3))
-    eager_pieces, eager = streamed(refiner, clip, seed=3, splits=splits, cuda_graphs=False)
-    graphed_pieces, graphed = streamed(refiner, clip, seed=3, splits=splits, cuda_graphs=True)
+    eager_pieces, eager = streamed(refiner, clip, seed=3, splits=splits, cuda_graphs=False, **BOOKKEEPING)
+    graphed_pieces, graphed = streamed(refiner, clip, seed=3, splits=splits, cuda_graphs=True, **BOOKKEEPING)
     assert eager.graphs is None
     inject, cache_pass = graphed.graphs["inject"].stats, graphed.graphs["inject_and_capture_post_rope"].stats
     # blocks 5..9 are steady: 5 x 3 denoising passes (the first one of a layout eager) and 5 cache passes
@@ -122,7 +125,8 @@ def test_full_history_is_shifted_in_place(refiner):
     """Once the window is full, each layer's history keeps its storage (what a captured graph reads)."""
     clip = torch.randn(1, 8, 1 + 3 * 6, 4, 6, generator=torch.Generator().manual_seed(4))
     text = encode_refiner_prompt(refiner, PROMPT, "cpu", torch.float32)
-    stream = RefinerStream(refiner, text, fps=16.0, generator=torch.Generator().manual_seed(0), cuda_graphs=False)
+    stream = RefinerStream(refiner, text, fps=16.0, generator=torch.Generator().manual_seed(0), cuda_graphs=False,
+                           **BOOKKEEPING)
     stream.push(clip[:, :, :13])  # sink + 4 blocks: 12 frames refined, the history holds the last 10
     addresses = [layer.history_k.data_ptr() for layer in stream.cache.layer_caches]
     before = stream.cache.layer_caches[0].history_k.clone()
@@ -141,7 +145,8 @@ def test_finished_stream_is_freed_without_the_cycle_collector(refiner):
     clip = torch.randn(1, 8, 1 + 3 * 6, 4, 6, generator=torch.Generator().manual_seed(6))
     gc.disable()
     try:
-        _, stream = streamed(refiner, clip, seed=0, splits=list(range(4, clip.shape[2], 3)), cuda_graphs=True)
+        _, stream = streamed(refiner, clip, seed=0, splits=list(range(4, clip.shape[2], 3)), cuda_graphs=True,
+                             **BOOKKEEPING)
         assert stream.graphs["inject"].stats["replays"] > 0
         history = weakref.ref(stream.cache.layer_caches[0].history_k)
         gone = weakref.ref(stream)

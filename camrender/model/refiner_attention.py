@@ -1,0 +1,116 @@
+"""The refiner's self-attention with fewer launches and memory passes (a drop-in attention processor).
+
+`FusedRefinerAttnProcessor` replaces diffusers' `SanaWMLTX2RefinerAttnProcessor` on each refiner
+block's `attn1` (`use_refiner_kernels`). It runs the same projections (the module's own `to_q`,
+`to_k`, `to_v`, `to_out` and gate), and instead of the stock chain
+
+    RMSNorm(q), RMSNorm(k)            ~8 elementwise kernels each (fp32 up-cast, pow, mean, rsqrt, ...)
+    RoPE(q), RoPE(k) in fp32          ~8 kernels each
+    RoPE(sink K) every pass           ~8 kernels, though the sink's position is fixed for the block
+    cat([sink, history, current])     for K and for V: a copy of the whole window every pass
+
+it does
+
+    one `kernels.rms_rope.rms_rope_qk` launch (norm + RoPE of q and k, k written into the window),
+    one copy of V into the window, the sink's RoPE once per block (`kernels.rms_rope.rope_rows`),
+
+with a `camrender.model.refiner_window.WindowKVCache`; SDPA then reads the window's prefix in place. With
+diffusers' own `SanaWMRefinerKVCache` (diffusers' pipeline, the graphed passes) it keeps that cache's
+contract (concatenation, captured K/V) and still fuses the norm and RoPE. The result equals the stock
+processor's up to the fused norm's fp32 sum order (tests/test_refiner_attention.py).
+"""
+from __future__ import annotations
+
+import torch
+from diffusers.models.attention_dispatch import dispatch_attention_fn
+from diffusers.models.transformers.transformer_sana_wm_refiner import SanaWMLTX2RefinerAttnProcessor
+
+from camrender.kernels.rms_rope import ROPE_TYPES, rms_rope_qk, rope_rows
+from camrender.model.refiner_window import WindowLayerCache
+
+INJECT_MODES = ("inject", "inject_and_capture_post_rope")
+
+
+def fusable(attn) -> bool:
+    """Whether `attn` (a `SanaWMLTX2Attention`) has what the fused processor computes: full-width
+    RMSNorms on q and k with one epsilon, a RoPE layout the kernel knows, as many K/V heads as Q heads."""
+    norms = (attn.norm_q, attn.norm_k)
+    return (all(type(norm) is torch.nn.RMSNorm for norm in norms) and attn.norm_q.eps == attn.norm_k.eps
+            and attn.rope_type in ROPE_TYPES and attn.inner_kv_dim == attn.inner_dim
+            and (attn.norm_q.weight is None) == (attn.norm_k.weight is None))
+
+
+class FusedRefinerAttnProcessor:
+    """See the module docstring. `backend` as the kernels' ("auto": Triton on CUDA or under
+    TRITON_INTERPRET=1, else their PyTorch references, which still skip the per-pass copies)."""
+
+    _attention_backend = None
+    _parallel_config = None
+
+    def __init__(self, backend: str = "auto"):
+        self.backend = backend
+        self.stock = SanaWMLTX2RefinerAttnProcessor()
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, query_rotary_emb=None,
+                 key_rotary_emb=None, sink_rotary_emb=None, kv_cache=None, kv_cache_mode=None):
+        if query_rotary_emb is None or not fusable(attn):
+            return self.stock(attn, hidden_states, encoder_hidden_states, attention_mask, query_rotary_emb,
+                              key_rotary_emb, sink_rotary_emb=sink_rotary_emb, kv_cache=kv_cache,
+                              kv_cache_mode=kv_cache_mode)
+        gate_logits = attn.to_gate_logits(hidden_states) if attn.to_gate_logits is not None else None
+        query, key, value = attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states)
+        eps = attn.norm_q.eps if attn.norm_q.eps is not None else torch.finfo(query.dtype).eps
+        prep = dict(eps=eps, head_dim=attn.head_dim, rope_type=attn.rope_type, backend=self.backend)
+        weights = (attn.norm_q.weight, attn.norm_k.weight)
+        cos, sin = query_rotary_emb
+
+        if isinstance(kv_cache, WindowLayerCache) and kv_cache_mode in INJECT_MODES:
+            start, end = kv_cache.place(hidden_states.shape[1])
+            kv_cache.value[:, start:end].copy_(value)
+            query, _ = rms_rope_qk(query, key, *weights, cos, sin, k_out=kv_cache.key[:, start:end], **prep)
+            if kv_cache.sink_stale:
+                sink_slot = kv_cache.key[:, :kv_cache.sink_tokens]
+                _rope_sink(kv_cache.sink_k_pre, sink_rotary_emb, attn, self.backend, out=sink_slot)
+                kv_cache.sink_stale = False
+            key, value = kv_cache.key[:, :end], kv_cache.value[:, :end]
+        else:
+            capture = kv_cache_mode == "capture_pre_rope"
+            query, key, *pre = rms_rope_qk(query, key, *weights, cos, sin, return_k_pre=capture, **prep)
+            if capture:
+                kv_cache.store_captured_pre_rope(pre[0], value)
+            if kv_cache_mode == "inject_and_capture_post_rope":
+                kv_cache.store_captured_post_rope(key, value)
+            if kv_cache_mode in INJECT_MODES:
+                key, value = _stock_window(kv_cache, key, value, sink_rotary_emb, attn, self.backend)
+
+        heads = attn.heads
+        out = dispatch_attention_fn(query.unflatten(2, (heads, -1)), key.unflatten(2, (heads, -1)),
+                                    value.unflatten(2, (heads, -1)), attn_mask=None, dropout_p=0.0, is_causal=False,
+                                    backend=self._attention_backend, parallel_config=self._parallel_config)
+        if gate_logits is not None:  # the stock per-head gate
+            out = out * (2.0 * torch.sigmoid(gate_logits)).unsqueeze(-1)
+        out = out.flatten(2, 3).to(query.dtype)
+        return attn.to_out[1](attn.to_out[0](out))
+
+
+def _rope_sink(sink_k_pre, sink_rotary_emb, attn, backend, out=None):
+    if sink_rotary_emb is None:
+        raise ValueError("Injecting the attention sink requires the `sink_pe` RoPE tuple on the KV cache.")
+    return rope_rows(sink_k_pre, *sink_rotary_emb, head_dim=attn.head_dim, rope_type=attn.rope_type, out=out,
+                     backend=backend)
+
+
+def _stock_window(kv_cache, key, value, sink_rotary_emb, attn, backend):
+    """[sink, history, current] K and V concatenated from a stock `SanaWMRefinerKVLayerCache`."""
+    keys, values = [], []
+    sink = kv_cache.get_sink()
+    if sink is not None:
+        keys.append(_rope_sink(sink[0].to(key.dtype), sink_rotary_emb, attn, backend))
+        values.append(sink[1].to(value.dtype))
+    history = kv_cache.get_history()
+    if history is not None:
+        keys.append(history[0].to(key.dtype))
+        values.append(history[1].to(value.dtype))
+    if not keys:
+        return key, value
+    return torch.cat([*keys, key], dim=1), torch.cat([*values, value], dim=1)

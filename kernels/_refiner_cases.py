@@ -1,0 +1,45 @@
+"""Inputs, fused call and reference of the refiner kernels' cases in kernels/cases.py (the refiner's
+q/k RMSNorm + RoPE, kernels.rms_rope, and block_glue's norm="rms" adaLN)."""
+from ._random_inputs import Draw
+
+
+def rms_rope_inputs(s, device, dtype, rope_type="interleaved"):
+    """q, k (B, N, C) as GEMM outputs, RMSNorm weights (C,), fp32 cos/sin in diffusers' layout for rope_type."""
+    d = Draw(9, device, dtype)
+    tokens = (s.batch, s.tokens, s.channels)
+    angles = d.rand((s.batch, s.tokens, s.channels // 2), 0.0, 6.3, activation=False)
+    if rope_type == "interleaved":
+        cos, sin = angles.cos().repeat_interleave(2, -1), angles.sin().repeat_interleave(2, -1)
+    else:  # (B, H, N, D/2) views, as diffusers' split RoPE
+        per_head = angles.reshape(s.batch, s.tokens, s.heads, -1)
+        cos, sin = per_head.cos().swapaxes(1, 2), per_head.sin().swapaxes(1, 2)
+    return dict(q=d.randn(tokens, 3.0), k=d.randn(tokens), wq=d.randn((s.channels,), 0.2, activation=False) + 1,
+                wk=d.randn((s.channels,), 0.2, activation=False) + 1, cos=cos, sin=sin, head_dim=s.dim,
+                rope_type=rope_type)
+
+
+def rms_rope_fused(x, precision):
+    from .rms_rope import rms_rope_qk
+
+    return rms_rope_qk(x["q"], x["k"], x["wq"].to(x["q"].dtype), x["wk"].to(x["q"].dtype), x["cos"], x["sin"],
+                       eps=1e-6, head_dim=x["head_dim"], rope_type=x["rope_type"], return_k_pre=True,
+                       backend="triton")
+
+
+def rms_rope_reference(x):
+    from .rms_rope import rms_rope_qk_ref
+
+    return rms_rope_qk_ref(x["q"].float(), x["k"].float(), x["wq"], x["wk"], x["cos"], x["sin"], eps=1e-6,
+                           rope_type=x["rope_type"])
+
+
+def rms_ada_norm_fused(x, precision):
+    from .block_glue import residual_ada_norm
+
+    return residual_ada_norm(x["x"], x["y"], x["shift"], x["scale"], norm="rms", backend="triton")
+
+
+def rms_ada_norm_reference(x):
+    from .block_glue import residual_ada_norm_ref
+
+    return residual_ada_norm_ref(*[x[name].float() for name in ("x", "y", "shift", "scale")], norm="rms")

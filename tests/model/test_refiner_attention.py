@@ -1,0 +1,95 @@
+"""The refiner's fused path (camrender.model.refiner_block / refiner_attention / refiner_window) against
+diffusers' stock block forward and attention processor (tiny refiner, fp32, CPU, Triton interpreter)."""
+import pytest
+import torch
+from diffusers.models.transformers.transformer_sana_wm_refiner import (
+    SanaWMLTX2RefinerAttnProcessor,
+    SanaWMRefinerKVCache,
+)
+
+from camrender.model.refiner import RefinerStream, encode_refiner_prompt
+from camrender.model.refiner_attention import FusedRefinerAttnProcessor
+from camrender.model.refiner_block import fused_block_forward, use_refiner_kernels
+from camrender.model.refiner_window import WindowKVCache
+from camrender.model.tiny_refiner import build_tiny_refiner
+
+
+@pytest.fixture(scope="module")
+def refiner():
+    return build_tiny_refiner(seed=5)
+
+
+def run(refiner, clip, kernels, **options):
+    text = encode_refiner_prompt(refiner, "a hall", "cpu", torch.float32)
+    stream = RefinerStream(refiner, text, fps=16.0, generator=torch.Generator().manual_seed(2), kernels=kernels,
+                           **options)
+    out = [stream.push(clip[:, :, :4]), stream.push(clip[:, :, 4:]), stream.finish()]
+    return torch.cat(out, dim=2), stream
+
+
+def test_fused_stream_equals_stock_stream(refiner):
+    """Window cache + fused processor + fused glue give diffusers' blocks' latents and history (fp32)."""
+    clip = torch.randn(1, 8, 1 + 3 * 5 + 2, 4, 6, generator=torch.Generator().manual_seed(1))  # trims, short tail
+    stock, stock_stream = run(refiner, clip, "stock")
+    blocks = refiner.transformer.transformer_blocks
+    assert all(type(b.attn1.processor) is SanaWMLTX2RefinerAttnProcessor and "forward" not in vars(b) for b in blocks)
+    assert type(stock_stream.cache) is SanaWMRefinerKVCache
+    fused, fused_stream = run(refiner, clip, "fused")
+    assert all(isinstance(b.attn1.processor, FusedRefinerAttnProcessor) for b in blocks)
+    assert all(vars(b)["forward"].__func__ is fused_block_forward for b in blocks)
+    assert isinstance(fused_stream.cache, WindowKVCache)
+    assert ((fused - stock).abs().max() / stock.abs().max()).item() <= 1e-6
+    for window, layer in zip(fused_stream.cache.layer_caches, stock_stream.cache.layer_caches):
+        torch.testing.assert_close(window.history_k, layer.history_k, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(window.history_v, layer.history_v, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(window.sink_v, layer.sink_v, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(window.sink_k_pre, layer.sink_k_pre, rtol=1e-5, atol=1e-5)
+
+
+def test_fused_processor_keeps_the_stock_cache_contract(refiner):
+    """With diffusers' own cache (its pipeline, the graphed passes) the fused path concatenates and
+    captures as the stock processor does."""
+    clip = torch.randn(1, 8, 1 + 3 * 5, 4, 6, generator=torch.Generator().manual_seed(3))
+    stock, _ = run(refiner, clip, "stock", cuda_graphs=True)
+    fused, stream = run(refiner, clip, "fused", cuda_graphs=True)
+    assert type(stream.cache) is SanaWMRefinerKVCache and stream.graphs["inject"].stats["replays"] > 0
+    assert ((fused - stock).abs().max() / stock.abs().max()).item() <= 1e-6
+
+
+def test_window_sink_is_reroped_once_per_block(refiner, monkeypatch):
+    """The sink's RoPE runs on the first pass of each block only (its position is fixed for the block)."""
+    import camrender.model.refiner_attention as attention
+
+    calls = []
+    rope_rows = attention.rope_rows
+    monkeypatch.setattr(attention, "rope_rows", lambda *a, **k: calls.append(1) or rope_rows(*a, **k))
+    clip = torch.randn(1, 8, 1 + 3 * 3, 4, 6, generator=torch.Generator().manual_seed(4))
+    _, stream = run(refiner, clip, "fused")
+    layers = len(refiner.transformer.transformer_blocks)
+    assert stream.blocks_done == 3 and len(calls) == 3 * layers  # not 3 blocks x 4 passes
+
+
+def test_window_history_slides_in_place():
+    cache = WindowKVCache(1, history_frames=2, block_frames=3, sink_frames=1)
+    layer = cache.layer_caches[0]
+    tokens = 2  # per frame
+    layer.store_sink(torch.zeros(1, tokens, 4), torch.full((1, tokens, 4), -1.0))
+    assert layer.key.shape == (1, tokens * (1 + 2 + 3), 4)
+    for block, frames in enumerate((3, 1, 2)):
+        start, end = layer.place(frames * tokens)
+        assert start == tokens + layer.history_tokens
+        for buffer in (layer.key, layer.value):
+            buffer[:, start:end] = torch.arange(frames * tokens, dtype=torch.float32)[None, :, None] + 10 * block
+        layer.commit(frames)
+        assert layer.history_k.data_ptr() == layer.key[:, tokens:].data_ptr()  # always right after the sink
+    # history = the last 2 frames of [block 0 (3 frames), block 1 (1 frame), block 2 (2 frames)] = block 2
+    assert layer.history_tokens == 2 * tokens
+    assert layer.history_v[0, :, 0].tolist() == [20.0, 21.0, 22.0, 23.0]
+    assert torch.equal(layer.sink_v, torch.full((1, tokens, 4), -1.0))  # the sink is never moved
+    with pytest.raises(ValueError, match="does not fit the window"):
+        layer.place(4 * tokens)
+
+
+def test_use_refiner_kernels_rejects_unknown_names(refiner):
+    with pytest.raises(ValueError, match="fused, stock"):
+        use_refiner_kernels(refiner.transformer, "turbo")
