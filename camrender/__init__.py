@@ -11,7 +11,7 @@ _CHECKOUT_KERNELS = Path(__file__).resolve().parent.parent / "kernels"
 
 class _CheckoutKernelsFinder(importlib.abc.MetaPathFinder):
     """`camrender.kernels` is the repository's top-level `kernels/` folder (pyproject.toml maps it so
-    when installed). This finder, first on `sys.meta_path`, gives the same mapping to a source
+    when installed). This finder, last on `sys.meta_path`, gives the same mapping to a source
     checkout that runs uninstalled (`PYTHONPATH=.`, bench scripts on a bare GPU machine)."""
 
     def find_spec(self, name, path=None, target=None):
@@ -22,9 +22,6 @@ class _CheckoutKernelsFinder(importlib.abc.MetaPathFinder):
 
 
 if (_CHECKOUT_KERNELS / "__init__.py").is_file():
-<<<<<<< HEAD
-    sys.meta_path.insert(0, _CheckoutKernelsFinder())  # before an editable install of another checkout
-=======
     # A source checkout (its pyproject.toml beside the package) maps to its own kernels first, ahead of an
     # editable install of another checkout; an installed camrender (site-packages, where a `kernels`
     # folder is Hugging Face's package) keeps the installed mapping.
@@ -32,7 +29,6 @@ if (_CHECKOUT_KERNELS / "__init__.py").is_file():
         sys.meta_path.insert(0, _CheckoutKernelsFinder())
     else:
         sys.meta_path.append(_CheckoutKernelsFinder())
->>>>>>> main
 
 
 def patch_transformer(transformer, kernels: str = "fused", **kwargs):
