@@ -162,7 +162,7 @@ def step_worker(args) -> dict:
     if device.type == "cuda":
         torch.cuda.empty_cache()
     times, peak, guided = time_step(model, inputs, None, args.repeats, time_calls)
-    peaks = distributed.gather_objects(gib(peak), ranks)
+    peaks = distributed.gather_objects(peak_figure(peak), ranks)
     if ranks.is_main:
         result["2_gpus_head_split"] = {"ms_per_step": round(float(np.median(times)), 2),
                                        "peak_memory_gib_per_gpu": peaks,
@@ -235,7 +235,7 @@ def segment_worker(args) -> dict:
         torch.cuda.set_device(device)
     with torch.device(device):
         transformer, vae = bench_segments.build_models(build, device, dtype)
-    options = SegmentOptions.for_recipe(get_recipe("streaming"), backend="auto")
+    options = SegmentOptions.for_recipe(get_recipe("streaming"))
     latent_frames = 1 + 3 * segments
     result = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
               "height": height, "width": width, "segments": segments, "latent_frames": latent_frames}
