@@ -99,8 +99,9 @@ def bench_main(args, res):
 
     def ours(inp, weights=(conv, q_norm, k_norm), precision="tf32"):
         k = short_conv(inp[..., C:2 * C], weights[0].weight, T)
-        return main_branch(inp[..., :C], k, inp[..., 2 * C:], beta, decay, rope, q_norm_weight=weights[1].weight,
-                           k_norm_weight=weights[2].weight, precision=precision)
+        out, _ = main_branch(inp[..., :C], k, inp[..., 2 * C:], beta, decay, rope, q_norm_weight=weights[1].weight,
+                             k_norm_weight=weights[2].weight, precision=precision)
+        return out
 
     import copy
 
@@ -138,7 +139,7 @@ def bench_main(args, res):
         out_buf = torch.empty(B, N, C, device=dev, dtype=torch.bfloat16)
         t["part_scans_chunkwise_kv_z_divide"] = _bench(lambda: _chunkwise(
             qn, kn, qr, kr, v, beta, decay, out_buf, eps=1e-8, initial_state=None, segment_starts=None,
-            precision="tf32", return_final_state=False), args.quick)
+            precision="tf32", output_final_state=False), args.quick)
         t["ours_main_branch_ieee"] = _bench(lambda: ours(qkv, (conv16, qn16, kn16), precision="ieee"), args.quick)
     res["ms"] = t
     print(json.dumps(t), flush=True)

@@ -80,8 +80,8 @@ def main():
     x = bcb.make_inputs(shape, 0, device)
     xb = dict(x, **{k: x[k].to(torch.bfloat16).float() for k in ("q", "k", "v", "beta")})
     torch.backends.cuda.matmul.allow_tf32 = False
-    ref = reference.camera_branch_ref(xb["q"], xb["k"], xb["v"], xb["beta"], xb["decay"], xb["rays"],
-                                      q_norm_weight=x["qw"], k_norm_weight=x["kw"], initial_state=x["state"])
+    ref, _ = reference.camera_branch_ref(xb["q"], xb["k"], xb["v"], xb["beta"], xb["decay"], xb["rays"],
+                                         q_norm_weight=x["qw"], k_norm_weight=x["kw"], initial_state=x["state"])
     xbf = dict(x, **{k: x[k].to(torch.bfloat16) for k in ("q", "k", "v", "beta")})
     out = bcb.ours(xb, torch.float32, "ieee")
     res["errors"]["ieee_fp32_in"] = bcb.rel_err(out, ref)

@@ -20,7 +20,7 @@ STAGE_TUNING = {"stage_block_s": 16, "stage_num_warps": 4, "stage_maxnreg": None
 
 def camera_branch(q, k, v, beta, decay, ray_transforms, *, q_norm_weight, k_norm_weight, norm_eps=1e-5,
                   initial_state=None, segment_starts=None, downscale=True, precision="tf32", backend="auto",
-                  return_final_state=False, tuning=None, q_inv_rms=None, k_inv_rms=None):
+                  output_final_state=False, tuning=None, q_inv_rms=None, k_inv_rms=None):
     """Camera branch of a SANA-WM GDN block.
 
     Args:
@@ -39,7 +39,7 @@ def camera_branch(q, k, v, beta, decay, ray_transforms, *, q_norm_weight, k_norm
         precision: "tf32" (matrix products on 10-bit-mantissa operands; the encoded q, k, v are
             kept in fp16, so |v| must stay below fp16's 6.5e4) or "ieee" (fp32 throughout).
         backend: "triton", "torch" (fp32 references) or "auto".
-        return_final_state: also return the forward state after the last frame.
+        output_final_state: return the forward state after the last frame (else None in its place).
         tuning: optional dict of launch parameters overriding SCAN_TUNING / STAGE_TUNING
             (block_s, out_block_s, s_split, block_v, num_warps, num_stages, split, rec_f16, w_f16,
             maxnreg: see delta_scan.run_scan; stage_block_s, stage_num_warps, stage_maxnreg: see
@@ -48,7 +48,8 @@ def camera_branch(q, k, v, beta, decay, ray_transforms, *, q_norm_weight, k_norm
             one over these H heads (head split: the norm spans heads this call does not hold).
 
     Returns:
-        (B, N, H*D) in v's dtype, or (out, final_state (B, H, D, D) fp32).
+        (out (B, N, H*D) in v's dtype, final_state (B, H, D, D) fp32, or None unless
+        output_final_state), as flash-linear-attention's ops return them.
     """
     batch, tokens, heads, dim = check_projections(q, k, v)
     check_tensor("decay", decay, (batch, heads, None), contiguous=False)
@@ -71,7 +72,7 @@ def camera_branch(q, k, v, beta, decay, ray_transforms, *, q_norm_weight, k_norm
         return reference.camera_branch_ref(
             q, k, v, beta, decay, ray_transforms, q_norm_weight=q_norm_weight, k_norm_weight=k_norm_weight,
             norm_eps=norm_eps, initial_state=initial_state, segment_starts=segment_starts, downscale=downscale,
-            return_final_state=return_final_state, q_inv_rms=q_inv_rms, k_inv_rms=k_inv_rms)
+            output_final_state=output_final_state, q_inv_rms=q_inv_rms, k_inv_rms=k_inv_rms)
 
     # Stage: encode q, k, v once (beta folded into k and v), fp16 for tf32 (same mantissa), fp32 for ieee.
     tuning = {**SCAN_TUNING, **STAGE_TUNING, **(tuning or {})}
@@ -92,4 +93,4 @@ def camera_branch(q, k, v, beta, decay, ray_transforms, *, q_norm_weight, k_norm
                      initial_state=initial_state.float().contiguous() if initial_state is not None else None,
                      starts=starts, reverse=True, precision=precision, infl=infl, scale_a=k_scale * k_scale,
                      scale_u=k_scale, decode=(views[0], views[3]), f16_dot=precision == "tf32", **tuning)
-    return (out, final) if return_final_state else out
+    return out, (final if output_final_state else None)

@@ -160,7 +160,7 @@ def _camera_branch(x, backend, precision="ieee"):
     floats = {name: x[name].float() for name in ("q", "k", "v", "beta")} if backend == "torch" else x
     return camera_branch(floats["q"], floats["k"], floats["v"], floats["beta"], x["decay"], x["rays"],
                          q_norm_weight=x["q_norm_weight"], k_norm_weight=x["k_norm_weight"],
-                         initial_state=x["initial_state"], return_final_state=True,
+                         initial_state=x["initial_state"], output_final_state=True,
                          precision=precision, backend=backend)
 
 
@@ -225,16 +225,18 @@ def _main_prep_reference(x):
 def _main_branch_fused(x, precision):
     from .main_branch import main_branch
 
-    return main_branch(x["x"], x["k"], x["v"], x["beta"], x["decay"], x["rope"], q_norm_weight=x["norm_weight"],
-                       k_norm_weight=x["norm_weight"], precision=precision, backend="triton")
+    out, _ = main_branch(x["x"], x["k"], x["v"], x["beta"], x["decay"], x["rope"], q_norm_weight=x["norm_weight"],
+                         k_norm_weight=x["norm_weight"], precision=precision, backend="triton")
+    return out
 
 
 def _main_branch_reference(x):
     from .main_reference import main_branch_ref
 
     q, k, v, beta = (x[name].float() for name in ("x", "k", "v", "beta"))
-    return main_branch_ref(q, k, v, beta, x["decay"], x["rope"], q_norm_weight=x["norm_weight"],
-                           k_norm_weight=x["norm_weight"])
+    out, _ = main_branch_ref(q, k, v, beta, x["decay"], x["rope"], q_norm_weight=x["norm_weight"],
+                             k_norm_weight=x["norm_weight"])
+    return out
 
 
 # ----------------------------------------------------------------------------- softmax blocks' camera SDPA

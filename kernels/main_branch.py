@@ -40,7 +40,7 @@ def _divide_heads_kernel(num_ptr, den_ptr, out_ptr, sn_b, sn_h, sn_t, sn_s, sd_b
 
 
 def _chunkwise(qn, kn, q_rot, k_rot, v, beta, decay, out, *, eps, initial_state, segment_starts, precision,
-               return_final_state):
+               output_final_state):
     """KV and Z streams through kernels.delta_scan on permuted (B, H, T, S, D) views; divide into `out`."""
     batch, tokens, channels = v.shape
     heads, frames, spatial = beta.shape[1], beta.shape[2], beta.shape[3]
@@ -63,12 +63,12 @@ def _chunkwise(qn, kn, q_rot, k_rot, v, beta, decay, out, *, eps, initial_state,
     _divide_heads_kernel[(frames * triton.cdiv(spatial, bs), batch * heads)](
         num, den, out, *num.stride()[:4], *den.stride()[:4], frames, spatial, heads, head_dim, float(eps),
         BS=bs, BD=max(16, triton.next_power_of_2(head_dim)), num_warps=4)
-    return (kv, z) if return_final_state else None
+    return (kv, z) if output_final_state else None
 
 
 def main_branch(q, k, v, beta, decay, rope, *, q_norm_weight, k_norm_weight, norm_eps=1e-5, eps=1e-8,
                 initial_state=None, segment_starts=None, precision="tf32", backend="auto",
-                return_final_state=False, q_inv_rms=None, k_inv_rms=None):
+                output_final_state=False, q_inv_rms=None, k_inv_rms=None):
     """Main GDN branch of one block, fused; same contract as `kernels.main_reference.main_branch_ref`.
 
     Args:
@@ -83,17 +83,17 @@ def main_branch(q, k, v, beta, decay, rope, *, q_norm_weight, k_norm_weight, nor
             stay within fp16 range, as normalised q, scaled k and bf16-range v do) or "ieee"
             (exact fp32 dots).
         backend: "auto" (Triton on CUDA or under TRITON_INTERPRET=1, else PyTorch), "triton", "torch".
-        return_final_state: also return the forward states (kv, z) after the last frame.
+        output_final_state: return the forward states (kv, z) after the last frame (else None).
         q_inv_rms, k_inv_rms: optional (B, N) fp32 1 / RMS per token of q and k, used instead of the
             one over these C channels (head split: the norm spans heads this call does not hold).
 
     Returns:
-        out (B, N, C) in v.dtype, or (out, (kv, z)).
+        (out (B, N, C) in v.dtype, (kv, z) or None).
     """
     if not use_triton(v, backend):
         return main_branch_ref(q, k, v, beta, decay, rope, q_norm_weight=q_norm_weight, k_norm_weight=k_norm_weight,
                                norm_eps=norm_eps, eps=eps, initial_state=initial_state, segment_starts=segment_starts,
-                               return_final_state=return_final_state, q_inv_rms=q_inv_rms, k_inv_rms=k_inv_rms)
+                               output_final_state=output_final_state, q_inv_rms=q_inv_rms, k_inv_rms=k_inv_rms)
     batch, tokens, channels = v.shape
     heads, spatial = beta.shape[1], beta.shape[3]
     head_dim = channels // heads
@@ -107,5 +107,5 @@ def main_branch(q, k, v, beta, decay, rope, *, q_norm_weight, k_norm_weight, nor
                           inv_rms=k_inv_rms)
     out = torch.empty(batch, tokens, channels, device=v.device, dtype=v.dtype)
     final = _chunkwise(qn, kn, q_rot, k_rot, v, beta, decay, out, eps=eps, initial_state=initial_state,
-                       segment_starts=segment_starts, precision=precision, return_final_state=return_final_state)
-    return (out, final) if return_final_state else out
+                       segment_starts=segment_starts, precision=precision, output_final_state=output_final_state)
+    return out, final

@@ -97,7 +97,7 @@ def _to_scan(x, frames, heads):
 
 def main_branch_ref(q, k, v, beta, decay, rope, *, q_norm_weight, k_norm_weight, norm_eps=1e-5, eps=1e-8,
                     initial_state=None, segment_starts=None, precision="ieee", backend="torch",
-                    return_final_state=False, q_inv_rms=None, k_inv_rms=None):
+                    output_final_state=False, q_inv_rms=None, k_inv_rms=None):
     """Main GDN branch: prep, KV (RoPE'd) and Z (un-rotated) bidirectional delta scans, division.
 
     Args:
@@ -110,11 +110,11 @@ def main_branch_ref(q, k, v, beta, decay, rope, *, q_norm_weight, k_norm_weight,
         initial_state: optional (kv (B, H, D, D), z (B, H, D, 1)) fp32 forward states.
         segment_starts: optional bool (T,) or (B, T): the reverse scans restart where t+1 starts a segment.
         precision, backend: accepted for signature parity; the reference is PyTorch, fp32 after the prep.
-        return_final_state: also return (kv, z), the forward states after the last frame.
+        output_final_state: return (kv, z), the forward states after the last frame (else None).
         q_inv_rms, k_inv_rms: optional (B, N) 1 / RMS per token of q and k (see `main_prep_ref`).
 
     Returns:
-        out (B, N, C) in v.dtype, or (out, (kv, z)).
+        (out (B, N, C) in v.dtype, (kv, z) or None).
     """
     del precision, backend
     heads, frames, spatial = beta.shape[1], beta.shape[2], beta.shape[3]
@@ -139,9 +139,7 @@ def main_branch_ref(q, k, v, beta, decay, rope, *, q_norm_weight, k_norm_weight,
                             segment_starts=segment_starts)
     out = num / (den + eps)  # (B, H, T, S, D)
     out = out.permute(0, 2, 3, 1, 4).reshape(batch, tokens, channels).to(v.dtype)
-    if return_final_state:
-        return out, (kv, z)
-    return out
+    return out, ((kv, z) if output_final_state else None)
 
 
 def _ucpe_ref(x, mats, rope_cam, inverse_rope=False):

@@ -202,12 +202,12 @@ def cam_decode_ref(x, p, rope_cam):
 
 def camera_branch_ref(q, k, v, beta, decay, ray_transforms, *, q_norm_weight=None, k_norm_weight=None,
                       norm_eps=1e-5, initial_state=None, segment_starts=None, downscale=True,
-                      return_final_state=False, q_inv_rms=None, k_inv_rms=None):
+                      output_final_state=False, q_inv_rms=None, k_inv_rms=None):
     """The whole camera branch from raw projections, fp32 (see kernels.camera_branch).
 
     q, k, v (B, N, H, D); beta (B, H, T, S); decay (B, H, T); ray_transforms (P, P_T, P_inv,
-    rope_cam); q_inv_rms, k_inv_rms as cam_prep_ref. Returns (B, N, H*D) in v's dtype, plus the forward state (B, H, D, D) fp32 when
-    return_final_state.
+    rope_cam); q_inv_rms, k_inv_rms as cam_prep_ref. Returns (out (B, N, H*D) in v's dtype, the forward
+    state (B, H, D, D) fp32 after the last frame, or None unless output_final_state).
     """
     frames = decay.shape[-1]
     q_enc, k_enc, v_enc, inflation = cam_prep_ref(
@@ -218,4 +218,4 @@ def camera_branch_ref(q, k, v, beta, decay, ray_transforms, *, q_norm_weight=Non
     out, state = delta_scan_ref(q_enc, k_enc, v_enc, beta_cam, decay, initial_state=initial_state,
                                 segment_starts=segment_starts, reverse=True)
     out = cam_decode_ref(out, ray_transforms[0], ray_transforms[3]).to(v.dtype)
-    return (out, state) if return_final_state else out
+    return out, (state if output_final_state else None)

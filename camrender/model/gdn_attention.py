@@ -188,16 +188,15 @@ class PatchedGDNAttention(BidirectionalGDNUCPESinglePathLiteLA):
         if self.conv_k is not None:
             key = carried_short_conv(self.conv_k, key, call, state, "key_tail", backend)
         initial = None if state is None or state.kv_state is None else (state.kv_state, state.z_state)
-        out = main_branch(
+        out, final_state = main_branch(
             query, key, value, beta, decay, rotary_emb,
             q_norm_weight=self.q_norm.weight, k_norm_weight=self.k_norm.weight, norm_eps=self.q_norm.eps,
             eps=self.attn.eps, initial_state=initial, segment_starts=call.segment_starts(x.device),
-            precision=self.settings.precision, backend=backend, return_final_state=call.write,
+            precision=self.settings.precision, backend=backend, output_final_state=call.write,
             q_inv_rms=norm_inv_rms(self.q_norm, query), k_inv_rms=norm_inv_rms(self.k_norm, key),
         )
         if call.write:
-            out, (kv_state, z_state) = out
-            state.kv_state, state.z_state = kv_state.detach(), z_state.detach()
+            state.kv_state, state.z_state = (part.detach() for part in final_state)
         return out
 
     def _main_branch_stock(self, x, beta, decay, frames: int, rotary_emb) -> torch.Tensor:
@@ -238,15 +237,14 @@ class PatchedGDNAttention(BidirectionalGDNUCPESinglePathLiteLA):
             value = self.conv_v_cam(value, frames)
         shape = (batch, tokens, self.cam_heads, self.cam_head_dim)
         q_norm, k_norm = self.q_norm_cam, self.k_norm_cam
-        out = camera_branch(
+        out, cam_state = camera_branch(
             query.reshape(shape), key.reshape(shape), value.reshape(shape), beta, decay, rays,
             q_norm_weight=getattr(q_norm, "weight", None), k_norm_weight=getattr(k_norm, "weight", None),
             norm_eps=getattr(q_norm, "eps", 1e-5), initial_state=None if state is None else state.cam_state,
             segment_starts=call.segment_starts(x.device), downscale=call.options.camera_downscale,
-            precision=self.settings.precision, backend=self.settings.backend, return_final_state=call.write,
+            precision=self.settings.precision, backend=self.settings.backend, output_final_state=call.write,
             q_inv_rms=norm_inv_rms(q_norm, query), k_inv_rms=norm_inv_rms(k_norm, key),
         )
         if call.write:
-            out, cam_state = out
             state.cam_state = cam_state.detach()
         return out

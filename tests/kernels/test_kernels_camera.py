@@ -58,23 +58,23 @@ def run_branch(x, **kwargs):
 def test_camera_branch_matches_diffusers(dim, frames):
     x = branch_inputs(frames=frames, spatial=3 if dim == 112 else 5, dim=dim, seed=dim + frames)
     expected = diffusers_camera_branch(x)
-    got = run_branch(x, backend="triton")
+    got, _ = run_branch(x, backend="triton")
     assert got.shape == expected.shape == (2, x["q"].shape[1], 2 * dim)
     assert rel(got, expected) < 1e-4
-    assert rel(run_branch(x, backend="torch"), expected) < 1e-4
+    assert rel(run_branch(x, backend="torch")[0], expected) < 1e-4
 
 
 @pytest.mark.parametrize("variant", ["no_norm", "no_rope", "no_downscale"])
 def test_camera_branch_variants_match_reference(variant):
     x = branch_inputs(frames=3, seed=7)
-    default = run_branch(x, backend="torch")
+    default, _ = run_branch(x, backend="torch")
     kwargs = dict(q_norm_weight=None, k_norm_weight=None) if variant == "no_norm" else {}
     if variant == "no_rope":
         x = dict(x, rays=x["rays"][:3] + (None,))
     if variant == "no_downscale":
         kwargs["downscale"] = False
-    got = run_branch(x, backend="triton", **kwargs)
-    ref = run_branch(x, backend="torch", **kwargs)
+    got, _ = run_branch(x, backend="triton", **kwargs)
+    ref, _ = run_branch(x, backend="torch", **kwargs)
     assert rel(got, ref) < 1e-5
     assert rel(got, default) > 1e-4  # the switch matters on these inputs
 
@@ -88,9 +88,9 @@ def test_camera_branch_launch_variants_match_reference(tuning):
     state = 0.1 * torch.randn(2, 2, 16, 16, generator=torch.Generator().manual_seed(1))
     starts = torch.tensor([True, False, True])
     got, got_state = run_branch(x, backend="triton", tuning=tuning, initial_state=state, segment_starts=starts,
-                                return_final_state=True)
+                                output_final_state=True)
     ref, ref_state = run_branch(x, backend="torch", initial_state=state, segment_starts=starts,
-                                return_final_state=True)
+                                output_final_state=True)
     assert rel(got, ref) < 1e-5 and rel(got_state, ref_state) < 1e-5
 
 
@@ -114,7 +114,7 @@ def test_camera_split_and_resume_with_segments():
     x = branch_inputs(frames=4, spatial=3, seed=13)
     spatial, cut = 3, 2
     starts = torch.tensor([True, False, True, False])
-    whole, whole_state = run_branch(x, segment_starts=starts, return_final_state=True)
+    whole, whole_state = run_branch(x, segment_starts=starts, output_final_state=True)
 
     def piece(lo, hi):
         sl = slice(lo * spatial, hi * spatial)
@@ -123,11 +123,11 @@ def test_camera_split_and_resume_with_segments():
                     beta=x["beta"][:, :, lo:hi], decay=x["decay"][:, :, lo:hi],
                     rays=(p[:, sl], p_t[:, sl], p_inv[:, sl], rope[:, :, sl]))
 
-    first, state = run_branch(piece(0, cut), return_final_state=True)
-    second, end_state = run_branch(piece(cut, 4), initial_state=state, return_final_state=True)
+    first, state = run_branch(piece(0, cut), output_final_state=True)
+    second, end_state = run_branch(piece(cut, 4), initial_state=state, output_final_state=True)
     assert rel(torch.cat([first, second], dim=1), whole) < 1e-5
     assert rel(end_state, whole_state) < 1e-5
-    ref, ref_state = run_branch(x, segment_starts=starts, return_final_state=True, backend="torch")
+    ref, ref_state = run_branch(x, segment_starts=starts, output_final_state=True, backend="torch")
     assert rel(whole, ref) < 1e-5 and rel(whole_state, ref_state) < 1e-5
 
 
@@ -136,9 +136,9 @@ def test_camera_branch_bf16_in_bf16_out(tuning):
     """tf32 mode: fp16 encodings, W_t, states and recurrence products (default), or tf32 ones."""
     x = branch_inputs(frames=2, seed=17)
     xb = dict(x, **{name: x[name].to(torch.bfloat16) for name in ("q", "k", "v", "beta")})
-    got = run_branch(xb, precision="tf32", backend="triton", tuning=tuning)
+    got, _ = run_branch(xb, precision="tf32", backend="triton", tuning=tuning)
     assert got.dtype == torch.bfloat16
-    ref = run_branch(dict(xb, **{name: xb[name].float() for name in ("q", "k", "v", "beta")}), backend="torch")
+    ref, _ = run_branch(dict(xb, **{name: xb[name].float() for name in ("q", "k", "v", "beta")}), backend="torch")
     assert rel(got, ref) < 1e-2
 
 

@@ -49,10 +49,10 @@ def test_main_branch_on_a_head_slice(backend):
     q, k, v, beta, decay, rope, (q_w, k_w) = _inputs(1, heads=4, head_dim=8)
     branch = main_branch if backend == "triton" else main_branch_ref
     norms = dict(norm_eps=1e-5, precision="ieee")
-    full = branch(q, k, v, beta, decay, rope, q_norm_weight=q_w, k_norm_weight=k_w, **norms)
-    part = branch(channels(q, 8), channels(k, 8), channels(v, 8), beta[:, HEADS], decay[:, HEADS], rope,
-                  q_norm_weight=channels(q_w, 8), k_norm_weight=channels(k_w, 8),
-                  q_inv_rms=inv_rms(q, 1e-5), k_inv_rms=inv_rms(k, 1e-5), **norms)
+    full, _ = branch(q, k, v, beta, decay, rope, q_norm_weight=q_w, k_norm_weight=k_w, **norms)
+    part, _ = branch(channels(q, 8), channels(k, 8), channels(v, 8), beta[:, HEADS], decay[:, HEADS], rope,
+                     q_norm_weight=channels(q_w, 8), k_norm_weight=channels(k_w, 8),
+                     q_inv_rms=inv_rms(q, 1e-5), k_inv_rms=inv_rms(k, 1e-5), **norms)
     assert rel(part, channels(full, 8)) <= TOL
 
 
@@ -60,10 +60,10 @@ def test_main_branch_on_a_head_slice(backend):
 def test_camera_branch_on_a_head_slice(backend):
     x = branch_inputs(heads=4, dim=16, seed=2)
     common = dict(norm_eps=1e-5, precision="ieee", backend=backend)
-    full = kernels.camera_branch(x["q"], x["k"], x["v"], x["beta"], x["decay"], x["rays"], q_norm_weight=x["q_w"],
+    full, _ = kernels.camera_branch(x["q"], x["k"], x["v"], x["beta"], x["decay"], x["rays"], q_norm_weight=x["q_w"],
                                  k_norm_weight=x["k_w"], **common)
     q, k, v = (x[name][:, :, HEADS].contiguous() for name in "qkv")
-    part = kernels.camera_branch(q, k, v, x["beta"][:, HEADS], x["decay"][:, HEADS], x["rays"],
+    part, _ = kernels.camera_branch(q, k, v, x["beta"][:, HEADS], x["decay"][:, HEADS], x["rays"],
                                  q_norm_weight=channels(x["q_w"], 16), k_norm_weight=channels(x["k_w"], 16),
                                  q_inv_rms=inv_rms(x["q"], 1e-5), k_inv_rms=inv_rms(x["k"], 1e-5), **common)
     assert rel(part, channels(full, 16)) <= TOL

@@ -80,12 +80,13 @@ def test_main_branch_matches_diffusers():
     with torch.no_grad():
         want = _diffusers_main(q, k, v, beta, decay, rope, weights, 4, 2)
     kw = dict(q_norm_weight=weights[0], k_norm_weight=weights[1])
-    got = main_branch(q, k, v, beta, decay, rope, precision="ieee", backend="triton", **kw)
-    ref = main_branch_ref(q, k, v, beta, decay, rope, **kw)
+    got, no_state = main_branch(q, k, v, beta, decay, rope, precision="ieee", backend="triton", **kw)
+    ref, _ = main_branch_ref(q, k, v, beta, decay, rope, **kw)
+    assert no_state is None
     assert got.shape == want.shape and got.dtype == want.dtype
     assert rel(got, want) < 1e-4
     assert rel(ref, want) < 1e-5
-    assert torch.equal(main_branch(q, k, v, beta, decay, rope, backend="torch", **kw), ref)
+    assert torch.equal(main_branch(q, k, v, beta, decay, rope, backend="torch", **kw)[0], ref)
 
 
 def test_states_and_segment_split_resume():
@@ -96,9 +97,9 @@ def test_states_and_segment_split_resume():
     init = (0.1 * torch.randn(1, 2, 24, 24, generator=gen), torch.rand(1, 2, 24, 1, generator=gen))
     starts = torch.tensor([True, False, True, False, False])
     full, (kv, z) = main_branch(q, k, v, beta, decay, rope, initial_state=init, segment_starts=starts,
-                                return_final_state=True, **kw)
+                                output_final_state=True, **kw)
     ref, (kv_ref, z_ref) = main_branch_ref(q, k, v, beta, decay, rope, initial_state=init,
-                                           segment_starts=starts, return_final_state=True, **kw)
+                                           segment_starts=starts, output_final_state=True, **kw)
     assert rel(full, ref) < 1e-4
     assert rel(kv, kv_ref) < 1e-5 and rel(z, z_ref) < 1e-5
     assert kv.shape == (1, 2, 24, 24) and z.shape == (1, 2, 24, 1)
@@ -106,8 +107,8 @@ def test_states_and_segment_split_resume():
     cut = 2 * 6  # tokens of frames [0, 2)
     cos, sin = rope.real.reshape(-1, 12), rope.imag.reshape(-1, 12)
     first, state = main_branch(q[:, :cut], k[:, :cut], v[:, :cut], beta[:, :, :2], decay[:, :, :2],
-                               (cos[:cut], sin[:cut]), initial_state=init, return_final_state=True, **kw)
-    second = main_branch(q[:, cut:], k[:, cut:], v[:, cut:], beta[:, :, 2:], decay[:, :, 2:],
+                               (cos[:cut], sin[:cut]), initial_state=init, output_final_state=True, **kw)
+    second, _ = main_branch(q[:, cut:], k[:, cut:], v[:, cut:], beta[:, :, 2:], decay[:, :, 2:],
                          (cos[cut:], sin[cut:]), initial_state=state, segment_starts=starts[2:], **kw)
     assert rel(torch.cat([first, second], dim=1), full) < 1e-5
 
@@ -117,8 +118,8 @@ def test_main_branch_tf32_runs_on_fp16_operands():
     10-bit-mantissa error of the reference, and not bit-equal to the ieee path (the fast path ran)."""
     q, k, v, beta, decay, rope, weights = _inputs(3)
     kw = dict(q_norm_weight=weights[0], k_norm_weight=weights[1], backend="triton")
-    ref = main_branch_ref(q, k, v, beta, decay, rope, q_norm_weight=weights[0], k_norm_weight=weights[1])
-    fast = main_branch(q, k, v, beta, decay, rope, precision="tf32", **kw)
-    exact = main_branch(q, k, v, beta, decay, rope, precision="ieee", **kw)
+    ref, _ = main_branch_ref(q, k, v, beta, decay, rope, q_norm_weight=weights[0], k_norm_weight=weights[1])
+    fast, _ = main_branch(q, k, v, beta, decay, rope, precision="tf32", **kw)
+    exact, _ = main_branch(q, k, v, beta, decay, rope, precision="ieee", **kw)
     assert rel(fast, ref) < 3e-3
     assert rel(exact, ref) < 1e-5 and rel(fast, exact) > 1e-6

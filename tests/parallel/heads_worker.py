@@ -110,14 +110,17 @@ def recorded_latents(pipe, request):
 def split_and_alone(latents, out, results):
     """Every rank's latents(dtype) with the heads split, then rank 0's alone (one process), for fp32
     and fp64, saved to `out` by rank 0 with `results`. Leaves the process group joined."""
+    from dist_worker import precision_model
+
     torch.set_num_threads(1)
     ranks = distributed.start("cpu")
     for dtype in (torch.float32, torch.float64):
-        gathered = distributed.gather_objects(latents(dtype), ranks)
-        if ranks.is_main:
-            distributed._current = None  # the same render on this process alone
-            results[str(dtype)] = {"ranks": gathered, "alone": latents(dtype)}
-            distributed._current = ranks
+        with precision_model(dtype):
+            gathered = distributed.gather_objects(latents(dtype), ranks)
+            if ranks.is_main:
+                distributed._current = None  # the same render on this process alone
+                results[str(dtype)] = {"ranks": gathered, "alone": latents(dtype)}
+                distributed._current = ranks
     if ranks.is_main:
         torch.save(results, out)
 

@@ -64,14 +64,12 @@ def test_cfg_parallel_equals_one_process_and_rank_0_writes_the_video(tmp_path):
                              "--out", out, "--model", "tiny", "--steps", "2", "--device", "cpu"], tmp_path)
     assert code == 0, err[-3000:]
     results = torch.load(tmp_path / "latents.pt")
-    for dtype, tolerance in (("float64", 1e-12), ("float32", 1e-3)):
+    for dtype, tolerance in (("float64", 1e-12), ("float32", 1e-5)):
         rank0, rank1 = results[dtype]["ranks"]
         alone = results[dtype]["alone"]
         assert rank0.dtype == getattr(torch, dtype)
         assert torch.equal(rank0, rank1)  # both ranks step the same latents
-        # float64: the split is the one-process arithmetic. float32: the random tiny model amplifies
-        # the rounding of a B=1 against a B=2 matmul (one forward of the stock diffusers model,
-        # row by row against both rows at once: 9e-5), so the bound there is looser.
+        # float32 on the GDN-only tiny model (dist_worker.precision_model says why), float64 on both kinds of block
         assert max_rel(rank0, alone) <= tolerance, (dtype, max_rel(rank0, alone))
     # the CLI render on the same two processes: one video, written by rank 0, which alone reports
     frames, _ = read_video(out)

@@ -63,9 +63,9 @@ def test_guided_full_mode_on_four_processes_is_cfg_times_head_split(tmp_path):
     assert code == 0, err[-3000:]
     results = torch.load(tmp_path / "latents.pt", weights_only=False)
     assert results["layout"][0] == (1, 2)  # rank 0 keeps 1 of the tiny model's 2 heads: a head split of 2
-    # float32: the CFG split's B=1 against B=2 matmul rounding, amplified by the random tiny model (see
-    # test_distributed); float64: the kernels' references still take the norms' RMS in fp32
-    for dtype, tolerance in (("torch.float32", 1e-3), ("torch.float64", 1e-6)):
+    # float32 on the GDN-only tiny model (dist_worker.precision_model says why); float64: the kernels'
+    # references still take the norms' RMS in fp32
+    for dtype, tolerance in (("torch.float32", 1e-5), ("torch.float64", 1e-6)):
         ranks = results[dtype]["ranks"]
         assert len(ranks) == 4 and all(torch.equal(ranks[0], other) for other in ranks[1:])
         assert max_rel(ranks[0], results[dtype]["alone"]) <= tolerance, (dtype, max_rel(ranks[0],
