@@ -224,10 +224,11 @@ def launches_per_layer(stream, block, device):
 
 
 def refiner_steady_state(refiner_transformer, text, shape, device, dtype, blocks=3, cuda_graphs=False,
-                         kernels="fused"):
+                         kernels="fused", nudge=False):
     """The refiner alone, window full: per-block GPU and host-enqueue time, syncs inside a block, FLOPs
     (counted on an eager block: graph replays dispatch no operators), kernel launches per layer (eager).
-    `first_block` (popped by main): the first timed block's refined latents, the same block for every row."""
+    `first_block` (popped by main): the first timed block's refined latents, the same block for every row.
+    nudge: move every clip value one ulp up (in `dtype`): the reference's own noise floor."""
     from torch.utils.flop_counter import FlopCounterMode
 
     h, w = shape[0] // stage_one.SPATIAL, shape[1] // stage_one.SPATIAL
@@ -237,6 +238,8 @@ def refiner_steady_state(refiner_transformer, text, shape, device, dtype, blocks
     # one clip and one noise seed for both rows (graph replay equals eager: tests/render/test_graphs_gpu.py)
     clip = torch.randn(1, channels, 1 + 3 * (6 + blocks + 3), h, w, generator=torch.Generator().manual_seed(2))
     clip = clip.to(device, dtype)
+    if nudge:
+        clip = torch.nextafter(clip, torch.full_like(clip, float("inf")))
     stream = RefinerStream(as_refiner(refiner_transformer), text, fps=VIDEO_FPS, device=device,
                            generator=torch.Generator().manual_seed(0), cuda_graphs=cuda_graphs, kernels=kernels,
                            kernel_backend=kernel_backend(device))
@@ -295,18 +298,26 @@ def refiner_steady_state(refiner_transformer, text, shape, device, dtype, blocks
                 flop_by_op={str(op): round(v / 1e12, 4) for op, v in counts.items()})
 
 
-def kernels_comparison(fused, stock, fused_render, stock_render):
+def relative_difference(block, reference):
+    """max |block - reference| / max |reference| of two refined blocks."""
+    difference = (block.float() - reference.float()).abs().max().item()
+    return float(f"{difference / max(reference.float().abs().max().item(), 1e-12):.3g}")
+
+
+def kernels_comparison(fused, stock, fused_render, stock_render, stock_nudged_block=None):
     """The fused refiner path against diffusers' stock blocks: steady-state seconds and launches per block,
-    segment-mode fps, and how far the same refined block lies apart (bf16 rounding, relative to its scale)."""
-    fused_block, stock_block = fused["first_block"].float(), stock["first_block"].float()
-    difference = (fused_block - stock_block).abs().max().item()
+    segment-mode fps, and how far the same refined block lies apart (bf16 rounding, relative to its scale),
+    beside the stock blocks' own distance under a one-ulp change of the clip (the agreement bar)."""
     row = dict(s_per_block_fused=fused["s_per_block"], s_per_block_stock=stock["s_per_block"],
                speedup=round(stock["s_per_block"] / fused["s_per_block"], 3),
                enqueue_s_per_block_fused=fused["enqueue_s_per_block"],
                enqueue_s_per_block_stock=stock["enqueue_s_per_block"],
                launches_per_layer_pass_fused=fused["launches_per_layer_pass"],
                launches_per_layer_pass_stock=stock["launches_per_layer_pass"],
-               block_max_abs_diff_over_max_abs=round(difference / max(stock_block.abs().max().item(), 1e-12), 5))
+               block_max_abs_diff_over_max_abs=relative_difference(fused["first_block"], stock["first_block"]))
+    if stock_nudged_block is not None:
+        row.update(stock_one_ulp_floor=relative_difference(stock_nudged_block, stock["first_block"]))
+        row.update(within_floor=row["block_max_abs_diff_over_max_abs"] <= row["stock_one_ulp_floor"])
     if fused_render and stock_render:
         row.update(video_fps_fused=fused_render["video_fps"], video_fps_stock=stock_render["video_fps"])
     return row
@@ -465,10 +476,14 @@ def main(argv=None):
     if args.refiner_kernels == "both":
         stock = record("refiner_steady_state_eager_stock_kernels", lambda: steady_row(
             refiner_steady_state(refiner_transformer, text, shape, device, dtype, kernels="stock"), stock_blocks))
+        nudged_blocks = []
+        record("refiner_steady_state_eager_stock_kernels_one_ulp", lambda: steady_row(refiner_steady_state(
+            refiner_transformer, text, shape, device, dtype, kernels="stock", nudge=True), nudged_blocks))
         if steady and stock:
             record("refiner_kernels_fused_vs_stock", lambda: kernels_comparison(
                 dict(steady, first_block=fused_blocks[0]), dict(stock, first_block=stock_blocks[0]),
-                results.get("with_refiner"), results.get("with_refiner_stock_kernels")))
+                results.get("with_refiner"), results.get("with_refiner_stock_kernels"),
+                nudged_blocks[0] if nudged_blocks else None))
     if steady is not None:
         record("roofline", lambda: roofline(steady, plain["video_fps"] if plain else None, graphed))
 
