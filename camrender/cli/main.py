@@ -4,14 +4,15 @@ Subcommands live in their own modules (`cli_traj`, `cli_render`); this module on
 assembles them and turns `CamrenderError` into one line on stderr with exit code 2.
 Heavy imports (torch, diffusers) happen inside the commands that need them.
 """
-import contextlib
-import signal
+import os
 import sys
+import time
 
 import click
 
-from camrender.parallel.distributed import is_main_process
+from camrender.cli.signals import forget_interrupted_exec, handled_signals, terminated
 from camrender.errors import CamrenderError
+from camrender.parallel.distributed import is_main_process
 
 # Options that belong to the root group itself; anything else starting with "--"
 # as the first argument means the user typed `camrender --traj ...` (implicit render).
@@ -60,32 +61,20 @@ def _say(line: str) -> None:
         click.echo(line, err=True)
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (sent by `timeout`, batch schedulers, container stops), raised like Ctrl-C so that
-    the same cleanup runs: partial files are removed, segment checkpoints are kept."""
+# How long a rank other than 0 that failed waits for torchrun to stop it: rank 0 meets the same bad
+# input, reports it and exits, and torchrun then stops the others. A rank still running after that
+# failed on its own and reports itself.
+RANK_0_REPORTS_S = 20.0
 
 
-_terminated = []  # set when SIGTERM arrived (click turns every KeyboardInterrupt into Abort)
-
-
-def _raise_terminated(signum, frame):
-    _terminated.append(signum)
-    raise Terminated()
-
-
-@contextlib.contextmanager
-def _sigterm_as_interrupt():
-    """Turn SIGTERM into `Terminated` while the command runs (main thread only: signal handlers
-    can only be set there; in-process test runners may call `main` from another thread)."""
-    try:
-        previous = signal.signal(signal.SIGTERM, _raise_terminated)
-    except ValueError:
-        yield
+def _report(line: str) -> None:
+    """Rank 0 (or a single process) says `line`; another rank waits to be stopped (see RANK_0_REPORTS_S)
+    and says it only if it was not, naming its rank."""
+    if is_main_process():
+        click.echo(line, err=True)
         return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    time.sleep(RANK_0_REPORTS_S)
+    click.echo(line.replace("camrender:", f"camrender (rank {os.environ.get('RANK')}):", 1), err=True)
 
 
 def _one_line(text: str) -> str:
@@ -94,15 +83,15 @@ def _one_line(text: str) -> str:
 
 def main(argv=None):
     """Run the CLI; user errors become one line on stderr and exit code 2; Ctrl-C exits 130, SIGTERM 143."""
-    _terminated.clear()
     try:
-        with _sigterm_as_interrupt():
+        with handled_signals():
             cli.main(args=argv, prog_name="camrender", standalone_mode=False)
     except CamrenderError as error:
-        _say(f"camrender: error: {_one_line(error)}")
+        _report(f"camrender: error: {_one_line(error)}")
         sys.exit(error.exit_code)
-    except (click.exceptions.Abort, KeyboardInterrupt):
-        if _terminated:
+    except (click.exceptions.Abort, KeyboardInterrupt):  # click turns a KeyboardInterrupt into Abort
+        forget_interrupted_exec()
+        if terminated():
             _say("camrender: terminated (SIGTERM)")
             sys.exit(143)
         _say("camrender: interrupted")
@@ -110,10 +99,10 @@ def main(argv=None):
     except click.UsageError as error:
         # one line (click's own display adds the usage and a hint); --help shows the usage
         command = error.ctx.command_path if error.ctx is not None else "camrender"
-        _say(f"camrender: error: {_one_line(error.format_message())} (see {command} --help)")
+        _report(f"camrender: error: {_one_line(error.format_message())} (see {command} --help)")
         sys.exit(error.exit_code)
     except click.ClickException as error:
-        _say(f"camrender: error: {_one_line(error.format_message())}")
+        _report(f"camrender: error: {_one_line(error.format_message())}")
         sys.exit(error.exit_code)
     except click.exceptions.Exit as done:
         sys.exit(done.exit_code)

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from camrender.cli import launch as cli_launch
+from camrender.cli.signals import raise_if_signalled
 from camrender.parallel import distributed
 from camrender.errors import CamrenderError
 from camrender.model.loading import DEFAULT_MODEL
@@ -34,6 +35,7 @@ class _StepBar:
         self.info = ""
 
     def __call__(self, done: int, total: int, info: str = "") -> None:
+        raise_if_signalled()
         if self.bar is None or self.bar.length != total:
             self.close()
             self.bar = click.progressbar(length=total, label=self.label, file=sys.stderr, show_pos=True,
@@ -378,6 +380,7 @@ def write_video(pipe, request, progress=None, *, resume_info=None, checkpoint_ev
     try:
         with video:
             for frames in chunks:
+                raise_if_signalled()
                 video.append(frames)
         completed = True
     finally:

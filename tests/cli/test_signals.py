@@ -1,0 +1,46 @@
+"""camrender.cli.signals: an interrupt Python swallowed is raised again; `python -m` exits with the
+code asked for after an interrupted string exec."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from camrender.cli.signals import Terminated, handled_signals, raise_if_signalled, terminated
+
+
+def test_a_swallowed_interrupt_is_raised_again_at_the_next_check():
+    before = signal.getsignal(signal.SIGTERM)
+    with handled_signals():
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(1000):  # the handler runs between bytecodes
+                pass
+        except Terminated:
+            pass  # dropped, as Python drops it inside a weakref callback or __del__
+        with pytest.raises(Terminated):
+            raise_if_signalled()
+        assert terminated()
+    assert signal.getsignal(signal.SIGTERM) is before  # the previous handler is back
+    with handled_signals():  # a new command starts with nothing recorded
+        raise_if_signalled()
+        assert not terminated()
+
+
+@pytest.mark.parametrize("forget, code", [(True, 7), (False, -signal.SIGINT)])
+def test_exit_code_after_an_interrupted_string_exec_under_dash_m(tmp_path, forget, code):
+    (tmp_path / "interrupted_exec.py").write_text(textwrap.dedent(f"""
+        import sys
+        from camrender.cli.signals import forget_interrupted_exec
+        try:
+            exec("raise KeyboardInterrupt")  # as when Ctrl-C lands while a dataclass is made
+        except KeyboardInterrupt:
+            if {forget}:
+                forget_interrupted_exec()
+            sys.exit(7)
+    """))
+    done = subprocess.run([sys.executable, "-m", "interrupted_exec"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == code, done.stderr
