@@ -1,5 +1,6 @@
-"""camrender.cli.signals: an interrupt Python swallowed is raised again; `python -m` exits with the
-code asked for after an interrupted string exec."""
+"""How a command stops: an interrupt Python swallowed is raised again (camrender.cli.signals),
+`python -m` exits with the code asked for after an interrupted string exec, and under torchrun an
+error is said once (camrender.cli.main)."""
 import os
 import signal
 import subprocess
@@ -44,3 +45,18 @@ def test_exit_code_after_an_interrupted_string_exec_under_dash_m(tmp_path, forge
     done = subprocess.run([sys.executable, "-m", "interrupted_exec"], cwd=tmp_path, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == code, done.stderr
+
+
+def test_a_rank_other_than_0_reports_only_when_rank_0_did_not_stop_it(monkeypatch, capsys):
+    """Under torchrun rank 0 says the error; another rank waits to be stopped, and names itself if it
+    was not (it failed alone)."""
+    from camrender.cli import main as cli_main
+
+    monkeypatch.setattr(cli_main, "RANK_0_REPORTS_S", 0.0)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setattr(cli_main, "is_main_process", lambda: False)
+    cli_main._report("camrender: error: path.json: frame 3: fx: must be positive")
+    assert capsys.readouterr().err == "camrender (rank 1): error: path.json: frame 3: fx: must be positive\n"
+    monkeypatch.setattr(cli_main, "is_main_process", lambda: True)
+    cli_main._report("camrender: error: bad")
+    assert capsys.readouterr().err == "camrender: error: bad\n"
