@@ -1,7 +1,9 @@
-"""Command-line entry point: `camrender [render] --traj FILE --out VIDEO.mp4`, `camrender traj ...`, `camrender selftest`.
+"""Command-line entry point: `camrender [render] --traj FILE --out VIDEO.mp4`, `camrender traj ...`,
+`camrender batch JOBS`, `camrender selftest`.
 
-Subcommands live in their own modules (`cli_traj`, `cli_render`); this module only
-assembles them and turns `CamrenderError` into one line on stderr with exit code 2.
+Subcommands live in their own modules (`render`, `traj`, `batch`, `selftest`); this module only
+assembles them and turns a user error into one line on stderr with exit code 2 (said once, by rank 0,
+under torchrun), Ctrl-C into 130 and SIGTERM into 143 (`signals`).
 Heavy imports (torch, diffusers) happen inside the commands that need them.
 """
 import os
