@@ -154,7 +154,9 @@ def render_path(models, segments, refined, *, breakdown=False, overlap=None, cud
     """Segment mode on a path of `segments` segments: stage 1 -> refiner (optional) -> streaming decode.
 
     Without `breakdown`: the render's own loop (`camrender.render.stage_two.refined_frames`; `overlap`: stage 2 on
-    a side CUDA stream, default as rendered), timed end to end and over the second half of the path. With
+    a side CUDA stream, default as rendered), timed end to end, from the first frames out to the last (the
+    throughput once the pipeline is full: what a long path approaches) and over the second half of the path
+    (with the overlap, stage 1 runs ahead of the refiner, so that half times the refiner draining). With
     it: the same stages in sequence, synced after each stage of each segment to time them apart.
     cuda_graphs: the refiner's (`RefinerStream`'s default: on CUDA); stage 1 always replays its graphs.
     kernels: the refiner blocks' path, "fused" or "stock" (`RefinerStream`'s `kernels`).
@@ -196,6 +198,9 @@ def render_path(models, segments, refined, *, breakdown=False, overlap=None, cud
     times = dict(dict(stage1=0.0, refiner=0.0, decode=0.0), **lap.totals)
     times.pop("end")
     result = dict(segments=segments, video_frames=frames, total_s=round(total, 3), video_fps=round(frames / total, 2))
+    if len(arrivals) >= 2:  # frames yielded after the first ones over the time they took
+        (t0, f0), (t1, f1) = arrivals[0], arrivals[-1]
+        result["video_fps_after_first_frames"] = round((f1 - f0) / (t1 - t0), 2) if t1 > t0 else None
     if len(arrivals) >= 4:  # frames yielded after the path's midpoint over the time they took
         (t0, f0), (t1, f1) = arrivals[len(arrivals) // 2 - 1], arrivals[-1]
         result["video_fps_second_half"] = round((f1 - f0) / (t1 - t0), 2) if t1 > t0 else None

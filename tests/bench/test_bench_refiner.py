@@ -17,6 +17,7 @@ def test_tiny_run_writes_every_figure(tmp_path, monkeypatch):
     for name in ("without_refiner", "with_refiner", "with_refiner_breakdown"):
         assert result[name]["video_frames"] == 73 and result[name]["video_fps"] > 0  # 3 segments, 1 + 72 frames
     assert result["with_refiner_graphed"]["video_frames"] == 73
+    assert result["with_refiner"]["video_fps_after_first_frames"] > 0
     for name in ("refiner_steady_state_eager", "refiner_steady_state_graphed"):
         steady = result[name]
         assert steady["window_frames"] == 14  # sink + 10 recent + the block: the window is full when timed
