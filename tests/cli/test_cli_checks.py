@@ -55,11 +55,10 @@ def test_render_checks_before_loading(tmp_path, capsys, extra, expected):
     assert expected in line
 
 
-def test_cuda_without_a_gpu_fails_before_loading(tmp_path, capsys):
+def test_cuda_without_a_gpu_fails_before_loading(tmp_path, capsys, monkeypatch):
     import torch
 
-    if torch.cuda.is_available():
-        pytest.skip("this machine has a GPU")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a machine without a GPU, also on one with
     assert "no GPU is available" in one_error(RENDER + ["--out", tmp_path / "v.mp4", "--device", "cuda"], capsys,
                                               tmp_path)
 
