@@ -87,7 +87,8 @@ def main_prep(x, weight, heads, *, norm_eps=1e-5, scale=1.0, relu=True, rope=Non
         out: optional contiguous (B, N, C) buffer for the result (the rotated one when rope is given).
         keep_unrotated: with rope, also write the un-rotated result (one pass over x for both).
         inv_rms: optional (B, N) fp32 1 / RMS per token, used instead of the one over x's C channels
-            (the head split: x holds some heads of a norm over all of them; see `global_inv_rms`).
+            (the head split: x holds some heads of a norm over all of them; see
+            `camrender.parallel.heads.SplitRMSNorm.inv_rms`).
 
     Returns:
         (B, N, C) contiguous, x.dtype; with rope and keep_unrotated, (unrotated, rotated).

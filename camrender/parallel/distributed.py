@@ -15,7 +15,8 @@ A video group of 2k ranks (k > 1) is also laid out as (cfg = 2, heads = k) (`Ran
 a guided full-mode render runs each guidance branch on k ranks that split the heads.
 
 Failure handling is torchrun's: a worker that exits non-zero makes the agent stop the others
-(SIGTERM, turned into a clean exit here so temporary files are removed, SIGKILL 30 s later), and
+(SIGTERM, turned into a clean exit so temporary files are removed: by `camrender.cli.signals` under the
+CLI, else here; SIGKILL 30 s later), and
 collectives time out after `TIMEOUT` instead of waiting for a rank that hangs.
 """
 from __future__ import annotations
@@ -174,7 +175,8 @@ def start(device: Optional[str] = None, per_video: Optional[int] = None) -> Rank
     control = dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
     _current = Ranks(rank=rank, world_size=size, local_rank=local_rank, device=device, mesh=mesh,
                      video_group=mesh.get_group("per_video"), control_group=control, split_mesh=split_mesh)
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):  # the CLI has its own (camrender.cli.signals)
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
     return _current
 
 

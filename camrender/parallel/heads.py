@@ -143,7 +143,9 @@ class SplitRMSNorm(nn.Module):
 
     def inv_rms(self, x: torch.Tensor) -> torch.Tensor:
         """(B, N) fp32 1 / RMS per token over all ranks' channels; x (B, N, ...) this rank's."""
-        sumsq = x.reshape(*x.shape[:2], -1).float().square().sum(-1)
+        # the norm accumulates in fp32 without an fp32 copy of x (bf16 activations: two copies otherwise)
+        accumulate = torch.promote_types(x.dtype, torch.float32)
+        sumsq = torch.linalg.vector_norm(x.reshape(*x.shape[:2], -1), dim=-1, dtype=accumulate).square().float()
         return torch.rsqrt(self.split.all_reduce(sumsq) / self.channels + self.eps)
 
     def forward(self, x):
