@@ -14,6 +14,7 @@ import torch
 
 from camrender.errors import CamrenderError
 from camrender.model.refiner import RefinerStream, encode_refiner_prompt
+from camrender.model.settings import KernelSettings, model_settings
 
 _ATTRIBUTE = "_camrender_refiner"
 
@@ -50,13 +51,14 @@ def stage_two(pipe, request, device):
         return PassThrough()
     dtype = next(refiner.transformer.parameters()).dtype
     text = encode_refiner_prompt(refiner, request.prompt, device, dtype)
-    # --kernels fused: the refiner blocks' fused path (Triton on CUDA, its PyTorch references on a CPU, as
-    # stage 1); --kernels torch: diffusers' own blocks
-    kernels = "stock" if getattr(request, "kernels", "fused") == "torch" else "fused"
+    # the settings stage 1 was patched with: fused blocks, or diffusers' own ones (--kernels torch)
+    settings = model_settings(pipe.transformer) or KernelSettings.from_kernels(request.kernels)
+    # on a CPU the fused path's PyTorch references, never the Triton interpreter (tests run stage 1 there)
+    backend = settings.backend if torch.device(device).type == "cuda" else "torch"
     return RefinerStream(refiner, text, fps=request.fps, device=device,
                          generator=torch.Generator("cpu").manual_seed(int(request.seed)),
-                         cuda_graphs=None if getattr(request, "cuda_graphs", True) else False, kernels=kernels,
-                         kernel_backend="auto" if torch.device(device).type == "cuda" else "torch")
+                         cuda_graphs=None if getattr(request, "cuda_graphs", True) else False,
+                         kernels="fused" if settings.fused else "stock", kernel_backend=backend)
 
 
 # On CUDA, a segment's refinement and decode run on a side stream while the next segment's stage 1
