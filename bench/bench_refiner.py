@@ -8,10 +8,10 @@ refiner's text encoder; a Gemma-2-2B-shaped stage-1 text encoder held on the GPU
 one run measures side by side:
 
 - segment mode without and with the refiner on the same path (stage 1 + refiner + streaming
-  decode; video frames per second of wall time, end to end and over the path's second half, where
-  the refiner's window is full and its CUDA graphs replay; no syncs inside), the refiner eager
-  (`--no-cuda-graphs`' refiner) and graphed side by side, with and without the side-stream overlap,
-  and a breakdown per stage (synced per segment);
+  decode; video frames per second of wall time, end to end and in steady state, the median time
+  between two segments' frames; no syncs inside), with the stages overlapped on CUDA streams (three
+  schedules: `stage_two.Schedule`) and in order, the refiner eager (as rendered) and, with
+  `--refiner-graphs`, graphed, and a breakdown per stage (synced per segment);
 - the refiner alone in steady state (window full), eager and as CUDA graphs: seconds per block
   (= per segment of 3 latent frames = 24 video frames) and per second of video, the host time to
   enqueue a block against its GPU time, and the host-device syncs inside a block (torch.cuda sync
@@ -50,7 +50,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import bench_segments as stage_one  # noqa: E402
 from camrender.model.refiner import RefinerStream, RefinerText  # noqa: E402
-from camrender.render.stage_two import PassThrough, refined_frames  # noqa: E402
+from camrender.render.stage_two import PassThrough, Schedule, refined_frames  # noqa: E402
 from camrender.model.refiner_loading import stream_layers, strip_audio  # noqa: E402
 from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments  # noqa: E402
 from camrender.render.decode import CausalStreamDecoder, to_uint8_frames  # noqa: E402
@@ -73,7 +73,7 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiny", action="store_true", help="CPU, tiny models: checks the script (no figures)")
     parser.add_argument("--segments", type=int, default=16,
-                        help="path length in segments (3 latent frames each; the refiner's graphs replay from the 6th)")
+                        help="path length in segments (3 latent frames each; the refiner's window is full from the 5th)")
     parser.add_argument("--layers-segments", type=int, default=3, help="segments rendered with --refiner-offload layers")
     parser.add_argument("--skip-layers", action="store_true", help="skip the layer-streaming memory run")
     parser.add_argument("--refiner-graphs", action="store_true",
@@ -150,16 +150,17 @@ def kernel_backend(device):
     return "auto" if device.type == "cuda" else "torch"
 
 
-def render_path(models, segments, refined, *, breakdown=False, overlap=None, cuda_graphs=None, kernels="fused"):
+def render_path(models, segments, refined, *, breakdown=False, overlap=None, schedule=Schedule(), cuda_graphs=None,
+                kernels="fused"):
     """Segment mode on a path of `segments` segments: stage 1 -> refiner (optional) -> streaming decode.
 
-    Without `breakdown`: the render's own loop (`camrender.render.stage_two.refined_frames`; `overlap`: stage 2 on
-    a side CUDA stream, default as rendered), timed end to end, from the first frames out to the last (the
-    throughput once the pipeline is full: what a long path approaches) and over the second half of the path
-    (with the overlap, stage 1 runs ahead of the refiner, so that half times the refiner draining). With
-    it: the same stages in sequence, synced after each stage of each segment to time them apart.
-    cuda_graphs: the refiner's (`RefinerStream`'s default: on CUDA); stage 1 always replays its graphs.
+    Without `breakdown`: the render's own loop (`camrender.render.stage_two.refined_frames`; `overlap`: the stages
+    overlapped on CUDA streams, default as rendered), timed end to end, from the first frames out to the last, and
+    in steady state (`video_fps_steady`: what a long path approaches). With it: the same stages in sequence,
+    synced after each stage of each segment to time them apart.
+    cuda_graphs: the refiner's (`RefinerStream`'s default: eager); stage 1 always replays its graphs.
     kernels: the refiner blocks' path, "fused" or "stock" (`RefinerStream`'s `kernels`).
+    schedule: how the overlap places the stages on CUDA streams (`camrender.render.stage_two.Schedule`).
     """
     transformer, vae, refiner_transformer, text, shape, options, device, dtype = models
     height, width = shape
@@ -179,7 +180,8 @@ def render_path(models, segments, refined, *, breakdown=False, overlap=None, cud
                                                  list(DEFAULT_SEGMENT_TIMESTEPS), options, device,
                                                  cuda_graphs=device.type == "cuda"))
         if not breakdown:
-            for _, chunk in refined_frames(stream, chunks, decoder, device, overlap=overlap):
+            for _, chunk in refined_frames(stream, chunks, decoder, device, overlap=overlap,
+                                                     schedule=schedule):
                 frames += len(chunk)
                 arrivals.append((time.perf_counter(), frames))
         else:
@@ -201,9 +203,14 @@ def render_path(models, segments, refined, *, breakdown=False, overlap=None, cud
     if len(arrivals) >= 2:  # frames yielded after the first ones over the time they took
         (t0, f0), (t1, f1) = arrivals[0], arrivals[-1]
         result["video_fps_after_first_frames"] = round((f1 - f0) / (t1 - t0), 2) if t1 > t0 else None
-    if len(arrivals) >= 4:  # frames yielded after the path's midpoint over the time they took
-        (t0, f0), (t1, f1) = arrivals[len(arrivals) // 2 - 1], arrivals[-1]
-        result["video_fps_second_half"] = round((f1 - f0) / (t1 - t0), 2) if t1 > t0 else None
+    if len(arrivals) >= 4:
+        # The steady rate: the median time between two segments' frames, leaving out the last segment's,
+        # which can arrive right after the one before (its work was queued before the host waited for
+        # those frames, and the GPU had nearly caught up with the queue).
+        gaps = sorted(b[0] - a[0] for a, b in zip(arrivals[:-2], arrivals[1:-1]))
+        segment_frames = arrivals[2][1] - arrivals[1][1]  # 24 video frames for 3 latent frames
+        result["s_per_segment_steady"] = round(gaps[len(gaps) // 2], 3)
+        result["video_fps_steady"] = round(segment_frames / gaps[len(gaps) // 2], 2)
     if refined and getattr(stream, "graphs", None):
         result["refiner_graph_stats"] = {mode: dict(g.stats) for mode, g in stream.graphs.items()}
     if breakdown:
@@ -336,8 +343,9 @@ def steady_row(row, blocks):
 
 
 def roofline(steady, plain_fps, graphed=None):
-    """What 790 TFLOP/s allows: the refiner's floor per block and segment mode's ceiling with it
-    (steady: the eager steady-state row, which counts the FLOPs; graphed: the CUDA-graph row)."""
+    """What 790 TFLOP/s allows: the refiner's floor per block and segment mode's ceiling with it, the stages
+    in sequence (steady: the eager steady-state row, which counts the FLOPs; plain_fps: video frames per second
+    of stage 1 + decode without the refiner; graphed: the CUDA-graph row)."""
     floor_s = steady["flop_per_block"] / PEAK_BF16_FLOPS
     refiner_fps = 24 / floor_s
     ceiling = 1 / (1 / plain_fps + 1 / refiner_fps) if plain_fps else None
@@ -462,8 +470,16 @@ def main(argv=None):
         record("with_refiner_stock_kernels",
                lambda: peak_of(lambda: render_path(models, args.segments, True, kernels="stock")))
     if args.refiner_graphs:
-        record("with_refiner_graphed", lambda: render_path(models, args.segments, True, cuda_graphs=True,
-                                                           kernels=main_kernels))
+        # in order: with the overlap, a graphed refiner stalled the GPU on an H200 (see RefinerStream._graphs)
+        record("with_refiner_graphed_no_overlap", lambda: render_path(models, args.segments, True, overlap=False,
+                                                                      cuda_graphs=True, kernels=main_kernels))
+    # the overlap's schedule, side by side: stage 1 and the decode on high-priority streams (as rendered), all
+    # three streams at equal priority, and the decode after each block on the refiner's stream at equal priority
+    record("with_refiner_equal_priorities", lambda: render_path(
+        models, args.segments, True, schedule=Schedule(stage_one_first=False), kernels=main_kernels))
+    record("with_refiner_decode_on_refiner_stream", lambda: render_path(
+        models, args.segments, True, schedule=Schedule(stage_one_first=False, decode_apart=False),
+        kernels=main_kernels))
     record("with_refiner_no_overlap", lambda: render_path(models, args.segments, True, overlap=False,
                                                           kernels=main_kernels))
     if results.get("warmup") and results.get("with_refiner"):  # flat in the path length: 5 vs --segments segments
@@ -490,7 +506,9 @@ def main(argv=None):
                 results.get("with_refiner"), results.get("with_refiner_stock_kernels"),
                 nudged_blocks[0] if nudged_blocks else None))
     if steady is not None:
-        record("roofline", lambda: roofline(steady, plain["video_fps"] if plain else None, graphed))
+        # stage 1 + decode's steady rate (a long path's); the end-to-end one where the path is too short for it
+        plain_fps = (plain.get("video_fps_steady") or plain["video_fps"]) if plain else None
+        record("roofline", lambda: roofline(steady, plain_fps, graphed))
 
     # Memory per --refiner-offload setting: prompt encode and render measured apart.
     peaks = {"none": None}

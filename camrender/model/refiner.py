@@ -206,9 +206,10 @@ class RefinerStream:
         from camrender.model.refiner_loading import is_layer_streamed
 
         if enabled is None:
-            # Off unless asked for: on an H200 (2026-12-01) a render with the refiner graphed and its
-            # stage 2 on the side stream did not finish (bench/bench_refiner.py --refiner-graphs), while
-            # the eager refiner ran; the graphed path is kept for that investigation.
+            # Off unless asked for. On an H200 (2026-12-01) a render with the refiner graphed and the
+            # stages overlapped on CUDA streams stalled the GPU after about ten segments (the host blocked
+            # launching a stage-1 kernel), and in order the graphs were no faster than the eager refiner
+            # (0.98 against 0.94 s per segment: the GPU, not the host, is the bound; docs/performance.md).
             enabled = False
         if is_layer_streamed(self.transformer):  # group offloading moves weights between passes
             enabled = False

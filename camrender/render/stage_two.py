@@ -8,6 +8,7 @@ calls `refine_clip`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from typing import Optional
 
 import torch
@@ -61,26 +62,43 @@ def stage_two(pipe, request, device):
                          kernels="fused" if settings.fused else "stock", kernel_backend=backend)
 
 
-# On CUDA, a segment's refinement and decode run on a side stream while the next segment's stage 1
-# runs on the main one (stage 1 is latency-bound and leaves the GPU's tensor cores idle much of the time).
+# On CUDA, a segment's refinement runs on its own stream while the next segment's stage 1 runs, and its
+# decode on a third. On an H200 this hides about 3 % of the stages' GPU time: the refiner keeps every SM
+# busy (docs/performance.md, "Overlap schedules").
 OVERLAP_STAGE_TWO = True
 
 
-def refined_frames(stage, latent_chunks, decoder, device, overlap: Optional[bool] = None):
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """How `refined_frames` overlaps the stages on CUDA.
+
+    stage_one_first: stage 1 and the decode on high-priority streams, the refiner on a low-priority one
+        (the GPU's block scheduler starts their kernels first when both wait); else all streams equal.
+    decode_apart: the decode on its own stream (it can overlap the next block's refinement); else on
+        the refiner's, after each block.
+    The three schedules render at the same rate within 1 % on an H200 (bench/bench_refiner.py).
+    """
+
+    stage_one_first: bool = True
+    decode_apart: bool = True
+
+
+def refined_frames(stage, latent_chunks, decoder, device, overlap: Optional[bool] = None,
+                   schedule: Schedule = Schedule()):
     """Segment mode's stage 2 and decode: for each chunk of stage-1 latents (1, C, t, h, w) from the
     iterator `latent_chunks`, yield `(chunks_consumed, frames)`, frames uint8 (F, H, W, 3) (possibly
     empty), refined by `stage` (`stage_two`'s result: a `RefinerStream` or a pass-through) and decoded
     by `decoder` (a `CausalStreamDecoder`); the clip's last block comes with the last chunk's count.
 
-    overlap (default `OVERLAP_STAGE_TWO`; CUDA with a refiner only): chunk k's refinement and decode
-    are queued on a side stream and its frames are yielded after chunk k+1's stage 1 has been queued
-    (taking chunk k+1 from `latent_chunks` is what queues it), so the two overlap on the GPU. The
-    frames are the same either way.
+    overlap (default `OVERLAP_STAGE_TWO`; with a refiner only): stage 1, the refiner and the decode are
+    queued on three CUDA streams as `schedule` says, chunk k's frames yielded after chunk k+1's stage 1
+    and refinement have been queued (taking chunk k+1 from `latent_chunks` is what queues its stage 1),
+    so the stages of neighbouring chunks overlap on the GPU. Off CUDA the streams are no-ops and the
+    order is the same. The frames are the same either way.
     """
     from camrender.render.decode import to_uint8_frames_async
 
     overlap = OVERLAP_STAGE_TWO if overlap is None else overlap
-    side = _SideStream(device) if overlap and isinstance(stage, RefinerStream) else None
 
     def frames_of(latents):
         """Queue the decode of refined latents; returns a callable giving the numpy frames."""
@@ -89,46 +107,85 @@ def refined_frames(stage, latent_chunks, decoder, device, overlap: Optional[bool
         host, ready = to_uint8_frames_async(decoder.decode(latents))
         return lambda: (ready.synchronize() if ready is not None else None, host.numpy())[1]
 
-    waiting = None  # (count, frames callable) of the chunk queued on the side stream
-    count = 0
-    for count, latents in enumerate(latent_chunks, start=1):
-        if side is None:
+    if not (overlap and isinstance(stage, RefinerStream)):
+        count = 0
+        for count, latents in enumerate(latent_chunks, start=1):
             yield count, frames_of(stage.push(latents))()
-            continue
-        with side.after(latents):
-            queued = frames_of(stage.push(latents))
+        last_block = stage.finish()
+        if last_block.shape[2]:
+            yield count, frames_of(last_block)()
+        return
+
+    streams = _StageStreams(device, schedule)
+    chunks = iter(latent_chunks)
+    waiting = None  # (count, frames callable) of the chunk whose refinement and decode are queued
+    count = 0
+    try:
+        while True:
+            with streams.on("stage_one"):
+                latents = next(chunks, None)
+            if latents is None:
+                break
+            count += 1
+            with streams.on("refiner", latents):
+                refined = stage.push(latents)
+            with streams.on("decode", refined):
+                queued = frames_of(refined)
+            if waiting is not None:
+                yield waiting[0], waiting[1]()
+            waiting = (count, queued)
+        with streams.on("refiner"):
+            last_block = stage.finish()
+        with streams.on("decode", last_block):
+            tail = frames_of(last_block)
         if waiting is not None:
             yield waiting[0], waiting[1]()
-        waiting = (count, queued)
-    with side.after() if side is not None else contextlib.nullcontext():
-        last_block = stage.finish()
-        tail = frames_of(last_block)
-    if waiting is not None:
-        yield waiting[0], waiting[1]()
-    if last_block.shape[2]:
-        yield count, tail()
+        if last_block.shape[2]:
+            yield count, tail()
+    finally:
+        streams.join()
 
 
-class _SideStream:
-    """A CUDA stream that runs after everything queued so far on the current one (a no-op off CUDA,
-    where work runs in order anyway)."""
+class _StageStreams:
+    """The three CUDA streams of `refined_frames`' overlap (no-ops off CUDA, where work runs in order).
 
-    def __init__(self, device):
+    Each stage waits for the one before it on the GPU, never on the host: stage 1 for the work queued
+    before the loop, the refiner for stage 1, the decode for the refiner. A tensor made on one stream
+    and read on the next is recorded on the reader, so its memory is not reused early.
+    """
+
+    def __init__(self, device, schedule: Schedule):
         self.device = torch.device(device)
-        self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self.streams, self.after = {}, {}
+        if self.device.type != "cuda":
+            return
+        low, high = torch.cuda.Stream.priority_range()  # numerically, the highest priority is the lowest
+        first = high if schedule.stage_one_first else low
+        stage_one = torch.cuda.Stream(self.device, priority=first)
+        refiner = torch.cuda.Stream(self.device, priority=low)
+        decode = torch.cuda.Stream(self.device, priority=first) if schedule.decode_apart else refiner
+        self.outer = torch.cuda.current_stream(self.device)
+        self.streams = {"stage_one": stage_one, "refiner": refiner, "decode": decode}
+        self.after = {"stage_one": self.outer, "refiner": stage_one, "decode": refiner}
 
     @contextlib.contextmanager
-    def after(self, *inputs):
-        """Queue the block's work on the side stream, after the current stream's work; `inputs` were
-        made on the current stream and are read on the side one (their memory is kept until then)."""
-        if self.stream is None:
+    def on(self, name: str, *inputs):
+        """Queue the enclosed work on stream `name`, after the work queued so far on the stage before it;
+        `inputs` were made there and are read here."""
+        if not self.streams:
             yield
             return
-        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        stream = self.streams[name]
+        stream.wait_stream(self.after[name])
         for tensor in inputs:
-            tensor.record_stream(self.stream)
-        with torch.cuda.stream(self.stream):
+            tensor.record_stream(stream)
+        with torch.cuda.stream(stream):
             yield
+
+    def join(self) -> None:
+        """Make the stream that was current before the loop wait for all three."""
+        for stream in self.streams.values():
+            self.outer.wait_stream(stream)
 
 
 def refine_clip(pipe, request, latents, device=None, progress=None):

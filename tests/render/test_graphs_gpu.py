@@ -178,3 +178,39 @@ def test_resume_from_a_checkpoint_equals_the_uninterrupted_render(pipe, tmp_path
     assert len(head) == 2 and len(head) + len(tail) == len(whole)
     for got, want in zip(head + tail, whole):
         assert got.shape == want.shape and np.array_equal(got, want)
+
+
+def test_overlapped_stage_two_equals_sequential(pipe):
+    """Segment mode with the tiny refiner: the three-stream overlap of `refined_frames` (stage 1, the
+    refiner and the decode queued on separate CUDA streams, each schedule) gives the frames of the
+    same stages run in order on one stream, bit for bit (a missing wait between streams would show here)."""
+    from camrender.model.segments import SegmentOptions, segment_bounds
+    from camrender.model.tiny_refiner import build_tiny_refiner
+    from camrender.render.decode import CausalStreamDecoder
+    from camrender.render.inputs import prepare_inputs
+    from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments
+    from camrender.render.stage_two import Schedule, attach_refiner, refined_frames, stage_two
+
+    device = torch.device("cuda")
+    request = dataclasses.replace(_request("segments", frames=121), refiner="tiny")  # 16 latent frames
+    inputs = prepare_inputs(pipe, request, device)
+    bounds = segment_bounds(inputs.noise.shape[2], 3)
+    attach_refiner(pipe, build_tiny_refiner(seed=1).to(device))
+    try:
+        videos = {}
+        for name, overlap, schedule in [("in order", False, Schedule()), ("prioritised", True, Schedule()),
+                                        ("equal priorities", True, Schedule(stage_one_first=False)),
+                                        ("decode after refiner", True, Schedule(decode_apart=False))]:
+            with torch.no_grad():
+                chunks = (x for *_, x in sample_segments(pipe.transformer, inputs, bounds,
+                                                         list(DEFAULT_SEGMENT_TIMESTEPS), SegmentOptions(), device,
+                                                         cuda_graphs=True))
+                frames = [f for _, f in refined_frames(stage_two(pipe, request, device), chunks,
+                                                       CausalStreamDecoder(pipe.vae, device=device), device,
+                                                       overlap=overlap, schedule=schedule)]
+            videos[name] = np.concatenate([f for f in frames if len(f)])
+    finally:
+        attach_refiner(pipe, None)
+    assert len(videos["in order"]) == 121
+    for name, video in videos.items():
+        assert np.array_equal(video, videos["in order"]), name

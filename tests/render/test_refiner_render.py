@@ -142,7 +142,7 @@ def test_full_mode_reports_refiner_progress(pipe):
 
 
 def test_overlapped_stage_two_yields_each_segment_one_chunk_later(pipe):
-    """The side-stream schedule of refined_frames (its stream calls are no-ops on a CPU): same frames,
+    """The overlapped schedule of refined_frames (its stream calls are no-ops on a CPU): same frames,
     and a segment's frames come out only after the next segment has been taken from stage 1."""
     from camrender.render.stage_two import refined_frames, stage_two
 
