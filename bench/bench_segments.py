@@ -177,7 +177,7 @@ def run_full(transformer, vae, latent_frames, height, width, steps, guidance, de
         per_step = (time.perf_counter() - start) / count
         stage1 = per_step * len(steps)
         # Decode in segment-sized chunks with the streaming decoder: the frames equal one whole-clip
-        # causal decode (tests/test_segments_decode.py), without its activation peak (see decode_whole_clip).
+        # causal decode (tests/render/test_segments_decode.py), without its activation peak (see decode_whole_clip).
         start = time.perf_counter()
         decoder = CausalStreamDecoder(vae)
         frames = sum(len(to_uint8_frames(decoder.decode(latents[:, :, a:b]))) for a, b in segment_bounds(latent_frames))

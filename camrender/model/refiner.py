@@ -11,7 +11,7 @@ bounded window (memory flat in the path length).
 `RefinerStream` drives diffusers' own modules (the refiner transformer, its
 `SanaWMRefinerKVCache` and the scheduler's sigma list) in the order `SanaWMLTX2Refiner.__call__`
 does, block for block and with the same noise draws, so the refined latents equal that call's
-on the whole clip (tests/test_refiner.py). What it changes is how the loop runs: it takes the
+on the whole clip (tests/model/test_refiner.py). What it changes is how the loop runs: it takes the
 stage-1 latents piecewise, encodes the prompt once per render, builds each block's RoPE once
 (not per step), gives the transformer one timestep per row instead of one per token (the same
 values, 2640x fewer adaLN rows at 704x1280), keeps the sigmas as Python numbers and builds RoPE

@@ -17,7 +17,7 @@ it does
 with a `camrender.model.refiner_window.WindowKVCache`; SDPA then reads the window's prefix in place. With
 diffusers' own `SanaWMRefinerKVCache` (diffusers' pipeline, the graphed passes) it keeps that cache's
 contract (concatenation, captured K/V) and still fuses the norm and RoPE. The result equals the stock
-processor's up to the fused norm's fp32 sum order (tests/test_refiner_attention.py).
+processor's up to the fused norm's fp32 sum order (tests/model/test_refiner_attention.py).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Worker script of tests/test_distributed.py, run under torchrun (2 processes, gloo, tiny model).
+"""Worker script of tests/parallel/test_distributed.py, run under torchrun (2 processes, gloo, tiny model).
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 tests/parallel/dist_worker.py latents OUT.pt \
             float32,float64 [camrender-args...]

@@ -3,7 +3,7 @@
 The golden holds the original model's weights, inputs, final latents and every model prediction of a
 ChunkFlowEuler run (tools/make_golden_chunk_causal.py); bench/replay_golden.py hands it to
 bench/replay_teacher.py, which replays it through camrender's original-format loader, camera code and
-state-passing sampler. tests/test_golden_replay.py replays every golden (both kernel paths); this file
+state-passing sampler. tests/model/test_golden_replay.py replays every golden (both kernel paths); this file
 checks what is particular to the teacher.
 """
 import importlib.util
