@@ -10,9 +10,8 @@ one run measures side by side:
 - segment mode without and with the refiner on the same path (stage 1 + refiner + streaming
   decode; video frames per second of wall time, end to end and in steady state, the median time
   between two segments' frames; no syncs inside), with the stages overlapped on CUDA streams (three
-  schedules: `stage_two.Schedule`) and in order, the refiner eager (as rendered) and, with
-  `--refiner-graphs`, graphed, and a breakdown per stage (synced per segment);
-- the refiner alone in steady state (window full), eager and as CUDA graphs: seconds per block
+  schedules: `stage_two.Schedule`) and in order, and a breakdown per stage (synced per segment);
+- the refiner alone in steady state (window full): seconds per block
   (= per segment of 3 latent frames = 24 video frames) and per second of video, the host time to
   enqueue a block against its GPU time, and the host-device syncs inside a block (torch.cuda sync
   debug mode);
@@ -76,9 +75,6 @@ def parse_args(argv=None):
                         help="path length in segments (3 latent frames each; the refiner's window is full from the 5th)")
     parser.add_argument("--layers-segments", type=int, default=3, help="segments rendered with --refiner-offload layers")
     parser.add_argument("--skip-layers", action="store_true", help="skip the layer-streaming memory run")
-    parser.add_argument("--refiner-graphs", action="store_true",
-                        help="also time the refiner replayed as CUDA graphs (off by default in renders: see "
-                             "camrender.model.refiner.RefinerStream._graphs)")
     parser.add_argument("--refiner-kernels", choices=("both", "fused", "stock"), default="both",
                         help="the refiner blocks' path (camrender.model.refiner_block): both = side by side rows "
                              "(the stock ones suffixed _stock_kernels), fused (renders' default) or stock only")
@@ -150,15 +146,14 @@ def kernel_backend(device):
     return "auto" if device.type == "cuda" else "torch"
 
 
-def render_path(models, segments, refined, *, breakdown=False, overlap=None, schedule=Schedule(), cuda_graphs=None,
-                kernels="fused"):
+def render_path(models, segments, refined, *, breakdown=False, overlap=None, schedule=Schedule(), kernels="fused"):
     """Segment mode on a path of `segments` segments: stage 1 -> refiner (optional) -> streaming decode.
 
     Without `breakdown`: the render's own loop (`camrender.render.stage_two.refined_frames`; `overlap`: the stages
     overlapped on CUDA streams, default as rendered), timed end to end, from the first frames out to the last, and
     in steady state (`video_fps_steady`: what a long path approaches). With it: the same stages in sequence,
     synced after each stage of each segment to time them apart.
-    cuda_graphs: the refiner's (`RefinerStream`'s default: eager); stage 1 always replays its graphs.
+    Stage 1 replays its CUDA graphs; the refiner runs eagerly, as in renders.
     kernels: the refiner blocks' path, "fused" or "stock" (`RefinerStream`'s `kernels`).
     schedule: how the overlap places the stages on CUDA streams (`camrender.render.stage_two.Schedule`).
     """
@@ -168,7 +163,7 @@ def render_path(models, segments, refined, *, breakdown=False, overlap=None, sch
     inputs = stage_one.path_inputs(transformer, latent_frames, height, width, device, dtype)
     decoder = CausalStreamDecoder(vae)
     stream = RefinerStream(as_refiner(refiner_transformer), text, fps=VIDEO_FPS, device=device,
-                           generator=torch.Generator().manual_seed(0), cuda_graphs=cuda_graphs, kernels=kernels,
+                           generator=torch.Generator().manual_seed(0), kernels=kernels,
                            kernel_backend=kernel_backend(device)) if refined else PassThrough()
     arrivals = []  # (wall time, video frames so far) at each yield of the render loop
     frames = 0
@@ -211,8 +206,6 @@ def render_path(models, segments, refined, *, breakdown=False, overlap=None, sch
         segment_frames = arrivals[2][1] - arrivals[1][1]  # 24 video frames for 3 latent frames
         result["s_per_segment_steady"] = round(gaps[len(gaps) // 2], 3)
         result["video_fps_steady"] = round(segment_frames / gaps[len(gaps) // 2], 2)
-    if refined and getattr(stream, "graphs", None):
-        result["refiner_graph_stats"] = {mode: dict(g.stats) for mode, g in stream.graphs.items()}
     if breakdown:
         result.update({f"{name}_s": round(value, 3) for name, value in times.items() if value})
         if refined:
@@ -235,25 +228,24 @@ def launches_per_layer(stream, block, device):
     return round(kernels / (4 * len(stream.transformer.transformer_blocks)), 1)
 
 
-def refiner_steady_state(refiner_transformer, text, shape, device, dtype, blocks=3, cuda_graphs=False,
-                         kernels="fused", nudge=False):
-    """The refiner alone, window full: per-block GPU and host-enqueue time, syncs inside a block, FLOPs
-    (counted on an eager block: graph replays dispatch no operators), kernel launches per layer (eager).
+def refiner_steady_state(refiner_transformer, text, shape, device, dtype, blocks=3, kernels="fused", nudge=False):
+    """The refiner alone, window full: per-block GPU and host-enqueue time, syncs inside a block, FLOPs,
+    kernel launches per layer.
     `first_block` (popped by main): the first timed block's refined latents, the same block for every row.
     nudge: move every clip value one ulp up (in `dtype`): the reference's own noise floor."""
     from torch.utils.flop_counter import FlopCounterMode
 
     h, w = shape[0] // stage_one.SPATIAL, shape[1] // stage_one.SPATIAL
     channels = refiner_transformer.config.in_channels
-    # sink + 4 blocks = 13 frames: the history holds its 10 frames from here on; 2 more blocks capture the graphs
-    warm_blocks = 6 if cuda_graphs else 4
-    # one clip and one noise seed for both rows (graph replay equals eager: tests/render/test_graphs_gpu.py)
-    clip = torch.randn(1, channels, 1 + 3 * (6 + blocks + 3), h, w, generator=torch.Generator().manual_seed(2))
+    # sink + 4 blocks = 13 frames: the history holds its 10 frames from here on
+    warm_blocks = 4
+    # one clip and one noise seed for every row
+    clip = torch.randn(1, channels, 1 + 3 * (warm_blocks + blocks + 3), h, w, generator=torch.Generator().manual_seed(2))
     clip = clip.to(device, dtype)
     if nudge:
         clip = torch.nextafter(clip, torch.full_like(clip, float("inf")))
     stream = RefinerStream(as_refiner(refiner_transformer), text, fps=VIDEO_FPS, device=device,
-                           generator=torch.Generator().manual_seed(0), cuda_graphs=cuda_graphs, kernels=kernels,
+                           generator=torch.Generator().manual_seed(0), kernels=kernels,
                            kernel_backend=kernel_backend(device))
     stream.push(clip[:, :, :1 + 3 * warm_blocks])
     sync()
@@ -279,8 +271,6 @@ def refiner_steady_state(refiner_transformer, text, shape, device, dtype, blocks
     else:
         stream.push(clip[:, :, start:start + 3])
     history_frames = stream.history_frames
-    graph_stats = {mode: dict(g.stats) for mode, g in stream.graphs.items()} if stream.graphs else None
-    stream.graphs = None  # the FLOP count needs the operators dispatched: an eager block
     counter = FlopCounterMode(display=False)
     with counter:
         stream.push(clip[:, :, start + 3:start + 6])
@@ -297,7 +287,7 @@ def refiner_steady_state(refiner_transformer, text, shape, device, dtype, blocks
     analytic_attention = 4 * config.num_layers * 4 * queries * (keys + text.embeds.shape[1]) * inner
     attention = counted_attention or analytic_attention  # FlopCounterMode counts SDPA on CUDA, not on every CPU path
     per_block = sorted(gpu)[len(gpu) // 2]
-    return dict(cuda_graphs=bool(cuda_graphs), kernels=kernels, graph_stats=graph_stats, blocks_timed=blocks,
+    return dict(kernels=kernels, blocks_timed=blocks,
                 first_block=refined[0], launches_per_layer_pass=launches,
                 s_per_block=round(per_block, 4),
                 s_per_video_second=round(per_block * VIDEO_FPS / 24, 4),
@@ -342,10 +332,10 @@ def steady_row(row, blocks):
     return row
 
 
-def roofline(steady, plain_fps, graphed=None):
+def roofline(steady, plain_fps):
     """What 790 TFLOP/s allows: the refiner's floor per block and segment mode's ceiling with it, the stages
     in sequence (steady: the eager steady-state row, which counts the FLOPs; plain_fps: video frames per second
-    of stage 1 + decode without the refiner; graphed: the CUDA-graph row)."""
+    of stage 1 + decode without the refiner)."""
     floor_s = steady["flop_per_block"] / PEAK_BF16_FLOPS
     refiner_fps = 24 / floor_s
     ceiling = 1 / (1 / plain_fps + 1 / refiner_fps) if plain_fps else None
@@ -355,9 +345,7 @@ def roofline(steady, plain_fps, graphed=None):
                 refiner_floor_s_per_block=round(floor_s, 4), refiner_only_fps_at_peak=round(refiner_fps, 2),
                 refiner_only_fps_measured=round(24 / steady["s_per_block"], 2),
                 segment_mode_fps_ceiling_with_refiner=None if ceiling is None else round(ceiling, 2),
-                refiner_measured_fraction_of_peak=round(floor_s / steady["s_per_block"], 3),
-                refiner_only_fps_measured_graphed=round(24 / graphed["s_per_block"], 2) if graphed else None,
-                refiner_graphed_fraction_of_peak=round(floor_s / graphed["s_per_block"], 3) if graphed else None)
+                refiner_measured_fraction_of_peak=round(floor_s / steady["s_per_block"], 3))
 
 
 def fits(peaks):
@@ -418,7 +406,7 @@ def main(argv=None):
         device, dtype, shape = torch.device("cpu"), torch.float32, (32, 32)
         stage_one.SPATIAL = 8
         args.text_tokens = min(args.text_tokens, 16)
-        args.segments = min(args.segments, 3)
+        args.segments = min(args.segments, 4)  # 4 yields: enough for the steady rate
     elif not torch.cuda.is_available():
         print(json.dumps({"error": "no CUDA device (use --tiny to check the script on a CPU)"}))
         return 1
@@ -469,10 +457,6 @@ def main(argv=None):
     if args.refiner_kernels == "both":
         record("with_refiner_stock_kernels",
                lambda: peak_of(lambda: render_path(models, args.segments, True, kernels="stock")))
-    if args.refiner_graphs:
-        # in order: with the overlap, a graphed refiner stalled the GPU on an H200 (see RefinerStream._graphs)
-        record("with_refiner_graphed_no_overlap", lambda: render_path(models, args.segments, True, overlap=False,
-                                                                      cuda_graphs=True, kernels=main_kernels))
     # the overlap's schedule, side by side: stage 1 and the decode on high-priority streams (as rendered), all
     # three streams at equal priority, and the decode after each block on the refiner's stream at equal priority
     record("with_refiner_equal_priorities", lambda: render_path(
@@ -490,10 +474,6 @@ def main(argv=None):
     fused_blocks, stock_blocks = [], []
     steady = record("refiner_steady_state_eager", lambda: steady_row(
         refiner_steady_state(refiner_transformer, text, shape, device, dtype, kernels=main_kernels), fused_blocks))
-    graphed = None
-    if args.refiner_graphs:
-        graphed = record("refiner_steady_state_graphed", lambda: steady_row(refiner_steady_state(
-            refiner_transformer, text, shape, device, dtype, cuda_graphs=True, kernels=main_kernels), []))
     if args.refiner_kernels == "both":
         stock = record("refiner_steady_state_eager_stock_kernels", lambda: steady_row(
             refiner_steady_state(refiner_transformer, text, shape, device, dtype, kernels="stock"), stock_blocks))
@@ -508,7 +488,7 @@ def main(argv=None):
     if steady is not None:
         # stage 1 + decode's steady rate (a long path's); the end-to-end one where the path is too short for it
         plain_fps = (plain.get("video_fps_steady") or plain["video_fps"]) if plain else None
-        record("roofline", lambda: roofline(steady, plain_fps, graphed))
+        record("roofline", lambda: roofline(steady, plain_fps))
 
     # Memory per --refiner-offload setting: prompt encode and render measured apart.
     peaks = {"none": None}

@@ -16,10 +16,6 @@ graphs add a constant to the memory of a render: in segment mode, segments 0, 1 
 growing softmax context) and a longer last segment each get their own capture, and every other
 segment replays one graph. A failed capture switches the instance to eager calls for good.
 
-Tensors the caller already keeps at fixed addresses (a KV cache updated in place, a prompt
-fixed for the render) go in `shared=`: the graph reads (and may write) them in place, with no
-static copy and no per-call copy; a different tensor, or one at another address, is a new layout.
-
 With `capture=False` the same static-copy path runs without a graph (CPU tests check the
 bookkeeping: replaying on copies gives the eager result).
 """
@@ -48,17 +44,6 @@ def _layout(tree) -> tuple:
     if isinstance(tree, (int, float)) and not isinstance(tree, bool):
         return ("number",)
     return ("value", tree)
-
-
-def _addresses(tree) -> tuple:
-    """Layout plus the address of every tensor: `shared` tensors are read in place by the graph."""
-    if isinstance(tree, torch.Tensor):
-        return _layout(tree) + (tree.data_ptr(),)
-    if isinstance(tree, dict):
-        return ("dict",) + tuple((key, _addresses(value)) for key, value in tree.items())
-    if isinstance(tree, (list, tuple)):
-        return (type(tree).__name__,) + tuple(_addresses(item) for item in tree)
-    return _layout(tree)
 
 
 def _clone(tree):
@@ -113,11 +98,9 @@ def _unchanged(stamp, tensor) -> bool:
 
 @dataclasses.dataclass
 class _Replay:
-    """A captured forward: its static inputs, the shared tensors it reads in place, the graph (None
-    without capture) and its output."""
+    """A captured forward: its static inputs, the graph (None without capture) and its output."""
 
     inputs: tuple
-    shared: object
     graph: Optional["torch.cuda.CUDAGraph"]
     output: torch.Tensor
     copied: dict = dataclasses.field(default_factory=dict)  # see _copy_into
@@ -128,9 +111,7 @@ class GraphedForward:
 
     Args:
         forward: the function to replay; it reads only its arguments (tensors inside dataclasses,
-            dicts, lists and tuples are fine) and returns one tensor. Called as `forward(*inputs)`, or
-            `forward(*inputs, shared=shared)` when the call passes `shared` (a tree of tensors at fixed
-            addresses, read and written in place; see the module docstring).
+            dicts, lists and tuples are fine) and returns one tensor. Called as `forward(*inputs)`.
         capture: record CUDA graphs (needs CUDA); False replays on static copies without a graph.
     """
 
@@ -143,46 +124,43 @@ class GraphedForward:
         self._replay: Optional[_Replay] = None
         self.stats = {"eager": 0, "captures": 0, "replays": 0}
 
-    def __call__(self, *inputs, shared=None) -> torch.Tensor:
+    def __call__(self, *inputs) -> torch.Tensor:
         if not self.enabled:
-            return self._eager(inputs, shared)
-        layout = (_layout(inputs), _addresses(shared))
+            return self._eager(inputs)
+        layout = _layout(inputs)
         if layout != self._layout:
             if layout not in self._seen:  # first sight: warm up eagerly
                 self._seen.add(layout)
-                return self._eager(inputs, shared)
+                return self._eager(inputs)
             self._replay = None  # free the previous graph and its memory before capturing
             try:
-                self._replay = self._record(inputs, shared)
+                self._replay = self._record(inputs)
             except Exception as error:  # keep rendering without graphs rather than fail the render
                 reason = (str(error).splitlines() or [""])[0]
                 print(f"camrender: CUDA graph capture failed, running eagerly ({type(error).__name__}: {reason})",
                       file=sys.stderr)
                 self.enabled, self._layout = False, None
-                return self._eager(inputs, shared)
+                return self._eager(inputs)
             self._layout = layout
         _copy_into(self._replay.inputs, inputs, self._replay.copied)
         if self._replay.graph is None:
-            output = self._call(self._replay.inputs, self._replay.shared)
+            output = self.forward(*self._replay.inputs)
         else:
             self._replay.graph.replay()
             output = self._replay.output
         self.stats["replays"] += 1
         return output.clone()
 
-    def _call(self, inputs, shared) -> torch.Tensor:
-        return self.forward(*inputs) if shared is None else self.forward(*inputs, shared=shared)
-
-    def _eager(self, inputs, shared) -> torch.Tensor:
+    def _eager(self, inputs) -> torch.Tensor:
         self.stats["eager"] += 1
-        return self._call(inputs, shared)
+        return self.forward(*inputs)
 
-    def _record(self, inputs, shared) -> _Replay:
+    def _record(self, inputs) -> _Replay:
         static = _clone(inputs)
         if not self.capture:
-            return _Replay(static, shared, None, torch.empty(0))
+            return _Replay(static, None, torch.empty(0))
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            output = self._call(static, shared)
+            output = self.forward(*static)
         self.stats["captures"] += 1
-        return _Replay(static, shared, graph, output)
+        return _Replay(static, graph, output)

@@ -18,13 +18,9 @@ values, 2640x fewer adaLN rows at 704x1280), keeps the sigmas as Python numbers 
 and noise without host-device syncs, computes the prompt's cross-attention keys and values once
 per render (`_TextMemo`) and runs SDPA cuDNN-first on CUDA.
 
-Once the window is full (sink + 10 history frames + a 3-frame block: every pass of every later
-block has the same shapes) the passes replay as CUDA graphs (`camrender.model.graphs.GraphedForward`,
-one for the 3 denoising passes, one for the cache pass): a block then costs the host 4 replays
-and a few dozen small launches instead of ~4 x 48 layers of Python. The graphs read the KV
-cache in place: the sink's K/V never change after capture, the history is a fixed buffer per
-layer shifted in place (oldest frames out, the block's post-RoPE K/V in, the same order as the
-eager concatenation), and the cache pass does that shift inside its graph.
+The refiner runs eagerly. Replaying its steady-state passes as CUDA graphs was tried and taken
+out: on an H200 a graphed render was no faster (the GPU, not the host, bounds the refiner) and,
+with the stages overlapped on CUDA streams, it stalled the GPU (docs/performance.md).
 """
 from __future__ import annotations
 
@@ -104,9 +100,7 @@ class RefinerStream:
             (a CPU generator keeps renders repeatable across devices).
         device: where the transformer runs (default: its parameters' device).
         sigmas: the Euler sigma list ending in 0 (default: diffusers' 3-step distilled list).
-        cuda_graphs: replay the steady-state passes as graphs (default off, see `_graphs`; never when the transformer
-            streams its layers from the CPU); off CUDA, True runs the same static-copy path without a graph.
-        kernels: "fused" (default): the blocks run `camrender.model.refiner_block`'s fused path and, eager, a
+        kernels: "fused" (default): the blocks run `camrender.model.refiner_block`'s fused path and a
             `WindowKVCache` (no per-pass concatenation); "stock": diffusers' block forward and processor.
             Either way the setting stays on the transformer until another stream changes it.
         kernel_backend: the fused path's kernels: "auto" (Triton on CUDA or under TRITON_INTERPRET=1),
@@ -115,7 +109,7 @@ class RefinerStream:
 
     def __init__(self, refiner, text: RefinerText, *, fps: float, generator: Optional[torch.Generator] = None,
                  device=None, sink_frames: int = SINK_FRAMES, block_frames: int = BLOCK_FRAMES,
-                 kv_max_frames: int = KV_MAX_FRAMES, sigmas=None, cuda_graphs: Optional[bool] = None,
+                 kv_max_frames: int = KV_MAX_FRAMES, sigmas=None,
                  kernels: str = "fused", kernel_backend: str = "auto"):
         self.transformer = refiner.transformer
         self.text = text
@@ -140,12 +134,11 @@ class RefinerStream:
         # One (1, 1) timestep per sigma, made once: the model broadcasts its modulation over the tokens.
         self.timesteps = {s: torch.full((1, 1), s * scale, dtype=torch.float32, device=self.device)
                           for s in self.sigmas[:-1] + [0.0]}
-        self.graphs = self._graphs(cuda_graphs)
         layers = len(self.transformer.transformer_blocks)
-        if fused and self.graphs is None and self.max_history > 0:  # K/V written in place, no per-pass copies
+        if fused and self.max_history > 0:  # K/V written in place, no per-pass copies
             self.cache = WindowKVCache(layers, history_frames=self.max_history, block_frames=self.block_frames,
                                        sink_frames=self.sink_frames)
-        else:  # the graphed passes read diffusers' cache (its history shifted in place)
+        else:  # diffusers' own cache: the stock blocks, or a window of the sink alone (no history to place)
             self.cache = SanaWMRefinerKVCache(layers)
         self.pending = None  # stage-1 frames received and not yet refined, (1, C, t, h, w)
         self.next_frame = 0  # absolute index of pending's first frame
@@ -200,47 +193,15 @@ class RefinerStream:
         pixels[:, 0] = (pixels[:, 0] + rope.causal_offset - scales[0]).clamp(min=0) / self.fps
         return rope(pixels, device=self.device)
 
-    def _graphs(self, enabled: Optional[bool]):
-        """{kv_cache_mode: GraphedForward} for the steady-state passes, or None (eager only)."""
-        from camrender.model.graphs import GraphedForward
-        from camrender.model.refiner_loading import is_layer_streamed
-
-        if enabled is None:
-            # Off unless asked for. On an H200 (2026-12-01) a render with the refiner graphed and the
-            # stages overlapped on CUDA streams stalled the GPU after about ten segments (the host blocked
-            # launching a stage-1 kernel), and in order the graphs were no faster than the eager refiner
-            # (0.98 against 0.94 s per segment: the GPU, not the host, is the bound; docs/performance.md).
-            enabled = False
-        if is_layer_streamed(self.transformer):  # group offloading moves weights between passes
-            enabled = False
-        if not enabled or self.max_history <= 0:
-            return None
-        capture = self.device.type == "cuda"
-        # the graphs hold `self.call`, not the stream: no reference cycle keeps a finished render's
-        # cache and graph memory alive until Python's cycle collector runs
-        return {mode: GraphedForward(functools.partial(_window_pass, self.call, mode), capture=capture)
-                for mode in ("inject", "inject_and_capture_post_rope")}
-
     def _forward(self, block: torch.Tensor, sigma: float, rope, mode: str) -> torch.Tensor:
-        """The transformer on one block (1, C, t, h, w) at one sigma: the velocity tokens (1, t*h*w, C).
-        A steady-state pass (window full, full-size block) goes through the CUDA graphs."""
+        """The transformer on one block (1, C, t, h, w) at one sigma: the velocity tokens (1, t*h*w, C)."""
         config = self.transformer.config
         tokens = _pack_latents(block, patch_size=config.patch_size, patch_size_t=config.patch_size_t)
         timestep = self.timesteps[sigma]
-        if mode != "capture_pre_rope" and self._steady(block.shape[2]):
-            layers = tuple((layer.sink_k_pre, layer.sink_v, layer.history_k, layer.history_v)
-                           for layer in self.cache.layer_caches)
-            shared = dict(embeds=self.text.embeds, mask=self.text_mask, layers=layers)
-            return self.graphs[mode](tokens, timestep, rope, self.cache.sink_pe, shared=shared)
         velocity = self.call(tokens, timestep, rope, self.text.embeds, self.text_mask, self.cache, mode)
         if mode == "inject_and_capture_post_rope":
             self._append_history(block.shape[2])
         return velocity
-
-    def _steady(self, frames: int) -> bool:
-        """Whether a pass on a block of `frames` frames has the steady-state shapes (window full)."""
-        return (self.graphs is not None and frames == self.block_frames and self.history_frames == self.max_history
-                and self.cache.layer_caches[0].history_k is not None)
 
     def _capture_sink(self, sink: torch.Tensor) -> None:
         """Pre-RoPE K/V of the raw sink frames at sigma 0, stored in every layer's cache."""
@@ -291,21 +252,15 @@ class RefinerStream:
         return noise.pin_memory().to(self.device, non_blocking=True)
 
     def _append_history(self, frames: int) -> None:
-        """Append the block's post-RoPE K/V to every layer's history; keep the last `max_history` frames.
-        A full history is shifted in place (its tensors keep their addresses for the CUDA graphs)."""
+        """Append the block's post-RoPE K/V to every layer's history; keep the last `max_history` frames."""
         if isinstance(self.cache, WindowKVCache):
             for layer in self.cache.layer_caches:
                 layer.commit(frames)
             return
         trims = 0 < self.max_history < self.history_frames + frames
-        in_place = trims and self.history_frames == self.max_history and frames <= self.max_history
         for layer in self.cache.layer_caches:
             key, value = layer.get_captured_post_rope()
             history = layer.get_history()
-            if in_place and history is not None:
-                _shift_in(history[0], key)
-                _shift_in(history[1], value)
-                continue
             keep = self.max_history * (key.shape[1] // frames) if trims else None
             if history is not None:
                 old_key, old_value = history
@@ -329,28 +284,6 @@ class _TransformerCall:
             return self.transformer(hidden_states=tokens, encoder_hidden_states=embeds, timestep=timestep,
                                     video_rotary_emb=rope, encoder_attention_mask=mask,
                                     kv_cache=cache, kv_cache_mode=mode, return_dict=False)[0]
-
-
-def _window_pass(call: _TransformerCall, mode: str, tokens, timestep, rope, sink_pe, *, shared) -> torch.Tensor:
-    """One steady-state pass reading only its arguments (what `GraphedForward` captures): the cache is
-    rebuilt around the shared sink/history tensors; the cache pass shifts the history in place."""
-    cache = SanaWMRefinerKVCache(len(shared["layers"]))
-    cache.sink_pe = sink_pe
-    for layer, (sink_k, sink_v, history_k, history_v) in zip(cache.layer_caches, shared["layers"]):
-        layer.store_sink(sink_k, sink_v)
-        layer.store_history(history_k, history_v)
-    velocity = call(tokens, timestep, rope, shared["embeds"], shared["mask"], cache, mode)
-    if mode == "inject_and_capture_post_rope":
-        for layer, (_, _, history_k, history_v) in zip(cache.layer_caches, shared["layers"]):
-            key, value = layer.get_captured_post_rope()
-            _shift_in(history_k, key)
-            _shift_in(history_v, value)
-    return velocity
-
-
-def _shift_in(history: torch.Tensor, new: torch.Tensor) -> None:
-    """history (1, N, D) <- [history without its first n tokens, new (1, n, D)], in place."""
-    history.copy_(torch.cat([history[:, new.shape[1]:], new.to(history.dtype)], dim=1))
 
 
 def _attention_backends(device):

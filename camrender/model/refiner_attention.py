@@ -15,7 +15,7 @@ it does
     one copy of V into the window, the sink's RoPE once per block (`kernels.rms_rope.rope_rows`),
 
 with a `camrender.model.refiner_window.WindowKVCache`; SDPA then reads the window's prefix in place. With
-diffusers' own `SanaWMRefinerKVCache` (diffusers' pipeline, the graphed passes) it keeps that cache's
+diffusers' own `SanaWMRefinerKVCache` (diffusers' pipeline, a window of the sink alone) it keeps that cache's
 contract (concatenation, captured K/V) and still fuses the norm and RoPE. The result equals the stock
 processor's up to the fused norm's fp32 sum order (tests/model/test_refiner_attention.py).
 """

@@ -44,8 +44,7 @@ def stage_two(pipe, request, device):
     pass-through with the same `push`/`finish`. Encodes the refiner's prompt here, once per render.
 
     Noise of the block endpoints comes from a CPU generator seeded with the render's seed (repeatable
-    across devices, like stage 1's). `--no-cuda-graphs` (request.cuda_graphs False) keeps the refiner eager too;
-    `--kernels torch` runs diffusers' stock refiner blocks.
+    across devices, like stage 1's). `--kernels torch` runs diffusers' stock refiner blocks.
     """
     refiner = getattr(pipe, _ATTRIBUTE, None)
     if refiner is None:
@@ -58,7 +57,6 @@ def stage_two(pipe, request, device):
     backend = settings.backend if torch.device(device).type == "cuda" else "torch"
     return RefinerStream(refiner, text, fps=request.fps, device=device,
                          generator=torch.Generator("cpu").manual_seed(int(request.seed)),
-                         cuda_graphs=None if getattr(request, "cuda_graphs", True) else False,
                          kernels="fused" if settings.fused else "stock", kernel_backend=backend)
 
 

@@ -164,31 +164,6 @@ def test_graph_replay_copies_only_changed_inputs(monkeypatch):
     assert graphs(torch.ones(3), {"bias": torch.full((3,), 5.0)}).tolist() == [6.0] * 3  # another object
 
 
-def test_graph_replay_reads_shared_tensors_in_place(monkeypatch):
-    """`shared` tensors are neither cloned nor copied: the forward sees (and may update) the caller's own
-    tensor, in place; another tensor in their place is a new layout (eager first, then a new capture)."""
-    from camrender.model.graphs import GraphedForward
-
-    def forward(x, *, shared):
-        shared["history"].add_(x)  # an in-place update, like the refiner's history shift
-        return shared["history"] * 1.0
-
-    graphs = GraphedForward(forward, capture=False)
-    history = torch.zeros(3)
-    for _ in range(3):
-        out = graphs(torch.ones(3), shared={"history": history})
-    assert history.tolist() == [3.0] * 3 and out.tolist() == [3.0] * 3  # every call updated the caller's tensor
-    assert graphs.stats == {"eager": 1, "captures": 0, "replays": 2}
-    copied = []
-    copy = torch.Tensor.copy_
-    monkeypatch.setattr(torch.Tensor, "copy_", lambda self, src, *args: copied.append(src) or copy(self, src, *args))
-    graphs(torch.ones(3), shared={"history": history})
-    assert len(copied) == 1 and copied[0] is not history  # only x goes to its static copy
-    other = torch.zeros(3)
-    graphs(torch.ones(3), shared={"history": other})  # same shape, another address: a new layout
-    assert graphs.stats["eager"] == 2 and other.tolist() == [1.0] * 3 and history.tolist() == [4.0] * 3
-
-
 def test_path_longer_than_the_rope_table_is_a_user_error(pipe):
     from camrender.errors import CamrenderError
 
