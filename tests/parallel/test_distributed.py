@@ -55,6 +55,23 @@ def max_rel(a, b) -> float:
     return ((a.double() - b.double()).abs().max() / b.double().abs().max()).item()
 
 
+def assert_ranks_agree(results, tolerances: dict, ranks: int = 2) -> None:
+    """A worker's latents: for each dtype key of `tolerances`, every rank stepped the same latents, and
+    they lie within the tolerance (max relative) of the one-process render's."""
+    for dtype, tolerance in tolerances.items():
+        stepped, alone = results[dtype]["ranks"], results[dtype]["alone"]
+        assert len(stepped) == ranks and all(torch.equal(stepped[0], other) for other in stepped[1:]), dtype
+        assert max_rel(stepped[0], alone) <= tolerance, (dtype, max_rel(stepped[0], alone))
+
+
+def assert_one_video_written(out, err) -> None:
+    """The 17-frame tiny render of `small_trajectory` at `out`, its side files only, reported once."""
+    frames, _ = read_video(out)
+    assert frames.shape == (17, 64, 112, 3)
+    assert sorted(p.name for p in out.parent.iterdir()) == ["v.mp4", "v.path.png", "v.render.json", "v.traj.json"]
+    assert err.count("camrender: wrote") == 1
+
+
 # ----------------------------------------------------------------------------- two processes
 def test_cfg_parallel_equals_one_process_and_rank_0_writes_the_video(tmp_path):
     path = small_trajectory(tmp_path)
@@ -64,18 +81,12 @@ def test_cfg_parallel_equals_one_process_and_rank_0_writes_the_video(tmp_path):
                              "--out", out, "--model", "tiny", "--steps", "2", "--device", "cpu"], tmp_path)
     assert code == 0, err[-3000:]
     results = torch.load(tmp_path / "latents.pt")
-    for dtype, tolerance in (("float64", 1e-12), ("float32", 1e-5)):
-        rank0, rank1 = results[dtype]["ranks"]
-        alone = results[dtype]["alone"]
-        assert rank0.dtype == getattr(torch, dtype)
-        assert torch.equal(rank0, rank1)  # both ranks step the same latents
-        # float32 on the GDN-only tiny model (dist_worker.precision_model says why), float64 on both kinds of block
-        assert max_rel(rank0, alone) <= tolerance, (dtype, max_rel(rank0, alone))
+    assert all(results[dtype]["ranks"][0].dtype == getattr(torch, dtype) for dtype in ("float64", "float32"))
+    # float32 on the GDN-only tiny model (dist_worker.precision_model says why), float64 on both kinds of block
+    assert_ranks_agree(results, {"float64": 1e-12, "float32": 1e-5})
     # the CLI render on the same two processes: one video, written by rank 0, which alone reports
-    frames, _ = read_video(out)
-    assert frames.shape == (17, 64, 112, 3)
-    assert sorted(p.name for p in out.parent.iterdir()) == ["v.mp4", "v.path.png", "v.render.json", "v.traj.json"]
-    assert err.count("camrender: loading tiny") == 1 and err.count("camrender: wrote") == 1
+    assert_one_video_written(out, err)
+    assert err.count("camrender: loading tiny") == 1
 
 
 def test_a_rank_that_raises_stops_the_run_and_leaves_no_video(tmp_path):

@@ -10,8 +10,8 @@ import torch
 from camrender.errors import CamrenderError
 from camrender.parallel.cfg import check_split, head_split_size
 from camrender.parallel.heads import check_heads
-from test_distributed import REPO, max_rel, run_processes
-from test_render_cli import read_video, run_cli, small_trajectory
+from test_distributed import REPO, assert_one_video_written, assert_ranks_agree, max_rel, run_processes
+from test_render_cli import run_cli, small_trajectory
 
 WORKER = REPO / "tests" / "parallel" / "heads_worker.py"
 
@@ -46,16 +46,11 @@ def test_segment_mode_on_two_processes_equals_one_and_rank_0_writes(tmp_path):
                             tmp_path, interpret=False)
     assert code == 0, err[-3000:]
     results = torch.load(tmp_path / "latents.pt", weights_only=False)
-    for dtype, tolerance in (("torch.float32", 1e-5), ("torch.float64", 1e-6)):
-        rank0, rank1 = results[dtype]["ranks"]
-        alone = results[dtype]["alone"]
-        assert rank0.shape[2] == 3  # three segments of one latent frame: the states pass twice
-        assert torch.equal(rank0, rank1)  # the ranks of the video group step the same latents
-        assert max_rel(rank0, alone) <= tolerance, (dtype, max_rel(rank0, alone))
-    frames, _ = read_video(out)
-    assert frames.shape == (17, 64, 112, 3)
-    assert sorted(p.name for p in out.parent.iterdir()) == ["v.mp4", "v.path.png", "v.render.json", "v.traj.json"]
-    assert err.count("camrender: wrote") == 1 and err.count("every block's heads split over 2 GPUs") == 1
+    # three segments of one latent frame: the states pass twice
+    assert all(results[dtype]["ranks"][0].shape[2] == 3 for dtype in ("torch.float32", "torch.float64"))
+    assert_ranks_agree(results, {"torch.float32": 1e-5, "torch.float64": 1e-6})
+    assert_one_video_written(out, err)
+    assert err.count("every block's heads split over 2 GPUs") == 1
 
 
 def test_guided_full_mode_on_four_processes_is_cfg_times_head_split(tmp_path):
@@ -65,11 +60,7 @@ def test_guided_full_mode_on_four_processes_is_cfg_times_head_split(tmp_path):
     assert results["layout"][0] == (1, 2)  # rank 0 keeps 1 of the tiny model's 2 heads: a head split of 2
     # float32 on the GDN-only tiny model (dist_worker.precision_model says why); float64: the kernels'
     # references still take the norms' RMS in fp32
-    for dtype, tolerance in (("torch.float32", 1e-5), ("torch.float64", 1e-6)):
-        ranks = results[dtype]["ranks"]
-        assert len(ranks) == 4 and all(torch.equal(ranks[0], other) for other in ranks[1:])
-        assert max_rel(ranks[0], results[dtype]["alone"]) <= tolerance, (dtype, max_rel(ranks[0],
-                                                                                       results[dtype]["alone"]))
+    assert_ranks_agree(results, {"torch.float32": 1e-5, "torch.float64": 1e-6}, ranks=4)
 
 
 def test_heads_split_2_4_or_5_ways_and_other_counts_are_refused():
