@@ -179,27 +179,16 @@ def peak_figure(peak: float):
 
 
 def time_step(model, inputs, split, repeats, time_calls):
-    """(ms per step list, peak GiB, guided prediction) of the step as a render runs it: fixed inputs
-    prepared once (`camrender.model.conditioning.step_constants`, one Plucker row, text without padding), the
-    forward as a CUDA graph, then (CFG parallel) the all-gather, then the guidance mix."""
-    from camrender.model.graphs import GraphedForward
+    """(ms per step list, peak GiB, guided prediction) of the step as a render runs it
+    (`bench_transformer.graphed_render_step`), then (CFG parallel) the all-gather, then the guidance mix."""
+    from bench_transformer import graphed_render_step
     from camrender.model.block import fixed_plucker
-    from camrender.render.inputs import drop_text_padding
-    from camrender.model.conditioning import step_constants
 
-    rows = split.rows if split is not None else (lambda batch_tensor: batch_tensor)
-    t, h, w = inputs["hidden_states"].shape[2:]
-    text, mask = drop_text_padding(inputs["encoder_hidden_states"], inputs["encoder_attention_mask"])
-    camera = rows(inputs["camera_conditions"])
-    fixed = {**inputs, **step_constants(model, camera, (t, h, w)), "camera_conditions": camera,
-             "chunk_plucker": inputs["chunk_plucker"][:1], "encoder_hidden_states": rows(text),
-             "encoder_attention_mask": rows(mask)}
-    hidden, timestep = rows(inputs["hidden_states"]), rows(inputs["timestep"])
-
-    def forward(hidden_states, frame_timesteps):
-        return model(**{**fixed, "hidden_states": hidden_states, "timestep": frame_timesteps})[0]
-
-    graphed = GraphedForward(forward, capture=hidden.device.type == "cuda")
+    rows = split.rows if split is not None else None
+    graphed, fixed = graphed_render_step(model, inputs, rows)
+    hidden, timestep = fixed["hidden_states"], fixed["timestep"]
+    if rows is not None:
+        hidden, timestep = rows(hidden), rows(timestep)
 
     def step():
         prediction = graphed(hidden, timestep)

@@ -266,30 +266,40 @@ def time_calls(step, device, repeats, warmup, *, peak_with_warmup=False) -> tupl
     return times, peak, last[0]
 
 
-def timed_graphed_steps(model, inputs, device, repeats) -> tuple[list, float, torch.Tensor]:
-    """As `timed_steps`, the way a full-mode render runs a step: RoPE and camera tables computed once
-    (`camrender.model.conditioning.step_constants`), one Plucker row broadcast over the guidance batch and its
-    per-block projections computed once (`camrender.model.block.fixed_plucker`), the text without the
-    padding no row attends to (`camrender.render.inputs.drop_text_padding`), and the forward replayed as a
-    CUDA graph (`camrender.model.graphs.GraphedForward`): two untimed calls (eager warm-up, capture), then
-    `repeats` timed replays. The peak memory spans all of them, with the fixed Plucker projections:
-    a replay allocates nothing (the graph's activations live in its memory pool, set up at capture)."""
-    from camrender.model.graphs import GraphedForward
-    from camrender.model.block import fixed_plucker
-    from camrender.render.inputs import drop_text_padding
+def graphed_render_step(model, inputs, rows=None):
+    """The forward of a full-mode step as a render runs it, replayed as a CUDA graph
+    (`camrender.model.graphs.GraphedForward`): RoPE and camera tables computed once
+    (`camrender.model.conditioning.step_constants`), one Plucker row broadcast over the guidance batch (its
+    per-block projections fixed by the caller with `camrender.model.block.fixed_plucker(model, fixed["chunk_plucker"])`),
+    the text without the padding no row attends to (`camrender.render.inputs.drop_text_padding`).
+    rows: picks this rank's guidance rows of a batch tensor (CFG parallel), default all.
+    Returns (graphed forward(hidden_states, timestep), the fixed inputs)."""
     from camrender.model.conditioning import step_constants
+    from camrender.model.graphs import GraphedForward
+    from camrender.render.inputs import drop_text_padding
 
+    rows = rows or (lambda batch_tensor: batch_tensor)
     t, h, w = inputs["hidden_states"].shape[2:]
     text, mask = drop_text_padding(inputs["encoder_hidden_states"], inputs["encoder_attention_mask"])
-    # As `camrender.render.full`: one Plucker row for both guidance rows (the transformer broadcasts it).
-    fixed = {**inputs, **step_constants(model, inputs["camera_conditions"], (t, h, w)),
-             "chunk_plucker": inputs["chunk_plucker"][:1], "encoder_hidden_states": text,
-             "encoder_attention_mask": mask}
+    camera = rows(inputs["camera_conditions"])
+    fixed = {**inputs, **step_constants(model, camera, (t, h, w)), "camera_conditions": camera,
+             "chunk_plucker": inputs["chunk_plucker"][:1], "encoder_hidden_states": rows(text),
+             "encoder_attention_mask": rows(mask)}
 
     def forward(hidden_states, timestep):
         return model(**{**fixed, "hidden_states": hidden_states, "timestep": timestep})[0]
 
-    graphed = GraphedForward(forward)
+    return GraphedForward(forward, capture=inputs["hidden_states"].device.type == "cuda"), fixed
+
+
+def timed_graphed_steps(model, inputs, device, repeats) -> tuple[list, float, torch.Tensor]:
+    """As `timed_steps`, the way a full-mode render runs a step (`graphed_render_step`): two untimed
+    calls (eager warm-up, capture), then `repeats` timed replays. The peak memory spans all of them, with
+    the fixed Plucker projections: a replay allocates nothing (the graph's activations live in its memory
+    pool, set up at capture)."""
+    from camrender.model.block import fixed_plucker
+
+    graphed, fixed = graphed_render_step(model, inputs)
     with fixed_plucker(model, fixed["chunk_plucker"]):
         result = time_calls(lambda: graphed(inputs["hidden_states"], inputs["timestep"]), device, repeats, warmup=2,
                             peak_with_warmup=True)
