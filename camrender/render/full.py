@@ -61,11 +61,18 @@ def sample_latents(pipe, request: RenderRequest, progress: Progress = None):
 
     from camrender.parallel.cfg import guidance_split
     from camrender.model.block import fixed_plucker
+    from camrender.model.segments import prepare_conditioning, segment_forward
+    from camrender.model.patch import patch_transformer
+    from camrender.model.settings import model_settings
+    from camrender.model.state import FULL_MODE
+    from camrender.render.segments import _bring_to_device
 
     check_request(pipe, request)
     if request.steps is None:
         raise CamrenderError("full mode needs a number of denoising steps", field="steps")
     transformer, scheduler = pipe.transformer, pipe.scheduler
+    if model_settings(transformer) is None:  # the CLI patches with the request's --kernels; a bare pipeline here
+        patch_transformer(transformer, kernels=request.kernels)
     device = pipe._execution_device
     dtype = transformer.dtype
     guidance = request.guidance is not None and request.guidance > 1.0
@@ -87,12 +94,16 @@ def sample_latents(pipe, request: RenderRequest, progress: Progress = None):
         token_is_noisy = frame_is_noisy[:, 0, :, None].expand(1, frames, h * w).reshape(1, -1)
         image_hw = torch.tensor([[request.height, request.width]], dtype=torch.float, device=device)
 
+        _bring_to_device(transformer)  # camrender's forward skips the module call an offload hook waits for
         p_t, p_h, p_w = transformer.config.patch_size
-        constants = step_constants(transformer, camera.get("camera_conditions"), (frames // p_t, h // p_h, w // p_w))
+        # the RoPE rows, ray tables, text and Plucker embeddings of the whole clip, once
+        conditioning = prepare_conditioning(transformer, (frames // p_t, h // p_h, w // p_w), text, text_mask,
+                                            camera_conditions=camera["camera_conditions"],
+                                            chunk_plucker=camera["chunk_plucker"])
 
         def forward(model_latents, frame_timesteps):
-            return transformer(model_latents, frame_timesteps, text, mask=text_mask, data_info={"img_hw": image_hw},
-                               return_dict=False, **camera, **constants)[0]
+            return segment_forward(transformer, model_latents, frame_timesteps, options=FULL_MODE,
+                                   conditioning=conditioning)
 
         offloaded = getattr(transformer, "_hf_hook", None) is not None  # weights visit the GPU per call
         if request.cuda_graphs and device.type == "cuda" and not offloaded:
