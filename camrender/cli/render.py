@@ -359,7 +359,7 @@ def write_video(pipe, request, progress=None, *, resume_info=None, checkpoint_ev
     along and write nothing: (0, []).
     """
     from camrender.render.request import check_request
-    from camrender.render.full import render_frames
+    from camrender.render.loop import render_frames
 
     check_request(pipe, request)
     if not distributed.is_video_leader():
