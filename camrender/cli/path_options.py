@@ -50,6 +50,11 @@ def prompt_file_option(function):
                         help="UTF-8 text file holding the prompt (as the official --prompt FILE).")(function)
 
 
+def render_options(function):
+    """`render`'s: --prompt-file, --intrinsics and the action scheme options."""
+    return prompt_file_option(intrinsics_option(scheme_options(function)))
+
+
 def pop_scheme(options: dict) -> controls.ControlScheme:
     """The control scheme of the options (removed from `options`); CamrenderError for a bad value."""
     values = {key: options.pop(key, None) for key in SCHEME_KEYS}

@@ -243,19 +243,17 @@ def _quiet_libraries() -> None:
                    "options given here win).")
 @click.option("--out", "out", required=True, type=click.Path(path_type=Path), help="Output video (.mp4).")
 @click.option("--prompt", default=None, help="Text prompt (default: the trajectory's).")
-@path_options.prompt_file_option
 @click.option("--negative-prompt", default=None, help="Negative prompt (default: the trajectory's, else empty).")
 @click.option("--image", default=None, type=click.Path(path_type=Path),
               help="First-frame image (default: the trajectory's).")
-@path_options.intrinsics_option
-@path_options.scheme_options
+@path_options.render_options
 @click.option("--steps", default=None, type=click.IntRange(min=1),
               help="Denoising steps (default: the recipe's; streaming: its 4-step list; tiny full mode: 10).")
 @click.option("--guidance", default=None, type=float,
               help="Classifier-free guidance, <= 1: off (default: the recipe's: 5, streaming off).")
 @click.option("--seed", default=None, type=int, help="Noise seed (default: the trajectory's, else 0).")
 @click.option("--frames", default=None, type=click.IntRange(min=1),
-              help="Video frames, 8k+1 (streaming recipe: 24k+1; default: the trajectory re-timed to the nearest).")
+              help="Video frames, 8k+1 (streaming: 24k+1; default: the path re-timed to the nearest; see README).")
 @click.option("--fps", default=None, type=click.FloatRange(min=0, min_open=True),
               help="Output frame rate (default: the trajectory's).")
 @click.option("--height", default=None, type=click.IntRange(min=1), help="Video height (default 704; tiny: 64).")

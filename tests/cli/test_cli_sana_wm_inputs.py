@@ -85,3 +85,28 @@ def test_bad_inputs_stop_before_the_model(tmp_path, capsys, extra, expected):
     np.save(tmp_path / "obj_pose.npy", np.array([None], dtype=object), allow_pickle=True)
     argv = [a.format(tmp=tmp_path) for a in extra] + ["--model", "tiny", "--out", tmp_path / "v.mp4"]
     assert expected in one_error(argv, capsys, tmp_path)
+
+
+def test_batch_jobs_take_the_new_options_and_skip_intrinsics_files(tmp_path):
+    from camrender.cli import batch_jobs
+    from camrender.cli.render import _resolve_request
+
+    (tmp_path / "p.prompt").write_text("a lighthouse\n")
+    np.save(tmp_path / "a_pose.npy", rollout(make_scheme(), [{"w"}] * 16))
+    np.save(tmp_path / "a_intrinsics.npy", np.array([500.0, 500.0, 640, 352]))
+    jobs_file = tmp_path / "jobs.jsonl"
+    jobs_file.write_text("\n".join(json.dumps(job) for job in [
+        {"trajectory": "w-16", "output": "w.mp4", "prompt_file": "p.prompt", "action-scheme": "diffusers",
+         "options": {"smooth": True, "pitch_limit": 30}},
+        {"trajectory": "a_pose.npy", "output": "a.mp4", "intrinsics": "a_intrinsics.npy", "smooth": None},
+        {"trajectory": "w-16", "output": "bad.mp4", "prompt_file": "missing.txt"},
+    ]) + "\n")
+    jobs = batch_jobs.read_jobs(jobs_file, render)
+    planned = batch_jobs.plan_jobs(jobs, render, {"model": "tiny"}, _resolve_request)
+    assert [job.status for job in planned] == ["render", "render", "failed"], planned[0].reason[-300:]
+    first = planned[0].request
+    assert first.prompt == "a lighthouse" and first.controls == make_scheme("diffusers", smooth=True,
+                                                                             pitch_limit=30).to_dict()
+    assert planned[1].request.traj.intrinsics[0, 0] == 500.0 and "missing.txt: file not found" in planned[2].reason
+    folder_jobs = batch_jobs.read_jobs(tmp_path, render, tmp_path / "out")
+    assert [os.path.basename(job.where) for job in folder_jobs] == ["a_pose.npy"]
