@@ -168,14 +168,15 @@ def intrinsics_path_for(pose_path) -> str:
     return stem + "_intrinsics.npy"
 
 
-def _save(path, array: np.ndarray) -> None:
+def _npy_bytes(array: np.ndarray) -> bytes:
     buffer = io.BytesIO()
     np.save(buffer, np.ascontiguousarray(array, dtype=np.float64), allow_pickle=False)
-    with atomic_output(path, "wb") as out:
-        out.write(buffer.getvalue())
+    return buffer.getvalue()
 
 
 def write(traj: Trajectory, path) -> None:
-    """``path`` (F, 4, 4) c2w and ``NAME_intrinsics.npy`` (F, 4) beside it, each written atomically."""
-    _save(path, traj.c2w)
-    _save(intrinsics_path_for(path), traj.intrinsics)
+    """``path`` (F, 4, 4) c2w and ``NAME_intrinsics.npy`` (F, 4) beside it, both from temporary files
+    renamed into place once both are written."""
+    with atomic_output(path, "wb") as poses, atomic_output(intrinsics_path_for(path), "wb") as intrinsics:
+        poses.write(_npy_bytes(traj.c2w))
+        intrinsics.write(_npy_bytes(traj.intrinsics))
