@@ -281,7 +281,8 @@ def batch_worker(args) -> dict:
 
     from camrender.cli import batch_jobs as batching
     from camrender.parallel import distributed
-    from camrender.cli.render import _resolve_request, render, write_video
+    from camrender.api.output import write_video
+    from camrender.cli.render import _resolve_request, render
     from camrender.render.pipeline import load_patched_pipeline
 
     ranks = distributed.start("cpu" if args.tiny else None, per_video=args.gpus_per_video)
