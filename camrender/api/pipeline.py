@@ -44,7 +44,7 @@ class CamrenderPipeline:
                         recipe: Optional[str] = None, transformer_weights=None, vae=None, kernels: str = "fused",
                         dtype: str = "auto", device: Optional[str] = None, offload: bool = False,
                         refiner_offload: str = "none", allow_missing_weights: bool = False,
-                        log=None) -> "CamrenderPipeline":
+                        cuda_graphs: bool = True, log=None) -> "CamrenderPipeline":
         """Load and patch the pipeline (no network for "tiny" or a local folder).
 
         model: hub id, local diffusers folder, or "tiny" (the offline random-weight model); refiner:
@@ -52,13 +52,15 @@ class CamrenderPipeline:
         "chunk-causal" or None (told from the checkpoint); transformer_weights: an original-format DiT
         file loaded over the transformer; vae: a diffusers VAE folder replacing the pipeline's; kernels:
         "fused" or "torch"; dtype: "auto" (bf16 on CUDA, fp32 on CPU), "bfloat16", "float16", "float32";
-        device: "cuda", "cuda:1", "cpu" or None (CUDA when available); log: a callable taking one line.
+        device: "cuda", "cuda:1", "cpu" or None (CUDA when available); cuda_graphs: replay stage 1's
+        denoising passes as CUDA graphs (CUDA, not with offload); log: a callable taking one line. The
+        settings are decided here once (`camrender.model.settings.RenderSettings`) for every render.
         """
         found = resolve_recipe(recipe, str(transformer_weights) if transformer_weights else None, model)
         settings = dict(model=model, dtype=dtype, device=device, offload=offload,
                         transformer_weights=transformer_weights, vae=vae, kernels=kernels,
                         allow_missing_weights=allow_missing_weights, refiner_offload=refiner_offload,
-                        refiner=checked_refiner(refiner, model, vae, 9))
+                        cuda_graphs=cuda_graphs, refiner=checked_refiner(refiner, model, vae, 9))
         loading = RenderRequest(traj=None, mode=found.mode, guidance=found.guidance, recipe=found.name, **settings)
         return cls(load_patched_pipeline(loading, log), found, settings)
 
@@ -69,7 +71,7 @@ class CamrenderPipeline:
         (v1 JSON, COLMAP, nerfstudio, transforms.json, RealEstate10K, .npy poses) or an action string
         such as "w-80,jw-40"; or an iterable of `camrender.render.camera_feed.SegmentCamera` (the path as a
         stream, pulled one segment at a time; give `frames`). options: frames, mode, steps, guidance,
-        seed, fps, height, width, negative_prompt, segment_frames, cached_segments, cuda_graphs, out.
+        seed, fps, height, width, negative_prompt, segment_frames, cached_segments, out.
         """
         settings = {key: value for key, value in self.settings.items() if key != "refiner"}
         refiner = self.settings["refiner"] or "none"

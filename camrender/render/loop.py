@@ -20,28 +20,33 @@ import torch
 
 from camrender.errors import CamrenderError
 from camrender.parallel.distributed import is_video_leader
+from camrender.model.settings import RenderSettings
 from camrender.render.full import full_plan
+from camrender.render.pipeline import pipeline_settings
 from camrender.render.plan import ChunkPlan
 from camrender.render.request import MODES, Progress, RenderRequest, check_request
 from camrender.render.segments import segment_plan
 from camrender.render.stage_two import refined_frames
 
 
-def render_frames(pipe, request: RenderRequest, progress: Progress = None, checkpoints=None) -> Iterator[np.ndarray]:
+def render_frames(pipe, request: RenderRequest, progress: Progress = None, checkpoints=None,
+                  settings: Optional[RenderSettings] = None) -> Iterator[np.ndarray]:
     """Yield the video of `request` as uint8 (F_chunk, H, W, 3) chunks, in order.
 
     progress: `progress(done, total, info)` (denoising steps in full mode, segments in segment mode);
-    checkpoints: segment mode's `camrender.render.resume.Checkpointer` (resume / save), or None.
+    checkpoints: segment mode's `camrender.render.resume.Checkpointer` (resume / save), or None;
+    settings: the render's `RenderSettings` (None: the pipeline's, `camrender.render.pipeline.pipeline_settings`).
     """
     if request.mode not in MODES:
         raise CamrenderError(f"must be one of {', '.join(MODES)}, got {request.mode!r}", field="mode")
     check_request(pipe, request)
+    settings = pipeline_settings(pipe, request) if settings is None else settings
     device = pipe._execution_device
     with torch.no_grad():
         if request.mode == "full":
-            plan = full_plan(pipe, request, device, progress)
+            plan = full_plan(pipe, request, device, settings, progress)
         else:
-            plan = segment_plan(pipe, request, device, checkpoints)
+            plan = segment_plan(pipe, request, device, settings, checkpoints)
         yield from run_plan(plan, request, device, progress if plan.per_chunk_progress else None)
     if hasattr(pipe, "maybe_free_model_hooks"):
         pipe.maybe_free_model_hooks()

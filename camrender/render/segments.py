@@ -25,10 +25,9 @@ import torch
 from camrender.errors import CamrenderError
 from camrender.model.recipes import STREAMING_TIMESTEPS as DEFAULT_SEGMENT_TIMESTEPS
 from camrender.model.recipes import get_recipe
-from camrender.model.patch import patch_transformer
 from camrender.model.recipes import segment_bounds
 from camrender.model.segments import SegmentCache
-from camrender.model.settings import model_settings
+from camrender.model.settings import RenderSettings
 from camrender.model.state import SegmentOptions
 from camrender.render.chunk_causal import sample_chunk_causal, teacher_chunk_bounds, teacher_schedule
 from camrender.render.decode import CausalStreamDecoder
@@ -113,11 +112,12 @@ SEGMENT_SAMPLERS = {
 }
 
 
-def segment_plan(pipe, request, device, checkpoints=None) -> ChunkPlan:
+def segment_plan(pipe, request, device, settings: RenderSettings, checkpoints=None) -> ChunkPlan:
     """Segment mode's `camrender.render.loop.ChunkPlan`: one chunk per segment from the recipe's sampler
     (sampled as the loop pulls it), refined block by block (`stage_two`) and decoded by the streaming
     causal decoder.
 
+    settings: the render's `RenderSettings` (CUDA graphs, the refiner's path);
     checkpoints: a `camrender.render.resume.Checkpointer` (or None): the render starts from its
     checkpoint, if it has one, and saves one at segment boundaries, after the consumer has
     taken the previous segment's frames (so they are written before the checkpoint refers to them).
@@ -135,8 +135,6 @@ def segment_plan(pipe, request, device, checkpoints=None) -> ChunkPlan:
         longest = (model.rope.max_seq_len - 1) * pipe.vae_temporal_compression_ratio + 1
         raise CamrenderError(f"segment mode renders at most {longest} frames with this model, got {request.num_frames}",
                              field="frames")
-    if model_settings(model) is None:  # the CLI patches with the request's --kernels; a bare pipeline here
-        patch_transformer(model, kernels=request.kernels)
     options = SegmentOptions.for_recipe(recipe, cached_segments=cached_segments)
     inputs = prepare_inputs(pipe, request, device)
     teacher = recipe.sampler == "chunk-flow-euler"
@@ -155,8 +153,8 @@ def segment_plan(pipe, request, device, checkpoints=None) -> ChunkPlan:
     # the self-forcing sampler continues from a restored cache; the teacher's chunks in flight are not checkpointed
     resumable = {} if teacher else {"cache": cache, "first_segment": first}
     sampled = SEGMENT_SAMPLERS[recipe.sampler](
-        model, inputs, bounds, timesteps, options, device, cuda_graphs=request.cuda_graphs and device.type == "cuda",
+        model, inputs, bounds, timesteps, options, device, cuda_graphs=settings.cuda_graphs,
         **resumable)
-    return ChunkPlan(chunks=(latents for *_, latents in sampled), stage=stage_two(pipe, request, device),
+    return ChunkPlan(chunks=(latents for *_, latents in sampled), stage=stage_two(pipe, request, device, settings.refiner),
                      decoder=decoder, total=len(bounds), first=first, frames_before=written, per_chunk_progress=True,
                      checkpoints=checkpoints, cache=cache, bounds=bounds)
