@@ -83,9 +83,8 @@ def test_no_module_imports_a_higher_layer(graph):
     assert not upward, "imports up or across the layers: " + ", ".join(sorted(upward))
 
 
-def test_no_import_circles(graph):
-    edges, _ = graph
-    edges = {module: targets - {"camrender"} for module, targets in edges.items() if module != "camrender"}
+def find_circles(edges: dict) -> list:
+    """Every import circle of a {module: imported modules} graph, as "a -> b -> a" strings."""
     circles = []
     state = {}
 
@@ -103,7 +102,30 @@ def test_no_import_circles(graph):
     for module in sorted(edges):
         if module not in state:
             visit(module, [])
+    return circles
+
+
+def test_no_import_circles(graph):
+    edges, _ = graph
+    edges = {module: targets - {"camrender"} for module, targets in edges.items() if module != "camrender"}
+    circles = find_circles(edges)
     assert not circles, "import circles: " + "; ".join(circles)
+
+
+def test_no_import_circles_between_bench_scripts():
+    """bench/ scripts import each other by bare name (`from common import ...`), lazily too."""
+    scripts = {path.stem: path for path in (ROOT / "bench").glob("*.py")}
+    edges = {}
+    for name, path in scripts.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                found.add(node.module.split(".")[0])
+        edges[name] = {target for target in found if target in scripts and target != name}
+    circles = find_circles(edges)
+    assert not circles, "import circles in bench/: " + "; ".join(circles)
 
 
 def test_trajectory_layer_needs_no_torch_and_no_model():
