@@ -15,6 +15,7 @@ import numpy as np
 
 from camrender.errors import CamrenderError
 from camrender.model.conditioning import step_constants
+from camrender.model.recipes import get_recipe
 from camrender.render.decode import decode_latents
 from camrender.render.inputs import prepare_inputs
 from camrender.render.request import MODES, Progress, RenderRequest, check_request
@@ -54,6 +55,8 @@ def sample_latents(pipe, request: RenderRequest, progress: Progress = None):
 
     Latent frame 0 holds the encoded first image and stays clean (its timestep is 0
     throughout); every other frame starts from noise and follows the scheduler's sigmas.
+    The request's recipe sets the model's rules (`set_full_options`) and the scheduler
+    (`full_scheduler`); docs/recipes.md compares the sampler with NVlabs' `LTXFlowEuler`.
     On a video group of two ranks each runs one guidance row (`camrender.parallel.cfg`); every
     rank returns the same latents.
     """
@@ -65,7 +68,9 @@ def sample_latents(pipe, request: RenderRequest, progress: Progress = None):
     check_request(pipe, request)
     if request.steps is None:
         raise CamrenderError("full mode needs a number of denoising steps", field="steps")
-    transformer, scheduler = pipe.transformer, pipe.scheduler
+    recipe = get_recipe(request.recipe)
+    transformer, scheduler = pipe.transformer, full_scheduler(pipe, recipe)
+    _set_recipe_rules(transformer, recipe)
     device = pipe._execution_device
     dtype = transformer.dtype
     guidance = request.guidance is not None and request.guidance > 1.0
@@ -122,6 +127,32 @@ def sample_latents(pipe, request: RenderRequest, progress: Progress = None):
                     progress(index + 1, len(timesteps), f"step {index + 1}/{len(timesteps)}")
     return latents
 
+
+
+def full_scheduler(pipe, recipe):
+    """The scheduler of a full-mode render: NVlabs' (`FlowMatchEulerDiscreteScheduler(shift=recipe.flow_shift)`,
+    whatever the checkpoint's scheduler config says), or the pipeline's own (flow_shift None, as diffusers)."""
+    if recipe.flow_shift is None:
+        return pipe.scheduler
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    return FlowMatchEulerDiscreteScheduler(shift=recipe.flow_shift)
+
+
+def _set_recipe_rules(transformer, recipe) -> None:
+    """Full mode's model rules of `recipe` on the (patched) transformer; an unpatched one computes
+    diffusers' rules only, so any other recipe is refused on it."""
+    from camrender.model.patch import set_full_options
+    from camrender.model.state import SegmentOptions
+
+    options = SegmentOptions.full_mode(recipe)
+    try:
+        set_full_options(transformer, options)
+    except ValueError:
+        if not (options.gdn_camera_downscale and options.softmax_as_diffusers):
+            raise CamrenderError(f"the {recipe.name} recipe needs the patched transformer "
+                                 f"(camrender.patch_transformer); diffusers' own blocks compute "
+                                 f"bidirectional-diffusers only", field="recipe") from None
 
 
 def sample_video(pipe, request: RenderRequest, progress: Progress = None):

@@ -1,4 +1,5 @@
-"""patch_transformer: same parameters, same outputs as the stock diffusers transformer (tiny configs, CPU).
+"""patch_transformer: same parameters, same outputs as the stock diffusers transformer (tiny configs, CPU)
+under the bidirectional-diffusers recipe; the other bidirectional recipes differ from it where they should.
 
 The fused kernels run through the Triton interpreter (conftest sets TRITON_INTERPRET=1) at
 ieee precision.
@@ -16,6 +17,8 @@ from camrender.model.gdn_attention import PatchedGDNAttention
 from camrender.model.patch import patch_transformer
 from camrender.model.settings import KernelSettings, model_settings
 from camrender.model.tiny import build_tiny_transformer
+
+DIFFUSERS = "bidirectional-diffusers"  # the recipe whose full mode is diffusers' model: the parity anchor
 
 HEAD_DIM_CONFIGS = {
     16: {},  # the tiny default: hidden 32, 2 heads of 16
@@ -60,7 +63,7 @@ def relative_error(out, ref):
 def test_patch_keeps_every_parameter_and_buffer():
     model = build_tiny_transformer(seed=0)
     before = model.state_dict()
-    patch_transformer(model, kernels="fused")
+    patch_transformer(model, kernels="fused", recipe=DIFFUSERS)
     after = model.state_dict()
     assert list(after) == list(before)
     for name in before:
@@ -69,7 +72,7 @@ def test_patch_keeps_every_parameter_and_buffer():
     assert kinds[0] is PatchedGDNAttention
     assert issubclass(kinds[1], _SoftmaxUCPESinglePathLiteLA)
     # patching again only updates the settings
-    patch_transformer(model, kernels="torch", precision="ieee")
+    patch_transformer(model, kernels="torch", precision="ieee", recipe=DIFFUSERS)
     settings = KernelSettings(backend="torch", precision="ieee")
     assert model_settings(model) == settings
     assert all(module.settings is model_settings(model) for block in model.blocks for module in (block, block.attn, block.mlp))
@@ -80,7 +83,7 @@ def test_patch_keeps_every_parameter_and_buffer():
 
 def test_patched_model_loads_stock_weights():
     stock = build_tiny_transformer(seed=3)
-    patched = patch_transformer(build_tiny_transformer(seed=4), kernels="torch")
+    patched = patch_transformer(build_tiny_transformer(seed=4), kernels="torch", recipe=DIFFUSERS)
     patched.load_state_dict(stock.state_dict())
     inputs = transformer_inputs(stock)
     assert relative_error(forward(patched, inputs), forward(stock, inputs)) <= 1e-5
@@ -100,7 +103,7 @@ def test_fused_gdn_blocks_match_stock(head_dim):
     inputs = transformer_inputs(model)
     reference = forward(model, inputs)
 
-    patch_transformer(model, kernels="fused", precision="ieee")
+    patch_transformer(model, kernels="fused", precision="ieee", recipe=DIFFUSERS)
     _stock_softmax_blocks(model)
     patched = forward(model, inputs)
     assert relative_error(patched, reference) <= 1e-4
@@ -123,7 +126,7 @@ def test_whole_fused_model_matches_stock():
     model = build_tiny_transformer(seed=0)
     inputs = transformer_inputs(model)
     reference = forward(model, inputs)
-    patch_transformer(model, kernels="fused", precision="ieee")
+    patch_transformer(model, kernels="fused", precision="ieee", recipe=DIFFUSERS)
     assert relative_error(forward(model, inputs), reference) <= 2e-3
 
 
@@ -131,13 +134,13 @@ def test_torch_kernels_match_stock():
     model = build_tiny_transformer(seed=2)
     inputs = transformer_inputs(model, frames=5)
     reference = forward(model, inputs)
-    patch_transformer(model, kernels="torch")
+    patch_transformer(model, kernels="torch", recipe=DIFFUSERS)
     assert relative_error(forward(model, inputs), reference) <= 1e-5
 
 
 def test_fused_falls_back_to_torch_reference_on_cpu(monkeypatch):
     """Without TRITON_INTERPRET=1 and without a GPU, kernels='fused' runs the PyTorch reference."""
-    model = patch_transformer(build_tiny_transformer(seed=0), kernels="fused")
+    model = patch_transformer(build_tiny_transformer(seed=0), kernels="fused", recipe=DIFFUSERS)
     calls = []
     reference = kernels.reference.camera_branch_ref
 
@@ -175,7 +178,7 @@ def test_patched_blocks_run_the_glue_kernels(monkeypatch):
             return _original(*args, **kwargs)
 
         monkeypatch.setattr(glue, name, counted)
-    patch_transformer(model, kernels="fused", precision="ieee")
+    patch_transformer(model, kernels="fused", precision="ieee", recipe=DIFFUSERS)
     _stock_softmax_blocks(model)
     assert all(isinstance(block, PatchedBlock) for block in model.blocks)
     assert relative_error(forward(model, inputs), reference) <= 1e-4
@@ -183,7 +186,7 @@ def test_patched_blocks_run_the_glue_kernels(monkeypatch):
     # gated_residual after the attention and after the FFN
     assert sorted(calls) == sorted(["ada_norm", "gated_residual"] * 2 * len(model.blocks))
     calls.clear()
-    patch_transformer(model, kernels="torch")
+    patch_transformer(model, kernels="torch", recipe=DIFFUSERS)
     forward(model, inputs)
     assert calls == []
 
@@ -209,7 +212,7 @@ def test_fixed_plucker_gives_the_same_output(monkeypatch):
 
     monkeypatch.setenv("TRITON_INTERPRET", "0")
 
-    model = patch_transformer(build_tiny_transformer(seed=7), kernels="fused", precision="ieee")
+    model = patch_transformer(build_tiny_transformer(seed=7), kernels="fused", precision="ieee", recipe=DIFFUSERS)
     inputs = transformer_inputs(model)
     inputs["chunk_plucker"] = inputs["chunk_plucker"][:1]
     want = forward(model, inputs)

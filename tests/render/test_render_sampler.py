@@ -37,7 +37,8 @@ def first_image():
 
 def request(traj, **changes):
     values = dict(traj=traj, prompt="a red house", negative_prompt="blurry", image=first_image(), steps=3,
-                  guidance=3.0, seed=7, num_frames=FRAMES, fps=16, height=64, width=96, model="tiny")
+                  guidance=3.0, seed=7, num_frames=FRAMES, fps=16, height=64, width=96, model="tiny",
+                  recipe="bidirectional-diffusers")  # diffusers' pipeline is the anchor
     values.update(changes)
     return RenderRequest(**values)
 
