@@ -63,7 +63,6 @@ def sample_latents(pipe, request: RenderRequest, progress: Progress = None):
     import torch
 
     from camrender.parallel.cfg import guidance_split
-    from camrender.model.block import fixed_plucker
 
     check_request(pipe, request)
     if request.steps is None:
@@ -72,25 +71,46 @@ def sample_latents(pipe, request: RenderRequest, progress: Progress = None):
     transformer, scheduler = pipe.transformer, full_scheduler(pipe, recipe)
     _set_recipe_rules(transformer, recipe)
     device = pipe._execution_device
-    dtype = transformer.dtype
     guidance = request.guidance is not None and request.guidance > 1.0
 
     inputs = prepare_inputs(pipe, request, device)
     split = guidance_split(guidance)  # a video group of two ranks: each runs one guidance row
     rows = split.rows if split is not None else (lambda batch_tensor: batch_tensor)
-    text, text_mask = rows(inputs.text), rows(inputs.text_mask)
     camera = {"camera_conditions": rows(inputs.camera_conditions), "chunk_plucker": inputs.chunk_plucker}
+    image_hw = torch.tensor([[request.height, request.width]], dtype=torch.float, device=device)
+    return denoise_clip(transformer, scheduler, inputs.noise.to(device), rows(inputs.text), rows(inputs.text_mask),
+                        camera, request.steps, request.guidance if guidance else None, image_hw, split=split,
+                        cuda_graphs=request.cuda_graphs, progress=progress)
+
+
+def denoise_clip(transformer, scheduler, latents, text, text_mask, camera: dict, steps: int, guidance, image_hw, *,
+                 split=None, cuda_graphs: bool = False, progress: Progress = None):
+    """The Euler loop of full mode (NVlabs' `LTXFlowEuler` rules, docs/recipes.md); returns (1, C, T, h, w).
+
+    Args:
+        transformer: the (patched) transformer, its full-mode rules already set.
+        scheduler: a flow-match Euler scheduler (`full_scheduler`); `steps` timesteps are set on it.
+        latents: (1, C, T, h, w) initial latents, frame 0 the clean image latent (pinned: timestep 0, dt 0).
+        text, text_mask: (B, 1, L, Cc), (B, L); with `guidance` B = 2, rows [uncond, cond] (or this
+            rank's row under `split`).
+        camera: `camera_conditions` (B, T, 20) and `chunk_plucker` (1, 48, T, h, w).
+        guidance: CFG scale (pred = uncond + g * (cond - uncond)) or None.
+        image_hw: (1, 2) pixel height and width (`data_info["img_hw"]`).
+    """
+    import torch
+
+    from camrender.model.block import fixed_plucker
+
+    device, dtype = latents.device, transformer.dtype
     local_batch = text.shape[0]
-    latents = inputs.noise.to(device)
     channels, frames, h, w = latents.shape[1:]
     with torch.no_grad():
-        scheduler.set_timesteps(request.steps, device=device)
+        scheduler.set_timesteps(steps, device=device)
         timesteps = scheduler.timesteps
 
         frame_is_noisy = torch.ones(1, 1, frames, device=device)
         frame_is_noisy[..., 0] = 0.0  # the conditioning frame is pinned clean
         token_is_noisy = frame_is_noisy[:, 0, :, None].expand(1, frames, h * w).reshape(1, -1)
-        image_hw = torch.tensor([[request.height, request.width]], dtype=torch.float, device=device)
 
         p_t, p_h, p_w = transformer.config.patch_size
         constants = step_constants(transformer, camera.get("camera_conditions"), (frames // p_t, h // p_h, w // p_w))
@@ -100,7 +120,7 @@ def sample_latents(pipe, request: RenderRequest, progress: Progress = None):
                                return_dict=False, **camera, **constants)[0]
 
         offloaded = getattr(transformer, "_hf_hook", None) is not None  # weights visit the GPU per call
-        if request.cuda_graphs and device.type == "cuda" and not offloaded:
+        if cuda_graphs and device.type == "cuda" and not offloaded:
             from camrender.model.graphs import GraphedForward
 
             forward = GraphedForward(forward)  # text, mask and camera stay fixed: read in place by the graph
@@ -111,9 +131,9 @@ def sample_latents(pipe, request: RenderRequest, progress: Progress = None):
                 prediction = forward(latents.repeat(local_batch, 1, 1, 1, 1), frame_timesteps)
                 if split is not None:
                     prediction = split.gather(prediction)
-                if guidance:
+                if guidance is not None:
                     uncond, cond = prediction.chunk(2)
-                    prediction = uncond + request.guidance * (cond - uncond)
+                    prediction = uncond + guidance * (cond - uncond)
                 stepped = scheduler.step(
                     -prediction.reshape(1, channels, -1).transpose(1, 2),
                     t,
