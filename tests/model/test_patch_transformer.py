@@ -224,3 +224,44 @@ def test_fixed_plucker_gives_the_same_output(monkeypatch):
     assert all(block.fixed_plucker is None for block in model.blocks)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     assert relative_error(forward(model, inputs_moved), want) > 1e-3  # and outside, the inputs' again
+
+
+def _stock_without_gdn_block_rescale(model, inputs, monkeypatch):
+    """diffusers' model with `_downscale_to_reference_rms` skipped inside its GDN camera attention only
+    (transformer_sana_wm.py:1601-1603): NVlabs 40151c8's arithmetic, the default recipe's."""
+    import diffusers.models.transformers.transformer_sana_wm as sana
+
+    original, cam_forward, inside = sana._downscale_to_reference_rms, sana.SanaWMBidirectionalGDNCamAttention.forward, []
+
+    def downscale(reference, transformed, eps=1e-6):
+        return transformed if inside else original(reference, transformed, eps)
+
+    def gdn_cam_forward(self, *args, **kwargs):
+        inside.append(True)
+        try:
+            return cam_forward(self, *args, **kwargs)
+        finally:
+            inside.pop()
+
+    with monkeypatch.context() as patched:
+        patched.setattr(sana, "_downscale_to_reference_rms", downscale)
+        patched.setattr(sana.SanaWMBidirectionalGDNCamAttention, "forward", gdn_cam_forward)
+        return forward(model, inputs)
+
+
+@pytest.mark.parametrize("kernels", ["torch", "fused"])
+def test_default_recipe_is_diffusers_without_its_gdn_block_rescale(kernels, monkeypatch):
+    model = build_tiny_transformer(seed=2)
+    inputs = transformer_inputs(model, frames=5)
+    stock = forward(model, inputs)
+    expected = _stock_without_gdn_block_rescale(model, inputs, monkeypatch)
+    assert relative_error(expected, stock) > 1e-3  # the rescale matters on this input
+    patch_transformer(model, kernels=kernels, precision="ieee")  # the default recipe: bidirectional
+    if kernels == "fused":
+        _stock_softmax_blocks(model)  # stock rounds the softmax q/k/v to bf16
+    tolerance = 1e-5 if kernels == "torch" else 1e-4
+    assert relative_error(forward(model, inputs), expected) <= tolerance
+    patch_transformer(model, kernels=kernels, precision="ieee", recipe="bidirectional-diffusers")
+    if kernels == "fused":
+        _stock_softmax_blocks(model)
+    assert relative_error(forward(model, inputs), stock) <= tolerance
