@@ -226,7 +226,7 @@ def test_fused_kernels_pass_state_like_the_reference(model):
 
 def test_full_mode_is_one_segment_without_state():
     """The patched model's own forward (full mode) and `segment_forward` over one segment with
-    diffusers' rules and no cache run the same block modules: equal outputs, on the PyTorch
+    the default recipe's rules and no cache run the same block modules: equal outputs, on the PyTorch
     references (backend "torch" in segment mode) and on the Triton kernels (interpreted)."""
     from camrender.model.state import FULL_MODE
 
