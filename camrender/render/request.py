@@ -12,6 +12,7 @@ from typing import Any, Callable, Optional
 
 from camrender.errors import CamrenderError
 from camrender.model.loading import DEFAULT_MODEL
+from camrender.model.recipes import DEFAULT_RECIPE, get_recipe
 
 DEFAULT_NEGATIVE_PROMPT = ""
 
@@ -67,8 +68,8 @@ class RenderRequest:
     prompt: str = ""
     negative_prompt: str = DEFAULT_NEGATIVE_PROMPT
     image: Any = None
-    steps: Optional[int] = 60
-    guidance: Optional[float] = 5.0
+    steps: Optional[int] = get_recipe(DEFAULT_RECIPE).steps  # the recipe table's: one source of defaults
+    guidance: Optional[float] = get_recipe(DEFAULT_RECIPE).guidance
     seed: int = 0
     num_frames: int = 161
     fps: float = 16.0
@@ -82,7 +83,7 @@ class RenderRequest:
     vae: Optional[str] = None
     kernels: str = "fused"
     mode: str = "full"
-    recipe: str = "bidirectional"
+    recipe: str = DEFAULT_RECIPE
     allow_missing_weights: bool = False
     segment_frames: Optional[int] = None
     cached_segments: Optional[int] = None
