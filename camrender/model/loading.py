@@ -232,7 +232,9 @@ def read_original_state_dict(path) -> dict:
         else:
             state = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as error:
-        raise CamrenderError(f"cannot read the weights ({type(error).__name__}: {str(error)[:200]})", **where) from None
+        from camrender.model.recipes import unreadable_weights
+
+        raise unreadable_weights(path, error) from None
     for wrapper in ("generator", "state_dict"):
         if isinstance(state, dict) and isinstance(state.get(wrapper), dict):
             state = state[wrapper]

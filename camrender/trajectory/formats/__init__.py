@@ -19,7 +19,7 @@ import os
 
 from camrender.errors import CamrenderError
 from camrender.trajectory.formats import actions, colmap, nerfstudio, realestate10k, transforms_json, v1
-from camrender.trajectory.formats.fileio import parse_json, read_text
+from camrender.trajectory.formats.fileio import MAX_COLMAP_BYTES, MAX_FILE_BYTES, parse_json, read_text
 
 FORMAT_MODULES = [v1, realestate10k, nerfstudio, actions, colmap, transforms_json]
 
@@ -76,7 +76,8 @@ def detect(path, *, for_writing: bool = False):
         )
     if for_writing or len(candidates) == 1:
         return candidates[0]
-    text = read_text(path)
+    big = os.path.basename(os.fspath(path)).lower() in colmap.FILENAMES  # an images.txt with its 2D points
+    text = read_text(path, MAX_COLMAP_BYTES if big else MAX_FILE_BYTES)
     content = parse_json(text, os.fspath(path)) if suffix == ".json" else text
     for module in candidates:
         sniff = getattr(module, "sniff", None)
@@ -101,6 +102,8 @@ def import_file(path, fmt: str | None = None):
     or "actions"); a missing file or a directory is reported as such before any format is guessed.
     """
     module = get(fmt) if fmt else None
+    if not os.fspath(path):
+        raise CamrenderError("no file given (the path is an empty string)")
     if not os.path.exists(path):
         if module in (None, actions) and looks_like_actions(path):
             return actions.from_string(os.fspath(path))

@@ -31,7 +31,7 @@ import click
 import numpy as np
 
 from camrender.errors import CamrenderError
-from camrender.trajectory.formats.fileio import atomic_write_text, read_text
+from camrender.trajectory.formats.fileio import MAX_COLMAP_BYTES, atomic_write_text, read_text
 from camrender.trajectory import rotations
 from camrender.trajectory.model import DEFAULT_FPS, Trajectory
 
@@ -172,7 +172,7 @@ def read_cameras(path) -> dict[int, tuple[str, int, int, np.ndarray, int]]:
 
 def read_images(path) -> list[tuple[str, np.ndarray, int, int]]:
     """images.txt -> [(name, w2c (4, 4), camera_id, line)] in file order."""
-    lines = read_text(path).splitlines()
+    lines = read_text(path, MAX_COLMAP_BYTES).splitlines()
     images = []
     index = 0
     while index < len(lines):
