@@ -119,7 +119,7 @@ def sample_latents(pipe, request: RenderRequest, progress: Progress = None):
                 stepped = stepped.transpose(1, 2).reshape(latents.shape)
                 latents = torch.where(frame_is_noisy[:, :, :, None, None].bool(), stepped, latents).to(dtype)
                 if progress is not None:
-                    progress(index + 1, len(timesteps), f"step {index + 1}/{len(timesteps)}")
+                    progress(index + 1, len(timesteps), "", stage="stage 1", unit="step")
     return latents
 
 
