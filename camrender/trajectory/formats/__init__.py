@@ -5,7 +5,8 @@ A format is one module with:
     SUFFIXES     file suffixes it claims, lower case (e.g. (".json",))
     DESCRIPTION  one line for help texts
     read(path) -> Trajectory
-    write(traj, path)            only if the format can be exported (write atomically)
+    write(traj, path)            only if the format can be exported (write atomically); may return
+                                 the list of files written when there are several
     sniff(doc_or_text) -> bool   optional: when several formats share a suffix, the
                                  first module whose sniff accepts the content wins
     FILENAMES    optional: conventional file names (e.g. ("images.txt",)); when no sniff
@@ -114,9 +115,11 @@ def import_file(path, fmt: str | None = None):
     return module.read(path)
 
 
-def export_file(traj, path, fmt: str | None = None) -> None:
-    """Write ``traj`` to ``path`` in format ``fmt`` (or the one its suffix names)."""
+def export_file(traj, path, fmt: str | None = None) -> list:
+    """Write ``traj`` to ``path`` in format ``fmt`` (or the one its suffix names); returns the files
+    written (a format may write more than one: COLMAP's cameras.txt beside images.txt)."""
     module = get(fmt) if fmt else detect(path, for_writing=True)
     if not hasattr(module, "write"):
         raise _read_only(module, path)
-    module.write(traj, path)
+    written = module.write(traj, path)
+    return [os.fspath(p) for p in written] if written else [os.fspath(path)]

@@ -236,8 +236,9 @@ def read(path) -> Trajectory:
     return Trajectory(c2w, intrinsics, size[0], size[1], DEFAULT_FPS, source=images_path).validate()
 
 
-def write(traj: Trajectory, path) -> None:
-    """images.txt at `path`, cameras.txt beside it (PINHOLE cameras, one per distinct intrinsics)."""
+def write(traj: Trajectory, path) -> list:
+    """images.txt at `path`, cameras.txt beside it (PINHOLE cameras, one per distinct intrinsics);
+    returns both paths."""
     images_path, cameras_path = _paths(path)
     camera_ids: dict[tuple, int] = {}
     camera_lines = ["# Camera list with one line of data per camera:",
@@ -258,3 +259,4 @@ def write(traj: Trajectory, path) -> None:
         image_lines.append("")
     atomic_write_text(cameras_path, "\n".join(camera_lines) + "\n")
     atomic_write_text(images_path, "\n".join(image_lines) + "\n")
+    return [images_path, cameras_path]
