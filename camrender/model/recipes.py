@@ -124,7 +124,7 @@ def unreadable_weights(path, error: Exception) -> CamrenderError:
     """The one-line error for a weights file safetensors or torch.load(weights_only=True) cannot read:
     what kind of file was expected, and the library's first sentence (its messages run long)."""
     expected = ("a safetensors file" if Path(path).suffix == ".safetensors"
-                else "a torch weights file (torch.save of tensors, read with weights_only=True)")
+                else "a torch weights file (a .pt of tensors saved with torch.save)")
     detail = " ".join(str(error).split()).split(". ")[0][:120]
     return CamrenderError(f"not {expected}: {type(error).__name__}: {detail} (expected original-format DiT weights: "
                           f".safetensors or .pt)", path=path, field="transformer-weights")
