@@ -134,7 +134,7 @@ def test_a_huge_trajectory_file_is_refused_before_it_is_read(tmp_path, capsys):
     with open(big, "wb") as handle:  # sparse: 200 MB on paper, nothing on disk
         handle.truncate(200 * 2**20)
     line = one_error(["traj", "check", big], capsys, tmp_path)
-    assert "200 MiB, larger than the 64 MiB" in line
+    assert "200 MiB, larger than the 32 MiB" in line
 
 
 def test_messages_name_the_real_problem(tmp_path, capsys):

@@ -20,7 +20,7 @@ import os
 
 from camrender.errors import CamrenderError
 from camrender.trajectory.formats import actions, colmap, nerfstudio, realestate10k, transforms_json, v1
-from camrender.trajectory.formats.fileio import MAX_COLMAP_BYTES, MAX_FILE_BYTES, parse_json, read_text
+from camrender.trajectory.formats.fileio import MAX_COLMAP_BYTES, MAX_FILE_BYTES, read_json, read_text
 
 FORMAT_MODULES = [v1, realestate10k, nerfstudio, actions, colmap, transforms_json]
 
@@ -77,9 +77,11 @@ def detect(path, *, for_writing: bool = False):
         )
     if for_writing or len(candidates) == 1:
         return candidates[0]
-    big = os.path.basename(os.fspath(path)).lower() in colmap.FILENAMES  # an images.txt with its 2D points
-    text = read_text(path, MAX_COLMAP_BYTES if big else MAX_FILE_BYTES)
-    content = parse_json(text, os.fspath(path)) if suffix == ".json" else text
+    if suffix == ".json":
+        content = read_json(path, keep=True)  # the reader picked below takes this document (parsed once)
+    else:
+        big = os.path.basename(os.fspath(path)).lower() in colmap.FILENAMES  # an images.txt with its 2D points
+        content = read_text(path, MAX_COLMAP_BYTES if big else MAX_FILE_BYTES)
     for module in candidates:
         sniff = getattr(module, "sniff", None)
         if sniff is not None and sniff(content):

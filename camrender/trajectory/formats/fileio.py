@@ -9,10 +9,10 @@ from pathlib import Path
 
 from camrender.errors import CamrenderError
 
-# Checked before a byte is parsed: MAX_FRAMES frames of the most verbose format we write (v1 JSON,
-# about 250 bytes a frame) fit in a fifth of it, and a file of this size is refused in about a second
-# (a 200 MB file used to take 23 s and 1.7 GB to be refused for its frame count).
-MAX_FILE_BYTES = 64 * 1024 * 1024
+# Checked before a byte is parsed: MAX_FRAMES frames fit with up to 670 bytes a frame (camrender's v1
+# JSON takes about 250, a nerfstudio camera path about 400), and a file of this size parses in about a
+# second (a 200 MB file used to take 23 s and 1.7 GB to be refused for its frame count).
+MAX_FILE_BYTES = 32 * 1024 * 1024
 # COLMAP's images.txt carries every image's 2D points: large reconstructions legitimately run to
 # hundreds of MB (the reader keeps only the pose lines).
 MAX_COLMAP_BYTES = 1024 * 1024 * 1024
@@ -55,8 +55,30 @@ def parse_json(text: str, path) -> object:
         raise CamrenderError(f"invalid JSON: {error}", path=path) from None
 
 
-def read_json(path) -> object:
-    return parse_json(read_text(path), os.fspath(path))
+# The document `formats.detect` parsed to tell a .json file's format, handed once to the reader it
+# picks: a large file is parsed once, not twice. {(real path, size, mtime_ns): document}
+_SNIFFED: dict = {}
+
+
+def _file_key(path) -> tuple:
+    stat = os.stat(path)
+    return os.path.realpath(path), stat.st_size, stat.st_mtime_ns
+
+
+def read_json(path, *, keep: bool = False) -> object:
+    """The parsed JSON of the file `path` (CamrenderError naming it otherwise). keep: also hold the
+    document for the next read_json of the same unchanged file (which takes it)."""
+    try:
+        key = _file_key(path)
+    except OSError:
+        key = None  # read_text says what is wrong
+    if key is not None and key in _SNIFFED:
+        return _SNIFFED.pop(key)
+    doc = parse_json(read_text(path), os.fspath(path))
+    if keep and key is not None:
+        _SNIFFED.clear()
+        _SNIFFED[key] = doc
+    return doc
 
 
 def check_output_path(path) -> Path:
