@@ -170,3 +170,16 @@ def test_seed_range_is_the_same_for_files_and_the_command_line():
     for seed in (-1, MAX_SEED + 1, 1.0, True, "3"):
         with pytest.raises(CamrenderError, match="seed"):
             check_seed(seed)
+
+
+def test_a_json_trajectory_is_parsed_once(tmp_path, monkeypatch):
+    """Telling the format of a .json file parses it; the reader gets that document, not a second parse."""
+    import camrender.trajectory.formats.fileio as fileio
+
+    calls = []
+    real = fileio.parse_json
+    monkeypatch.setattr(fileio, "parse_json", lambda text, path: calls.append(path) or real(text, path))
+    path = write_doc(tmp_path / "path.json", lambda doc: None)
+    assert trajectory.load(path).num_frames == 9 and len(calls) == 1
+    path.write_text(json.dumps({**PER_FRAME, "fps": 4}))  # the reader took the document: a new load parses anew
+    assert trajectory.load(path).fps == 4 and len(calls) == 2
