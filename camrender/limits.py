@@ -29,6 +29,9 @@ MIN_FPS, MAX_FPS = 0.1, 240.0
 MAX_POSITION = 1e6
 # The principal point may lie off the image, but at most one image size beyond each edge.
 PRINCIPAL_POINT_MARGIN = 1.0
+# Widest field of view a (centred) focal length may give: fx >= width / (2 tan(MAX_FOV_DEG / 2)).
+# A focal length of 1e-300 pixels (180 degrees) made NaNs in every ray-based view.
+MAX_FOV_DEG = 179.0
 
 
 def max_frames(mode: str) -> int:

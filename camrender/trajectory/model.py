@@ -6,12 +6,13 @@ in pixels of ``width`` x ``height``, time in frames at ``fps`` frames per second
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from camrender.errors import CamrenderError
-from camrender.limits import MAX_POSITION, PRINCIPAL_POINT_MARGIN, check_fps, check_seed
+from camrender.limits import MAX_FOV_DEG, MAX_POSITION, PRINCIPAL_POINT_MARGIN, check_fps, check_seed
 
 # Tolerances for accepting a 4x4 pose matrix (values typed by hand or stored as float32).
 ORTHONORMAL_TOL = 1e-3
@@ -122,8 +123,17 @@ def validate_intrinsics(values: np.ndarray, *, path=None, frame=None) -> None:
 
 def check_principal_points(intrinsics: np.ndarray, width: int, height: int, *, path=None) -> None:
     """Raise CamrenderError (naming the frame) unless every (cx, cy) of (F, 4) `intrinsics` lies within
-    PRINCIPAL_POINT_MARGIN image sizes of a `width` x `height` image."""
+    PRINCIPAL_POINT_MARGIN image sizes of a `width` x `height` image and no focal length gives a
+    field of view wider than MAX_FOV_DEG."""
     k = np.asarray(intrinsics, dtype=np.float64)
+    for name, column, size in (("fx", 0, width), ("fy", 1, height)):
+        shortest = size / (2 * math.tan(math.radians(MAX_FOV_DEG) / 2))
+        short = np.flatnonzero(k[:, column] < shortest)
+        if len(short):
+            frame = int(short[0])
+            raise CamrenderError(f"focal length {k[frame, column]:g} gives a field of view over {MAX_FOV_DEG:g} "
+                                 f"degrees on {size} pixels (at least {shortest:.3g})", path=path, frame=frame,
+                                 field=name)
     for name, column, size in (("cx", 2, width), ("cy", 3, height)):
         low, high = -PRINCIPAL_POINT_MARGIN * size, (1 + PRINCIPAL_POINT_MARGIN) * size
         outside = np.flatnonzero((k[:, column] < low) | (k[:, column] > high))

@@ -143,11 +143,15 @@ class ProxyScene:
         bands = [(r0, min(r0 + _BAND_ROWS, height)) for r0 in range(0, height, _BAND_ROWS)]
 
         def run(function):
+            def guarded(band):  # numpy's error state is per thread: rays at grazing angles overflow harmlessly
+                with np.errstate(all="ignore"):
+                    function(band)
+
             if executor is not None:
-                list(executor.map(function, bands))
+                list(executor.map(guarded, bands))
             else:
                 for band in bands:
-                    function(band)
+                    guarded(band)
 
         # 1. sky and ground, band by band (cache sized, spread over threads)
         run(lambda band: self._background_band(frame, band, planes, depth))

@@ -47,6 +47,7 @@ def far_frame(doc):
     (lambda doc: doc["frames"][3].update(cx=-99999), ["frame 3", "cx", "far outside the 64x32 image"]),
     (lambda doc: doc["frames"][0].update(cy=1e9), ["frame 0", "cy", "far outside"]),
     (lambda doc: doc.update(fps=1e9), ["fps", "from 0.1 to 240"]),
+    (lambda doc: doc["frames"][2].update(fx=1e-300), ["frame 2", "fx", "field of view over 179 degrees"]),
     (lambda doc: doc.update(seed=-1), ["seed", "at least 0"]),
     (lambda doc: doc.update(seed=2**63), ["seed", f"at most {MAX_SEED}"]),
 ])
@@ -119,6 +120,15 @@ def test_a_plot_that_cannot_be_drawn_is_a_warning_after_a_finished_render(tmp_pa
     warnings = [line for line in err.splitlines() if "warning" in line]
     assert warnings == ["camrender: warning: no v.path.png: ValueError: Axis limits cannot be NaN or Inf"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["v.mp4", "v.render.json", "v.traj.json"]
+
+
+def test_preview_of_the_widest_lens_allowed_warns_nothing(tmp_path, recwarn):
+    """(1e-300 pixels, refused now, made numpy RuntimeWarnings in every band of the proxy scene.)"""
+    from camrender.views.preview import write_preview
+
+    path = write_doc(tmp_path / "path.json", lambda doc: doc["frames"][2].update(fx=0.28, fy=0.15))
+    write_preview(trajectory.load(path), tmp_path / "p.mp4", width=64)
+    assert (tmp_path / "p.mp4").is_file() and len(recwarn) == 0, [str(w.message) for w in recwarn]
 
 
 def test_plot_keeps_library_warnings_to_itself(tmp_path, recwarn):
