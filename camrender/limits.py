@@ -17,6 +17,9 @@ RELEASE_SPATIAL_MULTIPLE = 32  # LTX-2 VAE spatial stride 32 x transformer patch
 TINY_SPATIAL_MULTIPLE = 8  # the tiny model's VAE compresses 8x
 MAX_VIDEO_SIDE = 4096  # pixels; the released model was trained at 704 x 1280
 MAX_PREVIEW_SIDE = 4096  # pixels, `traj preview` (its frames are drawn on the CPU)
+# Most denoising steps a render takes (the released recipes use 4 to 60): more only allocates schedules
+# that cannot finish (10**12 steps asked numpy for a 7 TiB timestep array after the model loaded).
+MAX_STEPS = 1000
 # One seed range for the CLI, the trajectory formats and the side files: torch.Generator.manual_seed
 # takes -2**63 .. 2**64-1, the tiny models seed a second generator with seed + 1, and numpy/JSON
 # readers elsewhere are happiest with int64, so 0 .. 2**63-1.

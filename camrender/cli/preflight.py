@@ -5,10 +5,11 @@ Each check raises `CamrenderError` (one line, exit code 2) naming the option.
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from camrender.errors import CamrenderError
-from camrender.limits import check_finite, check_fps, check_seed
+from camrender.limits import MAX_STEPS, check_finite, check_fps, check_seed
 from camrender.model.recipes import WEIGHT_SUFFIXES
 
 VIDEO_SUFFIXES = (".mp4",)
@@ -31,6 +32,8 @@ def check_render_options(options: dict) -> None:
     check_finite(options["guidance"], "guidance", minimum=0.0)
     check_finite(options["fps"], "fps")
     check_fps(options["fps"])
+    if options["steps"] is not None and options["steps"] > MAX_STEPS:
+        raise CamrenderError(f"must be at most {MAX_STEPS}, got {options['steps']}", field="steps")
     check_seed(options["seed"])
     check_device(options["device"], options["offload"], options["dtype"])
     weights = options["transformer_weights"]
@@ -43,6 +46,12 @@ def check_render_options(options: dict) -> None:
     if vae is not None and not (Path(vae).expanduser() / "config.json").is_file():
         problem = "folder not found" if not Path(vae).exists() else "not a diffusers VAE folder (no config.json)"
         raise CamrenderError(problem, path=vae, field="vae")
+
+
+def check_checkpoint_every(seconds: float) -> None:
+    """--checkpoint-every: a number of seconds >= 0 (inf: never); NaN is refused (click's range lets it pass)."""
+    if math.isnan(seconds):
+        raise CamrenderError("must be a number of seconds (0: every segment), got nan", field="checkpoint-every")
 
 
 def probe_writable(path) -> None:

@@ -290,11 +290,13 @@ def render(**options):
     video) and VIDEO.path.png (a plot of the path). Segment mode saves checkpoints; after an
     interruption, the same command with --resume continues it.
     """
+    from camrender.cli.preflight import check_checkpoint_every
     from camrender.parallel.cfg import check_split
     from camrender.render.resume import check_partials
 
     _apply_render_file(options)
     resume, checkpoint_every = options.pop("resume"), options.pop("checkpoint_every")
+    check_checkpoint_every(checkpoint_every)
     gpus = options.pop("gpus")
     progress_style, quiet = options.pop("progress"), options.pop("quiet")
     notes = []

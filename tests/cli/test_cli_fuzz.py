@@ -138,7 +138,7 @@ BAD_OPTIONS = [("--frames", "0"), ("--frames", "-3"), ("--frames", "8193"), ("--
                ("--fps", "1e9"), ("--fps", "241"), ("--fps", "0.01"), ("--dtype", "float16"), ("--dtype", "bfloat16"),
                ("--transformer-weights", "{tmp}/junk.pt"), ("--transformer-weights", "{tmp}/junk.safetensors"),
                ("--transformer-weights", "{tmp}/path.json"), ("--traj", "{tmp}/huge.json"), ("--traj", ""),
-               ("--progress", "loud"), ("--from-render", "{tmp}/negative_seed.render.json")]
+               ("--progress", "loud"), ("--steps", "1001"), ("--steps", str(10**12)), ("--checkpoint-every", "nan"), ("--from-render", "{tmp}/negative_seed.render.json")]
 GOOD_OPTIONS = [("--steps", "1"), ("--seed", "3"), ("--prompt", "a room"), ("--guidance", "2"), ("--fps", "12"),
                 ("--frames", "17"), ("--height", "32"), ("--width", "48"), ("--kernels", "torch"), ("--model", "tiny")]
 

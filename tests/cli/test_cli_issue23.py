@@ -79,6 +79,8 @@ def test_positions_up_to_the_limit_keep_every_derived_number_finite(tmp_path):
     (["--fps", "0.01"], "fps"),
     (["--dtype", "float16", "--device", "cpu"], "dtype: float16 needs a CUDA device"),
     (["--dtype", "bfloat16", "--device", "cpu"], "dtype: bfloat16 needs a CUDA device"),
+    (["--steps", str(10**12)], "steps: must be at most 1000"),
+    (["--checkpoint-every", "nan"], "checkpoint-every: must be a number of seconds"),
     (["--transformer-weights", "{tmp}/w.json"], "must end with .safetensors or .pt"),
     (["--transformer-weights", "{tmp}/junk.pt"], "not a torch weights file"),
     (["--transformer-weights", "{tmp}/junk.safetensors"], "not a safetensors file"),
