@@ -66,7 +66,9 @@ def read_jobs(source: Path, command: click.Command, out_dir: Optional[Path] = No
                              path=source, field="out-dir")
     names = {param.name: param for param in command.params}
     jobs = []
-    for number, line in enumerate(read_text(source).splitlines(), start=1):
+    text = read_text(source)
+    _refuse_one_document(text, source)
+    for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         where = f"{source} line {number}"
@@ -75,6 +77,21 @@ def read_jobs(source: Path, command: click.Command, out_dir: Optional[Path] = No
         except CamrenderError as error:
             jobs.append(Job(where, {}, error=str(error)))
     return jobs
+
+
+def _refuse_one_document(text: str, source: Path) -> None:
+    """A JSON document over several lines (a trajectory given as JOBS) is one error, not one per line."""
+    if text.count("\n") < 2 or text.lstrip()[:1] not in "{[":
+        return
+    try:
+        json.loads(text.splitlines()[0])
+    except ValueError:
+        try:
+            json.loads(text)
+        except ValueError:
+            return
+        raise CamrenderError("is one JSON document over several lines, not a jobs file (JSON lines: one job object "
+                             "per line); to render trajectory files, pass their folder", path=source) from None
 
 
 def _line_values(line: str, where: str, names: dict, folder: Path) -> dict:

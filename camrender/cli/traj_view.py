@@ -58,11 +58,13 @@ def preview_command(file, out, overlay, width, height, scene_scale, absolute):
     from camrender.trajectory.formats.fileio import check_output_path
     from camrender.cli.preflight import check_suffix, VIDEO_SUFFIXES
     from camrender.views.preview import preview_size, write_preview
+    from camrender.views.proxy_scene import ProxyScene
 
     check_suffix(out, VIDEO_SUFFIXES, "the preview video")
     check_output_path(out)
     traj = _load(file)
-    preview_size(traj, width, height)  # size limits before any frame is drawn
+    preview_size(traj, width, height)  # size limits before any frame is drawn (or the progress bar shows)
+    ProxyScene(scene_scale)  # its scale, likewise
     start = time.perf_counter()
     w, h = write_preview(traj, out, width=width, height=height, overlay=overlay, scene_scale=scene_scale,
                          relative=not absolute, progress=True)

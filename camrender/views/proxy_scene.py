@@ -82,7 +82,7 @@ class ProxyScene:
 
     def __init__(self, scale: float = 1.0, landmarks: tuple[Landmark, ...] = LANDMARKS):
         if not (math.isfinite(scale) and scale > 0):
-            raise CamrenderError(f"scene scale must be a positive number, got {scale}", field="scale")
+            raise CamrenderError(f"must be a positive number, got {scale}", field="scene-scale")
         self.scale = float(scale)
         self.ground_y = GROUND_Y * self.scale
         self.landmarks = landmarks

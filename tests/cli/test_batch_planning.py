@@ -59,3 +59,9 @@ def test_a_summary_that_cannot_be_written_is_refused_before_any_job(tmp_path, ca
     code, _, err = helpers.run_cli(["batch", jobs, *FAST, "--summary", tmp_path / "no" / "s.json"], capsys)
     assert code == 2 and err.count("\n") == 1 and "s.json" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_trajectory_given_as_the_jobs_file_is_one_error(tmp_path, capsys):
+    shutil.copy(REPO / "trajectories" / "orbit.json", tmp_path / "orbit.json")
+    code, _, err = helpers.run_cli(["batch", tmp_path / "orbit.json", *FAST], capsys)
+    assert code == 2 and err.count("\n") == 1 and "one JSON document over several lines" in err

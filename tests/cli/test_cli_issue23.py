@@ -195,3 +195,9 @@ def test_a_json_trajectory_is_parsed_once(tmp_path, monkeypatch):
     assert trajectory.load(path).num_frames == 9 and len(calls) == 1
     path.write_text(json.dumps({**PER_FRAME, "fps": 4}))  # the reader took the document: a new load parses anew
     assert trajectory.load(path).fps == 4 and len(calls) == 2
+
+
+@pytest.mark.parametrize("scale", ["nan", "0", "-1"])
+def test_preview_scene_scale_is_checked_before_the_progress_bar(tmp_path, capsys, scale):
+    line = one_error(["traj", "preview", ORBIT, "-o", tmp_path / "p.mp4", "--scene-scale", scale], capsys, tmp_path)
+    assert "scene-scale: must be a positive number" in line
