@@ -62,10 +62,18 @@ def batch(jobs, out_dir, gpus, gpus_per_video, summary_path, skip_bad_jobs, **de
 
     given = {name: value for name, value in defaults.items()
              if click.get_current_context().get_parameter_source(name) != click.core.ParameterSource.DEFAULT}
+    progress_style, quiet = defaults.pop("progress"), defaults.pop("quiet")
+    given.pop("progress", None), given.pop("quiet", None)
     if summary_path is not None:  # before any job: a summary that cannot be written used to fail after them all
         probe_writable(check_output_path(summary_path))
     job_list = batching.read_jobs(jobs, render, out_dir)
     if cli_launch.wants_launch(gpus):
+        if not skip_bad_jobs:  # a bad jobs file is refused here, before any worker starts (they plan again)
+            created = []
+            with cli_launch.quiet_checks(gpus):
+                planned = batching.plan_jobs(job_list, render, given, _resolve_request, created)
+            batching.remove_created(created)
+            batching.refuse_bad_jobs(planned, jobs, lambda line: click.echo(f"camrender: {line}", err=True))
         if gpus % gpus_per_video:
             raise CamrenderError(f"{gpus_per_video} GPUs per video do not divide {gpus} GPUs", field="gpus-per-video")
         sys.exit(cli_launch.relaunch(gpus, defaults["device"]))
@@ -75,8 +83,6 @@ def batch(jobs, out_dir, gpus, gpus_per_video, summary_path, skip_bad_jobs, **de
     elif gpus_per_video > 1:
         raise CamrenderError(f"{gpus_per_video} GPUs per video need that many processes (--gpus or torchrun)",
                              field="gpus-per-video")
-    progress_style, quiet = defaults.pop("progress"), defaults.pop("quiet")
-    given.pop("progress", None), given.pop("quiet", None)
     log = lambda line: click.echo(f"camrender: {line}", err=True)  # noqa: E731
     try:
         _quiet_libraries()

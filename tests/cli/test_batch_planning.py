@@ -65,3 +65,15 @@ def test_a_trajectory_given_as_the_jobs_file_is_one_error(tmp_path, capsys):
     shutil.copy(REPO / "trajectories" / "orbit.json", tmp_path / "orbit.json")
     code, _, err = helpers.run_cli(["batch", tmp_path / "orbit.json", *FAST], capsys)
     assert code == 2 and err.count("\n") == 1 and "one JSON document over several lines" in err
+
+
+def test_a_bad_jobs_file_is_refused_before_workers_start(tmp_path, capsys, monkeypatch):
+    from camrender.parallel import distributed
+
+    started = []
+    monkeypatch.setattr(distributed, "launch", lambda *args, **kwargs: started.append(args) or 0)
+    jobs = jobs_file(tmp_path, BAD_LINES)
+    code, _, err = helpers.run_cli(["batch", jobs, *FAST, "--gpus", "2", "--device", "cpu"], capsys)
+    errors = [line for line in err.splitlines() if line.startswith("camrender: error:")]
+    assert code == 2 and started == [] and len(errors) == 6 and "re-timed" not in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "jobs.jsonl"]
