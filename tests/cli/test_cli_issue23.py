@@ -201,3 +201,4 @@ def test_a_json_trajectory_is_parsed_once(tmp_path, monkeypatch):
 def test_preview_scene_scale_is_checked_before_the_progress_bar(tmp_path, capsys, scale):
     line = one_error(["traj", "preview", ORBIT, "-o", tmp_path / "p.mp4", "--scene-scale", scale], capsys, tmp_path)
     assert "scene-scale: must be a positive number" in line
+
