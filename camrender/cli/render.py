@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from camrender.cli import launch as cli_launch
+from camrender.cli import path_options
 from camrender.cli.progress import STYLES as PROGRESS_STYLES
 from camrender.cli.progress import count, make_progress
 from camrender.cli.signals import raise_if_signalled
@@ -64,6 +65,7 @@ def _resolve_request(options: dict, notes: list | None = None):
     from camrender.render.request import RenderRequest
     from camrender.render.inputs import open_image
 
+    path_options.resolve_prompt(options)
     check_render_options(options)
     out = check_output_path(options["out"])
     probe_writable(out)
@@ -72,9 +74,7 @@ def _resolve_request(options: dict, notes: list | None = None):
         options["mode"] = recipe.mode
     if options["frames"] is not None:
         check_frames(options["frames"], options["mode"])
-    loaded = options.pop("_trajectory", None)  # --from-render's
-    if loaded is None:
-        loaded = trajectory.load(options["traj"])  # every reader returns a validated trajectory
+    loaded, controls = path_options.resolve_path(options, notes)  # validated; --from-render's if given
     traj = trajectory.to_model_frames(loaded, options["frames"], stride=recipe.frame_stride)
     check_frames(traj.num_frames, options["mode"])
     image = options["image"] if options["image"] is not None else traj.image
@@ -126,10 +126,11 @@ def _resolve_request(options: dict, notes: list | None = None):
         cuda_graphs=options["cuda_graphs"],
         refiner=_resolve_refiner(options, resolved.num_frames),
         refiner_offload=options["refiner_offload"],
+        controls=controls,
         out=out,
     )
     if traj.num_frames != loaded.num_frames:
-        note = (f"the path is re-timed to {traj.num_frames} frames "
+        note = (f"{trajectory.resample.frames_note(loaded.num_frames, traj.num_frames, options['frames'])} "
                 f"({recipe.frame_stride}k+1, the {recipe.name} recipe's frame counts)")
         if notes is None:
             click.echo(f"camrender: {note}", err=True)
@@ -167,6 +168,7 @@ def _apply_render_file(options: dict) -> None:
         raise CamrenderError("--traj and --from-render exclude each other (the render file holds the path)",
                              field="traj")
     settings, options["_trajectory"] = read_render_json(path)
+    options["_controls"] = settings.get("controls")  # the action scheme that rolled the path out, if any
     params = {param.name: param for param in ctx.command.params}
     for name, value in settings.items():
         option = "frames" if name == "num_frames" else name
@@ -215,7 +217,7 @@ def _quiet_libraries() -> None:
 @click.command()
 @click.option("--traj", "traj", default=None, type=click.Path(dir_okay=False, path_type=Path),
               help="Trajectory file (v1 JSON, RealEstate10K .txt, nerfstudio camera_path.json, COLMAP "
-                   "images.txt, transforms.json) or an action string such as w-80,jw-40.")
+                   "images.txt, transforms.json, SANA-WM NAME_pose.npy) or an action string such as w-100,dw-60.")
 @click.option("--from-render", "from_render", default=None, type=click.Path(dir_okay=False, path_type=Path),
               help="Render again from a NAME.render.json written beside a video (its settings and path; "
                    "options given here win).")
@@ -224,13 +226,14 @@ def _quiet_libraries() -> None:
 @click.option("--negative-prompt", default=None, help="Negative prompt (default: the trajectory's, else empty).")
 @click.option("--image", default=None, type=click.Path(path_type=Path),
               help="First-frame image (default: the trajectory's).")
+@path_options.render_options
 @click.option("--steps", default=None, type=click.IntRange(min=1),
               help="Denoising steps (default: the recipe's; streaming: its 4-step list; tiny full mode: 10).")
 @click.option("--guidance", default=None, type=float,
               help="Classifier-free guidance, <= 1: off (default: the recipe's: 5, streaming off).")
 @click.option("--seed", default=None, type=int, help="Noise seed (default: the trajectory's, else 0).")
 @click.option("--frames", default=None, type=click.IntRange(min=1),
-              help="Video frames, 8k+1 (streaming recipe: 24k+1; default: the trajectory re-timed to the nearest).")
+              help="Video frames, 8k+1 (streaming: 24k+1; default: the path re-timed to the nearest; see README).")
 @click.option("--fps", default=None, type=click.FloatRange(min=0, min_open=True),
               help="Output frame rate (default: the trajectory's).")
 @click.option("--height", default=None, type=click.IntRange(min=1), help="Video height (default 704; tiny: 64).")
@@ -244,7 +247,9 @@ def _quiet_libraries() -> None:
 @click.option("--transformer-weights", default=None, type=click.Path(path_type=Path),
               help="Original-format DiT weights (.safetensors or .pt) loaded over the transformer.")
 @click.option("--recipe", default=None,
-              help="Checkpoint recipe: bidirectional, streaming or chunk-causal (default: told from the checkpoint).")
+              help="Checkpoint recipe: bidirectional (NVlabs' release arithmetic), bidirectional-nvlabs-latest, "
+                   "bidirectional-diffusers (diffusers 0.42.1 exactly), streaming or chunk-causal "
+                   "(default: told from the checkpoint).")
 @click.option("--allow-missing-weights", is_flag=True,
               help="Render even when --transformer-weights leaves transformer weights unloaded.")
 @click.option("--vae", default=None, type=click.Path(path_type=Path),

@@ -2,6 +2,7 @@
 render command lines, each must give exit code 2, one line on stderr, no traceback, no file
 left behind, and (render) stop before the model loads. Runs in-process (seconds)."""
 import copy
+import io
 import json
 import os
 import random
@@ -85,8 +86,27 @@ def _text_cases(rng):
                                                           "aspect": 2}], "render_height": 32, "render_width": 64,
                                          "fps": rng.choice([1e9, 0.001, 500])}).encode()),
         ("huge.json", None),  # a sparse file past the size limit: refused before a byte is parsed
+        ("demo_pose.npy", _npy_bytes(rng.choice(BAD_POSE_ARRAYS))),
+        ("demo_pose.npy", b"\x80\x04K\x01." if rng.random() < 0.5 else _npy_bytes(np.array([{}], dtype=object))),
     ]
     return rng.choice(choices)
+
+
+def _npy_bytes(array) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, array, allow_pickle=True)
+    return buffer.getvalue()
+
+
+def _bad_poses():
+    stretched, infinite = np.tile(np.eye(4), (9, 1, 1)), np.tile(np.eye(4), (9, 1, 1))
+    stretched[4, :3, :3] *= 2
+    infinite[8, 2, 3] = np.inf
+    return [np.zeros((9, 16)), np.zeros((9, 4, 4), dtype=np.int32), stretched, infinite, np.zeros((0, 4, 4)),
+            np.eye(4), np.tile(np.eye(4) * [1, 1, -1, 1], (9, 1, 1))]
+
+
+BAD_POSE_ARRAYS = _bad_poses()
 
 
 def _one_line_error(code, out, err):
@@ -138,7 +158,13 @@ BAD_OPTIONS = [("--frames", "0"), ("--frames", "-3"), ("--frames", "8193"), ("--
                ("--fps", "1e9"), ("--fps", "241"), ("--fps", "0.01"), ("--dtype", "float16"), ("--dtype", "bfloat16"),
                ("--transformer-weights", "{tmp}/junk.pt"), ("--transformer-weights", "{tmp}/junk.safetensors"),
                ("--transformer-weights", "{tmp}/path.json"), ("--traj", "{tmp}/huge.json"), ("--traj", ""),
-               ("--progress", "loud"), ("--steps", "1001"), ("--steps", str(10**12)), ("--checkpoint-every", "nan"), ("--from-render", "{tmp}/negative_seed.render.json")]
+               ("--progress", "loud"), ("--steps", "1001"), ("--steps", str(10**12)), ("--checkpoint-every", "nan"),
+               ("--from-render", "{tmp}/negative_seed.render.json"), ("--action-scheme", "wasd"),
+               ("--translation-speed", "nan"),
+               ("--rotation-speed", "-1"), ("--pitch-limit", "120"), ("--intrinsics", "{tmp}/k.txt"),
+               ("--intrinsics", "{tmp}/bad_k.npy"), ("--intrinsics", "{tmp}/missing.npy"),
+               ("--traj", "{tmp}/bad_pose.npy"), ("--traj", "{tmp}/pickle.npy"), ("--prompt-file", "{tmp}/empty.txt"),
+               ("--prompt-file", "{tmp}/missing.txt")]
 GOOD_OPTIONS = [("--steps", "1"), ("--seed", "3"), ("--prompt", "a room"), ("--guidance", "2"), ("--fps", "12"),
                 ("--frames", "17"), ("--height", "32"), ("--width", "48"), ("--kernels", "torch"), ("--model", "tiny")]
 
@@ -147,6 +173,11 @@ def test_malformed_render_command_lines(tmp_path, capsys):
     rng = random.Random(SEED)
     traj = tmp_path / "path.json"
     traj.write_text(json.dumps(PER_FRAME))
+    (tmp_path / "k.txt").write_text("500 500 32 16")
+    np.save(tmp_path / "bad_k.npy", np.array([[500.0, 0.0, 32, 16]]))  # fy = 0
+    np.save(tmp_path / "bad_pose.npy", BAD_POSE_ARRAYS[2])
+    (tmp_path / "pickle.npy").write_bytes(_npy_bytes(np.array([{}], dtype=object)))
+    (tmp_path / "empty.txt").write_text(" \n\t\n")
     (tmp_path / "bad.render.json").write_text(json.dumps({"camrender_render": 1, "settings": {"steps": "abc"},
                                                           "trajectory": PER_FRAME}))
     (tmp_path / "negative_seed.render.json").write_text(json.dumps({"camrender_render": 1, "settings": {"seed": -1},
