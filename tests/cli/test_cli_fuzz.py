@@ -99,11 +99,12 @@ def _npy_bytes(array) -> bytes:
 
 
 def _bad_poses():
-    stretched, infinite = np.tile(np.eye(4), (9, 1, 1)), np.tile(np.eye(4), (9, 1, 1))
+    stretched, infinite, far = (np.tile(np.eye(4), (9, 1, 1)) for _ in range(3))
     stretched[4, :3, :3] *= 2
     infinite[8, 2, 3] = np.inf
+    far[6, 0, 3] = 1e300  # finite, past MAX_POSITION (issue 23)
     return [np.zeros((9, 16)), np.zeros((9, 4, 4), dtype=np.int32), stretched, infinite, np.zeros((0, 4, 4)),
-            np.eye(4), np.tile(np.eye(4) * [1, 1, -1, 1], (9, 1, 1))]
+            np.eye(4), np.tile(np.eye(4) * [1, 1, -1, 1], (9, 1, 1)), far]
 
 
 BAD_POSE_ARRAYS = _bad_poses()
@@ -163,6 +164,7 @@ BAD_OPTIONS = [("--frames", "0"), ("--frames", "-3"), ("--frames", "8193"), ("--
                ("--translation-speed", "nan"),
                ("--rotation-speed", "-1"), ("--pitch-limit", "120"), ("--intrinsics", "{tmp}/k.txt"),
                ("--intrinsics", "{tmp}/bad_k.npy"), ("--intrinsics", "{tmp}/missing.npy"),
+               ("--intrinsics", "{tmp}/far_k.npy"), ("--intrinsics", "{tmp}/wide_k.npy"),
                ("--traj", "{tmp}/bad_pose.npy"), ("--traj", "{tmp}/pickle.npy"), ("--prompt-file", "{tmp}/empty.txt"),
                ("--prompt-file", "{tmp}/missing.txt")]
 GOOD_OPTIONS = [("--steps", "1"), ("--seed", "3"), ("--prompt", "a room"), ("--guidance", "2"), ("--fps", "12"),
@@ -175,6 +177,8 @@ def test_malformed_render_command_lines(tmp_path, capsys):
     traj.write_text(json.dumps(PER_FRAME))
     (tmp_path / "k.txt").write_text("500 500 32 16")
     np.save(tmp_path / "bad_k.npy", np.array([[500.0, 0.0, 32, 16]]))  # fy = 0
+    np.save(tmp_path / "far_k.npy", np.array([[500.0, 500.0, -99999, 16]]))  # principal point far off the image
+    np.save(tmp_path / "wide_k.npy", np.array([[1e-300, 500.0, 32, 16]]))  # a 180 degree field of view
     np.save(tmp_path / "bad_pose.npy", BAD_POSE_ARRAYS[2])
     (tmp_path / "pickle.npy").write_bytes(_npy_bytes(np.array([{}], dtype=object)))
     (tmp_path / "empty.txt").write_text(" \n\t\n")

@@ -149,6 +149,15 @@ def test_a_huge_trajectory_file_is_refused_before_it_is_read(tmp_path, capsys):
     assert "200 MiB, larger than the 32 MiB" in line
 
 
+def test_a_huge_prompt_file_is_refused_before_it_is_read(tmp_path, capsys):
+    big = tmp_path / "prompt.txt"
+    with open(big, "wb") as handle:
+        handle.truncate(50 * 2**20)
+    line = one_error(["--traj", ORBIT, "--out", tmp_path / "v.mp4", "--model", "tiny", "--prompt-file", big], capsys,
+                     tmp_path)
+    assert "prompt.txt: file is 50 MiB, larger than the 1 MiB a prompt file may be" in line
+
+
 def test_messages_name_the_real_problem(tmp_path, capsys):
     assert one_error(["traj", "check", "", "--from", "actions"], capsys, tmp_path).endswith(
         "no file given (the path is an empty string)")

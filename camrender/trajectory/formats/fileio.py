@@ -18,9 +18,9 @@ MAX_FILE_BYTES = 32 * 1024 * 1024
 MAX_COLMAP_BYTES = 1024 * 1024 * 1024
 
 
-def read_text(path, max_bytes: int = MAX_FILE_BYTES) -> str:
-    """The file's UTF-8 text; CamrenderError naming the file if it cannot be read or holds more
-    than `max_bytes` (checked before reading)."""
+def read_text(path, max_bytes: int = MAX_FILE_BYTES, what: str = "a trajectory file") -> str:
+    """The file's UTF-8 text; CamrenderError naming the file (`what` it is, for the size message) if it
+    cannot be read or holds more than `max_bytes` (checked before reading)."""
     path = os.fspath(path)
     if not path:
         raise CamrenderError("no file given (the path is an empty string)")
@@ -29,8 +29,8 @@ def read_text(path, max_bytes: int = MAX_FILE_BYTES) -> str:
             raise CamrenderError("is a directory, not a trajectory file", path=path)
         size = os.path.getsize(path)
         if size > max_bytes:
-            raise CamrenderError(f"file is {size / 2**20:.0f} MiB, larger than the {max_bytes >> 20} MiB a trajectory "
-                                 f"file may be", path=path)
+            raise CamrenderError(f"file is {size / 2**20:.0f} MiB, larger than the {max_bytes >> 20} MiB {what} may be",
+                                 path=path)
         with open(path, "rb") as handle:
             data = handle.read()
     except FileNotFoundError:
