@@ -10,6 +10,8 @@ import click
 
 from camrender.cli import launch as cli_launch
 from camrender.cli import path_options
+from camrender.cli.progress import STYLES as PROGRESS_STYLES
+from camrender.cli.progress import count, make_progress
 from camrender.cli.signals import raise_if_signalled
 from camrender.parallel import distributed
 from camrender.errors import CamrenderError
@@ -24,33 +26,6 @@ RELEASE_STEPS, TINY_STEPS = 60, 10  # default denoising steps (the tiny model's 
 def companion_path(video: Path, suffix: str) -> Path:
     """`out/orbit.mp4` -> `out/orbit<suffix>` (e.g. ".traj.json", ".path.png")."""
     return video.with_name(video.stem + suffix) if video.suffix else video.with_name(video.name + suffix)
-
-
-class _StepBar:
-    """`progress(done, total, info)` callable drawing a click progress bar on stderr."""
-
-    def __init__(self, label: str):
-        self.label = label
-        self.bar = None
-        self.done = 0
-        self.info = ""
-
-    def __call__(self, done: int, total: int, info: str = "") -> None:
-        raise_if_signalled()
-        if self.bar is None or self.bar.length != total:
-            self.close()
-            self.bar = click.progressbar(length=total, label=self.label, file=sys.stderr, show_pos=True,
-                                         item_show_func=lambda _: self.info or None)
-            self.bar.__enter__()
-            self.done = 0
-        self.info = info
-        self.bar.update(max(0, done - self.done))
-        self.done = done
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.__exit__(None, None, None)
-            self.bar = None
 
 
 def _default_steps(options: dict, recipe):
@@ -217,9 +192,14 @@ def _write_companions(request) -> list:
         from camrender.views.plot import plot_trajectory
     except ImportError:
         return written
-    written.append(companion_path(request.out, ".path.png"))
-    plot_trajectory(request.traj, written[-1])
-    return written
+    plot = companion_path(request.out, ".path.png")
+    try:  # the video is finished: a plot that cannot be drawn is a warning, never a failed render
+        plot_trajectory(request.traj, plot)
+    except Exception as error:  # noqa: BLE001 - matplotlib can fail in many ways
+        click.echo(f"camrender: warning: no {plot.name}: {' '.join(f'{type(error).__name__}: {error}'.split())}",
+                   err=True)
+        return written
+    return written + [plot]
 
 
 def _quiet_libraries() -> None:
@@ -296,6 +276,10 @@ def _quiet_libraries() -> None:
                    "'tiny' with --model tiny, or 'none').")
 @click.option("--refiner-offload", default="none", show_default=True, type=click.Choice(["none", "layers"]),
               help="layers: the refiner's blocks visit the GPU one at a time (small GPUs; needs accelerate).")
+@click.option("--progress", "progress", default="auto", show_default=True, type=click.Choice(PROGRESS_STYLES),
+              help="bar: progress bars; lines: one line per segment, per denoising step at most one every 5 s, with "
+                   "stage, counts, rate and ETA (for logs); auto: bar on a terminal, else lines; none: no progress.")
+@click.option("--quiet", "-q", is_flag=True, help="Only warnings and errors: no progress, no loading or done lines.")
 @cli_launch.gpus_option("GPUs for this video, started as torchrun workers: full mode with guidance runs its two "
                         "branches on half each; every block's heads split over the GPUs of a branch (segment mode: "
                         "over all).")
@@ -311,12 +295,15 @@ def render(**options):
     video) and VIDEO.path.png (a plot of the path). Segment mode saves checkpoints; after an
     interruption, the same command with --resume continues it.
     """
+    from camrender.cli.preflight import check_checkpoint_every
     from camrender.parallel.cfg import check_split
     from camrender.render.resume import check_partials
 
     _apply_render_file(options)
     resume, checkpoint_every = options.pop("resume"), options.pop("checkpoint_every")
+    check_checkpoint_every(checkpoint_every)
     gpus = options.pop("gpus")
+    progress_style, quiet = options.pop("progress"), options.pop("quiet")
     notes = []
     with cli_launch.quiet_checks(gpus):  # their warnings come once, from rank 0
         request = _resolve_request(options, notes)
@@ -334,24 +321,26 @@ def render(**options):
         sys.exit(cli_launch.relaunch(gpus, request.device))
     ranks = cli_launch.join_render(request)  # under torchrun: this rank's group and GPU; None on one process
     leader = ranks is None or ranks.is_leader
-    log = lambda line: click.echo(f"camrender: {line}", err=True) if leader else None  # noqa: E731
+    log = lambda line: click.echo(f"camrender: {line}", err=True) if leader and not quiet else None  # noqa: E731
     resume_info = check_partials(request, resume, log) if leader else None  # before the model loads
     for note in notes:
         log(note)
-    bar = _StepBar("denoising" if request.mode == "full" else "segments") if leader else None
+    unit = "step" if request.mode == "full" else "segment"
+    bar = None
     try:
         _quiet_libraries()
         log(f"loading {request.model}")
         from camrender.render.pipeline import load_patched_pipeline
 
         pipe = load_patched_pipeline(request, log)
+        bar = make_progress(progress_style if leader else "none", unit, quiet=quiet)  # its clock starts now
         frames, companions = write_video(pipe, request, bar, resume_info=resume_info,
                                          checkpoint_every=checkpoint_every, log=log)
     finally:
         if bar is not None:
             bar.close()
         distributed.stop()
-    log(f"wrote {request.out} ({frames} frames, {request.width}x{request.height}, {request.fps:g} fps) and "
+    log(f"wrote {request.out} ({count(frames, 'frame')}, {request.width}x{request.height}, {request.fps:g} fps) and "
         f"{', '.join(str(p) for p in companions)}")
 
 

@@ -227,8 +227,11 @@ def render_segments(pipe, request, progress: Optional[Callable[..., None]] = Non
             written += len(frames)
             if progress is not None:
                 elapsed = max(time.perf_counter() - started, 1e-9)
-                progress(done, len(bounds), f"{written} frames, {written / request.fps:.1f} s of video, "
-                                            f"{(written - resumed_at) / elapsed:.1f} frames/s")
+                # seconds of video as the trajectory counts them ((frames - 1) / fps, what `traj check` says)
+                stages = "stage 1" if request.refiner is None else "stages 1+2 (refiner)"
+                progress(done, len(bounds), f"{written} frame{'' if written == 1 else 's'}, {max(written - 1, 0) / request.fps:.3f} s of video, "
+                                            f"{(written - resumed_at) / elapsed:.1f} frames/s", stage=stages,
+                         unit="segment")
             if len(frames):
                 yield frames
             if checkpoints is not None:
