@@ -54,11 +54,13 @@ def batch(jobs, out_dir, gpus, gpus_per_video, summary_path, skip_bad_jobs, **de
     output exists is skipped (a re-run resumes); a job that fails while rendering is reported and the
     rest go on; a summary follows (exit code 3 when a job failed). Options given here apply to every job.
     """
-    from camrender.cli.render import _quiet_libraries, _resolve_request, write_video
+    from camrender.api.output import write_video
+    from camrender.cli.signals import raise_if_signalled
+    from camrender.cli.render import _quiet_libraries, _resolve_request
     from camrender.render.pipeline import load_patched_pipeline
 
     from camrender.cli.preflight import probe_writable
-    from camrender.trajectory.formats.fileio import check_output_path
+    from camrender.files import check_output_path
 
     given = {name: value for name, value in defaults.items()
              if click.get_current_context().get_parameter_source(name) != click.core.ParameterSource.DEFAULT}
@@ -106,7 +108,7 @@ def batch(jobs, out_dir, gpus, gpus_per_video, summary_path, skip_bad_jobs, **de
             progress = make_progress(progress_style if leader else "none", "step" if request.mode == "full"
                                      else "segment", quiet=quiet)
             try:
-                return write_video(pipe, request, progress)[0]
+                return write_video(pipe, request, progress, check=raise_if_signalled)[0]
             finally:
                 progress.close()
 
@@ -121,7 +123,7 @@ def batch(jobs, out_dir, gpus, gpus_per_video, summary_path, skip_bad_jobs, **de
     for line in batching.summary_lines(summary):
         log(line)
     if summary_path is not None:
-        from camrender.trajectory.formats.fileio import atomic_write_text
+        from camrender.files import atomic_write_text
 
         atomic_write_text(summary_path, json.dumps(summary, indent=1) + "\n")
     if summary["failed"]:

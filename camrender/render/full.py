@@ -1,56 +1,67 @@
-"""The full-clip sampler, and `render_frames`, the one entry the CLI calls.
+"""Full mode: the full-clip sampler (`sample_latents`) and its plan for the render loop (`full_plan`).
 
-`render_frames(pipe, request, progress)` yields uint8 video frames (F_chunk, H, W, 3) in order, to be
-appended to a `camrender.render.video.VideoWriter`. It dispatches on `request.mode`:
-
-- "full": `render_full` below denoises the whole clip at once and yields all frames.
-- "segments": `camrender.render.segments.render_segments(pipe, request, progress)`, which has the
-  same contract (a generator of uint8 frame chunks, one per finished segment).
+The whole clip is one chunk of `camrender.render.loop`: denoised at once, refined as a whole
+(`refine_clip`, with `--refiner`), decoded as a whole, every frame yielded at once.
 """
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Optional
 
-import numpy as np
+import torch
+from diffusers import FlowMatchEulerDiscreteScheduler
 
 from camrender.errors import CamrenderError
-from camrender.model.conditioning import step_constants
+from camrender.model.block import fixed_plucker
+from camrender.model.patch import set_full_options
 from camrender.model.recipes import get_recipe
+from camrender.model.settings import RefinerSettings, RenderSettings
+from camrender.model.state import FULL_MODE, SegmentOptions
+from camrender.parallel.cfg import guidance_split
 from camrender.render.decode import decode_latents
-from camrender.render.inputs import prepare_inputs
-from camrender.render.request import MODES, Progress, RenderRequest, check_request
+from camrender.render.denoise import Denoiser, pin, pinned_frames
+from camrender.render.inputs import RenderInputs, prepare_inputs
+from camrender.render.pipeline import pipeline_settings
+from camrender.render.plan import ChunkPlan
+from camrender.render.request import Progress, RenderRequest, check_request
+from camrender.render.stage_two import refine_clip
 
 
-def render_frames(pipe, request: RenderRequest, progress: Progress = None, checkpoints=None) -> Iterator[np.ndarray]:
-    """Yield the video of `request` as uint8 (F_chunk, H, W, 3) chunks, in order (see module docstring).
+class ClipStage:
+    """Stage 2 of the whole clip, with the `push` / `finish` of a `RefinerStream`: `push` refines the
+    clip at once (`refine_clip`; unchanged without a refiner), `finish` has nothing left."""
 
-    checkpoints: segment mode's `camrender.render.resume.Checkpointer` (resume / save), or None."""
-    if request.mode == "full":
-        yield from render_full(pipe, request, progress)
-    elif request.mode == "segments":
-        from camrender.render.segments import render_segments
+    def __init__(self, pipe, request: RenderRequest, settings: RefinerSettings, progress: Progress = None):
+        self.pipe, self.request, self.settings, self.progress = pipe, request, settings, progress
 
-        yield from render_segments(pipe, request, progress, checkpoints=checkpoints)
-    else:
-        raise CamrenderError(f"must be one of {', '.join(MODES)}, got {request.mode!r}", field="mode")
+    def push(self, latents):
+        self.last = refine_clip(self.pipe, self.request, latents, progress=self.progress, settings=self.settings)
+        return self.last
+
+    def finish(self):
+        return self.last[:, :, :0]
 
 
-def render_full(pipe, request: RenderRequest, progress: Progress = None) -> Iterator[np.ndarray]:
-    """Full-clip render: denoise all latent frames together, decode, yield every frame at once
-    (converted to uint8 where it was decoded: the float video is 4x the bytes of the frames)."""
-    from camrender.parallel.distributed import is_video_leader
-    from camrender.render.decode import to_uint8_frames
-    from camrender.render.stage_two import refine_clip
+class ClipDecoder:
+    """The VAE decode of the whole clip: `decode(latents)` -> (1, 3, F, H, W) in [-1, 1]."""
 
-    latents = sample_latents(pipe, request, progress)
-    if is_video_leader():  # the other ranks of a video group hold the same latents (camrender.parallel.cfg)
-        latents = refine_clip(pipe, request, latents, progress=progress)  # stage 2 (--refiner); unchanged without one
-        yield to_uint8_frames(_decode(pipe, latents))
+    def __init__(self, vae):
+        self.vae = vae
 
+    def decode(self, latents):
+        return decode_latents(self.vae, latents)
+
+
+def full_plan(pipe, request: RenderRequest, device, settings: RenderSettings, progress: Progress = None):
+    """Full mode's `camrender.render.loop.ChunkPlan`: one chunk, sampled when the loop pulls it."""
+    def chunks():
+        yield sample_latents(pipe, request, progress, settings)
+
+    return ChunkPlan(chunks=chunks(), stage=ClipStage(pipe, request, settings.refiner, progress),
+                     decoder=ClipDecoder(pipe.vae), total=1)
 
 
 # ----------------------------------------------------------------------------- sampler
-def sample_latents(pipe, request: RenderRequest, progress: Progress = None):
+def sample_latents(pipe, request: RenderRequest, progress: Progress = None, settings: Optional[RenderSettings] = None):
     """Flow-match Euler with classifier-free guidance over the whole clip; returns (1, C, T, h, w).
 
     Latent frame 0 holds the encoded first image and stays clean (its timestep is 0
@@ -58,82 +69,64 @@ def sample_latents(pipe, request: RenderRequest, progress: Progress = None):
     The request's recipe sets the model's rules (`set_full_options`) and the scheduler
     (`full_scheduler`); docs/recipes.md compares the sampler with NVlabs' `LTXFlowEuler`.
     On a video group of two ranks each runs one guidance row (`camrender.parallel.cfg`); every
-    rank returns the same latents.
+    rank returns the same latents. settings: the render's (None: `pipeline_settings`).
     """
-    import torch
-
-    from camrender.parallel.cfg import guidance_split
-
     check_request(pipe, request)
+    settings = pipeline_settings(pipe, request) if settings is None else settings
     if request.steps is None:
         raise CamrenderError("full mode needs a number of denoising steps", field="steps")
     recipe = get_recipe(request.recipe)
-    transformer, scheduler = pipe.transformer, full_scheduler(pipe, recipe)
-    _set_recipe_rules(transformer, recipe)
+    transformer = pipe.transformer
+    set_full_options(transformer, SegmentOptions.full_mode(recipe))  # the recipe's rules, on the patched blocks
     device = pipe._execution_device
-    guidance = request.guidance is not None and request.guidance > 1.0
-
     inputs = prepare_inputs(pipe, request, device)
-    split = guidance_split(guidance)  # a video group of two ranks: each runs one guidance row
-    rows = split.rows if split is not None else (lambda batch_tensor: batch_tensor)
-    camera = {"camera_conditions": rows(inputs.camera_conditions), "chunk_plucker": inputs.chunk_plucker}
-    image_hw = torch.tensor([[request.height, request.width]], dtype=torch.float, device=device)
-    return denoise_clip(transformer, scheduler, inputs.noise.to(device), rows(inputs.text), rows(inputs.text_mask),
-                        camera, request.steps, request.guidance if guidance else None, image_hw, split=split,
-                        cuda_graphs=request.cuda_graphs, progress=progress)
+    camera = {"camera_conditions": inputs.camera_conditions, "chunk_plucker": inputs.chunk_plucker}
+    guidance = request.guidance if inputs.text.shape[0] == 2 else None
+    return denoise_clip(transformer, full_scheduler(pipe, recipe), inputs.noise.to(device), inputs.text,
+                        inputs.text_mask, camera, request.steps, guidance, split=guidance_split(guidance is not None),
+                        cuda_graphs=settings.cuda_graphs, progress=progress)
 
 
-def denoise_clip(transformer, scheduler, latents, text, text_mask, camera: dict, steps: int, guidance, image_hw, *,
-                 split=None, cuda_graphs: bool = False, progress: Progress = None):
+def denoise_clip(transformer, scheduler, latents, text, text_mask, camera: dict, steps: int, guidance,
+                 image_hw=None, *, split=None, cuda_graphs: bool = False, progress: Progress = None,
+                 options: Optional[SegmentOptions] = None):
     """The Euler loop of full mode (NVlabs' `LTXFlowEuler` rules, docs/recipes.md); returns (1, C, T, h, w).
 
+    Each step is the library's `Denoiser.predict` (camrender's forward over the whole clip, the
+    conditioning built once, CUDA-graph replay, the guidance rows and mix); the scheduler steps the
+    noisy frames per token.
+
     Args:
-        transformer: the (patched) transformer, its full-mode rules already set.
+        transformer: the patched transformer.
         scheduler: a flow-match Euler scheduler (`full_scheduler`); `steps` timesteps are set on it.
         latents: (1, C, T, h, w) initial latents, frame 0 the clean image latent (pinned: timestep 0, dt 0).
-        text, text_mask: (B, 1, L, Cc), (B, L); with `guidance` B = 2, rows [uncond, cond] (or this
-            rank's row under `split`).
-        camera: `camera_conditions` (B, T, 20) and `chunk_plucker` (1, 48, T, h, w).
+        text, text_mask: (B, 1, L, Cc), (B, L); with `guidance` B = 2, rows [uncond, cond] (`split`, a
+            `camrender.parallel.cfg.CfgSplit`, runs one of them on this rank and gathers).
+        camera: `camera_conditions` (B, T, 20) and `chunk_plucker` (1, 48, T, h, w), or None values.
         guidance: CFG scale (pred = uncond + g * (cond - uncond)) or None.
-        image_hw: (1, 2) pixel height and width (`data_info["img_hw"]`).
+        image_hw: unused (SANA-WM's forward does not read `data_info["img_hw"]`); kept for callers.
+        options: the rules the forward computes with; default the ones the attentions hold
+            (`camrender.model.patch.set_full_options`).
     """
-    import torch
-
-    from camrender.model.block import fixed_plucker
-
     device, dtype = latents.device, transformer.dtype
-    local_batch = text.shape[0]
+    if options is None:
+        options = getattr(transformer.blocks[0].attn, "full_options", FULL_MODE)
+    inputs = RenderInputs(text=text, text_mask=text_mask, camera_conditions=camera.get("camera_conditions"),
+                          chunk_plucker=camera.get("chunk_plucker"), first_latent=latents[:, :, :1], noise=latents,
+                          guidance=float(guidance or 1.0))
+    denoiser = Denoiser(transformer, inputs, options, device, split=split, upcast=False, cuda_graphs=cuda_graphs)
     channels, frames, h, w = latents.shape[1:]
     with torch.no_grad():
         scheduler.set_timesteps(steps, device=device)
         timesteps = scheduler.timesteps
-
-        frame_is_noisy = torch.ones(1, 1, frames, device=device)
-        frame_is_noisy[..., 0] = 0.0  # the conditioning frame is pinned clean
-        token_is_noisy = frame_is_noisy[:, 0, :, None].expand(1, frames, h * w).reshape(1, -1)
-
-        p_t, p_h, p_w = transformer.config.patch_size
-        constants = step_constants(transformer, camera.get("camera_conditions"), (frames // p_t, h // p_h, w // p_w))
-
-        def forward(model_latents, frame_timesteps):
-            return transformer(model_latents, frame_timesteps, text, mask=text_mask, data_info={"img_hw": image_hw},
-                               return_dict=False, **camera, **constants)[0]
-
-        offloaded = getattr(transformer, "_hf_hook", None) is not None  # weights visit the GPU per call
-        if cuda_graphs and device.type == "cuda" and not offloaded:
-            from camrender.model.graphs import GraphedForward
-
-            forward = GraphedForward(forward)  # text, mask and camera stay fixed: read in place by the graph
+        pinned = pinned_frames(inputs, 0, frames, device)  # the conditioning frame is pinned clean
+        token_is_noisy = (~pinned)[:, None].expand(frames, h * w).reshape(1, -1).float()
+        # the RoPE rows, ray tables, text and Plucker embeddings of the whole clip, once
+        conditioning = denoiser.condition(0, frames)
         # the Plucker maps' per-block projections, once (not under offload: it is there to save memory)
-        with fixed_plucker(transformer, None if offloaded else camera.get("chunk_plucker")):
+        with fixed_plucker(transformer, None if denoiser.offloaded else inputs.chunk_plucker):
             for index, t in enumerate(timesteps):
-                frame_timesteps = (t.float() * frame_is_noisy).expand(local_batch, 1, frames)
-                prediction = forward(latents.repeat(local_batch, 1, 1, 1, 1), frame_timesteps)
-                if split is not None:
-                    prediction = split.gather(prediction)
-                if guidance is not None:
-                    uncond, cond = prediction.chunk(2)
-                    prediction = uncond + guidance * (cond - uncond)
+                prediction = denoiser.predict(latents, pin(pinned, t.float()), conditioning)
                 stepped = scheduler.step(
                     -prediction.reshape(1, channels, -1).transpose(1, 2),
                     t,
@@ -142,11 +135,10 @@ def denoise_clip(transformer, scheduler, latents, text, text_mask, camera: dict,
                     return_dict=False,
                 )[0]
                 stepped = stepped.transpose(1, 2).reshape(latents.shape)
-                latents = torch.where(frame_is_noisy[:, :, :, None, None].bool(), stepped, latents).to(dtype)
+                latents = torch.where(pinned[None, None, :, None, None], latents, stepped).to(dtype)
                 if progress is not None:
                     progress(index + 1, len(timesteps), "", stage="stage 1", unit="step")
     return latents
-
 
 
 def full_scheduler(pipe, recipe):
@@ -154,46 +146,17 @@ def full_scheduler(pipe, recipe):
     whatever the checkpoint's scheduler config says), or the pipeline's own (flow_shift None, as diffusers)."""
     if recipe.flow_shift is None:
         return pipe.scheduler
-    from diffusers import FlowMatchEulerDiscreteScheduler
-
     return FlowMatchEulerDiscreteScheduler(shift=recipe.flow_shift)
-
-
-def _set_recipe_rules(transformer, recipe) -> None:
-    """Full mode's model rules of `recipe` on the (patched) transformer; an unpatched one computes
-    diffusers' rules only, so any other recipe is refused on it."""
-    from camrender.model.patch import set_full_options
-    from camrender.model.state import SegmentOptions
-
-    options = SegmentOptions.full_mode(recipe)
-    try:
-        set_full_options(transformer, options)
-    except ValueError:
-        if not (options.gdn_camera_downscale and options.softmax_as_diffusers):
-            raise CamrenderError(f"the {recipe.name} recipe needs the patched transformer "
-                                 f"(camrender.patch_transformer); diffusers' own blocks compute "
-                                 f"bidirectional-diffusers only", field="recipe") from None
 
 
 def sample_video(pipe, request: RenderRequest, progress: Progress = None):
     """Sample and decode the whole clip: (F, H, W, 3) float32 in [0, 1] on the CPU (as the diffusers
-    pipeline returns it; renders take uint8 frames from `render_full`)."""
-    from camrender.render.stage_two import refine_clip
-
-    latents = refine_clip(pipe, request, sample_latents(pipe, request, progress), progress=progress)
-    video = _decode(pipe, latents)
-    return (video[0].float() / 2 + 0.5).clamp(0, 1).permute(1, 2, 3, 0).cpu()
-
-
-
-def _decode(pipe, latents):
-    """`decode_latents` with the pipeline's VAE, then its offload hooks released: (1, 3, F, H, W) in
-    [-1, 1] on the VAE's device. `latents` are stage 2's output when there is a refiner."""
-    import torch
-
+    pipeline returns it; renders take uint8 frames from `camrender.render.loop.render_frames`)."""
+    settings = pipeline_settings(pipe, request)
+    latents = refine_clip(pipe, request, sample_latents(pipe, request, progress, settings), progress=progress,
+                          settings=settings.refiner)
     with torch.no_grad():
         video = decode_latents(pipe.vae, latents)
     if hasattr(pipe, "maybe_free_model_hooks"):
         pipe.maybe_free_model_hooks()
-    return video
-
+    return (video[0].float() / 2 + 0.5).clamp(0, 1).permute(1, 2, 3, 0).cpu()

@@ -14,6 +14,7 @@ from typing import Any, Callable, Optional
 
 from camrender.errors import CamrenderError
 from camrender.model.loading import DEFAULT_MODEL
+from camrender.model.recipes import DEFAULT_RECIPE, get_recipe
 
 DEFAULT_NEGATIVE_PROMPT = ""
 
@@ -24,7 +25,10 @@ class RenderRequest:
 
     Attributes:
         traj: the resolved `camrender.trajectory.Trajectory` (c2w (F, 4, 4) OpenCV, intrinsics
-            (F, 4) pixels of `traj.width` x `traj.height`).
+            (F, 4) pixels of `traj.width` x `traj.height`), or None when `cameras` streams the path.
+        cameras: None (the cameras of `traj`) or an iterable of `camrender.render.camera_feed.SegmentCamera`
+            holding the path's `num_frames` cameras in order, pulled as the render needs them (segment
+            mode: segment k's when segment k starts; `camrender.render.camera_feed`).
         prompt, negative_prompt: text conditioning (negative only used with guidance > 1).
         image: first-frame image path (str/Path) or a PIL image; None is accepted only by the tiny
             model (a mid-gray frame stands in).
@@ -66,8 +70,8 @@ class RenderRequest:
     prompt: str = ""
     negative_prompt: str = DEFAULT_NEGATIVE_PROMPT
     image: Any = None
-    steps: Optional[int] = 60
-    guidance: Optional[float] = 5.0
+    steps: Optional[int] = get_recipe(DEFAULT_RECIPE).steps  # the recipe table's: one source of defaults
+    guidance: Optional[float] = get_recipe(DEFAULT_RECIPE).guidance
     seed: int = 0
     num_frames: int = 161
     fps: float = 16.0
@@ -81,7 +85,7 @@ class RenderRequest:
     vae: Optional[str] = None
     kernels: str = "fused"
     mode: str = "full"
-    recipe: str = "bidirectional"
+    recipe: str = DEFAULT_RECIPE
     allow_missing_weights: bool = False
     segment_frames: Optional[int] = None
     cached_segments: Optional[int] = None
@@ -90,6 +94,7 @@ class RenderRequest:
     refiner_offload: str = "none"
     controls: Optional[dict] = None
     out: Optional[Path] = None
+    cameras: Any = None
 
 
 
@@ -112,7 +117,7 @@ def check_request(pipe, request: RenderRequest) -> None:
     """Raise CamrenderError when the request does not fit the model's strides."""
     t_stride, s_stride = pipe.vae_temporal_compression_ratio, pipe.vae_spatial_compression_ratio
     patch = pipe.transformer.config.patch_size
-    frames = request.traj.num_frames
+    frames = request.traj.num_frames if request.traj is not None else request.num_frames
     if frames != request.num_frames:
         raise CamrenderError(f"trajectory has {frames} frames but {request.num_frames} were requested", field="frames")
     if (frames - 1) % t_stride:

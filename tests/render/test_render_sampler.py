@@ -8,7 +8,8 @@ import torch
 from camrender.errors import CamrenderError
 from camrender.model.patch import patch_transformer
 from camrender.render.request import RenderRequest
-from camrender.render.full import render_frames, sample_video
+from camrender.render.full import sample_video
+from camrender.render.loop import render_frames
 from camrender.model.tiny import build_tiny_pipeline
 from camrender.trajectory import Trajectory
 
@@ -38,7 +39,8 @@ def first_image():
 def request(traj, **changes):
     values = dict(traj=traj, prompt="a red house", negative_prompt="blurry", image=first_image(), steps=3,
                   guidance=3.0, seed=7, num_frames=FRAMES, fps=16, height=64, width=96, model="tiny",
-                  recipe="bidirectional-diffusers")  # diffusers' pipeline is the anchor
+                  recipe="bidirectional-diffusers",  # diffusers' pipeline is the anchor
+                  kernels="torch")  # diffusers' own block code: the sampler's logic against the stock pipeline
     values.update(changes)
     return RenderRequest(**values)
 
@@ -78,16 +80,18 @@ def test_patched_sampler_matches_stock_pipeline():
 
 
 def test_default_recipe_is_nvlabs_release_not_diffusers():
-    """The default recipe (NVlabs 40151c8) needs the patched model, samples with shift 9.8 whatever the
-    pipeline's scheduler says, and renders other frames than diffusers' pipeline (no GDN-block rescale)."""
+    """The default recipe (NVlabs 40151c8) runs on the patched model (a bare pipeline is patched by its
+    first render, once), samples with shift 9.8 whatever the pipeline's scheduler says, and renders
+    other frames than diffusers' pipeline (no GDN-block rescale)."""
+    from camrender.model.settings import model_settings
     from camrender.render.full import sample_latents
 
     pipe = build_tiny_pipeline(seed=0)
     traj = dolly_zoom()
     default = request(traj, steps=2, recipe="bidirectional")
-    with pytest.raises(CamrenderError, match="the bidirectional recipe needs the patched transformer"):
-        sample_video(pipe, default)
-    patch_transformer(pipe.transformer, kernels="torch")
+    assert model_settings(pipe.transformer) is None
+    sample_latents(pipe, default)
+    assert model_settings(pipe.transformer).backend == "torch"  # the request's --kernels torch
     seen = []
     step = pipe.scheduler.step
     pipe.scheduler.step = lambda *a, **k: seen.append("pipeline") or step(*a, **k)  # never used by the recipe

@@ -1,13 +1,18 @@
-"""Reading and atomically writing trajectory files, with every failure turned into CamrenderError."""
+"""Reading trajectory files, with every failure turned into CamrenderError, and `dump_json` (their
+one-item-per-line JSON layout). Writing is `camrender.files`' (its helpers re-exported here for the
+format modules)."""
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import tempfile
-from pathlib import Path
 
 from camrender.errors import CamrenderError
+from camrender.files import (  # noqa: F401 (the format modules import them from here)
+    atomic_output,
+    atomic_write_text,
+    check_output_path,
+    output_file_mode,
+)
 
 # Checked before a byte is parsed: MAX_FRAMES frames fit with up to 670 bytes a frame (camrender's v1
 # JSON takes about 250, a nerfstudio camera path about 400), and a file of this size parses in about a
@@ -79,67 +84,6 @@ def read_json(path, *, keep: bool = False) -> object:
         _SNIFFED.clear()
         _SNIFFED[key] = doc
     return doc
-
-
-def check_output_path(path) -> Path:
-    """Raise `CamrenderError` unless a file can be written at `path`; return it as a `Path`.
-
-    Checks (without creating anything): the path is not a directory, its folder exists and is
-    writable.
-    """
-    path = Path(path)
-    if path.is_dir():
-        raise CamrenderError("output path is a directory, expected a file name", path=path)
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        raise CamrenderError(f"output folder does not exist: {str(parent)!r}", path=path)
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise CamrenderError(f"output folder {str(parent)!r} is not writable", path=path)
-    return path
-
-
-@contextlib.contextmanager
-def atomic_output(path, mode: str = "w"):
-    """Open a temporary file next to ``path`` for writing; rename it into place when the block
-    completes, delete it when the block raises (no partial file is ever left at ``path``)."""
-    path = os.fspath(check_output_path(path))
-    folder = os.path.dirname(os.path.abspath(path))
-    try:
-        handle, temp = tempfile.mkstemp(prefix=".tmp-", suffix=os.path.basename(path)[-32:], dir=folder)
-    except OSError as error:
-        raise CamrenderError(f"cannot write: {error.strerror or error}", path=path) from None
-    text_options = {} if "b" in mode else {"encoding": "utf-8", "newline": "\n"}
-    try:
-        os.chmod(temp, output_file_mode(path))  # mkstemp makes 0600 files; use what a plain open() would give
-        with os.fdopen(handle, mode, **text_options) as out:
-            yield out
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temp, path)
-    except BaseException as error:
-        try:
-            os.unlink(temp)
-        except OSError:
-            pass
-        if isinstance(error, OSError):
-            raise CamrenderError(f"cannot write: {error.strerror or error}", path=path) from None
-        raise
-
-
-def atomic_write_text(path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically (see `atomic_output`)."""
-    with atomic_output(path) as out:
-        out.write(text)
-
-
-def output_file_mode(path) -> int:
-    """Permissions for a file written at ``path``: the existing file's, or 0666 minus the process umask."""
-    try:
-        return os.stat(path).st_mode & 0o7777
-    except OSError:
-        mask = os.umask(0)
-        os.umask(mask)
-        return 0o666 & ~mask
 
 
 def dump_json(doc) -> str:
