@@ -10,6 +10,7 @@ import click
 
 from camrender.cli import launch as cli_launch
 from camrender.cli.signals import raise_if_signalled
+from camrender.cli.stage_options import stage_options
 from camrender.parallel import distributed
 from camrender.errors import CamrenderError
 from camrender.model.loading import DEFAULT_MODEL
@@ -88,6 +89,7 @@ def _resolve_request(options: dict, notes: list | None = None):
     from camrender.model.recipes import resolve_recipe
     from camrender.render.request import RenderRequest
     from camrender.render.inputs import open_image
+    from camrender.cli.stage_options import resolve_stage_options
 
     check_render_options(options)
     out = check_output_path(options["out"])
@@ -151,6 +153,7 @@ def _resolve_request(options: dict, notes: list | None = None):
         cuda_graphs=options["cuda_graphs"],
         refiner=_resolve_refiner(options, resolved.num_frames),
         refiner_offload=options["refiner_offload"],
+        **resolve_stage_options(options, options["device"]),
         out=out,
     )
     if traj.num_frames != loaded.num_frames:
@@ -291,6 +294,7 @@ def _quiet_libraries() -> None:
                    "'tiny' with --model tiny, or 'none').")
 @click.option("--refiner-offload", default="none", show_default=True, type=click.Choice(["none", "layers"]),
               help="layers: the refiner's blocks visit the GPU one at a time (small GPUs; needs accelerate).")
+@stage_options
 @cli_launch.gpus_option("GPUs for this video, started as torchrun workers: full mode with guidance runs its two "
                         "branches on half each; every block's heads split over the GPUs of a branch (segment mode: "
                         "over all).")
@@ -339,7 +343,7 @@ def render(**options):
         log(f"loading {request.model}")
         from camrender.render.pipeline import load_patched_pipeline
 
-        pipe = load_patched_pipeline(request, log)
+        pipe = load_patched_pipeline(request, log, skip_cached_encoders=True)
         frames, companions = write_video(pipe, request, bar, resume_info=resume_info,
                                          checkpoint_every=checkpoint_every, log=log)
     finally:

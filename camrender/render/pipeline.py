@@ -6,12 +6,20 @@ from __future__ import annotations
 from camrender.errors import CamrenderError
 
 
-def load_patched_pipeline(request, log=None):
-    """The request's pipeline on its device, patched with its `--kernels`, with its `--refiner` attached,
-    and this rank's share of every block's heads under a head split."""
+def load_patched_pipeline(request, log=None, skip_cached_encoders: bool = False):
+    """The request's pipeline on its device, patched with its `--kernels`, its block linears in FP8 under
+    `request.stage1_precision` "fp8", with its `--refiner` attached, and this rank's share of every block's
+    heads under a head split.
+
+    The text encoders live in CPU memory and visit the device for the render's one prompt encoding
+    (`camrender.render.inputs.visiting`, `camrender.model.refiner.encode_refiner_prompt`).
+    skip_cached_encoders: a stage whose prompt is in `request.prompt_cache` loads no text encoder
+    (for one render: a later request with another prompt would find none).
+    """
     from camrender.model.loading import load_pipeline
     from camrender.model.patch import patch_transformer
     from camrender.parallel.cfg import head_split
+    from camrender.render.prompt_cache import cached_stages
 
     split = head_split(request.mode, request.guidance)
     if split is not None and request.offload:
@@ -20,10 +28,25 @@ def load_patched_pipeline(request, log=None):
     if split is not None and request.kernels != "fused":
         raise CamrenderError("--kernels torch runs the stock diffusers blocks, which the head split of several GPUs "
                              "per video does not cover: use --kernels fused", field="kernels")
+    fp8 = request.stage1_precision == "fp8"
+    if fp8 and (split is not None or request.kernels != "fused" or request.offload):
+        raise CamrenderError("--stage1-precision fp8 needs --kernels fused, one GPU per video and no --offload",
+                             field="stage1-precision")
+    guidance = request.guidance is not None and request.guidance > 1.0
+    cached = cached_stages(request, guidance) if skip_cached_encoders else {"stage1": False, "refiner": False}
     pipe = load_pipeline(request.model, dtype=request.dtype, device=request.device, offload=request.offload,
                          transformer_weights=request.transformer_weights, vae=request.vae, log=log,
-                         allow_missing_weights=request.allow_missing_weights)
+                         allow_missing_weights=request.allow_missing_weights, text_encoder=not cached["stage1"])
+    if pipe.text_encoder is not None and not request.offload:
+        pipe.text_encoder.to("cpu")
+    if log is not None and any(cached.values()):
+        log("prompt found in the prompt cache: " + ", ".join(f"no {stage} text encoder loaded"
+                                                             for stage, hit in cached.items() if hit))
     patch_transformer(pipe.transformer, kernels=request.kernels)
+    if fp8:
+        from camrender.model.fp8 import quantize_blocks
+
+        quantize_blocks(pipe.transformer.blocks)
     if split is not None:
         from camrender.parallel.heads import split_transformer
 
@@ -35,5 +58,5 @@ def load_patched_pipeline(request, log=None):
 
         if log is not None:
             log(f"loading the refiner {request.refiner}")
-        load_stage_two(pipe, request)
+        load_stage_two(pipe, request, text_encoder=not cached["refiner"])
     return pipe

@@ -14,7 +14,8 @@ from typing import Optional
 import torch
 
 from camrender.errors import CamrenderError
-from camrender.model.refiner import RefinerStream, encode_refiner_prompt
+from camrender.model.refiner import KV_MAX_FRAMES, RefinerStream, RefinerText, encode_refiner_prompt
+from camrender.render.prompt_cache import cached_pair, refiner_key
 from camrender.model.settings import KernelSettings, model_settings
 
 _ATTRIBUTE = "_camrender_refiner"
@@ -50,14 +51,24 @@ def stage_two(pipe, request, device):
     if refiner is None:
         return PassThrough()
     dtype = next(refiner.transformer.parameters()).dtype
-    text = encode_refiner_prompt(refiner, request.prompt, device, dtype)
+    embeds, mask = cached_pair(request, refiner_key(request), lambda: _encoded(refiner, request, device, dtype), device)
+    text = RefinerText(embeds=embeds, mask=mask)
     # the settings stage 1 was patched with: fused blocks, or diffusers' own ones (--kernels torch)
     settings = model_settings(pipe.transformer) or KernelSettings.from_kernels(request.kernels)
     # on a CPU the fused path's PyTorch references, never the Triton interpreter (tests run stage 1 there)
     backend = settings.backend if torch.device(device).type == "cuda" else "torch"
     return RefinerStream(refiner, text, fps=request.fps, device=device,
                          generator=torch.Generator("cpu").manual_seed(int(request.seed)),
-                         kernels="fused" if settings.fused else "stock", kernel_backend=backend)
+                         kernels="fused" if settings.fused else "stock", kernel_backend=backend,
+                         kv_max_frames=getattr(request, "refiner_window", KV_MAX_FRAMES))
+
+
+def _encoded(refiner, request, device, dtype) -> tuple:
+    if refiner.text_encoder is None:
+        raise CamrenderError("the refiner's prompt is not in the prompt cache any more and its text encoder was not "
+                             "loaded: render again", field="prompt-cache")
+    text = encode_refiner_prompt(refiner, request.prompt, device, dtype)
+    return text.embeds, text.mask
 
 
 # On CUDA, a segment's refinement runs on its own stream while the next segment's stage 1 runs, and its
@@ -208,15 +219,24 @@ def refine_clip(pipe, request, latents, device=None, progress=None):
     return torch.cat(pieces, dim=2)
 
 
-def load_stage_two(pipe, request) -> None:
-    """Load `request.refiner` in the pipeline's dtype, place it (`request.refiner_offload`) and attach it
-    to `pipe` for the render (`camrender.render.stage_two.stage_two`)."""
+def load_stage_two(pipe, request, text_encoder: bool = True) -> None:
+    """Load `request.refiner` in the pipeline's dtype (its block linears in FP8 under
+    `request.refiner_precision` "fp8", quantized once here), place it (`request.refiner_offload`) and attach
+    it to `pipe` for the render (`camrender.render.stage_two.stage_two`). text_encoder=False: no Gemma-3
+    (the prompt is cached)."""
     from camrender.model.refiner_loading import load_refiner, place_refiner
 
     latent_channels = pipe.vae.config.latent_channels
-    refiner = load_refiner(request.refiner, dtype=pipe.transformer.dtype, latent_channels=latent_channels)
+    refiner = load_refiner(request.refiner, dtype=pipe.transformer.dtype, latent_channels=latent_channels,
+                           text_encoder=text_encoder)
     if refiner.transformer.config.in_channels != latent_channels:  # a hub id is checked only once downloaded
         raise CamrenderError(f"the refiner works on {refiner.transformer.config.in_channels} latent channels but "
                              f"the VAE makes {latent_channels}", path=request.refiner, field="refiner")
+    if getattr(request, "refiner_precision", "bf16") == "fp8":
+        from camrender.model.fp8 import quantize_blocks
+
+        # on the GPU block by block (the bf16 weights of one block at a time), or where they stream from
+        device = None if request.refiner_offload == "layers" else pipe._execution_device
+        quantize_blocks(refiner.transformer.transformer_blocks, device=device)
     place_refiner(refiner, pipe._execution_device, request.refiner_offload)
     attach_refiner(pipe, refiner)
