@@ -113,7 +113,7 @@ def test_keys_follow_prompt_and_encoder(tmp_path):
 def test_encode_prompt_command_fills_the_cache_for_a_render(tmp_path, capsys, monkeypatch):
     cache = tmp_path / "cache"
     code, out, err = run_cli(["encode-prompt", "--model", "tiny", "--refiner", "tiny", "--prompt", "a quiet street",
-                              "--guidance", "1", "--dtype", "float32", "--device", "cpu", "--prompt-cache", cache],
+                              "--dtype", "float32", "--device", "cpu", "--prompt-cache", cache],
                              capsys)
     assert code == 0, err
     request = request_for(cache)
