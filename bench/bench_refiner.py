@@ -79,6 +79,9 @@ def parse_args(argv=None):
                         help="the refiner blocks' path (camrender.model.refiner_block): both = side by side rows "
                              "(the stock ones suffixed _stock_kernels), fused (renders' default) or stock only")
     parser.add_argument("--text-tokens", type=int, default=1024, help="refiner prompt tokens (release: 1024)")
+    parser.add_argument("--setting", default=None, choices=("bf16", "fp8", "fp8-22gib-window2", "fp8-22gib-layers"),
+                        help="only this row of the memory/precision targets, with a memory breakdown per phase "
+                             "(bench/refiner_targets.py); run each in its own process (a memory cap stays)")
     parser.add_argument("--out", default=None, help="also write the JSON document here")
     return parser.parse_args(argv)
 
@@ -402,6 +405,16 @@ def memory_settings(args, models, results, record, peak_of, peaks):
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.setting is not None:
+        if not args.tiny and not torch.cuda.is_available():
+            print(json.dumps({"error": "no CUDA device (use --tiny to check the script on a CPU)"}))
+            return 1
+        import refiner_targets
+
+        if args.tiny:
+            args.segments = min(args.segments, 4)
+        emit(refiner_targets.run_setting(args, args.setting), args.out)
+        return 0
     if args.tiny:
         device, dtype, shape = torch.device("cpu"), torch.float32, (32, 32)
         stage_one.SPATIAL = 8

@@ -244,7 +244,8 @@ def stream_layers(refiner, device, *, use_stream: bool) -> None:
     transformer = refiner.transformer
     if not is_layer_streamed(transformer):
         if use_stream and torch.device(device).type == "cuda":
-            for param in transformer.parameters():  # page-locked in place: the offloader keeps these (no 2nd copy)
+            # page-locked in place: the offloader keeps these (no 2nd copy); buffers too (FP8 weights are buffers)
+            for param in list(transformer.parameters()) + list(transformer.buffers()):
                 if param.device.type == "cpu" and not param.is_pinned():
                     param.data = param.data.pin_memory()
         hooks.apply_group_offloading(transformer, onload_device=device, offload_type="block_level",
