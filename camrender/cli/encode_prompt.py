@@ -36,7 +36,7 @@ def command(prompt, negative_prompt, model, refiner, dtype, device, prompt_cache
     from camrender.render.prompt_cache import (PromptCache, note, refiner_key, resolve_cache_dir,
                                                stage_one_key)
     from camrender.render.request import RenderRequest
-    from camrender.render.stage_two import _encoded, load_stage_two
+    from camrender.render.stage_two import load_stage_two
 
     folder = resolve_cache_dir(prompt_cache)
     if folder is None:
@@ -55,8 +55,8 @@ def command(prompt, negative_prompt, model, refiner, dtype, device, prompt_cache
             path = cache.put(stage_one_key(request, guidance), {"embeds": embeds, "mask": mask})
             click.echo(f"camrender: stage 1{' (with the negative prompt)' if guidance else ''}: {path}", err=True)
         if spec is not None:
-            load_stage_two(pipe, request)
-            refiner_model = pipe._camrender_refiner
-            embeds, mask = _encoded(refiner_model, request, where, next(refiner_model.transformer.parameters()).dtype)
-            tensors = {"embeds": embeds} if mask is None else {"embeds": embeds, "mask": mask}
-            click.echo(f"camrender: refiner: {cache.put(refiner_key(request), tensors)}", err=True)
+            load_stage_two(pipe, request, place=False)  # encodes the refiner's prompt at load, into the cache
+            path = cache.path(refiner_key(request))
+            if cache.get(refiner_key(request)) is None:
+                raise CamrenderError("the refiner's prompt could not be stored", path=path, field="prompt-cache")
+            click.echo(f"camrender: refiner: {path}", err=True)

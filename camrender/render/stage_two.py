@@ -19,6 +19,7 @@ from camrender.render.prompt_cache import cached_pair, refiner_key
 from camrender.model.settings import KernelSettings, model_settings
 
 _ATTRIBUTE = "_camrender_refiner"
+_PROMPT_MEMO = "_camrender_prompt"  # (refiner_key, embeds, mask) encoded at load
 
 
 def attach_refiner(pipe, refiner) -> None:
@@ -50,9 +51,7 @@ def stage_two(pipe, request, device):
     refiner = getattr(pipe, _ATTRIBUTE, None)
     if refiner is None:
         return PassThrough()
-    dtype = next(refiner.transformer.parameters()).dtype
-    embeds, mask = cached_pair(request, refiner_key(request), lambda: _encoded(refiner, request, device, dtype), device)
-    text = RefinerText(embeds=embeds, mask=mask)
+    text = refiner_prompt(refiner, request, device)
     # the settings stage 1 was patched with: fused blocks, or diffusers' own ones (--kernels torch)
     settings = model_settings(pipe.transformer) or KernelSettings.from_kernels(request.kernels)
     # on a CPU the fused path's PyTorch references, never the Triton interpreter (tests run stage 1 there)
@@ -61,6 +60,19 @@ def stage_two(pipe, request, device):
                          generator=torch.Generator("cpu").manual_seed(int(request.seed)),
                          kernels="fused" if settings.fused else "stock", kernel_backend=backend,
                          kv_max_frames=getattr(request, "refiner_window", KV_MAX_FRAMES))
+
+
+def refiner_prompt(refiner, request, device) -> RefinerText:
+    """The refiner's encoded prompt for `request`: encoded at load (`load_stage_two`), else from the prompt
+    cache, else encoded now (and stored in the cache)."""
+    key = refiner_key(request)
+    memo = getattr(refiner, _PROMPT_MEMO, None)
+    if memo is not None and memo[0] == key:
+        embeds, mask = memo[1], memo[2]
+    else:
+        dtype = next(refiner.transformer.parameters()).dtype
+        embeds, mask = cached_pair(request, key, lambda: _encoded(refiner, request, device, dtype), device)
+    return RefinerText(embeds=embeds.to(device), mask=None if mask is None else mask.to(device))
 
 
 def _encoded(refiner, request, device, dtype) -> tuple:
@@ -219,11 +231,11 @@ def refine_clip(pipe, request, latents, device=None, progress=None):
     return torch.cat(pieces, dim=2)
 
 
-def load_stage_two(pipe, request, text_encoder: bool = True) -> None:
+def load_stage_two(pipe, request, text_encoder: bool = True, place: bool = True) -> None:
     """Load `request.refiner` in the pipeline's dtype (its block linears in FP8 under
     `request.refiner_precision` "fp8", quantized once here), place it (`request.refiner_offload`) and attach
     it to `pipe` for the render (`camrender.render.stage_two.stage_two`). text_encoder=False: no Gemma-3
-    (the prompt is cached)."""
+    (the prompt is cached). place=False: the DiT stays in CPU memory, unquantized (`camrender encode-prompt`)."""
     from camrender.model.refiner_loading import load_refiner, place_refiner
 
     latent_channels = pipe.vae.config.latent_channels
@@ -232,6 +244,14 @@ def load_stage_two(pipe, request, text_encoder: bool = True) -> None:
     if refiner.transformer.config.in_channels != latent_channels:  # a hub id is checked only once downloaded
         raise CamrenderError(f"the refiner works on {refiner.transformer.config.in_channels} latent channels but "
                              f"the VAE makes {latent_channels}", path=request.refiner, field="refiner")
+    if refiner.text_encoder is not None:
+        # Encode now, before the refiner's DiT is on the GPU: the Gemma-3 encoder (24 GB in bf16) visits the
+        # GPU beside stage 1 alone, not beside the refiner too (peak memory of the render).
+        text = refiner_prompt(refiner, request, pipe._execution_device)
+        setattr(refiner, _PROMPT_MEMO, (refiner_key(request), text.embeds, text.mask))
+    if not place:
+        attach_refiner(pipe, refiner)
+        return
     if getattr(request, "refiner_precision", "bf16") == "fp8":
         from camrender.model.fp8 import quantize_blocks
 
