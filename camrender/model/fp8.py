@@ -4,7 +4,8 @@ Each chosen `nn.Linear` of a block (and stage 1's 1x1 FFN convs, which camrender
 linears) is replaced once at load by an `Fp8Linear`: the weight (N, K) quantized to e4m3 with one
 fp32 scale per output channel (row-wise, the default) or one for the whole tensor (per-tensor,
 the usual default elsewhere, kept for the quality comparison of bench/bench_fp8.py); at every call
-the activations (M, K) are quantized per token (row-wise) or per tensor, and
+the activations (M, K) are quantized per token (row-wise: one Triton pass, `kernels/fp8_quant.py`, the
+same bits as `quantize`) or per tensor, and
 `torch._scaled_mm` multiplies the two e4m3 operands with fp32 accumulation and applies both
 scales and the bias, writing the activation's dtype.
 
@@ -83,10 +84,17 @@ class Fp8Linear(torch.nn.Module):
     def dtype(self):
         return torch.float32 if self.bias is None else self.bias.dtype
 
+    backend = "auto"  # the activations' row-wise quantization: kernels.fp8_quant (Triton on CUDA) or "torch"
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         rows = x.reshape(-1, self.in_features)
-        q, scale = quantize(rows, self.scaling)
+        if self.scaling == "row":
+            from camrender.kernels.fp8_quant import quantize_rows  # triton: imported when a layer first runs
+
+            q, scale = quantize_rows(rows, backend=self.backend)
+        else:
+            q, scale = quantize(rows, self.scaling)
         out = torch._scaled_mm(q, self.weight_fp8.t(), scale_a=scale, scale_b=self.weight_scale,
                                bias=None if self.bias is None else self.bias.to(x.dtype), out_dtype=x.dtype)
         return out.reshape(*lead, self.out_features)
