@@ -8,6 +8,9 @@ all in bf16, then again with its blocks' linears quantized:
 - `fp8_tensor`: one scale per weight and per activation tensor (the usual default elsewhere);
 - `bf16_one_ulp`: bf16 again with every input value moved one ulp: bf16's own noise floor.
 
+`stage1` holds the same rows for stage 1 (the SANA-WM DiT's first segment: 4 latent frames, the 4-step
+list, its block linears and 1x1 FFN convs in FP8, the camera branch in bf16; `--tiny`: fp32 on a CPU).
+
 For each it reports, against the bf16 run: per linear layer (each quantized layer on the activations it
 gets in the quantized run, against the same layer with its bf16 weight on the same input; median and
 worst over the layers), per block (each block's output on the first pass, errors accumulated through
@@ -26,6 +29,7 @@ import os
 import statistics
 import sys
 import time
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -75,20 +79,22 @@ def refine(transformer, text, clip, device, *, block_outputs=None):
     return out
 
 
-def layer_errors(quantized, reference_blocks) -> tuple[list, list]:
-    """Hooks on every Fp8Linear of `quantized`: its output on its first input against the bf16 layer's."""
+def layer_errors(quantized_blocks, reference_blocks) -> tuple[list, list]:
+    """Hooks on every Fp8Linear of `quantized_blocks`: its output on its first input against the bf16 layer's
+    (stage 1's 1x1 FFN convs, `conv.fp8`, against the conv's weight as a linear)."""
     rows, handles = [], []
-    for block, reference in zip(quantized.transformer_blocks, reference_blocks):
+    for block, reference in zip(quantized_blocks, reference_blocks):
         originals = dict(reference.named_modules())
         for name, module in block.named_modules():
             if isinstance(module, Fp8Linear):
-                linear = originals[name]
+                original = originals[name[:-len(".fp8")] if name.endswith(".fp8") else name]
+                weight = original.weight if original.weight.dim() == 2 else original.weight[:, :, 0, 0]
 
-                def hook(module, args, output, linear=linear, name=name, seen=[]):  # noqa: B006
+                def hook(module, args, output, weight=weight, bias=original.bias, name=name, seen=[]):  # noqa: B006
                     if id(module) in seen:
                         return
                     seen.append(id(module))
-                    rows.append(dict(layer=name, **compare(output, F.linear(args[0], linear.weight, linear.bias))))
+                    rows.append(dict(layer=name, **compare(output, F.linear(args[0], weight, bias))))
                 handles.append(module.register_forward_hook(hook))
     return rows, handles
 
@@ -109,6 +115,56 @@ def block_summary(outputs, reference) -> dict:
     return result
 
 
+def stage_one_quality(tiny, device, shape) -> dict:
+    """Stage 1 (SANA-WM DiT, release config; tiny on a CPU in fp32): the first segment (4 latent frames, the
+    4-step list) in the model's dtype, one ulp up, and with its block linears in FP8 (row / tensor)."""
+    import bench_segments as stage_one
+    from camrender.model.segments import SegmentOptions, segment_bounds
+    from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments
+
+    dtype = torch.float32 if tiny else torch.bfloat16
+    stage_args = SimpleNamespace(cpu_smoke=tiny, quick=False, kernels="fused" if device.type == "cuda" else "torch")
+    transformer, _ = stage_one.build_models(stage_args, device, dtype)
+    inputs = stage_one.path_inputs(transformer, 4, shape[0], shape[1], device, dtype)
+
+    def segment(model, nudge=False, block_outputs=None):
+        run_inputs = inputs
+        if nudge:
+            run_inputs = copy.copy(inputs)
+            run_inputs.noise = torch.nextafter(inputs.noise, torch.full_like(inputs.noise, float("inf")))
+        handles = []
+        if block_outputs is not None:
+            def keep(module, args, output):
+                if len(block_outputs) < len(model.blocks):
+                    block_outputs.append((output[0] if isinstance(output, tuple) else output).detach().clone())
+            handles = [block.register_forward_hook(keep) for block in model.blocks]
+        try:
+            return torch.cat([x for *_, x in sample_segments(model, run_inputs, segment_bounds(4, 3),
+                                                             list(DEFAULT_SEGMENT_TIMESTEPS), SegmentOptions(),
+                                                             device)], dim=2)
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    result = {}
+    reference_blocks, nudged_blocks = [], []
+    reference = segment(transformer, block_outputs=reference_blocks)
+    nudged = segment(transformer, nudge=True, block_outputs=nudged_blocks)
+    result["one_ulp"] = dict(end_to_end=compare(nudged, reference), **block_summary(nudged_blocks, reference_blocks))
+    for scaling in ("row", "tensor"):
+        quantized = copy.deepcopy(transformer)
+        count = quantize_blocks(quantized.blocks, scaling)
+        rows, handles = layer_errors(quantized.blocks, transformer.blocks)
+        outputs = []
+        out = segment(quantized, block_outputs=outputs)
+        for handle in handles:
+            handle.remove()
+        result[f"fp8_{scaling}"] = dict(quantized_linears=count, end_to_end=compare(out, reference),
+                                        per_layer=summary(rows), **block_summary(outputs, reference_blocks))
+        del quantized
+    return result
+
+
 def main(argv=None):
     args = parse_args(argv)
     if args.tiny:
@@ -120,6 +176,7 @@ def main(argv=None):
     else:
         device, shape, tokens = torch.device("cuda"), (704, 1280), args.text_tokens
     dtype = torch.bfloat16
+    Fp8Linear.backend = bench_refiner.kernel_backend(device)  # on a CPU the PyTorch reference, not the interpreter
     began = time.perf_counter()
     transformer = bench_refiner.build_refiner_transformer(args.tiny, device, dtype)
     text = bench_refiner.refiner_text(transformer, tokens, device, dtype)
@@ -142,7 +199,7 @@ def main(argv=None):
         for scaling in ("row", "tensor"):
             quantized = copy.deepcopy(transformer)
             count = quantize_blocks(quantized.transformer_blocks, scaling)
-            rows, handles = layer_errors(quantized, transformer.transformer_blocks)
+            rows, handles = layer_errors(quantized.transformer_blocks, transformer.transformer_blocks)
             outputs = []
             out = refine(quantized, text, clip, device, block_outputs=outputs)
             for handle in handles:
@@ -157,6 +214,7 @@ def main(argv=None):
             del quantized, outputs
             if device.type == "cuda":
                 torch.cuda.empty_cache()
+        results["stage1"] = stage_one_quality(args.tiny, device, shape)
     results["wall_s"] = round(time.perf_counter() - began, 1)
     emit(results, args.out)
     return 0

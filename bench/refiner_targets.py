@@ -25,7 +25,7 @@ import torch
 
 import bench_refiner as base
 import bench_segments as stage_one
-from camrender.model.fp8 import quantize_blocks
+from camrender.model.fp8 import Fp8Linear, quantize_blocks
 from camrender.model.refiner import RefinerStream
 from camrender.model.refiner_loading import stream_layers
 from camrender.model.segments import SegmentCache, SegmentOptions, segment_bounds
@@ -115,6 +115,7 @@ def run_setting(args, name: str) -> dict:
                         "refiner DiT is placed; the render uses random prompt embeddings")
     began = time.perf_counter()
     fp8 = setting["precision"] == "fp8"
+    Fp8Linear.backend = base.kernel_backend(device)  # on a CPU the PyTorch reference, never the interpreter
     stage_args = SimpleNamespace(cpu_smoke=tiny, quick=False, kernels="fused" if device.type == "cuda" else "torch")
     # the tiny stage 1 runs in fp32 on the CPU (diffusers' CPU RoPE grid refuses bf16); the refiner in bf16
     stage_dtype = torch.float32 if tiny else dtype
@@ -154,7 +155,7 @@ def render(args, transformer, vae, refiner_transformer, text, shape, device, dty
     snapshots; then the decode workspace and the refiner's activation peak."""
     height, width = shape
     out = {}
-    for label, segments in (("warmup", min(5, args.segments)), ("timed", args.segments)):
+    for label, segments in (("warmup", 2 if args.tiny else min(5, args.segments)), ("timed", args.segments)):
         latent_frames = 1 + 3 * segments
         inputs = stage_one.path_inputs(transformer, latent_frames, height, width, device, dtype)
         cache = SegmentCache.empty(transformer)

@@ -85,6 +85,10 @@ class Fp8Linear(torch.nn.Module):
         return torch.float32 if self.bias is None else self.bias.dtype
 
     backend = "auto"  # the activations' row-wise quantization: kernels.fp8_quant (Triton on CUDA) or "torch"
+    # Hopper's FP8 tensor cores accumulate in reduced precision unless the GEMM promotes to fp32 every few
+    # K steps; fast accumulation skips the promotion (Transformer Engine's forward-pass default, as NVlabs' FP8
+    # recipe runs). bench/bench_fp8.py measures the error with it.
+    fast_accum = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
@@ -96,7 +100,8 @@ class Fp8Linear(torch.nn.Module):
         else:
             q, scale = quantize(rows, self.scaling)
         out = torch._scaled_mm(q, self.weight_fp8.t(), scale_a=scale, scale_b=self.weight_scale,
-                               bias=None if self.bias is None else self.bias.to(x.dtype), out_dtype=x.dtype)
+                               bias=None if self.bias is None else self.bias.to(x.dtype), out_dtype=x.dtype,
+                               use_fast_accum=self.fast_accum)
         return out.reshape(*lead, self.out_features)
 
     def extra_repr(self) -> str:

@@ -7,7 +7,10 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
 def test_tiny_run_reports_fp8_against_the_bf16_floor(tmp_path, monkeypatch):
+    from camrender.model.fp8 import Fp8Linear
+
     monkeypatch.syspath_prepend(str(BENCH))
+    monkeypatch.setattr(Fp8Linear, "backend", Fp8Linear.backend)  # the bench sets it: restored after
     import bench_fp8
 
     out = tmp_path / "fp8.json"
@@ -19,5 +22,9 @@ def test_tiny_run_reports_fp8_against_the_bf16_floor(tmp_path, monkeypatch):
         assert 0 < floor[name]["rel"] < row[name]["rel"] < 0.2 and row[name]["cos"] > 0.99
     assert 0 < row["per_layer"]["rel_median"] < 0.1 and row["per_layer"]["layers"] == row["quantized_linears"]
     assert result["weight_bytes"]["fp8"] < result["weight_bytes"]["bf16"]
+    stage1 = result["stage1"]
+    assert stage1["fp8_row"]["quantized_linears"] > 0
+    assert 0 < stage1["one_ulp"]["end_to_end"]["rel"] < stage1["fp8_row"]["end_to_end"]["rel"] < 0.2
+    assert stage1["fp8_row"]["end_to_end"]["cos"] > 0.99
     sys.modules.pop("bench_fp8", None)
     sys.modules.pop("bench_refiner", None)
