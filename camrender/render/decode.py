@@ -16,6 +16,11 @@ import functools
 
 import torch
 
+# Latent frames per VAE call in segment mode's streaming decode. The decode's workspace grows with the frames
+# of a call (the decoder's last stages hold several full-resolution activations of 8 video frames per latent
+# frame); one latent frame per call bounds it at the cost of 3x as many (3x smaller) calls per segment.
+DECODE_MAX_FRAMES = 1
+
 __all__ = ["CausalStreamDecoder", "video_frames_for_latents", "to_uint8_frames", "to_uint8_frames_async",
            "decode_latents", "denormalize_latents"]
 

@@ -168,7 +168,7 @@ def render_segments(pipe, request, progress: Optional[Callable[..., None]] = Non
     from camrender.render.request import check_request, latent_shape
     from camrender.model.patch import patch_transformer
     from camrender.model.settings import model_settings
-    from camrender.render.decode import CausalStreamDecoder
+    from camrender.render.decode import DECODE_MAX_FRAMES, CausalStreamDecoder
     from camrender.model.segments import SegmentCache, SegmentOptions, segment_bounds
     from camrender.parallel.distributed import is_video_leader
     from camrender.render.stage_two import refined_frames, stage_two
@@ -201,7 +201,7 @@ def render_segments(pipe, request, progress: Optional[Callable[..., None]] = Non
         bounds = segment_bounds(inputs.noise.shape[2], segment_frames)
         timesteps = segment_timesteps(pipe.scheduler, request.steps, recipe)
     sampler = SEGMENT_SAMPLERS[recipe.sampler]
-    decoder = CausalStreamDecoder(pipe.vae, device=device)
+    decoder = CausalStreamDecoder(pipe.vae, device=device, max_frames=DECODE_MAX_FRAMES)
     cache, first = SegmentCache.empty(model), 0
     written = 0
     if recipe.sampler == "chunk-flow-euler":
