@@ -87,3 +87,19 @@ def test_stage_one_block_keeps_the_camera_branch_and_stays_close():
     out = conv_linear(x, block.mlp.inverted_conv.conv)
     assert cosine(out, torch.nn.functional.linear(x, mlp_before[:, :, 0, 0], block.mlp.inverted_conv.conv.fp8.bias)) \
         > 0.998
+
+
+def test_render_with_an_fp8_refiner_quantizes_at_load_and_stays_close(tmp_path, monkeypatch):
+    """The library path (the CLI refuses FP8 on a CPU): `refiner_precision="fp8"` quantizes the refiner's block
+    linears once at load; the video stays close to the bf16 render's."""
+    import numpy as np
+
+    monkeypatch.setattr(Fp8Linear, "backend", "torch")  # the kernel's bits are tested in tests/kernels
+    from test_prompt_cache import frames_of, request_for
+
+    reference, _ = frames_of(request_for(None))
+    frames, pipe = frames_of(request_for(None, refiner_precision="fp8"))
+    blocks = pipe._camrender_refiner.transformer.transformer_blocks
+    assert all(isinstance(block.attn1.to_q, Fp8Linear) for block in blocks)
+    assert frames.shape == reference.shape and not np.array_equal(frames, reference)
+    assert np.abs(frames.astype(float) - reference.astype(float)).mean() < 4  # of 255
