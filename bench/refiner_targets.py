@@ -147,6 +147,13 @@ def run_setting(args, name: str) -> dict:
     results["render"] = render(args, transformer, vae, refiner_transformer, text, shape, device, stage_dtype,
                                setting, weights)
     results["total_wall_s"] = round(time.perf_counter() - began, 1)
+    timed = results["render"]["timed"]
+    encode_peaks = [phase.get("peak_allocated") for phase in results["prompt_encoding"].values()] \
+        if isinstance(results["prompt_encoding"], dict) else []
+    peaks = [p for p in encode_peaks + [timed.get("peak_gib")] if p is not None]
+    results["summary"] = dict(setting=name, video_fps_steady=timed.get("video_fps_steady"),
+                              peak_gib=max(peaks) if peaks else None, render_peak_gib=timed.get("peak_gib"),
+                              encode_peak_gib=max(encode_peaks) if encode_peaks and None not in encode_peaks else None)
     return results
 
 
