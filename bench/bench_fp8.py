@@ -37,7 +37,8 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import bench_refiner  # noqa: E402
+import bench_segments as stage_one  # noqa: E402
+import refiner_common  # noqa: E402
 from camrender.model.fp8 import Fp8Linear, quantize_blocks  # noqa: E402
 from camrender.model.refiner import RefinerStream  # noqa: E402
 from common import emit  # noqa: E402
@@ -69,9 +70,9 @@ def refine(transformer, text, clip, device, *, block_outputs=None):
             return hook
         handles = [block.register_forward_hook(keep(i)) for i, block in enumerate(transformer.transformer_blocks)]
     try:
-        stream = RefinerStream(bench_refiner.as_refiner(transformer), text, fps=16.0, device=device,
+        stream = RefinerStream(refiner_common.as_refiner(transformer), text, fps=16.0, device=device,
                                generator=torch.Generator().manual_seed(0),
-                               kernel_backend=bench_refiner.kernel_backend(device))
+                               kernel_backend=refiner_common.kernel_backend(device))
         out = torch.cat([stream.push(clip), stream.finish()], dim=2)
     finally:
         for handle in handles:
@@ -118,7 +119,6 @@ def block_summary(outputs, reference) -> dict:
 def stage_one_quality(tiny, device, shape) -> dict:
     """Stage 1 (SANA-WM DiT, release config; tiny on a CPU in fp32): the first segment (4 latent frames, the
     4-step list) in the model's dtype, one ulp up, and with its block linears in FP8 (row / tensor)."""
-    import bench_segments as stage_one
     from camrender.model.segments import SegmentOptions, segment_bounds
     from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments
 
@@ -169,18 +169,18 @@ def main(argv=None):
     args = parse_args(argv)
     if args.tiny:
         device, shape, tokens = torch.device("cpu"), (32, 32), min(args.text_tokens, 16)
-        bench_refiner.stage_one.SPATIAL = 8
+        stage_one.SPATIAL = 8
     elif not torch.cuda.is_available():
         print('{"error": "no CUDA device (use --tiny on a CPU)"}')
         return 1
     else:
         device, shape, tokens = torch.device("cuda"), (704, 1280), args.text_tokens
     dtype = torch.bfloat16
-    Fp8Linear.backend = bench_refiner.kernel_backend(device)  # on a CPU the PyTorch reference, not the interpreter
+    Fp8Linear.backend = refiner_common.kernel_backend(device)  # on a CPU the PyTorch reference, not the interpreter
     began = time.perf_counter()
-    transformer = bench_refiner.build_refiner_transformer(args.tiny, device, dtype)
-    text = bench_refiner.refiner_text(transformer, tokens, device, dtype)
-    spatial = bench_refiner.stage_one.SPATIAL
+    transformer = refiner_common.build_refiner_transformer(args.tiny, device, dtype)
+    text = refiner_common.refiner_text(transformer, tokens, device, dtype)
+    spatial = stage_one.SPATIAL
     h, w = shape[0] // spatial, shape[1] // spatial
     clip = torch.randn(1, transformer.config.in_channels, 1 + 3 * args.blocks, h, w,
                        generator=torch.Generator().manual_seed(2)).to(device, dtype)

@@ -23,7 +23,7 @@ from types import SimpleNamespace
 
 import torch
 
-import bench_refiner as base
+import refiner_common as base
 import bench_segments as stage_one
 from camrender.model.fp8 import Fp8Linear, quantize_blocks
 from camrender.model.refiner import RefinerStream

@@ -36,41 +36,9 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # golden_common, replay_teacher beside it
 
-TOLERANCE = 1e-4
-VAE_STRIDE = (8, 32, 32)  # the golden's pixel frames and pixel size per latent frame / token
-
-
-def _model_from_config(config: dict):
-    """A float32 `SanaWMTransformer3DModel` of the golden's `model_config` (random init)."""
-    from diffusers.models.transformers.transformer_sana_wm import SanaWMTransformer3DModel
-
-    kwargs = config["build_model_kwargs"]
-    return SanaWMTransformer3DModel(
-        in_channels=kwargs["in_channels"], num_layers=config["depth"], hidden_size=config["hidden_size"],
-        num_attention_heads=config["num_heads"], patch_size=tuple(config["patch_size"]),
-        softmax_every_n=kwargs["softmax_every_n"], linear_head_dim=kwargs["linear_head_dim"],
-        t_kernel_size=kwargs["t_kernel_size"], conv_kernel_size=kwargs["conv_kernel_size"],
-        k_conv_only=kwargs["k_conv_only"], caption_channels=kwargs["caption_channels"],
-        mlp_ratio=kwargs["mlp_ratio"], use_chunk_plucker_post_attn=kwargs["use_chunk_plucker_post_attn"],
-        chunk_plucker_post_attn_blocks=kwargs["chunk_plucker_post_attn_blocks"],
-    ).eval().float()
-
-
-def _rel(ours, golden) -> float:
-    return float((ours.float() - golden).abs().max() / golden.abs().max().clamp_min(1e-30))
-
-
-def _camera(tensors: dict, shapes: dict):
-    """camrender's camera_conditions (1, F, 20) and chunk_plucker (1, 48, F, h, w) of the golden's path."""
-    from camrender.render.camera import build_camera_inputs
-    from camrender.trajectory.model import Trajectory
-
-    height, width = shapes["latent_h"] * VAE_STRIDE[1], shapes["latent_w"] * VAE_STRIDE[2]
-    traj = Trajectory(c2w=tensors["inputs/c2w"].double().numpy(),
-                      intrinsics=tensors["inputs/intrinsics"].double().numpy(), width=width, height=height, fps=16.0)
-    camera = build_camera_inputs(traj, height, width, VAE_STRIDE)
-    return camera["camera_conditions"][None], camera["chunk_plucker"][None]
+from golden_common import TOLERANCE, VAE_STRIDE, _camera, _model_from_config, _rel  # noqa: E402,F401
 
 
 def replay(golden_path: str, kernels: str = "torch", **overrides) -> dict:
@@ -82,6 +50,7 @@ def replay(golden_path: str, kernels: str = "torch", **overrides) -> dict:
     from safetensors import safe_open
 
     import camrender.model.segments as segments_module
+    import camrender.render.denoise as denoise_module  # the one step every sampler takes
     from camrender.model.loading import load_transformer_weights
     from camrender.model.patch import KernelSettings, patch_transformer
     from camrender.model.recipes import get_recipe
@@ -112,7 +81,7 @@ def replay(golden_path: str, kernels: str = "torch", **overrides) -> dict:
     timesteps = segment_timesteps(None, None, recipe)
 
     predictions = []  # (frame_start, write, prediction) of every model call
-    forward = segments_module.segment_forward
+    forward = denoise_module.segment_forward
 
     def recording_forward(model, hidden_states, timestep, *args, **kwargs):
         out = forward(model, hidden_states, timestep, *args, **kwargs)
@@ -120,13 +89,13 @@ def replay(golden_path: str, kernels: str = "torch", **overrides) -> dict:
         return out
 
     started = time.perf_counter()
-    segments_module.segment_forward = recording_forward
+    denoise_module.segment_forward = recording_forward
     try:
         with torch.no_grad():
             latents = torch.cat([x for *_, x in sample_segments(model, inputs, bounds, timesteps, options,
                                                                 torch.device("cpu"))], dim=2)
     finally:
-        segments_module.segment_forward = forward
+        denoise_module.segment_forward = forward
     seconds = time.perf_counter() - started
 
     golden = tensors["outputs/latents"]

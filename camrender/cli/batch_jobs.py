@@ -5,7 +5,8 @@ JOBS is either
   "prompt": ..., "options": {"steps": 30, ...}}; any `camrender render` option may stand at the top
   level or under "options" (dashes or underscores), relative paths are relative to the file's folder;
 - or a folder of trajectory files: each one renders to OUT_DIR/<name>.mp4 (OUT_DIR defaults to the
-  folder; the `*.traj.json` side files of earlier renders are not jobs).
+  folder; the `*.traj.json` side files of earlier renders and the `*_intrinsics.npy` beside pose files
+  are not jobs).
 
 Options given on the `batch` command line apply to every job; a job's own values win.
 
@@ -26,7 +27,7 @@ from typing import Callable, Optional
 import click
 
 from camrender.errors import CamrenderError
-from camrender.trajectory.formats import FORMAT_MODULES
+from camrender.trajectory.formats import FORMAT_MODULES, looks_like_actions
 from camrender.trajectory.formats.fileio import read_text
 from camrender.render.resume import partial_folder
 
@@ -80,17 +81,24 @@ def read_jobs(source: Path, command: click.Command, out_dir: Optional[Path] = No
             if name not in names or name in NOT_JOB_OPTIONS:
                 raise CamrenderError("unknown key (keys are trajectory, output and camrender render's options)",
                                      path=where, field=key)
-            if isinstance(names[name].type, click.Path) and isinstance(value, str):
+            if isinstance(names[name].type, click.Path) and isinstance(value, str) and not _action_string(name, value,
+                                                                                                         source):
                 value = str(source.parent / Path(value).expanduser())  # absolute paths stay as they are
             values[name] = value
         jobs.append(Job(where, values))
     return jobs
 
 
+def _action_string(name: str, value: str, source: Path) -> bool:
+    """Whether a job's "trajectory" is an action string ("w-100,dw-60"), not a file beside the jobs file."""
+    return name == "traj" and looks_like_actions(value) and not (source.parent / value).exists()
+
+
 def _folder_jobs(folder: Path, out_dir: Path) -> list:
     suffixes = {suffix for module in FORMAT_MODULES for suffix in module.SUFFIXES}
     files = sorted(path for path in folder.iterdir()
-                   if path.is_file() and path.suffix.lower() in suffixes and not path.name.endswith(".traj.json"))
+                   if path.is_file() and path.suffix.lower() in suffixes and not path.name.endswith(".traj.json")
+                   and not path.name.endswith("_intrinsics.npy"))  # the intrinsics beside NAME_pose.npy
     if not files:
         raise CamrenderError(f"no trajectory files ({', '.join(sorted(suffixes))}) in this folder", path=folder)
     return [Job(str(path), {"traj": str(path), "out": str(out_dir / (path.stem + ".mp4"))}) for path in files]

@@ -22,7 +22,10 @@ class RenderRequest:
 
     Attributes:
         traj: the resolved `camrender.trajectory.Trajectory` (c2w (F, 4, 4) OpenCV, intrinsics
-            (F, 4) pixels of `traj.width` x `traj.height`).
+            (F, 4) pixels of `traj.width` x `traj.height`), or None when `cameras` streams the path.
+        cameras: None (the cameras of `traj`) or an iterable of `camrender.render.camera_feed.SegmentCamera`
+            holding the path's `num_frames` cameras in order, pulled as the render needs them (segment
+            mode: segment k's when segment k starts; `camrender.render.camera_feed`).
         prompt, negative_prompt: text conditioning (negative only used with guidance > 1).
         image: first-frame image path (str/Path) or a PIL image; None is accepted only by the tiny
             model (a mid-gray frame stands in).
@@ -57,6 +60,9 @@ class RenderRequest:
         refiner_window: the refiner's KV window in latent frames (sink + N-1 recent; official
             `--refiner_kv_max_frames`, 11).
         prompt_cache: folder of encoded prompts (`camrender.render.prompt_cache`), None: no cache.
+        controls: the action scheme that rolled out an action-string path
+            (`camrender.trajectory.controls.ControlScheme.to_dict()`: name, speeds, pitch limit, smoothing,
+            fps), recorded in NAME.render.json; None for other paths.
         out: output video path.
     """
 
@@ -90,7 +96,9 @@ class RenderRequest:
     refiner_precision: str = "bf16"
     refiner_window: int = 11
     prompt_cache: Optional[str] = None
+    controls: Optional[dict] = None
     out: Optional[Path] = None
+    cameras: Any = None
 
 
 
@@ -113,7 +121,7 @@ def check_request(pipe, request: RenderRequest) -> None:
     """Raise CamrenderError when the request does not fit the model's strides."""
     t_stride, s_stride = pipe.vae_temporal_compression_ratio, pipe.vae_spatial_compression_ratio
     patch = pipe.transformer.config.patch_size
-    frames = request.traj.num_frames
+    frames = request.traj.num_frames if request.traj is not None else request.num_frames
     if frames != request.num_frames:
         raise CamrenderError(f"trajectory has {frames} frames but {request.num_frames} were requested", field="frames")
     if (frames - 1) % t_stride:

@@ -14,9 +14,9 @@ from typing import Optional
 import torch
 
 from camrender.errors import CamrenderError
-from camrender.model.refiner import KV_MAX_FRAMES, RefinerStream, RefinerText, encode_refiner_prompt
+from camrender.model.refiner import RefinerStream, RefinerText, encode_refiner_prompt
+from camrender.model.settings import RefinerSettings, RenderSettings
 from camrender.render.prompt_cache import cached_pair, refiner_key
-from camrender.model.settings import KernelSettings, model_settings
 
 _ATTRIBUTE = "_camrender_refiner"
 _PROMPT_MEMO = "_camrender_prompt"  # (refiner_key, embeds, mask) encoded at load
@@ -41,25 +41,22 @@ class PassThrough:
         return self.last[:, :, :0]
 
 
-def stage_two(pipe, request, device):
+def stage_two(pipe, request, device, settings: Optional[RefinerSettings] = None):
     """The refiner stream of one render: a `RefinerStream` when a refiner is attached to `pipe`, else a
     pass-through with the same `push`/`finish`. Encodes the refiner's prompt here, once per render.
 
-    Noise of the block endpoints comes from a CPU generator seeded with the render's seed (repeatable
-    across devices, like stage 1's). `--kernels torch` runs diffusers' stock refiner blocks.
+    settings: the render's `RenderSettings.refiner` (None: the request's, `RenderSettings.of_request`);
+    path "stock" (`--kernels torch`) runs diffusers' own refiner blocks. Noise of the block endpoints
+    comes from a CPU generator seeded with the render's seed (repeatable across devices, like stage 1's).
     """
     refiner = getattr(pipe, _ATTRIBUTE, None)
     if refiner is None:
         return PassThrough()
+    settings = RenderSettings.of_request(request).refiner if settings is None else settings
     text = refiner_prompt(refiner, request, device)
-    # the settings stage 1 was patched with: fused blocks, or diffusers' own ones (--kernels torch)
-    settings = model_settings(pipe.transformer) or KernelSettings.from_kernels(request.kernels)
-    # on a CPU the fused path's PyTorch references, never the Triton interpreter (tests run stage 1 there)
-    backend = settings.backend if torch.device(device).type == "cuda" else "torch"
     return RefinerStream(refiner, text, fps=request.fps, device=device,
                          generator=torch.Generator("cpu").manual_seed(int(request.seed)),
-                         kernels="fused" if settings.fused else "stock", kernel_backend=backend,
-                         kv_max_frames=getattr(request, "refiner_window", KV_MAX_FRAMES))
+                         kernels=settings.path, kernel_backend=settings.backend, kv_max_frames=settings.window)
 
 
 def refiner_prompt(refiner, request, device) -> RefinerText:
@@ -209,12 +206,13 @@ class _StageStreams:
             self.outer.wait_stream(stream)
 
 
-def refine_clip(pipe, request, latents, device=None, progress=None):
+def refine_clip(pipe, request, latents, device=None, progress=None, settings: Optional[RefinerSettings] = None):
     """Full mode's stage 2: the whole stage-1 clip (1, C, T, h, w) refined (unchanged without a refiner).
 
-    progress: optional `progress(done, total, info)`, called after each refined block.
+    progress: optional `progress(done, total, info)`, called after each refined block; settings: as
+    `stage_two`'s.
     """
-    stream = stage_two(pipe, request, device if device is not None else latents.device)
+    stream = stage_two(pipe, request, device if device is not None else latents.device, settings)
     if isinstance(stream, PassThrough):
         return latents
     frames = latents.shape[2]
@@ -231,9 +229,10 @@ def refine_clip(pipe, request, latents, device=None, progress=None):
     return torch.cat(pieces, dim=2)
 
 
-def load_stage_two(pipe, request, text_encoder: bool = True, place: bool = True) -> None:
-    """Load `request.refiner` in the pipeline's dtype (its block linears in FP8 under
-    `request.refiner_precision` "fp8", quantized once here), place it (`request.refiner_offload`) and attach
+def load_stage_two(pipe, request, text_encoder: bool = True, place: bool = True,
+                   settings: Optional[RefinerSettings] = None) -> None:
+    """Load `request.refiner` in the pipeline's dtype (its block linears in FP8 under the refiner settings'
+    `linear_precision` "fp8", quantized once here; settings None: the request's), place it (`request.refiner_offload`) and attach
     it to `pipe` for the render (`camrender.render.stage_two.stage_two`). text_encoder=False: no Gemma-3
     (the prompt is cached). place=False: the DiT stays in CPU memory, unquantized (`camrender encode-prompt`)."""
     from camrender.model.refiner_loading import load_refiner, place_refiner
@@ -252,7 +251,8 @@ def load_stage_two(pipe, request, text_encoder: bool = True, place: bool = True)
     if not place:
         attach_refiner(pipe, refiner)
         return
-    if getattr(request, "refiner_precision", "bf16") == "fp8":
+    settings = RenderSettings.of_request(request).refiner if settings is None else settings
+    if settings.linear_precision == "fp8":
         from camrender.model.fp8 import quantize_blocks
 
         # on the GPU block by block (the bf16 weights of one block at a time), or where they stream from

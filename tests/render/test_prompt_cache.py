@@ -9,7 +9,7 @@ import torch
 
 import camrender.model.tiny as tiny
 import camrender.model.tiny_refiner as tiny_refiner
-from camrender.render.full import render_frames
+from camrender.render.loop import render_frames
 from camrender.render.pipeline import load_patched_pipeline
 from camrender.render.prompt_cache import PromptCache, refiner_key, resolve_cache_dir, stage_one_key
 from camrender.render.request import RenderRequest

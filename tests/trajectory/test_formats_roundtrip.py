@@ -81,14 +81,20 @@ def test_cross_format_conversion_keeps_poses(tmp_path):
     np.testing.assert_allclose(load(tmp_path / "c.json").c2w, src.c2w, atol=1e-9)
 
 
-def test_actions_match_diffusers():
+def test_actions_match_diffusers_in_the_diffusers_scheme():
     from diffusers.pipelines.sana_wm.cam_utils import action_string_to_c2w
 
+    from camrender.trajectory.controls import make_scheme, rollout
+
     for text in ["w-80,jw-40", "W-3, ikl-100 , none-2，sd-5", "i-90,k-200,j-10", "-4,a-3"]:
-        ours = actions.actions_to_c2w(text)
+        ours = actions.actions_to_c2w(text, scheme=make_scheme("diffusers"))
         ref = action_string_to_c2w(text)
         assert ours.shape == ref.shape
         np.testing.assert_allclose(ours, ref, atol=1e-5)
+        # the default is NVlabs' current scheme, fed the same per-frame keys
+        np.testing.assert_array_equal(actions.actions_to_c2w(text),
+                                      rollout(make_scheme("sana-wm"), actions.parse_actions(text)))
+    assert actions.from_string("w-8", scheme=make_scheme("diffusers", fps=30)).fps == 30
 
 
 def test_actions_file_and_errors(tmp_path):

@@ -18,10 +18,10 @@ from __future__ import annotations
 import os
 
 from camrender.errors import CamrenderError
-from camrender.trajectory.formats import actions, colmap, nerfstudio, realestate10k, transforms_json, v1
+from camrender.trajectory.formats import actions, colmap, nerfstudio, npy, realestate10k, transforms_json, v1
 from camrender.trajectory.formats.fileio import parse_json, read_text
 
-FORMAT_MODULES = [v1, realestate10k, nerfstudio, actions, colmap, transforms_json]
+FORMAT_MODULES = [v1, realestate10k, nerfstudio, actions, colmap, transforms_json, npy]
 
 
 def names(exportable: bool = False) -> list[str]:
@@ -89,26 +89,40 @@ def detect(path, *, for_writing: bool = False):
 
 
 def looks_like_actions(text) -> bool:
-    """Whether a --traj / SOURCE argument that names no file reads as an action string ("w-80,jw-40")."""
+    """Whether a --traj / SOURCE argument that names no file reads as an action string ("w-80,aw-40")."""
     text = os.fspath(text)
     return "-" in text and "/" not in text and os.sep not in text and "." not in text
 
 
-def import_file(path, fmt: str | None = None):
+def import_file(path, fmt: str | None = None, *, scheme=None, intrinsics=None, image_size=None, notes=None):
     """Read ``path`` as format ``fmt`` (or the detected one) into a validated Trajectory.
 
     A ``path`` that names no file but reads as an action string is parsed as one (``fmt`` None
     or "actions"); a missing file or a directory is reported as such before any format is guessed.
+    scheme: the `camrender.trajectory.controls.ControlScheme` of action strings (default sana-wm).
+    intrinsics: a .npy file of intrinsics (`npy.load_intrinsics`'s shapes) replacing the path's, in
+    pixels of ``image_size`` (width, height) of the first-frame image when given. notes: a list
+    that gets one-line notes (a pose .npy without intrinsics).
     """
     module = get(fmt) if fmt else None
+    if intrinsics is not None and not os.fspath(intrinsics).lower().endswith(".npy"):
+        raise CamrenderError("must be a .npy file ((3, 3), (F, 3, 3), (4,) or (F, 4))", path=os.fspath(intrinsics),
+                             field="intrinsics")
     if not os.path.exists(path):
         if module in (None, actions) and looks_like_actions(path):
-            return actions.from_string(os.fspath(path))
+            return _replace_intrinsics(actions.from_string(os.fspath(path), scheme=scheme), intrinsics, image_size)
         raise CamrenderError("file not found", path=os.fspath(path))
     if module is None and os.path.isdir(path):  # (--from colmap reads a model folder)
         raise CamrenderError("is a directory, not a trajectory file", path=os.fspath(path))
     module = module or detect(path)
-    return module.read(path)
+    if module is npy:
+        return npy.read(path, intrinsics=intrinsics, image_size=image_size, notes=notes)
+    traj = module.read(path, scheme=scheme) if module is actions else module.read(path)
+    return _replace_intrinsics(traj, intrinsics, image_size)
+
+
+def _replace_intrinsics(traj, intrinsics, image_size):
+    return traj if intrinsics is None else npy.with_intrinsics(traj, intrinsics, image_size).validate()
 
 
 def export_file(traj, path, fmt: str | None = None) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 from camrender.errors import CamrenderError
 from camrender.trajectory.formats.fileio import output_file_mode
 from camrender.render.state_io import fsync_path
-from camrender.render.video import VideoWriter
+from camrender.output.video import VideoWriter
 
 SEGMENT_PATTERN = "segment-{:05d}.mp4"
 
