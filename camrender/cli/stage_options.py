@@ -67,9 +67,10 @@ def check_fp8(device, option: str = "precision") -> None:
     from camrender.model.loading import resolve_device
 
     resolved = resolve_device(device)
-    if resolved.type != "cuda":
+    if resolved.type != "cuda" or not torch.cuda.is_available():
+        where = "the CPU" if resolved.type != "cuda" else "no CUDA GPU (none is visible)"
         raise CamrenderError(f"fp8 needs a GPU with FP8 tensor cores (compute capability 8.9+: Ada, Hopper); "
-                             f"this render runs on the CPU", field=option)
+                             f"this render runs on {where}", field=option)
     capability = torch.cuda.get_device_capability(resolved)
     if tuple(capability) < MIN_CAPABILITY:
         name = torch.cuda.get_device_name(resolved)
