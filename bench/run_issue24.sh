@@ -3,6 +3,8 @@
 # peak of bf16, fp8 and two 24 GB candidates under a 22 GiB cap, each with its memory breakdown) and FP8's
 # quality at the release size. Each setting runs in its own process (a memory cap stays with a process).
 #   OUT=/some/folder bash bench/run_issue24.sh
+# OFFICIAL=1 adds the refiner alone: camrender's blocks (bf16, FP8) beside diffusers' under torch.compile
+# (max-autotune-no-cudagraphs, as NVlabs' script) - the compile and autotuning take minutes of their own.
 set -u
 OUT=${OUT:-bench/results}
 mkdir -p "$OUT"
@@ -21,3 +23,6 @@ step 75 fp8_22gib_window2 python3 bench/bench_refiner.py --setting fp8-22gib-win
   --out "$OUT/issue24_fp8_22gib_window2.json"
 step 60 fp8_22gib_layers python3 bench/bench_refiner.py --setting fp8-22gib-layers --segments 4 \
   --out "$OUT/issue24_fp8_22gib_layers.json"
+if [ "${OFFICIAL:-0}" = 1 ]; then
+  step 420 official_stage2 python3 bench/bench_official_stage2.py --out "$OUT/issue24_official_stage2.json"
+fi

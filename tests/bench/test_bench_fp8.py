@@ -28,3 +28,19 @@ def test_tiny_run_reports_fp8_against_the_bf16_floor(tmp_path, monkeypatch):
     assert stage1["fp8_row"]["end_to_end"]["cos"] > 0.99
     sys.modules.pop("bench_fp8", None)
     sys.modules.pop("bench_refiner", None)
+
+
+def test_official_stage2_tiny_rows(tmp_path, monkeypatch):
+    from camrender.model.fp8 import Fp8Linear
+
+    monkeypatch.syspath_prepend(str(BENCH))
+    monkeypatch.setattr(Fp8Linear, "backend", Fp8Linear.backend)
+    import bench_official_stage2
+
+    out = tmp_path / "official.json"
+    assert bench_official_stage2.main(["--tiny", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["errors"] == {}
+    for row in ("camrender_fused_bf16", "diffusers_stock_eager", "camrender_fused_fp8"):
+        assert result[row]["s_per_block"] > 0
+    sys.modules.pop("bench_official_stage2", None)
