@@ -27,15 +27,26 @@ OFF = "off"
 
 
 def resolve_cache_dir(value: Optional[str]) -> Optional[str]:
-    """The cache folder for `--prompt-cache VALUE` ("off": None, no cache)."""
+    """The cache folder for `--prompt-cache VALUE` ("off": None, no cache); None: $CAMRENDER_CACHE, else the
+    platform's user cache folder (`platform_cache_dir`)."""
     if value is None:
         value = os.environ.get(ENV_VAR) or None
     if value == OFF:
         return None
-    if value is None:
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        return str(Path(base) / "camrender")
-    return str(Path(value).expanduser())
+    return platform_cache_dir() if value is None else str(Path(value).expanduser())
+
+
+def platform_cache_dir() -> str:
+    """camrender's folder in the user cache: $XDG_CACHE_HOME/camrender or ~/.cache/camrender (Linux and other
+    Unix), ~/Library/Caches/camrender (macOS), %LOCALAPPDATA%\\camrender\\Cache (Windows)."""
+    import sys
+
+    home = os.path.expanduser("~")
+    if sys.platform == "darwin":
+        return str(Path(home) / "Library" / "Caches" / "camrender")
+    if sys.platform == "win32":
+        return str(Path(os.environ.get("LOCALAPPDATA") or Path(home) / "AppData" / "Local") / "camrender" / "Cache")
+    return str(Path(os.environ.get("XDG_CACHE_HOME") or Path(home) / ".cache") / "camrender")
 
 
 def _folder_identity(folder: Path) -> list:

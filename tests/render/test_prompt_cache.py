@@ -1,6 +1,7 @@
 """Encoded prompts on disk (camrender.render.prompt_cache): a cached render equals an uncached one bit for bit
 and builds no text encoder; bad entries are noted and recomputed; the cache folder's convention;
 `camrender encode-prompt`."""
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -95,6 +96,12 @@ def test_cache_folder_convention(monkeypatch, tmp_path):
     assert resolve_cache_dir(None) == str(tmp_path / "env")
     assert resolve_cache_dir(str(tmp_path / "option")) == str(tmp_path / "option")
     assert resolve_cache_dir("off") is None
+    monkeypatch.delenv("CAMRENDER_CACHE")
+    monkeypatch.setattr(sys, "platform", "darwin")
+    assert resolve_cache_dir(None) == str(tmp_path / "home" / "Library" / "Caches" / "camrender")
+    monkeypatch.setattr(sys, "platform", "win32")
+    monkeypatch.setenv("LOCALAPPDATA", str(tmp_path / "local"))
+    assert resolve_cache_dir(None) == str(tmp_path / "local" / "camrender" / "Cache")
 
 
 def test_keys_follow_prompt_and_encoder(tmp_path):
