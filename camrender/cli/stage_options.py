@@ -31,8 +31,9 @@ def stage_options(command):
                      help="The refiner's KV window in latent frames: the sink plus N-1 recent frames (the official "
                           "--refiner_kv_max_frames; 2 = faster and smaller, at a quality cost)."),
         click.option("--prompt-cache", default=None,
-                     help="Folder of encoded prompts (default: $CAMRENDER_CACHE, else $XDG_CACHE_HOME/camrender or "
-                          "~/.cache/camrender); 'off' encodes every time and stores nothing."),
+                     help="Folder of encoded prompts (default: $CAMRENDER_CACHE, else the user cache folder: "
+                          "$XDG_CACHE_HOME/camrender or ~/.cache/camrender); 'off' encodes every time and stores "
+                          "nothing."),
     ]
     for option in reversed(options):
         command = option(command)
