@@ -18,12 +18,14 @@ from camrender.model.loading import DEFAULT_MODEL
 @click.option("--negative-prompt", default="", help="The negative prompt of renders with guidance.")
 @click.option("--model", default=DEFAULT_MODEL, show_default=True, help="Hub id, local pipeline folder, or tiny.")
 @click.option("--refiner", default="none", show_default=True, help="The refiner whose prompt to encode too, or none.")
-@click.option("--dtype", default="auto", show_default=True,
+@click.option("--dtype", default="bfloat16", show_default=True,
               type=click.Choice(["auto", "bfloat16", "float16", "float32"]),
-              help="The renders' dtype (auto: bfloat16 on CUDA, float32 on CPU): part of the cache key.")
+              help="The dtype of the renders that will use the entries (part of the cache key): bfloat16 as GPU "
+                   "renders run, also when encoding on a CPU; auto: bfloat16 on CUDA, float32 on a CPU.")
 @click.option("--device", default=None, help="Where to encode: cuda, cuda:N or cpu (default: cuda when available).")
 @click.option("--prompt-cache", default=None,
-              help="Cache folder (default: $CAMRENDER_CACHE, else $XDG_CACHE_HOME/camrender or ~/.cache/camrender).")
+              help="Cache folder (default: $CAMRENDER_CACHE, else the user cache folder: $XDG_CACHE_HOME/camrender "
+                   "or ~/.cache/camrender).")
 def command(prompt, negative_prompt, model, refiner, dtype, device, prompt_cache):
     """Encode a prompt into the prompt cache (renders with it then load no text encoder)."""
     import torch
