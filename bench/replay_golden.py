@@ -1,8 +1,14 @@
-"""Replay a golden file of the official NVlabs streaming sampler through camrender's segment mode.
+"""Replay a golden file of an official NVlabs sampler through camrender (segment mode or full mode).
 
 Chunk-causal teacher goldens (metadata recipe "chunk-causal", tools/make_golden_chunk_causal.py) are
-replayed by bench/replay_teacher.py with the teacher's sampler; the rest of this docstring is about
-the streaming goldens.
+replayed by bench/replay_teacher.py with the teacher's sampler; bidirectional goldens (format
+`sana-wm-bidirectional-golden/1`, the kit's make_golden_bidirectional.py) by bench/replay_bidirectional.py
+through full mode, with the recipe of the golden's `nvlabs_commit` (40151c8: bidirectional, 5498e5b:
+bidirectional-nvlabs-latest) unless `--recipe` names one:
+
+    python3 bench/replay_golden.py tests/golden/bidirectional_40151c8_seed1.safetensors --kernels fused --json
+
+The rest of this docstring is about the streaming goldens.
 
 A golden file (`tests/golden/*.safetensors`, written by the reference kit's `make_golden.py`)
 holds a tiny random model in original checkpoint format (`generator.<key>`), the camera path
@@ -36,14 +42,16 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # golden_common, replay_teacher beside it
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # golden_common, replay_* beside it
+from replay_bidirectional import BIDIRECTIONAL_FORMAT, replay_bidirectional  # noqa: E402
 
 from golden_common import TOLERANCE, VAE_STRIDE, _camera, _model_from_config, _rel  # noqa: E402,F401
 
 
-def replay(golden_path: str, kernels: str = "torch", **overrides) -> dict:
+def replay(golden_path: str, kernels: str = "torch", recipe=None, **overrides) -> dict:
     """Replay `golden_path`; returns the JSON document (see the module docstring).
 
+    recipe: a recipe name (bidirectional goldens only; None: the golden's commit's).
     overrides: `SegmentOptions` fields replacing the recipe's (tests use them to show that a
     rule other than the official one is caught)."""
     import torch
@@ -60,10 +68,11 @@ def replay(golden_path: str, kernels: str = "torch", **overrides) -> dict:
     with safe_open(golden_path, framework="pt") as handle:
         metadata = handle.metadata()
         if metadata.get("recipe") == "chunk-causal":  # the teacher's sampler: bench/replay_teacher.py
-            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
             from replay_teacher import replay as replay_teacher
 
             return replay_teacher(golden_path, kernels, **overrides)
+        if metadata.get("format") == BIDIRECTIONAL_FORMAT:
+            return replay_bidirectional(golden_path, kernels, recipe, **overrides)
         tensors = {key: handle.get_tensor(key) for key in handle.keys() if not key.startswith("generator.")}
     config, shapes = json.loads(metadata["model_config"]), json.loads(metadata["shapes"])
     sampler = json.loads(metadata["sampler_config"])
@@ -133,10 +142,18 @@ def main(argv=None) -> int:
                         help="torch: PyTorch references; fused: Triton kernels (interpreted on a CPU), ieee precision")
     parser.add_argument("--json", action="store_true", help="print the whole JSON document (default: a summary line)")
     parser.add_argument("--tolerance", type=float, default=TOLERANCE, help="max_rel_error allowed (default 1e-4)")
+    parser.add_argument("--recipe", default=None, help="bidirectional goldens: the recipe to replay with "
+                        "(default: the golden's nvlabs_commit's: 40151c8 bidirectional, 5498e5b bidirectional-nvlabs-latest)")
+    parser.add_argument("--forward-only", action="store_true", help="bidirectional goldens: the forward, no sampling")
+    parser.add_argument("--teacher-steps", default="", help="bidirectional goldens: sampler steps (e.g. 0,3) whose "
+                        "model call is also replayed on the golden's inputs")
     args = parser.parse_args(argv)
     if args.kernels == "fused" and not _has_gpu():
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
-    result = replay(args.golden, args.kernels)
+    extra = {"sample": False} if args.forward_only else {}
+    if args.teacher_steps:
+        extra["teacher_steps"] = [int(step) for step in args.teacher_steps.split(",")]
+    result = replay(args.golden, args.kernels, args.recipe, **extra)
     result["tolerance"] = args.tolerance
     result["passed"] = result["max_rel_error"] <= args.tolerance
     if args.json:

@@ -175,7 +175,9 @@ def _quiet_libraries() -> None:
 @click.option("--transformer-weights", default=None, type=click.Path(path_type=Path),
               help="Original-format DiT weights (.safetensors or .pt) loaded over the transformer.")
 @click.option("--recipe", default=None,
-              help="Checkpoint recipe: bidirectional, streaming or chunk-causal (default: told from the checkpoint).")
+              help="Checkpoint recipe: bidirectional (NVlabs' release arithmetic), bidirectional-nvlabs-latest, "
+                   "bidirectional-diffusers (diffusers 0.42.1 exactly), streaming or chunk-causal "
+                   "(default: told from the checkpoint).")
 @click.option("--allow-missing-weights", is_flag=True,
               help="Render even when --transformer-weights leaves transformer weights unloaded.")
 @click.option("--vae", default=None, type=click.Path(path_type=Path),

@@ -41,9 +41,11 @@ class RenderRequest:
         transformer_weights: optional original-format DiT file loaded over the transformer.
         vae: optional diffusers VAE folder replacing the pipeline's (the streaming causal VAE).
         kernels: "fused" (the Triton kernels of every patched block; PyTorch references on CPU) |
-            "torch" (diffusers' own code, with the PyTorch reference of the GDN camera branch).
+            "torch" (diffusers' own code, with the PyTorch references of the GDN camera branch and of
+            softmax blocks under rules other than diffusers').
         mode: "full" (whole clip at once) | "segments" (chunk-causal, state-cached).
-        recipe: the checkpoint's recipe (`camrender.model.recipes`): "bidirectional" | "streaming" | "chunk-causal".
+        recipe: the checkpoint's recipe (`camrender.model.recipes`): "bidirectional" (or "bidirectional-nvlabs-latest",
+            "bidirectional-diffusers") | "streaming" | "chunk-causal".
         allow_missing_weights: render even when `transformer_weights` leaves transformer weights unloaded.
         segment_frames: latent frames per segment after the first (segment mode; None: the recipe's).
         cached_segments: recent segments besides the first that softmax blocks attend to (segment

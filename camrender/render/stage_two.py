@@ -15,6 +15,9 @@ import torch
 
 from camrender.errors import CamrenderError
 from camrender.model.refiner import RefinerStream, RefinerText, encode_refiner_prompt
+from camrender.model.fp8 import quantize_blocks
+from camrender.model.refiner_loading import load_refiner, place_refiner
+from camrender.render.decode import to_uint8_frames_async
 from camrender.model.settings import RefinerSettings, RenderSettings
 from camrender.render.prompt_cache import cached_pair, refiner_key
 
@@ -114,8 +117,6 @@ def refined_frames(stage, latent_chunks, decoder, device, overlap: Optional[bool
     so the stages of neighbouring chunks overlap on the GPU. Off CUDA the streams are no-ops and the
     order is the same. The frames are the same either way.
     """
-    from camrender.render.decode import to_uint8_frames_async
-
     overlap = OVERLAP_STAGE_TWO if overlap is None else overlap
 
     def frames_of(latents):
@@ -232,11 +233,10 @@ def refine_clip(pipe, request, latents, device=None, progress=None, settings: Op
 def load_stage_two(pipe, request, text_encoder: bool = True, place: bool = True,
                    settings: Optional[RefinerSettings] = None) -> None:
     """Load `request.refiner` in the pipeline's dtype (its block linears in FP8 under the refiner settings'
-    `linear_precision` "fp8", quantized once here; settings None: the request's), place it (`request.refiner_offload`) and attach
-    it to `pipe` for the render (`camrender.render.stage_two.stage_two`). text_encoder=False: no Gemma-3
-    (the prompt is cached). place=False: the DiT stays in CPU memory, unquantized (`camrender encode-prompt`)."""
-    from camrender.model.refiner_loading import load_refiner, place_refiner
-
+    `linear_precision` "fp8", quantized once here; settings None: the request's), place it
+    (`request.refiner_offload`) and attach it to `pipe` for the render (`camrender.render.stage_two.stage_two`).
+    text_encoder=False: no Gemma-3 (the prompt is cached). place=False: the DiT stays in CPU memory,
+    unquantized (`camrender encode-prompt`)."""
     latent_channels = pipe.vae.config.latent_channels
     refiner = load_refiner(request.refiner, dtype=pipe.transformer.dtype, latent_channels=latent_channels,
                            text_encoder=text_encoder)
@@ -253,8 +253,6 @@ def load_stage_two(pipe, request, text_encoder: bool = True, place: bool = True,
         return
     settings = RenderSettings.of_request(request).refiner if settings is None else settings
     if settings.linear_precision == "fp8":
-        from camrender.model.fp8 import quantize_blocks
-
         # on the GPU block by block (the bf16 weights of one block at a time), or where they stream from
         device = None if request.refiner_offload == "layers" else pipe._execution_device
         quantize_blocks(refiner.transformer.transformer_blocks, device=device)
