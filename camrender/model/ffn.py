@@ -164,6 +164,11 @@ class PatchedGLUMBConvTemp(GLUMBConvTemp):
 
     settings: KernelSettings = KernelSettings()
 
+    def runs_convs_as_linears(self) -> bool:
+        """Whether every call runs the 1x1 convs through `conv_linear` (fused settings and the released
+        layout): `camrender.model.fp8.quantize_blocks` may then replace their weights."""
+        return self.settings.fused and _fusable(self)
+
     @classmethod
     def adopt(cls, stock: GLUMBConvTemp, settings: KernelSettings = KernelSettings()) -> "PatchedGLUMBConvTemp":
         return adopt_module(cls, stock, settings=settings)

@@ -142,9 +142,12 @@ def quantize_blocks(blocks: Iterable[torch.nn.Module], scaling: str = "row", dev
 
 
 def _quantize_ffn_convs(block, scaling, device) -> int:
-    """Stage 1's GLUMBConv: the 1x1 inverted and point convs, which the fused FFN runs as linears."""
+    """Stage 1's GLUMBConv: the 1x1 inverted and point convs, which the fused FFN runs as linears (only when it
+    does: `PatchedGLUMBConvTemp.runs_convs_as_linears`; the stock path reads the conv weights)."""
     mlp = getattr(block, "mlp", None)
     count = 0
+    if mlp is None or not getattr(mlp, "runs_convs_as_linears", lambda: False)():
+        return count
     for part in ("inverted_conv", "point_conv"):
         conv = getattr(getattr(mlp, part, None), "conv", None)
         if conv is None or conv.kernel_size != (1, 1) or conv.groups != 1:

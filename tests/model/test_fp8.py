@@ -103,3 +103,13 @@ def test_render_with_an_fp8_refiner_quantizes_at_load_and_stays_close(tmp_path, 
     assert all(isinstance(block.attn1.to_q, Fp8Linear) for block in blocks)
     assert frames.shape == reference.shape and not np.array_equal(frames, reference)
     assert np.abs(frames.astype(float) - reference.astype(float)).mean() < 4  # of 255
+
+
+def test_stock_ffn_keeps_its_conv_weights():
+    """Under --kernels torch the FFN runs diffusers' convs, which read their weights: they are not quantized."""
+    pipe = build_tiny_pipeline(seed=0)
+    patch_transformer(pipe.transformer, kernels="torch")
+    block = pipe.transformer.blocks[0]
+    quantize_blocks([block])
+    conv = block.mlp.inverted_conv.conv
+    assert getattr(conv, "fp8", None) is None and conv.weight.shape == (128, 32, 1, 1)
