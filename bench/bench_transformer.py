@@ -297,7 +297,8 @@ def graphed_render_step(model, inputs, split=None):
                                  guidance=5.0)
     denoiser = Denoiser(model, render_inputs, FULL_MODE, latents.device, split=split, upcast=False,
                         cuda_graphs=True)
-    conditioning = denoiser.condition(0, latents.shape[2])
+    with torch.no_grad():
+        conditioning = denoiser.condition(0, latents.shape[2])
     frame_timesteps = inputs["timestep"][0, 0].float()
 
     def step():

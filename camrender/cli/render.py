@@ -56,7 +56,7 @@ def _resolve_request(options: dict, notes: list | None = None):
     """
     from camrender import trajectory
     from camrender.api.requests import build_request
-    from camrender.trajectory.formats.fileio import check_output_path
+    from camrender.files import check_output_path
     from camrender.cli.preflight import check_render_options, probe_writable
     from camrender.model.recipes import resolve_recipe
     from camrender.render.inputs import open_image
