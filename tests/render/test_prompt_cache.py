@@ -27,7 +27,7 @@ def request_for(cache, **changes):
                       fps=16)
     fields = dict(traj=traj, prompt="a quiet street", steps=None, guidance=1.0, num_frames=FRAMES, height=SIZE,
                   width=SIZE, model="tiny", dtype="float32", kernels="torch", mode="segments", seed=3,
-                  refiner="tiny", prompt_cache=str(cache), device="cpu")
+                  refiner="tiny", prompt_cache=None if cache is None else str(cache), device="cpu")
     fields.update(changes)
     return RenderRequest(**fields)
 
