@@ -18,6 +18,7 @@ one steady block.
 """
 from __future__ import annotations
 
+import json
 import time
 from types import SimpleNamespace
 
@@ -101,6 +102,11 @@ def encode_phase(args, device, dtype, weights) -> dict:
     return result
 
 
+def note(name, value) -> None:
+    """One JSON line as soon as a phase is measured (a run stopped by its time limit keeps them in its log)."""
+    print(json.dumps({name: value}, default=str), flush=True)
+
+
 def run_setting(args, name: str) -> dict:
     setting = SETTINGS[name]
     tiny = args.tiny
@@ -125,6 +131,7 @@ def run_setting(args, name: str) -> dict:
     weights = {"stage1_dit": transformer, "vae": vae}
     if setting["cap_gib"] is None:
         results["prompt_encoding"] = encode_phase(args, device, dtype, weights)
+        note("prompt_encoding", results["prompt_encoding"])
     else:
         results["prompt_encoding"] = "cached (camrender encode-prompt): no text encoder under the cap"
 
@@ -195,6 +202,7 @@ def render(args, transformer, vae, refiner_transformer, text, shape, device, dty
             row["peak_gib"] = gib(torch.cuda.max_memory_allocated())
         row.update(snapshots)
         out[label] = row
+        note(label, row)
     out["decode_workspace"] = decode_workspace(vae, shape, device, dtype)
     return out
 

@@ -16,12 +16,12 @@ step() {  # step SECONDS NAME COMMAND...
   echo "$name rc=$? $((SECONDS - began)) s"
   tail -n 3 "$OUT/issue24_$name.log" | cut -c1-300
 }
-step 140 bf16 python3 bench/bench_refiner.py --setting bf16 --segments 8 --out "$OUT/issue24_bf16.json"
-step 110 fp8 python3 bench/bench_refiner.py --setting fp8 --segments 8 --out "$OUT/issue24_fp8.json"
-step 90 fp8_quality python3 bench/bench_fp8.py --out "$OUT/issue24_fp8_quality.json"
-step 75 fp8_22gib_window2 python3 bench/bench_refiner.py --setting fp8-22gib-window2 --segments 8 \
+step 180 bf16 python3 bench/bench_refiner.py --setting bf16 --segments 8 --out "$OUT/issue24_bf16.json"
+step 100 fp8 python3 bench/bench_refiner.py --setting fp8 --segments 8 --out "$OUT/issue24_fp8.json"
+step 80 fp8_quality python3 bench/bench_fp8.py --out "$OUT/issue24_fp8_quality.json"
+step 60 fp8_22gib_window2 python3 bench/bench_refiner.py --setting fp8-22gib-window2 --segments 6 \
   --out "$OUT/issue24_fp8_22gib_window2.json"
-step 60 fp8_22gib_layers python3 bench/bench_refiner.py --setting fp8-22gib-layers --segments 4 \
+step 55 fp8_22gib_layers python3 bench/bench_refiner.py --setting fp8-22gib-layers --segments 4 \
   --out "$OUT/issue24_fp8_22gib_layers.json"
 if [ "${OFFICIAL:-0}" = 1 ]; then
   step 420 official_stage2 python3 bench/bench_official_stage2.py --out "$OUT/issue24_official_stage2.json"
