@@ -48,26 +48,19 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import bench_segments as stage_one  # noqa: E402
-from camrender.model.refiner import RefinerStream, RefinerText  # noqa: E402
+from camrender.model.refiner import RefinerStream  # noqa: E402
 from camrender.render.stage_two import PassThrough, Schedule, refined_frames  # noqa: E402
-from camrender.model.refiner_loading import stream_layers, strip_audio  # noqa: E402
+from camrender.model.refiner_loading import stream_layers  # noqa: E402
 from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments  # noqa: E402
-from camrender.render.decode import CausalStreamDecoder, to_uint8_frames  # noqa: E402
+from camrender.render.decode import DECODE_MAX_FRAMES, CausalStreamDecoder, to_uint8_frames  # noqa: E402
 from camrender.model.segments import SegmentOptions, segment_bounds  # noqa: E402
 from common import GIB, Laps, emit, measure, gib, peak_bytes, reset_peak, sync  # noqa: E402
+from refiner_common import (GEMMA2_2B, GEMMA3_12B_TEXT, VIDEO_FPS, as_refiner, build_refiner_transformer,  # noqa: E402,F401
+                            build_text_model, default_dtype, kernel_backend, refiner_text)
 
 PEAK_BF16_FLOPS = 790e12  # H200 dense bf16 tensor-core peak used for the roofline
-VIDEO_FPS = 16.0
 GPU_SIZES_GB = (24, 48, 80, 141)
 GEMM_OPS = ("mm", "addmm", "bmm", "baddbmm", "_scaled_mm")
-# Gemma-3-12B's text tower (the refiner's text encoder), for the encode time and memory
-# Gemma-2-2B, stage 1's text encoder: resident on the GPU during a render (built for the peaks, never run)
-GEMMA2_2B = dict(hidden_size=2304, intermediate_size=9216, num_hidden_layers=26, num_attention_heads=8,
-                 num_key_value_heads=4, head_dim=256, vocab_size=256000)
-GEMMA3_12B_TEXT = dict(hidden_size=3840, intermediate_size=15360, num_hidden_layers=48, num_attention_heads=16,
-                       num_key_value_heads=8, head_dim=256, vocab_size=262208, sliding_window=1024)
-
-
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiny", action="store_true", help="CPU, tiny models: checks the script (no figures)")
@@ -79,71 +72,11 @@ def parse_args(argv=None):
                         help="the refiner blocks' path (camrender.model.refiner_block): both = side by side rows "
                              "(the stock ones suffixed _stock_kernels), fused (renders' default) or stock only")
     parser.add_argument("--text-tokens", type=int, default=1024, help="refiner prompt tokens (release: 1024)")
+    parser.add_argument("--setting", default=None, choices=("bf16", "fp8", "fp8-22gib-window2", "fp8-22gib-layers"),
+                        help="only this row of the memory/precision targets, with a memory breakdown per phase "
+                             "(bench/refiner_targets.py); run each in its own process (a memory cap stays)")
     parser.add_argument("--out", default=None, help="also write the JSON document here")
     return parser.parse_args(argv)
-
-
-class default_dtype:
-    """Build modules directly in `dtype` (a release refiner in fp32 would need 76 GB before the cast)."""
-
-    def __init__(self, dtype):
-        self.dtype = dtype
-
-    def __enter__(self):
-        self.saved = torch.get_default_dtype()
-        torch.set_default_dtype(self.dtype)
-
-    def __exit__(self, *exc):
-        torch.set_default_dtype(self.saved)
-
-
-def build_refiner_transformer(tiny, device, dtype):
-    """The release refiner DiT (diffusers defaults) without its audio branch, random weights, on `device`."""
-    from diffusers.models.transformers.transformer_sana_wm_refiner import SanaWMLTX2RefinerTransformer3DModel
-
-    if tiny:
-        from camrender.model.tiny_refiner import build_tiny_refiner
-
-        transformer = build_tiny_refiner(seed=0).transformer
-    else:
-        torch.manual_seed(0)
-        with torch.device(device), default_dtype(dtype):
-            transformer = SanaWMLTX2RefinerTransformer3DModel()
-    strip_audio(transformer)
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    return transformer.to(device, dtype).eval()
-
-
-def build_text_model(tiny, device, dtype):
-    """A Gemma-3 text model shaped like the refiner's Gemma-3-12B text tower (tiny: one small layer)."""
-    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
-
-    config = Gemma3TextConfig(**(dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                      num_key_value_heads=1, head_dim=8, vocab_size=128) if tiny else GEMMA3_12B_TEXT))
-    torch.manual_seed(0)
-    with torch.device(device), default_dtype(dtype):
-        model = Gemma3ForCausalLM(config)
-    return model.to(dtype).eval()
-
-
-def refiner_text(transformer, tokens, device, dtype):
-    generator = torch.Generator().manual_seed(1)
-    embeds = torch.randn(1, tokens, transformer.config.caption_channels, generator=generator)
-    return RefinerText(embeds=embeds.to(device, dtype), mask=torch.ones(1, tokens, dtype=torch.long, device=device))
-
-
-def as_refiner(transformer):
-    """The parts of a `SanaWMLTX2Refiner` that `RefinerStream` reads."""
-    from diffusers import FlowMatchEulerDiscreteScheduler
-
-    return SimpleNamespace(transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(shift=1.0))
-
-
-def kernel_backend(device):
-    """The fused refiner path's kernels: Triton on CUDA; on a CPU (tests) their PyTorch references, never the
-    interpreter."""
-    return "auto" if device.type == "cuda" else "torch"
 
 
 def render_path(models, segments, refined, *, breakdown=False, overlap=None, schedule=Schedule(), kernels="fused"):
@@ -161,7 +94,7 @@ def render_path(models, segments, refined, *, breakdown=False, overlap=None, sch
     height, width = shape
     latent_frames = 1 + 3 * segments
     inputs = stage_one.path_inputs(transformer, latent_frames, height, width, device, dtype)
-    decoder = CausalStreamDecoder(vae)
+    decoder = CausalStreamDecoder(vae, max_frames=DECODE_MAX_FRAMES)  # as segment mode renders
     stream = RefinerStream(as_refiner(refiner_transformer), text, fps=VIDEO_FPS, device=device,
                            generator=torch.Generator().manual_seed(0), kernels=kernels,
                            kernel_backend=kernel_backend(device)) if refined else PassThrough()
@@ -402,6 +335,16 @@ def memory_settings(args, models, results, record, peak_of, peaks):
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.setting is not None:
+        if not args.tiny and not torch.cuda.is_available():
+            print(json.dumps({"error": "no CUDA device (use --tiny to check the script on a CPU)"}))
+            return 1
+        import refiner_targets
+
+        if args.tiny:
+            args.segments = min(args.segments, 4)
+        emit(refiner_targets.run_setting(args, args.setting), args.out)
+        return 0
     if args.tiny:
         device, dtype, shape = torch.device("cpu"), torch.float32, (32, 32)
         stage_one.SPATIAL = 8

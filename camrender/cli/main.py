@@ -45,6 +45,7 @@ def cli():
 
 def _register():
     from camrender.cli import batch as cli_batch
+    from camrender.cli import encode_prompt
     from camrender.cli import render as cli_render
     from camrender.cli import selftest
     from camrender.cli import traj as cli_traj
@@ -53,6 +54,7 @@ def _register():
     for command in cli_render.COMMANDS:
         cli.add_command(command)
     cli.add_command(selftest.command)
+    cli.add_command(encode_prompt.command)
     cli.add_command(cli_batch.batch)
 
 

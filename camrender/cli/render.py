@@ -12,6 +12,7 @@ from camrender.cli import path_options
 from camrender.cli.progress import STYLES as PROGRESS_STYLES
 from camrender.cli.progress import count, make_progress
 from camrender.cli.signals import raise_if_signalled
+from camrender.cli.stage_options import stage_options
 from camrender.parallel import distributed
 from camrender.errors import CamrenderError
 from camrender.model.loading import DEFAULT_MODEL
@@ -36,6 +37,7 @@ def _resolve_request(options: dict, notes: list | None = None):
     from camrender.cli.preflight import check_render_options, probe_writable
     from camrender.model.recipes import resolve_recipe
     from camrender.render.inputs import open_image
+    from camrender.cli.stage_options import resolve_stage_options
 
     path_options.resolve_prompt(options)
     check_render_options(options)
@@ -64,7 +66,8 @@ def _resolve_request(options: dict, notes: list | None = None):
         device=options["device"], offload=options["offload"], transformer_weights=options["transformer_weights"],
         kernels=options["kernels"], allow_missing_weights=options["allow_missing_weights"],
         segment_frames=options["segment_frames"], cached_segments=options["cached_segments"],
-        cuda_graphs=options["cuda_graphs"], refiner_offload=options["refiner_offload"], controls=controls, out=out)
+        cuda_graphs=options["cuda_graphs"], refiner_offload=options["refiner_offload"], controls=controls, out=out,
+        **resolve_stage_options(options, options["device"]))
     if request.num_frames != loaded.num_frames:
         note = (f"{trajectory.resample.frames_note(loaded.num_frames, request.num_frames, options['frames'])} "
                 f"({recipe.frame_stride}k+1, the {recipe.name} recipe's frame counts)")
@@ -182,6 +185,7 @@ def _quiet_libraries() -> None:
               help="bar: progress bars; lines: one line per segment, per denoising step at most one every 5 s, with "
                    "stage, counts, rate and ETA (for logs); auto: bar on a terminal, else lines; none: no progress.")
 @click.option("--quiet", "-q", is_flag=True, help="Only warnings and errors: no progress, no loading or done lines.")
+@stage_options
 @cli_launch.gpus_option("GPUs for this video, started as torchrun workers: full mode with guidance runs its two "
                         "branches on half each; every block's heads split over the GPUs of a branch (segment mode: "
                         "over all).")
@@ -234,7 +238,7 @@ def render(**options):
         log(f"loading {request.model}")
         from camrender.render.pipeline import load_patched_pipeline
 
-        pipe = load_patched_pipeline(request, log)
+        pipe = load_patched_pipeline(request, log, skip_cached_encoders=True)
         from camrender.api.output import write_video
 
         bar = make_progress(progress_style if leader else "none", unit, quiet=quiet)  # its clock starts now

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from diffusers.models.transformers.transformer_sana_wm import GLUMBConvTemp
 
 from camrender.model.adopt import adopt_module
+from camrender.model.fp8 import conv_linear
 from camrender.model.settings import KernelSettings
 
 # PyTorch's conv kernels index with 32 bits; keep one temporal conv call under this many elements.
@@ -48,15 +49,15 @@ def _spatial_fused(mlp, x, frames, height, width, backend):
 
     batch, tokens, channels = x.shape
     inverted, depth, point = mlp.inverted_conv.conv, mlp.depth_conv.conv, mlp.point_conv.conv
-    hidden = F.linear(x, inverted.weight[:, :, 0, 0], inverted.bias)  # (B, N, 2Hd)
+    hidden = conv_linear(x, inverted)  # (B, N, 2Hd)
     gated = glu_depthwise(hidden.view(batch * frames, height * width, -1), depth.weight, depth.bias,
                           height, width, backend=backend)
     del hidden
     reduce_partial = getattr(point, "reduce_partial", None)  # head split: sum the ranks' partial products
     if reduce_partial is None:
-        y = F.linear(gated, point.weight[:, :, 0, 0], point.bias)
+        y = conv_linear(gated, point)
     else:
-        y = reduce_partial(F.linear(gated, point.weight[:, :, 0, 0]))
+        y = reduce_partial(conv_linear(gated, point, bias=False))
     if mlp.point_conv.act is not None:
         y = mlp.point_conv.act(y)
     return y.view(batch, frames, height * width, -1)
@@ -162,6 +163,11 @@ class PatchedGLUMBConvTemp(GLUMBConvTemp):
     """
 
     settings: KernelSettings = KernelSettings()
+
+    def runs_convs_as_linears(self) -> bool:
+        """Whether every call runs the 1x1 convs through `conv_linear` (fused settings and the released
+        layout): `camrender.model.fp8.quantize_blocks` may then replace their weights."""
+        return self.settings.fused and _fusable(self)
 
     @classmethod
     def adopt(cls, stock: GLUMBConvTemp, settings: KernelSettings = KernelSettings()) -> "PatchedGLUMBConvTemp":

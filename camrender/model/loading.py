@@ -56,7 +56,8 @@ def resolve_dtype(dtype, device):
 
 # ----------------------------------------------------------------------------- pipeline
 def load_pipeline(model: str = DEFAULT_MODEL, *, dtype="auto", device=None, offload: bool = False,
-                  transformer_weights=None, vae=None, log=None, allow_missing_weights: bool = False):
+                  transformer_weights=None, vae=None, log=None, allow_missing_weights: bool = False,
+                  text_encoder: bool = True):
     """Load a `SanaWMPipeline` ready to run on `device`.
 
     Args:
@@ -70,6 +71,7 @@ def load_pipeline(model: str = DEFAULT_MODEL, *, dtype="auto", device=None, offl
             (e.g. the streaming checkpoint's causal VAE, `SANA-WM_streaming/ltx2_causal_vae`).
         log: optional callable(str) for warnings (missing/unexpected weight keys).
         allow_missing_weights: keep transformer weights the file lacks as they are instead of refusing.
+        text_encoder: False loads no text encoder (`pipe.text_encoder` None: the prompt is cached).
 
     Raises CamrenderError when the folder is missing, the hub is unreachable, or the weights
     do not fit.
@@ -79,10 +81,10 @@ def load_pipeline(model: str = DEFAULT_MODEL, *, dtype="auto", device=None, offl
     if model == TINY_MODEL:
         from camrender.model.tiny import build_tiny_pipeline
 
-        pipe = build_tiny_pipeline(seed=0)
+        pipe = build_tiny_pipeline(seed=0, text_encoder=text_encoder)
         pipe.to(dtype=torch_dtype)
     else:
-        pipe = _from_pretrained(model, torch_dtype)
+        pipe = _from_pretrained(model, torch_dtype, {} if text_encoder else {"text_encoder": None})
     if vae is not None:
         pipe.register_modules(vae=load_vae(vae, torch_dtype))
     if transformer_weights is not None:
@@ -123,12 +125,12 @@ def model_source(model: str) -> str:
     return source
 
 
-def _from_pretrained(model: str, torch_dtype):
+def _from_pretrained(model: str, torch_dtype, components=None):
     from diffusers import SanaWMPipeline
 
     source = model_source(model)
     try:
-        return SanaWMPipeline.from_pretrained(source, dtype=torch_dtype)
+        return SanaWMPipeline.from_pretrained(source, dtype=torch_dtype, **(components or {}))
     except Exception as error:  # hub/network errors come in many types; all mean "cannot load"
         raise CamrenderError(f"{_load_failure(model, source, error)}; {_SUGGESTION}", field="model") from None
 

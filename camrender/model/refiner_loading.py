@@ -114,20 +114,21 @@ def resolve_refiner(spec: Optional[str], latent_channels: Optional[int] = None) 
     return spec
 
 
-def load_refiner(spec: str, *, dtype, latent_channels: Optional[int] = None):
+def load_refiner(spec: str, *, dtype, latent_channels: Optional[int] = None, text_encoder: bool = True):
     """A `diffusers.SanaWMLTX2Refiner` on the CPU in `dtype` (torch dtype), without its audio branch.
 
     spec: `resolve_refiner`'s result ("tiny", a checked folder or a hub id).
+    text_encoder: False loads no Gemma-3 (`refiner.text_encoder` None: the prompt is cached).
     """
     if spec == TINY_REFINER:
         from camrender.model.tiny_refiner import build_tiny_refiner
 
-        refiner = build_tiny_refiner(seed=0).to(dtype=dtype)
+        refiner = build_tiny_refiner(seed=0, text_encoder=text_encoder).to(dtype=dtype)
     else:
         folder = Path(spec).expanduser()
         if not folder.exists():
             folder = _download(spec)
-        refiner = _from_folder(check_refiner_folder(folder, latent_channels), dtype)
+        refiner = _from_folder(check_refiner_folder(folder, latent_channels), dtype, text_encoder)
     strip_audio(refiner.transformer)
     refiner.set_progress_bar_config(disable=True)
     return refiner
@@ -145,7 +146,7 @@ def _download(hub_id: str) -> Path:
     return Path(root)
 
 
-def _from_folder(root: Path, dtype):
+def _from_folder(root: Path, dtype, load_text_encoder: bool = True):
     import transformers
     from diffusers import FlowMatchEulerDiscreteScheduler, SanaWMLTX2Refiner
     from diffusers.models.transformers.transformer_sana_wm_refiner import SanaWMLTX2RefinerTransformer3DModel
@@ -159,10 +160,13 @@ def _from_folder(root: Path, dtype):
             override = {} if listed == "SanaWMLTX2RefinerTransformer3DModel" else {
                 "transformer": SanaWMLTX2RefinerTransformer3DModel.from_pretrained(str(root / "transformer"),
                                                                                    dtype=dtype)}
+            if not load_text_encoder:
+                override["text_encoder"] = None
             return SanaWMLTX2Refiner.from_pretrained(str(root), dtype=dtype, **override)
         gemma = _text_encoder_folder(root)
         architecture = (_read_json(gemma / "config.json").get("architectures") or ["Gemma3ForConditionalGeneration"])[0]
-        text_encoder = getattr(transformers, architecture).from_pretrained(str(gemma), torch_dtype=dtype)
+        text_encoder = (getattr(transformers, architecture).from_pretrained(str(gemma), dtype=dtype).eval()
+                        if load_text_encoder else None)
         tokenizer_folder = root / "tokenizer" if (root / "tokenizer").is_dir() else gemma
         scheduler = (FlowMatchEulerDiscreteScheduler.from_pretrained(str(root / "scheduler"))
                      if (root / "scheduler").is_dir() else FlowMatchEulerDiscreteScheduler(shift=1.0))
@@ -171,7 +175,7 @@ def _from_folder(root: Path, dtype):
                                                                             dtype=dtype),
             connectors=LTX2TextConnectors.from_pretrained(str(root / "connectors"), dtype=dtype),
             tokenizer=transformers.AutoTokenizer.from_pretrained(str(tokenizer_folder)),
-            text_encoder=text_encoder.eval(),
+            text_encoder=text_encoder,
             scheduler=scheduler,
             text_max_sequence_length=DEFAULT_TEXT_MAX_SEQUENCE_LENGTH,
         )
@@ -240,12 +244,13 @@ def stream_layers(refiner, device, *, use_stream: bool) -> None:
     transformer = refiner.transformer
     if not is_layer_streamed(transformer):
         if use_stream and torch.device(device).type == "cuda":
-            for param in transformer.parameters():  # page-locked in place: the offloader keeps these (no 2nd copy)
+            # page-locked in place: the offloader keeps these (no 2nd copy); buffers too (FP8 weights are buffers)
+            for param in list(transformer.parameters()) + list(transformer.buffers()):
                 if param.device.type == "cpu" and not param.is_pinned():
                     param.data = param.data.pin_memory()
         hooks.apply_group_offloading(transformer, onload_device=device, offload_type="block_level",
                                      num_blocks_per_group=1, use_stream=use_stream)
-    if not is_layer_streamed(refiner.text_encoder):
+    if refiner.text_encoder is not None and not is_layer_streamed(refiner.text_encoder):
         _stream_decoder_layers(refiner.text_encoder, device)
 
 

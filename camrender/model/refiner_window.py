@@ -7,7 +7,12 @@ instead holds, per layer, a key and a value buffer (B, capacity, C) that the att
 prefix: the fused processor (`camrender.model.refiner_attention`) writes the pass's K/V straight into the
 current slot and ropes the sink's keys into the sink slot once per block (when `sink_pe` is set), so
 a pass copies nothing. After a block's cache pass `commit` keeps the last `max_history` frames:
-the history slides down in place (the same order as the stock concatenation and trim).
+the history slides down in place, without a temporary (the same order as the stock concatenation and trim).
+
+Memory: per layer (sink + history + block) frames of K and V, the block's 3 frames above diffusers' cache,
+which holds sink + history and concatenates the whole window into fresh tensors on every pass (one
+layer at a time). At the release shape that is 3 x 880 tokens x 4096 x 2 (K, V) x 2 bytes x 48 layers
+= 2.1 GB: the price of passes that copy nothing. `--refiner-window` shrinks both.
 
 Layout of a layer's buffers (tokens, S = sink, H = history now held, n = this pass's block):
 
@@ -79,8 +84,13 @@ class WindowLayerCache(SanaWMRefinerKVLayerCache):
         drop = total - keep
         if drop:
             s = self.sink_tokens
-            for buffer in (self.key, self.value):  # overlapping ranges: through a temporary
-                buffer[:, s:s + keep].copy_(buffer[:, s + drop:s + total].clone())
+            # Slide down in place, in pieces of at most `drop` tokens from the front: a piece's source and
+            # destination never overlap, and a piece writes only below every source still to be read (no
+            # temporary of the whole history).
+            for buffer in (self.key, self.value):
+                for start in range(0, keep, drop):
+                    stop = min(start + drop, keep)
+                    buffer[:, s + start:s + stop].copy_(buffer[:, s + drop + start:s + drop + stop])
         self.history_tokens = keep
 
     def clear(self) -> None:

@@ -15,6 +15,7 @@ from camrender.model.loading import resolve_device, resolve_dtype
 
 KERNEL_CHOICES = ("fused", "torch")
 PRECISION_CHOICES = ("tf32", "ieee")
+LINEAR_PRECISIONS = ("bf16", "fp8")  # the blocks' linear layers: the model's dtype, or e4m3 W8A8 (model/fp8.py)
 BACKENDS = ("auto", "triton", "torch")
 
 # `kernels` word -> the kernels' `backend` argument. "auto" runs Triton on CUDA and under
@@ -31,23 +32,29 @@ class KernelSettings:
             TRITON_INTERPRET=1, the PyTorch references otherwise), "triton", or "torch". With
             "torch", full mode runs diffusers' own block code and segment mode the references.
         precision: matrix-product precision inside the Triton kernels, "tf32" or "ieee" (exact fp32).
+        linear_precision: the blocks' linear layers, "bf16" (the model's dtype) or "fp8" (e4m3 weights and
+            activations, `camrender.model.fp8`; `--stage1-precision`).
     """
 
     backend: str = "auto"
     precision: str = "tf32"
+    linear_precision: str = "bf16"
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.precision not in PRECISION_CHOICES:
             raise ValueError(f"precision must be one of {PRECISION_CHOICES}, got {self.precision!r}")
+        if self.linear_precision not in LINEAR_PRECISIONS:
+            raise ValueError(f"linear precision must be one of {LINEAR_PRECISIONS}, got {self.linear_precision!r}")
 
     @classmethod
-    def from_kernels(cls, kernels: str = "fused", precision: str = "tf32") -> "KernelSettings":
-        """The settings of a `--kernels` word ("fused" or "torch") and a precision."""
+    def from_kernels(cls, kernels: str = "fused", precision: str = "tf32",
+                     linear_precision: str = "bf16") -> "KernelSettings":
+        """The settings of a `--kernels` word ("fused" or "torch"), a precision and a linear precision."""
         if kernels not in KERNEL_CHOICES:
             raise ValueError(f"kernels must be one of {KERNEL_CHOICES}, got {kernels!r}")
-        return cls(backend=_BACKEND_OF_KERNELS[kernels], precision=precision)
+        return cls(backend=_BACKEND_OF_KERNELS[kernels], precision=precision, linear_precision=linear_precision)
 
     @property
     def fused(self) -> bool:
@@ -74,16 +81,24 @@ REFINER_PATHS = ("fused", "stock")
 class RefinerSettings:
     """How stage 2's blocks compute: `path` "fused" (`camrender.model.refiner_block`'s fused path and
     window cache) or "stock" (diffusers' block code); `backend` the fused path's kernels, as
-    `KernelSettings.backend`."""
+    `KernelSettings.backend`; `linear_precision` the blocks' linears, "bf16" or "fp8"
+    (`--refiner-precision`); `window` the KV window in latent frames, the sink plus `window - 1` recent
+    ones (`--refiner-window`, the official `--refiner_kv_max_frames`)."""
 
     path: str = "fused"
     backend: str = "auto"
+    linear_precision: str = "bf16"
+    window: int = 11
 
     def __post_init__(self):
         if self.path not in REFINER_PATHS:
             raise ValueError(f"refiner path must be one of {REFINER_PATHS}, got {self.path!r}")
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.linear_precision not in LINEAR_PRECISIONS:
+            raise ValueError(f"linear precision must be one of {LINEAR_PRECISIONS}, got {self.linear_precision!r}")
+        if int(self.window) < 1:
+            raise ValueError(f"the refiner window must be at least 1 frame, got {self.window}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,7 +106,7 @@ class RenderSettings:
     """How one render computes, decided once (`decide`, from the command line or API options) and passed
     explicitly to stage 1 (`stage_one`, what `patch_transformer` stores on its modules), the refiner
     (`refiner`) and the samplers (`cuda_graphs`); `dtype` and `device` are the pipeline's. A field per
-    stage leaves room for per-stage choices (a precision per stage).
+    stage carries that stage's choices (`linear_precision`: `--stage1-precision`, `--refiner-precision`).
     """
 
     stage_one: KernelSettings = KernelSettings()
@@ -102,19 +117,23 @@ class RenderSettings:
 
     @classmethod
     def decide(cls, *, kernels: str = "fused", precision: str = "tf32", dtype="auto", device=None,
-               offload: bool = False, cuda_graphs: bool = True,
-               stage_one: Optional[KernelSettings] = None) -> "RenderSettings":
+               offload: bool = False, cuda_graphs: bool = True, stage_one: Optional[KernelSettings] = None,
+               stage1_precision: str = "bf16", refiner_precision: str = "bf16",
+               refiner_window: int = 11) -> "RenderSettings":
         """The settings of the `--kernels` word ("fused": Triton kernels, PyTorch references on a CPU;
         "torch": diffusers' own code), `--precision`, `--dtype` ("auto": bfloat16 on CUDA, float32
         elsewhere), `--device` (None: CUDA when available), `--offload` and `--cuda-graphs` (CUDA only,
-        not under offload: the weights move); stage_one: these kernel settings instead of `kernels` and
-        `precision` (a transformer patched already)."""
+        not under offload: the weights move), `--stage1-precision` / `--refiner-precision` ("bf16" / "fp8")
+        and `--refiner-window`; stage_one: these kernel settings instead of `kernels`, `precision` and
+        `stage1_precision` (a transformer patched already)."""
         resolved = resolve_device(device)
-        stage_one = KernelSettings.from_kernels(kernels, precision) if stage_one is None else stage_one
+        if stage_one is None:
+            stage_one = KernelSettings.from_kernels(kernels, precision, stage1_precision)
         # stage 2 follows stage 1's word; on a CPU the fused path runs its PyTorch references, never
         # the Triton interpreter (tests run stage 1 there)
         refiner = RefinerSettings(path="fused" if stage_one.fused else "stock",
-                                  backend=stage_one.backend if resolved.type == "cuda" else "torch")
+                                  backend=stage_one.backend if resolved.type == "cuda" else "torch",
+                                  linear_precision=refiner_precision, window=int(refiner_window))
         return cls(stage_one=stage_one, refiner=refiner, dtype=resolve_dtype(dtype, resolved), device=resolved,
                    cuda_graphs=bool(cuda_graphs) and resolved.type == "cuda" and not offload)
 
@@ -122,4 +141,7 @@ class RenderSettings:
     def of_request(cls, request, stage_one: Optional[KernelSettings] = None) -> "RenderSettings":
         """`decide` with a `camrender.render.request.RenderRequest`'s options."""
         return cls.decide(kernels=request.kernels, dtype=request.dtype, device=request.device,
-                          offload=request.offload, cuda_graphs=request.cuda_graphs, stage_one=stage_one)
+                          offload=request.offload, cuda_graphs=request.cuda_graphs, stage_one=stage_one,
+                          stage1_precision=getattr(request, "stage1_precision", "bf16"),
+                          refiner_precision=getattr(request, "refiner_precision", "bf16"),
+                          refiner_window=getattr(request, "refiner_window", 11))

@@ -149,8 +149,9 @@ def build_tiny_scheduler():
     return FlowMatchEulerDiscreteScheduler()
 
 
-def build_tiny_pipeline(seed: int = 0, **overrides):
+def build_tiny_pipeline(seed: int = 0, text_encoder: bool = True, **overrides):
     """The whole tiny `SanaWMPipeline` (fp32, CPU). `overrides` go to the transformer config.
+    text_encoder=False: built without it (renders whose prompt is cached).
 
     Text encoder hidden size follows `caption_channels` and the VAE's latent channels follow
     `in_channels`, so overriding either keeps the pipeline consistent.
@@ -159,8 +160,8 @@ def build_tiny_pipeline(seed: int = 0, **overrides):
 
     config = {**TINY_TRANSFORMER_CONFIG, **overrides}
     tokenizer = build_tiny_tokenizer()
-    text_encoder = build_tiny_text_encoder(len(tokenizer), seed=seed)
-    if text_encoder.config.hidden_size != config["caption_channels"]:
+    text_encoder = build_tiny_text_encoder(len(tokenizer), seed=seed) if text_encoder else None
+    if text_encoder is not None and text_encoder.config.hidden_size != config["caption_channels"]:
         raise ValueError("caption_channels must equal the tiny text encoder's hidden size (32)")
     return SanaWMPipeline(
         tokenizer=tokenizer,

@@ -82,8 +82,9 @@ def _redraw(module, generator) -> None:
                 param.copy_(0.1 * noise)
 
 
-def build_tiny_refiner(seed: int = 0, **overrides):
-    """The whole tiny `SanaWMLTX2Refiner` (fp32, CPU, no VAE). `overrides` go to the transformer config."""
+def build_tiny_refiner(seed: int = 0, text_encoder: bool = True, **overrides):
+    """The whole tiny `SanaWMLTX2Refiner` (fp32, CPU, no VAE). `overrides` go to the transformer config.
+    text_encoder=False: built without its Gemma-3 (renders whose prompt is cached)."""
     import torch
     from diffusers import FlowMatchEulerDiscreteScheduler, SanaWMLTX2Refiner
     from diffusers.models.transformers.transformer_sana_wm_refiner import SanaWMLTX2RefinerTransformer3DModel
@@ -93,12 +94,12 @@ def build_tiny_refiner(seed: int = 0, **overrides):
 
     config = {**TINY_REFINER_TRANSFORMER_CONFIG, **overrides}
     tokenizer = build_tiny_tokenizer()
-    text_encoder = build_tiny_gemma3(len(tokenizer), seed=seed)
-    text_layers = text_encoder.config.text_config.num_hidden_layers + 1  # + the embedding output
+    text_encoder = build_tiny_gemma3(len(tokenizer), seed=seed) if text_encoder else None
+    text_layers = TINY_GEMMA3_TEXT_CONFIG["num_hidden_layers"] + 1  # + the embedding output
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         connectors = LTX2TextConnectors(
-            caption_channels=text_encoder.config.text_config.hidden_size,
+            caption_channels=TINY_GEMMA3_TEXT_CONFIG["hidden_size"],
             text_proj_in_factor=text_layers,
             video_connector_num_attention_heads=2, video_connector_attention_head_dim=8,
             video_connector_num_layers=1, video_connector_num_learnable_registers=8,

@@ -16,6 +16,11 @@ import functools
 
 import torch
 
+# Latent frames per VAE call in segment mode's streaming decode. The decode's workspace grows with the frames
+# of a call (the decoder's last stages hold several full-resolution activations of 8 video frames per latent
+# frame); one latent frame per call bounds it at the cost of 3x as many (3x smaller) calls per segment.
+DECODE_MAX_FRAMES = 1
+
 __all__ = ["CausalStreamDecoder", "video_frames_for_latents", "to_uint8_frames", "to_uint8_frames_async",
            "decode_latents", "denormalize_latents"]
 
@@ -73,9 +78,12 @@ class CausalStreamDecoder:
         vae: `AutoencoderKLLTX2Video`.
         device: where the decoder runs (the pipeline's execution device under model CPU offload,
             where `vae.device` reads "cpu" between calls); default `vae.device`.
+        max_frames: decode at most this many latent frames per VAE call (a chunk goes in pieces; the
+            frames are the same): bounds the decode's workspace, which grows with the frames of a call
+            (None: a chunk per call).
     """
 
-    def __init__(self, vae, *, device=None):
+    def __init__(self, vae, *, device=None, max_frames=None):
         from diffusers.models.autoencoders.autoencoder_kl_ltx2 import (
             LTX2VideoCausalConv3d,
             LTX2VideoUpsampler3d,
@@ -83,6 +91,7 @@ class CausalStreamDecoder:
 
         self.vae = vae
         self.device = device
+        self.max_frames = max_frames
         decoder = vae.decoder
         self._convs = [m for m in decoder.modules() if isinstance(m, LTX2VideoCausalConv3d)]
         self._upsamplers = [m for m in decoder.modules() if isinstance(m, LTX2VideoUpsampler3d)]
@@ -98,6 +107,9 @@ class CausalStreamDecoder:
         F = 1 + 8 (t - 1) for the first chunk and 8 t after it (for 8x temporal compression)."""
         if latents.shape[0] != 1:
             raise ValueError("streaming decode works on one video at a time (batch 1)")
+        if self.max_frames is not None and latents.shape[2] > self.max_frames:
+            return torch.cat([self.decode(latents[:, :, start:start + self.max_frames])
+                              for start in range(0, latents.shape[2], self.max_frames)], dim=2)
 
         vae = self.vae
         z = denormalize_latents(vae, latents.to(device=self.device or vae.device, dtype=vae.dtype))

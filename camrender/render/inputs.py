@@ -6,6 +6,7 @@ PIL, torch and diffusers are imported inside the functions: the CLI's checks rea
 any model loads, and a bad image must fail in a fraction of a second, not after importing diffusers."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from camrender.errors import CamrenderError
+from camrender.render.prompt_cache import cached_pair, stage_one_key
 from camrender.render.request import MAX_SEQUENCE_LENGTH, RenderRequest, latent_shape
 
 def open_image(image):
@@ -81,17 +83,40 @@ def encode_text(pipe, request: RenderRequest, device, guidance: bool):
     import torch
     from diffusers.pipelines.sana_wm.pipeline_sana_wm import DEFAULT_CHI_PROMPT
 
-    cond, cond_mask, neg, neg_mask = pipe.encode_prompt(
-        request.prompt or "",
-        request.negative_prompt or "",
-        device=device,
-        max_sequence_length=MAX_SEQUENCE_LENGTH,
-        chi_prompt=DEFAULT_CHI_PROMPT,
-    )
+    if pipe.text_encoder is None:
+        raise CamrenderError("the prompt is not in the prompt cache any more and the text encoder was not loaded: "
+                             "render again", field="prompt-cache")
+    with visiting(pipe.text_encoder, device, request.offload):
+        cond, cond_mask, neg, neg_mask = pipe.encode_prompt(
+            request.prompt or "",
+            request.negative_prompt or "",
+            device=device,
+            max_sequence_length=MAX_SEQUENCE_LENGTH,
+            chi_prompt=DEFAULT_CHI_PROMPT,
+        )
     if not guidance:
         return drop_text_padding(cond, cond_mask)
     return drop_text_padding(torch.cat([neg, cond]), torch.cat([neg_mask, cond_mask]))
 
+
+
+@contextlib.contextmanager
+def visiting(module, device, offload: bool):
+    """`module` on `device` for the block and back where it lives after (the text encoder stays in CPU
+    memory between renders: `camrender.render.pipeline`); nothing moves under model CPU offload."""
+    import torch
+
+    home = next(module.parameters()).device
+    if offload or home == torch.device(device):
+        yield module
+        return
+    module.to(device)
+    try:
+        yield module
+    finally:
+        module.to(home)
+        if torch.device(device).type == "cuda":
+            torch.cuda.empty_cache()
 
 
 def drop_text_padding(embeds, mask):
@@ -189,7 +214,8 @@ def prepare_inputs(pipe, request: RenderRequest, device) -> RenderInputs:
     guidance = request.guidance is not None and request.guidance > 1.0
     pixels = request_first_frame(request)
     with torch.no_grad():
-        text, text_mask = encode_text(pipe, request, device, guidance)
+        text, text_mask = cached_pair(request, stage_one_key(request, guidance),
+                                      lambda: encode_text(pipe, request, device, guidance), device)
         first = encode_first_frame(pipe.vae, pixels, device, dtype)
     frames, h, w = latent_shape(pipe, request)
     cameras = camera_feed(pipe, request, device, dtype, 2 if guidance else 1)

@@ -6,11 +6,13 @@ from __future__ import annotations
 from typing import Optional
 
 from camrender.errors import CamrenderError
+from camrender.model.fp8 import quantize_blocks
 from camrender.model.loading import load_pipeline
 from camrender.model.patch import patch_transformer
 from camrender.model.settings import RenderSettings, model_settings
 from camrender.parallel.cfg import head_split
 from camrender.parallel.heads import split_transformer
+from camrender.render.prompt_cache import cached_stages
 from camrender.render.stage_two import load_stage_two
 
 
@@ -29,10 +31,18 @@ def pipeline_settings(pipe, request) -> RenderSettings:
     return settings
 
 
-def load_patched_pipeline(request, log=None, settings: Optional[RenderSettings] = None):
+def load_patched_pipeline(request, log=None, settings: Optional[RenderSettings] = None,
+                          skip_cached_encoders: bool = False):
     """The request's pipeline on its device, patched with its settings (`RenderSettings.of_request`, or
-    `settings`), with its `--refiner` attached, and this rank's share of every block's heads under a head
-    split. The settings stay with the pipeline (`pipeline_settings`) for its renders."""
+    `settings`; stage 1's block linears in FP8 under `settings.stage_one.linear_precision` "fp8"), with its
+    `--refiner` attached, and this rank's share of every block's heads under a head split. The settings
+    stay with the pipeline (`pipeline_settings`) for its renders.
+
+    The text encoders live in CPU memory and visit the device for the render's one prompt encoding
+    (`camrender.render.inputs.visiting`; the refiner's at load, `load_stage_two`).
+    skip_cached_encoders: a stage whose prompt is in `request.prompt_cache` loads no text encoder
+    (for one render: a later request with another prompt would find none).
+    """
 
     split = head_split(request.mode, request.guidance)
     if split is not None and request.offload:
@@ -42,10 +52,23 @@ def load_patched_pipeline(request, log=None, settings: Optional[RenderSettings] 
         raise CamrenderError("--kernels torch runs the stock diffusers blocks, which the head split of several GPUs "
                              "per video does not cover: use --kernels fused", field="kernels")
     settings = RenderSettings.of_request(request) if settings is None else settings
+    fp8 = settings.stage_one.linear_precision == "fp8"
+    if fp8 and (split is not None or not settings.stage_one.fused or request.offload):
+        raise CamrenderError("--stage1-precision fp8 needs --kernels fused, one GPU per video and no --offload",
+                             field="stage1-precision")
+    guidance = request.guidance is not None and request.guidance > 1.0
+    cached = cached_stages(request, guidance) if skip_cached_encoders else {"stage1": False, "refiner": False}
     pipe = load_pipeline(request.model, dtype=settings.dtype, device=settings.device, offload=request.offload,
                          transformer_weights=request.transformer_weights, vae=request.vae, log=log,
-                         allow_missing_weights=request.allow_missing_weights)
+                         allow_missing_weights=request.allow_missing_weights, text_encoder=not cached["stage1"])
+    if pipe.text_encoder is not None and not request.offload:
+        pipe.text_encoder.to("cpu")
+    if log is not None and any(cached.values()):
+        log("prompt found in the prompt cache: " + ", ".join(f"no {stage} text encoder loaded"
+                                                             for stage, hit in cached.items() if hit))
     patch_transformer(pipe.transformer, settings=settings.stage_one)
+    if fp8:
+        quantize_blocks(pipe.transformer.blocks)
     setattr(pipe, _SETTINGS, settings)
     if split is not None:
         split_transformer(pipe.transformer, split)
@@ -54,5 +77,5 @@ def load_patched_pipeline(request, log=None, settings: Optional[RenderSettings] 
     if request.refiner is not None:
         if log is not None:
             log(f"loading the refiner {request.refiner}")
-        load_stage_two(pipe, request)
+        load_stage_two(pipe, request, text_encoder=not cached["refiner"], settings=settings.refiner)
     return pipe

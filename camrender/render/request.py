@@ -60,6 +60,11 @@ class RenderRequest:
             (`camrender.render.stage_two.attach_refiner`).
         refiner_offload: "none" (the refiner's DiT lives on the GPU) | "layers" (its blocks visit the GPU
             one at a time).
+        stage1_precision, refiner_precision: "bf16" (the model's dtype) | "fp8" (e4m3 W8A8 linears of the
+            transformer blocks, `camrender.model.fp8`; CUDA, compute capability 8.9+).
+        refiner_window: the refiner's KV window in latent frames (sink + N-1 recent; official
+            `--refiner_kv_max_frames`, 11).
+        prompt_cache: folder of encoded prompts (`camrender.render.prompt_cache`), None: no cache.
         controls: the action scheme that rolled out an action-string path
             (`camrender.trajectory.controls.ControlScheme.to_dict()`: name, speeds, pitch limit, smoothing,
             fps), recorded in NAME.render.json; None for other paths.
@@ -92,6 +97,10 @@ class RenderRequest:
     cuda_graphs: bool = True
     refiner: Optional[str] = None
     refiner_offload: str = "none"
+    stage1_precision: str = "bf16"
+    refiner_precision: str = "bf16"
+    refiner_window: int = 11
+    prompt_cache: Optional[str] = None
     controls: Optional[dict] = None
     out: Optional[Path] = None
     cameras: Any = None

@@ -30,7 +30,7 @@ from camrender.model.segments import SegmentCache
 from camrender.model.settings import RenderSettings
 from camrender.model.state import SegmentOptions
 from camrender.render.chunk_causal import sample_chunk_causal, teacher_chunk_bounds, teacher_schedule
-from camrender.render.decode import CausalStreamDecoder
+from camrender.render.decode import DECODE_MAX_FRAMES, CausalStreamDecoder
 from camrender.render.denoise import Denoiser, pin, pinned_frames
 from camrender.render.inputs import RenderInputs, prepare_inputs
 from camrender.render.plan import ChunkPlan
@@ -145,7 +145,7 @@ def segment_plan(pipe, request, device, settings: RenderSettings, checkpoints=No
     else:
         bounds = segment_bounds(inputs.noise.shape[2], segment_frames)
         timesteps = segment_timesteps(pipe.scheduler, request.steps, recipe)
-    decoder = CausalStreamDecoder(pipe.vae, device=device)
+    decoder = CausalStreamDecoder(pipe.vae, device=device, max_frames=DECODE_MAX_FRAMES)
     cache, first, written = SegmentCache.empty(model), 0, 0
     if checkpoints is not None:
         cache, first = checkpoints.restore(cache, decoder, device, bounds)

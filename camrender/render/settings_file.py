@@ -19,7 +19,8 @@ import numpy as np
 from camrender.errors import CamrenderError
 
 RENDER_JSON_VERSION = 1
-NOT_SETTINGS = ("traj", "out")  # the path (stored apart) and the target (given on each command line)
+NOT_SETTINGS = ("traj", "out", "prompt_cache")  # the path (stored apart), the target (given on each command
+# line) and where this machine keeps encoded prompts (not part of the video)
 
 
 def _jsonable(value):

@@ -14,12 +14,15 @@ from typing import Optional
 import torch
 
 from camrender.errors import CamrenderError
-from camrender.model.refiner import RefinerStream, encode_refiner_prompt
+from camrender.model.refiner import RefinerStream, RefinerText, encode_refiner_prompt
+from camrender.model.fp8 import quantize_blocks
 from camrender.model.refiner_loading import load_refiner, place_refiner
 from camrender.render.decode import to_uint8_frames_async
 from camrender.model.settings import RefinerSettings, RenderSettings
+from camrender.render.prompt_cache import cached_pair, refiner_key
 
 _ATTRIBUTE = "_camrender_refiner"
+_PROMPT_MEMO = "_camrender_prompt"  # (refiner_key, embeds, mask) encoded at load
 
 
 def attach_refiner(pipe, refiner) -> None:
@@ -53,11 +56,31 @@ def stage_two(pipe, request, device, settings: Optional[RefinerSettings] = None)
     if refiner is None:
         return PassThrough()
     settings = RenderSettings.of_request(request).refiner if settings is None else settings
-    dtype = next(refiner.transformer.parameters()).dtype
-    text = encode_refiner_prompt(refiner, request.prompt, device, dtype)
+    text = refiner_prompt(refiner, request, device)
     return RefinerStream(refiner, text, fps=request.fps, device=device,
                          generator=torch.Generator("cpu").manual_seed(int(request.seed)),
-                         kernels=settings.path, kernel_backend=settings.backend)
+                         kernels=settings.path, kernel_backend=settings.backend, kv_max_frames=settings.window)
+
+
+def refiner_prompt(refiner, request, device) -> RefinerText:
+    """The refiner's encoded prompt for `request`: encoded at load (`load_stage_two`), else from the prompt
+    cache, else encoded now (and stored in the cache)."""
+    key = refiner_key(request)
+    memo = getattr(refiner, _PROMPT_MEMO, None)
+    if memo is not None and memo[0] == key:
+        embeds, mask = memo[1], memo[2]
+    else:
+        dtype = next(refiner.transformer.parameters()).dtype
+        embeds, mask = cached_pair(request, key, lambda: _encoded(refiner, request, device, dtype), device)
+    return RefinerText(embeds=embeds.to(device), mask=None if mask is None else mask.to(device))
+
+
+def _encoded(refiner, request, device, dtype) -> tuple:
+    if refiner.text_encoder is None:
+        raise CamrenderError("the refiner's prompt is not in the prompt cache any more and its text encoder was not "
+                             "loaded: render again", field="prompt-cache")
+    text = encode_refiner_prompt(refiner, request.prompt, device, dtype)
+    return text.embeds, text.mask
 
 
 # On CUDA, a segment's refinement runs on its own stream while the next segment's stage 1 runs, and its
@@ -207,13 +230,31 @@ def refine_clip(pipe, request, latents, device=None, progress=None, settings: Op
     return torch.cat(pieces, dim=2)
 
 
-def load_stage_two(pipe, request) -> None:
-    """Load `request.refiner` in the pipeline's dtype, place it (`request.refiner_offload`) and attach it
-    to `pipe` for the render (`camrender.render.stage_two.stage_two`)."""
+def load_stage_two(pipe, request, text_encoder: bool = True, place: bool = True,
+                   settings: Optional[RefinerSettings] = None) -> None:
+    """Load `request.refiner` in the pipeline's dtype (its block linears in FP8 under the refiner settings'
+    `linear_precision` "fp8", quantized once here; settings None: the request's), place it
+    (`request.refiner_offload`) and attach it to `pipe` for the render (`camrender.render.stage_two.stage_two`).
+    text_encoder=False: no Gemma-3 (the prompt is cached). place=False: the DiT stays in CPU memory,
+    unquantized (`camrender encode-prompt`)."""
     latent_channels = pipe.vae.config.latent_channels
-    refiner = load_refiner(request.refiner, dtype=pipe.transformer.dtype, latent_channels=latent_channels)
+    refiner = load_refiner(request.refiner, dtype=pipe.transformer.dtype, latent_channels=latent_channels,
+                           text_encoder=text_encoder)
     if refiner.transformer.config.in_channels != latent_channels:  # a hub id is checked only once downloaded
         raise CamrenderError(f"the refiner works on {refiner.transformer.config.in_channels} latent channels but "
                              f"the VAE makes {latent_channels}", path=request.refiner, field="refiner")
+    if refiner.text_encoder is not None:
+        # Encode now, before the refiner's DiT is on the GPU: the Gemma-3 encoder (24 GB in bf16) visits the
+        # GPU beside stage 1 alone, not beside the refiner too (peak memory of the render).
+        text = refiner_prompt(refiner, request, pipe._execution_device)
+        setattr(refiner, _PROMPT_MEMO, (refiner_key(request), text.embeds, text.mask))
+    if not place:
+        attach_refiner(pipe, refiner)
+        return
+    settings = RenderSettings.of_request(request).refiner if settings is None else settings
+    if settings.linear_precision == "fp8":
+        # on the GPU block by block (the bf16 weights of one block at a time), or where they stream from
+        device = None if request.refiner_offload == "layers" else pipe._execution_device
+        quantize_blocks(refiner.transformer.transformer_blocks, device=device)
     place_refiner(refiner, pipe._execution_device, request.refiner_offload)
     attach_refiner(pipe, refiner)

@@ -41,3 +41,22 @@ def test_tiny_run_writes_every_figure(tmp_path, monkeypatch):
     assert set(result["peak_gib_by_setting"]) == {"none", "layers"}
     assert set(result["setting_for_gpu"]) == {"24GB", "48GB", "80GB", "141GB"}
     sys.modules.pop("bench_refiner", None)
+
+
+def test_tiny_setting_reports_the_phases(tmp_path, monkeypatch):
+    from camrender.model.fp8 import Fp8Linear
+
+    monkeypatch.setattr(Fp8Linear, "backend", Fp8Linear.backend)  # the bench sets it: restored after
+    monkeypatch.syspath_prepend(str(BENCH))
+    import bench_refiner
+
+    out = tmp_path / "fp8.json"
+    assert bench_refiner.main(["--tiny", "--setting", "fp8-22gib-window2", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["precision"] == "fp8" and result["window"] == 2 and result["refiner_fp8_linears"] > 0
+    timed = result["render"]["timed"]
+    assert timed["video_frames"] == 97 and timed["video_fps_steady"] > 0
+    for phase in ("first_segment", "steady_state"):
+        assert set(timed[phase]["weights"]) == {"stage1_dit", "vae", "refiner_dit"}
+    assert set(result["render"]["decode_workspace"]) == {"block_per_call", "one_frame_per_call"}
+    sys.modules.pop("bench_refiner", None)

@@ -106,3 +106,21 @@ def test_window_history_slides_in_place():
 def test_use_refiner_kernels_rejects_unknown_names(refiner):
     with pytest.raises(ValueError, match="fused, stock"):
         use_refiner_kernels(refiner.transformer, "turbo")
+
+
+def test_window_slide_equals_the_stock_concatenation_and_trim():
+    """The release proportions (10 history frames, blocks of 3): drop < keep, the slide goes in pieces."""
+    cache = WindowKVCache(1, history_frames=10, block_frames=3, sink_frames=1)
+    layer = cache.layer_caches[0]
+    tokens = 3
+    layer.store_sink(torch.zeros(1, tokens, 2), torch.zeros(1, tokens, 2))
+    history = torch.zeros(1, 0, 2)
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(6):
+        start, end = layer.place(3 * tokens)
+        block = torch.randn(1, end - start, 2, generator=generator)
+        layer.key[:, start:end] = block
+        layer.value[:, start:end] = -block
+        layer.commit(3)
+        history = torch.cat([history, block], dim=1)[:, -10 * tokens:]
+        assert torch.equal(layer.history_k, history) and torch.equal(layer.history_v, -history)

@@ -23,10 +23,10 @@ def clip(vae):
     return latents, video
 
 
-@pytest.mark.parametrize("segment_frames", [3, 1])
-def test_streamed_decode_equals_whole_clip_causal_decode(vae, clip, segment_frames):
+@pytest.mark.parametrize("segment_frames,max_frames", [(3, None), (1, None), (3, 1), (3, 2)])
+def test_streamed_decode_equals_whole_clip_causal_decode(vae, clip, segment_frames, max_frames):
     latents, whole = clip
-    decoder = CausalStreamDecoder(vae)
+    decoder = CausalStreamDecoder(vae, max_frames=max_frames)  # max_frames: each chunk in pieces
     chunks = []
     for start, stop in segment_bounds(latents.shape[2], segment_frames):
         chunk = decoder.decode(latents[:, :, start:stop])

@@ -1,0 +1,232 @@
+"""`bench_refiner.py --setting NAME`: one setting of issue 24's target table, measured as a render runs it,
+with a memory breakdown at each phase (prompt encoding, first segment, steady state).
+
+Order, as `camrender.render.pipeline` loads a render: stage 1's DiT and VAE on the GPU (their block linears
+in FP8 under fp8); the prompts encoded before the refiner's DiT is placed (Gemma-2-2B, then the
+Gemma-3-12B text tower, each on the GPU for its one call and dropped after: the text encoders live in CPU
+memory; a cached prompt skips this phase); the refiner's DiT placed (FP8: quantized block by block on the
+GPU; `layers`: streamed from page-locked CPU memory); then segment mode with the refiner, the stages
+overlapped as rendered. A memory cap (`torch.cuda.set_per_process_memory_fraction`) applies from the
+render's first allocation on: weights built and quantized before it.
+
+Breakdown (GiB): weights per component (parameters + buffers on the GPU), the refiner's KV window (its
+layer buffers), stage 1's segment caches (`SegmentCache.nbytes`), `other_allocated` (allocated minus the
+named parts: CUDA-graph pools of stage 1, activations in flight, the decode's buffers), allocator slack
+(reserved minus allocated) and the phase's peak; separately the decode workspace of one 3-frame block (peak
+above what was allocated, whole block and one latent frame per call) and the refiner's activation peak of
+one steady block.
+"""
+from __future__ import annotations
+
+import json
+import time
+from types import SimpleNamespace
+
+import torch
+
+import refiner_common as base
+import bench_segments as stage_one
+from camrender.model.fp8 import Fp8Linear, quantize_blocks
+from camrender.model.refiner import RefinerStream
+from camrender.model.refiner_loading import stream_layers
+from camrender.model.segments import SegmentCache, SegmentOptions, segment_bounds
+from camrender.render.decode import DECODE_MAX_FRAMES, CausalStreamDecoder
+from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments
+from camrender.render.stage_two import refined_frames
+from common import GIB, gib, sync
+
+SETTINGS = {
+    "bf16": dict(precision="bf16", window=11, offload="none", cap_gib=None),
+    "fp8": dict(precision="fp8", window=11, offload="none", cap_gib=None),
+    # two candidates for a 24 GB card: a short KV window, or the refiner's layers streamed
+    "fp8-22gib-window2": dict(precision="fp8", window=2, offload="none", cap_gib=22),
+    "fp8-22gib-layers": dict(precision="fp8", window=11, offload="layers", cap_gib=22),
+}
+
+
+def module_bytes(module, device) -> int:
+    """Bytes of `module`'s parameters and buffers that live on `device`'s type."""
+    kind = torch.device(device).type
+    return sum(t.numel() * t.element_size() for t in list(module.parameters()) + list(module.buffers())
+               if t.device.type == kind)
+
+
+def window_bytes(stream) -> int:
+    """The refiner's KV cache: every tensor its layers hold (window buffers, sink keys; stock: sink + history)."""
+    total, seen = 0, set()
+    for layer in stream.cache.layer_caches:
+        for value in vars(layer).values():
+            if isinstance(value, torch.Tensor) and value.data_ptr() not in seen:
+                seen.add(value.data_ptr())
+                total += value.numel() * value.element_size()
+    return total
+
+
+def breakdown(weights: dict, named: dict, device) -> dict:
+    """The memory now: weights {name: module}, named buffers {name: bytes}; GiB."""
+    if torch.device(device).type != "cuda":
+        return dict(weights={k: gib(module_bytes(m, device)) for k, m in weights.items()}, note="CPU: no CUDA figures")
+    sync()
+    allocated, reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+    weight_bytes = {name: module_bytes(module, device) for name, module in weights.items()}
+    known = sum(weight_bytes.values()) + sum(named.values())
+    return dict(weights={k: gib(v) for k, v in weight_bytes.items()}, **{k: gib(v) for k, v in named.items()},
+                other_allocated=gib(allocated - known), allocated=gib(allocated), allocator_slack=gib(reserved - allocated),
+                peak_allocated=gib(torch.cuda.max_memory_allocated()))
+
+
+def encode_phase(args, device, dtype, weights) -> dict:
+    """Gemma-2-2B (stage 1) and the Gemma-3-12B text tower (refiner), each built on the GPU, run once on a prompt
+    of 300 / `args.text_tokens` tokens and dropped; peak and breakdown while the larger one is resident."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    result = {}
+    for name, tokens in (("gemma2_stage1", 300), ("gemma3_refiner", args.text_tokens)):
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        if name == "gemma2_stage1":
+            config = (Gemma2Config(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                   num_key_value_heads=1, head_dim=8, vocab_size=128) if args.tiny
+                      else Gemma2Config(**base.GEMMA2_2B))
+            with torch.device(device), base.default_dtype(dtype):
+                model = Gemma2ForCausalLM(config).eval()
+        else:
+            model = base.build_text_model(args.tiny, device, dtype)
+        ids = torch.randint(0, model.config.vocab_size, (1, tokens), device=device)
+        with torch.no_grad():
+            model(input_ids=ids, attention_mask=torch.ones_like(ids), output_hidden_states=True)
+        result[name] = breakdown(dict(weights, text_encoder=model), {}, device)
+        del model, ids
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return result
+
+
+def note(name, value) -> None:
+    """One JSON line as soon as a phase is measured (a run stopped by its time limit keeps them in its log)."""
+    print(json.dumps({name: value}, default=str), flush=True)
+
+
+def run_setting(args, name: str) -> dict:
+    setting = SETTINGS[name]
+    tiny = args.tiny
+    if tiny:
+        device, dtype, shape = torch.device("cpu"), torch.bfloat16, (32, 32)
+        stage_one.SPATIAL = 8
+    else:
+        device, dtype, shape = torch.device("cuda"), torch.bfloat16, (704, 1280)
+    results = dict(setting=name, **setting, segments=args.segments, height=shape[0], width=shape[1],
+                   device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu", torch=torch.__version__,
+                   note="random weights; release configs; prompt encode = the encoders' own phase, before the "
+                        "refiner DiT is placed; the render uses random prompt embeddings")
+    began = time.perf_counter()
+    fp8 = setting["precision"] == "fp8"
+    Fp8Linear.backend = base.kernel_backend(device)  # on a CPU the PyTorch reference, never the interpreter
+    stage_args = SimpleNamespace(cpu_smoke=tiny, quick=False, kernels="fused" if device.type == "cuda" else "torch")
+    # the tiny stage 1 runs in fp32 on the CPU (diffusers' CPU RoPE grid refuses bf16); the refiner in bf16
+    stage_dtype = torch.float32 if tiny else dtype
+    transformer, vae = stage_one.build_models(stage_args, device, stage_dtype)
+    if fp8 and device.type == "cuda":  # _scaled_mm's bf16 output on CUDA; the CPU checks the refiner's path
+        results["stage1_fp8_linears"] = quantize_blocks(transformer.blocks)
+    weights = {"stage1_dit": transformer, "vae": vae}
+    if setting["cap_gib"] is None:
+        results["prompt_encoding"] = encode_phase(args, device, dtype, weights)
+        note("prompt_encoding", results["prompt_encoding"])
+    else:
+        results["prompt_encoding"] = "cached (camrender encode-prompt): no text encoder under the cap"
+
+    refiner_transformer = base.build_refiner_transformer(tiny, device, dtype)
+    if fp8:
+        results["refiner_fp8_linears"] = quantize_blocks(refiner_transformer.transformer_blocks)
+    if setting["offload"] == "layers":
+        refiner_transformer.to("cpu")
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        stream_layers(SimpleNamespace(transformer=refiner_transformer, text_encoder=None), device,
+                      use_stream=device.type == "cuda")
+    weights["refiner_dit"] = refiner_transformer
+    if setting["cap_gib"] is not None and device.type == "cuda":
+        total = torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.set_per_process_memory_fraction(setting["cap_gib"] * GIB / total)
+        torch.cuda.empty_cache()
+    text = base.refiner_text(refiner_transformer, args.text_tokens if not tiny else 16, device, dtype)
+    results["build_s"] = round(time.perf_counter() - began, 1)
+    results["render"] = render(args, transformer, vae, refiner_transformer, text, shape, device, stage_dtype,
+                               setting, weights)
+    results["total_wall_s"] = round(time.perf_counter() - began, 1)
+    timed = results["render"]["timed"]
+    encode_peaks = [phase.get("peak_allocated") for phase in results["prompt_encoding"].values()] \
+        if isinstance(results["prompt_encoding"], dict) else []
+    peaks = [p for p in encode_peaks + [timed.get("peak_gib")] if p is not None]
+    results["summary"] = dict(setting=name, video_fps_steady=timed.get("video_fps_steady"),
+                              peak_gib=max(peaks) if peaks else None, render_peak_gib=timed.get("peak_gib"),
+                              encode_peak_gib=max(encode_peaks) if encode_peaks and None not in encode_peaks else None)
+    return results
+
+
+def render(args, transformer, vae, refiner_transformer, text, shape, device, dtype, setting, weights) -> dict:
+    """Warm-up path (compiles, captures stage 1's graphs, fills the window), then the timed path with phase
+    snapshots; then the decode workspace and the refiner's activation peak."""
+    height, width = shape
+    out = {}
+    for label, segments in (("warmup", 2 if args.tiny else min(5, args.segments)), ("timed", args.segments)):
+        latent_frames = 1 + 3 * segments
+        inputs = stage_one.path_inputs(transformer, latent_frames, height, width, device, dtype)
+        cache = SegmentCache.empty(transformer)
+        stream = RefinerStream(base.as_refiner(refiner_transformer), text, fps=base.VIDEO_FPS, device=device,
+                               generator=torch.Generator().manual_seed(0), kv_max_frames=setting["window"],
+                               kernel_backend=base.kernel_backend(device))
+        decoder = CausalStreamDecoder(vae, max_frames=DECODE_MAX_FRAMES)  # as segment mode renders
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        arrivals, frames, snapshots = [], 0, {}
+        began = time.perf_counter()
+        with torch.no_grad():
+            chunks = (x for *_, x in sample_segments(transformer, inputs, segment_bounds(latent_frames, 3),
+                                                     list(DEFAULT_SEGMENT_TIMESTEPS), SegmentOptions(cached_segments=2),
+                                                     device, cuda_graphs=device.type == "cuda", cache=cache))
+            for index, (_, chunk) in enumerate(refined_frames(stream, chunks, decoder, device)):
+                frames += len(chunk)
+                arrivals.append((time.perf_counter(), frames))
+                if label == "timed" and index in (0, segments - 2):
+                    named = dict(refiner_kv_window=window_bytes(stream), stage1_caches=cache.nbytes())
+                    snapshots["first_segment" if index == 0 else "steady_state"] = breakdown(weights, named, device)
+        sync()
+        total = time.perf_counter() - began
+        row = dict(video_frames=frames, total_s=round(total, 3), video_fps=round(frames / total, 2))
+        if len(arrivals) >= 4:
+            gaps = sorted(b[0] - a[0] for a, b in zip(arrivals[:-2], arrivals[1:-1]))
+            row["video_fps_steady"] = round((arrivals[2][1] - arrivals[1][1]) / gaps[len(gaps) // 2], 2)
+        if device.type == "cuda":
+            row["peak_gib"] = gib(torch.cuda.max_memory_allocated())
+        row.update(snapshots)
+        out[label] = row
+        note(label, row)
+    out["decode_workspace"] = decode_workspace(vae, shape, device, dtype)
+    return out
+
+
+def decode_workspace(vae, shape, device, dtype) -> dict:
+    """Peak above the allocated memory of decoding one block of 3 latent frames (after a first frame), whole and
+    one latent frame per VAE call (`CausalStreamDecoder(max_frames=1)`)."""
+    h, w = shape[0] // stage_one.SPATIAL, shape[1] // stage_one.SPATIAL
+    latents = torch.randn(1, vae.config.latent_channels, 4, h, w, generator=torch.Generator().manual_seed(3))
+    latents = latents.to(device, dtype)
+    result = {}
+    for label, max_frames in (("block_per_call", None), ("one_frame_per_call", 1)):
+        decoder = CausalStreamDecoder(vae, max_frames=max_frames)
+        with torch.no_grad():
+            decoder.decode(latents[:, :, :1])
+            if device.type == "cuda":
+                sync()
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats()
+                before = torch.cuda.memory_allocated()
+            began = time.perf_counter()
+            decoder.decode(latents[:, :, 1:])
+            sync()
+            result[label] = dict(s=round(time.perf_counter() - began, 4))
+            if device.type == "cuda":
+                result[label]["workspace_gib"] = gib(torch.cuda.max_memory_allocated() - before)
+    return result

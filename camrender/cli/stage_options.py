@@ -1,0 +1,79 @@
+"""The render options of issue 24: numeric precision per stage, the refiner's KV window and the prompt
+cache, with the checks that run before any model loads.
+
+    --precision bf16|fp8            both stages (the official CLI's name)
+    --stage1-precision, --refiner-precision   one stage each (default: --precision)
+    --refiner-window N              the refiner's KV window in latent frames (official --refiner_kv_max_frames)
+    --prompt-cache DIR|off          where encoded prompts are kept (default: the platform's cache folder)
+"""
+from __future__ import annotations
+
+import click
+
+from camrender.errors import CamrenderError
+
+PRECISIONS = ("bf16", "fp8")
+DEFAULT_REFINER_WINDOW = 11  # sink + 10 recent frames, the released recipe (camrender.model.refiner.KV_MAX_FRAMES)
+
+
+def stage_options(command):
+    """Add the options to a click command (innermost first, so --help lists them in this order)."""
+    options = [
+        click.option("--precision", default="bf16", show_default=True, type=click.Choice(PRECISIONS),
+                     help="Both stages: bf16, or fp8 (e4m3 W8A8 linears of the transformer blocks; GPUs of compute "
+                          "capability 8.9+: Ada, Hopper)."),
+        click.option("--stage1-precision", default=None, type=click.Choice(PRECISIONS),
+                     help="Stage 1's precision (default: --precision)."),
+        click.option("--refiner-precision", default=None, type=click.Choice(PRECISIONS),
+                     help="The refiner's precision (default: --precision)."),
+        click.option("--refiner-window", default=DEFAULT_REFINER_WINDOW, show_default=True,
+                     type=click.IntRange(min=1),
+                     help="The refiner's KV window in latent frames: the sink plus N-1 recent frames (the official "
+                          "--refiner_kv_max_frames; 2 = faster and smaller, at a quality cost)."),
+        click.option("--prompt-cache", default=None,
+                     help="Folder of encoded prompts (default: $CAMRENDER_CACHE, else the user cache folder: "
+                          "$XDG_CACHE_HOME/camrender or ~/.cache/camrender); 'off' encodes every time and stores "
+                          "nothing."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def resolve_stage_options(options: dict, device) -> dict:
+    """The RenderRequest fields of these options; checks FP8 against `device` (before any model loads).
+
+    Raises CamrenderError naming the option when FP8 is asked on a CPU or a GPU below compute capability 8.9.
+    """
+    from camrender.render.prompt_cache import resolve_cache_dir
+
+    precision = options.pop("precision", "bf16")
+    given = {"stage1-precision": options.pop("stage1_precision", None),
+             "refiner-precision": options.pop("refiner_precision", None)}
+    chosen = {name: value or precision for name, value in given.items()}
+    for name, value in chosen.items():
+        if value == "fp8":
+            check_fp8(device, name if given[name] else "precision")
+    stage1, refiner = chosen["stage1-precision"], chosen["refiner-precision"]
+    return dict(stage1_precision=stage1, refiner_precision=refiner,
+                refiner_window=int(options.pop("refiner_window", DEFAULT_REFINER_WINDOW)),
+                prompt_cache=resolve_cache_dir(options.pop("prompt_cache", None)))
+
+
+def check_fp8(device, option: str = "precision") -> None:
+    """FP8 needs a CUDA GPU with FP8 tensor cores (compute capability 8.9+)."""
+    import torch
+
+    from camrender.model.fp8 import MIN_CAPABILITY
+    from camrender.model.loading import resolve_device
+
+    resolved = resolve_device(device)
+    if resolved.type != "cuda" or not torch.cuda.is_available():
+        where = "the CPU" if resolved.type != "cuda" else "no CUDA GPU (none is visible)"
+        raise CamrenderError(f"fp8 needs a GPU with FP8 tensor cores (compute capability 8.9+: Ada, Hopper); "
+                             f"this render runs on {where}", field=option)
+    capability = torch.cuda.get_device_capability(resolved)
+    if tuple(capability) < MIN_CAPABILITY:
+        name = torch.cuda.get_device_name(resolved)
+        raise CamrenderError(f"fp8 needs compute capability 8.9+ (Ada, Hopper); {name} is "
+                             f"{capability[0]}.{capability[1]}: use bf16", field=option)

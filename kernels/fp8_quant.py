@@ -1,0 +1,73 @@
+"""Per-row (per-token) FP8 e4m3 quantization of activations in one kernel, with its PyTorch reference.
+
+    quantize_rows(x)  x (M, K) bf16/fp16/fp32 -> (q (M, K) float8_e4m3fn, scale (M, 1) fp32)
+                      scale = max(amax(|x_row|), 1e-12) / 448, q = x / scale (round to nearest even)
+
+The PyTorch sequence (`quantize_rows_ref`: an fp32 copy, |x|, the row max, the division, the clamp, the
+cast) makes about six passes over the activation in fp32; the kernel reads x twice (the row max, then
+the quantization) in its own dtype and writes the e4m3 bytes once. Both give the same bits: fp32 math,
+an IEEE division (`div_rn`), round to nearest even into e4m3 (finite values only: |x / scale| <= 448).
+This is what `camrender.model.fp8.Fp8Linear` runs before `torch._scaled_mm` on CUDA.
+"""
+import torch
+import triton
+import triton.language as tl
+
+from ._validate import check_tensor, use_triton
+
+E4M3_MAX = 448.0
+TINY = 1e-12
+
+
+def quantize_rows_ref(x):
+    """The PyTorch reference: (q (M, K) e4m3, scale (M, 1) fp32)."""
+    wide = x.float()
+    scale = wide.abs().amax(dim=-1, keepdim=True).clamp(min=TINY) / E4M3_MAX
+    return (wide / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), scale
+
+
+@triton.jit
+def _round_to_e4m3(v):
+    """v (fp32, |v| <= 448) rounded to the nearest e4m3 value, ties to even, still in fp32: the cast after it is
+    exact (the same bits whichever way the conversion rounds; the Triton interpreter's truncates)."""
+    bits = v.to(tl.int32, bitcast=True)
+    lsb = (bits >> 20) & 1  # e4m3 keeps 3 of fp32's 23 mantissa bits
+    normal = ((bits + 0x7FFFF + lsb) & -0x100000).to(tl.float32, bitcast=True)
+    # below 2^-6 e4m3 steps by 2^-9, the ulp of 1.5 * 2^14 in fp32; the magnitude rounded, the sign put back
+    magnitude = ((tl.abs(v) + 24576.0) - 24576.0).to(tl.int32, bitcast=True)
+    subnormal = (magnitude | ((bits >> 31) << 31)).to(tl.float32, bitcast=True)
+    return tl.where(tl.abs(v) < 0.015625, subnormal, normal)
+
+
+@triton.jit
+def _quantize_rows_kernel(x_ptr, q_ptr, scale_ptr, K, stride_x, stride_q, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    x_row = x_ptr + row.to(tl.int64) * stride_x
+    q_row = q_ptr + row.to(tl.int64) * stride_q
+    amax = tl.zeros([BLOCK], dtype=tl.float32)
+    for start in range(0, K, BLOCK):
+        offsets = start + tl.arange(0, BLOCK)
+        values = tl.load(x_row + offsets, mask=offsets < K, other=0.0).to(tl.float32)
+        amax = tl.maximum(amax, tl.abs(values))
+    scale = tl.div_rn(tl.maximum(tl.max(amax, axis=0), TINY), E4M3_MAX)
+    tl.store(scale_ptr + row, scale)
+    for start in range(0, K, BLOCK):
+        offsets = start + tl.arange(0, BLOCK)
+        mask = offsets < K
+        values = tl.load(x_row + offsets, mask=mask, other=0.0).to(tl.float32)
+        scaled = tl.minimum(tl.maximum(tl.div_rn(values, scale), -E4M3_MAX), E4M3_MAX)
+        tl.store(q_row + offsets, _round_to_e4m3(scaled).to(tl.float8e4nv), mask=mask)
+
+
+def quantize_rows(x, *, backend="auto"):
+    """Per-row e4m3 quantization of x (M, K) (last dimension contiguous); see the module docstring."""
+    check_tensor("x", x, (None, None), contiguous=False, last_dim_contiguous=True)
+    if not use_triton(x, backend):
+        return quantize_rows_ref(x)
+    rows, width = x.shape
+    q = torch.empty(rows, width, device=x.device, dtype=torch.float8_e4m3fn)
+    scale = torch.empty(rows, 1, device=x.device, dtype=torch.float32)
+    if rows:
+        block = min(2048, triton.next_power_of_2(max(width, 16)))
+        _quantize_rows_kernel[(rows,)](x, q, scale, width, x.stride(0), q.stride(0), BLOCK=block, num_warps=4)
+    return q, scale

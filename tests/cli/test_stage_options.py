@@ -1,0 +1,57 @@
+"""Issue 24's render options: --precision fp8 refused before any model loads where there are no FP8 tensor
+cores; --refiner-window reaches the refiner's stream."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import camrender.model.loading as loading
+from camrender.cli.stage_options import check_fp8
+from camrender.errors import CamrenderError
+from camrender.model.tiny_refiner import build_tiny_refiner
+from camrender.render.request import RenderRequest
+from camrender.render.stage_two import attach_refiner, stage_two
+from camrender.trajectory import Trajectory
+from helpers import run_cli
+
+TRAJ = Path(__file__).resolve().parents[2] / "trajectories" / "orbit.json"
+
+
+@pytest.mark.parametrize("option", [["--precision", "fp8"], ["--refiner-precision", "fp8"],
+                                    ["--stage1-precision", "fp8", "--precision", "bf16"]])
+def test_fp8_on_a_cpu_is_one_line_exit_2_before_loading(tmp_path, capsys, monkeypatch, option):
+    monkeypatch.setattr(loading, "load_pipeline", lambda *a, **k: pytest.fail("a model loaded"))
+    out = tmp_path / "v.mp4"
+    code, _, err = run_cli(["--traj", TRAJ, "--out", out, "--model", "tiny", "--device", "cpu", *option], capsys)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    name = option[0].lstrip("-")
+    assert lines[0].startswith(f"camrender: error: {name}: fp8 needs") and "CPU" in lines[0]
+    assert not list(tmp_path.iterdir())
+
+
+def test_fp8_on_an_old_gpu_names_it(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-80GB")
+    with pytest.raises(CamrenderError) as caught:
+        check_fp8("cuda", "refiner-precision")
+    assert "NVIDIA A100-SXM4-80GB is 8.0" in str(caught.value) and "refiner-precision" in str(caught.value)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    check_fp8("cuda", "precision")  # Hopper: accepted
+
+
+@pytest.mark.parametrize("window", [2, 11])
+def test_refiner_window_reaches_the_stream(window):
+    pipe = type("Pipe", (), {})()
+    pipe.transformer = None
+    attach_refiner(pipe, build_tiny_refiner(seed=0))
+    frames = 17
+    traj = Trajectory(c2w=np.tile(np.eye(4), (frames, 1, 1)), intrinsics=np.tile([28.0, 28.0, 16.0, 16.0], (frames, 1)),
+                      width=32, height=32, fps=16)
+    request = RenderRequest(traj=traj, prompt="x", refiner="tiny", refiner_window=window, kernels="torch",
+                            model="tiny", num_frames=frames)
+    stream = stage_two(pipe, request, torch.device("cpu"))
+    assert stream.max_history == window - 1

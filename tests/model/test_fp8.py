@@ -1,0 +1,115 @@
+"""FP8 W8A8 linears (camrender.model.fp8): the scales' placement, which layers are quantized, and the blocks'
+outputs against the unquantized ones (tiny models, CPU: torch._scaled_mm runs there with row-wise scales)."""
+import pytest
+import torch
+
+from camrender.model.fp8 import E4M3_MAX, Fp8Linear, dequantize, quantize, quantize_blocks
+from camrender.model.patch import patch_transformer
+from camrender.model.tiny import build_tiny_pipeline
+from camrender.model.tiny_refiner import build_tiny_refiner
+from camrender.model.refiner_loading import strip_audio
+
+
+def cosine(a, b):
+    return torch.nn.functional.cosine_similarity(a.flatten().double(), b.flatten().double(), dim=0).item()
+
+
+@pytest.mark.parametrize("scaling", ["row", "tensor"])
+def test_quantize_round_trip_and_scale_shapes(scaling):
+    x = torch.randn(8, 64, generator=torch.Generator().manual_seed(0)) * torch.logspace(-2, 2, 8)[:, None]
+    q, scale = quantize(x, scaling)
+    assert q.dtype == torch.float8_e4m3fn
+    assert scale.shape == ((8, 1) if scaling == "row" else ())
+    back = dequantize(q, scale)
+    # e4m3 keeps 3 mantissa bits: relative error of each element below 2^-4 of its row's (tensor's) amax
+    bound = (x.abs().amax(1, keepdim=True) if scaling == "row" else x.abs().amax()) / 16
+    assert ((back - x).abs() <= bound).all()
+    assert q.float().abs().max() <= E4M3_MAX
+    if scaling == "row":  # each row uses the full e4m3 range
+        assert torch.allclose(q.float().abs().amax(1), torch.full((8,), E4M3_MAX))
+
+
+def test_zero_rows_quantize_to_zero():
+    q, scale = quantize(torch.zeros(3, 16))
+    assert torch.equal(dequantize(q, scale), torch.zeros(3, 16))
+
+
+@pytest.mark.parametrize("scaling", ["row", "tensor"])
+def test_fp8_linear_is_the_product_of_the_dequantized_operands(scaling):
+    generator = torch.Generator().manual_seed(1)
+    linear = torch.nn.Linear(32, 48)
+    x = torch.randn(2, 5, 32, generator=generator)
+    fp8 = Fp8Linear.from_linear(linear, scaling)
+    assert fp8.weight_fp8.dtype == torch.float8_e4m3fn and fp8.weight_fp8.shape == (48, 32)
+    qx, sx = quantize(x.reshape(-1, 32), scaling)
+    expected = dequantize(qx, sx) @ dequantize(fp8.weight_fp8, fp8.weight_scale.reshape(-1, 1) if scaling == "row"
+                                              else fp8.weight_scale).t() + linear.bias
+    out = fp8(x)
+    assert out.shape == (2, 5, 48) and out.dtype == x.dtype
+    torch.testing.assert_close(out, expected.reshape(2, 5, 48), rtol=1e-5, atol=1e-5)
+    reference = linear(x).detach()
+    assert cosine(out, reference) > 0.998  # and close to the unquantized layer
+
+
+def test_refiner_blocks_quantized_leave_the_rest_alone_and_stay_close():
+    refiner = build_tiny_refiner(seed=0)
+    strip_audio(refiner.transformer)
+    transformer = refiner.transformer
+    block = transformer.transformer_blocks[0]
+    names = [name for name, m in block.named_modules() if isinstance(m, torch.nn.Linear)]
+    count = quantize_blocks(transformer.transformer_blocks)
+    assert count == len(names) * len(transformer.transformer_blocks)
+    assert not any(isinstance(m, torch.nn.Linear) for b in transformer.transformer_blocks for m in b.modules())
+    # outside the blocks (conditioning, projections in and out) nothing changes
+    assert isinstance(transformer.proj_in, torch.nn.Linear) and isinstance(transformer.proj_out, torch.nn.Linear)
+
+
+def test_stage_one_block_keeps_the_camera_branch_and_stays_close():
+    pipe = build_tiny_pipeline(seed=0)
+    transformer = pipe.transformer
+    patch_transformer(transformer, kernels="fused")
+    block = transformer.blocks[0]
+    camera = {name: m.weight.clone() for name, m in block.named_modules()
+              if isinstance(m, torch.nn.Linear) and ("cam" in name or "plucker" in name)}
+    x = torch.randn(1, 4 * 16, 32, generator=torch.Generator().manual_seed(2))
+    mlp_before = block.mlp.inverted_conv.conv.weight.clone()
+    count = quantize_blocks([block])
+    assert count > 0
+    for name, weight in camera.items():
+        module = dict(block.named_modules())[name]
+        assert isinstance(module, torch.nn.Linear) and torch.equal(module.weight, weight)
+    assert isinstance(block.attn.qkv, Fp8Linear) and isinstance(block.attn.proj, Fp8Linear)
+    assert isinstance(block.attn.beta_proj, torch.nn.Linear)  # N = heads: not a _scaled_mm shape
+    assert block.mlp.inverted_conv.conv.fp8 is not None and block.mlp.point_conv.conv.fp8 is not None
+    # the FFN's first 1x1 conv as quantized: close to the bf16 one
+    from camrender.model.fp8 import conv_linear
+
+    out = conv_linear(x, block.mlp.inverted_conv.conv)
+    assert cosine(out, torch.nn.functional.linear(x, mlp_before[:, :, 0, 0], block.mlp.inverted_conv.conv.fp8.bias)) \
+        > 0.998
+
+
+def test_render_with_an_fp8_refiner_quantizes_at_load_and_stays_close(tmp_path, monkeypatch):
+    """The library path (the CLI refuses FP8 on a CPU): `refiner_precision="fp8"` quantizes the refiner's block
+    linears once at load; the video stays close to the bf16 render's."""
+    import numpy as np
+
+    monkeypatch.setattr(Fp8Linear, "backend", "torch")  # the kernel's bits are tested in tests/kernels
+    from test_prompt_cache import frames_of, request_for
+
+    reference, _ = frames_of(request_for(None))
+    frames, pipe = frames_of(request_for(None, refiner_precision="fp8"))
+    blocks = pipe._camrender_refiner.transformer.transformer_blocks
+    assert all(isinstance(block.attn1.to_q, Fp8Linear) for block in blocks)
+    assert frames.shape == reference.shape and not np.array_equal(frames, reference)
+    assert np.abs(frames.astype(float) - reference.astype(float)).mean() < 4  # of 255
+
+
+def test_stock_ffn_keeps_its_conv_weights():
+    """Under --kernels torch the FFN runs diffusers' convs, which read their weights: they are not quantized."""
+    pipe = build_tiny_pipeline(seed=0)
+    patch_transformer(pipe.transformer, kernels="torch")
+    block = pipe.transformer.blocks[0]
+    quantize_blocks([block])
+    conv = block.mlp.inverted_conv.conv
+    assert getattr(conv, "fp8", None) is None and conv.weight.shape == (128, 32, 1, 1)
