@@ -24,6 +24,14 @@ from camrender.trajectory.resample import is_model_length
 from camrender.trajectory.rotations import invert_rigid, relative_poses
 
 
+def to_latent_grid(intrinsics: np.ndarray, height: int, width: int, latent_h: int, latent_w: int) -> np.ndarray:
+    """[fx, fy, cx, cy] (..., 4) in pixels of the height x width video -> units of the latent grid (a copy)."""
+    latent_intr = np.array(intrinsics, dtype=np.float64, copy=True)
+    latent_intr[..., [0, 2]] *= latent_w / float(width)
+    latent_intr[..., [1, 3]] *= latent_h / float(height)
+    return latent_intr
+
+
 def _image_plane(intrinsics: np.ndarray, height: int, width: int) -> tuple[np.ndarray, np.ndarray]:
     """(K, height, width) x = (u - cx) / fx and y = (v - cy) / fy of the integer pixel grid (u column, v row)."""
     v, u = np.meshgrid(np.arange(height, dtype=np.float64), np.arange(width, dtype=np.float64), indexing="ij")
@@ -130,21 +138,10 @@ def build_camera_inputs(
 
     src = tuple(source_size) if source_size is not None else (traj.width, traj.height)
     intrinsics = crop_intrinsics(traj.intrinsics, src, (width, height))
-    latent_intr = intrinsics.copy()
-    latent_intr[:, [0, 2]] *= latent_w / float(width)
-    latent_intr[:, [1, 3]] *= latent_h / float(height)
+    latent_intr = to_latent_grid(intrinsics, height, width, latent_h, latent_w)
     poses = relative_poses(traj.c2w)
-
-    keys = np.arange(0, frames, time_stride)[:latent_t]
-    conditions = np.concatenate([poses[keys].reshape(latent_t, 16), latent_intr[keys]], axis=1)
-
-    chunks = []
-    for key in keys:
-        start = max(0, int(key) - (time_stride - 1))
-        index = np.minimum(np.arange(start, start + time_stride), frames - 1)  # pad by repeating the last
-        rays = plucker_map(poses[index], latent_intr[index], latent_h, latent_w)  # (8, h, w, 6)
-        chunks.append(rays.transpose(0, 3, 1, 2).reshape(-1, latent_h, latent_w))
-    chunk_plucker = np.stack(chunks, axis=1)  # (48, T, h, w)
+    conditions, chunk_plucker = latent_camera_rows(poses, latent_intr, range(latent_t), frames, latent_h, latent_w,
+                                                   time_stride)
 
     ray_mats = _ray_mats_from_conditions(conditions, latent_h // patch_size[1], latent_w // patch_size[2], patch_size, xi)
     P = ray_mats.reshape(-1, 4, 4)
@@ -161,6 +158,28 @@ def build_camera_inputs(
         "P_inv": tensor(invert_rigid(P)),
         "intrinsics": tensor(intrinsics),
     }
+
+
+def latent_camera_rows(poses: np.ndarray, latent_intr: np.ndarray, latent_frames, num_frames: int, latent_h: int,
+                       latent_w: int, time_stride: int = 8) -> tuple:
+    """Camera conditions and Plucker maps of some latent frames, from the video frames' cameras.
+
+    poses: (F', 4, 4) c2w relative to video frame 0 and latent_intr: (F', 4) fx fy cx cy on the latent
+    grid, for video frames 0 .. F'-1 (a prefix of the path is enough: latent frame j reads video frames
+    up to max(8j, min(7, F - 1))); latent_frames: the latent-frame indices wanted; num_frames: F, the
+    whole path's video frames (the last Plucker window of a short path repeats its last frame).
+    Returns float64 (n, 20) conditions and (48, n, latent_h, latent_w) Plucker maps. Each latent frame
+    is computed on its own, so rows computed in pieces equal the rows of the whole path.
+    """
+    keys = np.asarray([time_stride * int(j) for j in latent_frames], dtype=np.int64)
+    conditions = np.concatenate([poses[keys].reshape(len(keys), 16), latent_intr[keys]], axis=1)
+    chunks = []
+    for key in keys:
+        start = max(0, int(key) - (time_stride - 1))
+        index = np.minimum(np.arange(start, start + time_stride), num_frames - 1)  # pad by repeating the last
+        rays = plucker_map(poses[index], latent_intr[index], latent_h, latent_w)  # (8, h, w, 6)
+        chunks.append(rays.transpose(0, 3, 1, 2).reshape(-1, latent_h, latent_w))
+    return conditions, np.stack(chunks, axis=1)  # (48, n, h, w)
 
 
 def _ray_mats_from_conditions(conditions: np.ndarray, grid_h: int, grid_w: int, patch_size, xi: float) -> np.ndarray:

@@ -125,12 +125,10 @@ def sample_chunk_causal(model, inputs, bounds, schedule: TeacherSchedule, option
     def condition(start, stop):
         if (start, stop) not in conditioning:
             conditioning.clear()  # the in-flight window only moves forward
-            camera, plucker = inputs.camera_conditions, inputs.chunk_plucker
+            camera, plucker = inputs.camera(start, stop)  # pulls a camera stream as chunks start
             conditioning[(start, stop)] = prepare_conditioning(
                 model, ((stop - start) // p_t, latents.shape[3] // p_h, latents.shape[4] // p_w),
-                inputs.text, inputs.text_mask,
-                camera_conditions=None if camera is None else camera[:, start:stop],
-                chunk_plucker=None if plucker is None else plucker[:, :, start:stop], frame_start=start)
+                inputs.text, inputs.text_mask, camera_conditions=camera, chunk_plucker=plucker, frame_start=start)
         return conditioning[(start, stop)]
 
     def forward(start, stop, frame_timesteps, segments, write=False):

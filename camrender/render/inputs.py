@@ -1,5 +1,6 @@
 """A render's inputs, built once per render for both modes: the first frame and its latent, the prompt
-embeddings, the camera tensors of the whole trajectory and the initial noise (`prepare_inputs`)."""
+embeddings, the cameras (a feed the segment loop pulls, `camrender.render.camera_feed`) and the initial
+noise (`prepare_inputs`)."""
 from __future__ import annotations
 
 import dataclasses
@@ -113,27 +114,23 @@ def encode_first_frame(vae, pixels, device, dtype):
 
 
 
-def camera_tensors(pipe, request: RenderRequest, device, dtype, batch: int) -> dict:
-    """Camera conditioning from our trajectory (per-frame poses and intrinsics) for the transformer.
+def camera_feed(pipe, request: RenderRequest, device, dtype, batch: int):
+    """The render's `camrender.render.camera_feed.CameraFeed`: `request.cameras` (an iterable of
+    `SegmentCamera`, pulled as the render needs them) or the segments of `request.traj`.
 
-    Returns camera_conditions (B, T, 20) and chunk_plucker (1, 48, T, h, w) in `dtype`: the Plucker
-    maps are the same for every batch row (guidance only changes the text), and the transformer
-    broadcasts them, so its Plucker projections run once instead of once per row.
+    Its `take(start, stop)` gives camera_conditions (B, t, 20) and chunk_plucker (1, 48, t, h, w) in
+    `dtype`: the Plucker maps are the same for every batch row (guidance only changes the text), and
+    the transformer broadcasts them, so its Plucker projections run once instead of once per row.
     """
-    from camrender.render.camera import build_camera_inputs
+    from camrender.render.camera_feed import CameraFeed, SegmentCamera
 
-    s_stride = pipe.vae_spatial_compression_ratio
-    camera = build_camera_inputs(
-        request.traj,
-        height=request.height,
-        width=request.width,
-        vae_stride=(pipe.vae_temporal_compression_ratio, s_stride, s_stride),
-        patch_size=tuple(pipe.transformer.config.patch_size),
-    )
-    return {
-        "camera_conditions": camera["camera_conditions"][None].to(device, dtype).repeat(batch, 1, 1),
-        "chunk_plucker": camera["chunk_plucker"][None].to(device, dtype),
-    }
+    t_stride, s_stride = pipe.vae_temporal_compression_ratio, pipe.vae_spatial_compression_ratio
+    cameras = request.cameras
+    if cameras is None:  # the whole path at hand: one item
+        traj = request.traj
+        cameras = [SegmentCamera(traj.c2w, traj.intrinsics, traj.width, traj.height)]
+    return CameraFeed(cameras, num_frames=request.num_frames, height=request.height, width=request.width,
+                      vae_stride=(t_stride, s_stride, s_stride), device=device, dtype=dtype, batch=batch)
 
 
 
@@ -151,12 +148,13 @@ def initial_latents(first_latent, num_latent_frames: int, height: int, width: in
 
 @dataclasses.dataclass
 class RenderInputs:
-    """Conditioning and noise of one render, whole trajectory (segment mode slices it per segment).
+    """Conditioning and noise of one render (segment mode takes the camera tensors per segment).
 
     text (B, 1, L, D) and text_mask (B, L) with B = 2 ([negative, prompt]) under guidance, else 1;
-    camera_conditions (B, T, 20) and chunk_plucker (1, 48, T, h, w) or None; first_latent
-    (1, C, 1, h, w) normalised image latent or None; noise (1, C, T, h, w) on the CPU, frame 0 = first_latent
-    (float32 in segment mode, the transformer's dtype in full mode).
+    camera_conditions (B, T, 20) and chunk_plucker (1, 48, T, h, w) of the whole path, or None: with a
+    `cameras` feed (`camrender.render.camera_feed.CameraFeed`) they come from it, as `camera` asks;
+    first_latent (1, C, 1, h, w) normalised image latent or None; noise (1, C, T, h, w) on the CPU,
+    frame 0 = first_latent (float32 in segment mode, the transformer's dtype in full mode).
     """
 
     text: Any
@@ -166,11 +164,22 @@ class RenderInputs:
     first_latent: Any
     noise: Any
     guidance: float = 1.0
+    cameras: Any = None
+
+    def camera(self, start: int, stop: int) -> tuple:
+        """(camera_conditions (B, t, 20), chunk_plucker (1, 48, t, h, w)) of latent frames [start, stop),
+        either None without a camera: taken from the feed (pulling the stream) or sliced from the tensors."""
+        if self.cameras is not None:
+            return self.cameras.take(start, stop)
+        camera, plucker = self.camera_conditions, self.chunk_plucker
+        return (None if camera is None else camera[:, start:stop],
+                None if plucker is None else plucker[:, :, start:stop])
 
 
 
 def prepare_inputs(pipe, request: RenderRequest, device) -> RenderInputs:
-    """Text, first-image latent, whole-trajectory camera tensors and noise of `request`, for both modes."""
+    """Text, first-image latent, cameras and noise of `request`, for both modes: full mode takes the
+    whole path's camera tensors now; segment mode keeps the feed and takes them segment by segment."""
     import torch
 
     dtype = pipe.transformer.dtype
@@ -179,12 +188,15 @@ def prepare_inputs(pipe, request: RenderRequest, device) -> RenderInputs:
     with torch.no_grad():
         text, text_mask = encode_text(pipe, request, device, guidance)
         first = encode_first_frame(pipe.vae, pixels, device, dtype)
-        camera = camera_tensors(pipe, request, device, dtype, 2 if guidance else 1)
     frames, h, w = latent_shape(pipe, request)
+    cameras = camera_feed(pipe, request, device, dtype, 2 if guidance else 1)
+    camera = plucker = None
+    if request.mode != "segments":
+        camera, plucker = cameras.take(0, frames)
+        cameras = None
     # segment mode draws and keeps its latents in float32, as the official streaming sampler does
     noise_dtype = torch.float32 if request.mode == "segments" else dtype
     noise = initial_latents(first.cpu(), frames, h, w, request.seed, "cpu", noise_dtype)
-    return RenderInputs(text=text, text_mask=text_mask, camera_conditions=camera["camera_conditions"],
-                        chunk_plucker=camera["chunk_plucker"], first_latent=first, noise=noise,
-                        guidance=float(request.guidance or 1.0))
+    return RenderInputs(text=text, text_mask=text_mask, camera_conditions=camera, chunk_plucker=plucker,
+                        first_latent=first, noise=noise, guidance=float(request.guidance or 1.0), cameras=cameras)
 

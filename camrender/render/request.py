@@ -22,7 +22,10 @@ class RenderRequest:
 
     Attributes:
         traj: the resolved `camrender.trajectory.Trajectory` (c2w (F, 4, 4) OpenCV, intrinsics
-            (F, 4) pixels of `traj.width` x `traj.height`).
+            (F, 4) pixels of `traj.width` x `traj.height`), or None when `cameras` streams the path.
+        cameras: None (the cameras of `traj`) or an iterable of `camrender.render.camera_feed.SegmentCamera`
+            holding the path's `num_frames` cameras in order, pulled as the render needs them (segment
+            mode: segment k's when segment k starts; `camrender.render.camera_feed`).
         prompt, negative_prompt: text conditioning (negative only used with guidance > 1).
         image: first-frame image path (str/Path) or a PIL image; None is accepted only by the tiny
             model (a mid-gray frame stands in).
@@ -82,6 +85,7 @@ class RenderRequest:
     refiner: Optional[str] = None
     refiner_offload: str = "none"
     out: Optional[Path] = None
+    cameras: Any = None
 
 
 
@@ -104,7 +108,7 @@ def check_request(pipe, request: RenderRequest) -> None:
     """Raise CamrenderError when the request does not fit the model's strides."""
     t_stride, s_stride = pipe.vae_temporal_compression_ratio, pipe.vae_spatial_compression_ratio
     patch = pipe.transformer.config.patch_size
-    frames = request.traj.num_frames
+    frames = request.traj.num_frames if request.traj is not None else request.num_frames
     if frames != request.num_frames:
         raise CamrenderError(f"trajectory has {frames} frames but {request.num_frames} were requested", field="frames")
     if (frames - 1) % t_stride:

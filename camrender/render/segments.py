@@ -64,13 +64,11 @@ def sample_segment(model, inputs: RenderInputs, start: int, stop: int, cache, ti
         latents[:, :, :1] = inputs.first_latent.to(device=device, dtype=torch.float32)
         pinned[0] = True
 
-    camera, plucker = inputs.camera_conditions, inputs.chunk_plucker
+    camera, plucker = inputs.camera(start, stop)  # pulls the segment's cameras from a stream
     p_t, p_h, p_w = model.patch_size
     conditioning = prepare_conditioning(
         model, (frames // p_t, latents.shape[3] // p_h, latents.shape[4] // p_w), inputs.text, inputs.text_mask,
-        camera_conditions=None if camera is None else camera[:, start:stop],
-        chunk_plucker=None if plucker is None else plucker[:, :, start:stop],
-        frame_start=start,
+        camera_conditions=camera, chunk_plucker=plucker, frame_start=start,
     )
 
     def forward(x, timestep, write=False):

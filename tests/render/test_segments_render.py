@@ -53,10 +53,11 @@ def dense_sampler(model, inputs, bounds, timesteps, options):
             timestep[..., start:] = t
             timestep[..., 0] = 0.0
             prefix = torch.cat([clean[:, :, :start], x], dim=2)
+            camera, plucker = inputs.camera(0, stop)
             velocity = dense_reference_forward(
                 model, prefix.expand(batch, -1, -1, -1, -1), timestep.expand(batch, 1, stop), inputs.text,
-                inputs.text_mask, segments=bounds[: index + 1], camera_conditions=inputs.camera_conditions[:, :stop],
-                chunk_plucker=inputs.chunk_plucker[:, :, :stop], options=options,
+                inputs.text_mask, segments=bounds[: index + 1], camera_conditions=camera, chunk_plucker=plucker,
+                options=options,
             )[:, :, start:]
             if batch == 2:
                 velocity = velocity[:1] + inputs.guidance * (velocity[1:] - velocity[:1])
