@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from camrender.errors import CamrenderError
-from camrender.limits import check_finite
+from camrender.limits import TIME_STRIDE, check_finite
 
 SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed takes
 VIDEO_SUFFIXES = (".mp4",)
@@ -80,3 +80,12 @@ def check_device(device, offload: bool) -> None:
         except ImportError:
             raise CamrenderError("--offload needs the accelerate package (pip install accelerate)",
                                  field="offload") from None
+
+
+def check_noise_frames(drawn, frames: int):
+    """--noise-frames (None, or latent frames of the noise draw, which a `camrender play` session's render
+    file sets) checked against the `frames` video frames' latent frames; returns it."""
+    latent = (frames - 1) // TIME_STRIDE + 1
+    if drawn is not None and drawn < latent:
+        raise CamrenderError(f"must be at least the clip's {latent} latent frames, got {drawn}", field="noise-frames")
+    return drawn

@@ -84,7 +84,7 @@ def _resolve_request(options: dict, notes: list | None = None):
     from camrender.trajectory.formats.fileio import check_output_path
     from camrender.limits import check_frames, check_size
     from camrender.model.loading import model_source
-    from camrender.cli.preflight import check_render_options, probe_writable
+    from camrender.cli.preflight import check_noise_frames, check_render_options, probe_writable
     from camrender.model.recipes import resolve_recipe
     from camrender.render.request import RenderRequest
     from camrender.render.inputs import open_image
@@ -152,6 +152,7 @@ def _resolve_request(options: dict, notes: list | None = None):
         refiner=_resolve_refiner(options, resolved.num_frames),
         refiner_offload=options["refiner_offload"],
         out=out,
+        noise_frames=check_noise_frames(options["noise_frames"], resolved.num_frames),
     )
     if traj.num_frames != loaded.num_frames:
         note = (f"the path is re-timed to {traj.num_frames} frames "
@@ -291,6 +292,8 @@ def _quiet_libraries() -> None:
                    "'tiny' with --model tiny, or 'none').")
 @click.option("--refiner-offload", default="none", show_default=True, type=click.Choice(["none", "layers"]),
               help="layers: the refiner's blocks visit the GPU one at a time (small GPUs; needs accelerate).")
+@click.option("--noise-frames", default=None, type=click.IntRange(min=1), hidden=True,
+              help="Latent frames of the noise draw, the clip keeping the first (a live session's render file).")
 @cli_launch.gpus_option("GPUs for this video, started as torchrun workers: full mode with guidance runs its two "
                         "branches on half each; every block's heads split over the GPUs of a branch (segment mode: "
                         "over all).")

@@ -56,6 +56,9 @@ class RenderRequest:
         refiner_offload: "none" (the refiner's DiT lives on the GPU) | "layers" (its blocks visit the GPU
             one at a time).
         out: output video path.
+        noise_frames: latent frames of the noise draw (None: the clip's); the clip takes its first ones.
+            A live session (`camrender play`) draws its longest clip's noise up front and may stop
+            earlier: its `NAME.render.json` records the draw so the shorter offline render gets the same noise.
     """
 
     traj: Any
@@ -86,6 +89,7 @@ class RenderRequest:
     refiner_offload: str = "none"
     out: Optional[Path] = None
     cameras: Any = None
+    noise_frames: Optional[int] = None
 
 
 
