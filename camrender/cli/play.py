@@ -119,7 +119,10 @@ def play(**options):
     OUT.render.json --out again.mp4` renders the same frames offline).
     """
     import asyncio
+    import importlib.util
 
+    if importlib.util.find_spec("aiohttp") is None:
+        raise CamrenderError("camrender play needs aiohttp: pip install 'camrender[play]'", field="play")
     from camrender.cli.render import _quiet_libraries
     from camrender.play.server import PlayServer, is_loopback, serve
     from camrender.render.pipeline import load_patched_pipeline

@@ -88,19 +88,21 @@ class KeyTimeline:
             per_frame, reflected, index = [], {}, 0
             width = (now - start) / frames
             for frame in range(frames):
-                end = start + (frame + 1) * width
-                keys = set(current)
+                begin, end = start + frame * width, start + (frame + 1) * width
+                keys = None
+                # events up to the window's start set its first keys; those inside it add presses
                 while index < len(events) and (events[index][0] < end or frame == frames - 1):
-                    _, letter, down, press_id = events[index]
+                    at, letter, down, press_id = events[index]
+                    if keys is None and at > begin:
+                        keys = set(current)
+                    (current.add if down else current.discard)(letter)
                     if down:
-                        current.add(letter)
-                        keys.add(letter)
+                        if keys is not None:
+                            keys.add(letter)
                         if press_id is not None:
                             reflected.setdefault(press_id, frame)
-                    else:
-                        current.discard(letter)
                     index += 1
-                per_frame.append(frozenset(keys))
+                per_frame.append(frozenset(current if keys is None else keys))
             return per_frame, reflected
 
 
