@@ -100,6 +100,9 @@ def resolve_template(options: dict):
 @click.option("--cuda-graphs/--no-cuda-graphs", default=True, show_default=True)
 @click.option("--max-seconds", default=DEFAULT_SECONDS, show_default=True, type=click.FloatRange(min=1),
               help="Longest flight in seconds of video (its noise is drawn when it starts).")
+@click.option("--pace/--no-pace", default=True, show_default=True,
+              help="Keep the render about one segment ahead of real-time playback (--no-pace: as fast as it goes, "
+                   "the page buffers; for throughput benchmarks).")
 @click.option("--out", default=None, type=click.Path(path_type=Path),
               help="Saved sessions: OUT.mp4, OUT.traj.json, OUT.render.json, then OUT-2.* after a Restart "
                    "(default: play-DATE-TIME in the current folder).")
@@ -134,7 +137,7 @@ def play(**options):
     _quiet_libraries()
     log(f"loading {template.model}")
     pipe = load_patched_pipeline(template, log)
-    server = PlayServer(pipe, template, make_scheme("sana-wm"), stem, token=token, log=log)
+    server = PlayServer(pipe, template, make_scheme("sana-wm"), stem, token=token, log=log, pace=options["pace"])
 
     def ready(url: str) -> None:
         click.echo(url)

@@ -59,11 +59,13 @@ class PlayServer:
 
     pipe: the loaded pipeline; template: segment-mode `RenderRequest` (traj None, num_frames the longest
     clip); scheme: the control scheme; stem: a path without suffix, the first flight is saved as
-    `stem`, the next ones as `stem-2`, `stem-3`, ...; token: None, or the secret every request carries.
+    `stem`, the next ones as `stem-2`, `stem-3`, ...; token: None, or the secret every request carries;
+    pace: flights keep pace with real-time playback (`Flight`).
     """
 
     def __init__(self, pipe, template, scheme, stem: Path, *, token: Optional[str] = None,
-                 log: Callable[[str], None] = lambda line: None, encoders: int = 4):
+                 log: Callable[[str], None] = lambda line: None, encoders: int = 4, pace: bool = True):
+        self.pace = pace
         self.pipe, self.template, self.scheme, self.stem = pipe, template, scheme, Path(stem)
         self.token, self.log = token, log
         self.flight: Optional[Flight] = None
@@ -178,7 +180,8 @@ class PlayServer:
         seed = random.SystemRandom().randrange(2**31) if seed is None else seed
         self.timeline = KeyTimeline()  # a fresh clock window: the first segment takes the keys held now
         self.flight = Flight(self.pipe, self.template, seed, self._next_stem(), self.scheme, self.timeline,
-                             on_segment=self._segment_from_thread, on_end=self._end_from_thread, log=self.log)
+                             on_segment=self._segment_from_thread, on_end=self._end_from_thread, log=self.log,
+                             pace=self.pace)
         self.log(f"flight {self.flights}: seed {seed}, saved as {self.flight.stem}.*")
         await self._broadcast_json({"type": "started", "flight": self.flights, "seed": seed})
         self.flight.start()

@@ -21,6 +21,7 @@ A flight stops only at segment boundaries: segments whose frames were not shown 
 from __future__ import annotations
 
 import dataclasses
+import math
 import queue
 import shutil
 import threading
@@ -67,11 +68,17 @@ class Flight:
     the longest clip) with `seed`, saved as `stem` (`session_files`).
 
     on_segment(flight, Segment) and on_end(flight) are called from the flight's thread.
+    pace: the render keeps only as many video frames ahead of real-time playback (the page plays at the
+    model's `fps`) as it needs to render the next segment in time (1.25 x the last segment's render time,
+    at least `lead` frames): it waits before deciding the next segment, so that segment takes the
+    freshest keys and the page's buffer, hence the key-to-frame latency, stays short; without pacing a
+    GPU faster than real time fills the page's buffer (what a throughput benchmark wants).
     """
 
     def __init__(self, pipe, template: RenderRequest, seed: int, stem: Path, scheme: ControlScheme,
                  timeline: KeyTimeline, on_segment: Callable, on_end: Callable, log: Callable = lambda line: None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, pace: bool = True, lead: int = 4):
+        self.pace, self.lead = pace, int(lead)
         self.pipe, self.seed, self.stem = pipe, int(seed), Path(stem)
         self.request = dataclasses.replace(template, seed=self.seed, traj=None, noise_frames=None)
         self.timeline, self.on_segment, self.on_end, self.log, self.clock = timeline, on_segment, on_end, log, clock
@@ -82,6 +89,7 @@ class Flight:
         self.path = SteeredPath(scheme, timeline, self.bounds, pinhole(self.request.width, self.request.height),
                                 self.request.width, self.request.height, stopping=self._stop.is_set)
         self.shown = 0  # video frames shown (and saved)
+        self._playback_start = None  # clock time the first segment was shown
         self.segments = 0
         self.error: Optional[BaseException] = None
         self.saved: dict = {}
@@ -145,8 +153,20 @@ class Flight:
                 self.segments += 1
                 self._writes.put(frames)
                 self.on_segment(self, segment)
+                if self.pace:
+                    took = now - self.path.decided_at[min(segment.index, len(self.path.decided_at) - 1)]
+                    self._wait_for_playback(now if self.segments == 1 else None, took)
         finally:
             chunks.close()
+
+    def _wait_for_playback(self, first_shown, render_seconds: float) -> None:
+        """Sleep (or until stopped) while the frames ahead of playback at `fps` (from the first frame shown)
+        are more than what rendering the next segment needs (`pace`)."""
+        if first_shown is not None:
+            self._playback_start = first_shown
+        ahead = max(self.lead, math.ceil(1.25 * render_seconds * self.request.fps))
+        due = self._playback_start + (self.shown - ahead) / self.request.fps
+        self._stop.wait(max(0.0, due - self.clock()))
 
     def _write(self) -> None:
         """Append each shown segment to the video (a thread of its own: x264 stays off the render's path)."""

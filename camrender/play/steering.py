@@ -126,7 +126,7 @@ class SteeredPath:
         self.poses = []
         self.keys = []  # frozenset of letters per video frame (the start frame: empty)
         self.reflected = {}  # press id -> video frame that first reflects it
-        self.segments_decided = 0
+        self.decided_at = []  # timeline clock time each segment's cameras were decided
 
     def segments(self) -> Iterator[SegmentCamera]:
         """Yield each segment's cameras as the render asks for them; raises `Stopped` once `stopping()`."""
@@ -147,5 +147,5 @@ class SteeredPath:
             for press_id, frame in reflected.items():
                 self.reflected.setdefault(press_id, offset + frame)
             self.poses.extend(poses)
-            self.segments_decided += 1
+            self.decided_at.append(self.timeline.clock())
             yield SegmentCamera(np.stack(poses), np.tile(self.intrinsics, (len(poses), 1)), self.width, self.height)

@@ -7,6 +7,7 @@ import struct
 import aiohttp
 import numpy as np
 import pytest
+import torch
 from aiohttp.test_utils import TestClient, TestServer
 
 from camrender import trajectory
@@ -26,7 +27,11 @@ def template():
 
 @pytest.fixture(scope="module")
 def pipe(template):
-    return load_patched_pipeline(template)
+    """The tiny pipeline, run on one torch thread here (the flight thread, JPEG and x264 share the cores)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield load_patched_pipeline(template)
+    torch.set_num_threads(threads)
 
 
 def run(coroutine):
