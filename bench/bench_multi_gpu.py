@@ -180,25 +180,14 @@ def peak_figure(peak: float):
 
 def time_step(model, inputs, split, repeats, time_calls):
     """(ms per step list, peak GiB, guided prediction) of the step as a render runs it
-    (`bench_transformer.graphed_render_step`), then (CFG parallel) the all-gather, then the guidance mix."""
+    (`bench_transformer.graphed_render_step`: the library's Denoiser with, under CFG parallel, the all-gather,
+    then the guidance mix)."""
     from bench_transformer import graphed_render_step
     from camrender.model.block import fixed_plucker
 
-    rows = split.rows if split is not None else None
-    graphed, fixed = graphed_render_step(model, inputs, rows)
-    hidden, timestep = fixed["hidden_states"], fixed["timestep"]
-    if rows is not None:
-        hidden, timestep = rows(hidden), rows(timestep)
-
-    def step():
-        prediction = graphed(hidden, timestep)
-        if split is not None:
-            prediction = split.gather(prediction)
-        uncond, cond = prediction.chunk(2)
-        return uncond + 5.0 * (cond - uncond)
-
-    with fixed_plucker(model, fixed["chunk_plucker"]):
-        return time_calls(step, hidden.device, repeats, warmup=2, peak_with_warmup=True)
+    step, _, plucker = graphed_render_step(model, inputs, split)
+    with fixed_plucker(model, plucker):
+        return time_calls(step, inputs["hidden_states"].device, repeats, warmup=2, peak_with_warmup=True)
 
 
 # ----------------------------------------------------------------------------- worker: segment mode
@@ -292,7 +281,8 @@ def batch_worker(args) -> dict:
 
     from camrender.cli import batch_jobs as batching
     from camrender.parallel import distributed
-    from camrender.cli.render import _resolve_request, render, write_video
+    from camrender.api.output import write_video
+    from camrender.cli.render import _resolve_request, render
     from camrender.render.pipeline import load_patched_pipeline
 
     ranks = distributed.start("cpu" if args.tiny else None, per_video=args.gpus_per_video)

@@ -8,8 +8,9 @@ inputs from an orbit path (`camrender.render.camera.build_camera_inputs`).
 
 Prints one JSON object (also written to --out):
 - ms_per_step: median of --repeats timed forwards (CUDA events), stock and patched; patched also
-  as the renders run it (cuda_graph: a CUDA graph of the step, `camrender.model.graphs`, with the step's
-  fixed inputs prepared once, see `timed_graphed_steps`; agreement_vs_eager compares its output);
+  as the renders run it (cuda_graph: the library's `camrender.render.denoise.Denoiser` step, replayed as
+  a CUDA graph with the step's fixed inputs prepared once and the guidance mixed, see `graphed_render_step`;
+  agreement_vs_eager compares it with the same step run eagerly);
 - breakdown_ms: per part, summed over the blocks of one forward, timed with CUDA events
   around module / kernel calls (a separate, instrumented forward):
     gdn_main    stock: SanaWMBidirectionalGDNAttention (RoPE + both scans + division);
@@ -266,46 +267,52 @@ def time_calls(step, device, repeats, warmup, *, peak_with_warmup=False) -> tupl
     return times, peak, last[0]
 
 
-def graphed_render_step(model, inputs, rows=None):
-    """The forward of a full-mode step as a render runs it, replayed as a CUDA graph
-    (`camrender.model.graphs.GraphedForward`): RoPE and camera tables computed once
-    (`camrender.model.conditioning.step_constants`), one Plucker row broadcast over the guidance batch (its
-    per-block projections fixed by the caller with `camrender.model.block.fixed_plucker(model, fixed["chunk_plucker"])`),
-    the text without the padding no row attends to (`camrender.render.inputs.drop_text_padding`).
-    rows: picks this rank's guidance rows of a batch tensor (CFG parallel), default all.
-    Returns (graphed forward(hidden_states, timestep), the fixed inputs)."""
-    from camrender.model.conditioning import step_constants
-    from camrender.model.graphs import GraphedForward
-    from camrender.render.inputs import drop_text_padding
+def graphed_render_step(model, inputs, split=None):
+    """The full-mode step as a render runs it: the library's `camrender.render.denoise.Denoiser` (the one
+    the full-clip sampler runs) on the clip's conditioning (`Denoiser.condition`: RoPE rows, ray tables and
+    embedded text / Plucker maps once; the text without the padding no row attends to,
+    `camrender.render.inputs.drop_text_padding`), replayed as a CUDA graph, then (CFG parallel, `split`: a
+    `camrender.parallel.cfg.CfgSplit`) the all-gather, then the guidance mix (scale 5). The latent is
+    `hidden_states[:1]` (a render's guidance rows share it), the timesteps `timestep[0, 0]`.
 
-    rows = rows or (lambda batch_tensor: batch_tensor)
-    t, h, w = inputs["hidden_states"].shape[2:]
+    Returns (step() -> guided prediction (1, C, T, h, w), the denoiser, the (1, 48, T, h, w) Plucker maps
+    whose per-block projections the caller fixes with `camrender.model.block.fixed_plucker`)."""
+    from camrender.model.state import FULL_MODE
+    from camrender.render.denoise import Denoiser
+    from camrender.render.inputs import RenderInputs, drop_text_padding
+
+    latents = inputs["hidden_states"][:1]
     text, mask = drop_text_padding(inputs["encoder_hidden_states"], inputs["encoder_attention_mask"])
-    camera = rows(inputs["camera_conditions"])
-    fixed = {**inputs, **step_constants(model, camera, (t, h, w)), "camera_conditions": camera,
-             "chunk_plucker": inputs["chunk_plucker"][:1], "encoder_hidden_states": rows(text),
-             "encoder_attention_mask": rows(mask)}
+    render_inputs = RenderInputs(text=text, text_mask=mask, camera_conditions=inputs["camera_conditions"],
+                                 chunk_plucker=inputs["chunk_plucker"][:1], first_latent=None, noise=latents,
+                                 guidance=5.0)
+    denoiser = Denoiser(model, render_inputs, FULL_MODE, latents.device, split=split, upcast=False,
+                        cuda_graphs=True)
+    conditioning = denoiser.condition(0, latents.shape[2])
+    frame_timesteps = inputs["timestep"][0, 0].float()
 
-    def forward(hidden_states, timestep):
-        return model(**{**fixed, "hidden_states": hidden_states, "timestep": timestep})[0]
+    def step():
+        return denoiser.predict(latents, frame_timesteps, conditioning)
 
-    return GraphedForward(forward, capture=inputs["hidden_states"].device.type == "cuda"), fixed
+    return step, denoiser, render_inputs.chunk_plucker
 
 
-def timed_graphed_steps(model, inputs, device, repeats) -> tuple[list, float, torch.Tensor]:
+def timed_graphed_steps(model, inputs, device, repeats) -> tuple[list, float, torch.Tensor, torch.Tensor]:
     """As `timed_steps`, the way a full-mode render runs a step (`graphed_render_step`): two untimed
     calls (eager warm-up, capture), then `repeats` timed replays. The peak memory spans all of them, with
     the fixed Plucker projections: a replay allocates nothing (the graph's activations live in its memory
-    pool, set up at capture)."""
+    pool, set up at capture). Returns (times, peak, replayed prediction, the same step run eagerly)."""
     from camrender.model.block import fixed_plucker
 
-    graphed, fixed = graphed_render_step(model, inputs)
-    with fixed_plucker(model, fixed["chunk_plucker"]):
-        result = time_calls(lambda: graphed(inputs["hidden_states"], inputs["timestep"]), device, repeats, warmup=2,
-                            peak_with_warmup=True)
-    if graphed.stats["replays"] < repeats:
-        raise RuntimeError(f"the CUDA graph was not replayed: {graphed.stats}")
-    return result
+    step, denoiser, plucker = graphed_render_step(model, inputs)
+    with fixed_plucker(model, plucker):
+        result = time_calls(step, device, repeats, warmup=2, peak_with_warmup=True)
+        if denoiser.graphs.stats["replays"] < repeats:
+            raise RuntimeError(f"the CUDA graph was not replayed: {denoiser.graphs.stats}")
+        denoiser.graphs.enabled = False
+        with torch.no_grad():
+            eager = step()
+    return (*result, eager)
 
 
 def fp32_reference(model, inputs, device) -> torch.Tensor:
@@ -402,10 +409,11 @@ def main(argv=None) -> dict:
         if device.type == "cuda":
             log("patched forward as a render runs it (step constants, CUDA graph)")
             try:
-                graph_times, graph_peak, graph_out = timed_graphed_steps(model, inputs, device, args.repeats)
+                graph_times, graph_peak, graph_out, eager_out = timed_graphed_steps(model, inputs, device,
+                                                                                    args.repeats)
                 result["patched"]["cuda_graph"] = {
                     "ms_per_step": round(float(np.median(graph_times)), 2), "peak_memory_gib": round(graph_peak, 3),
-                    "agreement_vs_eager": agreement(graph_out.float().cpu(), patched_out.float().cpu()),
+                    "agreement_vs_eager": agreement(graph_out.float().cpu(), eager_out.float().cpu()),
                 }
             except Exception as error:  # keep the eager figures
                 result["patched"]["cuda_graph"] = {"error": f"{type(error).__name__}: {error}"}

@@ -36,3 +36,13 @@ def patch_transformer(transformer, kernels: str = "fused", **kwargs):
     from camrender.model.patch import patch_transformer as _patch
 
     return _patch(transformer, kernels=kernels, **kwargs)
+
+
+def __getattr__(name):
+    """`camrender.CamrenderPipeline` (and `RenderResult`): the Python API, imported on first use so that
+    `import camrender` (and `camrender --help`) stays light."""
+    if name in ("CamrenderPipeline", "RenderResult"):
+        from camrender import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'camrender' has no attribute {name!r}")

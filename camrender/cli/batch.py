@@ -47,7 +47,9 @@ def batch(jobs, out_dir, gpus, gpus_per_video, summary_path, **defaults):
     A job whose output exists is skipped (a re-run resumes); a failed job is reported and the rest
     go on; a summary follows (exit code 3 when a job failed). Options given here apply to every job.
     """
-    from camrender.cli.render import _quiet_libraries, _resolve_request, write_video
+    from camrender.api.output import write_video
+    from camrender.cli.signals import raise_if_signalled
+    from camrender.cli.render import _quiet_libraries, _resolve_request
     from camrender.render.pipeline import load_patched_pipeline
 
     given = {name: value for name, value in defaults.items()
@@ -75,7 +77,7 @@ def batch(jobs, out_dir, gpus, gpus_per_video, summary_path, **defaults):
             log(f"batch: {len(planned)} jobs, {to_render} to render on {groups} group(s) of {gpus_per_video} GPU(s)")
         planned = distributed.broadcast_object(planned, ranks)
         pipelines = batching.Pipelines(load_patched_pipeline)
-        results = batching.run_jobs(planned, ranks, pipelines, lambda pipe, request: write_video(pipe, request)[0],
+        results = batching.run_jobs(planned, ranks, pipelines, lambda pipe, request: write_video(pipe, request, check=raise_if_signalled)[0],
                                     log)
         gathered = distributed.gather_objects((results, pipelines.loads), ranks)
         if gathered is None:

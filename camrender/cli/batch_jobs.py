@@ -27,7 +27,7 @@ from typing import Callable, Optional
 import click
 
 from camrender.errors import CamrenderError
-from camrender.trajectory.formats import FORMAT_MODULES
+from camrender.trajectory.formats import FORMAT_MODULES, looks_like_actions
 from camrender.trajectory.formats.fileio import read_text
 from camrender.render.resume import partial_folder
 
@@ -81,11 +81,17 @@ def read_jobs(source: Path, command: click.Command, out_dir: Optional[Path] = No
             if name not in names or name in NOT_JOB_OPTIONS:
                 raise CamrenderError("unknown key (keys are trajectory, output and camrender render's options)",
                                      path=where, field=key)
-            if isinstance(names[name].type, click.Path) and isinstance(value, str):
+            if isinstance(names[name].type, click.Path) and isinstance(value, str) and not _action_string(name, value,
+                                                                                                         source):
                 value = str(source.parent / Path(value).expanduser())  # absolute paths stay as they are
             values[name] = value
         jobs.append(Job(where, values))
     return jobs
+
+
+def _action_string(name: str, value: str, source: Path) -> bool:
+    """Whether a job's "trajectory" is an action string ("w-100,dw-60"), not a file beside the jobs file."""
+    return name == "traj" and looks_like_actions(value) and not (source.parent / value).exists()
 
 
 def _folder_jobs(folder: Path, out_dir: Path) -> list:

@@ -67,7 +67,8 @@ def options_to_argv(command: click.Command, values: dict) -> list:
         if isinstance(param, click.Argument):
             positional.append(str(value))
         elif param.is_flag and param.secondary_opts:
-            options.append(param.opts[0] if value else param.secondary_opts[0])
+            if value is not None:  # None: neither (e.g. --smooth/--no-smooth left to the scheme)
+                options.append(param.opts[0] if value else param.secondary_opts[0])
         elif param.is_flag:
             options += [param.opts[0]] if value else []
         elif value is not None:

@@ -28,14 +28,13 @@ def longest_clip(seconds: float, fps: float, segment_frames: int) -> int:
 
 
 def resolve_template(options: dict):
-    """The segment-mode `RenderRequest` every flight starts from (no path yet: the flight steers it)."""
+    """(the segment-mode `RenderRequest` every flight starts from, with no path yet: the flight steers it;
+    the session stem)."""
+    import dataclasses
+
+    from camrender.api.requests import build_request
     from camrender.cli.preflight import check_render_options, probe_writable
-    from camrender.cli.render import RELEASE_SIZE, TINY_SIZE, _default_guidance, _default_steps, _resolve_refiner
-    from camrender.limits import check_size
-    from camrender.model.loading import model_source
     from camrender.model.recipes import get_recipe, resolve_recipe
-    from camrender.render.inputs import open_image
-    from camrender.render.request import RenderRequest
 
     stem = options["out"] or Path(time.strftime("play-%Y%m%d-%H%M%S"))
     check_render_options({**options, "out": stem.with_name(stem.name + ".mp4"), "fps": None, "offload": False})
@@ -47,30 +46,17 @@ def resolve_template(options: dict):
     if recipe.sampler == "chunk-flow-euler":
         raise CamrenderError("camrender play renders one segment after the other (the streaming recipe); the "
                              "chunk-causal teacher keeps several chunks in flight", field="recipe")
-    image = options["image"]
-    if image is not None:
-        open_image(image)  # missing/unreadable: now, not after the model loads
-        image = str(Path(image).resolve())
-    elif options["model"] != "tiny":
-        raise CamrenderError("SANA-WM needs a first-frame image: pass --image", field="image")
-    default_h, default_w = TINY_SIZE if options["model"] == "tiny" else RELEASE_SIZE
-    height, width = options["height"] or default_h, options["width"] or default_w
-    check_size(height, width, options["model"])
-    if options["model"] != "tiny":
-        model_source(options["model"])
     chunk = options["segment_frames"] or recipe.chunk_frames
-    frames = longest_clip(options["max_seconds"], 16.0, chunk)
-    steering = {**options, "mode": "segments"}
-    template = RenderRequest(
-        traj=None, prompt=options["prompt"] or "", negative_prompt=options["negative_prompt"] or "", image=image,
-        steps=_default_steps(steering, recipe), guidance=_default_guidance(steering, recipe),
-        seed=options["seed"], num_frames=frames, fps=16.0, height=height, width=width, model=options["model"],
-        dtype=options["dtype"], device=options["device"], transformer_weights=options["transformer_weights"],
-        vae=options["vae"], kernels=options["kernels"], mode="segments", recipe=recipe.name,
+    request = build_request(
+        None, recipe, model=options["model"], mode="segments", frames=longest_clip(options["max_seconds"], 16.0, chunk),
+        cameras=(), image=options["image"], prompt=options["prompt"], negative_prompt=options["negative_prompt"],
+        seed=options["seed"], fps=16.0, height=options["height"], width=options["width"], steps=options["steps"],
+        guidance=options["guidance"], refiner=options["refiner"], vae=options["vae"], dtype=options["dtype"],
+        device=options["device"], transformer_weights=options["transformer_weights"], kernels=options["kernels"],
         allow_missing_weights=options["allow_missing_weights"], segment_frames=options["segment_frames"],
         cached_segments=options["cached_segments"], cuda_graphs=options["cuda_graphs"],
-        refiner=_resolve_refiner(options, frames), refiner_offload=options["refiner_offload"])
-    return template, stem
+        refiner_offload=options["refiner_offload"])
+    return dataclasses.replace(request, cameras=None), stem
 
 
 @click.command()

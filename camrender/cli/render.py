@@ -2,27 +2,19 @@
 (torch/diffusers imported inside the command)."""
 from __future__ import annotations
 
-import itertools
 import sys
 from pathlib import Path
 
 import click
 
 from camrender.cli import launch as cli_launch
+from camrender.cli import path_options
 from camrender.cli.signals import raise_if_signalled
 from camrender.parallel import distributed
 from camrender.errors import CamrenderError
 from camrender.model.loading import DEFAULT_MODEL
 from camrender.render.resume import DEFAULT_CHECKPOINT_EVERY
-RELEASE_SIZE = (704, 1280)  # (height, width) the released model was trained at
-TINY_SIZE = (64, 112)  # the offline tiny model's default: about the release aspect, small enough for a CPU
-RELEASE_GUIDANCE = 5.0
-RELEASE_STEPS, TINY_STEPS = 60, 10  # default denoising steps (the tiny model's frames are noise anyway)
-
-
-def companion_path(video: Path, suffix: str) -> Path:
-    """`out/orbit.mp4` -> `out/orbit<suffix>` (e.g. ".traj.json", ".path.png")."""
-    return video.with_name(video.stem + suffix) if video.suffix else video.with_name(video.name + suffix)
+from camrender.limits import check_frames
 
 
 class _StepBar:
@@ -52,28 +44,9 @@ class _StepBar:
             self.bar = None
 
 
-def _default_steps(options: dict, recipe):
-    """--steps, else the recipe's: the streaming recipe's timestep list (None), 60 steps otherwise
-    (full mode with the tiny model: 10)."""
-    if options["steps"] is not None:
-        return options["steps"]
-    if options["mode"] == "full":
-        return TINY_STEPS if options["model"] == "tiny" else (recipe.steps or RELEASE_STEPS)
-    return recipe.steps if recipe.mode == "segments" else None
-
-
-def _default_guidance(options: dict, recipe):
-    """--guidance, else the recipe's (bidirectional and chunk-causal 5, streaming off); the
-    bidirectional checkpoint forced into segment mode samples without guidance."""
-    if options["guidance"] is not None:
-        return options["guidance"]
-    if options["mode"] != recipe.mode:
-        return None if options["mode"] == "segments" else RELEASE_GUIDANCE
-    return recipe.guidance if recipe.guidance > 1 else None
-
-
 def _resolve_request(options: dict, notes: list | None = None):
-    """Trajectory, prompt, image, size and frame count from the options and the trajectory file.
+    """The options' `RenderRequest`: the path (file, action string, --from-render's) loaded and checked,
+    then `camrender.api.requests.build_request` (the defaults of the Python API).
 
     Notes for the user (a re-timed path) go to `notes` when given, so that the caller can say them
     after its own checks (an error stays one line); else straight to stderr.
@@ -81,14 +54,13 @@ def _resolve_request(options: dict, notes: list | None = None):
     Everything a user can get wrong is checked here, before the model loads; nothing is written.
     """
     from camrender import trajectory
+    from camrender.api.requests import build_request
     from camrender.trajectory.formats.fileio import check_output_path
-    from camrender.limits import check_frames, check_size
-    from camrender.model.loading import model_source
     from camrender.cli.preflight import check_noise_frames, check_render_options, probe_writable
     from camrender.model.recipes import resolve_recipe
-    from camrender.render.request import RenderRequest
     from camrender.render.inputs import open_image
 
+    path_options.resolve_prompt(options)
     check_render_options(options)
     out = check_output_path(options["out"])
     probe_writable(out)
@@ -97,82 +69,35 @@ def _resolve_request(options: dict, notes: list | None = None):
         options["mode"] = recipe.mode
     if options["frames"] is not None:
         check_frames(options["frames"], options["mode"])
-    loaded = options.pop("_trajectory", None)  # --from-render's
-    if loaded is None:
-        loaded = trajectory.load(options["traj"])  # every reader returns a validated trajectory
-    traj = trajectory.to_model_frames(loaded, options["frames"], stride=recipe.frame_stride)
-    check_frames(traj.num_frames, options["mode"])
-    image = options["image"] if options["image"] is not None else traj.image
+    loaded, controls = path_options.resolve_path(options, notes)  # validated; --from-render's if given
+    image = options["image"] if options["image"] is not None else loaded.image
     if image is not None:
         size = open_image(image).size  # missing/unreadable -> CamrenderError now, not after the model loads
-        image = str(Path(image).resolve())
-        if abs(size[0] / size[1] - traj.width / traj.height) > 0.01 * traj.width / traj.height:
+        if abs(size[0] / size[1] - loaded.width / loaded.height) > 0.01 * loaded.width / loaded.height:
             click.echo(f"camrender: warning: the image is {size[0]}x{size[1]} but the trajectory's intrinsics are "
-                       f"for {traj.width}x{traj.height}; both are cover-cropped to the video separately", err=True)
+                       f"for {loaded.width}x{loaded.height}; both are cover-cropped to the video separately", err=True)
     elif options["model"] != "tiny":
         raise CamrenderError("SANA-WM needs a first-frame image: pass --image or set \"image\" in the trajectory",
                              path=options["traj"], field="image")
-    default_h, default_w = TINY_SIZE if options["model"] == "tiny" else RELEASE_SIZE
-    height = options["height"] or default_h
-    width = options["width"] or default_w
-    check_size(height, width, options["model"])
-    if options["model"] != "tiny":
-        model_source(options["model"])  # a folder that is not there: now, not after minutes of loading
-    first = lambda *values: next((v for v in values if v is not None), None)  # noqa: E731
-    prompt = first(options["prompt"], traj.prompt, "")
-    negative = first(options["negative_prompt"], traj.negative_prompt, "")
-    seed = first(options["seed"], traj.seed, 0)
-    fps = first(options["fps"], traj.fps)
-    resolved = traj.replace(prompt=prompt, negative_prompt=negative, image=image, seed=seed, fps=fps)
-    request = RenderRequest(
-        traj=resolved,
-        prompt=prompt,
-        negative_prompt=negative,
-        image=image,
-        steps=_default_steps(options, recipe),
-        guidance=_default_guidance(options, recipe),
-        seed=seed,
-        num_frames=resolved.num_frames,
-        fps=fps,
-        height=height,
-        width=width,
-        model=options["model"],
-        dtype=options["dtype"],
-        device=options["device"],
-        offload=options["offload"],
-        transformer_weights=options["transformer_weights"],
-        vae=options["vae"],
-        kernels=options["kernels"],
-        mode=options["mode"],
-        recipe=recipe.name,
-        allow_missing_weights=options["allow_missing_weights"],
-        segment_frames=options["segment_frames"],
-        cached_segments=options["cached_segments"],
-        cuda_graphs=options["cuda_graphs"],
-        refiner=_resolve_refiner(options, resolved.num_frames),
-        refiner_offload=options["refiner_offload"],
-        out=out,
-        noise_frames=check_noise_frames(options["noise_frames"], resolved.num_frames),
-    )
-    if traj.num_frames != loaded.num_frames:
-        note = (f"the path is re-timed to {traj.num_frames} frames "
+    request = build_request(
+        loaded, recipe, model=options["model"], mode=options["mode"], frames=options["frames"], image=image,
+        prompt=options["prompt"], negative_prompt=options["negative_prompt"], seed=options["seed"],
+        fps=options["fps"], height=options["height"], width=options["width"], steps=options["steps"],
+        guidance=options["guidance"], refiner=options["refiner"], vae=options["vae"], dtype=options["dtype"],
+        device=options["device"], offload=options["offload"], transformer_weights=options["transformer_weights"],
+        kernels=options["kernels"], allow_missing_weights=options["allow_missing_weights"],
+        segment_frames=options["segment_frames"], cached_segments=options["cached_segments"],
+        cuda_graphs=options["cuda_graphs"], refiner_offload=options["refiner_offload"], controls=controls, out=out,
+        noise_frames=options["noise_frames"])
+    check_noise_frames(request.noise_frames, request.num_frames)
+    if request.num_frames != loaded.num_frames:
+        note = (f"{trajectory.resample.frames_note(loaded.num_frames, request.num_frames, options['frames'])} "
                 f"({recipe.frame_stride}k+1, the {recipe.name} recipe's frame counts)")
         if notes is None:
             click.echo(f"camrender: {note}", err=True)
         else:
             notes.append(note)
     return request
-
-
-def _resolve_refiner(options: dict, frames: int):
-    """--refiner checked against the VAE's latent channels from the configs on disk (nothing loads yet)."""
-    from camrender.model.refiner_loading import resolve_refiner, vae_latent_channels
-
-    refiner = resolve_refiner(options["refiner"], vae_latent_channels(options["model"], options["vae"]))
-    if refiner is not None and frames < 9:  # 8k+1 frames: k latent frames after the image's
-        raise CamrenderError(f"the refiner needs at least 9 frames (it refines the latent frames after the "
-                             f"image's), got {frames}", field="frames")
-    return refiner
 
 
 def _apply_render_file(options: dict) -> None:
@@ -193,6 +118,7 @@ def _apply_render_file(options: dict) -> None:
         raise CamrenderError("--traj and --from-render exclude each other (the render file holds the path)",
                              field="traj")
     settings, options["_trajectory"] = read_render_json(path)
+    options["_controls"] = settings.get("controls")  # the action scheme that rolled the path out, if any
     params = {param.name: param for param in ctx.command.params}
     for name, value in settings.items():
         option = "frames" if name == "num_frames" else name
@@ -201,24 +127,6 @@ def _apply_render_file(options: dict) -> None:
                 options[option] = params[option].type_cast_value(ctx, value)
             except click.BadParameter as error:
                 raise CamrenderError(f"{error.format_message()}", path=path, field=f"settings.{name}") from None
-
-
-def _write_companions(request) -> list:
-    """`VIDEO.traj.json` (the resolved trajectory), `VIDEO.render.json` (every setting plus the path:
-    `--from-render` renders the same video) and `VIDEO.path.png`."""
-    from camrender import trajectory
-    from camrender.render.settings_file import write_render_json
-
-    written = [companion_path(request.out, ".traj.json"), companion_path(request.out, ".render.json")]
-    trajectory.save(request.traj, written[0])
-    write_render_json(request, written[1])
-    try:
-        from camrender.views.plot import plot_trajectory
-    except ImportError:
-        return written
-    written.append(companion_path(request.out, ".path.png"))
-    plot_trajectory(request.traj, written[-1])
-    return written
 
 
 def _quiet_libraries() -> None:
@@ -236,7 +144,7 @@ def _quiet_libraries() -> None:
 @click.command()
 @click.option("--traj", "traj", default=None, type=click.Path(dir_okay=False, path_type=Path),
               help="Trajectory file (v1 JSON, RealEstate10K .txt, nerfstudio camera_path.json, COLMAP "
-                   "images.txt, transforms.json) or an action string such as w-80,jw-40.")
+                   "images.txt, transforms.json, SANA-WM NAME_pose.npy) or an action string such as w-100,dw-60.")
 @click.option("--from-render", "from_render", default=None, type=click.Path(dir_okay=False, path_type=Path),
               help="Render again from a NAME.render.json written beside a video (its settings and path; "
                    "options given here win).")
@@ -245,13 +153,14 @@ def _quiet_libraries() -> None:
 @click.option("--negative-prompt", default=None, help="Negative prompt (default: the trajectory's, else empty).")
 @click.option("--image", default=None, type=click.Path(path_type=Path),
               help="First-frame image (default: the trajectory's).")
+@path_options.render_options
 @click.option("--steps", default=None, type=click.IntRange(min=1),
               help="Denoising steps (default: the recipe's; streaming: its 4-step list; tiny full mode: 10).")
 @click.option("--guidance", default=None, type=float,
               help="Classifier-free guidance, <= 1: off (default: the recipe's: 5, streaming off).")
 @click.option("--seed", default=None, type=int, help="Noise seed (default: the trajectory's, else 0).")
 @click.option("--frames", default=None, type=click.IntRange(min=1),
-              help="Video frames, 8k+1 (streaming recipe: 24k+1; default: the trajectory re-timed to the nearest).")
+              help="Video frames, 8k+1 (streaming: 24k+1; default: the path re-timed to the nearest; see README).")
 @click.option("--fps", default=None, type=click.FloatRange(min=0, min_open=True),
               help="Output frame rate (default: the trajectory's).")
 @click.option("--height", default=None, type=click.IntRange(min=1), help="Video height (default 704; tiny: 64).")
@@ -343,74 +252,16 @@ def render(**options):
         from camrender.render.pipeline import load_patched_pipeline
 
         pipe = load_patched_pipeline(request, log)
+        from camrender.api.output import write_video
+
         frames, companions = write_video(pipe, request, bar, resume_info=resume_info,
-                                         checkpoint_every=checkpoint_every, log=log)
+                                         checkpoint_every=checkpoint_every, log=log, check=raise_if_signalled)
     finally:
         if bar is not None:
             bar.close()
         distributed.stop()
     log(f"wrote {request.out} ({frames} frames, {request.width}x{request.height}, {request.fps:g} fps) and "
         f"{', '.join(str(p) for p in companions)}")
-
-
-def write_video(pipe, request, progress=None, *, resume_info=None, checkpoint_every=DEFAULT_CHECKPOINT_EVERY,
-                log=None) -> tuple:
-    """Render `request` with `pipe` into `request.out` and its side files: (frames written, side files).
-
-    Segment mode writes checkpoints every `checkpoint_every` seconds and continues from
-    `resume_info` (`camrender.render.resume.check_partials`). The other ranks of a video group render
-    along and write nothing: (0, []).
-    """
-    from camrender.render.request import check_request
-    from camrender.render.full import render_frames
-
-    check_request(pipe, request)
-    if not distributed.is_video_leader():
-        for _ in render_frames(pipe, request, progress):
-            pass
-        return 0, []
-    # the refiner's window is not part of a checkpoint, nor the other ranks' heads of a split segment
-    # render: with either, the render keeps none
-    keeps = request.refiner is None and not (request.mode == "segments" and distributed.shares_video())
-    video, checkpoints = _video_output(request, resume_info, checkpoint_every if keeps else float("inf"))
-    chunks = render_frames(pipe, request, progress, checkpoints=checkpoints)
-    if distributed.shares_video():
-        # The temporary video appears with the first frames: by then the ranks of a split render
-        # have finished their collectives, so a rank that fails before leaves no file behind.
-        first = next(chunks, None)
-        chunks = itertools.chain([] if first is None else [first], chunks)
-    completed = False
-    try:
-        with video:
-            for frames in chunks:
-                raise_if_signalled()
-                video.append(frames)
-        completed = True
-    finally:
-        if checkpoints is not None:
-            checkpoints.finish(completed)
-            if not completed and checkpoints.saved and log is not None:
-                log(f"the render can continue from its checkpoint: rerun the same command with --resume "
-                    f"(or remove {checkpoints.folder})")
-    return video.frames_written, _write_companions(request)
-
-
-def _video_output(request, resume_info, checkpoint_every: float):
-    """(video writer, checkpointer or None): full mode writes one mp4 atomically; segment mode
-    one file per segment in the partial folder, with checkpoints (`camrender.render.resume`)."""
-    from camrender.render.video import VideoWriter
-
-    if request.mode != "segments":
-        return VideoWriter(request.out, fps=request.fps), None
-    from camrender.render.settings_file import checkpoint_settings
-    from camrender.render.resume import Checkpointer, partial_folder
-    from camrender.render.segment_video import SegmentVideoWriter
-
-    checkpoints = Checkpointer(partial_folder(request.out), checkpoint_settings(request), every=checkpoint_every,
-                               resume_info=resume_info)
-    video = SegmentVideoWriter(request.out, request.fps, checkpoints.folder, first_segment=checkpoints.first_segment,
-                               frames_before=checkpoints.frames_before)
-    return video, checkpoints
 
 
 COMMANDS = [render]

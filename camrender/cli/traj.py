@@ -3,6 +3,7 @@ import os
 
 import click
 
+from camrender.cli import path_options
 from camrender.cli import traj_view as cli_traj_view
 from camrender.errors import CamrenderError
 from camrender.trajectory.formats import help_text
@@ -91,12 +92,16 @@ def new_command(preset, out, num_frames, fps, width, height, fov, prompt, negati
 @traj.command("check")
 @click.argument("file")
 @click.option("--from", "fmt", default=None, help=f"Input format: {help_text()} (default: from the suffix/content).")
-def check_command(file, fmt):
+@path_options.intrinsics_option
+@click.option("--image", default=None, type=click.Path(dir_okay=False),
+              help="First-frame image: the size a .npy's intrinsics are in pixels of.")
+@path_options.scheme_options
+def check_command(file, fmt, image, **options):
     """Validate FILE and print frames, duration, path length, fov range and the largest step per frame."""
     from camrender.trajectory import is_model_length, nearest_model_length
     from camrender.trajectory.stats import compute, fmt_number
 
-    trajectory = _read(file, fmt)
+    trajectory, scheme = path_options.load_path(file, options, fmt=fmt, image=image)
     s = compute(trajectory)
     model = "yes" if is_model_length(s.num_frames) else f"no: renders resample to {nearest_model_length(s.num_frames)}"
     lines = [
@@ -109,6 +114,9 @@ def check_command(file, fmt):
         f"max step:     {fmt_number(s.max_move)} units/frame (frame {s.max_move_frame}), "
         f"{s.max_turn:.3f} deg/frame (frame {s.max_turn_frame})",
     ]
+    if scheme is not None:
+        lines.append(f"action scheme: {scheme.name}, {scheme.translation_speed:g} units and {scheme.rotation_speed:g} "
+                     f"deg per frame, pitch within +-{scheme.pitch_limit:g} deg, smoothing {'on' if scheme.smooth else 'off'}")
     for label, value in (("prompt", trajectory.prompt), ("image", trajectory.image), ("seed", trajectory.seed)):
         if value is not None:
             lines.append(f"{label + ':':<13} {value}")
@@ -122,21 +130,33 @@ def check_command(file, fmt):
               help=f"Input format: {help_text()} (default: from the suffix/content).")
 @click.option("--to", "to_fmt", default=None,
               help=f"Output format: {help_text(exportable=True)} (default: from the output suffix).")
-def convert_command(source, out, from_fmt, to_fmt):
-    """Convert SOURCE to another format (with --from actions, SOURCE may be the action string itself)."""
+@path_options.intrinsics_option
+@click.option("--image", default=None, type=click.Path(dir_okay=False),
+              help="First-frame image: the intrinsics are mapped through its resize-to-cover and centre crop to "
+                   "--width x --height, as a render maps them (and the file names the image).")
+@click.option("--width", type=click.IntRange(min=1), default=1280, show_default=True, help="Render width (with --image).")
+@click.option("--height", type=click.IntRange(min=1), default=704, show_default=True,
+              help="Render height (with --image).")
+@path_options.scheme_options
+def convert_command(source, out, from_fmt, to_fmt, image, width, height, **options):
+    """Convert SOURCE to another format (with --from actions, SOURCE may be the action string itself).
+
+    \b
+    camrender traj convert demo_0_pose.npy --image demo_0.png -o demo_0.json   # OpenCV c2w, render-size intrinsics
+    camrender traj convert path.json -o path_pose.npy                          # + path_intrinsics.npy beside it
+    """
+    from camrender.trajectory.crop import crop_intrinsics
     from camrender.trajectory.formats import export_file, get
 
     if to_fmt is not None:
         get(to_fmt)
-    trajectory = _read(source, from_fmt)
+    trajectory, _ = path_options.load_path(source, options, fmt=from_fmt, image=image)
+    if image is not None:
+        intrinsics = crop_intrinsics(trajectory.intrinsics, (trajectory.width, trajectory.height), (width, height))
+        trajectory = trajectory.replace(intrinsics=intrinsics, width=width, height=height,
+                                        image=os.path.abspath(image)).validate()
     export_file(trajectory, out, to_fmt)
     click.echo(f"wrote {out}: {trajectory.num_frames} frames")
-
-
-def _read(source, fmt):
-    from camrender.trajectory.formats import import_file
-
-    return import_file(source, fmt)  # a SOURCE that names no file may be the action string itself
 
 
 for _command in cli_traj_view.COMMANDS:

@@ -8,13 +8,15 @@ import time
 
 import click
 
+from camrender.cli import path_options
 from camrender.errors import CamrenderError
 
 
-def _load(path):
+def _load(path, options=None):
+    """The path of FILE; `options` (popped): the action scheme options and --intrinsics."""
     from camrender.trajectory import load
 
-    return load(path)
+    return load(path) if options is None else path_options.load_path(path, options)[0]
 
 
 @click.command("plot")
@@ -22,14 +24,16 @@ def _load(path):
 @click.option("-o", "--out", required=True, type=click.Path(), help="Plot to write (.png, .jpg, .pdf or .svg).")
 @click.option("--every", type=click.IntRange(min=1), default=None,
               help="Draw a view frustum every N frames (default: about 16 per path).")
-def plot_command(file, out, every):
+@path_options.intrinsics_option
+@path_options.scheme_options
+def plot_command(file, out, every, **options):
     """Top and side views of the path with frustums, plus speed and field-of-view charts (PNG)."""
     from camrender.trajectory.formats.fileio import check_output_path
     from camrender.views.plot import plot_format, plot_trajectory
 
     plot_format(out)
     check_output_path(out)
-    traj = _load(file)
+    traj = _load(file, options)
     plot_trajectory(traj, out, every=every)
     click.echo(f"wrote {out}: {traj.num_frames} frames")
 
@@ -46,7 +50,9 @@ def plot_command(file, out, every):
               help="Scale of the proxy scene in the trajectory's world units (1: ground 1.5 units below the first camera).")
 @click.option("--absolute", is_flag=True,
               help="Use the poses as given instead of relative to frame 0 (the model's view).")
-def preview_command(file, out, overlay, width, height, scene_scale, absolute):
+@path_options.intrinsics_option
+@path_options.scheme_options
+def preview_command(file, out, overlay, width, height, scene_scale, absolute, **options):
     """Render the path through a synthetic scene (ground grid, landmarks, horizon) on CPU.
 
     \b
@@ -60,7 +66,7 @@ def preview_command(file, out, overlay, width, height, scene_scale, absolute):
 
     check_suffix(out, VIDEO_SUFFIXES, "the preview video")
     check_output_path(out)
-    traj = _load(file)
+    traj = _load(file, options)
     preview_size(traj, width, height)  # size limits before any frame is drawn
     start = time.perf_counter()
     w, h = write_preview(traj, out, width=width, height=height, overlay=overlay, scene_scale=scene_scale,

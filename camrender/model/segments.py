@@ -29,7 +29,7 @@ import torch
 from camrender.model.block import PatchedBlock
 from camrender.model.conditioning import ray_transforms
 from camrender.model.recipes import segment_bounds
-from camrender.model.state import BlockCache, SegmentCache, SegmentCall, SegmentOptions, SoftmaxKV
+from camrender.model.state import FULL_MODE, BlockCache, SegmentCache, SegmentCall, SegmentOptions, SoftmaxKV
 
 __all__ = [
     "BlockCache",
@@ -76,7 +76,8 @@ class SegmentConditioning:
     (P, P_T, P_inv, RoPE_cam) UCPE transforms, or None (no camera); raymap: (B, N, C) absmap
     embedding added to the input (models without Plucker inputs), or None; plucker: (B, N, C)
     embedded Plucker maps for the blocks, or None; plucker_input: the same when added to the input;
-    text: (B, 1, L, C) embedded, normed text; text_mask: (B, L) int16.
+    text: (B, 1, L, C) embedded, normed text; text_mask: (B, L) int16; camera_conditions: the call's
+    (B, T, 20) rows, or None (read only by diffusers' own block code: full mode with --kernels torch).
     """
 
     frame_start: int
@@ -88,6 +89,7 @@ class SegmentConditioning:
     plucker_input: Optional[torch.Tensor]
     text: torch.Tensor
     text_mask: torch.Tensor
+    camera_conditions: Optional[torch.Tensor] = None
 
 
 def prepare_conditioning(
@@ -125,7 +127,8 @@ def prepare_conditioning(
     if text_mask.shape[0] != text.shape[0]:
         text_mask = text_mask.repeat(text.shape[0] // text_mask.shape[0], 1)
     text_mask = text_mask.squeeze(1).squeeze(1)
-    return SegmentConditioning(frame_start, frames, rope, rays, raymap, plucker, plucker_input, text, text_mask)
+    return SegmentConditioning(frame_start, frames, rope, rays, raymap, plucker, plucker_input, text, text_mask,
+                               camera_conditions)
 
 
 def segment_forward(
@@ -194,6 +197,10 @@ def segment_forward(
                          "(camrender.patch_transformer)")
     call = SegmentCall(frames, height, width, tuple(segments), write_cache, options)
     block_caches = cache.blocks if cache is not None else [BlockCache() for _ in model.blocks]
+    # A whole clip with no state and diffusers' rules on backend "torch" (full mode, --kernels torch):
+    # diffusers' own block code, which the blocks run when they are called without a segment.
+    stock = (cache is None and len(segments) == 1 and options == FULL_MODE
+             and not model.blocks[0].settings.fused)
 
     x = model.x_embedder(hidden_states.to(dtype))
     if conditioning.raymap is not None:
@@ -207,6 +214,11 @@ def segment_forward(
     t = t.unflatten(0, timestep.shape)
 
     for block, block_cache in zip(model.blocks, block_caches):
+        if stock:
+            x = block(x, conditioning.text, modulation, conditioning.text_mask, THW=grid, rotary_emb=conditioning.rope,
+                      camera_conditions=conditioning.camera_conditions, ucpe_ray_transforms=conditioning.rays,
+                      plucker_emb=conditioning.plucker)
+            continue
         x = block(x, conditioning.text, modulation, conditioning.text_mask, rotary_emb=conditioning.rope,
                   ucpe_ray_transforms=conditioning.rays, plucker_emb=conditioning.plucker,
                   state=block_cache, segment=call)

@@ -1,6 +1,6 @@
 """One flight of `camrender play`: the segment loop steered live, and the session it saves.
 
-A `Flight` renders in its own thread: `camrender.render.segments.render_segments` pulls each
+A `Flight` renders in its own thread: `camrender.render.loop.render_frames` (segment mode) pulls each
 segment's cameras from a `camrender.play.steering.SteeredPath` (the keys held while the segment
 before rendered) and yields each segment's uint8 frames (F, H, W, 3) as soon as it is decoded; the
 flight hands them to `on_segment` (the server sends them to the pages) and to a writer thread that
@@ -132,12 +132,12 @@ class Flight:
             self.on_end(self)
 
     def _render(self) -> None:
-        from camrender.render.segments import render_segments
+        from camrender.render.loop import render_frames
 
         request = dataclasses.replace(self.request, cameras=self.path.segments())
         recent = []  # (clock, frames) of the recent segments, for the rate
         started = self.clock()
-        chunks = render_segments(self.pipe, request)
+        chunks = render_frames(self.pipe, request)
         try:
             for frames in chunks:
                 if self._stop.is_set():

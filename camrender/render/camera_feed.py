@@ -25,7 +25,8 @@ import numpy as np
 import torch
 
 from camrender.errors import CamrenderError
-from camrender.render.camera import crop_intrinsics, latent_camera_rows, to_latent_grid
+from camrender.render.camera import latent_camera_rows, to_latent_grid
+from camrender.trajectory.crop import crop_intrinsics
 from camrender.trajectory.model import Trajectory, validate_intrinsics, validate_pose
 from camrender.trajectory.rotations import invert_rigid
 

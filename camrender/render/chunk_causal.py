@@ -97,7 +97,7 @@ def euler_dt(frame_timesteps: torch.Tensor, sigmas: torch.Tensor) -> torch.Tenso
 
 
 def sample_chunk_causal(model, inputs, bounds, schedule: TeacherSchedule, options, device, *,
-                        on_step: Optional[Callable] = None, before_call: Optional[Callable] = None) -> Iterator:
+                        on_step: Optional[Callable] = None) -> Iterator:
     """Yield `(index, start, stop, latents)` for each chunk of `bounds` as it finishes (latents clean,
     (1, C, t, h, w) in the model's dtype), like `render_segments.sample_segments`.
 
@@ -105,45 +105,36 @@ def sample_chunk_causal(model, inputs, bounds, schedule: TeacherSchedule, option
     options: `SegmentOptions` (the teacher's: cached_segments None, softmax_scale "head").
     on_step(step, start, stop, frame_timesteps, prediction): called after each model call with the
     in-flight frames [start, stop), their (T,) model timesteps and the guided prediction (1, C, T, h, w).
-    before_call(model): called before every model call (segment mode brings an offloaded model back).
     """
-    from camrender.model.segments import SegmentCache, prepare_conditioning, segment_forward
+    from camrender.model.segments import SegmentCache
+    from camrender.render.denoise import Denoiser, pinned_frames
 
     if len(bounds) != len(schedule.starts):
         raise ValueError(f"{len(bounds)} chunks but a schedule for {len(schedule.starts)}")
     dtype = model.dtype
-    batch = inputs.text.shape[0]
-    p_t, p_h, p_w = model.patch_size
+    denoiser = Denoiser(model, inputs, options, device)
     latents = inputs.noise.to(device=device, dtype=dtype).clone()
-    pinned = torch.zeros(latents.shape[2], dtype=torch.bool)
-    if inputs.first_latent is not None:
+    pinned = pinned_frames(inputs, 0, latents.shape[2], "cpu")
+    if pinned.any():
         latents[:, :, :1] = inputs.first_latent.to(device=device, dtype=dtype)
-        pinned[0] = True
     cache = SegmentCache.empty(model)
     conditioning = {}
 
     def condition(start, stop):
         if (start, stop) not in conditioning:
             conditioning.clear()  # the in-flight window only moves forward
-            camera, plucker = inputs.camera(start, stop)  # pulls a camera stream as chunks start
-            conditioning[(start, stop)] = prepare_conditioning(
-                model, ((stop - start) // p_t, latents.shape[3] // p_h, latents.shape[4] // p_w),
-                inputs.text, inputs.text_mask, camera_conditions=camera, chunk_plucker=plucker, frame_start=start)
+            conditioning[(start, stop)] = denoiser.condition(start, stop)  # pulls a camera stream as chunks start
         return conditioning[(start, stop)]
 
-    def forward(start, stop, frame_timesteps, segments, write=False):
-        if before_call is not None:
-            before_call(model)
-        x = latents[:, :, start:stop].expand(batch, -1, -1, -1, -1)
-        timestep = frame_timesteps.to(device).view(1, 1, -1).expand(batch, 1, -1)
-        return segment_forward(model, x, timestep, frame_start=start, cache=cache, write_cache=write,
-                               segments=segments, options=options, conditioning=condition(start, stop))
+    def predict(start, stop, frame_timesteps, segments, write=False):
+        return denoiser.predict(latents[:, :, start:stop], frame_timesteps, condition(start, stop), cache=cache,
+                                segments=segments, write=write)
 
     cached = 0  # chunks [0, cached) are in the cache
     for step in range(schedule.total):
         while cached < len(bounds) and step >= schedule.starts[cached] + schedule.steps:
             start, stop = bounds[cached]  # finished at the previous step: cache it, hand it out
-            forward(start, stop, torch.zeros(stop - start), None, write=True)
+            predict(start, stop, torch.zeros(stop - start), None, write=True)
             yield cached, start, stop, latents[:, :, start:stop]
             cached += 1
         flying = [i for i in range(cached, len(bounds)) if schedule.timestep(i, step) >= 0]
@@ -154,10 +145,7 @@ def sample_chunk_causal(model, inputs, bounds, schedule: TeacherSchedule, option
                                         dtype=torch.float32) for i in flying])
         frame_t = torch.where(pinned[start:stop], 0.0, frame_t)
         segments = [(bounds[i][0] - start, bounds[i][1] - start) for i in flying]
-        prediction = forward(start, stop, frame_t, segments).float()
-        if batch == 2:
-            uncond, cond = prediction.chunk(2)
-            prediction = uncond + inputs.guidance * (cond - uncond)
+        prediction = predict(start, stop, frame_t, segments)
         dt = euler_dt(frame_t, schedule.sigmas).to(device).view(1, 1, -1, 1, 1)
         latents[:, :, start:stop] = (latents[:, :, start:stop].float() - dt * prediction).to(dtype)
         if on_step is not None:

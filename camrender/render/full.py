@@ -1,114 +1,96 @@
-"""The full-clip sampler, and `render_frames`, the one entry the CLI calls.
+"""Full mode: the full-clip sampler (`sample_latents`) and its plan for the render loop (`full_plan`).
 
-`render_frames(pipe, request, progress)` yields uint8 video frames (F_chunk, H, W, 3) in order, to be
-appended to a `camrender.render.video.VideoWriter`. It dispatches on `request.mode`:
-
-- "full": `render_full` below denoises the whole clip at once and yields all frames.
-- "segments": `camrender.render.segments.render_segments(pipe, request, progress)`, which has the
-  same contract (a generator of uint8 frame chunks, one per finished segment).
+The whole clip is one chunk of `camrender.render.loop`: denoised at once, refined as a whole
+(`refine_clip`, with `--refiner`), decoded as a whole, every frame yielded at once.
 """
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Optional
 
-import numpy as np
+import torch
 
 from camrender.errors import CamrenderError
-from camrender.model.conditioning import step_constants
+from camrender.model.block import fixed_plucker
+from camrender.model.settings import RefinerSettings, RenderSettings
+from camrender.model.state import FULL_MODE
+from camrender.parallel.cfg import guidance_split
 from camrender.render.decode import decode_latents
+from camrender.render.denoise import Denoiser, pin, pinned_frames
 from camrender.render.inputs import prepare_inputs
-from camrender.render.request import MODES, Progress, RenderRequest, check_request
+from camrender.render.pipeline import pipeline_settings
+from camrender.render.plan import ChunkPlan
+from camrender.render.request import Progress, RenderRequest, check_request
+from camrender.render.stage_two import refine_clip
 
 
-def render_frames(pipe, request: RenderRequest, progress: Progress = None, checkpoints=None) -> Iterator[np.ndarray]:
-    """Yield the video of `request` as uint8 (F_chunk, H, W, 3) chunks, in order (see module docstring).
+class ClipStage:
+    """Stage 2 of the whole clip, with the `push` / `finish` of a `RefinerStream`: `push` refines the
+    clip at once (`refine_clip`; unchanged without a refiner), `finish` has nothing left."""
 
-    checkpoints: segment mode's `camrender.render.resume.Checkpointer` (resume / save), or None."""
-    if request.mode == "full":
-        yield from render_full(pipe, request, progress)
-    elif request.mode == "segments":
-        from camrender.render.segments import render_segments
+    def __init__(self, pipe, request: RenderRequest, settings: RefinerSettings, progress: Progress = None):
+        self.pipe, self.request, self.settings, self.progress = pipe, request, settings, progress
 
-        yield from render_segments(pipe, request, progress, checkpoints=checkpoints)
-    else:
-        raise CamrenderError(f"must be one of {', '.join(MODES)}, got {request.mode!r}", field="mode")
+    def push(self, latents):
+        self.last = refine_clip(self.pipe, self.request, latents, progress=self.progress, settings=self.settings)
+        return self.last
+
+    def finish(self):
+        return self.last[:, :, :0]
 
 
-def render_full(pipe, request: RenderRequest, progress: Progress = None) -> Iterator[np.ndarray]:
-    """Full-clip render: denoise all latent frames together, decode, yield every frame at once
-    (converted to uint8 where it was decoded: the float video is 4x the bytes of the frames)."""
-    from camrender.parallel.distributed import is_video_leader
-    from camrender.render.decode import to_uint8_frames
-    from camrender.render.stage_two import refine_clip
+class ClipDecoder:
+    """The VAE decode of the whole clip: `decode(latents)` -> (1, 3, F, H, W) in [-1, 1]."""
 
-    latents = sample_latents(pipe, request, progress)
-    if is_video_leader():  # the other ranks of a video group hold the same latents (camrender.parallel.cfg)
-        latents = refine_clip(pipe, request, latents, progress=progress)  # stage 2 (--refiner); unchanged without one
-        yield to_uint8_frames(_decode(pipe, latents))
+    def __init__(self, vae):
+        self.vae = vae
 
+    def decode(self, latents):
+        return decode_latents(self.vae, latents)
+
+
+def full_plan(pipe, request: RenderRequest, device, settings: RenderSettings, progress: Progress = None):
+    """Full mode's `camrender.render.loop.ChunkPlan`: one chunk, sampled when the loop pulls it."""
+    def chunks():
+        yield sample_latents(pipe, request, progress, settings)
+
+    return ChunkPlan(chunks=chunks(), stage=ClipStage(pipe, request, settings.refiner, progress),
+                     decoder=ClipDecoder(pipe.vae), total=1)
 
 
 # ----------------------------------------------------------------------------- sampler
-def sample_latents(pipe, request: RenderRequest, progress: Progress = None):
+def sample_latents(pipe, request: RenderRequest, progress: Progress = None, settings: Optional[RenderSettings] = None):
     """Flow-match Euler with classifier-free guidance over the whole clip; returns (1, C, T, h, w).
 
     Latent frame 0 holds the encoded first image and stays clean (its timestep is 0
     throughout); every other frame starts from noise and follows the scheduler's sigmas.
     On a video group of two ranks each runs one guidance row (`camrender.parallel.cfg`); every
-    rank returns the same latents.
+    rank returns the same latents. settings: the render's (None: `pipeline_settings`).
     """
-    import torch
-
-    from camrender.parallel.cfg import guidance_split
-    from camrender.model.block import fixed_plucker
-
     check_request(pipe, request)
+    settings = pipeline_settings(pipe, request) if settings is None else settings
     if request.steps is None:
         raise CamrenderError("full mode needs a number of denoising steps", field="steps")
     transformer, scheduler = pipe.transformer, pipe.scheduler
     device = pipe._execution_device
     dtype = transformer.dtype
-    guidance = request.guidance is not None and request.guidance > 1.0
 
     inputs = prepare_inputs(pipe, request, device)
-    split = guidance_split(guidance)  # a video group of two ranks: each runs one guidance row
-    rows = split.rows if split is not None else (lambda batch_tensor: batch_tensor)
-    text, text_mask = rows(inputs.text), rows(inputs.text_mask)
-    camera = {"camera_conditions": rows(inputs.camera_conditions), "chunk_plucker": inputs.chunk_plucker}
-    local_batch = text.shape[0]
+    split = guidance_split(inputs.text.shape[0] == 2)  # a video group of two ranks: each runs one guidance row
+    denoiser = Denoiser(transformer, inputs, FULL_MODE, device, split=split, upcast=False,
+                        cuda_graphs=settings.cuda_graphs)
     latents = inputs.noise.to(device)
     channels, frames, h, w = latents.shape[1:]
     with torch.no_grad():
         scheduler.set_timesteps(request.steps, device=device)
         timesteps = scheduler.timesteps
-
-        frame_is_noisy = torch.ones(1, 1, frames, device=device)
-        frame_is_noisy[..., 0] = 0.0  # the conditioning frame is pinned clean
-        token_is_noisy = frame_is_noisy[:, 0, :, None].expand(1, frames, h * w).reshape(1, -1)
-        image_hw = torch.tensor([[request.height, request.width]], dtype=torch.float, device=device)
-
-        p_t, p_h, p_w = transformer.config.patch_size
-        constants = step_constants(transformer, camera.get("camera_conditions"), (frames // p_t, h // p_h, w // p_w))
-
-        def forward(model_latents, frame_timesteps):
-            return transformer(model_latents, frame_timesteps, text, mask=text_mask, data_info={"img_hw": image_hw},
-                               return_dict=False, **camera, **constants)[0]
-
-        offloaded = getattr(transformer, "_hf_hook", None) is not None  # weights visit the GPU per call
-        if request.cuda_graphs and device.type == "cuda" and not offloaded:
-            from camrender.model.graphs import GraphedForward
-
-            forward = GraphedForward(forward)  # text, mask and camera stay fixed: read in place by the graph
+        pinned = pinned_frames(inputs, 0, frames, device)  # the conditioning frame is pinned clean
+        token_is_noisy = (~pinned)[:, None].expand(frames, h * w).reshape(1, -1).float()
+        # the RoPE rows, ray tables, text and Plucker embeddings of the whole clip, once
+        conditioning = denoiser.condition(0, frames)
         # the Plucker maps' per-block projections, once (not under offload: it is there to save memory)
-        with fixed_plucker(transformer, None if offloaded else camera.get("chunk_plucker")):
+        with fixed_plucker(transformer, None if denoiser.offloaded else inputs.chunk_plucker):
             for index, t in enumerate(timesteps):
-                frame_timesteps = (t.float() * frame_is_noisy).expand(local_batch, 1, frames)
-                prediction = forward(latents.repeat(local_batch, 1, 1, 1, 1), frame_timesteps)
-                if split is not None:
-                    prediction = split.gather(prediction)
-                if guidance:
-                    uncond, cond = prediction.chunk(2)
-                    prediction = uncond + request.guidance * (cond - uncond)
+                prediction = denoiser.predict(latents, pin(pinned, t.float()), conditioning)
                 stepped = scheduler.step(
                     -prediction.reshape(1, channels, -1).transpose(1, 2),
                     t,
@@ -117,7 +99,7 @@ def sample_latents(pipe, request: RenderRequest, progress: Progress = None):
                     return_dict=False,
                 )[0]
                 stepped = stepped.transpose(1, 2).reshape(latents.shape)
-                latents = torch.where(frame_is_noisy[:, :, :, None, None].bool(), stepped, latents).to(dtype)
+                latents = torch.where(pinned[None, None, :, None, None], latents, stepped).to(dtype)
                 if progress is not None:
                     progress(index + 1, len(timesteps), f"step {index + 1}/{len(timesteps)}")
     return latents
@@ -126,23 +108,12 @@ def sample_latents(pipe, request: RenderRequest, progress: Progress = None):
 
 def sample_video(pipe, request: RenderRequest, progress: Progress = None):
     """Sample and decode the whole clip: (F, H, W, 3) float32 in [0, 1] on the CPU (as the diffusers
-    pipeline returns it; renders take uint8 frames from `render_full`)."""
-    from camrender.render.stage_two import refine_clip
-
-    latents = refine_clip(pipe, request, sample_latents(pipe, request, progress), progress=progress)
-    video = _decode(pipe, latents)
-    return (video[0].float() / 2 + 0.5).clamp(0, 1).permute(1, 2, 3, 0).cpu()
-
-
-
-def _decode(pipe, latents):
-    """`decode_latents` with the pipeline's VAE, then its offload hooks released: (1, 3, F, H, W) in
-    [-1, 1] on the VAE's device. `latents` are stage 2's output when there is a refiner."""
-    import torch
-
+    pipeline returns it; renders take uint8 frames from `camrender.render.loop.render_frames`)."""
+    settings = pipeline_settings(pipe, request)
+    latents = refine_clip(pipe, request, sample_latents(pipe, request, progress, settings), progress=progress,
+                          settings=settings.refiner)
     with torch.no_grad():
         video = decode_latents(pipe.vae, latents)
     if hasattr(pipe, "maybe_free_model_hooks"):
         pipe.maybe_free_model_hooks()
-    return video
-
+    return (video[0].float() / 2 + 0.5).clamp(0, 1).permute(1, 2, 3, 0).cpu()

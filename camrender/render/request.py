@@ -55,6 +55,9 @@ class RenderRequest:
             (`camrender.render.stage_two.attach_refiner`).
         refiner_offload: "none" (the refiner's DiT lives on the GPU) | "layers" (its blocks visit the GPU
             one at a time).
+        controls: the action scheme that rolled out an action-string path
+            (`camrender.trajectory.controls.ControlScheme.to_dict()`: name, speeds, pitch limit, smoothing,
+            fps), recorded in NAME.render.json; None for other paths.
         out: output video path.
         noise_frames: latent frames of the noise draw (None: the clip's); the clip takes its first ones.
             A live session (`camrender play`) draws its longest clip's noise up front and may stop
@@ -87,6 +90,7 @@ class RenderRequest:
     cuda_graphs: bool = True
     refiner: Optional[str] = None
     refiner_offload: str = "none"
+    controls: Optional[dict] = None
     out: Optional[Path] = None
     cameras: Any = None
     noise_frames: Optional[int] = None

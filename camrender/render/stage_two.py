@@ -15,7 +15,7 @@ import torch
 
 from camrender.errors import CamrenderError
 from camrender.model.refiner import RefinerStream, encode_refiner_prompt
-from camrender.model.settings import KernelSettings, model_settings
+from camrender.model.settings import RefinerSettings, RenderSettings
 
 _ATTRIBUTE = "_camrender_refiner"
 
@@ -39,25 +39,23 @@ class PassThrough:
         return self.last[:, :, :0]
 
 
-def stage_two(pipe, request, device):
+def stage_two(pipe, request, device, settings: Optional[RefinerSettings] = None):
     """The refiner stream of one render: a `RefinerStream` when a refiner is attached to `pipe`, else a
     pass-through with the same `push`/`finish`. Encodes the refiner's prompt here, once per render.
 
-    Noise of the block endpoints comes from a CPU generator seeded with the render's seed (repeatable
-    across devices, like stage 1's). `--kernels torch` runs diffusers' stock refiner blocks.
+    settings: the render's `RenderSettings.refiner` (None: the request's, `RenderSettings.of_request`);
+    path "stock" (`--kernels torch`) runs diffusers' own refiner blocks. Noise of the block endpoints
+    comes from a CPU generator seeded with the render's seed (repeatable across devices, like stage 1's).
     """
     refiner = getattr(pipe, _ATTRIBUTE, None)
     if refiner is None:
         return PassThrough()
+    settings = RenderSettings.of_request(request).refiner if settings is None else settings
     dtype = next(refiner.transformer.parameters()).dtype
     text = encode_refiner_prompt(refiner, request.prompt, device, dtype)
-    # the settings stage 1 was patched with: fused blocks, or diffusers' own ones (--kernels torch)
-    settings = model_settings(pipe.transformer) or KernelSettings.from_kernels(request.kernels)
-    # on a CPU the fused path's PyTorch references, never the Triton interpreter (tests run stage 1 there)
-    backend = settings.backend if torch.device(device).type == "cuda" else "torch"
     return RefinerStream(refiner, text, fps=request.fps, device=device,
                          generator=torch.Generator("cpu").manual_seed(int(request.seed)),
-                         kernels="fused" if settings.fused else "stock", kernel_backend=backend)
+                         kernels=settings.path, kernel_backend=settings.backend)
 
 
 # On CUDA, a segment's refinement runs on its own stream while the next segment's stage 1 runs, and its
@@ -186,12 +184,13 @@ class _StageStreams:
             self.outer.wait_stream(stream)
 
 
-def refine_clip(pipe, request, latents, device=None, progress=None):
+def refine_clip(pipe, request, latents, device=None, progress=None, settings: Optional[RefinerSettings] = None):
     """Full mode's stage 2: the whole stage-1 clip (1, C, T, h, w) refined (unchanged without a refiner).
 
-    progress: optional `progress(done, total, info)`, called after each refined block.
+    progress: optional `progress(done, total, info)`, called after each refined block; settings: as
+    `stage_two`'s.
     """
-    stream = stage_two(pipe, request, device if device is not None else latents.device)
+    stream = stage_two(pipe, request, device if device is not None else latents.device, settings)
     if isinstance(stream, PassThrough):
         return latents
     frames = latents.shape[2]

@@ -8,7 +8,12 @@ part of the path is lost). Re-timing keeps the first and last pose, the fps and 
 path itself: frame j of the result sits at position j*(F-1)/(M-1) along the original
 frames, interpolated between its two neighbours (position linearly, rotation by
 slerp, focal length in tan(fov/2) space). The clip becomes (M-F)/fps seconds longer
-or shorter; nothing is ever truncated.
+or shorter.
+
+A path shorter than the ``num_frames`` asked is snapped as NVlabs' SANA-WM CLI snaps it
+(`official_frame_count`): its first M frames are used, M = the stride*k+1 count nearest to F
+(ties up) but never more than F, so up to stride-1 frames at the end are dropped and nothing
+is stretched.
 """
 from __future__ import annotations
 
@@ -35,6 +40,30 @@ def nearest_model_length(num_frames: int, stride: int = TIME_STRIDE) -> int:
     below = num_frames - (num_frames - 1) % stride
     above = below + stride
     return below if below == num_frames or (num_frames - below) < (above - num_frames) else above
+
+
+def official_frame_count(asked: int, available: int, stride: int = TIME_STRIDE) -> int:
+    """NVlabs' rule: n = min(asked, available) snapped to the nearest stride*k+1 (ties up), the
+    count below when that would pass `available`; at least 1."""
+    n = min(asked, available)
+    if n < 1:
+        return 1
+    if (n - 1) % stride == 0:
+        return n
+    below = n - (n - 1) % stride
+    above = below + stride
+    snapped = below if (n - below) < (above - n) else above
+    return max(1, below if snapped > available else snapped)
+
+
+def frames_note(before: int, after: int, asked) -> str:
+    """What happened to a path of `before` frames that renders with `after` ("" when nothing did)."""
+    if before == after:
+        return ""
+    if asked is not None and before < asked:
+        return (f"the path has {before} frames, fewer than the {asked} asked: rendering its first {after} "
+                f"(as the official SANA-WM CLI snaps it)")
+    return f"the path is re-timed to {after} frames"
 
 
 def resample_frames(traj: Trajectory, num_frames: int, position: str = "linear") -> Trajectory:
@@ -75,6 +104,9 @@ def to_model_frames(traj: Trajectory, num_frames: int | None = None, stride: int
                 f"{num_frames} frames is not {stride}k+1 (this recipe needs {stride}k+1 video frames, e.g. {near})",
                 field="num_frames",
             )
+        if traj.num_frames < num_frames:  # shorter than asked: NVlabs' snapping, a prefix of the path
+            keep = official_frame_count(int(num_frames), traj.num_frames, stride)
+            return traj.replace(c2w=traj.c2w[:keep].copy(), intrinsics=traj.intrinsics[:keep].copy())
         return resample_frames(traj, int(num_frames))
     if is_model_length(traj.num_frames, stride):
         return traj.replace()

@@ -2,6 +2,7 @@
 render command lines, each must give exit code 2, one line on stderr, no traceback, no file
 left behind, and (render) stop before the model loads. Runs in-process (seconds)."""
 import copy
+import io
 import json
 import os
 import random
@@ -71,8 +72,27 @@ def _text_cases(rng):
         ("transforms.json", json.dumps({"frames": rng.choice([[], [{}], [{"transform_matrix": [[1]]}]])}).encode()),
         ("images.txt", f"# Image list\n1 1 0 0 0 0 0 {rng.choice(['x', '0 1', ''])} a.png\n\n".encode()),
         ("moves.actions", rng.choice(["w-0", "q-5", "w--5", "", "w-abc", "w-80,", "w-1.5"]).encode()),
+        ("demo_pose.npy", _npy_bytes(rng.choice(BAD_POSE_ARRAYS))),
+        ("demo_pose.npy", b"\x80\x04K\x01." if rng.random() < 0.5 else _npy_bytes(np.array([{}], dtype=object))),
     ]
     return rng.choice(choices)
+
+
+def _npy_bytes(array) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, array, allow_pickle=True)
+    return buffer.getvalue()
+
+
+def _bad_poses():
+    stretched, infinite = np.tile(np.eye(4), (9, 1, 1)), np.tile(np.eye(4), (9, 1, 1))
+    stretched[4, :3, :3] *= 2
+    infinite[8, 2, 3] = np.inf
+    return [np.zeros((9, 16)), np.zeros((9, 4, 4), dtype=np.int32), stretched, infinite, np.zeros((0, 4, 4)),
+            np.eye(4), np.tile(np.eye(4) * [1, 1, -1, 1], (9, 1, 1))]
+
+
+BAD_POSE_ARRAYS = _bad_poses()
 
 
 def _one_line_error(code, out, err):
@@ -115,7 +135,11 @@ BAD_OPTIONS = [("--frames", "0"), ("--frames", "-3"), ("--frames", "8193"), ("--
                ("--image", "{tmp}/missing.png"), ("--traj", "{tmp}/missing.json"), ("--traj", "w--5"),
                ("--traj", "{tmp}"), ("--bogus", "1"), ("--from-render", "{tmp}/missing.render.json"),
                ("--from-render", "{tmp}/bad.render.json"), ("--from-render", "{tmp}/path.json"),
-               ("--resume", None)]
+               ("--resume", None), ("--action-scheme", "wasd"), ("--translation-speed", "nan"),
+               ("--rotation-speed", "-1"), ("--pitch-limit", "120"), ("--intrinsics", "{tmp}/k.txt"),
+               ("--intrinsics", "{tmp}/bad_k.npy"), ("--intrinsics", "{tmp}/missing.npy"),
+               ("--traj", "{tmp}/bad_pose.npy"), ("--traj", "{tmp}/pickle.npy"), ("--prompt-file", "{tmp}/empty.txt"),
+               ("--prompt-file", "{tmp}/missing.txt")]
 GOOD_OPTIONS = [("--steps", "1"), ("--seed", "3"), ("--prompt", "a room"), ("--guidance", "2"), ("--fps", "12"),
                 ("--frames", "17"), ("--height", "32"), ("--width", "48"), ("--kernels", "torch"), ("--model", "tiny")]
 
@@ -124,6 +148,11 @@ def test_malformed_render_command_lines(tmp_path, capsys):
     rng = random.Random(SEED)
     traj = tmp_path / "path.json"
     traj.write_text(json.dumps(PER_FRAME))
+    (tmp_path / "k.txt").write_text("500 500 32 16")
+    np.save(tmp_path / "bad_k.npy", np.array([[500.0, 0.0, 32, 16]]))  # fy = 0
+    np.save(tmp_path / "bad_pose.npy", BAD_POSE_ARRAYS[2])
+    (tmp_path / "pickle.npy").write_bytes(_npy_bytes(np.array([{}], dtype=object)))
+    (tmp_path / "empty.txt").write_text(" \n\t\n")
     (tmp_path / "bad.render.json").write_text(json.dumps({"camrender_render": 1, "settings": {"steps": "abc"},
                                                           "trajectory": PER_FRAME}))
     failures = []

@@ -188,17 +188,24 @@ def test_patched_blocks_run_the_glue_kernels(monkeypatch):
     assert calls == []
 
 
-def test_step_constants_give_the_same_output():
-    """Precomputed RoPE and camera tables (camrender.model.conditioning.step_constants) == the transformer's own."""
-    from camrender.model.conditioning import step_constants
+def test_full_mode_forward_is_diffusers_own_on_the_torch_backend():
+    """Full mode runs camrender's forward (`segment_forward`, one whole-clip segment, FULL_MODE) on the
+    conditioning built once (`prepare_conditioning`: its RoPE rows are the transformer's own table); with
+    --kernels torch that is diffusers' own block code, so it equals the transformer's forward bit for bit."""
+    from camrender.model.segments import prepare_conditioning, segment_forward
+    from camrender.model.state import FULL_MODE
 
-    model = build_tiny_transformer(seed=6)
+    model = patch_transformer(build_tiny_transformer(seed=6), kernels="torch")
     inputs = transformer_inputs(model)
-    frames, height, width = inputs["hidden_states"].shape[2:]
-    constants = step_constants(model, inputs["camera_conditions"], (frames, height, width))
-    assert set(constants) == {"pos_embeds", "cam_pos_embeds"}
-    torch.testing.assert_close(forward(model, {**inputs, **constants}), forward(model, inputs), rtol=1e-6, atol=1e-6)
-    assert step_constants(model, None, (frames, height, width)) == {}
+    grid = inputs["hidden_states"].shape[2:]
+    conditioning = prepare_conditioning(model, grid, inputs["encoder_hidden_states"], inputs["encoder_attention_mask"],
+                                        camera_conditions=inputs["camera_conditions"],
+                                        chunk_plucker=inputs["chunk_plucker"])
+    assert torch.equal(conditioning.rope, model.rope(tuple(grid), device="cpu").reshape(conditioning.rope.shape))
+    with torch.no_grad():
+        ours = segment_forward(model, inputs["hidden_states"], inputs["timestep"], options=FULL_MODE,
+                               conditioning=conditioning)
+    assert torch.equal(ours, forward(model, inputs))
 
 
 def test_fixed_plucker_gives_the_same_output(monkeypatch):

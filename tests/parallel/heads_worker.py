@@ -84,8 +84,9 @@ def modules(out):
 
 
 def recorded_latents(pipe, request):
-    """Run segment mode's `render_segments` and return the latents of every segment, concatenated
+    """Run segment mode's `render_frames` and return the latents of every segment, concatenated
     over frames (B, C, T, h, w) (the sampler's output, recorded on every rank)."""
+    from camrender.render import loop as render_loop
     from camrender.render import segments as segment_render
 
     recorded = []
@@ -100,7 +101,7 @@ def recorded_latents(pipe, request):
     samplers = dict(segment_render.SEGMENT_SAMPLERS)
     segment_render.SEGMENT_SAMPLERS.update({name: recording(sampler) for name, sampler in samplers.items()})
     try:
-        for _ in segment_render.render_segments(pipe, request):
+        for _ in render_loop.render_frames(pipe, request):
             pass
     finally:
         segment_render.SEGMENT_SAMPLERS.update(samplers)

@@ -9,7 +9,7 @@ from camrender.model.recipes import segment_bounds
 from camrender.model.tiny import build_tiny_pipeline
 from camrender.render.camera import build_camera_inputs
 from camrender.render.camera_feed import CameraFeed, SegmentCamera, trajectory_segments, video_frames
-from camrender.render.segments import render_segments
+from camrender.render.loop import render_frames
 from camrender.trajectory import Trajectory
 
 
@@ -83,7 +83,7 @@ def test_a_generator_of_segments_renders_the_same_video_bit_for_bit(recipe, step
     pipe = build_tiny_pipeline(seed=0)
     traj = curved_path(57)
     whole = request_for(traj=traj, recipe=recipe, steps=steps, guidance=guidance, seed=4)
-    expected = list(render_segments(pipe, whole))
+    expected = list(render_frames(pipe, whole))
     events = []
 
     def cameras():
@@ -93,7 +93,7 @@ def test_a_generator_of_segments_renders_the_same_video_bit_for_bit(recipe, step
 
     streamed = request_for(traj=None, cameras=cameras(), recipe=recipe, steps=steps, guidance=guidance, seed=4)
     got = []
-    for frames in render_segments(pipe, streamed):
+    for frames in render_frames(pipe, streamed):
         events.append(f"frames {len(got)}")
         got.append(frames)
     assert len(got) == len(expected) == 2  # chunk-causal: the teacher's (0, 4), (4, 8), not the pieces' layout

@@ -128,7 +128,7 @@ def test_render_segments_runs_the_teacher_sampler_and_streams_each_finished_chun
     import numpy as np
 
     from camrender.render.inputs import prepare_inputs
-    from camrender.render.segments import render_segments
+    from camrender.render.loop import render_frames
     from camrender.render.decode import CausalStreamDecoder, to_uint8_frames
     from camrender.model.tiny import build_tiny_pipeline
     from test_segments_render import request_for
@@ -136,7 +136,7 @@ def test_render_segments_runs_the_teacher_sampler_and_streams_each_finished_chun
     pipe = build_tiny_pipeline(seed=0)
     request = request_for(frames=73, recipe="chunk-causal", steps=3, guidance=5.0)  # 10 latent frames
     calls = []
-    chunks = list(render_segments(pipe, request, lambda done, total, info: calls.append((done, total))))
+    chunks = list(render_frames(pipe, request, lambda done, total, info: calls.append((done, total))))
     assert [len(chunk) for chunk in chunks] == [25, 24, 24] and calls == [(1, 3), (2, 3), (3, 3)]
     inputs = prepare_inputs(pipe, request, torch.device("cpu"))
     bounds = teacher_chunk_bounds(inputs.noise.shape[2])

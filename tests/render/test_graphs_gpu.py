@@ -81,7 +81,7 @@ def pipe():
 
 @pytest.mark.parametrize("mode", ["full", "segments"])
 def test_render_with_graphs_equals_eager(pipe, mode, graph_log):
-    from camrender.render.full import render_frames
+    from camrender.render.loop import render_frames
 
     request = _request(mode)
     videos = {}

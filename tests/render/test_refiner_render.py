@@ -8,7 +8,7 @@ import torch
 from camrender.render.stage_two import attach_refiner
 from camrender.render.request import RenderRequest
 from camrender.render.inputs import prepare_inputs
-from camrender.render.full import render_frames
+from camrender.render.loop import render_frames
 from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments
 from camrender.render.decode import CausalStreamDecoder, to_uint8_frames
 from camrender.model.segments import SegmentOptions, segment_bounds

@@ -8,7 +8,8 @@ import torch
 from camrender.errors import CamrenderError
 from camrender.model.patch import patch_transformer
 from camrender.render.request import RenderRequest
-from camrender.render.full import render_frames, sample_video
+from camrender.render.full import sample_video
+from camrender.render.loop import render_frames
 from camrender.model.tiny import build_tiny_pipeline
 from camrender.trajectory import Trajectory
 

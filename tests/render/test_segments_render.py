@@ -7,7 +7,8 @@ import torch
 
 from camrender.render.request import RenderRequest
 from camrender.render.inputs import prepare_inputs
-from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, render_segments, sample_segments, segment_timesteps
+from camrender.render.loop import render_frames
+from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments, segment_timesteps
 from camrender.render.decode import CausalStreamDecoder, to_uint8_frames
 from camrender.model.segments import SegmentOptions, dense_reference_forward, segment_bounds, segment_forward
 from camrender.model.patch import patch_transformer
@@ -90,7 +91,7 @@ def test_segment_sampler_equals_dense_sampler(pipe, guidance):
 def test_render_segments_streams_one_chunk_per_segment(pipe):
     request = request_for()
     calls = []
-    chunks = list(render_segments(pipe, request, lambda done, total, info: calls.append((done, total, info))))
+    chunks = list(render_frames(pipe, request, lambda done, total, info: calls.append((done, total, info))))
     assert [len(chunk) for chunk in chunks] == [33, 24]
     assert all(chunk.dtype == np.uint8 and chunk.shape[1:] == (SIZE, SIZE, 3) for chunk in chunks)
     assert [call[:2] for call in calls] == [(1, 2), (2, 2)]
@@ -170,7 +171,7 @@ def test_path_longer_than_the_rope_table_is_a_user_error(pipe):
 
     frames = 8 * pipe.transformer.rope.max_seq_len + 1
     with pytest.raises(CamrenderError, match="at most 8185 frames") as error:
-        next(render_segments(pipe, request_for(frames=frames)))
+        next(render_frames(pipe, request_for(frames=frames)))
     assert error.value.field == "frames"
 
 

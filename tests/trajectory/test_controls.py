@@ -159,3 +159,15 @@ def test_bad_schemes_and_keys():
     assert make_scheme(None) == controls.ControlScheme()
     with pytest.raises(CamrenderError, match="action_scheme"):
         controls.scheme_from_dict({"name": "sana-wm", "speed": 1})
+
+
+def test_the_live_demo_keys_drive_the_same_controls():
+    # NVlabs' demo: w/s forward/back, a/d yaw, ArrowUp/Down pitch, ArrowLeft/Right strafe
+    demo = {"w": "forward", "s": "back", "a": "yaw_left", "d": "yaw_right", "arrowup": "pitch_up",
+            "arrowdown": "pitch_down", "arrowleft": "strafe_left", "arrowright": "strafe_right"}
+    keymap = make_scheme("sana-wm").keymap
+    assert {key: keymap[letter] for key, letter in controls.DEMO_KEYS.items()} == demo
+    live, letters = Controller(), Controller()
+    for held in [{"arrowup", "w"}] * 5 + [set()] * 3 + [{"arrowleft"}] * 4:
+        np.testing.assert_array_equal(live.step_controls({demo[k] for k in held}),
+                                      letters.step({controls.DEMO_KEYS[k] for k in held}))

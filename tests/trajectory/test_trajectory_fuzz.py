@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from camrender.errors import CamrenderError
-from camrender.trajectory.formats import actions, fileio, nerfstudio, realestate10k
+from camrender.trajectory.formats import actions, fileio, nerfstudio, npy, realestate10k
 from camrender.trajectory.formats import v1 as v1_format
 from camrender.trajectory import presets
 from camrender.trajectory.v1 import parse_document
@@ -119,7 +119,7 @@ def test_mutated_valid_documents(which, data):
 def test_random_file_contents_for_every_reader(tmp_path_factory, content):
     folder = tmp_path_factory.mktemp("fuzz")
     for reader, name in [(v1_format.read, "a.json"), (nerfstudio.read, "camera_path.json"),
-                         (realestate10k.read, "a.txt"), (actions.read, "a.actions")]:
+                         (realestate10k.read, "a.txt"), (actions.read, "a.actions"), (npy.read, "a_pose.npy")]:
         path = folder / name
         path.write_bytes(content)
         _only_our_error(reader, path)
@@ -156,3 +156,21 @@ def test_json_nan_literal_is_rejected():
         assert error.field == "fps" and "finite" in str(error)
     else:
         raise AssertionError("NaN fps accepted")
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.integers(0, 6), max_size=4), st.sampled_from(["<f8", "<f4", ">f8", "<i4", "|b1", "<c16", "|O"]),
+       st.binary(max_size=300), st.booleans())
+def test_random_npy_files(tmp_path_factory, shape, descr, tail, as_intrinsics):
+    """A well-formed .npy header of any shape and dtype followed by random bytes: only CamrenderError."""
+    import io
+
+    folder = tmp_path_factory.mktemp("npy")
+    buffer = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buffer, {"descr": descr, "fortran_order": False, "shape": tuple(shape)})
+    (folder / "a_pose.npy").write_bytes(buffer.getvalue() + tail)
+    if as_intrinsics:
+        np.save(folder / "b_pose.npy", np.tile(np.eye(4), (3, 1, 1)))
+        _only_our_error(npy.read, folder / "b_pose.npy", intrinsics=folder / "a_pose.npy")
+    else:
+        _only_our_error(npy.read, folder / "a_pose.npy")

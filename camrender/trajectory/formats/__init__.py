@@ -89,7 +89,7 @@ def detect(path, *, for_writing: bool = False):
 
 
 def looks_like_actions(text) -> bool:
-    """Whether a --traj / SOURCE argument that names no file reads as an action string ("w-80,jw-40")."""
+    """Whether a --traj / SOURCE argument that names no file reads as an action string ("w-80,aw-40")."""
     text = os.fspath(text)
     return "-" in text and "/" not in text and os.sep not in text and "." not in text
 

@@ -10,8 +10,8 @@
   path gets a centred pinhole of `DEFAULT_FOV` degrees horizontally.
 
 The image size the intrinsics refer to is the first-frame image's when it is known
-(``image_size``), else twice the first frame's principal point (about the image size for a
-centred principal point). Files are read with ``allow_pickle=False`` after a size check.
+(``image_size``: renders and ``--image`` give it), else `DEFAULT_SIZE`, the release render size
+(what ``traj convert --image`` writes, so such a path survives a round trip through the pair). Files are read with ``allow_pickle=False`` after a size check.
 `write` writes ``NAME_pose.npy`` plus ``NAME_intrinsics.npy`` ((F, 4), pixels of the path's
 width x height) beside it, both float64.
 """
@@ -32,7 +32,7 @@ SUFFIXES = (".npy",)
 DESCRIPTION = "NVlabs SANA-WM NAME_pose.npy (F,4,4 c2w, OpenCV) with NAME_intrinsics.npy beside it"
 
 DEFAULT_FOV = 60.0  # degrees, horizontal
-DEFAULT_SIZE = (1280, 704)  # (width, height) of a path with no intrinsics and no image
+DEFAULT_SIZE = (1280, 704)  # (width, height) when no image tells: the release render size
 MAX_BYTES = MAX_FRAMES * 16 * 8 + 4096  # the largest (F, 4, 4) float64 file we accept, header included
 INTRINSICS_SHAPES = "(3, 3), (F, 3, 3), (4,) or (F, 4)"
 
@@ -48,6 +48,7 @@ def load_array(path, what: str) -> np.ndarray:
     if size > MAX_BYTES:
         raise CamrenderError(f"file is {size} bytes, more than a {MAX_FRAMES}-frame path ({MAX_BYTES})",
                              path=shown, field=what)
+    _check_header(path, shown, what)
     try:
         array = np.load(path, allow_pickle=False)
     except ValueError as error:
@@ -60,6 +61,22 @@ def load_array(path, what: str) -> np.ndarray:
         kind = getattr(array, "dtype", type(array).__name__)
         raise CamrenderError(f"must hold floating-point numbers, got {kind}", path=shown, field=what)
     return np.asarray(array, dtype=np.float64)
+
+
+def _check_header(path, shown: str, what: str) -> None:
+    """Refuse, from the header alone, a file that is no .npy, holds objects or declares more than `MAX_BYTES`."""
+    try:
+        with open(path, "rb") as handle:
+            version = np.lib.format.read_magic(handle)
+            read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+                np.lib.format.read_array_header_2_0
+            shape, _, dtype = read_header(handle)
+    except (ValueError, OSError, EOFError, SyntaxError, TypeError):
+        raise CamrenderError("not a .npy array file (a pickle, or damaged)", path=shown, field=what) from None
+    if dtype.hasobject:
+        raise CamrenderError("holds Python objects (a pickle); camrender never loads pickles", path=shown, field=what)
+    if math.prod(shape) * dtype.itemsize > MAX_BYTES:
+        raise CamrenderError(f"declares an array of shape {shape}, more than {MAX_BYTES} bytes", path=shown, field=what)
 
 
 def load_poses(path) -> np.ndarray:
@@ -120,10 +137,9 @@ def default_intrinsics(num_frames: int, width: int, height: int, fov: float = DE
 
 
 def with_intrinsics(traj: Trajectory, path, image_size=None) -> Trajectory:
-    """`traj` with the intrinsics of the .npy `path` (pixels of `image_size`, else of 2 x the principal point)."""
+    """`traj` with the intrinsics of the .npy `path` (pixels of `image_size`, else of `DEFAULT_SIZE`)."""
     intrinsics = load_intrinsics(path, traj.num_frames)
-    if image_size is None:
-        image_size = (max(2, round(2 * intrinsics[0, 2])), max(2, round(2 * intrinsics[0, 3])))
+    image_size = image_size or DEFAULT_SIZE
     return traj.replace(intrinsics=intrinsics, width=int(image_size[0]), height=int(image_size[1]))
 
 
@@ -152,14 +168,15 @@ def intrinsics_path_for(pose_path) -> str:
     return stem + "_intrinsics.npy"
 
 
-def _save(path, array: np.ndarray) -> None:
+def _npy_bytes(array: np.ndarray) -> bytes:
     buffer = io.BytesIO()
     np.save(buffer, np.ascontiguousarray(array, dtype=np.float64), allow_pickle=False)
-    with atomic_output(path, "wb") as out:
-        out.write(buffer.getvalue())
+    return buffer.getvalue()
 
 
 def write(traj: Trajectory, path) -> None:
-    """``path`` (F, 4, 4) c2w and ``NAME_intrinsics.npy`` (F, 4) beside it, each written atomically."""
-    _save(path, traj.c2w)
-    _save(intrinsics_path_for(path), traj.intrinsics)
+    """``path`` (F, 4, 4) c2w and ``NAME_intrinsics.npy`` (F, 4) beside it, both from temporary files
+    renamed into place once both are written."""
+    with atomic_output(path, "wb") as poses, atomic_output(intrinsics_path_for(path), "wb") as intrinsics:
+        poses.write(_npy_bytes(traj.c2w))
+        intrinsics.write(_npy_bytes(traj.intrinsics))

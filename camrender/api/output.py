@@ -1,0 +1,89 @@
+"""A render written to disk: the mp4 (one file written to a temporary name and renamed, or one file per
+segment with checkpoints in segment mode) and its side files (`write_video`)."""
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Callable, Optional
+
+from camrender import trajectory
+from camrender.parallel import distributed
+from camrender.render.loop import render_frames
+from camrender.render.request import check_request
+from camrender.render.resume import DEFAULT_CHECKPOINT_EVERY, Checkpointer, partial_folder
+from camrender.render.segment_video import SegmentVideoWriter
+from camrender.render.settings_file import checkpoint_settings, write_render_json
+from camrender.render.video import VideoWriter
+
+
+def companion_path(video: Path, suffix: str) -> Path:
+    """`out/orbit.mp4` -> `out/orbit<suffix>` (e.g. ".traj.json", ".path.png")."""
+    return video.with_name(video.stem + suffix) if video.suffix else video.with_name(video.name + suffix)
+
+
+def write_companions(request) -> list:
+    """`VIDEO.traj.json` (the resolved trajectory), `VIDEO.render.json` (every setting plus the path:
+    `--from-render` renders the same video) and `VIDEO.path.png`; returns their paths."""
+    written = [companion_path(request.out, ".traj.json"), companion_path(request.out, ".render.json")]
+    trajectory.save(request.traj, written[0])
+    write_render_json(request, written[1])
+    try:  # lazy: matplotlib is optional, and the plot module imports it at its top
+        from camrender.views.plot import plot_trajectory
+    except ImportError:
+        return written
+    written.append(companion_path(request.out, ".path.png"))
+    plot_trajectory(request.traj, written[-1])
+    return written
+
+
+def write_video(pipe, request, progress=None, *, resume_info=None, checkpoint_every=DEFAULT_CHECKPOINT_EVERY,
+                log=None, side_files: bool = True, check: Optional[Callable[[], None]] = None) -> tuple:
+    """Render `request` with `pipe` into `request.out` and its side files: (frames written, side files).
+
+    Segment mode writes checkpoints every `checkpoint_every` seconds and continues from
+    `resume_info` (`camrender.render.resume.check_partials`). The other ranks of a video group render
+    along and write nothing: (0, []). side_files: write them (needs `request.traj`); check: called
+    before each chunk is written (the CLI raises there on Ctrl-C / SIGTERM).
+    """
+    check_request(pipe, request)
+    if not distributed.is_video_leader():
+        for _ in render_frames(pipe, request, progress):
+            pass
+        return 0, []
+    # the refiner's window is not part of a checkpoint, nor the other ranks' heads of a split segment
+    # render: with either, the render keeps none
+    keeps = request.refiner is None and not (request.mode == "segments" and distributed.shares_video())
+    video, checkpoints = video_output(request, resume_info, checkpoint_every if keeps else float("inf"))
+    chunks = render_frames(pipe, request, progress, checkpoints=checkpoints)
+    if distributed.shares_video():
+        # The temporary video appears with the first frames: by then the ranks of a split render
+        # have finished their collectives, so a rank that fails before leaves no file behind.
+        first = next(chunks, None)
+        chunks = itertools.chain([] if first is None else [first], chunks)
+    completed = False
+    try:
+        with video:
+            for frames in chunks:
+                if check is not None:
+                    check()
+                video.append(frames)
+        completed = True
+    finally:
+        if checkpoints is not None:
+            checkpoints.finish(completed)
+            if not completed and checkpoints.saved and log is not None:
+                log(f"the render can continue from its checkpoint: rerun the same command with --resume "
+                    f"(or remove {checkpoints.folder})")
+    return video.frames_written, write_companions(request) if side_files else []
+
+
+def video_output(request, resume_info, checkpoint_every: float):
+    """(video writer, checkpointer or None): full mode writes one mp4 atomically; segment mode
+    one file per segment in the partial folder, with checkpoints (`camrender.render.resume`)."""
+    if request.mode != "segments":
+        return VideoWriter(request.out, fps=request.fps), None
+    checkpoints = Checkpointer(partial_folder(request.out), checkpoint_settings(request), every=checkpoint_every,
+                               resume_info=resume_info)
+    video = SegmentVideoWriter(request.out, request.fps, checkpoints.folder, first_segment=checkpoints.first_segment,
+                               frames_before=checkpoints.frames_before)
+    return video, checkpoints

@@ -1,0 +1,119 @@
+"""The one model step every sampler takes: `Denoiser`.
+
+A sampler (the full-clip one in `camrender.render.full`, self-forcing in `camrender.render.segments`,
+the chunk-causal teacher's in `camrender.render.chunk_causal`) decides which latent frames to denoise
+at which timesteps and how to step them; the `Denoiser` runs the model on them: camrender's
+transformer-level forward (`camrender.model.segments.segment_forward`) on the call's conditioning
+(`condition`), the guidance rows (both in one batch, or one per GPU of a video group and gathered,
+`camrender.parallel.cfg`), classifier-free guidance, CUDA-graph replay of the denoising passes, and an
+offloaded model brought to the GPU before each call. Frame-0 pinning is `pinned_frames` /
+`pin`: the image latent stays clean at timestep 0.
+
+Shapes: latents (1, C, t, h, w) of the call's latent frames, frame timesteps (t,) float32 in
+[0, 1000]; predictions (1, C, t, h, w) (the flow prediction, guidance mixed).
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+from camrender.model.graphs import GraphedForward
+from camrender.model.segments import SegmentCache, SegmentConditioning, prepare_conditioning, segment_forward
+from camrender.model.state import SegmentOptions
+
+
+def bring_to_device(module) -> None:
+    """With model CPU offload, run the module's offload hook (as its forward would) so it sits on the GPU:
+    camrender's forward calls the submodules, never the module whose hook waits for a call."""
+    hook = getattr(module, "_hf_hook", None)
+    if hook is not None and hasattr(hook, "pre_forward"):
+        hook.pre_forward(module)
+
+
+class Denoiser:
+    """The model step of one render.
+
+    Args:
+        model: the patched `SanaWMTransformer3DModel`.
+        inputs: the render's `camrender.render.inputs.RenderInputs` (text rows [negative, prompt] under
+            guidance; `inputs.camera(start, stop)` gives the cameras of a call).
+        options: the `SegmentOptions` the forward computes with (`FULL_MODE` for the full clip).
+        device: where the model runs.
+        split: a `camrender.parallel.cfg.CfgSplit` (this rank runs one guidance row; gathered) or None.
+        cuda_graphs: replay the denoising passes (not the cache-writing ones) as CUDA graphs; ignored
+            under model CPU offload (the weights move). Off CUDA the replay runs on static copies.
+        upcast: mix the guidance in float32 (the streaming samplers, as the official streaming code);
+            False: in the model's dtype (the full clip, as diffusers' pipeline).
+    """
+
+    def __init__(self, model, inputs, options: SegmentOptions, device, *, split=None, cuda_graphs: bool = False,
+                 upcast: bool = True):
+        self.model, self.inputs, self.options, self.device = model, inputs, options, torch.device(device)
+        self.split = split
+        self.rows = split.rows if split is not None else (lambda batch_tensor: batch_tensor)
+        self.text, self.text_mask = self.rows(inputs.text), self.rows(inputs.text_mask)
+        self.batch = self.text.shape[0]  # rows this rank runs
+        self.guided = inputs.text.shape[0] == 2
+        self.upcast = upcast
+        self.offloaded = getattr(model, "_hf_hook", None) is not None
+        self.graphs = None
+        if cuda_graphs and not self.offloaded:
+            self.graphs = GraphedForward(self._forward, capture=self.device.type == "cuda")
+
+    def condition(self, start: int, stop: int) -> SegmentConditioning:
+        """The conditioning of latent frames [start, stop), fixed over their denoising steps: RoPE rows,
+        ray tables and embedded text / Plucker maps (`prepare_conditioning`). Pulls a camera stream."""
+        bring_to_device(self.model)
+        camera, plucker = self.inputs.camera(start, stop)
+        p_t, p_h, p_w = self.model.patch_size
+        noise = self.inputs.noise
+        grid = ((stop - start) // p_t, noise.shape[3] // p_h, noise.shape[4] // p_w)
+        return prepare_conditioning(self.model, grid, self.text, self.text_mask,
+                                    camera_conditions=None if camera is None else self.rows(camera),
+                                    chunk_plucker=plucker, frame_start=start)
+
+    def predict(self, latents: torch.Tensor, frame_timesteps: torch.Tensor, conditioning: SegmentConditioning, *,
+                cache: Optional[SegmentCache] = None, segments: Optional[Sequence[tuple]] = None,
+                write: bool = False) -> torch.Tensor:
+        """The guided flow prediction (1, C, t, h, w) for latents (1, C, t, h, w) at frame timesteps (t,).
+
+        cache: the render's `SegmentCache` (read; written with `write`, the timestep-0 pass of a finished
+        segment); segments: the call's (start, stop) ranges relative to it (several chunks in flight).
+        """
+        if self.offloaded:
+            bring_to_device(self.model)
+        x = latents.expand(self.batch, -1, -1, -1, -1)
+        timestep = frame_timesteps.to(self.device).view(1, 1, -1).expand(self.batch, 1, -1)
+        if self.graphs is not None and not write and segments is None:
+            prediction = self.graphs(x, timestep, conditioning, cache)
+        else:
+            prediction = self._forward(x, timestep, conditioning, cache, segments, write)
+        if self.split is not None:
+            prediction = self.split.gather(prediction)
+        if self.upcast:
+            prediction = prediction.float()
+        if self.guided:
+            uncond, cond = prediction.chunk(2)
+            prediction = uncond + self.inputs.guidance * (cond - uncond)
+        return prediction
+
+    def _forward(self, x, timestep, conditioning, cache, segments=None, write=False):
+        return segment_forward(self.model, x, timestep, frame_start=conditioning.frame_start, cache=cache,
+                               write_cache=write, segments=segments, options=self.options,
+                               conditioning=conditioning)
+
+
+def pinned_frames(inputs, start: int, stop: int, device) -> torch.Tensor:
+    """Bool (stop - start,): the frames of [start, stop) held clean at timestep 0 (latent frame 0, the
+    encoded first image, when there is one)."""
+    pinned = torch.zeros(stop - start, dtype=torch.bool, device=device)
+    if start == 0 and inputs.first_latent is not None:
+        pinned[0] = True
+    return pinned
+
+
+def pin(pinned: torch.Tensor, timestep) -> torch.Tensor:
+    """(t,) float32 frame timesteps: `timestep` everywhere, 0 on the pinned frames. torch.where, not
+    boolean indexing: indexing would wait for the GPU at every step."""
+    return torch.where(pinned, 0.0, timestep if isinstance(timestep, torch.Tensor) else float(timestep))

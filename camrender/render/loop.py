@@ -1,0 +1,73 @@
+"""The one render loop: a sampler's finished latent chunks -> stage 2 -> decode -> uint8 frames.
+
+`render_frames(pipe, request, progress)` yields the video of a request as uint8 (F_chunk, H, W, 3)
+chunks in order, to be appended to a writer (`camrender.output`). What differs between the modes is
+only the `ChunkPlan` a strategy builds:
+
+- full mode (`camrender.render.full.full_plan`): one chunk, the whole clip from the full-clip sampler,
+  refined as a whole (`refine_clip`) and decoded as a whole;
+- segment mode (`camrender.render.segments.segment_plan`): one chunk per segment from the self-forcing
+  or chunk-flow sampler, refined block by block as they arrive (`RefinerStream`) and decoded by the
+  streaming causal decoder, with checkpoints at segment boundaries.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Iterator, Optional
+
+import numpy as np
+import torch
+
+from camrender.errors import CamrenderError
+from camrender.parallel.distributed import is_video_leader
+from camrender.model.settings import RenderSettings
+from camrender.render.full import full_plan
+from camrender.render.pipeline import pipeline_settings
+from camrender.render.plan import ChunkPlan
+from camrender.render.request import MODES, Progress, RenderRequest, check_request
+from camrender.render.segments import segment_plan
+from camrender.render.stage_two import refined_frames
+
+
+def render_frames(pipe, request: RenderRequest, progress: Progress = None, checkpoints=None,
+                  settings: Optional[RenderSettings] = None) -> Iterator[np.ndarray]:
+    """Yield the video of `request` as uint8 (F_chunk, H, W, 3) chunks, in order.
+
+    progress: `progress(done, total, info)` (denoising steps in full mode, segments in segment mode);
+    checkpoints: segment mode's `camrender.render.resume.Checkpointer` (resume / save), or None;
+    settings: the render's `RenderSettings` (None: the pipeline's, `camrender.render.pipeline.pipeline_settings`).
+    """
+    if request.mode not in MODES:
+        raise CamrenderError(f"must be one of {', '.join(MODES)}, got {request.mode!r}", field="mode")
+    check_request(pipe, request)
+    settings = pipeline_settings(pipe, request) if settings is None else settings
+    device = pipe._execution_device
+    with torch.no_grad():
+        if request.mode == "full":
+            plan = full_plan(pipe, request, device, settings, progress)
+        else:
+            plan = segment_plan(pipe, request, device, settings, checkpoints)
+        yield from run_plan(plan, request, device, progress if plan.per_chunk_progress else None)
+    if hasattr(pipe, "maybe_free_model_hooks"):
+        pipe.maybe_free_model_hooks()
+
+
+def run_plan(plan: ChunkPlan, request: RenderRequest, device, progress: Optional[Callable] = None) -> Iterator:
+    """The loop itself: pull chunks, refine, decode, yield frames; report and checkpoint per chunk.
+    The other ranks of a video group run the sampler along (their collectives) and yield nothing."""
+    if not is_video_leader():
+        for _ in plan.chunks:
+            pass
+        return
+    started, written = time.perf_counter(), plan.frames_before
+    for done, frames in refined_frames(plan.stage, plan.chunks, plan.decoder, device):
+        done += plan.first
+        written += len(frames)
+        if progress is not None:
+            elapsed = max(time.perf_counter() - started, 1e-9)
+            progress(done, plan.total, f"{written} frames, {written / request.fps:.1f} s of video, "
+                                       f"{(written - plan.frames_before) / elapsed:.1f} frames/s")
+        if len(frames):
+            yield frames
+        if plan.checkpoints is not None:
+            plan.checkpoints.maybe_save(done, plan.bounds, written, plan.cache, plan.decoder)

@@ -1,0 +1,53 @@
+"""The Python API (`camrender.CamrenderPipeline`): the README's example runs as written, and its
+results are the render's (the CLI's defaults, the stream equal to the whole path)."""
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def readme_example() -> str:
+    text = (ROOT / "README.md").read_text()
+    match = re.search(r"<!-- api-example[^>]*-->\n```python\n(.*?)```", text, re.S)
+    assert match, "README.md has no api-example block"
+    return match.group(1)
+
+
+@pytest.fixture
+def in_tmp(tmp_path, monkeypatch):
+    """Run in a scratch folder with the repository's trajectories, on the CPU render path (PyTorch
+    references, as a user runs it; the Triton interpreter would take minutes)."""
+    (tmp_path / "trajectories").symlink_to(ROOT / "trajectories")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    return tmp_path
+
+
+def test_the_readme_example_runs_and_renders(in_tmp, capsys):
+    from camrender.render.camera_feed import SegmentCamera, trajectory_segments
+    from camrender.trajectory import load
+
+    scope = {}
+    exec(compile(readme_example(), "README.md", "exec"), scope)
+    pipe, frames, result = scope["pipe"], scope["frames"], scope["result"]
+    assert frames.shape == (17, 64, 112, 3) and frames.dtype == np.uint8  # the tiny model's default size
+    assert result.video == Path("orbit.mp4") and result.frames == 17 and (in_tmp / "orbit.mp4").stat().st_size > 0
+    assert sorted(p.name for p in result.side_files) == ["orbit.path.png", "orbit.render.json", "orbit.traj.json"]
+    # the stream printed one chunk per segment: 57 frames -> latent segments (0, 5), (5, 8) (3 latent
+    # frames per segment, the first absorbing the rest) -> 33 + 24 frames
+    assert capsys.readouterr().out.split("\n")[:3] == ["(33, 64, 112, 3)", "(24, 64, 112, 3)", ""]
+
+    # a whole trajectory renders the same frames as its cameras streamed segment by segment, bit for bit
+    path = load("trajectories/orbit.json")
+    timed = pipe.request(path, frames=57).traj  # the orbit re-timed to 57 frames
+    whole = pipe(timed, mode="segments", prompt="a quiet street", seed=3)
+    pieces = trajectory_segments(timed, [(0, 5), (5, 8)])
+    streamed = pipe.stream(pieces, frames=57, mode="segments", prompt="a quiet street", seed=3, fps=timed.fps)
+    assert np.array_equal(np.concatenate(list(streamed)), whole)
+    # ... and the request carries the CLI's defaults: the recipe's steps (tiny full mode: 10), guidance 5
+    request = pipe.request(path, frames=17)
+    assert (request.mode, request.steps, request.guidance, request.seed) == ("full", 10, 5.0, path.seed or 0)
+    assert isinstance(SegmentCamera(path.c2w[:1], path.intrinsics[:1], 8, 8), SegmentCamera)
