@@ -1,10 +1,11 @@
 """`camrender play --model tiny` end to end in a real headless browser (Debian's chromium + chromedriver
 through Selenium): hold W for a few segments then D, see frames arrive, Stop; the saved path moved forward
 and then turned right as the official scheme says, and `camrender render --from-render` gives the same
-frames. Ctrl-C/SIGTERM end the server cleanly.
+frames; Ctrl-C while a second flight renders saves it and ends the server cleanly.
 
 Without chromium the tests skip on a developer machine; under CI=true (`.ci/run`) they fail instead.
 """
+import asyncio
 import json
 import math
 import os
@@ -15,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import aiohttp
 import numpy as np
 import pytest
 
@@ -162,9 +164,25 @@ def test_the_saved_render_reproduces_the_frames(flight, tmp_path):
     assert settings["seed"] == 11 and settings["noise_frames"] > settings["num_frames"] // 8
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM])
-def test_the_server_stops_cleanly_on_sigterm(server, flight, signum):
-    process, _, stem = server
-    process.send_signal(signum)
+def test_ctrl_c_while_flying_saves_the_flight_and_exits_0(server, flight):
+    """A second page steers (a WebSocket client; the browser is closed), then Ctrl-C (SIGINT) while the
+    flight renders: the flight is saved as FLIGHT-2, the server exits 0 and leaves no partial files."""
+    process, url, stem = server
+
+    async def steer_then_interrupt():
+        seen = []
+        async with aiohttp.ClientSession() as session, session.ws_connect(url + "ws") as ws:
+            await ws.send_str(json.dumps({"type": "key", "key": "w", "down": True, "id": 1}))
+            async for message in ws:
+                if message.type == aiohttp.WSMsgType.TEXT:
+                    seen.append(json.loads(message.data))
+                    if seen[-1]["type"] == "segment" and seen[-1]["index"] == 0:
+                        process.send_signal(signal.SIGINT)
+        return seen
+
+    seen = asyncio.run(steer_then_interrupt())
     assert process.wait(timeout=60) == 0
+    ended = [m for m in seen if m["type"] == "ended"]
+    assert ended and ended[0]["frames"] >= 25 and ended[0]["saved"]["trajectory"].endswith("flight-2.traj.json")
+    assert trajectory.load(ended[0]["saved"]["trajectory"]).num_frames == ended[0]["frames"]
     assert not list(stem.parent.glob(".*"))  # no partial files

@@ -2,6 +2,8 @@
 model renders the flights (real segment loop), the session is saved; token, origin, roles, bad messages."""
 import asyncio
 import json
+import os
+import signal
 import struct
 
 import aiohttp
@@ -12,7 +14,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from camrender import trajectory
 from camrender.cli.play import longest_clip
-from camrender.play.server import MAX_MESSAGE, PlayServer, is_loopback, page_url
+from camrender.play.server import MAX_MESSAGE, PlayServer, is_loopback, page_url, serve
 from camrender.render.pipeline import load_patched_pipeline
 from camrender.render.request import RenderRequest
 from camrender.trajectory.controls import make_scheme
@@ -166,3 +168,28 @@ def test_leaving_page_saves_and_a_new_page_flies_again(pipe, template, tmp_path)
     server = run(body())
     assert server.saved[0]["video"].endswith("s.mp4")
     assert sorted(p.name for p in tmp_path.glob("*.render.json"))[0] == "s.render.json"
+
+
+def test_sigterm_while_flying_saves_the_flight_and_tells_the_page(pipe, template, tmp_path):
+    """`serve` (what the CLI runs) with a page steering: SIGTERM stops the flight at a segment boundary,
+    saves it, sends "ended" and closes the sockets; serve returns (the CLI then exits 0)."""
+    async def body():
+        server = PlayServer(pipe, template, make_scheme(), tmp_path / "s")
+        urls, ready = [], asyncio.Event()
+        serving = asyncio.create_task(serve(server, "127.0.0.1", 0, lambda url: (urls.append(url), ready.set())))
+        await ready.wait()
+        seen = []
+        async with aiohttp.ClientSession() as session, session.ws_connect(urls[0] + "ws") as ws:
+            async for message in ws:
+                if message.type == aiohttp.WSMsgType.TEXT:
+                    seen.append(json.loads(message.data))
+                    if seen[-1]["type"] == "segment" and seen[-1]["index"] == 0:
+                        os.kill(os.getpid(), signal.SIGTERM)
+        await asyncio.wait_for(serving, 60)
+        return seen
+
+    seen = run(body())
+    ended = [m for m in seen if m["type"] == "ended"]
+    assert ended and set(ended[0]["saved"]) == {"video", "trajectory", "render"} and ended[0]["frames"] >= 25
+    assert trajectory.load(tmp_path / "s.traj.json").num_frames == ended[0]["frames"]
+    assert not list(tmp_path.glob(".*"))
