@@ -96,8 +96,7 @@ def main(argv=None):
         height, width = (352, 640) if args.quick else (704, 1280)
         frames = [int(x) for x in args.frames.split(",")]
     recipe = get_recipe("chunk-causal")
-    options = SegmentOptions(cached_segments=recipe.recent_chunks, softmax_scale=recipe.softmax_scale,
-                             camera_downscale=recipe.camera_downscale)  # backend: build_models' patch
+    options = SegmentOptions.for_recipe(recipe)  # backend: build_models' patch
     bench_args = argparse.Namespace(cpu_smoke=args.cpu_smoke, quick=args.quick, kernels=args.kernels)
     results = dict(device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu", torch=torch.__version__,
                    kernels=args.kernels, height=height, width=width, dtype=str(dtype).replace("torch.", ""),

@@ -33,6 +33,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from camrender.render.inputs import RenderInputs  # noqa: E402
+from camrender.model.state import FULL_MODE  # noqa: E402
+from camrender.render.denoise import Denoiser, pin, pinned_frames  # noqa: E402
 from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments  # noqa: E402
 from camrender.render.decode import CausalStreamDecoder, to_uint8_frames  # noqa: E402
 from camrender.model.recipes import get_recipe  # noqa: E402
@@ -149,20 +151,18 @@ def run_full(transformer, vae, latent_frames, height, width, steps, guidance, de
     batch = inputs.text.shape[0]
     latents = inputs.noise.to(device)
     latents[:, :, :1] = inputs.first_latent
-    noisy = torch.ones(1, 1, latent_frames, device=device)
-    noisy[..., 0] = 0
+    pinned = pinned_frames(inputs, 0, latent_frames, device)
     sigmas = [t / 1000 for t in steps] + [0.0]
+    # the library's step (the one a full-mode render takes), eager; the conditioning of the clip once
+    denoiser = Denoiser(transformer, inputs, FULL_MODE, device)
+    with torch.no_grad():
+        conditioning = denoiser.condition(0, latent_frames)
 
     def step(index):
         nonlocal latents
-        timestep = (steps[index] * noisy).expand(batch, 1, latent_frames)
-        velocity = transformer(latents.expand(batch, -1, -1, -1, -1), timestep, inputs.text, mask=inputs.text_mask,
-                               camera_conditions=inputs.camera_conditions, chunk_plucker=inputs.chunk_plucker,
-                               return_dict=False)[0].float()
-        if batch == 2:
-            velocity = velocity[:1] + guidance * (velocity[1:] - velocity[:1])
+        velocity = denoiser.predict(latents, pin(pinned, steps[index]), conditioning)
         stepped = (latents.float() + (sigmas[index + 1] - sigmas[index]) * velocity).to(dtype)
-        latents = torch.where(noisy[:, :, :, None, None].bool(), stepped, latents)
+        latents = torch.where(pinned[None, None, :, None, None], latents, stepped)
 
     reset_peak()
     with torch.no_grad():

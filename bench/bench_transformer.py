@@ -29,6 +29,14 @@ Prints one JSON object (also written to --out):
 
     python bench/bench_transformer.py                 # release shape (H200: ~1-2 min)
     python bench/bench_transformer.py --quick         # 4 layers, 41 frames: a fast check
+    python bench/bench_transformer.py --recipe bidirectional-diffusers   # the step before issue 27
+
+`--recipe` (default `bidirectional`, the rendering default) sets the rules the patched step computes
+(`patch_transformer(..., recipe=...)`): `bidirectional` skips the GDN blocks' camera RMS rescale,
+`bidirectional-diffusers` computes diffusers' model (the old full mode, with it). The agreement with the
+stock model (and the cosine / max-error targets) is a parity check only under `bidirectional-diffusers`;
+under the other recipes the patched step computes a different function by design (`agreement` is then
+how far the recipe is from diffusers on random weights).
 """
 from __future__ import annotations
 
@@ -54,6 +62,7 @@ RELEASE_CONFIG = dict(  # SanaWMTransformer3DModel defaults == the SANA-WM_bidir
 )
 # Issue 5: step <= 1400 ms, camera branch <= 20 ms per step; issue 7: step <= 500 ms, cosine >= 0.9999,
 # max relative error <= 1e-2, no more peak memory than stock.
+BIDIRECTIONAL_RECIPES = ("bidirectional", "bidirectional-nvlabs-latest", "bidirectional-diffusers")
 TARGETS = {"camera_branch_ms_per_step": 20.0, "ms_per_step_issue5": 1400.0, "ms_per_step": 500.0,
            "cosine": 0.9999, "max_rel_error": 1e-2}
 
@@ -288,7 +297,8 @@ def graphed_render_step(model, inputs, split=None):
                                  guidance=5.0)
     denoiser = Denoiser(model, render_inputs, FULL_MODE, latents.device, split=split, upcast=False,
                         cuda_graphs=True)
-    conditioning = denoiser.condition(0, latents.shape[2])
+    with torch.no_grad():
+        conditioning = denoiser.condition(0, latents.shape[2])
     frame_timesteps = inputs["timestep"][0, 0].float()
 
     def step():
@@ -360,6 +370,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--no-fp32-reference", action="store_true",
                         help="skip the fp32 stock forward (the second reference of the agreement figures)")
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
+    parser.add_argument("--recipe", default="bidirectional", choices=BIDIRECTIONAL_RECIPES,
+                        help="rules of the patched step (default bidirectional; bidirectional-diffusers: diffusers' "
+                             "model, the step as rendered before issue 27)")
     args = parser.parse_args(argv)
 
     from camrender.model.patch import patch_transformer
@@ -378,6 +391,7 @@ def main(argv=None) -> dict:
         "shape": {"batch": 2, "frames": frames, "height": height, "width": width, "T": t, "h": h, "w": w,
                   "tokens": t * h * w},
         "precision": args.precision,
+        "recipe": args.recipe,
     }
 
     def log(message):
@@ -399,7 +413,7 @@ def main(argv=None) -> dict:
 
     failed = False
     try:
-        patch_transformer(model, kernels="fused", precision=args.precision)
+        patch_transformer(model, kernels="fused", precision=args.precision, recipe=args.recipe)
         log("patched forward")
         patched_times, patched_peak, patched_out = timed_steps(model, inputs, device, args.repeats, args.warmup)
         result["patched"] = {"ms_per_step": round(float(np.median(patched_times)), 2),
@@ -432,10 +446,11 @@ def main(argv=None) -> dict:
             "step_issue5": patched["ms_per_step"] <= TARGETS["ms_per_step_issue5"],
             "step": patched["ms_per_step"] <= TARGETS["ms_per_step"],
             "step_cuda_graph": patched.get("cuda_graph", {}).get("ms_per_step", float("inf")) <= TARGETS["ms_per_step"],
-            "cosine": agree["cosine"] >= TARGETS["cosine"],
-            "max_rel_error": agree["max_rel_error"] <= TARGETS["max_rel_error"],
             "memory": patched["peak_memory_gib"] <= result["stock"]["peak_memory_gib"],
         }
+        if args.recipe == "bidirectional-diffusers":  # parity with the stock model is a target only here
+            result["meets_targets"]["cosine"] = agree["cosine"] >= TARGETS["cosine"]
+            result["meets_targets"]["max_rel_error"] = agree["max_rel_error"] <= TARGETS["max_rel_error"]
     emit(result, args.out, indent=2, allow_nan=True)
     if failed:
         sys.exit(1)

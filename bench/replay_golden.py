@@ -1,8 +1,14 @@
-"""Replay a golden file of the official NVlabs streaming sampler through camrender's segment mode.
+"""Replay a golden file of an official NVlabs sampler through camrender (segment mode or full mode).
 
 Chunk-causal teacher goldens (metadata recipe "chunk-causal", tools/make_golden_chunk_causal.py) are
-replayed by bench/replay_teacher.py with the teacher's sampler; the rest of this docstring is about
-the streaming goldens.
+replayed by bench/replay_teacher.py with the teacher's sampler; bidirectional goldens (format
+`sana-wm-bidirectional-golden/1`, the kit's make_golden_bidirectional.py) by bench/replay_bidirectional.py
+through full mode, with the recipe of the golden's `nvlabs_commit` (40151c8: bidirectional, 5498e5b:
+bidirectional-nvlabs-latest) unless `--recipe` names one:
+
+    python3 bench/replay_golden.py tests/golden/bidirectional_40151c8_seed1.safetensors --kernels fused --json
+
+The rest of this docstring is about the streaming goldens.
 
 A golden file (`tests/golden/*.safetensors`, written by the reference kit's `make_golden.py`)
 holds a tiny random model in original checkpoint format (`generator.<key>`), the camera path
@@ -36,52 +42,23 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # golden_common, replay_* beside it
+from replay_bidirectional import BIDIRECTIONAL_FORMAT, replay_bidirectional  # noqa: E402
 
-TOLERANCE = 1e-4
-VAE_STRIDE = (8, 32, 32)  # the golden's pixel frames and pixel size per latent frame / token
-
-
-def _model_from_config(config: dict):
-    """A float32 `SanaWMTransformer3DModel` of the golden's `model_config` (random init)."""
-    from diffusers.models.transformers.transformer_sana_wm import SanaWMTransformer3DModel
-
-    kwargs = config["build_model_kwargs"]
-    return SanaWMTransformer3DModel(
-        in_channels=kwargs["in_channels"], num_layers=config["depth"], hidden_size=config["hidden_size"],
-        num_attention_heads=config["num_heads"], patch_size=tuple(config["patch_size"]),
-        softmax_every_n=kwargs["softmax_every_n"], linear_head_dim=kwargs["linear_head_dim"],
-        t_kernel_size=kwargs["t_kernel_size"], conv_kernel_size=kwargs["conv_kernel_size"],
-        k_conv_only=kwargs["k_conv_only"], caption_channels=kwargs["caption_channels"],
-        mlp_ratio=kwargs["mlp_ratio"], use_chunk_plucker_post_attn=kwargs["use_chunk_plucker_post_attn"],
-        chunk_plucker_post_attn_blocks=kwargs["chunk_plucker_post_attn_blocks"],
-    ).eval().float()
+from golden_common import TOLERANCE, VAE_STRIDE, _camera, _model_from_config, _rel  # noqa: E402,F401
 
 
-def _rel(ours, golden) -> float:
-    return float((ours.float() - golden).abs().max() / golden.abs().max().clamp_min(1e-30))
-
-
-def _camera(tensors: dict, shapes: dict):
-    """camrender's camera_conditions (1, F, 20) and chunk_plucker (1, 48, F, h, w) of the golden's path."""
-    from camrender.render.camera import build_camera_inputs
-    from camrender.trajectory.model import Trajectory
-
-    height, width = shapes["latent_h"] * VAE_STRIDE[1], shapes["latent_w"] * VAE_STRIDE[2]
-    traj = Trajectory(c2w=tensors["inputs/c2w"].double().numpy(),
-                      intrinsics=tensors["inputs/intrinsics"].double().numpy(), width=width, height=height, fps=16.0)
-    camera = build_camera_inputs(traj, height, width, VAE_STRIDE)
-    return camera["camera_conditions"][None], camera["chunk_plucker"][None]
-
-
-def replay(golden_path: str, kernels: str = "torch", **overrides) -> dict:
+def replay(golden_path: str, kernels: str = "torch", recipe=None, **overrides) -> dict:
     """Replay `golden_path`; returns the JSON document (see the module docstring).
 
+    recipe: a recipe name (bidirectional goldens only; None: the golden's commit's).
     overrides: `SegmentOptions` fields replacing the recipe's (tests use them to show that a
     rule other than the official one is caught)."""
     import torch
     from safetensors import safe_open
 
     import camrender.model.segments as segments_module
+    import camrender.render.denoise as denoise_module  # the one step every sampler takes
     from camrender.model.loading import load_transformer_weights
     from camrender.model.patch import KernelSettings, patch_transformer
     from camrender.model.recipes import get_recipe
@@ -91,10 +68,11 @@ def replay(golden_path: str, kernels: str = "torch", **overrides) -> dict:
     with safe_open(golden_path, framework="pt") as handle:
         metadata = handle.metadata()
         if metadata.get("recipe") == "chunk-causal":  # the teacher's sampler: bench/replay_teacher.py
-            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
             from replay_teacher import replay as replay_teacher
 
             return replay_teacher(golden_path, kernels, **overrides)
+        if metadata.get("format") == BIDIRECTIONAL_FORMAT:
+            return replay_bidirectional(golden_path, kernels, recipe, **overrides)
         tensors = {key: handle.get_tensor(key) for key in handle.keys() if not key.startswith("generator.")}
     config, shapes = json.loads(metadata["model_config"]), json.loads(metadata["shapes"])
     sampler = json.loads(metadata["sampler_config"])
@@ -112,7 +90,7 @@ def replay(golden_path: str, kernels: str = "torch", **overrides) -> dict:
     timesteps = segment_timesteps(None, None, recipe)
 
     predictions = []  # (frame_start, write, prediction) of every model call
-    forward = segments_module.segment_forward
+    forward = denoise_module.segment_forward
 
     def recording_forward(model, hidden_states, timestep, *args, **kwargs):
         out = forward(model, hidden_states, timestep, *args, **kwargs)
@@ -120,13 +98,13 @@ def replay(golden_path: str, kernels: str = "torch", **overrides) -> dict:
         return out
 
     started = time.perf_counter()
-    segments_module.segment_forward = recording_forward
+    denoise_module.segment_forward = recording_forward
     try:
         with torch.no_grad():
             latents = torch.cat([x for *_, x in sample_segments(model, inputs, bounds, timesteps, options,
                                                                 torch.device("cpu"))], dim=2)
     finally:
-        segments_module.segment_forward = forward
+        denoise_module.segment_forward = forward
     seconds = time.perf_counter() - started
 
     golden = tensors["outputs/latents"]
@@ -164,10 +142,18 @@ def main(argv=None) -> int:
                         help="torch: PyTorch references; fused: Triton kernels (interpreted on a CPU), ieee precision")
     parser.add_argument("--json", action="store_true", help="print the whole JSON document (default: a summary line)")
     parser.add_argument("--tolerance", type=float, default=TOLERANCE, help="max_rel_error allowed (default 1e-4)")
+    parser.add_argument("--recipe", default=None, help="bidirectional goldens: the recipe to replay with "
+                        "(default: the golden's nvlabs_commit's: 40151c8 bidirectional, 5498e5b bidirectional-nvlabs-latest)")
+    parser.add_argument("--forward-only", action="store_true", help="bidirectional goldens: the forward, no sampling")
+    parser.add_argument("--teacher-steps", default="", help="bidirectional goldens: sampler steps (e.g. 0,3) whose "
+                        "model call is also replayed on the golden's inputs")
     args = parser.parse_args(argv)
     if args.kernels == "fused" and not _has_gpu():
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
-    result = replay(args.golden, args.kernels)
+    extra = {"sample": False} if args.forward_only else {}
+    if args.teacher_steps:
+        extra["teacher_steps"] = [int(step) for step in args.teacher_steps.split(",")]
+    result = replay(args.golden, args.kernels, args.recipe, **extra)
     result["tolerance"] = args.tolerance
     result["passed"] = result["max_rel_error"] <= args.tolerance
     if args.json:

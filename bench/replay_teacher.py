@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from replay_golden import TOLERANCE, _camera, _model_from_config, _rel
+from golden_common import TOLERANCE, _camera, _model_from_config, _rel
 
 
 def replay(golden_path: str, kernels: str = "torch", **overrides) -> dict:

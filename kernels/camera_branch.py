@@ -35,7 +35,8 @@ def camera_branch(q, k, v, beta, decay, ray_transforms, *, q_norm_weight, k_norm
         initial_state: (B, H, D, D) forward state before frame 0 (rows = key dim), fp32.
         segment_starts: bool (T,) or (B, T): the reverse pass does not cross into a frame
             marked True from the frame after it.
-        downscale: scale each encoded vector down to its pre-UCPE RMS (diffusers: True).
+        downscale: scale each encoded vector down to its pre-UCPE RMS (diffusers: True; NVlabs and the
+            default bidirectional recipe: False).
         precision: "tf32" (matrix products on 10-bit-mantissa operands; the encoded q, k, v are
             kept in fp16, so |v| must stay below fp16's 6.5e4) or "ieee" (fp32 throughout).
         backend: "triton", "torch" (fp32 references) or "auto".

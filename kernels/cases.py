@@ -154,14 +154,14 @@ def _cam_prep_reference(x):
                         q_norm_weight=x["q_norm_weight"], k_norm_weight=x["k_norm_weight"])
 
 
-def _camera_branch(x, backend, precision="ieee"):
+def _camera_branch(x, backend, precision="ieee", downscale=True):
     from . import camera_branch
 
     floats = {name: x[name].float() for name in ("q", "k", "v", "beta")} if backend == "torch" else x
     return camera_branch(floats["q"], floats["k"], floats["v"], floats["beta"], x["decay"], x["rays"],
                          q_norm_weight=x["q_norm_weight"], k_norm_weight=x["k_norm_weight"],
                          initial_state=x["initial_state"], output_final_state=True,
-                         precision=precision, backend=backend)
+                         precision=precision, backend=backend, downscale=downscale)
 
 
 def _cam_decode_inputs(s, device, dtype):
@@ -372,6 +372,10 @@ CASES = (
     KernelCase("camera_branch", _camera_inputs,
                lambda x, precision: _camera_branch(x, "triton", precision),
                lambda x: _camera_branch(x, "torch"), _gdn_label, CAMERA_SIZES, tf32_tolerance=2e-2),
+    # the GDN blocks of the default recipe (NVlabs' arithmetic): no RMS rescale of the camera q/k/v
+    KernelCase("camera_branch_no_downscale", _camera_inputs,
+               lambda x, precision: _camera_branch(x, "triton", precision, downscale=False),
+               lambda x: _camera_branch(x, "torch", downscale=False), _gdn_label, CAMERA_SIZES, tf32_tolerance=2e-2),
     KernelCase("short_conv", _main_inputs, _short_conv_fused, _short_conv_reference, _gdn_label, MAIN_SIZES),
     KernelCase("short_conv+context", _main_inputs,
                lambda x, precision: _short_conv_fused(x, precision, context=True),

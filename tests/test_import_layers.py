@@ -2,8 +2,8 @@
 and no two modules import each other, directly or around a circle (lazy imports inside functions
 count: they are import edges all the same).
 
-Layers, bottom to top: errors, limits; trajectory (no torch) and kernels; model and parallel; render;
-views and play; api (the Python API); cli. `camrender/__init__.py` is the public facade and may reach any layer lazily.
+Layers, bottom to top: errors, limits, files; trajectory (no torch) and kernels; model and parallel; render;
+output (the video writers); views and play; api (the Python API); cli. `camrender/__init__.py` is the public facade and may reach any layer lazily.
 """
 import ast
 from pathlib import Path
@@ -12,10 +12,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = {
-    "errors": 0, "limits": 0.5,
+    "errors": 0, "limits": 0.5, "files": 0.5,
     "trajectory": 1, "kernels": 1,
     "model": 2, "parallel": 2,
     "render": 3,
+    "output": 3.5,
     "views": 4, "play": 4,
     "api": 4.5,
     "cli": 5, "__main__": 6,
@@ -83,9 +84,8 @@ def test_no_module_imports_a_higher_layer(graph):
     assert not upward, "imports up or across the layers: " + ", ".join(sorted(upward))
 
 
-def test_no_import_circles(graph):
-    edges, _ = graph
-    edges = {module: targets - {"camrender"} for module, targets in edges.items() if module != "camrender"}
+def find_circles(edges: dict) -> list:
+    """Every import circle of a {module: imported modules} graph, as "a -> b -> a" strings."""
     circles = []
     state = {}
 
@@ -103,7 +103,30 @@ def test_no_import_circles(graph):
     for module in sorted(edges):
         if module not in state:
             visit(module, [])
+    return circles
+
+
+def test_no_import_circles(graph):
+    edges, _ = graph
+    edges = {module: targets - {"camrender"} for module, targets in edges.items() if module != "camrender"}
+    circles = find_circles(edges)
     assert not circles, "import circles: " + "; ".join(circles)
+
+
+def test_no_import_circles_between_bench_scripts():
+    """bench/ scripts import each other by bare name (`from common import ...`), lazily too."""
+    scripts = {path.stem: path for path in (ROOT / "bench").glob("*.py")}
+    edges = {}
+    for name, path in scripts.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                found.add(node.module.split(".")[0])
+        edges[name] = {target for target in found if target in scripts and target != name}
+    circles = find_circles(edges)
+    assert not circles, "import circles in bench/: " + "; ".join(circles)
 
 
 def test_trajectory_layer_needs_no_torch_and_no_model():

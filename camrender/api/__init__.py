@@ -1,4 +1,15 @@
-"""The Python API (`CamrenderPipeline`): load once, render trajectories to frames, streams or mp4 files."""
-from camrender.api.pipeline import CamrenderPipeline, RenderResult
+"""The Python API (`CamrenderPipeline`): load once, render trajectories to frames, streams or mp4 files.
+
+`CamrenderPipeline` and `RenderResult` are imported on first use: the CLI reads `camrender.api.requests`
+in its model-free checks, which must not import torch and diffusers.
+"""
 
 __all__ = ["CamrenderPipeline", "RenderResult"]
+
+
+def __getattr__(name):
+    if name in __all__:
+        from camrender.api import pipeline  # lazy: see the module docstring
+
+        return getattr(pipeline, name)
+    raise AttributeError(f"module 'camrender.api' has no attribute {name!r}")

@@ -11,9 +11,9 @@ from camrender.parallel import distributed
 from camrender.render.loop import render_frames
 from camrender.render.request import check_request
 from camrender.render.resume import DEFAULT_CHECKPOINT_EVERY, Checkpointer, partial_folder
-from camrender.render.segment_video import SegmentVideoWriter
+from camrender.output.segment_video import SegmentVideoWriter
 from camrender.render.settings_file import checkpoint_settings, write_render_json
-from camrender.render.video import VideoWriter
+from camrender.output.video import VideoWriter
 
 
 def companion_path(video: Path, suffix: str) -> Path:

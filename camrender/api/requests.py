@@ -11,6 +11,7 @@ from typing import Optional
 from camrender.errors import CamrenderError
 from camrender.limits import check_frames, check_size
 from camrender.model.loading import DEFAULT_MODEL, model_source
+from camrender.model.recipes import DEFAULT_RECIPE, get_recipe
 from camrender.model.refiner_loading import resolve_refiner, vae_latent_channels
 from camrender.render.inputs import open_image
 from camrender.render.request import RenderRequest
@@ -18,8 +19,10 @@ from camrender.trajectory.resample import to_model_frames
 
 RELEASE_SIZE = (704, 1280)  # (height, width) the released model was trained at
 TINY_SIZE = (64, 112)  # the offline tiny model's default: about the release aspect, small enough for a CPU
-RELEASE_GUIDANCE = 5.0
-RELEASE_STEPS, TINY_STEPS = 60, 10  # default denoising steps (the tiny model's frames are noise anyway)
+# full mode's defaults where a recipe has none: the default recipe's (the recipe table is their one source)
+RELEASE_GUIDANCE = get_recipe(DEFAULT_RECIPE).guidance
+RELEASE_STEPS = get_recipe(DEFAULT_RECIPE).steps
+TINY_STEPS = 10  # full mode with the tiny model (its frames are noise anyway)
 
 
 def default_steps(steps: Optional[int], mode: str, model: str, recipe):

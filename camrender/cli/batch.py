@@ -89,7 +89,7 @@ def batch(jobs, out_dir, gpus, gpus_per_video, summary_path, **defaults):
     for line in batching.summary_lines(summary):
         log(line)
     if summary_path is not None:
-        from camrender.trajectory.formats.fileio import atomic_write_text
+        from camrender.files import atomic_write_text
 
         atomic_write_text(summary_path, json.dumps(summary, indent=1) + "\n")
     if summary["failed"]:

@@ -28,7 +28,7 @@ import click
 
 from camrender.errors import CamrenderError
 from camrender.trajectory.formats import FORMAT_MODULES, looks_like_actions
-from camrender.trajectory.formats.fileio import read_text
+from camrender.files import read_text
 from camrender.render.resume import partial_folder
 
 ALIASES = {"trajectory": "traj", "output": "out"}

@@ -127,7 +127,7 @@ def resolve_prompt(options: dict) -> None:
 
 
 def read_prompt_file(path) -> str:
-    from camrender.trajectory.formats.fileio import read_text
+    from camrender.files import read_text
 
     text = read_text(path).strip()
     if not text:

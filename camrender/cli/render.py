@@ -55,7 +55,7 @@ def _resolve_request(options: dict, notes: list | None = None):
     """
     from camrender import trajectory
     from camrender.api.requests import build_request
-    from camrender.trajectory.formats.fileio import check_output_path
+    from camrender.files import check_output_path
     from camrender.cli.preflight import check_noise_frames, check_render_options, probe_writable
     from camrender.model.recipes import resolve_recipe
     from camrender.render.inputs import open_image
@@ -174,7 +174,9 @@ def _quiet_libraries() -> None:
 @click.option("--transformer-weights", default=None, type=click.Path(path_type=Path),
               help="Original-format DiT weights (.safetensors or .pt) loaded over the transformer.")
 @click.option("--recipe", default=None,
-              help="Checkpoint recipe: bidirectional, streaming or chunk-causal (default: told from the checkpoint).")
+              help="Checkpoint recipe: bidirectional (NVlabs' release arithmetic), bidirectional-nvlabs-latest, "
+                   "bidirectional-diffusers (diffusers 0.42.1 exactly), streaming or chunk-causal "
+                   "(default: told from the checkpoint).")
 @click.option("--allow-missing-weights", is_flag=True,
               help="Render even when --transformer-weights leaves transformer weights unloaded.")
 @click.option("--vae", default=None, type=click.Path(path_type=Path),

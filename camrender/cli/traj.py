@@ -53,7 +53,8 @@ def _new_options(function):
 @click.option("--expand", is_flag=True, help="Write one entry per frame instead of keyframes.")
 def new_command(preset, out, num_frames, fps, width, height, fov, prompt, negative_prompt, image, seed, expand, **params):
     """Write the keyframes of a named camera move PRESET to a v1 file."""
-    from camrender.trajectory.formats.fileio import atomic_write_text, dump_json
+    from camrender.files import atomic_write_text
+    from camrender.trajectory.formats.fileio import dump_json
     from camrender.trajectory import is_model_length, nearest_model_length, v1
 
     given = {"num_frames": num_frames, "fps": fps, "width": width, "height": height, "fov": fov, **params}

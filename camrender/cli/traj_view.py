@@ -28,7 +28,7 @@ def _load(path, options=None):
 @path_options.scheme_options
 def plot_command(file, out, every, **options):
     """Top and side views of the path with frustums, plus speed and field-of-view charts (PNG)."""
-    from camrender.trajectory.formats.fileio import check_output_path
+    from camrender.files import check_output_path
     from camrender.views.plot import plot_format, plot_trajectory
 
     plot_format(out)
@@ -60,7 +60,7 @@ def preview_command(file, out, overlay, width, height, scene_scale, absolute, **
     Ground 1.5 units below; red sphere ahead (+z), magenta right (+x), cyan left
     (-x), orange box behind (-z); a dark post 2 units ahead. See docs/preview.md.
     """
-    from camrender.trajectory.formats.fileio import check_output_path
+    from camrender.files import check_output_path
     from camrender.cli.preflight import check_suffix, VIDEO_SUFFIXES
     from camrender.views.preview import preview_size, write_preview
 

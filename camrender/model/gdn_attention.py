@@ -30,7 +30,7 @@ from camrender.kernels.main_branch import main_branch
 from camrender.kernels.short_conv import short_conv, short_conv_context
 from camrender.model.adopt import adopt_module
 from camrender.model.settings import KernelSettings
-from camrender.model.state import BlockCache, SegmentCall, compact
+from camrender.model.state import FULL_MODE, BlockCache, SegmentCall, SegmentOptions, compact
 
 
 def gdn_gates(attn, x: torch.Tensor, frames: int, spatial: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -127,9 +127,13 @@ class PatchedGDNAttention(BidirectionalGDNUCPESinglePathLiteLA):
     sub-modules and configuration attributes (no copies), so it is a drop-in replacement whose
     `state_dict()` equals the stock one. Input/output as the stock forward: x (B, N, C) -> (B, N, C),
     N = T * h * w tokens, HW = (T, h, w); plus the segment-mode `state` and `segment` (module docstring).
+    Full mode computes under `full_options` (the recipe's `SegmentOptions`, `patch.set_full_options`):
+    its camera branch always runs `kernels.camera_branch` (the fused kernels or, backend "torch",
+    the PyTorch references), which rescales the camera q/k/v only under `gdn_camera_downscale`.
     """
 
     settings: KernelSettings = KernelSettings()
+    full_options: SegmentOptions = FULL_MODE
 
     @classmethod
     def adopt(cls, stock: BidirectionalGDNUCPESinglePathLiteLA, settings: KernelSettings = KernelSettings()):
@@ -144,7 +148,7 @@ class PatchedGDNAttention(BidirectionalGDNUCPESinglePathLiteLA):
             # Padded-frame masking is only used by training-time batching; keep diffusers' path for it.
             return super().forward(x, mask, HW, rotary_emb, block_mask, camera_conditions, chunk_size,
                                    frame_valid_mask=frame_valid_mask, ucpe_ray_transforms=ucpe_ray_transforms)
-        call = segment or SegmentCall.whole(HW)
+        call = segment or SegmentCall.whole(HW, self.full_options)
         beta, decay = gdn_gates(self, x, call.num_frames, call.spatial)
         main = self._main_branch(x, beta, decay, rotary_emb, call, state, full=segment is None)
         rays = ucpe_ray_transforms
@@ -218,7 +222,7 @@ class PatchedGDNAttention(BidirectionalGDNUCPESinglePathLiteLA):
         """Camera branch up to (not including) out_proj_cam: (B, N, C) in x's dtype.
 
         The projections and short convolutions run here; RMSNorm, ReLU, k-scale, UCPE encode,
-        RMS downscale (`options.camera_downscale`), beta discount, both scans (the forward one from
+        RMS downscale (`options.gdn_camera_downscale`), beta discount, both scans (the forward one from
         the cached camera state) and UCPE decode run in `kernels.camera_branch`.
         """
         if not full and (self.conv_q_cam is not None or self.conv_v_cam is not None):
@@ -241,7 +245,7 @@ class PatchedGDNAttention(BidirectionalGDNUCPESinglePathLiteLA):
             query.reshape(shape), key.reshape(shape), value.reshape(shape), beta, decay, rays,
             q_norm_weight=getattr(q_norm, "weight", None), k_norm_weight=getattr(k_norm, "weight", None),
             norm_eps=getattr(q_norm, "eps", 1e-5), initial_state=None if state is None else state.cam_state,
-            segment_starts=call.segment_starts(x.device), downscale=call.options.camera_downscale,
+            segment_starts=call.segment_starts(x.device), downscale=call.options.gdn_camera_downscale,
             precision=self.settings.precision, backend=self.settings.backend, output_final_state=call.write,
             q_inv_rms=norm_inv_rms(q_norm, query), k_inv_rms=norm_inv_rms(k_norm, key),
         )

@@ -4,7 +4,8 @@
 precision) and walks `transformer.blocks`: each block becomes a `camrender.model.block.PatchedBlock`,
 its attention a `gdn_attention.PatchedGDNAttention` (GDN blocks) or a
 `softmax_attention.PatchedSoftmaxAttention` (softmax blocks), its FFN a `ffn.PatchedGLUMBConvTemp`,
-every one holding the same settings. Each adopts the original's parameters, buffers and
+every one holding the same settings. The attentions also hold full mode's rules (`full_options`, a
+`SegmentOptions` of the recipe, `set_full_options`): diffusers' model is one recipe among several. Each adopts the original's parameters, buffers and
 sub-modules: the transformer's `state_dict()` keys and tensors are unchanged (same storage), so
 weights load, save and offload exactly as before. The patched blocks run both full mode and
 segment mode (`camrender.model.segments`).
@@ -24,8 +25,11 @@ from camrender.model.ffn import patch_ffn
 from camrender.model.gdn_attention import PatchedGDNAttention
 from camrender.model.settings import KERNEL_CHOICES, PRECISION_CHOICES, KernelSettings
 from camrender.model.softmax_attention import PatchedSoftmaxAttention
+from camrender.model.recipes import get_recipe
+from camrender.model.state import SegmentOptions
 
-__all__ = ["patch_transformer", "patch_attention", "KernelSettings", "KERNEL_CHOICES", "PRECISION_CHOICES"]
+__all__ = ["patch_transformer", "patch_attention", "set_full_options", "KernelSettings", "KERNEL_CHOICES",
+           "PRECISION_CHOICES"]
 
 
 def patch_attention(attention, settings: KernelSettings):
@@ -40,8 +44,20 @@ def patch_attention(attention, settings: KernelSettings):
     raise TypeError(f"unexpected attention module {type(attention).__name__} in a SANA-WM block")
 
 
+def set_full_options(transformer, options: SegmentOptions):
+    """Make full mode of a patched transformer compute under `options` (`SegmentOptions.full_mode(recipe)`).
+
+    Raises ValueError on an unpatched transformer (diffusers' own blocks know only diffusers' rules)."""
+    attentions = [block.attn for block in transformer.blocks
+                  if isinstance(block.attn, (PatchedGDNAttention, PatchedSoftmaxAttention))]
+    if len(attentions) != len(transformer.blocks):
+        raise ValueError("set_full_options needs a patched transformer (camrender.model.patch.patch_transformer)")
+    for attention in attentions:
+        attention.full_options = options
+
+
 def patch_transformer(transformer, kernels: str = "fused", precision: str = "tf32", *,
-                      settings: Optional[KernelSettings] = None):
+                      settings: Optional[KernelSettings] = None, recipe: Optional[str] = None):
     """Patch every block of a `SanaWMTransformer3DModel` in place; returns the transformer.
 
     Args:
@@ -51,8 +67,10 @@ def patch_transformer(transformer, kernels: str = "fused", precision: str = "tf3
         precision: matmul precision inside the Triton kernels, "tf32" or "ieee".
         settings: a `KernelSettings` used instead of `kernels` / `precision` (e.g. backend
             "triton" to run the kernels under the interpreter, for tests and replays).
+        recipe: name of the recipe whose rules full mode computes with (`set_full_options`);
+            None: the default recipe on a first patch, unchanged on a re-patch.
 
-    Patching again only replaces the settings.
+    Patching again only replaces the settings (and the rules, with a `recipe`).
     """
     if settings is None:
         settings = KernelSettings.from_kernels(kernels, precision)
@@ -61,4 +79,6 @@ def patch_transformer(transformer, kernels: str = "fused", precision: str = "tf3
         if isinstance(block.mlp, GLUMBConvTemp):
             block.mlp = patch_ffn(block.mlp, settings)
         block.attn = patch_attention(block.attn, settings)
+    if recipe is not None:
+        set_full_options(transformer, SegmentOptions.full_mode(get_recipe(recipe)))
     return transformer

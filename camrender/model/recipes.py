@@ -2,12 +2,14 @@
 
 A recipe is everything about a render that follows from which checkpoint is loaded rather
 than from the user's path: the mode, the chunk layout of segment mode, the softmax window and
-scale, the sampler and its default steps / timestep list and guidance, and the frame-count
-stride. `RECIPES` holds one per checkpoint:
+scale, the camera-branch arithmetic, the sampler and its default steps / timestep list / shift and
+guidance, and the frame-count stride. `RECIPES` holds one or more per checkpoint (`Recipe.checkpoint`):
 
 | recipe | checkpoint | mode | sampler |
 |---|---|---|---|
-| `bidirectional` | `SANA-WM_bidirectional-diffusers` (diffusers folder) | full clip | flow-match Euler, 60 steps, guidance 5 |
+| `bidirectional` | `SANA-WM_bidirectional-diffusers` (diffusers folder) | full clip | NVlabs 40151c8 (the release of these weights): flow-match Euler, shift 9.8, 60 steps, guidance 5 |
+| `bidirectional-nvlabs-latest` | the same | full clip | NVlabs' code today (5498e5b); same sampler |
+| `bidirectional-diffusers` | the same | full clip | diffusers 0.42.1's model and pipeline (the scheduler's own config) |
 | `streaming` | `SANA-WM_streaming/sana_dit/model.pt` | segments | self-forcing Euler over 1000, 960, 889, 727; no guidance |
 | `chunk-causal` | `SANA-WM_chunk_causal/dit/*.safetensors` | segments | ChunkFlowEuler (staggered per-chunk schedule), 60 steps, guidance 5 |
 
@@ -24,7 +26,8 @@ from typing import Optional
 
 from camrender.errors import CamrenderError
 
-__all__ = ["Recipe", "RECIPES", "get_recipe", "detect_recipe", "resolve_recipe", "segment_bounds"]
+__all__ = ["Recipe", "RECIPES", "DEFAULT_RECIPE", "get_recipe", "recipes_of", "detect_recipe", "resolve_recipe",
+           "segment_bounds"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,30 +40,38 @@ class Recipe:
         chunk_frames: latent frames per chunk after the first (segment mode).
         cached_chunks: softmax window, the official `num_cached_blocks` n: chunk i attends to the
             sink (chunk 0), chunks max(i - n + 1, 0) .. i-1, and itself; None: every earlier chunk.
-        softmax_scale: "head" (1/sqrt(head dim) in the main and camera softmax attention, the
-            original code) or "diffusers" (the camera attention at 1/sqrt(128), its head dim padded,
-            as diffusers' bidirectional model).
-        camera_downscale: whether UCPE-encoded camera q/k/v are scaled back to their pre-UCPE RMS
-            (diffusers' model) or not (the original code).
+        checkpoint: the checkpoint (weights layout) the recipe fits: "bidirectional", "streaming"
+            or "chunk-causal"; recipes of one checkpoint differ only in arithmetic.
+        softmax_scale: "head" (1/sqrt(head dim) in the main and camera softmax attention, NVlabs'
+            code today) or "padded" (the camera attention at 1/sqrt(128), its head dim padded, as
+            NVlabs 40151c8 and diffusers).
+        gdn_camera_downscale: whether the GDN blocks scale their UCPE-encoded camera q/k/v back to
+            the pre-UCPE RMS (diffusers' model only).
+        softmax_camera_downscale: the same in the softmax blocks (diffusers, NVlabs 40151c8).
         sampler: "euler" (full clip, CFG), "self-forcing" (per chunk: a short timestep list, then a
             timestep-0 cache pass), "chunk-flow-euler" (the chunk-causal teacher's staggered sampler).
         timesteps: default per-chunk timestep list (self-forcing), or None.
         steps: default number of denoising steps (None: the timestep list).
         guidance: default classifier-free guidance (<= 1: off).
         frame_stride: video frame counts are `frame_stride * k + 1`.
+        flow_shift: full mode's scheduler is diffusers' `FlowMatchEulerDiscreteScheduler(shift=flow_shift)`
+            (NVlabs' `LTXFlowEuler`); None: the pipeline's own scheduler, as diffusers' pipeline.
     """
 
     name: str
+    checkpoint: str
     mode: str
     chunk_frames: int
     cached_chunks: Optional[int]
     softmax_scale: str
-    camera_downscale: bool
+    gdn_camera_downscale: bool
+    softmax_camera_downscale: bool
     sampler: str
     timesteps: Optional[tuple]
     steps: Optional[int]
     guidance: float
     frame_stride: int
+    flow_shift: Optional[float] = None
 
     @property
     def recent_chunks(self) -> Optional[int]:
@@ -70,23 +81,41 @@ class Recipe:
 
 STREAMING_TIMESTEPS = (1000.0, 960.0, 889.0, 727.0)
 
+# NVlabs' bidirectional sampler (`LTXFlowEuler` as `SanaWMPipeline._sample_stage1` sets it up):
+# YAML scheduler.inference_flow_shift, cfg_scale 5, 60 steps.
+BIDIRECTIONAL_SHIFT = 9.8
+
+
+def _bidirectional(name: str, softmax_scale: str, gdn_downscale: bool, softmax_downscale: bool,
+                   flow_shift: Optional[float]) -> Recipe:
+    return Recipe(name=name, checkpoint="bidirectional", mode="full", chunk_frames=3, cached_chunks=2,
+                  softmax_scale=softmax_scale, gdn_camera_downscale=gdn_downscale,
+                  softmax_camera_downscale=softmax_downscale, sampler="euler", timesteps=None, steps=60,
+                  guidance=5.0, frame_stride=8, flow_shift=flow_shift)
+
+
 RECIPES = {
-    "bidirectional": Recipe(
-        name="bidirectional", mode="full", chunk_frames=3, cached_chunks=2, softmax_scale="diffusers",
-        camera_downscale=True, sampler="euler", timesteps=None, steps=60, guidance=5.0, frame_stride=8,
-    ),
+    # NVlabs 40151c8, the release that shipped the bidirectional weights (docs/recipes.md).
+    "bidirectional": _bidirectional("bidirectional", "padded", False, True, BIDIRECTIONAL_SHIFT),
+    # NVlabs today (5498e5b): no camera rescale anywhere, camera softmax at 1/sqrt(head dim).
+    "bidirectional-nvlabs-latest": _bidirectional("bidirectional-nvlabs-latest", "head", False, False,
+                                                  BIDIRECTIONAL_SHIFT),
+    # diffusers 0.42.1's SanaWMTransformer3DModel and SanaWMPipeline exactly.
+    "bidirectional-diffusers": _bidirectional("bidirectional-diffusers", "padded", True, True, None),
     "streaming": Recipe(
         # inference_sana_wm_streaming.py defaults: num_frame_per_block=3, num_cached_blocks=2,
         # sink on, denoising_step_list [1000, 960, 889, 727, 0], cfg_scale 1, frames snapped to 24k+1.
-        name="streaming", mode="segments", chunk_frames=3, cached_chunks=2, softmax_scale="head",
-        camera_downscale=False, sampler="self-forcing", timesteps=STREAMING_TIMESTEPS, steps=None, guidance=1.0,
-        frame_stride=24,
+        name="streaming", checkpoint="streaming", mode="segments", chunk_frames=3, cached_chunks=2,
+        softmax_scale="head", gdn_camera_downscale=False, softmax_camera_downscale=False, sampler="self-forcing",
+        timesteps=STREAMING_TIMESTEPS, steps=None, guidance=1.0, frame_stride=24,
     ),
     "chunk-causal": Recipe(
-        name="chunk-causal", mode="segments", chunk_frames=3, cached_chunks=None, softmax_scale="head",
-        camera_downscale=False, sampler="chunk-flow-euler", timesteps=None, steps=60, guidance=5.0, frame_stride=8,
+        name="chunk-causal", checkpoint="chunk-causal", mode="segments", chunk_frames=3, cached_chunks=None,
+        softmax_scale="head", gdn_camera_downscale=False, softmax_camera_downscale=False, sampler="chunk-flow-euler",
+        timesteps=None, steps=60, guidance=5.0, frame_stride=8,
     ),
 }
+DEFAULT_RECIPE = "bidirectional"
 _NAMES = ", ".join(RECIPES)
 
 
@@ -95,6 +124,17 @@ def get_recipe(name: str) -> Recipe:
     if name not in RECIPES:
         raise CamrenderError(f"unknown recipe {name!r}; recipes: {_NAMES}", field="recipe")
     return RECIPES[name]
+
+
+def recipes_of(checkpoint: str) -> list:
+    """Names of the recipes that fit a checkpoint kind (`Recipe.checkpoint`), default first."""
+    return [name for name, recipe in RECIPES.items() if recipe.checkpoint == checkpoint]
+
+
+def _misfit(requested: str, checkpoint: str, path=None) -> CamrenderError:
+    """The one-line error of a `--recipe` that does not fit a `checkpoint`-kind checkpoint."""
+    return CamrenderError(f"--recipe {requested} does not fit this {checkpoint} checkpoint; recipes that fit: "
+                          f"{', '.join(recipes_of(checkpoint))}", path=path, field="recipe")
 
 
 def segment_bounds(num_frames: int, chunk_frames: int = 3) -> list:
@@ -179,10 +219,13 @@ def resolve_recipe(requested: Optional[str], weights=None, model: str = "") -> R
     if requested is not None:
         get_recipe(requested)
     if weights is None:
-        if requested is None or requested == "bidirectional" or model == "tiny":
-            return get_recipe(requested or "bidirectional")
-        raise CamrenderError(f"recipe {requested!r} needs its original-format DiT (--transformer-weights); "
-                             f"the pipeline's own transformer is the bidirectional checkpoint", field="recipe")
+        if requested is None or model == "tiny":
+            return get_recipe(requested or DEFAULT_RECIPE)
+        if get_recipe(requested).checkpoint != "bidirectional":
+            raise CamrenderError(f"--recipe {requested} needs its original-format DiT (--transformer-weights); "
+                                 f"the pipeline's own transformer is the bidirectional checkpoint; recipes that "
+                                 f"fit: {', '.join(recipes_of('bidirectional'))}", field="recipe")
+        return get_recipe(requested)
     path = Path(weights)
     if not path.is_file():
         raise CamrenderError("weights file not found", path=path, field="transformer-weights")
@@ -193,8 +236,7 @@ def resolve_recipe(requested: Optional[str], weights=None, model: str = "") -> R
             raise CamrenderError(f"cannot tell which recipe this checkpoint uses; pass --recipe ({_NAMES})",
                                  path=weights, field="recipe")
         return get_recipe(detected)
-    if stated is not None and stated != requested:  # the file name alone does not overrule --recipe
-        raise CamrenderError(f"--recipe {requested} does not fit this checkpoint "
-                             f"(its keys are a {stated} checkpoint's)",
-                             path=weights, field="recipe")
+    # the file name alone does not overrule --recipe
+    if stated is not None and get_recipe(stated).checkpoint != get_recipe(requested).checkpoint:
+        raise _misfit(requested, get_recipe(stated).checkpoint, weights)
     return get_recipe(requested)

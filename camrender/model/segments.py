@@ -197,10 +197,11 @@ def segment_forward(
                          "(camrender.patch_transformer)")
     call = SegmentCall(frames, height, width, tuple(segments), write_cache, options)
     block_caches = cache.blocks if cache is not None else [BlockCache() for _ in model.blocks]
-    # A whole clip with no state and diffusers' rules on backend "torch" (full mode, --kernels torch):
-    # diffusers' own block code, which the blocks run when they are called without a segment.
-    stock = (cache is None and len(segments) == 1 and options == FULL_MODE
-             and not model.blocks[0].settings.fused)
+    # A whole clip with no state under full mode's rules (those the attentions hold, `set_full_options`)
+    # on backend "torch" (--kernels torch): the blocks' full-mode code (diffusers' own where the rules
+    # are diffusers'), which they run when called without a segment.
+    stock = (cache is None and len(segments) == 1 and not model.blocks[0].settings.fused
+             and options == getattr(model.blocks[0].attn, "full_options", FULL_MODE))
 
     x = model.x_embedder(hidden_states.to(dtype))
     if conditioning.raymap is not None:

@@ -7,6 +7,7 @@ mode and segment mode both read it from there; nothing maps the word again.
 from __future__ import annotations
 
 import dataclasses
+from typing import Optional
 
 import torch
 
@@ -101,13 +102,15 @@ class RenderSettings:
 
     @classmethod
     def decide(cls, *, kernels: str = "fused", precision: str = "tf32", dtype="auto", device=None,
-               offload: bool = False, cuda_graphs: bool = True) -> "RenderSettings":
+               offload: bool = False, cuda_graphs: bool = True,
+               stage_one: Optional[KernelSettings] = None) -> "RenderSettings":
         """The settings of the `--kernels` word ("fused": Triton kernels, PyTorch references on a CPU;
         "torch": diffusers' own code), `--precision`, `--dtype` ("auto": bfloat16 on CUDA, float32
         elsewhere), `--device` (None: CUDA when available), `--offload` and `--cuda-graphs` (CUDA only,
-        not under offload: the weights move)."""
+        not under offload: the weights move); stage_one: these kernel settings instead of `kernels` and
+        `precision` (a transformer patched already)."""
         resolved = resolve_device(device)
-        stage_one = KernelSettings.from_kernels(kernels, precision)
+        stage_one = KernelSettings.from_kernels(kernels, precision) if stage_one is None else stage_one
         # stage 2 follows stage 1's word; on a CPU the fused path runs its PyTorch references, never
         # the Triton interpreter (tests run stage 1 there)
         refiner = RefinerSettings(path="fused" if stage_one.fused else "stock",
@@ -116,7 +119,7 @@ class RenderSettings:
                    cuda_graphs=bool(cuda_graphs) and resolved.type == "cuda" and not offload)
 
     @classmethod
-    def of_request(cls, request) -> "RenderSettings":
+    def of_request(cls, request, stage_one: Optional[KernelSettings] = None) -> "RenderSettings":
         """`decide` with a `camrender.render.request.RenderRequest`'s options."""
         return cls.decide(kernels=request.kernels, dtype=request.dtype, device=request.device,
-                          offload=request.offload, cuda_graphs=request.cuda_graphs)
+                          offload=request.offload, cuda_graphs=request.cuda_graphs, stage_one=stage_one)

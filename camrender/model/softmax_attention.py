@@ -11,8 +11,11 @@ parameters, buffers and sub-modules (no copies: the transformer's `state_dict()`
 - combine: proj((main + cam) * silu(output_gate(x))) in one pass (`gdn_attention.combine_branches`).
 Off CUDA and without TRITON_INTERPRET=1 the same structure runs on the PyTorch references.
 
-Full mode (no `segment`): all N tokens attend to each other; settings backend "torch" (or a
-padded-frame mask, or a block without RMSNorm weights) runs the stock forward. Segment mode
+Full mode (no `segment`): all N tokens attend to each other, under the rules of `full_options`
+(the recipe's, `camrender.model.patch.set_full_options`); settings backend "torch" (or a block
+without RMSNorm weights) runs the stock forward when those rules are diffusers' (camera scale
+1/sqrt(128), camera RMS downscale), the PyTorch references otherwise; a padded-frame mask always
+runs the stock forward. Segment mode
 (`segment`, `state`): queries attend to the cached K/V of the first segment (the sink) and of the
 `cached_segments` most recent segments, plus their own segment (masked per segment in a call of
 several); a writing call stores its K/V in the state.
@@ -28,7 +31,7 @@ from diffusers.models.transformers.transformer_sana_wm import _prepare_ucpe_ray_
 from camrender.model.adopt import adopt_module
 from camrender.model.gdn_attention import combine_branches, norm_inv_rms
 from camrender.model.settings import KernelSettings
-from camrender.model.state import BlockCache, SegmentCall, SoftmaxKV, compact
+from camrender.model.state import FULL_MODE, BlockCache, SegmentCall, SegmentOptions, SoftmaxKV, compact
 
 # SDPA backends in priority order on CUDA (names of torch.nn.attention.SDPBackend), or None for
 # PyTorch's own choice. H200, torch 2.11, B=2 N=18480 H=20 bf16: cuDNN attention 12.3 ms vs flash
@@ -87,8 +90,8 @@ def softmax_qkv(attn, x, rope, attn_dtype, use_triton: bool):
 
 
 def camera_encode(attn, x, ray_transforms, attn_dtype, use_triton: bool, downscale: bool = True):
-    """Camera q, k, v of softmax-block attention `attn` after RMSNorm, UCPE and (diffusers; not
-    the original streaming code) RMS downscale, each (B, H, N, DPAD) in `attn_dtype` (head dim
+    """Camera q, k, v of softmax-block attention `attn` after RMSNorm, UCPE and (`downscale`:
+    diffusers, NVlabs 40151c8; not NVlabs today) RMS downscale, each (B, H, N, DPAD) in `attn_dtype` (head dim
     zero-padded, `kernels.softmax_cam`)."""
     if use_triton:
         from camrender.kernels.softmax_cam import cam_softmax_encode
@@ -114,9 +117,9 @@ def camera_decode(attn, o, ray_transforms, dtype, use_triton: bool):
 
 def softmax_scale(head_dim: int, rule: str, camera: bool = False) -> Optional[float]:
     """SDPA scale of the main (or camera) attention under a `SegmentOptions.softmax_scale` rule:
-    "diffusers" as diffusers' model (main: SDPA's default, None; camera: `padded_sdpa_scale`),
-    "head" 1/sqrt(head dim) in both."""
-    if rule == "diffusers":
+    "padded" as NVlabs 40151c8 and diffusers' model (main: SDPA's default, None; camera:
+    `padded_sdpa_scale`), "head" 1/sqrt(head dim) in both."""
+    if rule == "padded":
         return padded_sdpa_scale(head_dim) if camera else None
     return head_dim ** -0.5
 
@@ -161,13 +164,16 @@ class PatchedSoftmaxAttention(_SoftmaxUCPESinglePathLiteLA):
     """Softmax-block attention on the fused prep / UCPE kernels; x (B, N, C) -> (B, N, C).
 
     Attributes:
-        settings: the model's `KernelSettings` (backend "torch": stock forward in full mode).
+        settings: the model's `KernelSettings` (backend "torch": stock forward in full mode under
+            diffusers' rules).
+        full_options: full mode's `SegmentOptions` (the recipe's; set by `patch.set_full_options`).
         sdpa_dtype: full mode's SDPA dtype, None (stock rule: fp32 inputs attend in bf16) or a dtype;
             in segment mode `SegmentOptions.sdpa_dtype` takes precedence.
         sdpa_backends: SDPA backend priority (see SDPA_BACKENDS).
     """
 
     settings: KernelSettings = KernelSettings()
+    full_options: SegmentOptions = FULL_MODE
     sdpa_dtype = None
     sdpa_backends = SDPA_BACKENDS
 
@@ -186,12 +192,17 @@ class PatchedSoftmaxAttention(_SoftmaxUCPESinglePathLiteLA):
                 state: Optional[BlockCache] = None, segment: Optional[SegmentCall] = None):
         if HW is None and segment is None:
             raise ValueError("HW (T, H, W) must be provided for softmax attention.")
-        if segment is None and not (self.settings.fused and frame_valid_mask is None and self._on_kernels()):
+        # diffusers' block computes diffusers' rules at its own SDPA dtype only
+        stock_computes = ((self.full_options.softmax_as_diffusers and self.sdpa_dtype is None)
+                          or frame_valid_mask is not None)
+        if segment is None and stock_computes and not (self.settings.fused and frame_valid_mask is None
+                                                       and self._on_kernels()):
             return super().forward(x, mask, HW, rotary_emb, block_mask, camera_conditions, chunk_size,
                                    frame_valid_mask=frame_valid_mask, ucpe_ray_transforms=ucpe_ray_transforms)
-        if segment is not None and not self._on_kernels():
-            raise NotImplementedError("segment mode supports softmax blocks with RMSNorm weights (the released ones)")
-        call = segment or SegmentCall.whole(HW)
+        if not self._on_kernels():
+            raise NotImplementedError("segment mode and recipes other than diffusers' support softmax blocks with "
+                                      "RMSNorm weights (the released ones)")
+        call = segment or SegmentCall.whole(HW, self.full_options)
         options = call.options
         rays = ucpe_ray_transforms
         if rays is None and camera_conditions is not None:
@@ -214,7 +225,7 @@ class PatchedSoftmaxAttention(_SoftmaxUCPESinglePathLiteLA):
         camera = cam_key = cam_value = None
         if rays is not None:
             cam_query, cam_key, cam_value = camera_encode(self, x, rays, attn_dtype, use_triton,
-                                                          options.camera_downscale)
+                                                          options.softmax_camera_downscale)
             cam_out = attend(cam_query, cam_key, cam_value, [(kv.cam_key, kv.cam_value) for kv in context],
                              softmax_scale(self.cam_head_dim, options.softmax_scale, camera=True), attn_mask,
                              prefixes, self.sdpa_backends)

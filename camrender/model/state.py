@@ -1,7 +1,8 @@
 """What one call of the patched transformer holds (`SegmentCall`) and what its blocks carry from
 finished segments to the next one (`BlockCache`, `SegmentCache`).
 
-Full mode is a call of one segment with no state (`SegmentCall.whole`); segment mode passes a
+Full mode is a call of one segment with no state (`SegmentCall.whole`, with the options the
+patched attentions hold, `camrender.model.patch.set_full_options`); segment mode passes a
 `SegmentCall` built from `SegmentOptions` (a recipe's rules) and one `BlockCache` per block. The
 caches live in the `SegmentCache` the caller passes in, never on the modules, so a CUDA-graph
 replay of `segment_forward` reads only its arguments.
@@ -16,7 +17,7 @@ from typing import Optional
 
 import torch
 
-SOFTMAX_SCALES = ("head", "diffusers")
+SOFTMAX_SCALES = ("head", "padded")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,19 +28,21 @@ class SegmentOptions:
     Attributes:
         cached_segments: recent segments (besides the sink) softmax blocks attend to; None: all.
             The official `num_cached_blocks` n is n - 1 here (`Recipe.recent_chunks`).
-        softmax_scale: "head": 1/sqrt(head dim) in the main and camera softmax attention (the
-            original streaming code); "diffusers": as diffusers' model (the main attention at
-            SDPA's default scale, the camera attention at 1/sqrt(its head dim zero-padded to
-            128); `Recipe.softmax_scale`, docs/recipes.md).
-        camera_downscale: scale each UCPE-encoded camera q/k/v back to its pre-UCPE RMS, as
-            diffusers' model does; the original code does not (`Recipe.camera_downscale`).
+        softmax_scale: "head": 1/sqrt(head dim) in the main and camera softmax attention (NVlabs'
+            code today); "padded": the main attention at SDPA's default scale (1/sqrt(head dim)),
+            the camera attention at 1/sqrt(its head dim zero-padded to 128), as NVlabs' initial
+            release 40151c8 and diffusers' model (`Recipe.softmax_scale`, docs/recipes.md).
+        gdn_camera_downscale: GDN blocks scale each UCPE-encoded camera q/k/v back to its pre-UCPE
+            RMS (diffusers' model only; no NVlabs production path does).
+        softmax_camera_downscale: the same in the softmax blocks (diffusers and NVlabs 40151c8).
         sdpa_dtype: dtype of the softmax attention; None -> bfloat16 for fp32 activations (as
             diffusers does), the activation dtype otherwise.
     """
 
     cached_segments: Optional[int] = 1
     softmax_scale: str = "head"
-    camera_downscale: bool = False
+    gdn_camera_downscale: bool = False
+    softmax_camera_downscale: bool = False
     sdpa_dtype: Optional[torch.dtype] = None
 
     def __post_init__(self):
@@ -51,11 +54,23 @@ class SegmentOptions:
         """The options of a `camrender.model.recipes.Recipe` (its window, softmax scale and camera
         arithmetic), with `fields` set or overridden."""
         return cls(**{**dict(cached_segments=recipe.recent_chunks, softmax_scale=recipe.softmax_scale,
-                             camera_downscale=recipe.camera_downscale), **fields})
+                             gdn_camera_downscale=recipe.gdn_camera_downscale,
+                             softmax_camera_downscale=recipe.softmax_camera_downscale), **fields})
+
+    @classmethod
+    def full_mode(cls, recipe, **fields) -> "SegmentOptions":
+        """Full mode's options under `recipe`: its arithmetic, one segment over the whole clip."""
+        return cls.for_recipe(recipe, **{"cached_segments": None, **fields})
+
+    @property
+    def softmax_as_diffusers(self) -> bool:
+        """Whether the softmax blocks' rules are diffusers' (so its stock softmax attention computes them)."""
+        return self.softmax_scale == "padded" and self.softmax_camera_downscale
 
 
-# Full mode computes as diffusers' bidirectional model.
-FULL_MODE = SegmentOptions(cached_segments=None, softmax_scale="diffusers", camera_downscale=True)
+# Full mode's rules without a recipe set: the default `bidirectional` recipe's (NVlabs 40151c8).
+FULL_MODE = SegmentOptions(cached_segments=None, softmax_scale="padded", gdn_camera_downscale=False,
+                           softmax_camera_downscale=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,10 +87,10 @@ class SegmentCall:
     options: SegmentOptions = FULL_MODE
 
     @classmethod
-    def whole(cls, grid) -> "SegmentCall":
-        """Full mode: one segment over the grid (T, h, w), nothing cached, diffusers' rules."""
+    def whole(cls, grid, options: SegmentOptions = FULL_MODE) -> "SegmentCall":
+        """Full mode: one segment over the grid (T, h, w), nothing cached, `options`' rules."""
         frames, height, width = grid
-        return cls(frames, height, width, ((0, frames),))
+        return cls(frames, height, width, ((0, frames),), options=options)
 
     @property
     def grid(self) -> tuple:
@@ -110,7 +125,7 @@ def compact(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
 @dataclasses.dataclass
 class SoftmaxKV:
     """Keys and values of one segment for a softmax block, (B, H, n, D) each, in the SDPA dtype
-    (main K after RoPE, camera K and V after UCPE and RMS downscale)."""
+    (main K after RoPE, camera K and V after UCPE and, where the rules have it, RMS downscale)."""
 
     key: torch.Tensor
     value: torch.Tensor

@@ -5,7 +5,7 @@ segment's cameras from a `camrender.play.steering.SteeredPath` (the keys held wh
 before rendered) and yields each segment's uint8 frames (F, H, W, 3) as soon as it is decoded; the
 flight hands them to `on_segment` (the server sends them to the pages) and to a writer thread that
 appends them to the video exactly as `camrender render` does in segment mode
-(`camrender.render.segment_video.SegmentVideoWriter`: one stream per segment, joined by stream copy).
+(`camrender.output.segment_video.SegmentVideoWriter`: one stream per segment, joined by stream copy).
 
 When it ends (`stop()`, the longest clip reached, or an error) the flight saves, for the frames
 shown:
@@ -34,7 +34,7 @@ import numpy as np
 from camrender.model.recipes import get_recipe, segment_bounds
 from camrender.play.steering import KeyTimeline, SteeredPath, Stopped, pinhole
 from camrender.render.request import RenderRequest
-from camrender.render.segment_video import SegmentVideoWriter
+from camrender.output.segment_video import SegmentVideoWriter
 from camrender.render.settings_file import write_render_json
 from camrender.trajectory import Trajectory, save as save_trajectory
 from camrender.trajectory.controls import ControlScheme

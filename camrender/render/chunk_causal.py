@@ -20,6 +20,10 @@ import dataclasses
 from typing import Callable, Iterator, Optional
 
 import torch
+from diffusers import FlowMatchEulerDiscreteScheduler
+
+from camrender.model.segments import SegmentCache
+from camrender.render.denoise import Denoiser, pinned_frames
 
 DEFAULT_STEPS = 60
 DEFAULT_GUIDANCE = 5.0
@@ -72,8 +76,6 @@ def teacher_schedule(num_chunks: int, steps: int = DEFAULT_STEPS, flow_shift: fl
     """ChunkFlowEuler's schedule: diffusers' `FlowMatchEulerDiscreteScheduler(shift=flow_shift)` with
     `steps` steps; chunk i starts at global step int(i * interval_k * steps) (interval_k None: 1 / num_chunks,
     `inference_sana_wm.py`'s default)."""
-    from diffusers import FlowMatchEulerDiscreteScheduler
-
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
     interval_k = 1.0 / num_chunks if interval_k is None else float(interval_k)
@@ -106,9 +108,6 @@ def sample_chunk_causal(model, inputs, bounds, schedule: TeacherSchedule, option
     on_step(step, start, stop, frame_timesteps, prediction): called after each model call with the
     in-flight frames [start, stop), their (T,) model timesteps and the guided prediction (1, C, T, h, w).
     """
-    from camrender.model.segments import SegmentCache
-    from camrender.render.denoise import Denoiser, pinned_frames
-
     if len(bounds) != len(schedule.starts):
         raise ValueError(f"{len(bounds)} chunks but a schedule for {len(schedule.starts)}")
     dtype = model.dtype

@@ -10,7 +10,7 @@ offloaded model brought to the GPU before each call. Frame-0 pinning is `pinned_
 `pin`: the image latent stays clean at timestep 0.
 
 Shapes: latents (1, C, t, h, w) of the call's latent frames, frame timesteps (t,) float32 in
-[0, 1000]; predictions (1, C, t, h, w) (the flow prediction, guidance mixed).
+[0, 1000]; predictions (1, C, t, h, w) (the flow prediction, guidance mixed). No autograd.
 """
 from __future__ import annotations
 
@@ -61,6 +61,7 @@ class Denoiser:
         if cuda_graphs and not self.offloaded:
             self.graphs = GraphedForward(self._forward, capture=self.device.type == "cuda")
 
+    @torch.no_grad()
     def condition(self, start: int, stop: int) -> SegmentConditioning:
         """The conditioning of latent frames [start, stop), fixed over their denoising steps: RoPE rows,
         ray tables and embedded text / Plucker maps (`prepare_conditioning`). Pulls a camera stream."""
@@ -73,6 +74,7 @@ class Denoiser:
                                     camera_conditions=None if camera is None else self.rows(camera),
                                     chunk_plucker=plucker, frame_start=start)
 
+    @torch.no_grad()
     def predict(self, latents: torch.Tensor, frame_timesteps: torch.Tensor, conditioning: SegmentConditioning, *,
                 cache: Optional[SegmentCache] = None, segments: Optional[Sequence[tuple]] = None,
                 write: bool = False) -> torch.Tensor:

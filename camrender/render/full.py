@@ -8,15 +8,18 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+from diffusers import FlowMatchEulerDiscreteScheduler
 
 from camrender.errors import CamrenderError
 from camrender.model.block import fixed_plucker
+from camrender.model.patch import set_full_options
+from camrender.model.recipes import get_recipe
 from camrender.model.settings import RefinerSettings, RenderSettings
-from camrender.model.state import FULL_MODE
+from camrender.model.state import FULL_MODE, SegmentOptions
 from camrender.parallel.cfg import guidance_split
 from camrender.render.decode import decode_latents
 from camrender.render.denoise import Denoiser, pin, pinned_frames
-from camrender.render.inputs import prepare_inputs
+from camrender.render.inputs import RenderInputs, prepare_inputs
 from camrender.render.pipeline import pipeline_settings
 from camrender.render.plan import ChunkPlan
 from camrender.render.request import Progress, RenderRequest, check_request
@@ -63,6 +66,8 @@ def sample_latents(pipe, request: RenderRequest, progress: Progress = None, sett
 
     Latent frame 0 holds the encoded first image and stays clean (its timestep is 0
     throughout); every other frame starts from noise and follows the scheduler's sigmas.
+    The request's recipe sets the model's rules (`set_full_options`) and the scheduler
+    (`full_scheduler`); docs/recipes.md compares the sampler with NVlabs' `LTXFlowEuler`.
     On a video group of two ranks each runs one guidance row (`camrender.parallel.cfg`); every
     rank returns the same latents. settings: the render's (None: `pipeline_settings`).
     """
@@ -70,18 +75,49 @@ def sample_latents(pipe, request: RenderRequest, progress: Progress = None, sett
     settings = pipeline_settings(pipe, request) if settings is None else settings
     if request.steps is None:
         raise CamrenderError("full mode needs a number of denoising steps", field="steps")
-    transformer, scheduler = pipe.transformer, pipe.scheduler
+    recipe = get_recipe(request.recipe)
+    transformer = pipe.transformer
+    set_full_options(transformer, SegmentOptions.full_mode(recipe))  # the recipe's rules, on the patched blocks
     device = pipe._execution_device
-    dtype = transformer.dtype
-
     inputs = prepare_inputs(pipe, request, device)
-    split = guidance_split(inputs.text.shape[0] == 2)  # a video group of two ranks: each runs one guidance row
-    denoiser = Denoiser(transformer, inputs, FULL_MODE, device, split=split, upcast=False,
-                        cuda_graphs=settings.cuda_graphs)
-    latents = inputs.noise.to(device)
+    camera = {"camera_conditions": inputs.camera_conditions, "chunk_plucker": inputs.chunk_plucker}
+    guidance = request.guidance if inputs.text.shape[0] == 2 else None
+    return denoise_clip(transformer, full_scheduler(pipe, recipe), inputs.noise.to(device), inputs.text,
+                        inputs.text_mask, camera, request.steps, guidance, split=guidance_split(guidance is not None),
+                        cuda_graphs=settings.cuda_graphs, progress=progress)
+
+
+def denoise_clip(transformer, scheduler, latents, text, text_mask, camera: dict, steps: int, guidance,
+                 image_hw=None, *, split=None, cuda_graphs: bool = False, progress: Progress = None,
+                 options: Optional[SegmentOptions] = None):
+    """The Euler loop of full mode (NVlabs' `LTXFlowEuler` rules, docs/recipes.md); returns (1, C, T, h, w).
+
+    Each step is the library's `Denoiser.predict` (camrender's forward over the whole clip, the
+    conditioning built once, CUDA-graph replay, the guidance rows and mix); the scheduler steps the
+    noisy frames per token.
+
+    Args:
+        transformer: the patched transformer.
+        scheduler: a flow-match Euler scheduler (`full_scheduler`); `steps` timesteps are set on it.
+        latents: (1, C, T, h, w) initial latents, frame 0 the clean image latent (pinned: timestep 0, dt 0).
+        text, text_mask: (B, 1, L, Cc), (B, L); with `guidance` B = 2, rows [uncond, cond] (`split`, a
+            `camrender.parallel.cfg.CfgSplit`, runs one of them on this rank and gathers).
+        camera: `camera_conditions` (B, T, 20) and `chunk_plucker` (1, 48, T, h, w), or None values.
+        guidance: CFG scale (pred = uncond + g * (cond - uncond)) or None.
+        image_hw: unused (SANA-WM's forward does not read `data_info["img_hw"]`); kept for callers.
+        options: the rules the forward computes with; default the ones the attentions hold
+            (`camrender.model.patch.set_full_options`).
+    """
+    device, dtype = latents.device, transformer.dtype
+    if options is None:
+        options = getattr(transformer.blocks[0].attn, "full_options", FULL_MODE)
+    inputs = RenderInputs(text=text, text_mask=text_mask, camera_conditions=camera.get("camera_conditions"),
+                          chunk_plucker=camera.get("chunk_plucker"), first_latent=latents[:, :, :1], noise=latents,
+                          guidance=float(guidance or 1.0))
+    denoiser = Denoiser(transformer, inputs, options, device, split=split, upcast=False, cuda_graphs=cuda_graphs)
     channels, frames, h, w = latents.shape[1:]
     with torch.no_grad():
-        scheduler.set_timesteps(request.steps, device=device)
+        scheduler.set_timesteps(steps, device=device)
         timesteps = scheduler.timesteps
         pinned = pinned_frames(inputs, 0, frames, device)  # the conditioning frame is pinned clean
         token_is_noisy = (~pinned)[:, None].expand(frames, h * w).reshape(1, -1).float()
@@ -104,6 +140,13 @@ def sample_latents(pipe, request: RenderRequest, progress: Progress = None, sett
                     progress(index + 1, len(timesteps), f"step {index + 1}/{len(timesteps)}")
     return latents
 
+
+def full_scheduler(pipe, recipe):
+    """The scheduler of a full-mode render: NVlabs' (`FlowMatchEulerDiscreteScheduler(shift=recipe.flow_shift)`,
+    whatever the checkpoint's scheduler config says), or the pipeline's own (flow_shift None, as diffusers)."""
+    if recipe.flow_shift is None:
+        return pipe.scheduler
+    return FlowMatchEulerDiscreteScheduler(shift=recipe.flow_shift)
 
 
 def sample_video(pipe, request: RenderRequest, progress: Progress = None):

@@ -1,6 +1,9 @@
 """A render's inputs, built once per render for both modes: the first frame and its latent, the prompt
 embeddings, the cameras (a feed the segment loop pulls, `camrender.render.camera_feed`) and the initial
-noise (`prepare_inputs`)."""
+noise (`prepare_inputs`).
+
+PIL, torch and diffusers are imported inside the functions: the CLI's checks read `open_image` before
+any model loads, and a bad image must fail in a fraction of a second, not after importing diffusers."""
 from __future__ import annotations
 
 import dataclasses
@@ -122,7 +125,7 @@ def camera_feed(pipe, request: RenderRequest, device, dtype, batch: int):
     `dtype`: the Plucker maps are the same for every batch row (guidance only changes the text), and
     the transformer broadcasts them, so its Plucker projections run once instead of once per row.
     """
-    from camrender.render.camera_feed import CameraFeed, SegmentCamera
+    from camrender.render.camera_feed import CameraFeed, SegmentCamera  # imports torch: see the module docstring
 
     t_stride, s_stride = pipe.vae_temporal_compression_ratio, pipe.vae_spatial_compression_ratio
     cameras = request.cameras

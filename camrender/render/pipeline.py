@@ -8,7 +8,7 @@ from typing import Optional
 from camrender.errors import CamrenderError
 from camrender.model.loading import load_pipeline
 from camrender.model.patch import patch_transformer
-from camrender.model.settings import RenderSettings
+from camrender.model.settings import RenderSettings, model_settings
 from camrender.parallel.cfg import head_split
 from camrender.parallel.heads import split_transformer
 from camrender.render.stage_two import load_stage_two
@@ -19,10 +19,11 @@ _SETTINGS = "_camrender_settings"
 
 def pipeline_settings(pipe, request) -> RenderSettings:
     """The `RenderSettings` `pipe` was prepared with (`load_patched_pipeline`). A bare pipeline (built in
-    a test or a script) gets the request's, decided and patched in here once."""
+    a test or a script) gets the request's, decided here once: its transformer is patched with them, or,
+    patched by the caller already, keeps its patch."""
     settings = getattr(pipe, _SETTINGS, None)
     if settings is None:
-        settings = RenderSettings.of_request(request)
+        settings = RenderSettings.of_request(request, stage_one=model_settings(pipe.transformer))
         patch_transformer(pipe.transformer, settings=settings.stage_one)
         setattr(pipe, _SETTINGS, settings)
     return settings

@@ -12,6 +12,7 @@ from typing import Any, Callable, Optional
 
 from camrender.errors import CamrenderError
 from camrender.model.loading import DEFAULT_MODEL
+from camrender.model.recipes import DEFAULT_RECIPE, get_recipe
 
 DEFAULT_NEGATIVE_PROMPT = ""
 
@@ -41,9 +42,11 @@ class RenderRequest:
         transformer_weights: optional original-format DiT file loaded over the transformer.
         vae: optional diffusers VAE folder replacing the pipeline's (the streaming causal VAE).
         kernels: "fused" (the Triton kernels of every patched block; PyTorch references on CPU) |
-            "torch" (diffusers' own code, with the PyTorch reference of the GDN camera branch).
+            "torch" (diffusers' own code, with the PyTorch references of the GDN camera branch and of
+            softmax blocks under rules other than diffusers').
         mode: "full" (whole clip at once) | "segments" (chunk-causal, state-cached).
-        recipe: the checkpoint's recipe (`camrender.model.recipes`): "bidirectional" | "streaming" | "chunk-causal".
+        recipe: the checkpoint's recipe (`camrender.model.recipes`): "bidirectional" (or "bidirectional-nvlabs-latest",
+            "bidirectional-diffusers") | "streaming" | "chunk-causal".
         allow_missing_weights: render even when `transformer_weights` leaves transformer weights unloaded.
         segment_frames: latent frames per segment after the first (segment mode; None: the recipe's).
         cached_segments: recent segments besides the first that softmax blocks attend to (segment
@@ -68,8 +71,8 @@ class RenderRequest:
     prompt: str = ""
     negative_prompt: str = DEFAULT_NEGATIVE_PROMPT
     image: Any = None
-    steps: Optional[int] = 60
-    guidance: Optional[float] = 5.0
+    steps: Optional[int] = get_recipe(DEFAULT_RECIPE).steps  # the recipe table's: one source of defaults
+    guidance: Optional[float] = get_recipe(DEFAULT_RECIPE).guidance
     seed: int = 0
     num_frames: int = 161
     fps: float = 16.0
@@ -83,7 +86,7 @@ class RenderRequest:
     vae: Optional[str] = None
     kernels: str = "fused"
     mode: str = "full"
-    recipe: str = "bidirectional"
+    recipe: str = DEFAULT_RECIPE
     allow_missing_weights: bool = False
     segment_frames: Optional[int] = None
     cached_segments: Optional[int] = None

@@ -2,7 +2,7 @@
 
 A segment-mode render of NAME.mp4 works in `.NAME.mp4.partial/` next to it:
 
-    segment-00000.mp4 ...     the finished segments (`camrender.render.segment_video`)
+    segment-00000.mp4 ...     the finished segments (`camrender.output.segment_video`)
     checkpoint.safetensors    the render state at a segment boundary (atomic; see `Checkpointer`)
     owner.json                pid and host of the render using the folder
 
@@ -40,7 +40,7 @@ def partial_folder(out: Path) -> Path:
 
 
 def leftover_part_files(out: Path) -> list:
-    """`.*.part.mp4` files beside `out`: what `camrender.render.video.VideoWriter` leaves when its render is
+    """`.*.part.mp4` files beside `out`: what `camrender.output.video.VideoWriter` leaves when its render is
     killed (or writes while it runs)."""
     out = Path(out)
     folder = out.parent if str(out.parent) else Path(".")

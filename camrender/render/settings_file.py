@@ -79,7 +79,7 @@ def settings_differences(saved: dict, current: dict) -> list:
 
 def write_render_json(request, path) -> None:
     """`NAME.render.json`: the settings plus the rendered path (per-frame v1 document)."""
-    from camrender.trajectory.formats.fileio import atomic_write_text
+    from camrender.files import atomic_write_text
     from camrender.trajectory import v1
 
     doc = {"camrender_render": RENDER_JSON_VERSION, "settings": settings_record(request),
@@ -89,7 +89,7 @@ def write_render_json(request, path) -> None:
 
 def read_render_json(path) -> tuple:
     """(settings dict, Trajectory) of a `NAME.render.json`; CamrenderError naming the file otherwise."""
-    from camrender.trajectory.formats.fileio import read_json
+    from camrender.files import read_json
     from camrender.trajectory import v1
 
     doc = read_json(path)

@@ -15,6 +15,8 @@ import torch
 
 from camrender.errors import CamrenderError
 from camrender.model.refiner import RefinerStream, encode_refiner_prompt
+from camrender.model.refiner_loading import load_refiner, place_refiner
+from camrender.render.decode import to_uint8_frames_async
 from camrender.model.settings import RefinerSettings, RenderSettings
 
 _ATTRIBUTE = "_camrender_refiner"
@@ -92,8 +94,6 @@ def refined_frames(stage, latent_chunks, decoder, device, overlap: Optional[bool
     so the stages of neighbouring chunks overlap on the GPU. Off CUDA the streams are no-ops and the
     order is the same. The frames are the same either way.
     """
-    from camrender.render.decode import to_uint8_frames_async
-
     overlap = OVERLAP_STAGE_TWO if overlap is None else overlap
 
     def frames_of(latents):
@@ -210,8 +210,6 @@ def refine_clip(pipe, request, latents, device=None, progress=None, settings: Op
 def load_stage_two(pipe, request) -> None:
     """Load `request.refiner` in the pipeline's dtype, place it (`request.refiner_offload`) and attach it
     to `pipe` for the render (`camrender.render.stage_two.stage_two`)."""
-    from camrender.model.refiner_loading import load_refiner, place_refiner
-
     latent_channels = pipe.vae.config.latent_channels
     refiner = load_refiner(request.refiner, dtype=pipe.transformer.dtype, latent_channels=latent_channels)
     if refiner.transformer.config.in_channels != latent_channels:  # a hub id is checked only once downloaded

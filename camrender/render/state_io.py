@@ -16,7 +16,8 @@ import dataclasses
 import importlib
 import json
 import os
-import tempfile
+
+from camrender.files import atomic_path
 
 ALLOWED_MODULE_PREFIX = "camrender."
 _SKELETON_KEY = "camrender.tree"
@@ -97,31 +98,12 @@ def save_tree(path, tree, metadata: dict | None = None) -> int:
     skeleton = _flatten(tree, "root", tensors)
     meta = dict(metadata or {})
     meta[_SKELETON_KEY] = json.dumps(skeleton)
-    folder = os.path.dirname(os.path.abspath(path))
-    handle, temp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".safetensors")
-    os.close(handle)
-    try:
+    # flushed to disk before the rename makes it the checkpoint, after the renames it refers to
+    with atomic_path(path, suffix=".safetensors", durable=True, chmod=False) as temp:
         save_file(tensors, temp, metadata=meta)
-        fsync_path(temp)  # on disk before the rename makes it the checkpoint
-        fsync_path(folder)  # with the renames done in the folder before (e.g. the files it refers to)
-        os.replace(temp, path)
-        fsync_path(folder)
-    except BaseException:
-        try:
-            os.unlink(temp)
-        except OSError:
-            pass
-        raise
     return os.path.getsize(path)
 
 
-def fsync_path(path) -> None:
-    """Flush a file's data, or a folder's entries (renames), to disk."""
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
 
 
 def load_tree(path, device="cpu"):

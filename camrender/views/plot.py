@@ -171,7 +171,7 @@ def plot_format(path) -> str:
 
 
 def _save_atomic(fig, path) -> None:
-    from camrender.trajectory.formats.fileio import atomic_output
+    from camrender.files import atomic_output
 
     fmt = plot_format(path)
     with atomic_output(path, "wb") as out:

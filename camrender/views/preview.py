@@ -115,7 +115,7 @@ def write_preview(traj, path, *, width: int | None = None, height: int | None = 
     """Render the preview of `traj` to an mp4 at `path` (atomic); returns the (width, height) written."""
     import click
 
-    from camrender.render.video import VideoWriter
+    from camrender.output.video import VideoWriter
 
     w, h = preview_size(traj, width, height)
     frames = render_frames(traj, width=w, height=h, overlay=overlay, scene_scale=scene_scale, relative=relative)

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-GOLDENS = sorted((REPO / "tests" / "golden").glob("*.safetensors"))
+# the segment-mode goldens (bidirectional ones replay through full mode: test_golden_bidirectional.py)
+GOLDENS = sorted(g for g in (REPO / "tests" / "golden").glob("*.safetensors") if not g.stem.startswith("bidirectional"))
 _spec = importlib.util.spec_from_file_location("replay_golden", REPO / "bench" / "replay_golden.py")
 replay_golden = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(replay_golden)
@@ -35,8 +36,9 @@ def test_segment_mode_replays_the_official_sampler(golden, kernels):
 
 @pytest.mark.parametrize("rule", [
     dict(cached_segments=2),  # a softmax window of the sink + 2 recent chunks
-    dict(camera_downscale=True),  # diffusers' RMS downscale of the UCPE-encoded camera q/k/v
-    dict(softmax_scale="diffusers"),  # camera softmax at 1/sqrt(128)
+    dict(gdn_camera_downscale=True),  # diffusers' RMS downscale of the UCPE-encoded camera q/k/v (GDN blocks)
+    dict(softmax_camera_downscale=True),  # the same in the softmax blocks (NVlabs 40151c8, diffusers)
+    dict(softmax_scale="padded"),  # camera softmax at 1/sqrt(128)
 ])
 def test_a_rule_other_than_the_official_one_is_caught(rule):
     golden = next(g for g in GOLDENS if "h48" in g.stem)  # head dim 48: padded to 128 for SDPA

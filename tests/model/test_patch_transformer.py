@@ -1,4 +1,5 @@
-"""patch_transformer: same parameters, same outputs as the stock diffusers transformer (tiny configs, CPU).
+"""patch_transformer: same parameters, same outputs as the stock diffusers transformer (tiny configs, CPU)
+under the bidirectional-diffusers recipe; the other bidirectional recipes differ from it where they should.
 
 The fused kernels run through the Triton interpreter (conftest sets TRITON_INTERPRET=1) at
 ieee precision.
@@ -16,6 +17,8 @@ from camrender.model.gdn_attention import PatchedGDNAttention
 from camrender.model.patch import patch_transformer
 from camrender.model.settings import KernelSettings, model_settings
 from camrender.model.tiny import build_tiny_transformer
+
+DIFFUSERS = "bidirectional-diffusers"  # the recipe whose full mode is diffusers' model: the parity anchor
 
 HEAD_DIM_CONFIGS = {
     16: {},  # the tiny default: hidden 32, 2 heads of 16
@@ -60,7 +63,7 @@ def relative_error(out, ref):
 def test_patch_keeps_every_parameter_and_buffer():
     model = build_tiny_transformer(seed=0)
     before = model.state_dict()
-    patch_transformer(model, kernels="fused")
+    patch_transformer(model, kernels="fused", recipe=DIFFUSERS)
     after = model.state_dict()
     assert list(after) == list(before)
     for name in before:
@@ -69,7 +72,7 @@ def test_patch_keeps_every_parameter_and_buffer():
     assert kinds[0] is PatchedGDNAttention
     assert issubclass(kinds[1], _SoftmaxUCPESinglePathLiteLA)
     # patching again only updates the settings
-    patch_transformer(model, kernels="torch", precision="ieee")
+    patch_transformer(model, kernels="torch", precision="ieee", recipe=DIFFUSERS)
     settings = KernelSettings(backend="torch", precision="ieee")
     assert model_settings(model) == settings
     assert all(module.settings is model_settings(model) for block in model.blocks for module in (block, block.attn, block.mlp))
@@ -80,7 +83,7 @@ def test_patch_keeps_every_parameter_and_buffer():
 
 def test_patched_model_loads_stock_weights():
     stock = build_tiny_transformer(seed=3)
-    patched = patch_transformer(build_tiny_transformer(seed=4), kernels="torch")
+    patched = patch_transformer(build_tiny_transformer(seed=4), kernels="torch", recipe=DIFFUSERS)
     patched.load_state_dict(stock.state_dict())
     inputs = transformer_inputs(stock)
     assert relative_error(forward(patched, inputs), forward(stock, inputs)) <= 1e-5
@@ -100,7 +103,7 @@ def test_fused_gdn_blocks_match_stock(head_dim):
     inputs = transformer_inputs(model)
     reference = forward(model, inputs)
 
-    patch_transformer(model, kernels="fused", precision="ieee")
+    patch_transformer(model, kernels="fused", precision="ieee", recipe=DIFFUSERS)
     _stock_softmax_blocks(model)
     patched = forward(model, inputs)
     assert relative_error(patched, reference) <= 1e-4
@@ -123,7 +126,7 @@ def test_whole_fused_model_matches_stock():
     model = build_tiny_transformer(seed=0)
     inputs = transformer_inputs(model)
     reference = forward(model, inputs)
-    patch_transformer(model, kernels="fused", precision="ieee")
+    patch_transformer(model, kernels="fused", precision="ieee", recipe=DIFFUSERS)
     assert relative_error(forward(model, inputs), reference) <= 2e-3
 
 
@@ -131,13 +134,13 @@ def test_torch_kernels_match_stock():
     model = build_tiny_transformer(seed=2)
     inputs = transformer_inputs(model, frames=5)
     reference = forward(model, inputs)
-    patch_transformer(model, kernels="torch")
+    patch_transformer(model, kernels="torch", recipe=DIFFUSERS)
     assert relative_error(forward(model, inputs), reference) <= 1e-5
 
 
 def test_fused_falls_back_to_torch_reference_on_cpu(monkeypatch):
     """Without TRITON_INTERPRET=1 and without a GPU, kernels='fused' runs the PyTorch reference."""
-    model = patch_transformer(build_tiny_transformer(seed=0), kernels="fused")
+    model = patch_transformer(build_tiny_transformer(seed=0), kernels="fused", recipe=DIFFUSERS)
     calls = []
     reference = kernels.reference.camera_branch_ref
 
@@ -175,7 +178,7 @@ def test_patched_blocks_run_the_glue_kernels(monkeypatch):
             return _original(*args, **kwargs)
 
         monkeypatch.setattr(glue, name, counted)
-    patch_transformer(model, kernels="fused", precision="ieee")
+    patch_transformer(model, kernels="fused", precision="ieee", recipe=DIFFUSERS)
     _stock_softmax_blocks(model)
     assert all(isinstance(block, PatchedBlock) for block in model.blocks)
     assert relative_error(forward(model, inputs), reference) <= 1e-4
@@ -183,7 +186,7 @@ def test_patched_blocks_run_the_glue_kernels(monkeypatch):
     # gated_residual after the attention and after the FFN
     assert sorted(calls) == sorted(["ada_norm", "gated_residual"] * 2 * len(model.blocks))
     calls.clear()
-    patch_transformer(model, kernels="torch")
+    patch_transformer(model, kernels="torch", recipe=DIFFUSERS)
     forward(model, inputs)
     assert calls == []
 
@@ -216,7 +219,7 @@ def test_fixed_plucker_gives_the_same_output(monkeypatch):
 
     monkeypatch.setenv("TRITON_INTERPRET", "0")
 
-    model = patch_transformer(build_tiny_transformer(seed=7), kernels="fused", precision="ieee")
+    model = patch_transformer(build_tiny_transformer(seed=7), kernels="fused", precision="ieee", recipe=DIFFUSERS)
     inputs = transformer_inputs(model)
     inputs["chunk_plucker"] = inputs["chunk_plucker"][:1]
     want = forward(model, inputs)
@@ -228,3 +231,44 @@ def test_fixed_plucker_gives_the_same_output(monkeypatch):
     assert all(block.fixed_plucker is None for block in model.blocks)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     assert relative_error(forward(model, inputs_moved), want) > 1e-3  # and outside, the inputs' again
+
+
+def _stock_without_gdn_block_rescale(model, inputs, monkeypatch):
+    """diffusers' model with `_downscale_to_reference_rms` skipped inside its GDN camera attention only
+    (transformer_sana_wm.py:1601-1603): NVlabs 40151c8's arithmetic, the default recipe's."""
+    import diffusers.models.transformers.transformer_sana_wm as sana
+
+    original, cam_forward, inside = sana._downscale_to_reference_rms, sana.SanaWMBidirectionalGDNCamAttention.forward, []
+
+    def downscale(reference, transformed, eps=1e-6):
+        return transformed if inside else original(reference, transformed, eps)
+
+    def gdn_cam_forward(self, *args, **kwargs):
+        inside.append(True)
+        try:
+            return cam_forward(self, *args, **kwargs)
+        finally:
+            inside.pop()
+
+    with monkeypatch.context() as patched:
+        patched.setattr(sana, "_downscale_to_reference_rms", downscale)
+        patched.setattr(sana.SanaWMBidirectionalGDNCamAttention, "forward", gdn_cam_forward)
+        return forward(model, inputs)
+
+
+@pytest.mark.parametrize("kernels", ["torch", "fused"])
+def test_default_recipe_is_diffusers_without_its_gdn_block_rescale(kernels, monkeypatch):
+    model = build_tiny_transformer(seed=2)
+    inputs = transformer_inputs(model, frames=5)
+    stock = forward(model, inputs)
+    expected = _stock_without_gdn_block_rescale(model, inputs, monkeypatch)
+    assert relative_error(expected, stock) > 1e-3  # the rescale matters on this input
+    patch_transformer(model, kernels=kernels, precision="ieee")  # the default recipe: bidirectional
+    if kernels == "fused":
+        _stock_softmax_blocks(model)  # stock rounds the softmax q/k/v to bf16
+    tolerance = 1e-5 if kernels == "torch" else 1e-4
+    assert relative_error(forward(model, inputs), expected) <= tolerance
+    patch_transformer(model, kernels=kernels, precision="ieee", recipe="bidirectional-diffusers")
+    if kernels == "fused":
+        _stock_softmax_blocks(model)
+    assert relative_error(forward(model, inputs), stock) <= tolerance

@@ -19,12 +19,43 @@ def test_recipes_hold_the_official_defaults():
     streaming = get_recipe("streaming")
     assert (streaming.mode, streaming.chunk_frames, streaming.cached_chunks, streaming.recent_chunks) == ("segments", 3, 2, 1)
     assert streaming.timesteps == (1000.0, 960.0, 889.0, 727.0) and streaming.guidance <= 1
-    assert streaming.frame_stride == 24 and streaming.softmax_scale == "head" and not streaming.camera_downscale
+    assert streaming.frame_stride == 24 and streaming.softmax_scale == "head" and not streaming.gdn_camera_downscale
+    assert not streaming.softmax_camera_downscale
     teacher = get_recipe("chunk-causal")
     assert (teacher.sampler, teacher.steps, teacher.guidance, teacher.recent_chunks) == ("chunk-flow-euler", 60, 5.0, None)
     assert get_recipe("bidirectional").mode == "full"
-    with pytest.raises(CamrenderError, match="unknown recipe 'fast'; recipes: bidirectional, streaming, chunk-causal"):
+    with pytest.raises(CamrenderError, match="unknown recipe 'fast'; recipes: bidirectional, bidirectional-nvlabs-latest, bidirectional-diffusers, streaming, chunk-causal"):
         get_recipe("fast")
+
+
+def test_bidirectional_recipes_name_what_they_reproduce():
+    """40151c8 (the release of the weights): softmax-block rescale and 1/sqrt(128), no GDN-block
+    rescale; NVlabs today: neither rescale, 1/sqrt(D); diffusers 0.42.1: both rescales, 1/sqrt(128)."""
+    from camrender.model.state import FULL_MODE, SegmentOptions
+
+    rules = {name: (RECIPES[name].softmax_scale, RECIPES[name].gdn_camera_downscale,
+                    RECIPES[name].softmax_camera_downscale, RECIPES[name].flow_shift)
+             for name in ("bidirectional", "bidirectional-nvlabs-latest", "bidirectional-diffusers")}
+    assert rules == {"bidirectional": ("padded", False, True, 9.8),
+                     "bidirectional-nvlabs-latest": ("head", False, False, 9.8),
+                     "bidirectional-diffusers": ("padded", True, True, None)}
+    assert all(RECIPES[name].checkpoint == "bidirectional" and RECIPES[name].mode == "full" for name in rules)
+    assert FULL_MODE == SegmentOptions.full_mode(get_recipe("bidirectional"))  # the unset default is the default recipe
+    assert SegmentOptions.full_mode(get_recipe("bidirectional")).cached_segments is None
+
+
+def test_a_recipe_of_another_checkpoint_lists_the_ones_that_fit(tmp_path):
+    streaming = streaming_pt(tmp_path / "model.pt")
+    with pytest.raises(CamrenderError, match="does not fit this streaming checkpoint; recipes that fit: streaming$"):
+        resolve_recipe("bidirectional-nvlabs-latest", streaming)
+    tagged = tmp_path / "bidi.safetensors"
+    save_file({"a": torch.ones(1)}, str(tagged), metadata={"recipe": "bidirectional"})
+    assert resolve_recipe("bidirectional-diffusers", tagged).name == "bidirectional-diffusers"
+    with pytest.raises(CamrenderError, match="recipes that fit: bidirectional, bidirectional-nvlabs-latest, "
+                                             "bidirectional-diffusers$"):
+        resolve_recipe("chunk-causal", tagged)
+    for name in ("bidirectional-nvlabs-latest", "bidirectional-diffusers"):  # the pipeline's own transformer
+        assert resolve_recipe(name, None, "Efficient-Large-Model/x").name == name
 
 
 def test_detection_from_the_file(tmp_path):
@@ -44,23 +75,26 @@ def test_resolve_checks_recipe_against_the_checkpoint(tmp_path):
     streaming = streaming_pt(tmp_path / "model.pt")
     assert resolve_recipe(None, streaming).name == "streaming"
     assert resolve_recipe("streaming", streaming).name == "streaming"
-    with pytest.raises(CamrenderError, match="--recipe chunk-causal does not fit this checkpoint"):
+    with pytest.raises(CamrenderError, match="--recipe chunk-causal does not fit this streaming checkpoint"):
         resolve_recipe("chunk-causal", streaming)
     plain = tmp_path / "dit.pt"
     torch.save({"a": torch.ones(1)}, plain)
-    with pytest.raises(CamrenderError, match=r"cannot tell which recipe.*--recipe \(bidirectional, streaming, chunk-causal\)"):
+    with pytest.raises(CamrenderError, match=r"cannot tell which recipe.*--recipe \(bidirectional, bidirectional-nvlabs-latest, bidirectional-diffusers, streaming, chunk-causal\)"):
         resolve_recipe(None, plain)
     assert resolve_recipe("chunk-causal", plain).name == "chunk-causal"
     assert resolve_recipe(None, None, "Efficient-Large-Model/x").name == "bidirectional"
     with pytest.raises(CamrenderError, match="needs its original-format DiT"):
         resolve_recipe("streaming", None, "Efficient-Large-Model/x")
     assert resolve_recipe("streaming", None, "tiny").name == "streaming"  # the test model takes any recipe
-    assert set(RECIPES) == {"bidirectional", "streaming", "chunk-causal"}
+    assert set(RECIPES) == {"bidirectional", "bidirectional-nvlabs-latest", "bidirectional-diffusers", "streaming",
+                            "chunk-causal"}
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--recipe", "fast"], "recipe: unknown recipe 'fast'; recipes: bidirectional, streaming, chunk-causal"),
-    (["--recipe", "chunk-causal", "--transformer-weights", "{streaming}"], "does not fit this checkpoint"),
+    (["--recipe", "fast"], "recipe: unknown recipe 'fast'; recipes: bidirectional, bidirectional-nvlabs-latest, bidirectional-diffusers, streaming, chunk-causal"),
+    (["--recipe", "chunk-causal", "--transformer-weights", "{streaming}"], "does not fit this streaming checkpoint"),
+    (["--recipe", "bidirectional-diffusers", "--transformer-weights", "{streaming}"],
+     "recipe: --recipe bidirectional-diffusers does not fit this streaming checkpoint; recipes that fit: streaming"),
     (["--transformer-weights", "{plain}"], "cannot tell which recipe this checkpoint uses"),
 ])
 def test_cli_recipe_errors_write_nothing(tmp_path, capsys, extra, message):

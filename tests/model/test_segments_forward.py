@@ -19,12 +19,14 @@ from camrender.model.segments import (
 from camrender.model.patch import KernelSettings, patch_transformer
 from camrender.model.tiny import build_tiny_transformer
 
+DIFFUSERS = SegmentOptions(softmax_scale="padded", gdn_camera_downscale=True, softmax_camera_downscale=True)
 HEAD_DIM = 16  # tiny model: hidden 32, 2 heads; block 0 GDN, block 1 softmax
 
 
 @pytest.fixture(scope="module")
 def model():
-    return patch_transformer(build_tiny_transformer(seed=0), kernels="torch")
+    # full mode under diffusers' rules: the stock forward is the anchor
+    return patch_transformer(build_tiny_transformer(seed=0), kernels="torch", recipe="bidirectional-diffusers")
 
 
 def camera_inputs(batch, frames, height, width, seed=0):
@@ -89,9 +91,10 @@ def test_single_segment_equals_stock_bidirectional_forward(model):
         stock = model(latents, timestep, text, encoder_attention_mask=mask, camera_conditions=conditions,
                       chunk_plucker=plucker, return_dict=False)[0]
         ours = segment_forward(model, latents, timestep, text, mask, camera_conditions=conditions,
-                               chunk_plucker=plucker, options=SegmentOptions(softmax_scale="diffusers", camera_downscale=True))
+                               chunk_plucker=plucker, options=DIFFUSERS)
         head_scale = segment_forward(model, latents, timestep, text, mask, camera_conditions=conditions, chunk_plucker=plucker,
-                                     options=SegmentOptions(softmax_scale="head", camera_downscale=True))
+                                     options=SegmentOptions(softmax_scale="head", gdn_camera_downscale=True,
+                                                            softmax_camera_downscale=True))
     assert ours.shape == stock.shape
     torch.testing.assert_close(ours, stock, atol=5e-4, rtol=1e-3)
     # The original code's camera scale, 1/sqrt(16) instead of diffusers' 1/sqrt(128), is a different model.
@@ -223,7 +226,7 @@ def test_fused_kernels_pass_state_like_the_reference(model):
 
 def test_full_mode_is_one_segment_without_state():
     """The patched model's own forward (full mode) and `segment_forward` over one segment with
-    diffusers' rules and no cache run the same block modules: equal outputs, on the PyTorch
+    the default recipe's rules and no cache run the same block modules: equal outputs, on the PyTorch
     references (backend "torch" in segment mode) and on the Triton kernels (interpreted)."""
     from camrender.model.state import FULL_MODE
 

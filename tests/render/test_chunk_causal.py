@@ -140,7 +140,7 @@ def test_render_segments_runs_the_teacher_sampler_and_streams_each_finished_chun
     assert [len(chunk) for chunk in chunks] == [25, 24, 24] and calls == [(1, 3), (2, 3), (3, 3)]
     inputs = prepare_inputs(pipe, request, torch.device("cpu"))
     bounds = teacher_chunk_bounds(inputs.noise.shape[2])
-    options = SegmentOptions(cached_segments=None, camera_downscale=False)
+    options = SegmentOptions(cached_segments=None)
     with torch.no_grad():
         latents = torch.cat([x for *_, x in sample_chunk_causal(pipe.transformer, inputs, bounds,
                                                                 teacher_schedule(3, steps=3), options, "cpu")], dim=2)

@@ -37,6 +37,6 @@ def test_a_window_instead_of_every_earlier_chunk_is_refused_for_in_flight_chunks
 
 def test_diffusers_camera_downscale_is_caught():
     """diffusers' UCPE RMS downscale is not in the original code: with it the replay fails."""
-    result = replay_golden.replay(str(GOLDEN), "torch", camera_downscale=True)
+    result = replay_golden.replay(str(GOLDEN), "torch", gdn_camera_downscale=True, softmax_camera_downscale=True)
     assert result["max_rel_error"] > 1e-3
 

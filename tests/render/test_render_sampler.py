@@ -38,7 +38,9 @@ def first_image():
 
 def request(traj, **changes):
     values = dict(traj=traj, prompt="a red house", negative_prompt="blurry", image=first_image(), steps=3,
-                  guidance=3.0, seed=7, num_frames=FRAMES, fps=16, height=64, width=96, model="tiny")
+                  guidance=3.0, seed=7, num_frames=FRAMES, fps=16, height=64, width=96, model="tiny",
+                  recipe="bidirectional-diffusers",  # diffusers' pipeline is the anchor
+                  kernels="torch")  # diffusers' own block code: the sampler's logic against the stock pipeline
     values.update(changes)
     return RenderRequest(**values)
 
@@ -75,6 +77,32 @@ def test_patched_sampler_matches_stock_pipeline():
     stock = stock_frames(pipe, traj, req)
     patch_transformer(pipe.transformer, kernels="torch")
     assert np.abs(sample_video(pipe, req).numpy() - stock).max() <= 1e-4
+
+
+def test_default_recipe_is_nvlabs_release_not_diffusers():
+    """The default recipe (NVlabs 40151c8) runs on the patched model (a bare pipeline is patched by its
+    first render, once), samples with shift 9.8 whatever the pipeline's scheduler says, and renders
+    other frames than diffusers' pipeline (no GDN-block rescale)."""
+    from camrender.model.settings import model_settings
+    from camrender.render.full import sample_latents
+
+    pipe = build_tiny_pipeline(seed=0)
+    traj = dolly_zoom()
+    default = request(traj, steps=2, recipe="bidirectional")
+    assert model_settings(pipe.transformer) is None
+    sample_latents(pipe, default)
+    assert model_settings(pipe.transformer).backend == "torch"  # the request's --kernels torch
+    seen = []
+    step = pipe.scheduler.step
+    pipe.scheduler.step = lambda *a, **k: seen.append("pipeline") or step(*a, **k)  # never used by the recipe
+    ours = sample_latents(pipe, default)
+    assert seen == []
+    same_rules_diffusers_shift = sample_latents(pipe, request(traj, steps=2, recipe="bidirectional-diffusers"))
+    assert seen == ["pipeline"] * 2
+    assert (ours - same_rules_diffusers_shift).abs().max() > 1e-2
+    latest = sample_latents(pipe, request(traj, steps=2, recipe="bidirectional-nvlabs-latest"))
+    assert (latest - ours).abs().max() > 1e-4  # the softmax block's camera rules differ
+    assert torch.equal(latest[:, :, :1], ours[:, :, :1])  # frame 0 pinned in both
 
 
 def test_render_frames_yields_uint8_video(pipe):

@@ -108,7 +108,7 @@ def test_sigkill_then_resume_equals_the_uninterrupted_render(tmp_path, capsys, w
 def test_interrupt_keeps_the_checkpoint_and_resume_finishes(tmp_path, capsys, monkeypatch, whole):
     """Ctrl-C (here raised in place of the third segment's write) after checkpoints: the folder stays,
     the message gives the command, and --resume completes the same video."""
-    from camrender.render.segment_video import SegmentVideoWriter
+    from camrender.output.segment_video import SegmentVideoWriter
 
     real_append = SegmentVideoWriter.append
 

@@ -1,112 +1,19 @@
-"""Reading and atomically writing trajectory files, with every failure turned into CamrenderError."""
+"""Trajectory file helpers: the general ones are `camrender.files`'s (re-exported here for the format
+modules), plus `dump_json`, the one-item-per-line JSON layout of trajectory files."""
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import tempfile
-from pathlib import Path
 
-from camrender.errors import CamrenderError
-
-MAX_FILE_BYTES = 512 * 1024 * 1024
-
-
-def read_text(path) -> str:
-    """The file's UTF-8 text; CamrenderError naming the file if it cannot be read."""
-    path = os.fspath(path)
-    try:
-        if os.path.isdir(path):
-            raise CamrenderError("is a directory, not a trajectory file", path=path)
-        if os.path.getsize(path) > MAX_FILE_BYTES:
-            raise CamrenderError(f"file is larger than {MAX_FILE_BYTES >> 20} MiB", path=path)
-        with open(path, "rb") as handle:
-            data = handle.read()
-    except FileNotFoundError:
-        raise CamrenderError("file not found", path=path) from None
-    except OSError as error:
-        raise CamrenderError(f"cannot read file: {error.strerror or error}", path=path) from None
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as error:
-        raise CamrenderError(f"not UTF-8 text (byte {error.start})", path=path) from None
-
-
-def parse_json(text: str, path) -> object:
-    """Parse JSON text; errors name the line and column."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as error:
-        raise CamrenderError(f"invalid JSON at line {error.lineno} column {error.colno}: {error.msg}", path=path) from None
-    except RecursionError:
-        raise CamrenderError("invalid JSON: nested too deeply", path=path) from None
-    except ValueError as error:  # e.g. integers with too many digits
-        raise CamrenderError(f"invalid JSON: {error}", path=path) from None
-
-
-def read_json(path) -> object:
-    return parse_json(read_text(path), os.fspath(path))
-
-
-def check_output_path(path) -> Path:
-    """Raise `CamrenderError` unless a file can be written at `path`; return it as a `Path`.
-
-    Checks (without creating anything): the path is not a directory, its folder exists and is
-    writable.
-    """
-    path = Path(path)
-    if path.is_dir():
-        raise CamrenderError("output path is a directory, expected a file name", path=path)
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        raise CamrenderError(f"output folder does not exist: {str(parent)!r}", path=path)
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise CamrenderError(f"output folder {str(parent)!r} is not writable", path=path)
-    return path
-
-
-@contextlib.contextmanager
-def atomic_output(path, mode: str = "w"):
-    """Open a temporary file next to ``path`` for writing; rename it into place when the block
-    completes, delete it when the block raises (no partial file is ever left at ``path``)."""
-    path = os.fspath(check_output_path(path))
-    folder = os.path.dirname(os.path.abspath(path))
-    try:
-        handle, temp = tempfile.mkstemp(prefix=".tmp-", suffix=os.path.basename(path)[-32:], dir=folder)
-    except OSError as error:
-        raise CamrenderError(f"cannot write: {error.strerror or error}", path=path) from None
-    text_options = {} if "b" in mode else {"encoding": "utf-8", "newline": "\n"}
-    try:
-        os.chmod(temp, output_file_mode(path))  # mkstemp makes 0600 files; use what a plain open() would give
-        with os.fdopen(handle, mode, **text_options) as out:
-            yield out
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temp, path)
-    except BaseException as error:
-        try:
-            os.unlink(temp)
-        except OSError:
-            pass
-        if isinstance(error, OSError):
-            raise CamrenderError(f"cannot write: {error.strerror or error}", path=path) from None
-        raise
-
-
-def atomic_write_text(path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically (see `atomic_output`)."""
-    with atomic_output(path) as out:
-        out.write(text)
-
-
-def output_file_mode(path) -> int:
-    """Permissions for a file written at ``path``: the existing file's, or 0666 minus the process umask."""
-    try:
-        return os.stat(path).st_mode & 0o7777
-    except OSError:
-        mask = os.umask(0)
-        os.umask(mask)
-        return 0o666 & ~mask
+from camrender.files import (  # noqa: F401 (the format modules import them from here)
+    MAX_FILE_BYTES,
+    atomic_output,
+    atomic_write_text,
+    check_output_path,
+    output_file_mode,
+    parse_json,
+    read_json,
+    read_text,
+)
 
 
 def dump_json(doc) -> str:

@@ -11,14 +11,12 @@ segments are still being appended.
 """
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from camrender.errors import CamrenderError
-from camrender.trajectory.formats.fileio import check_output_path, output_file_mode
+from camrender.files import check_output_path, place, temp_beside
 
 FRAGMENTED_MOVFLAGS = "+frag_keyframe+empty_moov+default_base_moof"
 
@@ -49,13 +47,7 @@ class VideoWriter:
         self._writer = None
 
     def __enter__(self) -> "VideoWriter":
-        parent = self.path.parent if str(self.path.parent) else Path(".")
-        try:
-            handle, name = tempfile.mkstemp(dir=parent, prefix=f".{self.path.name}.", suffix=".part.mp4")
-        except OSError as error:
-            raise CamrenderError(f"cannot create a file in {str(parent)!r}: {error.strerror}", path=self.path)
-        os.close(handle)
-        self.partial_path = Path(name)
+        self.partial_path = Path(temp_beside(self.path, ".part.mp4", prefix=f".{self.path.name}."))
         return self
 
     def append(self, frames) -> None:
@@ -114,8 +106,7 @@ class VideoWriter:
                 if self.frames_written == 0:
                     raise CamrenderError("no frames were rendered", path=self.path)
                 self._close_writer()
-                os.chmod(self.partial_path, output_file_mode(self.path))  # mkstemp made it 0600
-                os.replace(self.partial_path, self.path)
+                place(self.partial_path, self.path)
                 self.partial_path = None
         finally:
             if self.partial_path is not None:  # error, Ctrl-C, or a failed close: leave nothing behind

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from camrender.errors import CamrenderError
-from camrender.render.video import VideoWriter
+from camrender.output.video import VideoWriter
 
 
 def solid_frames(count, height, width, value):
@@ -133,6 +133,6 @@ def test_unwritable_directory(tmp_path, monkeypatch):
 
 
 def test_video_module_does_not_import_torch():
-    code = "import sys, camrender.render.video; print('torch' in sys.modules)"
+    code = "import sys, camrender.output.video; print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"

@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import os
 import subprocess
-import tempfile
 from pathlib import Path
 
 from camrender.errors import CamrenderError
-from camrender.trajectory.formats.fileio import output_file_mode
-from camrender.render.state_io import fsync_path
-from camrender.render.video import VideoWriter
+from camrender.files import atomic_path, fsync_path, remove_quietly, temp_beside
+from camrender.output.video import VideoWriter
 
 SEGMENT_PATTERN = "segment-{:05d}.mp4"
 
@@ -77,25 +75,18 @@ def join_segments(parts: list, path: Path) -> None:
 
     if not parts:
         raise CamrenderError("no frames were rendered", path=path)
-    folder = path.parent if str(path.parent) else Path(".")
-    handle, listing = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".list.txt")
-    with os.fdopen(handle, "w") as out:
+    listing = temp_beside(path, ".list.txt", prefix=f".{path.name}.")
+    with open(listing, "w") as out:
         out.writelines(f"file '{os.path.abspath(part)}'\n" for part in parts)
-    handle, temp = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".part.mp4")
-    os.close(handle)
     try:
-        command = [imageio_ffmpeg.get_ffmpeg_exe(), "-y", "-loglevel", "error", "-f", "concat", "-safe", "0",
-                   "-i", listing, "-c", "copy", "-movflags", "+faststart", temp]
-        result = subprocess.run(command, capture_output=True, text=True)
-        if result.returncode != 0:
-            raise CamrenderError(f"joining the segments failed: {' '.join(result.stderr.split())[:200]}", path=path)
-        os.chmod(temp, output_file_mode(path))
-        os.replace(temp, path)
+        with atomic_path(path, prefix=f".{path.name}.", suffix=".part.mp4") as temp:
+            command = [imageio_ffmpeg.get_ffmpeg_exe(), "-y", "-loglevel", "error", "-f", "concat", "-safe", "0",
+                       "-i", listing, "-c", "copy", "-movflags", "+faststart", temp]
+            result = subprocess.run(command, capture_output=True, text=True)
+            if result.returncode != 0:
+                raise CamrenderError(f"joining the segments failed: {' '.join(result.stderr.split())[:200]}",
+                                     path=path)
     finally:
-        for name in (listing, temp):
-            try:
-                os.unlink(name)
-            except FileNotFoundError:
-                pass
+        remove_quietly(listing)
 
 

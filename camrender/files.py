@@ -1,0 +1,156 @@
+"""File helpers every layer uses: reading text and JSON with one-line errors, checking an output path,
+and the one atomic writer (`atomic_path`: a temporary file beside the target, renamed into place only
+when it is complete; `atomic_output` opens it as a file)."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from camrender.errors import CamrenderError
+
+MAX_FILE_BYTES = 512 * 1024 * 1024
+
+
+def read_text(path) -> str:
+    """The file's UTF-8 text; CamrenderError naming the file if it cannot be read."""
+    path = os.fspath(path)
+    try:
+        if os.path.isdir(path):
+            raise CamrenderError("is a directory, not a trajectory file", path=path)
+        if os.path.getsize(path) > MAX_FILE_BYTES:
+            raise CamrenderError(f"file is larger than {MAX_FILE_BYTES >> 20} MiB", path=path)
+        with open(path, "rb") as handle:
+            data = handle.read()
+    except FileNotFoundError:
+        raise CamrenderError("file not found", path=path) from None
+    except OSError as error:
+        raise CamrenderError(f"cannot read file: {error.strerror or error}", path=path) from None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        raise CamrenderError(f"not UTF-8 text (byte {error.start})", path=path) from None
+
+
+def parse_json(text: str, path) -> object:
+    """Parse JSON text; errors name the line and column."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise CamrenderError(f"invalid JSON at line {error.lineno} column {error.colno}: {error.msg}", path=path) from None
+    except RecursionError:
+        raise CamrenderError("invalid JSON: nested too deeply", path=path) from None
+    except ValueError as error:  # e.g. integers with too many digits
+        raise CamrenderError(f"invalid JSON: {error}", path=path) from None
+
+
+def read_json(path) -> object:
+    return parse_json(read_text(path), os.fspath(path))
+
+
+def check_output_path(path) -> Path:
+    """Raise `CamrenderError` unless a file can be written at `path`; return it as a `Path`.
+
+    Checks (without creating anything): the path is not a directory, its folder exists and is
+    writable.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise CamrenderError("output path is a directory, expected a file name", path=path)
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise CamrenderError(f"output folder does not exist: {str(parent)!r}", path=path)
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise CamrenderError(f"output folder {str(parent)!r} is not writable", path=path)
+    return path
+
+
+def temp_beside(path, suffix: str = "", prefix: str = ".tmp-") -> str:
+    """Create an empty temporary file in `path`'s folder (so the rename into place is atomic); its name."""
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        handle, temp = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=folder)
+    except OSError as error:
+        raise CamrenderError(f"cannot create a file in {folder!r}: {error.strerror or error}", path=path) from None
+    os.close(handle)
+    return temp
+
+
+def place(temp, path, *, durable: bool = False, chmod: bool = True) -> None:
+    """Rename the finished temporary file `temp` over `path`. chmod: give it the mode a plain open()
+    would (mkstemp makes 0600 files); durable: its data, and the folder's entries before and after the
+    rename, flushed to disk (a checkpoint refers to files renamed before it)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if chmod:
+        os.chmod(temp, output_file_mode(path))
+    if durable:
+        fsync_path(temp)
+        fsync_path(folder)
+    os.replace(temp, path)
+    if durable:
+        fsync_path(folder)
+
+
+def remove_quietly(path) -> None:
+    """Delete a file if it is there."""
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+@contextlib.contextmanager
+def atomic_path(path, *, suffix: str = "", prefix: str = ".tmp-", durable: bool = False, chmod: bool = True):
+    """The one atomic writer: yield the name of a temporary file beside `path` to write; when the block
+    completes it is renamed over `path` (`place`), when it raises it is deleted, so no partial file is
+    ever left at `path`."""
+    temp = temp_beside(path, suffix, prefix)
+    try:
+        yield temp
+        place(temp, path, durable=durable, chmod=chmod)
+    except BaseException:
+        remove_quietly(temp)
+        raise
+
+
+@contextlib.contextmanager
+def atomic_output(path, mode: str = "w"):
+    """`atomic_path` as an open file (text: UTF-8, newline "\\n"); flushed to disk before the rename.
+    OSErrors become CamrenderError naming the file."""
+    path = os.fspath(check_output_path(path))
+    text_options = {} if "b" in mode else {"encoding": "utf-8", "newline": "\n"}
+    try:
+        with atomic_path(path, suffix=os.path.basename(path)[-32:]) as temp:
+            with open(temp, mode, **text_options) as out:
+                yield out
+                out.flush()
+                os.fsync(out.fileno())
+    except OSError as error:
+        raise CamrenderError(f"cannot write: {error.strerror or error}", path=path) from None
+
+
+def atomic_write_text(path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (see `atomic_output`)."""
+    with atomic_output(path) as out:
+        out.write(text)
+
+
+def output_file_mode(path) -> int:
+    """Permissions for a file written at ``path``: the existing file's, or 0666 minus the process umask."""
+    try:
+        return os.stat(path).st_mode & 0o7777
+    except OSError:
+        mask = os.umask(0)
+        os.umask(mask)
+        return 0o666 & ~mask
+
+
+def fsync_path(path) -> None:
+    """Flush a file's data, or a folder's entries (renames), to disk."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
