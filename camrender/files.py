@@ -1,54 +1,14 @@
-"""File helpers every layer uses: reading text and JSON with one-line errors, checking an output path,
-and the one atomic writer (`atomic_path`: a temporary file beside the target, renamed into place only
-when it is complete; `atomic_output` opens it as a file)."""
+"""Writing files, for every layer: checking an output path, and the one atomic writer (`atomic_path`: a
+temporary file beside the target, renamed into place only when it is complete; `atomic_output` opens it
+as a file). Reading trajectory files is `camrender.trajectory.formats.fileio`'s."""
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import tempfile
 from pathlib import Path
 
 from camrender.errors import CamrenderError
-
-MAX_FILE_BYTES = 512 * 1024 * 1024
-
-
-def read_text(path) -> str:
-    """The file's UTF-8 text; CamrenderError naming the file if it cannot be read."""
-    path = os.fspath(path)
-    try:
-        if os.path.isdir(path):
-            raise CamrenderError("is a directory, not a trajectory file", path=path)
-        if os.path.getsize(path) > MAX_FILE_BYTES:
-            raise CamrenderError(f"file is larger than {MAX_FILE_BYTES >> 20} MiB", path=path)
-        with open(path, "rb") as handle:
-            data = handle.read()
-    except FileNotFoundError:
-        raise CamrenderError("file not found", path=path) from None
-    except OSError as error:
-        raise CamrenderError(f"cannot read file: {error.strerror or error}", path=path) from None
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as error:
-        raise CamrenderError(f"not UTF-8 text (byte {error.start})", path=path) from None
-
-
-def parse_json(text: str, path) -> object:
-    """Parse JSON text; errors name the line and column."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as error:
-        raise CamrenderError(f"invalid JSON at line {error.lineno} column {error.colno}: {error.msg}", path=path) from None
-    except RecursionError:
-        raise CamrenderError("invalid JSON: nested too deeply", path=path) from None
-    except ValueError as error:  # e.g. integers with too many digits
-        raise CamrenderError(f"invalid JSON: {error}", path=path) from None
-
-
-def read_json(path) -> object:
-    return parse_json(read_text(path), os.fspath(path))
-
 
 def check_output_path(path) -> Path:
     """Raise `CamrenderError` unless a file can be written at `path`; return it as a `Path`.

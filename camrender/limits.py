@@ -7,6 +7,7 @@ must be of, the largest frame sizes. Segment-mode rules (e.g. a different frame 
 from __future__ import annotations
 
 import math
+import numbers
 
 from camrender.errors import CamrenderError
 
@@ -16,7 +17,24 @@ RELEASE_SPATIAL_MULTIPLE = 32  # LTX-2 VAE spatial stride 32 x transformer patch
 TINY_SPATIAL_MULTIPLE = 8  # the tiny model's VAE compresses 8x
 MAX_VIDEO_SIDE = 4096  # pixels; the released model was trained at 704 x 1280
 MAX_PREVIEW_SIDE = 4096  # pixels, `traj preview` (its frames are drawn on the CPU)
-MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed's range (non-negative part)
+# Most denoising steps a render takes (the released recipes use 4 to 60): more only allocates schedules
+# that cannot finish (10**12 steps asked numpy for a 7 TiB timestep array after the model loaded).
+MAX_STEPS = 1000
+# One seed range for the CLI, the trajectory formats and the side files: torch.Generator.manual_seed
+# takes -2**63 .. 2**64-1, the tiny models seed a second generator with seed + 1, and numpy/JSON
+# readers elsewhere are happiest with int64, so 0 .. 2**63-1.
+MIN_SEED, MAX_SEED = 0, 2**63 - 1
+# Frame rates a video (and a trajectory) may have: mp4 players and the encoder's time base go
+# strange outside this (1e9 fps wrote a 0.00 s clip).
+MIN_FPS, MAX_FPS = 0.1, 240.0
+# Largest |camera position| coordinate, world units: beyond it squared distances, plot limits and the
+# model's float32 camera rays stop being finite or meaningful (1e300 made `inf units/frame`).
+MAX_POSITION = 1e6
+# The principal point may lie off the image, but at most one image size beyond each edge.
+PRINCIPAL_POINT_MARGIN = 1.0
+# Widest field of view a (centred) focal length may give: fx >= width / (2 tan(MAX_FOV_DEG / 2)).
+# A focal length of 1e-300 pixels (180 degrees) made NaNs in every ray-based view.
+MAX_FOV_DEG = 179.0
 
 
 def max_frames(mode: str) -> int:
@@ -59,3 +77,20 @@ def check_finite(value, field: str, *, minimum: float | None = None) -> None:
         raise CamrenderError(f"must be a finite number, got {value}", field=field)
     if minimum is not None and value < minimum:
         raise CamrenderError(f"must be at least {minimum:g}, got {value:g}", field=field)
+
+
+def check_seed(seed, field: str = "seed", path=None) -> int:
+    """CamrenderError unless `seed` (None: not given) is an integer in MIN_SEED..MAX_SEED."""
+    if seed is None:
+        return None
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not MIN_SEED <= seed <= MAX_SEED:
+        raise CamrenderError(f"must be an integer from {MIN_SEED} to {MAX_SEED}, got {seed!r}", path=path, field=field)
+    return int(seed)
+
+
+def check_fps(fps, field: str = "fps", path=None) -> None:
+    """CamrenderError unless `fps` (None: not given) is a finite frame rate in MIN_FPS..MAX_FPS."""
+    if fps is None:
+        return
+    if not math.isfinite(fps) or not MIN_FPS <= fps <= MAX_FPS:
+        raise CamrenderError(f"must be a frame rate from {MIN_FPS:g} to {MAX_FPS:g}, got {fps:g}", path=path, field=field)

@@ -3,6 +3,7 @@ segment with checkpoints in segment mode) and its side files (`write_video`)."""
 from __future__ import annotations
 
 import itertools
+import sys
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -23,7 +24,8 @@ def companion_path(video: Path, suffix: str) -> Path:
 
 def write_companions(request) -> list:
     """`VIDEO.traj.json` (the resolved trajectory), `VIDEO.render.json` (every setting plus the path:
-    `--from-render` renders the same video) and `VIDEO.path.png`; returns their paths."""
+    `--from-render` renders the same video) and `VIDEO.path.png` (a plot that fails is a warning on
+    stderr, not a failed render); returns the paths written."""
     written = [companion_path(request.out, ".traj.json"), companion_path(request.out, ".render.json")]
     trajectory.save(request.traj, written[0])
     write_render_json(request, written[1])
@@ -31,9 +33,14 @@ def write_companions(request) -> list:
         from camrender.views.plot import plot_trajectory
     except ImportError:
         return written
-    written.append(companion_path(request.out, ".path.png"))
-    plot_trajectory(request.traj, written[-1])
-    return written
+    plot = companion_path(request.out, ".path.png")
+    try:  # the video is finished: a plot that cannot be drawn is a warning, never a failed render
+        plot_trajectory(request.traj, plot)
+    except Exception as error:  # noqa: BLE001 - matplotlib can fail in many ways
+        reason = " ".join(f"{type(error).__name__}: {error}".split())
+        print(f"camrender: warning: no {plot.name}: {reason}", file=sys.stderr)
+        return written
+    return written + [plot]
 
 
 def write_video(pipe, request, progress=None, *, resume_info=None, checkpoint_every=DEFAULT_CHECKPOINT_EVERY,

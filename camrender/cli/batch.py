@@ -12,10 +12,12 @@ import click
 from camrender.cli import batch_jobs as batching
 from camrender.cli import launch as cli_launch
 from camrender.parallel import distributed
+from camrender.cli.progress import count, make_progress
 from camrender.cli.render import render
 from camrender.errors import CamrenderError
 
 _RUN_OPTIONS = {"traj", "out", "gpus"}  # render options a batch does not take as defaults
+# --progress and --quiet are the batch's own (every job's progress shows the same way)
 
 
 def _render_defaults(command):
@@ -36,7 +38,9 @@ def _render_defaults(command):
               help="GPUs rendering each video together (2: the guidance branches of full mode on a GPU each).")
 @click.option("--summary", "summary_path", default=None, type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the summary as JSON to this file.")
-def batch(jobs, out_dir, gpus, gpus_per_video, summary_path, **defaults):
+@click.option("--skip-bad-jobs", is_flag=True,
+              help="Render the good jobs of a jobs file with errors and report the rest (default: refuse it whole).")
+def batch(jobs, out_dir, gpus, gpus_per_video, summary_path, skip_bad_jobs, **defaults):
     """Render many videos: JOBS is a JSON-lines file (one render per line) or a folder of trajectories.
 
     \b
@@ -44,18 +48,34 @@ def batch(jobs, out_dir, gpus, gpus_per_video, summary_path, **defaults):
     torchrun --nproc-per-node 8 -m camrender batch paths/ --out-dir renders/ --steps 30
     {"trajectory": "a.json", "image": "a.png", "prompt": "...", "output": "a.mp4", "options": {"seed": 1}}
 
-    A job whose output exists is skipped (a re-run resumes); a failed job is reported and the rest
-    go on; a summary follows (exit code 3 when a job failed). Options given here apply to every job.
+    Every job is checked before the first renders: a jobs file with errors (malformed lines, missing
+    inputs, duplicate outputs, a --summary that cannot be written) is refused whole, every error listed
+    with its line, exit code 2, nothing rendered (--skip-bad-jobs renders the good ones). A job whose
+    output exists is skipped (a re-run resumes); a job that fails while rendering is reported and the
+    rest go on; a summary follows (exit code 3 when a job failed). Options given here apply to every job.
     """
     from camrender.api.output import write_video
     from camrender.cli.signals import raise_if_signalled
     from camrender.cli.render import _quiet_libraries, _resolve_request
     from camrender.render.pipeline import load_patched_pipeline
 
+    from camrender.cli.preflight import probe_writable
+    from camrender.files import check_output_path
+
     given = {name: value for name, value in defaults.items()
              if click.get_current_context().get_parameter_source(name) != click.core.ParameterSource.DEFAULT}
+    progress_style, quiet = defaults.pop("progress"), defaults.pop("quiet")
+    given.pop("progress", None), given.pop("quiet", None)
+    if summary_path is not None:  # before any job: a summary that cannot be written used to fail after them all
+        probe_writable(check_output_path(summary_path))
     job_list = batching.read_jobs(jobs, render, out_dir)
     if cli_launch.wants_launch(gpus):
+        if not skip_bad_jobs:  # a bad jobs file is refused here, before any worker starts (they plan again)
+            created = []
+            with cli_launch.quiet_checks(gpus):
+                planned = batching.plan_jobs(job_list, render, given, _resolve_request, created)
+            batching.remove_created(created)
+            batching.refuse_bad_jobs(planned, jobs, lambda line: click.echo(f"camrender: {line}", err=True))
         if gpus % gpus_per_video:
             raise CamrenderError(f"{gpus_per_video} GPUs per video do not divide {gpus} GPUs", field="gpus-per-video")
         sys.exit(cli_launch.relaunch(gpus, defaults["device"]))
@@ -69,16 +89,30 @@ def batch(jobs, out_dir, gpus, gpus_per_video, summary_path, **defaults):
     try:
         _quiet_libraries()
         started = time.perf_counter()
-        planned = None
+        planned, created = None, []
         if ranks is None or ranks.is_main:
-            planned = batching.plan_jobs(job_list, render, given, _resolve_request)
+            planned = batching.plan_jobs(job_list, render, given, _resolve_request, created)
+        planned = distributed.broadcast_object(planned, ranks)
+        if not skip_bad_jobs and any(job.status == "failed" for job in planned):
+            batching.remove_created(created)
+            batching.refuse_bad_jobs(planned, jobs, log if ranks is None or ranks.is_main else lambda line: None)
+        if ranks is None or ranks.is_main:
             to_render = sum(job.status == "render" for job in planned)
             groups = 1 if ranks is None else ranks.num_videos
-            log(f"batch: {len(planned)} jobs, {to_render} to render on {groups} group(s) of {gpus_per_video} GPU(s)")
-        planned = distributed.broadcast_object(planned, ranks)
+            log(f"batch: {count(len(planned), 'job')}, {to_render} to render on {count(groups, 'group')} of "
+                f"{count(gpus_per_video, 'GPU')}")
         pipelines = batching.Pipelines(load_patched_pipeline)
-        results = batching.run_jobs(planned, ranks, pipelines, lambda pipe, request: write_video(pipe, request, check=raise_if_signalled)[0],
-                                    log)
+        leader = ranks is None or ranks.is_leader
+
+        def write(pipe, request):
+            progress = make_progress(progress_style if leader else "none", "step" if request.mode == "full"
+                                     else "segment", quiet=quiet)
+            try:
+                return write_video(pipe, request, progress, check=raise_if_signalled)[0]
+            finally:
+                progress.close()
+
+        results = batching.run_jobs(planned, ranks, pipelines, write, log)
         gathered = distributed.gather_objects((results, pipelines.loads), ranks)
         if gathered is None:
             return

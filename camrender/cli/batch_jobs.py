@@ -26,13 +26,14 @@ from typing import Callable, Optional
 
 import click
 
+from camrender.cli.progress import count
 from camrender.errors import CamrenderError
 from camrender.trajectory.formats import FORMAT_MODULES, looks_like_actions
-from camrender.files import read_text
+from camrender.trajectory.formats.fileio import read_text
 from camrender.render.resume import partial_folder
 
 ALIASES = {"trajectory": "traj", "output": "out"}
-NOT_JOB_OPTIONS = {"gpus"}  # options of the run, not of one render
+NOT_JOB_OPTIONS = {"gpus", "progress", "quiet"}  # options of the run, not of one render
 # RenderRequest fields the loaded pipeline depends on: jobs agreeing on them share it.
 MODEL_FIELDS = ("model", "dtype", "device", "offload", "transformer_weights", "vae", "kernels", "refiner",
                 "refiner_offload")
@@ -41,18 +42,22 @@ MODEL_FIELDS = ("model", "dtype", "device", "offload", "transformer_weights", "v
 @dataclasses.dataclass
 class Job:
     """One render of a batch: `where` names it in messages ("jobs.jsonl line 3", a trajectory file);
-    `values` maps `camrender render` parameter names to the job's values (paths resolved)."""
+    `values` maps `camrender render` parameter names to the job's values (paths resolved); `error`: why
+    the line is not a job at all (not JSON, an unknown key), reported when the batch is planned."""
 
     where: str
     values: dict
+    error: str = ""
 
 
 # ----------------------------------------------------------------------------- reading JOBS
 def read_jobs(source: Path, command: click.Command, out_dir: Optional[Path] = None) -> list:
     """The jobs of a JSON-lines file or a folder of trajectory files (see the module docstring).
 
-    Raises CamrenderError (naming the file and line) when JOBS itself is wrong: no such file, a
-    line that is not a JSON object, an unknown key. A job's values are checked when it is planned.
+    Raises CamrenderError when JOBS itself cannot be read (no such file, an empty folder). A line
+    that is not a JSON object or has an unknown key becomes a Job with `error` set (naming the file
+    and line), so that planning lists every bad line at once; a job's values are checked when it
+    is planned.
     """
     source = Path(source)
     if source.is_dir():
@@ -62,36 +67,63 @@ def read_jobs(source: Path, command: click.Command, out_dir: Optional[Path] = No
                              path=source, field="out-dir")
     names = {param.name: param for param in command.params}
     jobs = []
-    for number, line in enumerate(read_text(source).splitlines(), start=1):
+    text = read_text(source)
+    _refuse_one_document(text, source)
+    for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         where = f"{source} line {number}"
         try:
-            entry = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise CamrenderError(f"invalid JSON at column {error.colno}: {error.msg}", path=where) from None
-        if not isinstance(entry, dict):
-            raise CamrenderError("a job is a JSON object", path=where)
-        options = entry.pop("options", {})
-        if not isinstance(options, dict):
-            raise CamrenderError("must be a JSON object", path=where, field="options")
-        values = {}
-        for key, value in {**entry, **options}.items():
-            name = ALIASES.get(key.replace("-", "_"), key.replace("-", "_"))
-            if name not in names or name in NOT_JOB_OPTIONS:
-                raise CamrenderError("unknown key (keys are trajectory, output and camrender render's options)",
-                                     path=where, field=key)
-            if isinstance(names[name].type, click.Path) and isinstance(value, str) and not _action_string(name, value,
-                                                                                                         source):
-                value = str(source.parent / Path(value).expanduser())  # absolute paths stay as they are
-            values[name] = value
-        jobs.append(Job(where, values))
+            jobs.append(Job(where, _line_values(line, where, names, source.parent)))
+        except CamrenderError as error:
+            jobs.append(Job(where, {}, error=str(error)))
     return jobs
 
 
-def _action_string(name: str, value: str, source: Path) -> bool:
-    """Whether a job's "trajectory" is an action string ("w-100,dw-60"), not a file beside the jobs file."""
-    return name == "traj" and looks_like_actions(value) and not (source.parent / value).exists()
+def _refuse_one_document(text: str, source: Path) -> None:
+    """A JSON document over several lines (a trajectory given as JOBS) is one error, not one per line."""
+    if text.count("\n") < 2 or text.lstrip()[:1] not in "{[":
+        return
+    try:
+        json.loads(text.splitlines()[0])
+    except ValueError:
+        try:
+            json.loads(text)
+        except ValueError:
+            return
+        raise CamrenderError("is one JSON document over several lines, not a jobs file (JSON lines: one job object "
+                             "per line); to render trajectory files, pass their folder", path=source) from None
+
+
+def _line_values(line: str, where: str, names: dict, folder: Path) -> dict:
+    """The render parameters of one JSON line (paths relative to `folder`); CamrenderError naming `where`."""
+    try:
+        entry = json.loads(line)
+    except (json.JSONDecodeError, RecursionError, ValueError) as error:
+        column = f" at column {error.colno}" if isinstance(error, json.JSONDecodeError) else ""
+        message = error.msg if isinstance(error, json.JSONDecodeError) else "nested too deeply or too long a number"
+        raise CamrenderError(f"invalid JSON{column}: {message}", path=where) from None
+    if not isinstance(entry, dict):
+        raise CamrenderError("a job is a JSON object", path=where)
+    options = entry.pop("options", {})
+    if not isinstance(options, dict):
+        raise CamrenderError("must be a JSON object", path=where, field="options")
+    values = {}
+    for key, value in {**entry, **options}.items():
+        name = ALIASES.get(key.replace("-", "_"), key.replace("-", "_"))
+        if name not in names or name in NOT_JOB_OPTIONS:
+            raise CamrenderError("unknown key (keys are trajectory, output and camrender render's options)",
+                                 path=where, field=key)
+        if isinstance(names[name].type, click.Path) and isinstance(value, str) and not _action_string(name, value,
+                                                                                                     folder):
+            value = str(folder / Path(value).expanduser())  # absolute paths stay as they are
+        values[name] = value
+    return values
+
+
+def _action_string(name: str, value: str, folder: Path) -> bool:
+    """Whether a job's "trajectory" is an action string ("w-100,dw-60"), not a file in the jobs file's folder."""
+    return name == "traj" and looks_like_actions(value) and not (folder / value).exists()
 
 
 def _folder_jobs(folder: Path, out_dir: Path) -> list:
@@ -129,11 +161,17 @@ class Planned:
     request: object = None
 
 
-def plan_jobs(jobs: list, command: click.Command, defaults: dict, resolve: Callable) -> list:
-    """Skip the jobs whose output exists, fail the ones `resolve(params) -> RenderRequest` refuses."""
+def plan_jobs(jobs: list, command: click.Command, defaults: dict, resolve: Callable,
+              created: Optional[list] = None) -> list:
+    """Skip the jobs whose output exists, fail the malformed lines and the ones `resolve(params) ->
+    RenderRequest` refuses. Output folders it had to make are appended to `created` (when given), so
+    that a refused batch can take them away again (`remove_created`)."""
     planned, outputs = [], {}
     for index, job in enumerate(jobs):
         out = str(job.values.get("out", ""))
+        if job.error:
+            planned.append(Planned(index, job.where, out, "failed", job.error))
+            continue
         try:
             params = job_params(job, command, defaults)
             out = str(Path(params["out"]).resolve())
@@ -146,12 +184,36 @@ def plan_jobs(jobs: list, command: click.Command, defaults: dict, resolve: Calla
             if partial_folder(out).exists():  # an interrupted render's checkpoint: never overwritten here
                 raise CamrenderError(f"{partial_folder(out)} holds an interrupted render: continue it with "
                                      f"`camrender render ... --resume` or remove it", path=job.where, field="output")
+            missing = [folder for folder in [Path(out).parent, *Path(out).parent.parents] if not folder.exists()]
             Path(out).parent.mkdir(parents=True, exist_ok=True)
+            if created is not None:
+                created.extend(missing)  # deepest first
             planned.append(Planned(index, job.where, out, "render", request=resolve(params)))
         except CamrenderError as error:
             message = str(error) if str(error).startswith(job.where) else f"{job.where}: {error}"
             planned.append(Planned(index, job.where, out, "failed", message))
     return planned
+
+
+def remove_created(folders: list) -> None:
+    """Remove the output folders `plan_jobs` made, deepest first, where they are still empty."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            pass
+
+
+def refuse_bad_jobs(planned: list, source, log: Callable) -> None:
+    """A batch with bad jobs renders nothing: log every failed job's reason (one line each, naming its
+    line or file) and raise CamrenderError (exit 2) saying how many and what to do."""
+    failed = [job for job in planned if job.status == "failed"]
+    if not failed:
+        return
+    for job in failed:
+        log(f"error: {job.reason}")
+    raise CamrenderError(f"{len(failed)} of {len(planned)} jobs cannot render (listed above); nothing was rendered: "
+                         f"fix them, or pass --skip-bad-jobs to render the others", path=source)
 
 
 # ----------------------------------------------------------------------------- running
@@ -212,7 +274,7 @@ def run_jobs(planned: list, ranks, pipelines: Pipelines, write: Callable, log: C
             started = time.perf_counter()  # a video's seconds leave out the model load it may have waited for
             frames = write(pipe, request)
             result.update(status="done", frames=frames, seconds=round(time.perf_counter() - started, 3))
-            message = f"done in {result['seconds']:.1f} s ({frames} frames)"
+            message = f"done in {result['seconds']:.1f} s ({count(frames, 'frame')})"
         except Exception as error:  # noqa: BLE001 - reported per job, the batch goes on
             if per_video > 1 and not isinstance(error, CamrenderError):
                 raise

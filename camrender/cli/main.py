@@ -19,6 +19,8 @@ from camrender.parallel.distributed import is_main_process
 # Options that belong to the root group itself; anything else starting with "--"
 # as the first argument means the user typed `camrender --traj ...` (implicit render).
 _ROOT_OPTIONS = {"--help", "-h", "--version"}
+# click >= 8.2 raises this for a bare group (`camrender`, `camrender traj`); older click prints the help itself
+_NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
 
 
 class _Root(click.Group):
@@ -100,6 +102,11 @@ def main(argv=None):
             sys.exit(143)
         _say("camrender: interrupted")
         sys.exit(130)
+    except _NO_ARGS_IS_HELP as error:
+        # a bare `camrender` or `camrender traj`: the help as --help shows it, not an error line
+        if is_main_process():
+            click.echo(error.ctx.get_help())
+        sys.exit(0)
     except click.UsageError as error:
         # one line (click's own display adds the usage and a hint); --help shows the usage
         command = error.ctx.command_path if error.ctx is not None else "camrender"

@@ -126,10 +126,13 @@ def resolve_prompt(options: dict) -> None:
     options["prompt"] = read_prompt_file(path)
 
 
-def read_prompt_file(path) -> str:
-    from camrender.files import read_text
+MAX_PROMPT_FILE_BYTES = 1 << 20  # prompts are cut to 300 tokens (`camrender.render.request.MAX_SEQUENCE_LENGTH`)
 
-    text = read_text(path).strip()
+
+def read_prompt_file(path) -> str:
+    from camrender.trajectory.formats.fileio import read_text
+
+    text = read_text(path, MAX_PROMPT_FILE_BYTES, "a prompt file").strip()
     if not text:
         raise CamrenderError("the prompt file is empty", path=os.fspath(path), field="prompt-file")
     return text

@@ -5,12 +5,13 @@ Each check raises `CamrenderError` (one line, exit code 2) naming the option.
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from camrender.errors import CamrenderError
-from camrender.limits import TIME_STRIDE, check_finite
+from camrender.limits import MAX_STEPS, TIME_STRIDE, check_finite, check_fps, check_seed
+from camrender.model.recipes import WEIGHT_SUFFIXES
 
-SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed takes
 VIDEO_SUFFIXES = (".mp4",)
 
 
@@ -30,18 +31,27 @@ def check_render_options(options: dict) -> None:
     check_suffix(options["out"], VIDEO_SUFFIXES, "the output video")
     check_finite(options["guidance"], "guidance", minimum=0.0)
     check_finite(options["fps"], "fps")
-    seed = options["seed"]
-    if seed is not None and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
-        raise CamrenderError(f"must be between {SEED_RANGE[0]} and {SEED_RANGE[1]}, got {seed}", field="seed")
-    check_device(options["device"], options["offload"])
+    check_fps(options["fps"])
+    if options["steps"] is not None and options["steps"] > MAX_STEPS:
+        raise CamrenderError(f"must be at most {MAX_STEPS}, got {options['steps']}", field="steps")
+    check_seed(options["seed"])
+    check_device(options["device"], options["offload"], options["dtype"])
     weights = options["transformer_weights"]
     if weights is not None and not Path(weights).is_file():
         problem = "is a directory, expected a .safetensors or .pt file" if Path(weights).is_dir() else "file not found"
         raise CamrenderError(problem, path=weights, field="transformer-weights")
+    if weights is not None:
+        check_suffix(weights, WEIGHT_SUFFIXES, "--transformer-weights (original-format DiT weights)")
     vae = options["vae"]
     if vae is not None and not (Path(vae).expanduser() / "config.json").is_file():
         problem = "folder not found" if not Path(vae).exists() else "not a diffusers VAE folder (no config.json)"
         raise CamrenderError(problem, path=vae, field="vae")
+
+
+def check_checkpoint_every(seconds: float) -> None:
+    """--checkpoint-every: a number of seconds >= 0 (inf: never); NaN is refused (click's range lets it pass)."""
+    if math.isnan(seconds):
+        raise CamrenderError("must be a number of seconds (0: every segment), got nan", field="checkpoint-every")
 
 
 def probe_writable(path) -> None:
@@ -59,8 +69,12 @@ def probe_writable(path) -> None:
     os.unlink(name)
 
 
-def check_device(device, offload: bool) -> None:
-    """The device exists here (a CUDA index below the GPU count); --offload has a GPU and accelerate."""
+HALF_DTYPES = ("float16", "bfloat16")
+
+
+def check_device(device, offload: bool, dtype: str = "auto") -> None:
+    """The device exists here (a CUDA index below the GPU count); --offload has a GPU and accelerate;
+    half precision (--dtype float16/bfloat16) has a GPU (the CPU kernels of the pipeline refuse it)."""
     import torch
 
     from camrender.model.loading import resolve_device
@@ -71,6 +85,8 @@ def check_device(device, offload: bool) -> None:
     if resolved.type == "cuda" and resolved.index is not None and resolved.index >= torch.cuda.device_count():
         raise CamrenderError(f"there is no GPU {resolved.index} (this machine has {torch.cuda.device_count()})",
                              field="device")
+    if dtype in HALF_DTYPES and resolved.type != "cuda":
+        raise CamrenderError(f"{dtype} needs a CUDA device; on the CPU use --dtype float32 (or auto)", field="dtype")
     if offload and resolved.type != "cuda":
         raise CamrenderError("--offload moves components to a GPU while they run; it needs a CUDA device",
                              field="offload")

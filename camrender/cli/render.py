@@ -9,6 +9,8 @@ import click
 
 from camrender.cli import launch as cli_launch
 from camrender.cli import path_options
+from camrender.cli.progress import STYLES as PROGRESS_STYLES
+from camrender.cli.progress import count, make_progress
 from camrender.cli.signals import raise_if_signalled
 from camrender.parallel import distributed
 from camrender.errors import CamrenderError
@@ -17,31 +19,6 @@ from camrender.render.resume import DEFAULT_CHECKPOINT_EVERY
 from camrender.limits import check_frames
 
 
-class _StepBar:
-    """`progress(done, total, info)` callable drawing a click progress bar on stderr."""
-
-    def __init__(self, label: str):
-        self.label = label
-        self.bar = None
-        self.done = 0
-        self.info = ""
-
-    def __call__(self, done: int, total: int, info: str = "") -> None:
-        raise_if_signalled()
-        if self.bar is None or self.bar.length != total:
-            self.close()
-            self.bar = click.progressbar(length=total, label=self.label, file=sys.stderr, show_pos=True,
-                                         item_show_func=lambda _: self.info or None)
-            self.bar.__enter__()
-            self.done = 0
-        self.info = info
-        self.bar.update(max(0, done - self.done))
-        self.done = done
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.__exit__(None, None, None)
-            self.bar = None
 
 
 def _resolve_request(options: dict, notes: list | None = None):
@@ -205,6 +182,10 @@ def _quiet_libraries() -> None:
               help="layers: the refiner's blocks visit the GPU one at a time (small GPUs; needs accelerate).")
 @click.option("--noise-frames", default=None, type=click.IntRange(min=1), hidden=True,
               help="Latent frames of the noise draw, the clip keeping the first (a live session's render file).")
+@click.option("--progress", "progress", default="auto", show_default=True, type=click.Choice(PROGRESS_STYLES),
+              help="bar: progress bars; lines: one line per segment, per denoising step at most one every 5 s, with "
+                   "stage, counts, rate and ETA (for logs); auto: bar on a terminal, else lines; none: no progress.")
+@click.option("--quiet", "-q", is_flag=True, help="Only warnings and errors: no progress, no loading or done lines.")
 @cli_launch.gpus_option("GPUs for this video, started as torchrun workers: full mode with guidance runs its two "
                         "branches on half each; every block's heads split over the GPUs of a branch (segment mode: "
                         "over all).")
@@ -220,12 +201,15 @@ def render(**options):
     video) and VIDEO.path.png (a plot of the path). Segment mode saves checkpoints; after an
     interruption, the same command with --resume continues it.
     """
+    from camrender.cli.preflight import check_checkpoint_every
     from camrender.parallel.cfg import check_split
     from camrender.render.resume import check_partials
 
     _apply_render_file(options)
     resume, checkpoint_every = options.pop("resume"), options.pop("checkpoint_every")
+    check_checkpoint_every(checkpoint_every)
     gpus = options.pop("gpus")
+    progress_style, quiet = options.pop("progress"), options.pop("quiet")
     notes = []
     with cli_launch.quiet_checks(gpus):  # their warnings come once, from rank 0
         request = _resolve_request(options, notes)
@@ -243,11 +227,12 @@ def render(**options):
         sys.exit(cli_launch.relaunch(gpus, request.device))
     ranks = cli_launch.join_render(request)  # under torchrun: this rank's group and GPU; None on one process
     leader = ranks is None or ranks.is_leader
-    log = lambda line: click.echo(f"camrender: {line}", err=True) if leader else None  # noqa: E731
+    log = lambda line: click.echo(f"camrender: {line}", err=True) if leader and not quiet else None  # noqa: E731
     resume_info = check_partials(request, resume, log) if leader else None  # before the model loads
     for note in notes:
         log(note)
-    bar = _StepBar("denoising" if request.mode == "full" else "segments") if leader else None
+    unit = "step" if request.mode == "full" else "segment"
+    bar = None
     try:
         _quiet_libraries()
         log(f"loading {request.model}")
@@ -256,13 +241,14 @@ def render(**options):
         pipe = load_patched_pipeline(request, log)
         from camrender.api.output import write_video
 
+        bar = make_progress(progress_style if leader else "none", unit, quiet=quiet)  # its clock starts now
         frames, companions = write_video(pipe, request, bar, resume_info=resume_info,
                                          checkpoint_every=checkpoint_every, log=log, check=raise_if_signalled)
     finally:
         if bar is not None:
             bar.close()
         distributed.stop()
-    log(f"wrote {request.out} ({frames} frames, {request.width}x{request.height}, {request.fps:g} fps) and "
+    log(f"wrote {request.out} ({count(frames, 'frame')}, {request.width}x{request.height}, {request.fps:g} fps) and "
         f"{', '.join(str(p) for p in companions)}")
 
 

@@ -5,6 +5,7 @@ import click
 
 from camrender.cli import path_options
 from camrender.cli import traj_view as cli_traj_view
+from camrender.cli.progress import count
 from camrender.errors import CamrenderError
 from camrender.trajectory.formats import help_text
 from camrender.trajectory import presets
@@ -87,7 +88,7 @@ def new_command(preset, out, num_frames, fps, width, height, fov, prompt, negati
     note = ""
     if not is_model_length(trajectory.num_frames):
         note = f" (not 8k+1: renders re-time it to {nearest_model_length(trajectory.num_frames)} frames)"
-    click.echo(f"wrote {out}: {preset}, {trajectory.num_frames} frames at {trajectory.fps:g} fps{note}")
+    click.echo(f"wrote {out}: {preset}, {count(trajectory.num_frames, 'frame')} at {trajectory.fps:g} fps{note}")
 
 
 @traj.command("check")
@@ -156,8 +157,8 @@ def convert_command(source, out, from_fmt, to_fmt, image, width, height, **optio
         intrinsics = crop_intrinsics(trajectory.intrinsics, (trajectory.width, trajectory.height), (width, height))
         trajectory = trajectory.replace(intrinsics=intrinsics, width=width, height=height,
                                         image=os.path.abspath(image)).validate()
-    export_file(trajectory, out, to_fmt)
-    click.echo(f"wrote {out}: {trajectory.num_frames} frames")
+    written = export_file(trajectory, out, to_fmt)
+    click.echo(f"wrote {' and '.join(written)}: {count(trajectory.num_frames, 'frame')}")
 
 
 for _command in cli_traj_view.COMMANDS:

@@ -9,6 +9,7 @@ import time
 import click
 
 from camrender.cli import path_options
+from camrender.cli.progress import count
 from camrender.errors import CamrenderError
 
 
@@ -35,7 +36,7 @@ def plot_command(file, out, every, **options):
     check_output_path(out)
     traj = _load(file, options)
     plot_trajectory(traj, out, every=every)
-    click.echo(f"wrote {out}: {traj.num_frames} frames")
+    click.echo(f"wrote {out}: {count(traj.num_frames, 'frame')}")
 
 
 @click.command("preview")
@@ -63,16 +64,18 @@ def preview_command(file, out, overlay, width, height, scene_scale, absolute, **
     from camrender.files import check_output_path
     from camrender.cli.preflight import check_suffix, VIDEO_SUFFIXES
     from camrender.views.preview import preview_size, write_preview
+    from camrender.views.proxy_scene import ProxyScene
 
     check_suffix(out, VIDEO_SUFFIXES, "the preview video")
     check_output_path(out)
     traj = _load(file, options)
-    preview_size(traj, width, height)  # size limits before any frame is drawn
+    preview_size(traj, width, height)  # size limits before any frame is drawn (or the progress bar shows)
+    ProxyScene(scene_scale)  # its scale, likewise
     start = time.perf_counter()
     w, h = write_preview(traj, out, width=width, height=height, overlay=overlay, scene_scale=scene_scale,
                          relative=not absolute, progress=True)
     seconds = time.perf_counter() - start
-    click.echo(f"wrote {out}: {traj.num_frames} frames {w}x{h} at {traj.fps:g} fps "
+    click.echo(f"wrote {out}: {count(traj.num_frames, 'frame')} {w}x{h} at {traj.fps:g} fps "
                f"in {seconds:.1f} s ({traj.num_frames / max(seconds, 1e-9):.1f} frames/s)")
 
 
@@ -90,8 +93,9 @@ def concat_command(first, second, out):
     from camrender.trajectory.edit import concat
 
     result = concat(_load(first), _load(second))
-    export_file(result, out)
-    click.echo(f"wrote {out}: {result.num_frames} frames, {result.duration:.2f} s at {result.fps:g} fps")
+    written = export_file(result, out)
+    click.echo(f"wrote {' and '.join(written)}: {count(result.num_frames, 'frame')}, {result.duration:.3f} s at "
+               f"{result.fps:g} fps")
 
 
 @click.command("retime")
@@ -110,8 +114,9 @@ def retime_command(file, fps, seconds, interp, out):
         raise CamrenderError("give --fps and/or --seconds", field="retime")
     traj = _load(file)
     result = retime(traj, fps=fps, seconds=seconds, position=interp)
-    export_file(result, out)
-    click.echo(f"wrote {out}: {result.num_frames} frames, {result.duration:.2f} s at {result.fps:g} fps")
+    written = export_file(result, out)
+    click.echo(f"wrote {' and '.join(written)}: {count(result.num_frames, 'frame')}, {result.duration:.3f} s at "
+               f"{result.fps:g} fps")
 
 
 COMMANDS = [plot_command, preview_command, concat_command, retime_command]

@@ -141,7 +141,7 @@ def load_vae(folder, torch_dtype):
     if not (folder / "config.json").is_file():
         raise CamrenderError("not a diffusers VAE folder (no config.json)", path=folder, field="vae")
     try:
-        return AutoencoderKLLTX2Video.from_pretrained(str(folder), torch_dtype=torch_dtype)
+        return AutoencoderKLLTX2Video.from_pretrained(str(folder), dtype=torch_dtype)  # diffusers 0.42: dtype=, torch_dtype= warns
     except Exception as error:
         text = " ".join(str(error).split())[:160] or type(error).__name__
         raise CamrenderError(f"cannot load the VAE ({text})", path=folder, field="vae") from None
@@ -232,7 +232,9 @@ def read_original_state_dict(path) -> dict:
         else:
             state = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as error:
-        raise CamrenderError(f"cannot read the weights ({type(error).__name__}: {str(error)[:200]})", **where) from None
+        from camrender.model.recipes import unreadable_weights
+
+        raise unreadable_weights(path, error) from None
     for wrapper in ("generator", "state_dict"):
         if isinstance(state, dict) and isinstance(state.get(wrapper), dict):
             state = state[wrapper]

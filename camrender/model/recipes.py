@@ -157,6 +157,19 @@ def segment_bounds(num_frames: int, chunk_frames: int = 3) -> list:
 
 
 # ----------------------------------------------------------------------------- detection
+WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
+
+
+def unreadable_weights(path, error: Exception) -> CamrenderError:
+    """The one-line error for a weights file safetensors or torch.load(weights_only=True) cannot read:
+    what kind of file was expected, and the library's first sentence (its messages run long)."""
+    expected = ("a safetensors file" if Path(path).suffix == ".safetensors"
+                else "a torch weights file (a .pt of tensors saved with torch.save)")
+    detail = " ".join(str(error).split()).split(". ")[0][:120]
+    return CamrenderError(f"not {expected}: {type(error).__name__}: {detail} (expected original-format DiT weights: "
+                          f".safetensors or .pt)", path=path, field="transformer-weights")
+
+
 def _file_evidence(path: Path) -> Optional[str]:
     """Recipe the weights file itself names, or None: safetensors metadata `recipe`, the
     distillation trainer's `{"generator": ..., "denoising_step_list": ...}` wrapper (streaming)."""
@@ -167,8 +180,7 @@ def _file_evidence(path: Path) -> Optional[str]:
             with safe_open(str(path), framework="pt") as handle:
                 metadata = handle.metadata() or {}
         except Exception as error:
-            raise CamrenderError(f"cannot read the weights ({type(error).__name__}: {str(error)[:200]})",
-                                 path=path, field="transformer-weights") from None
+            raise unreadable_weights(path, error) from None
         named = metadata.get("recipe")
         if named is None and "sampler_config" in metadata:
             named = json.loads(metadata["sampler_config"]).get("recipe")
@@ -181,8 +193,7 @@ def _file_evidence(path: Path) -> Optional[str]:
         try:
             state = torch.load(str(path), map_location="cpu", weights_only=True)
         except Exception as error:
-            raise CamrenderError(f"cannot read the weights ({type(error).__name__}: {str(error)[:200]})",
-                                 path=path, field="transformer-weights") from None
+            raise unreadable_weights(path, error) from None
     if isinstance(state, dict) and isinstance(state.get("generator"), dict) and "denoising_step_list" in state:
         return "streaming"
     return None

@@ -158,8 +158,8 @@ def _from_folder(root: Path, dtype):
             listed = _read_json(root / "model_index.json").get("transformer", [None, None])[1]
             override = {} if listed == "SanaWMLTX2RefinerTransformer3DModel" else {
                 "transformer": SanaWMLTX2RefinerTransformer3DModel.from_pretrained(str(root / "transformer"),
-                                                                                   torch_dtype=dtype)}
-            return SanaWMLTX2Refiner.from_pretrained(str(root), torch_dtype=dtype, **override)
+                                                                                   dtype=dtype)}
+            return SanaWMLTX2Refiner.from_pretrained(str(root), dtype=dtype, **override)
         gemma = _text_encoder_folder(root)
         architecture = (_read_json(gemma / "config.json").get("architectures") or ["Gemma3ForConditionalGeneration"])[0]
         text_encoder = getattr(transformers, architecture).from_pretrained(str(gemma), torch_dtype=dtype)
@@ -168,8 +168,8 @@ def _from_folder(root: Path, dtype):
                      if (root / "scheduler").is_dir() else FlowMatchEulerDiscreteScheduler(shift=1.0))
         return SanaWMLTX2Refiner(
             transformer=SanaWMLTX2RefinerTransformer3DModel.from_pretrained(str(root / "transformer"),
-                                                                            torch_dtype=dtype),
-            connectors=LTX2TextConnectors.from_pretrained(str(root / "connectors"), torch_dtype=dtype),
+                                                                            dtype=dtype),
+            connectors=LTX2TextConnectors.from_pretrained(str(root / "connectors"), dtype=dtype),
             tokenizer=transformers.AutoTokenizer.from_pretrained(str(tokenizer_folder)),
             text_encoder=text_encoder.eval(),
             scheduler=scheduler,

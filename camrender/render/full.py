@@ -137,7 +137,7 @@ def denoise_clip(transformer, scheduler, latents, text, text_mask, camera: dict,
                 stepped = stepped.transpose(1, 2).reshape(latents.shape)
                 latents = torch.where(pinned[None, None, :, None, None], latents, stepped).to(dtype)
                 if progress is not None:
-                    progress(index + 1, len(timesteps), f"step {index + 1}/{len(timesteps)}")
+                    progress(index + 1, len(timesteps), "", stage="stage 1", unit="step")
     return latents
 
 

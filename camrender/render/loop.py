@@ -33,7 +33,8 @@ def render_frames(pipe, request: RenderRequest, progress: Progress = None, check
                   settings: Optional[RenderSettings] = None) -> Iterator[np.ndarray]:
     """Yield the video of `request` as uint8 (F_chunk, H, W, 3) chunks, in order.
 
-    progress: `progress(done, total, info)` (denoising steps in full mode, segments in segment mode);
+    progress: `progress(done, total, info, stage=..., unit=...)` (`camrender.render.request.Progress`: denoising
+    steps in full mode, segments in segment mode, refiner blocks of a whole clip);
     checkpoints: segment mode's `camrender.render.resume.Checkpointer` (resume / save), or None;
     settings: the render's `RenderSettings` (None: the pipeline's, `camrender.render.pipeline.pipeline_settings`).
     """
@@ -65,8 +66,12 @@ def run_plan(plan: ChunkPlan, request: RenderRequest, device, progress: Optional
         written += len(frames)
         if progress is not None:
             elapsed = max(time.perf_counter() - started, 1e-9)
-            progress(done, plan.total, f"{written} frames, {written / request.fps:.1f} s of video, "
-                                       f"{(written - plan.frames_before) / elapsed:.1f} frames/s")
+            # seconds of video as the trajectory counts them ((frames - 1) / fps, what `traj check` says)
+            stages = "stage 1" if request.refiner is None else "stages 1+2 (refiner)"
+            progress(done, plan.total, f"{written} frame{'' if written == 1 else 's'}, "
+                                       f"{max(written - 1, 0) / request.fps:.3f} s of video, "
+                                       f"{(written - plan.frames_before) / elapsed:.1f} frames/s",
+                     stage=stages, unit="segment")
         if len(frames):
             yield frames
         if plan.checkpoints is not None:

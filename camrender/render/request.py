@@ -1,8 +1,10 @@
 """What one render is: `RenderRequest` (the camera path plus sampling and model settings) and the checks
 of a request against a loaded model's strides.
 
-`progress` callables (`Progress`) are None or `progress(done, total, info="")`: `done` of `total`
-units (denoising steps, segments) finished; `info` is a short free-text status.
+`progress` callables (`Progress`) are None or `progress(done, total, info="", stage="stage 1", unit="")`:
+`done` of `total` units (denoising steps, segments, refiner blocks) finished; `info` is a short free-text
+status; `stage` names the pass ("stage 1", "stage 2 (refiner)"); `unit` what is counted when the caller's
+default does not fit (a stage-2 pass counts "block"s).
 """
 from __future__ import annotations
 

@@ -126,9 +126,13 @@ def check_partials(request, resume: bool, log) -> Optional[dict]:
         action = "add --resume to continue it, or remove it" if info else "it cannot be resumed; remove it"
         raise CamrenderError(f"an interrupted render of this video left {folder} ({where}); {action}: {remove}",
                              path=out)
-    if info is None:
-        raise CamrenderError(f"{folder} has no checkpoint (the render stopped before its first one); "
-                             f"remove it and render again: {remove}", path=out)
+    if info is None:  # killed before its first checkpoint: nothing would be lost by starting over
+        import shutil
+
+        shutil.rmtree(folder)
+        log(f"nothing to resume: {folder} held no checkpoint yet (the render stopped before its first); "
+            f"rendering from the start")
+        return None
     current = checkpoint_settings(request)
     differ = settings_differences(info["settings"], current)
     if differ:

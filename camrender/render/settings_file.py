@@ -89,7 +89,7 @@ def write_render_json(request, path) -> None:
 
 def read_render_json(path) -> tuple:
     """(settings dict, Trajectory) of a `NAME.render.json`; CamrenderError naming the file otherwise."""
-    from camrender.files import read_json
+    from camrender.trajectory.formats.fileio import read_json
     from camrender.trajectory import v1
 
     doc = read_json(path)

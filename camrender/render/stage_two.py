@@ -203,7 +203,7 @@ def refine_clip(pipe, request, latents, device=None, progress=None, settings: Op
         if stop == frames:
             pieces.append(stream.finish())
         if progress is not None:
-            progress(done, len(edges), f"refining: block {done}/{len(edges)}")
+            progress(done, len(edges), "", stage="stage 2 (refiner)", unit="block")
     return torch.cat(pieces, dim=2)
 
 

@@ -9,6 +9,7 @@ import math
 import numpy as np
 
 from camrender.errors import CamrenderError
+from camrender.limits import check_fps
 from camrender.trajectory import Trajectory
 from camrender.trajectory.model import MAX_FRAMES
 from camrender.trajectory.resample import resample_frames
@@ -78,11 +79,15 @@ def retime(traj: Trajectory, *, fps: float | None = None, seconds: float | None 
     new_fps = traj.fps if fps is None else fps
     if not (isinstance(new_fps, (int, float)) and math.isfinite(new_fps) and new_fps > 0):
         raise CamrenderError(f"must be a positive number, got {new_fps}", path=traj.source, field="fps")
+    check_fps(new_fps, path=traj.source)
     if seconds is None:
         seconds = traj.duration
-    elif not (math.isfinite(seconds) and seconds >= 0):
-        raise CamrenderError(f"must be zero or a positive number, got {seconds}", path=traj.source, field="seconds")
+    elif not (math.isfinite(seconds) and seconds > 0):
+        raise CamrenderError(f"must be a positive number, got {seconds}", path=traj.source, field="seconds")
     count = int(round(seconds * new_fps)) + 1
+    if count < 2 and seconds > 0:  # a duration asked for must keep at least one frame step
+        raise CamrenderError(f"{seconds:g} s at {new_fps:g} fps is less than one frame step (at least "
+                             f"{0.5 / new_fps:.3g} s)", path=traj.source, field="seconds")
     if count > MAX_FRAMES:
         raise CamrenderError(
             f"{seconds:g} s at {new_fps:g} fps is {count} frames (at most {MAX_FRAMES})", path=traj.source, field="seconds"

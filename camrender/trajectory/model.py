@@ -6,17 +6,20 @@ in pixels of ``width`` x ``height``, time in frames at ``fps`` frames per second
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from camrender.errors import CamrenderError
+from camrender.limits import MAX_FOV_DEG, MAX_POSITION, PRINCIPAL_POINT_MARGIN, check_fps, check_seed
 
 # Tolerances for accepting a 4x4 pose matrix (values typed by hand or stored as float32).
 ORTHONORMAL_TOL = 1e-3
 BOTTOM_ROW_TOL = 1e-6
-# Input guards shared by every format: about 3.5 hours at 16 fps, and a generous image side.
-MAX_FRAMES = 200_000
+# Input guards shared by every format: about 52 minutes at 16 fps (six times the longest render,
+# `camrender.limits.max_frames`), and a generous image side.
+MAX_FRAMES = 50_000
 MAX_IMAGE_SIDE = 1_000_000
 DEFAULT_FPS = 16.0  # frame rate assumed when a file stores none
 
@@ -72,6 +75,9 @@ class Trajectory:
             raise CamrenderError(f"image size must be positive, got {self.width}x{self.height}", field="width", **where)
         if not np.isfinite(self.fps) or self.fps <= 0:
             raise CamrenderError(f"must be a positive number, got {self.fps}", field="fps", **where)
+        check_fps(self.fps, path=self.source)
+        check_seed(self.seed, path=self.source)
+        check_principal_points(self.intrinsics, self.width, self.height, path=self.source)
         return self
 
     def replace(self, **changes) -> "Trajectory":
@@ -91,6 +97,9 @@ def validate_pose(matrix: np.ndarray, *, path=None, frame=None, field="c2w") -> 
         raise CamrenderError(f"must be a 4x4 matrix, got shape {m.shape}", path=path, frame=frame, field=field)
     if not np.all(np.isfinite(m)):
         raise CamrenderError("contains a non-finite number", path=path, frame=frame, field=field)
+    if np.max(np.abs(m[:3, 3])) > MAX_POSITION:
+        raise CamrenderError(f"camera position {m[:3, 3].tolist()} is beyond {MAX_POSITION:g} units from the "
+                             f"origin (rescale the path)", path=path, frame=frame, field=field)
     if np.max(np.abs(m[3] - [0.0, 0.0, 0.0, 1.0])) > BOTTOM_ROW_TOL:
         raise CamrenderError(f"last row must be [0, 0, 0, 1], got {m[3].tolist()}", path=path, frame=frame, field=field)
     r = m[:3, :3]
@@ -110,6 +119,28 @@ def validate_intrinsics(values: np.ndarray, *, path=None, frame=None) -> None:
             raise CamrenderError(f"must be a finite number, got {value}", path=path, frame=frame, field=name)
         if name in ("fx", "fy") and value <= 0:
             raise CamrenderError(f"focal length must be positive, got {value:g}", path=path, frame=frame, field=name)
+
+
+def check_principal_points(intrinsics: np.ndarray, width: int, height: int, *, path=None) -> None:
+    """Raise CamrenderError (naming the frame) unless every (cx, cy) of (F, 4) `intrinsics` lies within
+    PRINCIPAL_POINT_MARGIN image sizes of a `width` x `height` image and no focal length gives a
+    field of view wider than MAX_FOV_DEG."""
+    k = np.asarray(intrinsics, dtype=np.float64)
+    for name, column, size in (("fx", 0, width), ("fy", 1, height)):
+        shortest = size / (2 * math.tan(math.radians(MAX_FOV_DEG) / 2))
+        short = np.flatnonzero(k[:, column] < shortest)
+        if len(short):
+            frame = int(short[0])
+            raise CamrenderError(f"focal length {k[frame, column]:g} gives a field of view over {MAX_FOV_DEG:g} "
+                                 f"degrees on {size} pixels (at least {shortest:.3g})", path=path, frame=frame,
+                                 field=name)
+    for name, column, size in (("cx", 2, width), ("cy", 3, height)):
+        low, high = -PRINCIPAL_POINT_MARGIN * size, (1 + PRINCIPAL_POINT_MARGIN) * size
+        outside = np.flatnonzero((k[:, column] < low) | (k[:, column] > high))
+        if len(outside):
+            frame = int(outside[0])
+            raise CamrenderError(f"principal point {k[frame, column]:g} is far outside the {width}x{height} image "
+                                 f"(allowed {low:g} to {high:g})", path=path, frame=frame, field=name)
 
 
 def validate_arrays(c2w: np.ndarray, intrinsics: np.ndarray, *, path=None) -> None:

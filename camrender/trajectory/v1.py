@@ -22,10 +22,10 @@ from camrender.trajectory.fields import (
     string,
     vector,
 )
+from camrender.limits import MAX_SEED, MIN_SEED
 from camrender.trajectory.model import MAX_FRAMES, MAX_IMAGE_SIDE, Trajectory, validate_intrinsics, validate_pose
 
 VERSION = 1
-MAX_SEED = 2**64 - 1
 AXES = ("opencv", "opengl")
 POSES = ("c2w", "w2c")
 FOV_AXES = ("horizontal", "vertical")
@@ -88,7 +88,7 @@ def _metadata(doc: dict, where: Where) -> dict:
             raise where.at("image").error(f"file not found: {image}")
         out["image"] = image
     if "seed" in doc:
-        out["seed"] = integer(doc["seed"], where.at("seed"), minimum=0, maximum=MAX_SEED)
+        out["seed"] = integer(doc["seed"], where.at("seed"), minimum=MIN_SEED, maximum=MAX_SEED)
     if "comment" in doc:
         string(doc["comment"], where.at("comment"))
     return out

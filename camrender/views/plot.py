@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 
 import numpy as np
 
@@ -69,7 +70,15 @@ def plot_trajectory(traj, path, *, every: int | None = None) -> None:
 
     every: draw a frustum every this many frames (default: about 16 per path, plus the
     last frame). Frustum depth is a tenth of the path's extent (or 1 unit for a static camera).
+    matplotlib's and numpy's warnings while drawing (a glyph the font lacks in a file name, a
+    degenerate axis) stay here: the plot is drawn all the same.
     """
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        _draw(traj, path, every)
+
+
+def _draw(traj, path, every) -> None:
     import matplotlib
 
     matplotlib.use("Agg")

@@ -120,7 +120,8 @@ def write_preview(traj, path, *, width: int | None = None, height: int | None = 
     w, h = preview_size(traj, width, height)
     frames = render_frames(traj, width=w, height=h, overlay=overlay, scene_scale=scene_scale, relative=relative)
     # x264's default ("medium") costs more than the rendering itself.
-    with VideoWriter(path, traj.fps, preset=PREVIEW_X264_PRESET) as writer:
+    # points at or behind a camera plane divide by ~0: the scene clips them; numpy's warnings are noise here
+    with VideoWriter(path, traj.fps, preset=PREVIEW_X264_PRESET) as writer, np.errstate(all="ignore"):
         if progress:
             with click.progressbar(frames, length=traj.num_frames, label="preview", file=sys.stderr) as bar:
                 for image in bar:

@@ -82,7 +82,7 @@ class ProxyScene:
 
     def __init__(self, scale: float = 1.0, landmarks: tuple[Landmark, ...] = LANDMARKS):
         if not (math.isfinite(scale) and scale > 0):
-            raise CamrenderError(f"scene scale must be a positive number, got {scale}", field="scale")
+            raise CamrenderError(f"must be a positive number, got {scale}", field="scene-scale")
         self.scale = float(scale)
         self.ground_y = GROUND_Y * self.scale
         self.landmarks = landmarks
@@ -143,11 +143,15 @@ class ProxyScene:
         bands = [(r0, min(r0 + _BAND_ROWS, height)) for r0 in range(0, height, _BAND_ROWS)]
 
         def run(function):
+            def guarded(band):  # numpy's error state is per thread: rays at grazing angles overflow harmlessly
+                with np.errstate(all="ignore"):
+                    function(band)
+
             if executor is not None:
-                list(executor.map(function, bands))
+                list(executor.map(guarded, bands))
             else:
                 for band in bands:
-                    function(band)
+                    guarded(band)
 
         # 1. sky and ground, band by band (cache sized, spread over threads)
         run(lambda band: self._background_band(frame, band, planes, depth))

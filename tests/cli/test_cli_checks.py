@@ -40,7 +40,7 @@ RENDER = ["--traj", ORBIT, "--model", "tiny"]
     (["--width", "8192"], "width: must be at most 4096"),
     (["--device", "tpu"], "unknown device 'tpu'"),
     (["--device", "cuda:99"], "device"),
-    (["--seed", str(2**70)], "seed: must be between"),
+    (["--seed", str(2**70)], "seed: must be an integer from 0 to"),
     (["--device", "cpu", "--offload"], "offload: --offload moves components to a GPU"),
     (["--vae", "{tmp}/no_vae"], "vae: folder not found"),
     (["--transformer-weights", "{tmp}/none.pt"], "transformer-weights: file not found"),

@@ -19,6 +19,7 @@ KEYFRAMES = {"version": 1, "width": 64, "height": 32, "fps": 8, "num_frames": 17
                            {"t": 2, "position": [1, 0, 0], "look_at": [0, 0, 1]}]}
 BAD_NUMBERS = [0, -1, -0.5, "8", None, [], {}, True, float("nan"), float("inf"), -float("inf")]
 BAD_SIZES = [0, -64, 1.5, "64", None, [64], True, 10**12]
+BAD_SEEDS = [-1, -(2**63), 2**63, 2**64, 2**70, 1.5, "3", True, None, [], float("nan")]
 BAD_MATRICES = [[], [[1, 0, 0]], "eye", np.eye(3).tolist(), (np.eye(4) * 2).tolist(), [[float("nan")] * 4] * 4,
                 [[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 2]], [["a"] * 4] * 4]
 
@@ -44,7 +45,14 @@ def _mutations():
     def keyframe_field(name, values):
         return item_field("keyframes", name, values)
 
-    per_frame = [field("fps", BAD_NUMBERS), field("width", BAD_SIZES), field("height", BAD_SIZES),
+    def far_translation(rng, doc):  # finite, but beyond what squares, plots and float32 rays survive
+        doc = copy.deepcopy(doc)
+        rng.choice(doc["frames"])["c2w"][rng.randrange(3)][3] = rng.choice([1e300, -1e300, 1e7, -2e6, 1e18])
+        return doc
+
+    per_frame = [field("fps", BAD_NUMBERS + [1e9, 241, 0.01]), field("width", BAD_SIZES), field("height", BAD_SIZES),
+                 field("seed", BAD_SEEDS), far_translation,
+                 frame_field("cx", [-99999, 1e9, -64.5, 129]), frame_field("cy", [-33, 1e12, 97]),
                  field("version", [0, 2, "1", None, 1.5]), drop("version"), field("frames", [[], {}, "x", [1, 2]]),
                  frame_field("c2w", BAD_MATRICES), frame_field("fx", BAD_NUMBERS), frame_field("fy", BAD_NUMBERS)]
     keyframes = [field("num_frames", [0, -9, 1.5, "17", float("nan")]),
@@ -72,6 +80,12 @@ def _text_cases(rng):
         ("transforms.json", json.dumps({"frames": rng.choice([[], [{}], [{"transform_matrix": [[1]]}]])}).encode()),
         ("images.txt", f"# Image list\n1 1 0 0 0 0 0 {rng.choice(['x', '0 1', ''])} a.png\n\n".encode()),
         ("moves.actions", rng.choice(["w-0", "q-5", "w--5", "", "w-abc", "w-80,", "w-1.5"]).encode()),
+        ("camera_path.json", json.dumps({"render_height": 32, "render_width": 64, "fps": 8,  # no camera_path
+                                         "keyframes": []}).encode()),
+        ("camera_path.json", json.dumps({"camera_path": [{"camera_to_world": np.eye(4).ravel().tolist(), "fov": 50,
+                                                          "aspect": 2}], "render_height": 32, "render_width": 64,
+                                         "fps": rng.choice([1e9, 0.001, 500])}).encode()),
+        ("huge.json", None),  # a sparse file past the size limit: refused before a byte is parsed
         ("demo_pose.npy", _npy_bytes(rng.choice(BAD_POSE_ARRAYS))),
         ("demo_pose.npy", b"\x80\x04K\x01." if rng.random() < 0.5 else _npy_bytes(np.array([{}], dtype=object))),
     ]
@@ -85,11 +99,12 @@ def _npy_bytes(array) -> bytes:
 
 
 def _bad_poses():
-    stretched, infinite = np.tile(np.eye(4), (9, 1, 1)), np.tile(np.eye(4), (9, 1, 1))
+    stretched, infinite, far = (np.tile(np.eye(4), (9, 1, 1)) for _ in range(3))
     stretched[4, :3, :3] *= 2
     infinite[8, 2, 3] = np.inf
+    far[6, 0, 3] = 1e300  # finite, past MAX_POSITION (issue 23)
     return [np.zeros((9, 16)), np.zeros((9, 4, 4), dtype=np.int32), stretched, infinite, np.zeros((0, 4, 4)),
-            np.eye(4), np.tile(np.eye(4) * [1, 1, -1, 1], (9, 1, 1))]
+            np.eye(4), np.tile(np.eye(4) * [1, 1, -1, 1], (9, 1, 1)), far]
 
 
 BAD_POSE_ARRAYS = _bad_poses()
@@ -113,7 +128,12 @@ def test_malformed_trajectory_files(tmp_path, capsys):
             base, mutate = rng.choice(mutations)
             name, data = "path.json", json.dumps(mutate(rng, copy.deepcopy(base))).encode()
         path = folder / name
-        path.write_bytes(data)
+        if data is None:
+            with open(path, "wb") as handle:
+                handle.truncate(rng.choice([65, 200, 2000]) * 2**20)
+            data = b"(sparse)"
+        else:
+            path.write_bytes(data)
         command = rng.choice([["traj", "check", path], ["traj", "convert", path, "-o", folder / "out.json"],
                               ["traj", "plot", path, "-o", folder / "plot.png"],
                               ["--traj", path, "--out", folder / "v.mp4", "--model", "tiny"]])
@@ -135,9 +155,16 @@ BAD_OPTIONS = [("--frames", "0"), ("--frames", "-3"), ("--frames", "8193"), ("--
                ("--image", "{tmp}/missing.png"), ("--traj", "{tmp}/missing.json"), ("--traj", "w--5"),
                ("--traj", "{tmp}"), ("--bogus", "1"), ("--from-render", "{tmp}/missing.render.json"),
                ("--from-render", "{tmp}/bad.render.json"), ("--from-render", "{tmp}/path.json"),
-               ("--resume", None), ("--action-scheme", "wasd"), ("--translation-speed", "nan"),
+               ("--resume", None), ("--seed", "-1"), ("--seed", str(2**63)), ("--seed", str(2**64)),
+               ("--fps", "1e9"), ("--fps", "241"), ("--fps", "0.01"), ("--dtype", "float16"), ("--dtype", "bfloat16"),
+               ("--transformer-weights", "{tmp}/junk.pt"), ("--transformer-weights", "{tmp}/junk.safetensors"),
+               ("--transformer-weights", "{tmp}/path.json"), ("--traj", "{tmp}/huge.json"), ("--traj", ""),
+               ("--progress", "loud"), ("--steps", "1001"), ("--steps", str(10**12)), ("--checkpoint-every", "nan"),
+               ("--from-render", "{tmp}/negative_seed.render.json"), ("--action-scheme", "wasd"),
+               ("--translation-speed", "nan"),
                ("--rotation-speed", "-1"), ("--pitch-limit", "120"), ("--intrinsics", "{tmp}/k.txt"),
                ("--intrinsics", "{tmp}/bad_k.npy"), ("--intrinsics", "{tmp}/missing.npy"),
+               ("--intrinsics", "{tmp}/far_k.npy"), ("--intrinsics", "{tmp}/wide_k.npy"),
                ("--traj", "{tmp}/bad_pose.npy"), ("--traj", "{tmp}/pickle.npy"), ("--prompt-file", "{tmp}/empty.txt"),
                ("--prompt-file", "{tmp}/missing.txt")]
 GOOD_OPTIONS = [("--steps", "1"), ("--seed", "3"), ("--prompt", "a room"), ("--guidance", "2"), ("--fps", "12"),
@@ -150,11 +177,19 @@ def test_malformed_render_command_lines(tmp_path, capsys):
     traj.write_text(json.dumps(PER_FRAME))
     (tmp_path / "k.txt").write_text("500 500 32 16")
     np.save(tmp_path / "bad_k.npy", np.array([[500.0, 0.0, 32, 16]]))  # fy = 0
+    np.save(tmp_path / "far_k.npy", np.array([[500.0, 500.0, -99999, 16]]))  # principal point far off the image
+    np.save(tmp_path / "wide_k.npy", np.array([[1e-300, 500.0, 32, 16]]))  # a 180 degree field of view
     np.save(tmp_path / "bad_pose.npy", BAD_POSE_ARRAYS[2])
     (tmp_path / "pickle.npy").write_bytes(_npy_bytes(np.array([{}], dtype=object)))
     (tmp_path / "empty.txt").write_text(" \n\t\n")
     (tmp_path / "bad.render.json").write_text(json.dumps({"camrender_render": 1, "settings": {"steps": "abc"},
                                                           "trajectory": PER_FRAME}))
+    (tmp_path / "negative_seed.render.json").write_text(json.dumps({"camrender_render": 1, "settings": {"seed": -1},
+                                                                    "trajectory": PER_FRAME}))
+    (tmp_path / "junk.pt").write_bytes(bytes(random.Random(1).randrange(256) for _ in range(64)))
+    (tmp_path / "junk.safetensors").write_bytes(b"\xff" * 64)
+    with open(tmp_path / "huge.json", "wb") as handle:
+        handle.truncate(100 * 2**20)
     failures = []
     for case in range(120):
         option, value = rng.choice(BAD_OPTIONS)
@@ -167,9 +202,56 @@ def test_malformed_render_command_lines(tmp_path, capsys):
             del args["--traj"]  # alone, the file's own problem shows; with --traj, the clash does
         if option == "--resume":
             args["--mode"] = "full"
+        if option == "--dtype":
+            args["--device"] = "cpu"  # half precision needs a GPU
         argv = [item for key, val in args.items() for item in ([key] if val is None else [key, val])]
         before = sorted(os.listdir(tmp_path))
         code, out, err = _run(argv, capsys)
         if not _one_line_error(code, out, err) or "loading" in err or sorted(os.listdir(tmp_path)) != before:
             failures.append((argv, code, err[-300:]))
     assert not failures, failures[:5]
+
+
+def _jobs_lines(rng, folder):
+    """A jobs file of good lines with at least one bad one (malformed, missing input, duplicate output,
+    a value the render refuses)."""
+    good = [{"trajectory": "path.json", "output": f"out/{i}.mp4", "frames": 9} for i in range(rng.randrange(1, 4))]
+    bad = rng.choice([
+        "{not json", "[1, 2]", "42", '{"trajectory": "path.json", "output": "out/x.mp4", "options": 3}',
+        {"trajectory": "path.json", "output": "out/x.mp4", "colour": 1},
+        {"trajectory": "path.json", "output": "out/x.mp4", "gpus": 2},
+        {"trajectory": "missing.json", "output": "out/x.mp4"},
+        {"trajectory": "path.json", "output": "out/x.mp4", "image": "missing.png"},
+        {"trajectory": "path.json", "output": "out/0.mp4"},  # the same output as the first good line
+        {"trajectory": "path.json", "output": "out/x.txt"},
+        {"trajectory": "path.json", "output": "out/x.mp4", "seed": rng.choice([-1, 2**63, 2**64, 1.5, "x", []])},
+        {"trajectory": "path.json", "output": "out/x.mp4", "fps": rng.choice([1e9, 0, -1, "x"])},
+        {"trajectory": "path.json", "output": "out/x.mp4", "height": rng.choice([36, 0, 10**6])},
+        {"trajectory": "path.json", "output": "out/x.mp4", "dtype": "float16", "device": "cpu"},
+    ])
+    lines = good[:]
+    lines.insert(rng.randrange(len(lines) + 1), bad)
+    return "".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines)
+
+
+def test_malformed_batch_jobs_files(tmp_path, capsys):
+    """A jobs file with any bad line renders nothing: exit 2, every error on its own line, the last one
+    the count, and no output folder or file left behind."""
+    rng = random.Random(SEED)
+    failures = []
+    for case in range(40):
+        folder = tmp_path / f"case{case}"
+        folder.mkdir()
+        (folder / "path.json").write_text(json.dumps(PER_FRAME))
+        (folder / "jobs.jsonl").write_text(_jobs_lines(rng, folder))
+        # (small and one step: a line that wrongly passes renders in a second and shows as a failure)
+        code, out, err = _run(["batch", folder / "jobs.jsonl", "--model", "tiny", "--progress", "none", "--steps", "1",
+                               "--height", "32", "--width", "32", "--kernels", "torch"], capsys)
+        lines = [line for line in err.splitlines() if line.strip() and "re-timed" not in line]
+        ok = (code == 2 and "Traceback" not in err and lines and all(line.startswith("camrender: error: ")
+                                                                      for line in lines)
+              and "jobs cannot render" in lines[-1] and "loading" not in err
+              and sorted(os.listdir(folder)) == ["jobs.jsonl", "path.json"])
+        if not ok:
+            failures.append(((folder / "jobs.jsonl").read_text()[:300], code, err[-400:], sorted(os.listdir(folder))))
+    assert not failures, failures[:3]

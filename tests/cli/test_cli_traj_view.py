@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from camrender.cli.main import main
+from camrender.errors import CamrenderError
 from camrender.trajectory.edit import concat, retime
 from camrender.trajectory import Trajectory, load, save
 from camrender.trajectory.rotations import rot_x, rot_y, rot_z
@@ -122,13 +123,14 @@ def test_retime_seconds_slows_a_straight_path_evenly(tmp_path, capsys, interp):
     assert np.allclose(out.c2w[:, :3, :3], np.eye(3), atol=1e-12)
 
 
-def test_retime_both_options_and_single_frame():
+def test_retime_both_options_and_no_single_frame():
     traj = make_path(9)
     out = retime(traj, fps=10.0, seconds=2.0)
     assert out.num_frames == 21 and out.fps == 10.0
     assert np.allclose(out.c2w[[0, -1]], traj.c2w[[0, -1]])
-    still = retime(traj, seconds=0.0)
-    assert still.num_frames == 1 and np.allclose(still.c2w[0], traj.c2w[0])
+    for seconds in (0.0, 0.01):  # a duration asked for keeps at least one frame step (was: a 1-frame path)
+        with pytest.raises(CamrenderError, match="seconds"):
+            retime(traj, seconds=seconds)
 
 
 def test_retime_writes_the_format_its_suffix_names(tmp_path, capsys):
@@ -146,6 +148,9 @@ def test_retime_writes_the_format_its_suffix_names(tmp_path, capsys):
     [
         (["--fps", "0"], ["fps", "positive"]),
         (["--seconds", "-1"], ["seconds"]),
+        (["--seconds", "0"], ["seconds", "positive"]),
+        (["--seconds", "0.01"], ["seconds", "one frame step"]),
+        (["--fps", "1e9"], ["fps", "240"]),
         ([], ["--fps", "--seconds"]),
         (["--fps", "nan"], ["fps"]),
     ],

@@ -133,7 +133,7 @@ def test_bad_weight_files(tmp_path):
         load_transformer_weights(target, tmp_path / "missing.pt")
     garbage = tmp_path / "garbage.safetensors"
     garbage.write_bytes(b"not a safetensors file")
-    with pytest.raises(CamrenderError, match="cannot read"):
+    with pytest.raises(CamrenderError, match="not a safetensors file: .*expected original-format DiT weights"):
         load_transformer_weights(target, garbage)
     unrelated = tmp_path / "other.pt"
     torch.save({"encoder.weight": torch.ones(2)}, unrelated)

@@ -42,6 +42,15 @@ def test_saved_folder_round_trip(saved):
     assert_same_refiner(loaded, original)
 
 
+def test_saved_folder_loads_without_diffusers_deprecation_warnings(saved):
+    import warnings
+
+    folder, _ = saved
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)  # diffusers 0.42 deprecates the pipelines' torch_dtype=
+        load_refiner(resolve_refiner(str(folder), latent_channels=8), dtype=torch.float32)
+
+
 def test_transformer_listed_as_plain_ltx2(saved, tmp_path):
     """A refiner folder whose transformer is saved as LTX2VideoTransformer3DModel loads as the refiner class."""
     folder, original = saved

@@ -124,7 +124,8 @@ def test_batch_spreads_skips_and_reports(tmp_path, capsys, monkeypatch):
     ]
     (tmp_path / "jobs.jsonl").write_text("\n".join(json.dumps(line) for line in lines) + "\n")
     code, err, _ = run_processes(["-m", "camrender", "batch", "jobs.jsonl", "--model", "tiny", "--steps", "1",
-                                  "--device", "cpu", "--gpus", "2", "--summary", "summary.json"], tmp_path)
+                                  "--device", "cpu", "--gpus", "2", "--summary", "summary.json", "--skip-bad-jobs"],
+                                 tmp_path)
     assert code == 3, err[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert (summary["done"], summary["skipped"], summary["failed"], summary["jobs"]) == (3, 1, 2, 6)
@@ -194,8 +195,10 @@ def test_options_to_argv_parses_back():
 def test_bad_jobs_file_names_the_line(tmp_path, line, message):
     jobs = tmp_path / "jobs.jsonl"
     jobs.write_text('{"trajectory": "a.json", "output": "a.mp4"}\n' + line + "\n")
-    with pytest.raises(CamrenderError, match=message):
-        batching.read_jobs(jobs, render)
+    good, bad = batching.read_jobs(jobs, render)  # a bad line is reported at planning, with the others
+    assert not good.error and message in bad.error
+    planned = batching.plan_jobs([bad], render, {}, lambda params: None)
+    assert planned[0].status == "failed" and message in planned[0].reason
 
 
 def test_folder_jobs_and_plan(tmp_path):

@@ -136,9 +136,11 @@ def test_cli_bad_refiner_is_one_line_exit_2(tmp_path, capsys, case):
 
 def test_full_mode_reports_refiner_progress(pipe):
     calls = []
-    list(render_frames(pipe, request_for(mode="full", steps=1), lambda *call: calls.append(call)))
-    refining = [call for call in calls if call[2].startswith("refining")]
+    list(render_frames(pipe, request_for(mode="full", steps=1), lambda *call, **named: calls.append((call, named))))
+    refining = [call for call, named in calls if named["stage"] == "stage 2 (refiner)"]
     assert [call[:2] for call in refining] == [(1, 4), (2, 4), (3, 4), (4, 4)]  # blocks 1-3, 4-6, 7-9, 10
+    assert {named["unit"] for call, named in calls} == {"step", "block"}
+    assert [named["stage"] for call, named in calls][0] == "stage 1"
 
 
 def test_overlapped_stage_two_yields_each_segment_one_chunk_later(pipe):

@@ -166,6 +166,24 @@ def test_resume_of_nothing_renders_from_the_start_and_full_mode_refuses(tmp_path
     assert code == 2 and "--mode segments" in err and list(tmp_path.iterdir()) == []
 
 
+def test_resume_without_a_checkpoint_starts_over_with_a_note(tmp_path, capsys):
+    """Killed before its first checkpoint: the partial folder holds segments only; --resume renders from the
+    start (nothing would be lost) and says so in one line."""
+    out = tmp_path / "v.mp4"
+    folder = tmp_path / ".v.mp4.partial"
+    folder.mkdir()
+    (folder / "segment-00000.mp4").write_bytes(b"half a segment")
+    args = ["--traj", ORBIT, "--out", out, "--model", "tiny", "--mode", "segments", "--frames", "9", "--height", "32",
+            "--width", "32", "--steps", "1", "--kernels", "torch", "--progress", "none"]
+    code, err = run_cli(args, capsys)  # without --resume: refused, the folder kept
+    assert code == 2 and "--resume" not in err.split("remove it")[0] and folder.exists()
+    code, err = run_cli(args + ["--resume"], capsys)
+    assert code == 0, err
+    notes = [line for line in err.splitlines() if "nothing to resume" in line]
+    assert len(notes) == 1 and "no checkpoint" in notes[0] and "from the start" in notes[0]
+    assert len(frames_of(out)) == 9 and not folder.exists()
+
+
 def test_from_render_reproduces_the_video(tmp_path, capsys):
     first = tmp_path / "a.mp4"
     code, err = run_cli(["--traj", ORBIT, "--out", first, "--model", "tiny", "--frames", "17", "--height", "32",

@@ -91,11 +91,13 @@ def test_segment_sampler_equals_dense_sampler(pipe, guidance):
 def test_render_segments_streams_one_chunk_per_segment(pipe):
     request = request_for()
     calls = []
-    chunks = list(render_frames(pipe, request, lambda done, total, info: calls.append((done, total, info))))
+    chunks = list(render_frames(pipe, request, lambda done, total, info, **named: calls.append((done, total, info,
+                                                                                               named))))
     assert [len(chunk) for chunk in chunks] == [33, 24]
     assert all(chunk.dtype == np.uint8 and chunk.shape[1:] == (SIZE, SIZE, 3) for chunk in chunks)
     assert [call[:2] for call in calls] == [(1, 2), (2, 2)]
-    assert calls[-1][2].startswith("57 frames, 3.6 s of video")
+    assert calls[-1][2].startswith("57 frames, 3.500 s of video")  # (frames - 1) / fps, as `traj check` says
+    assert calls[-1][3] == {"stage": "stage 1", "unit": "segment"}
 
     # The streamed frames are the whole-clip causal decode of the sampled latents.
     inputs = prepare_inputs(pipe, request, torch.device("cpu"))

@@ -5,7 +5,8 @@ A format is one module with:
     SUFFIXES     file suffixes it claims, lower case (e.g. (".json",))
     DESCRIPTION  one line for help texts
     read(path) -> Trajectory
-    write(traj, path)            only if the format can be exported (write atomically)
+    write(traj, path)            only if the format can be exported (write atomically); may return
+                                 the list of files written when there are several
     sniff(doc_or_text) -> bool   optional: when several formats share a suffix, the
                                  first module whose sniff accepts the content wins
     FILENAMES    optional: conventional file names (e.g. ("images.txt",)); when no sniff
@@ -19,7 +20,7 @@ import os
 
 from camrender.errors import CamrenderError
 from camrender.trajectory.formats import actions, colmap, nerfstudio, npy, realestate10k, transforms_json, v1
-from camrender.trajectory.formats.fileio import parse_json, read_text
+from camrender.trajectory.formats.fileio import MAX_COLMAP_BYTES, MAX_FILE_BYTES, read_json, read_text
 
 FORMAT_MODULES = [v1, realestate10k, nerfstudio, actions, colmap, transforms_json, npy]
 
@@ -76,8 +77,11 @@ def detect(path, *, for_writing: bool = False):
         )
     if for_writing or len(candidates) == 1:
         return candidates[0]
-    text = read_text(path)
-    content = parse_json(text, os.fspath(path)) if suffix == ".json" else text
+    if suffix == ".json":
+        content = read_json(path, keep=True)  # the reader picked below takes this document (parsed once)
+    else:
+        big = os.path.basename(os.fspath(path)).lower() in colmap.FILENAMES  # an images.txt with its 2D points
+        content = read_text(path, MAX_COLMAP_BYTES if big else MAX_FILE_BYTES)
     for module in candidates:
         sniff = getattr(module, "sniff", None)
         if sniff is not None and sniff(content):
@@ -105,6 +109,8 @@ def import_file(path, fmt: str | None = None, *, scheme=None, intrinsics=None, i
     that gets one-line notes (a pose .npy without intrinsics).
     """
     module = get(fmt) if fmt else None
+    if not os.fspath(path):
+        raise CamrenderError("no file given (the path is an empty string)")
     if intrinsics is not None and not os.fspath(intrinsics).lower().endswith(".npy"):
         raise CamrenderError("must be a .npy file ((3, 3), (F, 3, 3), (4,) or (F, 4))", path=os.fspath(intrinsics),
                              field="intrinsics")
@@ -125,9 +131,11 @@ def _replace_intrinsics(traj, intrinsics, image_size):
     return traj if intrinsics is None else npy.with_intrinsics(traj, intrinsics, image_size).validate()
 
 
-def export_file(traj, path, fmt: str | None = None) -> None:
-    """Write ``traj`` to ``path`` in format ``fmt`` (or the one its suffix names)."""
+def export_file(traj, path, fmt: str | None = None) -> list:
+    """Write ``traj`` to ``path`` in format ``fmt`` (or the one its suffix names); returns the files
+    written (a format may write more than one: COLMAP's cameras.txt beside images.txt)."""
     module = get(fmt) if fmt else detect(path, for_writing=True)
     if not hasattr(module, "write"):
         raise _read_only(module, path)
-    module.write(traj, path)
+    written = module.write(traj, path)
+    return [os.fspath(p) for p in written] if written else [os.fspath(path)]

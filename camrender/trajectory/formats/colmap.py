@@ -31,7 +31,7 @@ import click
 import numpy as np
 
 from camrender.errors import CamrenderError
-from camrender.trajectory.formats.fileio import atomic_write_text, read_text
+from camrender.trajectory.formats.fileio import MAX_COLMAP_BYTES, atomic_write_text, read_text
 from camrender.trajectory import rotations
 from camrender.trajectory.model import DEFAULT_FPS, Trajectory
 
@@ -172,7 +172,7 @@ def read_cameras(path) -> dict[int, tuple[str, int, int, np.ndarray, int]]:
 
 def read_images(path) -> list[tuple[str, np.ndarray, int, int]]:
     """images.txt -> [(name, w2c (4, 4), camera_id, line)] in file order."""
-    lines = read_text(path).splitlines()
+    lines = read_text(path, MAX_COLMAP_BYTES).splitlines()
     images = []
     index = 0
     while index < len(lines):
@@ -236,8 +236,9 @@ def read(path) -> Trajectory:
     return Trajectory(c2w, intrinsics, size[0], size[1], DEFAULT_FPS, source=images_path).validate()
 
 
-def write(traj: Trajectory, path) -> None:
-    """images.txt at `path`, cameras.txt beside it (PINHOLE cameras, one per distinct intrinsics)."""
+def write(traj: Trajectory, path) -> list:
+    """images.txt at `path`, cameras.txt beside it (PINHOLE cameras, one per distinct intrinsics);
+    returns both paths."""
     images_path, cameras_path = _paths(path)
     camera_ids: dict[tuple, int] = {}
     camera_lines = ["# Camera list with one line of data per camera:",
@@ -258,3 +259,4 @@ def write(traj: Trajectory, path) -> None:
         image_lines.append("")
     atomic_write_text(cameras_path, "\n".join(camera_lines) + "\n")
     atomic_write_text(images_path, "\n".join(image_lines) + "\n")
+    return [images_path, cameras_path]

@@ -25,8 +25,14 @@ SUFFIXES = (".json",)
 DESCRIPTION = "nerfstudio camera_path.json (OpenGL c2w, vertical fov)"
 
 
+# Top-level keys only nerfstudio's viewer writes: a file with them but no camera_path is a broken
+# nerfstudio file (its reader names the missing field), not a v1 file without a version.
+NERFSTUDIO_KEYS = ("render_width", "render_height", "camera_type", "smoothness_value", "is_cycle")
+
+
 def sniff(doc) -> bool:
-    return isinstance(doc, dict) and "camera_path" in doc
+    return isinstance(doc, dict) and ("camera_path" in doc
+                                      or ("version" not in doc and any(key in doc for key in NERFSTUDIO_KEYS)))
 
 
 def _matrix(value, where: Where) -> np.ndarray:

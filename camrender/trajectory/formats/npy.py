@@ -174,9 +174,10 @@ def _npy_bytes(array: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
-def write(traj: Trajectory, path) -> None:
+def write(traj: Trajectory, path) -> list:
     """``path`` (F, 4, 4) c2w and ``NAME_intrinsics.npy`` (F, 4) beside it, both from temporary files
-    renamed into place once both are written."""
+    renamed into place once both are written; returns both paths."""
     with atomic_output(path, "wb") as poses, atomic_output(intrinsics_path_for(path), "wb") as intrinsics:
         poses.write(_npy_bytes(traj.c2w))
         intrinsics.write(_npy_bytes(traj.intrinsics))
+    return [path, intrinsics_path_for(path)]
