@@ -46,6 +46,7 @@ def cli():
 def _register():
     from camrender.cli import batch as cli_batch
     from camrender.cli import encode_prompt
+    from camrender.cli import play as cli_play
     from camrender.cli import render as cli_render
     from camrender.cli import selftest
     from camrender.cli import traj as cli_traj
@@ -56,6 +57,7 @@ def _register():
     cli.add_command(selftest.command)
     cli.add_command(encode_prompt.command)
     cli.add_command(cli_batch.batch)
+    cli.add_command(cli_play.play)
 
 
 _register()

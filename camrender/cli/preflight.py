@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 
 from camrender.errors import CamrenderError
-from camrender.limits import MAX_STEPS, check_finite, check_fps, check_seed
+from camrender.limits import MAX_STEPS, TIME_STRIDE, check_finite, check_fps, check_seed
 from camrender.model.recipes import WEIGHT_SUFFIXES
 
 VIDEO_SUFFIXES = (".mp4",)
@@ -96,3 +96,12 @@ def check_device(device, offload: bool, dtype: str = "auto") -> None:
         except ImportError:
             raise CamrenderError("--offload needs the accelerate package (pip install accelerate)",
                                  field="offload") from None
+
+
+def check_noise_frames(drawn, frames: int):
+    """--noise-frames (None, or latent frames of the noise draw, which a `camrender play` session's render
+    file sets) checked against the `frames` video frames' latent frames; returns it."""
+    latent = (frames - 1) // TIME_STRIDE + 1
+    if drawn is not None and drawn < latent:
+        raise CamrenderError(f"must be at least the clip's {latent} latent frames, got {drawn}", field="noise-frames")
+    return drawn

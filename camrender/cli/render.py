@@ -34,7 +34,7 @@ def _resolve_request(options: dict, notes: list | None = None):
     from camrender import trajectory
     from camrender.api.requests import build_request
     from camrender.files import check_output_path
-    from camrender.cli.preflight import check_render_options, probe_writable
+    from camrender.cli.preflight import check_noise_frames, check_render_options, probe_writable
     from camrender.model.recipes import resolve_recipe
     from camrender.render.inputs import open_image
     from camrender.cli.stage_options import resolve_stage_options
@@ -67,7 +67,8 @@ def _resolve_request(options: dict, notes: list | None = None):
         kernels=options["kernels"], allow_missing_weights=options["allow_missing_weights"],
         segment_frames=options["segment_frames"], cached_segments=options["cached_segments"],
         cuda_graphs=options["cuda_graphs"], refiner_offload=options["refiner_offload"], controls=controls, out=out,
-        **resolve_stage_options(options, options["device"]))
+        noise_frames=options["noise_frames"], **resolve_stage_options(options, options["device"]))
+    check_noise_frames(request.noise_frames, request.num_frames)
     if request.num_frames != loaded.num_frames:
         note = (f"{trajectory.resample.frames_note(loaded.num_frames, request.num_frames, options['frames'])} "
                 f"({recipe.frame_stride}k+1, the {recipe.name} recipe's frame counts)")
@@ -181,6 +182,8 @@ def _quiet_libraries() -> None:
                    "'tiny' with --model tiny, or 'none').")
 @click.option("--refiner-offload", default="none", show_default=True, type=click.Choice(["none", "layers"]),
               help="layers: the refiner's blocks visit the GPU one at a time (small GPUs; needs accelerate).")
+@click.option("--noise-frames", default=None, type=click.IntRange(min=1), hidden=True,
+              help="Latent frames of the noise draw, the clip keeping the first (a live session's render file).")
 @click.option("--progress", "progress", default="auto", show_default=True, type=click.Choice(PROGRESS_STYLES),
               help="bar: progress bars; lines: one line per segment, per denoising step at most one every 5 s, with "
                    "stage, counts, rate and ETA (for logs); auto: bar on a terminal, else lines; none: no progress.")

@@ -162,13 +162,22 @@ def camera_feed(pipe, request: RenderRequest, device, dtype, batch: int):
 
 
 
-def initial_latents(first_latent, num_latent_frames: int, height: int, width: int, seed: int, device, dtype):
-    """Gaussian noise (1, C, T, h, w) drawn on the CPU from `seed` (repeatable across devices), frame 0 = image latent."""
+def initial_latents(first_latent, num_latent_frames: int, height: int, width: int, seed: int, device, dtype,
+                    drawn_frames=None):
+    """Gaussian noise (1, C, T, h, w) drawn on the CPU from `seed` (repeatable across devices), frame 0 = image latent.
+
+    drawn_frames: draw (1, C, drawn_frames, h, w) and keep the first T frames (None: T); the noise of a
+    frame depends on the shape drawn, so a clip cut short keeps the longer clip's noise this way.
+    """
     import torch
 
+    drawn = num_latent_frames if drawn_frames is None else int(drawn_frames)
+    if drawn < num_latent_frames:
+        raise CamrenderError(f"the noise draw of {drawn} latent frames is shorter than the clip's {num_latent_frames}",
+                             field="noise_frames")
     generator = torch.Generator("cpu").manual_seed(int(seed))
-    shape = (1, first_latent.shape[1], num_latent_frames, height, width)
-    latents = torch.randn(shape, generator=generator, dtype=dtype).to(device)
+    shape = (1, first_latent.shape[1], drawn, height, width)
+    latents = torch.randn(shape, generator=generator, dtype=dtype)[:, :, :num_latent_frames].contiguous().to(device)
     latents[:, :, :1] = first_latent
     return latents
 
@@ -225,7 +234,8 @@ def prepare_inputs(pipe, request: RenderRequest, device) -> RenderInputs:
         cameras = None
     # segment mode draws and keeps its latents in float32, as the official streaming sampler does
     noise_dtype = torch.float32 if request.mode == "segments" else dtype
-    noise = initial_latents(first.cpu(), frames, h, w, request.seed, "cpu", noise_dtype)
+    noise = initial_latents(first.cpu(), frames, h, w, request.seed, "cpu", noise_dtype,
+                            drawn_frames=request.noise_frames)
     return RenderInputs(text=text, text_mask=text_mask, camera_conditions=camera, chunk_plucker=plucker,
                         first_latent=first, noise=noise, guidance=float(request.guidance or 1.0), cameras=cameras)
 

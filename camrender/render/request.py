@@ -69,6 +69,9 @@ class RenderRequest:
             (`camrender.trajectory.controls.ControlScheme.to_dict()`: name, speeds, pitch limit, smoothing,
             fps), recorded in NAME.render.json; None for other paths.
         out: output video path.
+        noise_frames: latent frames of the noise draw (None: the clip's); the clip takes its first ones.
+            A live session (`camrender play`) draws its longest clip's noise up front and may stop
+            earlier: its `NAME.render.json` records the draw so the shorter offline render gets the same noise.
     """
 
     traj: Any
@@ -104,6 +107,7 @@ class RenderRequest:
     controls: Optional[dict] = None
     out: Optional[Path] = None
     cameras: Any = None
+    noise_frames: Optional[int] = None
 
 
 
