@@ -31,3 +31,15 @@ def test_camrender_kernels_and_the_pypi_kernels_package_import_side_by_side(tmp_
     theirs, ours = result.stdout.split()
     assert theirs.startswith(site)
     assert not ours.startswith(site) and ours.endswith(os.path.join("kernels", "__init__.py"))
+
+
+def test_every_package_folder_is_listed_in_pyproject():
+    """A subpackage missing from `[tool.setuptools] packages` is left out of a wheel (non-editable install)."""
+    import tomllib
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    listed = set(tomllib.loads((repo / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {".".join(init.parent.relative_to(repo).parts) for init in (repo / "camrender").rglob("__init__.py")}
+    assert folders - listed == set(), "add these to pyproject.toml's packages"
+    assert "camrender.kernels" in listed
