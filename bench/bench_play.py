@@ -79,8 +79,15 @@ def build(args):
         from camrender.render.pipeline import load_patched_pipeline
 
         return load_patched_pipeline(template), template
+    from PIL import Image
+
     from bench_multi_gpu import load_release_random
 
+    # the release model needs a first frame (the tiny one renders without): a random image of the render size
+    pixels = torch.randint(0, 256, (height, width, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    image = Path(tempfile.mkdtemp(prefix="bench_play_")) / "first.png"  # a path: the saved session names it
+    Image.fromarray(pixels.numpy()).save(image)
+    template = dataclasses.replace(template, image=str(image))
     pipe = load_release_random(template)
     if args.refiner:
         attach_random_refiner(pipe)
