@@ -17,6 +17,9 @@ from ._validate import check_tensor, use_triton
 
 E4M3_MAX = 448.0
 TINY = 1e-12
+# the same two numbers as the kernels see them: compiled Triton reads only constexpr globals
+_E4M3_MAX_K = tl.constexpr(E4M3_MAX)
+_TINY_K = tl.constexpr(TINY)
 
 
 def quantize_rows_ref(x):
@@ -49,13 +52,13 @@ def _quantize_rows_kernel(x_ptr, q_ptr, scale_ptr, K, stride_x, stride_q, BLOCK:
         offsets = start + tl.arange(0, BLOCK)
         values = tl.load(x_row + offsets, mask=offsets < K, other=0.0).to(tl.float32)
         amax = tl.maximum(amax, tl.abs(values))
-    scale = tl.div_rn(tl.maximum(tl.max(amax, axis=0), TINY), E4M3_MAX)
+    scale = tl.div_rn(tl.maximum(tl.max(amax, axis=0), _TINY_K), _E4M3_MAX_K)
     tl.store(scale_ptr + row, scale)
     for start in range(0, K, BLOCK):
         offsets = start + tl.arange(0, BLOCK)
         mask = offsets < K
         values = tl.load(x_row + offsets, mask=mask, other=0.0).to(tl.float32)
-        scaled = tl.minimum(tl.maximum(tl.div_rn(values, scale), -E4M3_MAX), E4M3_MAX)
+        scaled = tl.minimum(tl.maximum(tl.div_rn(values, scale), -_E4M3_MAX_K), _E4M3_MAX_K)
         tl.store(q_row + offsets, _round_to_e4m3(scaled).to(tl.float8e4nv), mask=mask)
 
 
