@@ -112,6 +112,8 @@ class GraphedForward:
     Args:
         forward: the function to replay; it reads only its arguments (tensors inside dataclasses,
             dicts, lists and tuples are fine) and returns one tensor. Called as `forward(*inputs)`.
+            It must not refer back to the object holding this instance (a bound method of it): the
+            cycle would keep the static copies alive after their render until a garbage collection.
         capture: record CUDA graphs (needs CUDA); False replays on static copies without a graph.
     """
 

@@ -14,6 +14,7 @@ Shapes: latents (1, C, t, h, w) of the call's latent frames, frame timesteps (t,
 """
 from __future__ import annotations
 
+import functools
 from typing import Optional, Sequence
 
 import torch
@@ -57,6 +58,10 @@ class Denoiser:
         self.guided = inputs.text.shape[0] == 2
         self.upcast = upcast
         self.offloaded = getattr(model, "_hf_hook", None) is not None
+        # A partial over the model and options, not a bound method: the graphs must not refer back to the
+        # denoiser, or the two form a reference cycle and the graphs' static copies (the ~1 GB cache among
+        # them) outlive the render until the garbage collector happens to run.
+        self._forward = functools.partial(_model_forward, model, options)
         self.graphs = None
         if cuda_graphs and not self.offloaded:
             self.graphs = GraphedForward(self._forward, capture=self.device.type == "cuda")
@@ -100,10 +105,11 @@ class Denoiser:
             prediction = uncond + self.inputs.guidance * (cond - uncond)
         return prediction
 
-    def _forward(self, x, timestep, conditioning, cache, segments=None, write=False):
-        return segment_forward(self.model, x, timestep, frame_start=conditioning.frame_start, cache=cache,
-                               write_cache=write, segments=segments, options=self.options,
-                               conditioning=conditioning)
+
+def _model_forward(model, options, x, timestep, conditioning, cache, segments=None, write=False):
+    """One unguided forward of the model on prepared conditioning (`segment_forward`)."""
+    return segment_forward(model, x, timestep, frame_start=conditioning.frame_start, cache=cache,
+                           write_cache=write, segments=segments, options=options, conditioning=conditioning)
 
 
 def pinned_frames(inputs, start: int, stop: int, device) -> torch.Tensor:
