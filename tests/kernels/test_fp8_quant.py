@@ -38,3 +38,23 @@ def test_every_e4m3_rounding_case_against_torch():
     q, scale = quantize_rows(x, backend="triton")
     assert scale.item() == 1.0
     assert torch.equal(q.view(torch.uint8), x.to(torch.float8_e4m3fn).view(torch.uint8))
+
+
+@pytest.mark.gpu
+def test_compiled_kernel_and_fp8_linear_on_cuda():
+    """Compiled for the GPU: the kernel's bits equal the reference's, and `Fp8Linear` (the kernel, then
+    `torch._scaled_mm` row-wise with bias) stays near the bf16 product. Needs FP8 tensor cores (sm >= 8.9)."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("needs a CUDA GPU with FP8 tensor cores")
+    from camrender.model.fp8 import Fp8Linear
+
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(300, 2240, device="cuda", generator=generator).to(torch.bfloat16)
+    q, scale = quantize_rows(x, backend="triton")
+    q_ref, scale_ref = quantize_rows_ref(x)
+    assert torch.equal(scale, scale_ref) and torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
+    linear = torch.nn.Linear(2240, 1024, device="cuda", dtype=torch.bfloat16)
+    reference = linear(x).float()
+    out = Fp8Linear.from_linear(linear)(x).float()
+    assert out.dtype == torch.float32 and out.shape == reference.shape
+    assert ((out - reference).norm() / reference.norm()).item() < 0.05
