@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import camrender.model.graphs
+import camrender.render.denoise
 
 pytestmark = pytest.mark.gpu
 
@@ -22,7 +23,8 @@ FRAMES = 57  # 8 latent frames: two segments in segment mode
 
 @pytest.fixture
 def graph_log(monkeypatch):
-    """Every GraphedForward built while the test runs (the render paths import the class on use)."""
+    """Every GraphedForward built while the test runs (`camrender.render.denoise` imports the class at its
+    top, so the name is replaced there too)."""
     made = []
 
     class Recorded(camrender.model.graphs.GraphedForward):
@@ -31,6 +33,7 @@ def graph_log(monkeypatch):
             made.append(self)
 
     monkeypatch.setattr(camrender.model.graphs, "GraphedForward", Recorded)
+    monkeypatch.setattr(camrender.render.denoise, "GraphedForward", Recorded)  # the renders' one user
     return made
 
 
@@ -80,14 +83,18 @@ def pipe():
 
 
 @pytest.mark.parametrize("mode", ["full", "segments"])
-def test_render_with_graphs_equals_eager(pipe, mode, graph_log):
+def test_render_with_graphs_equals_eager(mode, graph_log):
     from camrender.render.loop import render_frames
+    from camrender.render.pipeline import load_patched_pipeline
 
     request = _request(mode)
     videos = {}
     for graphs in (False, True):
+        # a pipeline per setting: its RenderSettings (CUDA graphs among them) are decided once, at load
+        graphed = dataclasses.replace(request, cuda_graphs=graphs)
+        pipe = load_patched_pipeline(graphed)
         with torch.no_grad():
-            frames = list(render_frames(pipe, dataclasses.replace(request, cuda_graphs=graphs)))
+            frames = list(render_frames(pipe, graphed))
         videos[graphs] = np.concatenate(frames)
     assert videos[True].shape == videos[False].shape and len(videos[True]) == FRAMES
     assert np.array_equal(videos[True], videos[False])
