@@ -83,7 +83,9 @@ def preview_command(file, out, overlay, width, height, scene_scale, absolute, **
 @click.argument("first", type=click.Path(dir_okay=False))
 @click.argument("second", type=click.Path(dir_okay=False))
 @click.option("-o", "--out", required=True, type=click.Path(), help="Trajectory file to write (format by suffix).")
-def concat_command(first, second, out):
+@path_options.intrinsics_option
+@path_options.scheme_options
+def concat_command(first, second, out, **options):
     """Continue SECOND from the end pose of FIRST.
 
     SECOND is moved rigidly so that its first pose equals FIRST's last pose; that shared
@@ -92,7 +94,7 @@ def concat_command(first, second, out):
     from camrender.trajectory.formats import export_file
     from camrender.trajectory.edit import concat
 
-    result = concat(_load(first), _load(second))
+    result = concat(_load(first, dict(options)), _load(second, dict(options)))  # each reads the same options
     written = export_file(result, out)
     click.echo(f"wrote {' and '.join(written)}: {count(result.num_frames, 'frame')}, {result.duration:.3f} s at "
                f"{result.fps:g} fps")
@@ -105,14 +107,16 @@ def concat_command(first, second, out):
 @click.option("--interp", type=click.Choice(["spline", "linear"]), default="spline", show_default=True,
               help="Position interpolation between frames (rotations: slerp; focal length: in tan(fov/2)).")
 @click.option("-o", "--out", required=True, type=click.Path(), help="Trajectory file to write (format by suffix).")
-def retime_command(file, fps, seconds, interp, out):
+@path_options.intrinsics_option
+@path_options.scheme_options
+def retime_command(file, fps, seconds, interp, out, **options):
     """Resample the path in time: same start, end and shape, new frame rate and/or duration."""
     from camrender.trajectory.formats import export_file
     from camrender.trajectory.edit import retime
 
     if fps is None and seconds is None:
         raise CamrenderError("give --fps and/or --seconds", field="retime")
-    traj = _load(file)
+    traj = _load(file, options)
     result = retime(traj, fps=fps, seconds=seconds, position=interp)
     written = export_file(result, out)
     click.echo(f"wrote {' and '.join(written)}: {count(result.num_frames, 'frame')}, {result.duration:.3f} s at "

@@ -110,3 +110,25 @@ def test_batch_jobs_take_the_new_options_and_skip_intrinsics_files(tmp_path):
     assert planned[1].request.traj.intrinsics[0, 0] == 500.0 and "missing.txt: file not found" in planned[2].reason
     folder_jobs = batch_jobs.read_jobs(tmp_path, render, tmp_path / "out")
     assert [os.path.basename(job.where) for job in folder_jobs] == ["a_pose.npy"]
+
+
+@pytest.mark.parametrize("scheme_name", ["sana-wm", "diffusers"])
+def test_concat_and_retime_read_action_strings_in_the_scheme_asked(tmp_path, capsys, scheme_name):
+    from camrender.trajectory import load
+
+    scheme = make_scheme(scheme_name, smooth=False)
+    code, _, err = run_cli(["traj", "concat", "w-10", "d-6", "--action-scheme", scheme_name, "--no-smooth",
+                            "-o", tmp_path / "c.json"], capsys)
+    assert code == 0, err
+    first, second = rollout(scheme, actions.parse_actions("w-10")), rollout(scheme, actions.parse_actions("d-6"))
+    joined = load(str(tmp_path / "c.json")).c2w
+    assert len(joined) == len(first) + len(second) - 1
+    np.testing.assert_allclose(joined[len(first) - 1], first[-1], atol=1e-6)
+    # the second part moved rigidly onto the first's end: its last pose relative to its start is kept
+    np.testing.assert_allclose(np.linalg.inv(joined[len(first) - 1]) @ joined[-1],
+                               np.linalg.inv(second[0]) @ second[-1], atol=1e-6)
+    code, _, err = run_cli(["traj", "retime", "w-10,d-6", "--fps", "32", "--action-scheme", scheme_name,
+                            "--no-smooth", "-o", tmp_path / "r.json"], capsys)
+    assert code == 0, err
+    np.testing.assert_allclose(load(str(tmp_path / "r.json")).c2w[-1],
+                               rollout(scheme, actions.parse_actions("w-10,d-6"))[-1], atol=1e-6)
