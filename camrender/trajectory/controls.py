@@ -31,6 +31,7 @@ import math
 import numpy as np
 
 from camrender.errors import CamrenderError
+from camrender.trajectory.rotations import rot_x, rot_y
 
 SCHEME_NAMES = ("sana-wm", "diffusers")
 CONTROLS = ("forward", "back", "strafe_left", "strafe_right", "yaw_left", "yaw_right", "pitch_up", "pitch_down")
@@ -115,16 +116,6 @@ def scheme_from_dict(values: dict, where=None) -> ControlScheme:
                              field="action_scheme")
     values = dict(values)
     return make_scheme(values.pop("name", None), **values)
-
-
-def _rot_x(angle: float) -> np.ndarray:
-    c, s = math.cos(angle), math.sin(angle)
-    return np.array([[1.0, 0.0, 0.0], [0.0, c, -s], [0.0, s, c]])
-
-
-def _rot_y(angle: float) -> np.ndarray:
-    c, s = math.cos(angle), math.sin(angle)
-    return np.array([[c, 0.0, s], [0.0, 1.0, 0.0], [-s, 0.0, c]])
 
 
 def _horizontal(axis: np.ndarray, eps: float) -> np.ndarray:
@@ -217,7 +208,7 @@ class Controller:
         else:  # sana-wm: clamped at the limit
             clamped = max(-limit, min(limit, wanted))
             pitch_step, self.pitch = clamped - self.pitch, clamped
-        rotation = _rot_y(yaw) @ self._pose[:3, :3] @ _rot_x(pitch_step)
+        rotation = rot_y(yaw) @ self._pose[:3, :3] @ rot_x(pitch_step)
         eps = 0.0 if self.scheme.name == "diffusers" else 1e-6
         ahead, right = _horizontal(rotation[:, 2], eps), _horizontal(rotation[:, 0], eps)
         pose = np.eye(4)

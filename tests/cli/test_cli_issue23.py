@@ -12,23 +12,13 @@ from camrender import trajectory
 from camrender.errors import CamrenderError
 from camrender.limits import MAX_POSITION, MAX_SEED
 from helpers import run_cli as run
+from test_cli_checks import one_error  # the one-line, nothing-written check
 
 REPO = Path(__file__).resolve().parents[2]
 ORBIT = REPO / "trajectories" / "orbit.json"
 SMALL = ["--model", "tiny", "--frames", "9", "--height", "32", "--width", "32", "--steps", "1", "--kernels", "torch"]
 PER_FRAME = {"version": 1, "width": 64, "height": 32, "fps": 8,
              "frames": [{"c2w": np.eye(4).tolist(), "fx": 50, "fy": 50, "cx": 32, "cy": 16} for _ in range(9)]}
-
-
-def one_error(argv, capsys, folder):
-    """The single error line of a failing command that wrote nothing into `folder` and loaded no model."""
-    before = sorted(os.listdir(folder))
-    code, out, err = run(argv, capsys)
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert code == 2 and len(lines) == 1 and lines[0].startswith("camrender: error: "), err
-    assert "Traceback" not in err and "loading" not in err
-    assert sorted(os.listdir(folder)) == before
-    return lines[0]
 
 
 def write_doc(path, change):
