@@ -19,10 +19,14 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# CLI renders keep encoded prompts (camrender.render.prompt_cache): in a folder of this run, never the user's
+# CLI renders keep encoded prompts (camrender.render.prompt_cache): in a folder of this run, never the
+# user's, removed when the run ends
+import atexit  # noqa: E402
+import shutil  # noqa: E402
 import tempfile  # noqa: E402
 
 os.environ["CAMRENDER_CACHE"] = tempfile.mkdtemp(prefix="camrender-test-cache-")
+atexit.register(shutil.rmtree, os.environ["CAMRENDER_CACHE"], ignore_errors=True)
 
 # Test modules import helpers from each other's folders (`from test_render_cli import ...`): every
 # test folder is importable, whichever file pytest collects first (or alone).
