@@ -23,6 +23,12 @@ BACKENDS = ("auto", "triton", "torch")
 _BACKEND_OF_KERNELS = {"fused": "auto", "torch": "torch"}
 
 
+def _check_choice(name: str, value, choices) -> None:
+    """ValueError naming `name` unless `value` is one of `choices`."""
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+
+
 @dataclasses.dataclass(frozen=True)
 class KernelSettings:
     """How the patched modules compute.
@@ -41,12 +47,9 @@ class KernelSettings:
     linear_precision: str = "bf16"
 
     def __post_init__(self):
-        if self.backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
-        if self.precision not in PRECISION_CHOICES:
-            raise ValueError(f"precision must be one of {PRECISION_CHOICES}, got {self.precision!r}")
-        if self.linear_precision not in LINEAR_PRECISIONS:
-            raise ValueError(f"linear precision must be one of {LINEAR_PRECISIONS}, got {self.linear_precision!r}")
+        _check_choice("backend", self.backend, BACKENDS)
+        _check_choice("precision", self.precision, PRECISION_CHOICES)
+        _check_choice("linear precision", self.linear_precision, LINEAR_PRECISIONS)
 
     @classmethod
     def from_kernels(cls, kernels: str = "fused", precision: str = "tf32",
@@ -91,12 +94,9 @@ class RefinerSettings:
     window: int = 11
 
     def __post_init__(self):
-        if self.path not in REFINER_PATHS:
-            raise ValueError(f"refiner path must be one of {REFINER_PATHS}, got {self.path!r}")
-        if self.backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
-        if self.linear_precision not in LINEAR_PRECISIONS:
-            raise ValueError(f"linear precision must be one of {LINEAR_PRECISIONS}, got {self.linear_precision!r}")
+        _check_choice("refiner path", self.path, REFINER_PATHS)
+        _check_choice("backend", self.backend, BACKENDS)
+        _check_choice("linear precision", self.linear_precision, LINEAR_PRECISIONS)
         if int(self.window) < 1:
             raise ValueError(f"the refiner window must be at least 1 frame, got {self.window}")
 
