@@ -90,22 +90,24 @@ def build(args):
     template = dataclasses.replace(template, image=str(image))
     pipe = load_release_random(template)
     if args.refiner:
-        attach_random_refiner(pipe)
         template = dataclasses.replace(template, refiner="release-random")
+        attach_random_refiner(pipe, template)
     return pipe, template
 
 
-def attach_random_refiner(pipe):
+def attach_random_refiner(pipe, template):
     """The release-size refiner DiT in random weights, its prompt random embeddings (1024 tokens, as
-    bench_refiner.py: the Gemma-3-12B text encoder is not built)."""
+    bench_refiner.py: the Gemma-3-12B text encoder is not built), handed over as the prompt encoded at load."""
     import camrender.render.stage_two as stage_two_module
     from bench_refiner import as_refiner, build_refiner_transformer, refiner_text
+    from camrender.render.prompt_cache import refiner_key
 
     device = pipe._execution_device
     transformer = build_refiner_transformer(False, device, torch.bfloat16)
-    stage_two_module.attach_refiner(pipe, as_refiner(transformer))
-    stage_two_module.encode_refiner_prompt = lambda refiner, prompt, device, dtype: refiner_text(
-        refiner.transformer, 1024, device, dtype)
+    refiner = as_refiner(transformer)
+    text = refiner_text(transformer, 1024, device, torch.bfloat16)
+    setattr(refiner, stage_two_module._PROMPT_MEMO, (refiner_key(template), text.embeds, text.mask))
+    stage_two_module.attach_refiner(pipe, refiner)
 
 
 def quantiles(values):
@@ -152,6 +154,8 @@ async def fly(server: PlayServer, url: str, segments: int, key_every: float, fps
                     break
         finally:
             driver.cancel()
+    if not segment_times:
+        return {"segments": 0, "error": ended["error"]}
     # playback on a page: each frame shown at 1/fps after the one before, or when it arrives if later
     shown, last = {}, None
     for index in sorted(arrivals):

@@ -27,6 +27,7 @@ import math
 import os
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -36,7 +37,9 @@ from camrender.render.inputs import RenderInputs  # noqa: E402
 from camrender.model.state import FULL_MODE  # noqa: E402
 from camrender.render.denoise import Denoiser, pin, pinned_frames  # noqa: E402
 from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments  # noqa: E402
+from camrender.render import decode as decode_module  # noqa: E402
 from camrender.render.decode import CausalStreamDecoder, to_uint8_frames  # noqa: E402
+from camrender.render.stage_two import PassThrough, refined_frames  # noqa: E402
 from camrender.model.recipes import get_recipe  # noqa: E402
 from camrender.model.segments import SegmentOptions, segment_bounds  # noqa: E402
 from common import GIB, Laps, allocated_bytes, emit, measure, peak_bytes, reset_peak, sync  # noqa: E402
@@ -56,6 +59,15 @@ def parse_args(argv=None):
                         help="segment mode without CUDA-graph replay (default: replay, plus one eager run timed beside it)")
     parser.add_argument("--full-cfg-steps", type=int, default=2,
                         help="guided full-mode steps measured (extrapolated to 60)")
+    parser.add_argument("--loop-segments", type=int, default=30,
+                        help="path length (segments) of the render-loop rows, overlapped and in line (0: none)")
+    parser.add_argument("--decode-max-frames", type=int, default=None,
+                        help="latent frames per VAE call of the streaming decode (default: the render's, "
+                             "camrender.render.decode.DECODE_MAX_FRAMES; 0: a whole segment per call)")
+    parser.add_argument("--official", default=None, metavar="KIT",
+                        help="also run NVlabs' released streaming sampler (the reference kit's "
+                             "bench_official_stage1.py in KIT) on the same path lengths, in its own process")
+    parser.add_argument("--official-timeout", type=int, default=300)
     parser.add_argument("--out", default=None, help="also write the JSON document here")
     parser.add_argument("--markdown", default=None, help="also write the figures as a markdown table here")
     parser.add_argument("--cpu-smoke", action="store_true",
@@ -117,7 +129,7 @@ def run_segment_path(transformer, vae, latent_frames, height, width, options, de
     A path of n segments has 1 + 3 n latent frames (8 (1 + 3 n) - 7 video frames)."""
     inputs = path_inputs(transformer, latent_frames, height, width, device, dtype)
     bounds = segment_bounds(latent_frames, 3)
-    decoder = CausalStreamDecoder(vae)
+    decoder = CausalStreamDecoder(vae, max_frames=decode_module.DECODE_MAX_FRAMES)
     reset_peak()
     base = allocated_bytes()
     frames = 0
@@ -140,6 +152,65 @@ def run_segment_path(transformer, vae, latent_frames, height, width, options, de
         peak_above_weights_gib=round((peak_bytes() - base) / GIB, 3),
         peak_after_first_segment_gib=round(per_segment_peak[0], 3),
     )
+
+
+def run_segment_loop(transformer, vae, latent_frames, height, width, options, device, dtype, overlap,
+                     cuda_graphs=True):
+    """Segment mode as a render runs it: the library's loop (`refined_frames` with no refiner) from the
+    sampler's chunks to uint8 frames on the host; `overlap`: the decode on its own CUDA stream beside the
+    next segment's stage 1 (the render's default on CUDA), else in line. Wall time end to end."""
+    inputs = path_inputs(transformer, latent_frames, height, width, device, dtype)
+    bounds = segment_bounds(latent_frames, 3)
+    decoder = CausalStreamDecoder(vae, max_frames=decode_module.DECODE_MAX_FRAMES)
+    reset_peak()
+    frames, arrivals = 0, []
+    with torch.no_grad():
+        sync()
+        began = time.perf_counter()
+        chunks = (latents for *_, latents in sample_segments(
+            transformer, inputs, bounds, list(DEFAULT_SEGMENT_TIMESTEPS), options, device, cuda_graphs=cuda_graphs))
+        for _, chunk in refined_frames(PassThrough(), chunks, decoder, device, overlap=overlap):
+            frames += len(chunk)
+            arrivals.append(time.perf_counter() - began)
+        sync()
+        total = time.perf_counter() - began
+    steady = steady_rate(arrivals, frames)
+    return dict(segments=len(bounds), video_frames=frames, overlap=overlap, total_s=round(total, 3),
+                video_fps=round(frames / total, 2), video_fps_steady=steady, peak_gib=round(peak_bytes() / GIB, 3))
+
+
+def steady_rate(arrivals, frames):
+    """Video fps between the arrival of the second segment's frames and the last's (warm-up and the
+    first segment's longer context left out), or None for fewer than 4 segments."""
+    if len(arrivals) < 4:
+        return None
+    per_segment = (frames - 1) // (len(arrivals) - 1) if len(arrivals) > 1 else frames
+    return round(per_segment * (len(arrivals) - 2) / (arrivals[-1] - arrivals[1]), 2)
+
+
+def official_rows(kit: str, lengths, timeout_s: int) -> dict:
+    """NVlabs' streaming sampler as released (the kit's `bench_official_stage1.py`, its own process) on
+    paths of `lengths` segments: {segments: its result line}. The kit's wheels must be installed on
+    PYTHONPATH (see the kit script's docstring)."""
+    import subprocess
+    import tempfile
+
+    script = Path(kit) / "bench_official_stage1.py"
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "official.jsonl"
+        command = [sys.executable, str(script), "--kit", str(kit), "--no-profile", "--repeats", "1",
+                   "--latent-frames", ",".join(str(1 + 3 * n) for n in lengths), "--out", str(out)]
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        env.setdefault("SANA_WM_SITE", env.get("PYTHONPATH", "").split(os.pathsep)[0])
+        try:
+            done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return {"error": f"timed out after {timeout_s} s"}
+        lines = [json.loads(line) for line in out.read_text().splitlines() if line.strip()] if out.exists() else []
+    rows = {str((line["latent_frames"] - 1) // 3): line for line in lines if line.get("kind") == "result"}
+    if not rows:
+        rows["error"] = (done.stderr.strip().splitlines() or ["no result"])[-1][:300]
+    return rows
 
 
 def run_full(transformer, vae, latent_frames, height, width, steps, guidance, device, dtype, measure_steps=None):
@@ -179,7 +250,7 @@ def run_full(transformer, vae, latent_frames, height, width, steps, guidance, de
         # Decode in segment-sized chunks with the streaming decoder: the frames equal one whole-clip
         # causal decode (tests/render/test_segments_decode.py), without its activation peak (see decode_whole_clip).
         start = time.perf_counter()
-        decoder = CausalStreamDecoder(vae)
+        decoder = CausalStreamDecoder(vae, max_frames=decode_module.DECODE_MAX_FRAMES)
         frames = sum(len(to_uint8_frames(decoder.decode(latents[:, :, a:b]))) for a, b in segment_bounds(latent_frames))
         sync()
         decode = time.perf_counter() - start
@@ -223,6 +294,8 @@ def main(argv=None):
     else:
         device, dtype = torch.device("cuda"), torch.bfloat16
         height, width = (352, 640) if args.quick else (704, 1280)
+    if args.decode_max_frames is not None:
+        decode_module.DECODE_MAX_FRAMES = args.decode_max_frames or None
     default_lengths = [2, 4, 8] if args.quick else [3, 10, 30]
     lengths = [int(x) for x in args.segments.split(",")] if args.segments else default_lengths
     recipe = get_recipe("streaming")
@@ -231,6 +304,7 @@ def main(argv=None):
         device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu", torch=torch.__version__,
         quick=args.quick, kernels=args.kernels, height=height, width=width, dtype=str(dtype).replace("torch.", ""),
         recipe=recipe.name, segment_timesteps=list(DEFAULT_SEGMENT_TIMESTEPS), cached_segments=options.cached_segments,
+        decode_max_frames=decode_module.DECODE_MAX_FRAMES,
         segments={}, errors={},
     )
     try:
@@ -269,6 +343,13 @@ def main(argv=None):
     if len(peaks) > 1 and min(peaks) > 0:
         results["peak_spread_pct"] = round(100 * (max(peaks) - min(peaks)) / min(peaks), 2)
 
+    if args.loop_segments:
+        results["loop"] = {}
+        for overlap in (True, False):
+            value = record(f"loop_{'overlap' if overlap else 'inline'}", lambda: run_segment_loop(
+                transformer, vae, 1 + 3 * args.loop_segments, height, width, options, device, dtype, overlap, graphs))
+            if value is not None:
+                results["loop"]["overlap" if overlap else "inline"] = value
     # The 161-frame path: 21 latent frames (segments (0,3), (3,6), ..., (18,21): F mod 3 = 0).
     results["segments_161_frames"] = record(
         "segments_161_frames", lambda: run_segment_path(transformer, vae, 21, height, width, options, device, dtype,
@@ -293,6 +374,10 @@ def main(argv=None):
             "full_161_frames_60_steps_cfg",
             lambda: run_full(transformer, vae, 21, height, width, steps60, 5.0, device, dtype,
                              measure_steps=args.full_cfg_steps))
+    if args.official:
+        del transformer, vae
+        torch.cuda.empty_cache()
+        results["official"] = official_rows(args.official, lengths, args.official_timeout)
     emit(results, args.out)
     if args.markdown:
         with open(args.markdown, "w") as handle:

@@ -137,7 +137,7 @@ class Flight:
         request = dataclasses.replace(self.request, cameras=self.path.segments())
         recent = []  # (clock, frames) of the recent segments, for the rate
         started = self.clock()
-        chunks = render_frames(self.pipe, request)
+        chunks = render_frames(self.pipe, request, low_latency=True)  # each segment on screen as soon as it is decoded
         try:
             for frames in chunks:
                 if self._stop.is_set():

@@ -15,6 +15,7 @@ import contextlib
 import functools
 
 import torch
+import torch.nn.functional as F
 
 # Latent frames per VAE call in segment mode's streaming decode. The decode's workspace grows with the frames
 # of a call (the decoder's last stages hold several full-resolution activations of 8 video frames per latent
@@ -65,6 +66,27 @@ def to_uint8_frames_async(video: torch.Tensor):
     ready = torch.cuda.Event()
     ready.record(torch.cuda.current_stream(frames.device))
     return host, ready
+
+
+def reflect_padded(tail: torch.Tensor, x: torch.Tensor, pad_h: int, pad_w: int) -> torch.Tensor:
+    """[tail, x] along time (dim 2), reflect-padded by pad_h / pad_w in height / width, written into one
+    new (B, C, t_tail + t, H + 2 pad_h, W + 2 pad_w) tensor: the input of a `padding_mode="reflect"`
+    Conv3d after its own `F.pad` (the same values), without the concatenation's extra full copy and
+    PyTorch's slow 3-d reflection-pad kernel. Needs pad_h < H and pad_w < W, as `F.pad` does."""
+    batch, channels, frames, height, width = x.shape
+    context = tail.shape[2]
+    out = x.new_empty(batch, channels, context + frames, height + 2 * pad_h, width + 2 * pad_w)
+    rows = slice(pad_h, pad_h + height)
+    columns = slice(pad_w, pad_w + width)
+    out[:, :, :context, rows, columns] = tail
+    out[:, :, context:, rows, columns] = x
+    for i in range(1, pad_h + 1):  # rows first (inside the interior columns), then whole columns
+        out[:, :, :, pad_h - i, columns] = out[:, :, :, pad_h + i, columns]
+        out[:, :, :, pad_h + height - 1 + i, columns] = out[:, :, :, pad_h + height - 1 - i, columns]
+    for j in range(1, pad_w + 1):
+        out[..., pad_w - j] = out[..., pad_w + j]
+        out[..., pad_w + width - 1 + j] = out[..., pad_w + width - 1 - j]
+    return out
 
 
 class CausalStreamDecoder:
@@ -161,10 +183,19 @@ class CausalStreamDecoder:
         context = conv.kernel_size[0] - 1
         tail = self._tails.get(id(conv))
         if tail is None:  # first chunk: repeat the first frame, as the whole-clip decode does
-            tail = hidden_states[:, :, :1].repeat(1, 1, context, 1, 1)
-        padded = torch.cat([tail, hidden_states], dim=2)
-        self._tails[id(conv)] = padded[:, :, padded.shape[2] - context :]
-        return conv.conv(padded)
+            tail = hidden_states[:, :, :1].expand(-1, -1, context, -1, -1)
+        inner = conv.conv
+        if inner.padding_mode == "reflect":
+            padded = reflect_padded(tail, hidden_states, inner.padding[1], inner.padding[2])
+            core = padded[:, :, :, inner.padding[1]:padded.shape[3] - inner.padding[1],
+                          inner.padding[2]:padded.shape[4] - inner.padding[2]]
+            out = F.conv3d(padded, inner.weight, inner.bias, inner.stride, 0, inner.dilation, inner.groups)
+        else:
+            core = padded = torch.cat([tail, hidden_states], dim=2)
+            out = inner(padded)
+        # a copy, not a view: a view would keep this call's whole input alive until the next chunk
+        self._tails[id(conv)] = core[:, :, core.shape[2] - context:].clone()
+        return out
 
     @staticmethod
     def _upsampler_forward(upsampler, first: bool, hidden_states: torch.Tensor, causal: bool = True):

@@ -30,13 +30,15 @@ from camrender.render.stage_two import refined_frames
 
 
 def render_frames(pipe, request: RenderRequest, progress: Progress = None, checkpoints=None,
-                  settings: Optional[RenderSettings] = None) -> Iterator[np.ndarray]:
+                  settings: Optional[RenderSettings] = None, low_latency: bool = False) -> Iterator[np.ndarray]:
     """Yield the video of `request` as uint8 (F_chunk, H, W, 3) chunks, in order.
 
     progress: `progress(done, total, info, stage=..., unit=...)` (`camrender.render.request.Progress`: denoising
     steps in full mode, segments in segment mode, refiner blocks of a whole clip);
     checkpoints: segment mode's `camrender.render.resume.Checkpointer` (resume / save), or None;
-    settings: the render's `RenderSettings` (None: the pipeline's, `camrender.render.pipeline.pipeline_settings`).
+    settings: the render's `RenderSettings` (None: the pipeline's, `camrender.render.pipeline.pipeline_settings`);
+    low_latency: yield each segment's frames as soon as they are decoded, before the next segment's stage 1
+        is queued (`camrender play`: a segment sooner on the screen; the stages no longer overlap on the GPU).
     """
     if request.mode not in MODES:
         raise CamrenderError(f"must be one of {', '.join(MODES)}, got {request.mode!r}", field="mode")
@@ -48,21 +50,26 @@ def render_frames(pipe, request: RenderRequest, progress: Progress = None, check
             plan = full_plan(pipe, request, device, settings, progress)
         else:
             plan = segment_plan(pipe, request, device, settings, checkpoints)
-        yield from run_plan(plan, request, device, progress if plan.per_chunk_progress else None)
+        yield from run_plan(plan, request, device, progress if plan.per_chunk_progress else None,
+                            overlap=False if low_latency else None)
     if hasattr(pipe, "maybe_free_model_hooks"):
         pipe.maybe_free_model_hooks()
 
 
-def run_plan(plan: ChunkPlan, request: RenderRequest, device, progress: Optional[Callable] = None) -> Iterator:
+def run_plan(plan: ChunkPlan, request: RenderRequest, device, progress: Optional[Callable] = None,
+             overlap: Optional[bool] = None) -> Iterator:
     """The loop itself: pull chunks, refine, decode, yield frames; report and checkpoint per chunk.
-    The other ranks of a video group run the sampler along (their collectives) and yield nothing."""
+    The other ranks of a video group run the sampler along (their collectives) and yield nothing.
+    overlap: `refined_frames`' (None: its default)."""
     if not is_video_leader():
         for _ in plan.chunks:
             pass
         return
     started, written = time.perf_counter(), plan.frames_before
-    for done, frames in refined_frames(plan.stage, plan.chunks, plan.decoder, device):
-        done += plan.first
+    gate = _CheckpointGate(plan.checkpoints)
+    for count, frames in refined_frames(plan.stage, plan.chunks, plan.decoder, device, overlap=overlap,
+                                        hold=gate.hold):
+        done = count + plan.first
         written += len(frames)
         if progress is not None:
             elapsed = max(time.perf_counter() - started, 1e-9)
@@ -74,5 +81,21 @@ def run_plan(plan: ChunkPlan, request: RenderRequest, device, progress: Optional
                      stage=stages, unit="segment")
         if len(frames):
             yield frames
-        if plan.checkpoints is not None:
-            plan.checkpoints.maybe_save(done, plan.bounds, written, plan.cache, plan.decoder)
+        if gate.held == count:
+            gate.held = None
+            plan.checkpoints.maybe_save(done, plan.bounds, written, plan.cache, plan.decoder, force=True)
+
+
+class _CheckpointGate:
+    """Decides, while chunk k's frames wait and before chunk k+1's stage 1 runs, whether a checkpoint
+    follows chunk k (`Checkpointer.due`); `refined_frames` then yields chunk k first, so the saved
+    cache and decoder are those after chunk k. `held`: the chunk count a checkpoint follows, or None."""
+
+    def __init__(self, checkpoints):
+        self.checkpoints, self.held = checkpoints, None
+
+    def hold(self, count: int) -> bool:
+        if self.checkpoints is None or not self.checkpoints.due():
+            return False
+        self.held = count
+        return True

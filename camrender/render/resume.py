@@ -217,9 +217,11 @@ class Checkpointer:
         self.saved = True
         return size
 
-    def maybe_save(self, next_segment: int, bounds: list, frames_written: int, cache, decoder) -> None:
-        """`save` when `every` seconds have passed since the last one (never after the last segment)."""
-        if next_segment < len(bounds) and self.due():
+    def maybe_save(self, next_segment: int, bounds: list, frames_written: int, cache, decoder, *,
+                   force: bool = False) -> None:
+        """`save` when `every` seconds have passed since the last one, or when `force` (the render loop
+        asked `due` already); never after the last segment."""
+        if next_segment < len(bounds) and (force or self.due()):
             self.save(next_segment, bounds, frames_written, cache, decoder)
 
     def finish(self, completed: bool) -> None:

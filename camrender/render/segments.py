@@ -63,7 +63,7 @@ def sample_segment(denoiser: Denoiser, start: int, stop: int, cache, timesteps):
     # The latents stay float32 between steps, as in the official sampler (the model casts its input).
     latents = inputs.noise[:, :, start:stop].to(device=device, dtype=torch.float32).clone()
     pinned = pinned_frames(inputs, start, stop, device)
-    if pinned.any():
+    if start == 0 and inputs.first_latent is not None:  # pinned[0], known without waiting for the GPU
         latents[:, :, :1] = inputs.first_latent.to(device=device, dtype=torch.float32)
     conditioning = denoiser.condition(start, stop)  # pulls the segment's cameras from a stream
     sigmas = [t / 1000.0 for t in timesteps] + [0.0]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -84,8 +84,8 @@ def _encoded(refiner, request, device, dtype) -> tuple:
 
 
 # On CUDA, a segment's refinement runs on its own stream while the next segment's stage 1 runs, and its
-# decode on a third. On an H200 this hides about 3 % of the stages' GPU time: the refiner keeps every SM
-# busy (docs/performance.md, "Overlap schedules").
+# decode on a third. With the refiner this hides about 3 % of the stages' GPU time on an H200 (the refiner
+# keeps every SM busy, docs/performance.md, "Overlap schedules"); without it the decode runs beside stage 1.
 OVERLAP_STAGE_TWO = True
 
 
@@ -105,19 +105,23 @@ class Schedule:
 
 
 def refined_frames(stage, latent_chunks, decoder, device, overlap: Optional[bool] = None,
-                   schedule: Schedule = Schedule()):
+                   schedule: Schedule = Schedule(), hold: Optional[Callable[[int], bool]] = None):
     """Segment mode's stage 2 and decode: for each chunk of stage-1 latents (1, C, t, h, w) from the
     iterator `latent_chunks`, yield `(chunks_consumed, frames)`, frames uint8 (F, H, W, 3) (possibly
     empty), refined by `stage` (`stage_two`'s result: a `RefinerStream` or a pass-through) and decoded
     by `decoder` (a `CausalStreamDecoder`); the clip's last block comes with the last chunk's count.
 
-    overlap (default `OVERLAP_STAGE_TWO`; with a refiner only): stage 1, the refiner and the decode are
-    queued on three CUDA streams as `schedule` says, chunk k's frames yielded after chunk k+1's stage 1
-    and refinement have been queued (taking chunk k+1 from `latent_chunks` is what queues its stage 1),
-    so the stages of neighbouring chunks overlap on the GPU. Off CUDA the streams are no-ops and the
-    order is the same. The frames are the same either way.
+    overlap (default: `OVERLAP_STAGE_TWO` with a refiner, and on CUDA without one): stage 1, the refiner
+    and the decode are queued on three CUDA streams as `schedule` says, chunk k's frames yielded after
+    chunk k+1's stage 1 (and refinement) have been queued (taking chunk k+1 from `latent_chunks` is what
+    queues its stage 1), so the stages of neighbouring chunks overlap on the GPU. Off CUDA the streams
+    are no-ops and the order is the same. The frames are the same either way.
+
+    hold(k): asked before taking chunk k+1 while chunk k's frames wait; True yields them first, before
+    chunk k+1's stage 1 runs (a checkpoint after chunk k then sees the state after chunk k).
     """
-    overlap = OVERLAP_STAGE_TWO if overlap is None else overlap
+    if overlap is None:
+        overlap = OVERLAP_STAGE_TWO and (isinstance(stage, RefinerStream) or torch.device(device).type == "cuda")
 
     def frames_of(latents):
         """Queue the decode of refined latents; returns a callable giving the numpy frames."""
@@ -126,10 +130,13 @@ def refined_frames(stage, latent_chunks, decoder, device, overlap: Optional[bool
         host, ready = to_uint8_frames_async(decoder.decode(latents))
         return lambda: (ready.synchronize() if ready is not None else None, host.numpy())[1]
 
-    if not (overlap and isinstance(stage, RefinerStream)):
+    if not overlap:
         count = 0
         for count, latents in enumerate(latent_chunks, start=1):
-            yield count, frames_of(stage.push(latents))()
+            frames = frames_of(stage.push(latents))()
+            if hold is not None:
+                hold(count)  # in order, the state after chunk k is what a checkpoint sees anyway
+            yield count, frames
         last_block = stage.finish()
         if last_block.shape[2]:
             yield count, frames_of(last_block)()
@@ -141,6 +148,9 @@ def refined_frames(stage, latent_chunks, decoder, device, overlap: Optional[bool
     count = 0
     try:
         while True:
+            if waiting is not None and hold is not None and hold(waiting[0]):
+                yield waiting[0], waiting[1]()
+                waiting = None
             with streams.on("stage_one"):
                 latents = next(chunks, None)
             if latents is None:

@@ -56,3 +56,17 @@ def test_uint8_frames_layout():
     assert frames.shape == (2, 2, 4, 3) and frames.dtype.name == "uint8"
     assert frames[0, 0, 0].tolist() == [0, 128, 255]
     assert video_frames_for_latents(0, 4) == 25 and video_frames_for_latents(4, 7) == 24
+
+
+@pytest.mark.parametrize("shape, pad", [((1, 3, 2, 5, 7), (1, 1)), ((2, 4, 3, 6, 4), (2, 1)), ((1, 2, 1, 3, 3), (1, 2))])
+def test_reflect_padded_equals_cat_then_reflect_pad(shape, pad):
+    """The streaming decoder's one-buffer input equals torch.cat along time then F.pad(mode="reflect")."""
+    import torch.nn.functional as F
+
+    from camrender.render.decode import reflect_padded
+
+    generator = torch.Generator().manual_seed(sum(shape))
+    x = torch.randn(shape, generator=generator)
+    tail = torch.randn(shape[0], shape[1], 2, *shape[3:], generator=generator)
+    expected = F.pad(torch.cat([tail, x], dim=2), (pad[1], pad[1], pad[0], pad[0], 0, 0), mode="reflect")
+    assert torch.equal(reflect_padded(tail, x, *pad), expected)

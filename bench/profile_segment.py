@@ -1,0 +1,235 @@
+"""Profile of one steady-state segment of segment mode (stage 1 + decode) at the release shape, on the GPU.
+
+Release-size random weights (SANA-WM 1.6B DiT, LTX-2 VAE), bf16, 704x1280, the streaming recipe (4 denoising
+passes over a 3-latent-frame segment, 2640 tokens, then one timestep-0 pass that writes the caches). A path
+of `--warm` segments runs first (kernels compiled, CUDA graphs captured, caches full); then segment
+`--warm` is measured three ways:
+
+- `timed`: CUDA events around each pass as a render runs it (denoising passes replayed as CUDA graphs,
+  the cache pass eager) and around the decode of the segment's latents (the streaming causal decoder);
+- `eager_passes`: the same passes without graphs (host launch cost = eager - graphed);
+- `profile`: one more segment eager under `torch.profiler`, with a range around every block's self-attention
+  (by kind: GDN or softmax), cross-attention and FFN and around every pass: GPU kernel time per range
+  (the block glue is the block's time minus its three parts), the kernels by name, the PyTorch ops (with
+  input shapes) behind the most GPU time, idle gaps.
+
+    python3 bench/profile_segment.py --out $OUT/profile_segment.json
+    python3 bench/profile_segment.py --cpu-smoke        # tiny models on the CPU: checks the script
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+from pathlib import Path
+
+import torch
+from torch.autograd.profiler import record_function
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bench_segments  # noqa: E402
+from bench_segments import build_models, path_inputs  # noqa: E402
+from common import emit, sync  # noqa: E402
+from profile_step import op_table  # noqa: E402
+from camrender.model.recipes import get_recipe  # noqa: E402
+from camrender.model.segments import SegmentCache, SegmentOptions, segment_bounds  # noqa: E402
+from camrender.render.decode import DECODE_MAX_FRAMES, CausalStreamDecoder  # noqa: E402
+from camrender.render.denoise import Denoiser, pin, pinned_frames  # noqa: E402
+from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segment  # noqa: E402
+
+
+class Events:
+    """CUDA-event laps on the current stream (host clock off CUDA): `mark(name)` ends a lap."""
+
+    def __init__(self, device):
+        self.cuda = device.type == "cuda"
+        self.marks = [("start", self._event())]
+
+    def _event(self):
+        if not self.cuda:
+            import time
+
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def mark(self, name: str) -> None:
+        self.marks.append((name, self._event()))
+
+    def laps_ms(self) -> list:
+        sync()
+        laps = []
+        for (_, before), (name, after) in zip(self.marks, self.marks[1:]):
+            ms = before.elapsed_time(after) if self.cuda else (after - before) * 1e3
+            laps.append((name, round(ms, 3)))
+        return laps
+
+
+def timed_segment(denoiser, cache, decoder, start, stop, timesteps, *, graphs: bool) -> list:
+    """[(pass name, ms)] of one segment: each denoising pass, the cache pass, the decode."""
+    inputs, device = denoiser.inputs, denoiser.device
+    saved = denoiser.graphs
+    if not graphs:
+        denoiser.graphs = None
+    events = Events(device)
+    latents = inputs.noise[:, :, start:stop].to(device=device, dtype=torch.float32).clone()
+    pinned = pinned_frames(inputs, start, stop, device)
+    conditioning = denoiser.condition(start, stop)
+    events.mark("conditioning")
+    sigmas = [t / 1000.0 for t in timesteps] + [0.0]
+    for index, t in enumerate(timesteps):
+        with record_function("pass.denoise"):
+            velocity = denoiser.predict(latents, pin(pinned, t), conditioning, cache=cache)
+            latents = latents + (sigmas[index + 1] - sigmas[index]) * velocity
+        events.mark(f"denoise_{index}")
+    with record_function("pass.cache"):
+        denoiser.predict(latents, torch.zeros(stop - start, device=device), conditioning, cache=cache, write=True)
+    events.mark("cache_pass")
+    with record_function("pass.decode"):
+        decoder.decode(latents)
+    events.mark("decode")
+    denoiser.graphs = saved
+    laps = events.laps_ms()
+    laps.append(("stage1_total", round(sum(ms for name, ms in laps if name != "decode"), 3)))
+    return laps
+
+
+def annotate(model) -> list:
+    """Put a `record_function` range around every block and its self-attention, cross-attention and FFN;
+    returns the undo callables. The FFN is not called as a module (the block runs its parts,
+    `ffn_parts`), so that function is wrapped where the block module finds it."""
+    handles = []
+    kinds = {}
+    import camrender.model.ffn as ffn_module
+
+    block_module = sys.modules[type(model.blocks[0]).__module__]
+    original = ffn_module.ffn_parts
+
+    def ffn_parts(mlp, *args, **kwargs):
+        with record_function(f"ffn.{kinds.get(id(mlp), 'gdn')}"):
+            return original(mlp, *args, **kwargs)
+
+    for module in (ffn_module, block_module):
+        if getattr(module, "ffn_parts", None) is original:
+            setattr(module, "ffn_parts", ffn_parts)
+            handles.append(lambda module=module: setattr(module, "ffn_parts", original))
+
+    def ranged(module, name):
+        state = {}
+
+        def enter(*_):
+            state["range"] = record_function(name)
+            state["range"].__enter__()
+
+        def leave(*_):
+            state.pop("range").__exit__(None, None, None)
+
+        handles.append(module.register_forward_pre_hook(enter).remove)
+        handles.append(module.register_forward_hook(leave).remove)
+
+    for block in model.blocks:
+        kind = "gdn" if "GDN" in type(block.attn).__name__ else "softmax"
+        ranged(block, f"block.{kind}")
+        ranged(block.attn, f"attn.{kind}")
+        ranged(block.cross_attn, f"cross_attn.{kind}")
+        kinds[id(block.mlp)] = kind
+    return handles
+
+
+def device_ms(event) -> float:
+    total = getattr(event, "device_time_total", None)
+    if total is None:
+        total = event.cuda_time_total
+    return total / 1e3
+
+
+def profile_table(profiler, ranges: set) -> dict:
+    """GPU ms per range name (summed), the block glue per kind, kernels by name (top 25), idle gaps."""
+    per_range, calls = collections.defaultdict(float), collections.Counter()
+    for event in profiler.events():
+        if event.device_type == torch.autograd.DeviceType.CPU and event.name in ranges:
+            per_range[event.name] += device_ms(event)
+            calls[event.name] += 1
+    glue = {}
+    for kind in ("gdn", "softmax"):
+        if f"block.{kind}" in per_range:
+            glue[f"glue.{kind}"] = round(per_range[f"block.{kind}"] - sum(
+                per_range.get(f"{part}.{kind}", 0.0) for part in ("attn", "cross_attn", "ffn")), 3)
+    kernels, kernel_calls = collections.defaultdict(float), collections.Counter()
+    spans = []
+    for event in profiler.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA and event.name not in ranges \
+                and not event.name.startswith(("pass.", "segment")):
+            kernels[event.name] += event.device_time / 1e3
+            kernel_calls[event.name] += 1
+            spans.append((event.time_range.start, event.time_range.end))
+    spans.sort()
+    idle, end = 0.0, None
+    for start, stop in spans:
+        if end is not None and start > end:
+            idle += (start - end) / 1e3
+        end = stop if end is None else max(end, stop)
+    top = sorted(kernels.items(), key=lambda item: -item[1])[:25]
+    return dict(
+        ranges_ms={name: round(ms, 3) for name, ms in sorted(per_range.items())},
+        range_calls=dict(calls), glue_ms=glue,
+        kernel_ms_total=round(sum(kernels.values()), 3), kernel_launches=sum(kernel_calls.values()),
+        gpu_idle_ms=round(idle, 3), gpu_span_ms=round(((spans[-1][1] - spans[0][0]) / 1e3) if spans else 0, 3),
+        kernels=[(name[:110], round(ms, 3), kernel_calls[name]) for name, ms in top],
+    )
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--warm", type=int, default=4, help="segments rendered before the measured one")
+    parser.add_argument("--cpu-smoke", action="store_true", help="tiny models on the CPU (checks the script)")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    if args.cpu_smoke:
+        device, dtype, height, width = torch.device("cpu"), torch.float32, 32, 32
+        bench_segments.SPATIAL = 8
+    else:
+        device, dtype, height, width = torch.device("cuda"), torch.bfloat16, 704, 1280
+    build = argparse.Namespace(cpu_smoke=args.cpu_smoke, quick=False, kernels="fused")
+    transformer, vae = build_models(build, device, dtype)
+    options = SegmentOptions.for_recipe(get_recipe("streaming"))
+    latent_frames = 1 + 3 * (args.warm + 3)
+    bounds = segment_bounds(latent_frames, 3)
+    inputs = path_inputs(transformer, latent_frames, height, width, device, dtype)
+    timesteps = list(DEFAULT_SEGMENT_TIMESTEPS)
+    cache = SegmentCache.empty(transformer)
+    denoiser = Denoiser(transformer, inputs, options, device, cuda_graphs=device.type == "cuda")
+    decoder = CausalStreamDecoder(vae, device=device, max_frames=DECODE_MAX_FRAMES)  # as a render
+    result = dict(device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu", torch=torch.__version__,
+                  height=height, width=width, segment_latent_frames=3, timesteps=timesteps)
+    with torch.no_grad():
+        for start, stop in bounds[:args.warm]:
+            decoder.decode(sample_segment(denoiser, start, stop, cache, timesteps))
+        sync()
+        start, stop = bounds[args.warm]
+        result["timed"] = timed_segment(denoiser, cache, decoder, start, stop, timesteps, graphs=True)
+        start, stop = bounds[args.warm + 1]
+        result["eager_passes"] = timed_segment(denoiser, cache, decoder, start, stop, timesteps, graphs=False)
+        from torch.profiler import ProfilerActivity, profile
+
+        handles = annotate(transformer)
+        ranges = {f"{part}.{kind}" for part in ("block", "attn", "cross_attn", "ffn") for kind in ("gdn", "softmax")}
+        ranges |= {"pass.denoise", "pass.cache", "pass.decode"}
+        start, stop = bounds[args.warm + 2]
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        with profile(activities=activities, record_shapes=True) as profiler:
+            timed_segment(denoiser, cache, decoder, start, stop, timesteps, graphs=False)
+            sync()
+        for undo in handles:
+            undo()
+        result["profile"] = profile_table(profiler, ranges)
+        result["profile"]["ops"] = op_table(profiler, 40)
+    emit(result, args.out)
+    return result
+
+
+if __name__ == "__main__":
+    main()
