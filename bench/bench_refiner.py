@@ -52,7 +52,7 @@ from camrender.model.refiner import RefinerStream  # noqa: E402
 from camrender.render.stage_two import PassThrough, Schedule, refined_frames  # noqa: E402
 from camrender.model.refiner_loading import stream_layers  # noqa: E402
 from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments  # noqa: E402
-from camrender.render.decode import DECODE_MAX_FRAMES, CausalStreamDecoder, to_uint8_frames  # noqa: E402
+from camrender.render.decode import REFINED_DECODE_MAX_FRAMES, CausalStreamDecoder, to_uint8_frames  # noqa: E402
 from camrender.model.segments import SegmentOptions, segment_bounds  # noqa: E402
 from common import GIB, Laps, emit, measure, gib, peak_bytes, reset_peak, sync  # noqa: E402
 from refiner_common import (GEMMA2_2B, GEMMA3_12B_TEXT, VIDEO_FPS, as_refiner, build_refiner_transformer,  # noqa: E402,F401
@@ -94,7 +94,7 @@ def render_path(models, segments, refined, *, breakdown=False, overlap=None, sch
     height, width = shape
     latent_frames = 1 + 3 * segments
     inputs = stage_one.path_inputs(transformer, latent_frames, height, width, device, dtype)
-    decoder = CausalStreamDecoder(vae, max_frames=DECODE_MAX_FRAMES)  # as segment mode renders
+    decoder = CausalStreamDecoder(vae, max_frames=REFINED_DECODE_MAX_FRAMES)  # as segment mode renders
     stream = RefinerStream(as_refiner(refiner_transformer), text, fps=VIDEO_FPS, device=device,
                            generator=torch.Generator().manual_seed(0), kernels=kernels,
                            kernel_backend=kernel_backend(device)) if refined else PassThrough()

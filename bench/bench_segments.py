@@ -37,14 +37,14 @@ from camrender.render.inputs import RenderInputs  # noqa: E402
 from camrender.model.state import FULL_MODE  # noqa: E402
 from camrender.render.denoise import Denoiser, pin, pinned_frames  # noqa: E402
 from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments  # noqa: E402
-from camrender.render import decode as decode_module  # noqa: E402
-from camrender.render.decode import CausalStreamDecoder, to_uint8_frames  # noqa: E402
+from camrender.render.decode import CausalStreamDecoder, decode_max_frames, to_uint8_frames  # noqa: E402
 from camrender.render.stage_two import PassThrough, refined_frames  # noqa: E402
 from camrender.model.recipes import get_recipe  # noqa: E402
 from camrender.model.segments import SegmentOptions, segment_bounds  # noqa: E402
 from common import GIB, Laps, allocated_bytes, emit, measure, peak_bytes, reset_peak, sync  # noqa: E402
 
 SPATIAL = 32  # VAE spatial stride (8 for the --cpu-smoke tiny VAE)
+DECODE_MAX_FRAMES = decode_max_frames(refined=False)  # latent frames per VAE call, as a render (--decode-max-frames)
 
 
 def parse_args(argv=None):
@@ -63,7 +63,7 @@ def parse_args(argv=None):
                         help="path length (segments) of the render-loop rows, overlapped and in line (0: none)")
     parser.add_argument("--decode-max-frames", type=int, default=None,
                         help="latent frames per VAE call of the streaming decode (default: the render's, "
-                             "camrender.render.decode.DECODE_MAX_FRAMES; 0: a whole segment per call)")
+                             "without a refiner: a whole segment per call)")
     parser.add_argument("--official", default=None, metavar="KIT",
                         help="also run NVlabs' released streaming sampler (the reference kit's "
                              "bench_official_stage1.py in KIT) on the same path lengths, in its own process")
@@ -129,7 +129,7 @@ def run_segment_path(transformer, vae, latent_frames, height, width, options, de
     A path of n segments has 1 + 3 n latent frames (8 (1 + 3 n) - 7 video frames)."""
     inputs = path_inputs(transformer, latent_frames, height, width, device, dtype)
     bounds = segment_bounds(latent_frames, 3)
-    decoder = CausalStreamDecoder(vae, max_frames=decode_module.DECODE_MAX_FRAMES)
+    decoder = CausalStreamDecoder(vae, max_frames=DECODE_MAX_FRAMES)
     reset_peak()
     base = allocated_bytes()
     frames = 0
@@ -161,7 +161,7 @@ def run_segment_loop(transformer, vae, latent_frames, height, width, options, de
     next segment's stage 1 (the render's default on CUDA), else in line. Wall time end to end."""
     inputs = path_inputs(transformer, latent_frames, height, width, device, dtype)
     bounds = segment_bounds(latent_frames, 3)
-    decoder = CausalStreamDecoder(vae, max_frames=decode_module.DECODE_MAX_FRAMES)
+    decoder = CausalStreamDecoder(vae, max_frames=DECODE_MAX_FRAMES)
     reset_peak()
     frames, arrivals = 0, []
     with torch.no_grad():
@@ -250,7 +250,7 @@ def run_full(transformer, vae, latent_frames, height, width, steps, guidance, de
         # Decode in segment-sized chunks with the streaming decoder: the frames equal one whole-clip
         # causal decode (tests/render/test_segments_decode.py), without its activation peak (see decode_whole_clip).
         start = time.perf_counter()
-        decoder = CausalStreamDecoder(vae, max_frames=decode_module.DECODE_MAX_FRAMES)
+        decoder = CausalStreamDecoder(vae, max_frames=DECODE_MAX_FRAMES)
         frames = sum(len(to_uint8_frames(decoder.decode(latents[:, :, a:b]))) for a, b in segment_bounds(latent_frames))
         sync()
         decode = time.perf_counter() - start
@@ -282,7 +282,7 @@ def decode_whole_clip(vae, latent_frames, height, width, device, dtype):
 
 def main(argv=None):
     args = parse_args(argv)
-    global SPATIAL
+    global SPATIAL, DECODE_MAX_FRAMES
     if args.cpu_smoke:
         device, dtype = torch.device("cpu"), torch.float32
         SPATIAL = 8
@@ -295,7 +295,7 @@ def main(argv=None):
         device, dtype = torch.device("cuda"), torch.bfloat16
         height, width = (352, 640) if args.quick else (704, 1280)
     if args.decode_max_frames is not None:
-        decode_module.DECODE_MAX_FRAMES = args.decode_max_frames or None
+        DECODE_MAX_FRAMES = args.decode_max_frames or None
     default_lengths = [2, 4, 8] if args.quick else [3, 10, 30]
     lengths = [int(x) for x in args.segments.split(",")] if args.segments else default_lengths
     recipe = get_recipe("streaming")
@@ -304,7 +304,7 @@ def main(argv=None):
         device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu", torch=torch.__version__,
         quick=args.quick, kernels=args.kernels, height=height, width=width, dtype=str(dtype).replace("torch.", ""),
         recipe=recipe.name, segment_timesteps=list(DEFAULT_SEGMENT_TIMESTEPS), cached_segments=options.cached_segments,
-        decode_max_frames=decode_module.DECODE_MAX_FRAMES,
+        decode_max_frames=DECODE_MAX_FRAMES,
         segments={}, errors={},
     )
     try:

@@ -35,7 +35,7 @@ from common import emit, sync  # noqa: E402
 from profile_step import op_table  # noqa: E402
 from camrender.model.recipes import get_recipe  # noqa: E402
 from camrender.model.segments import SegmentCache, SegmentOptions, segment_bounds  # noqa: E402
-from camrender.render.decode import DECODE_MAX_FRAMES, CausalStreamDecoder  # noqa: E402
+from camrender.render.decode import CausalStreamDecoder, decode_max_frames  # noqa: E402
 from camrender.render.denoise import Denoiser, pin, pinned_frames  # noqa: E402
 from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segment  # noqa: E402
 
@@ -202,7 +202,7 @@ def main(argv=None) -> dict:
     timesteps = list(DEFAULT_SEGMENT_TIMESTEPS)
     cache = SegmentCache.empty(transformer)
     denoiser = Denoiser(transformer, inputs, options, device, cuda_graphs=device.type == "cuda")
-    decoder = CausalStreamDecoder(vae, device=device, max_frames=DECODE_MAX_FRAMES)  # as a render
+    decoder = CausalStreamDecoder(vae, device=device, max_frames=decode_max_frames(refined=False))  # as a render
     result = dict(device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu", torch=torch.__version__,
                   height=height, width=width, segment_latent_frames=3, timesteps=timesteps)
     with torch.no_grad():

@@ -30,7 +30,7 @@ from camrender.model.fp8 import Fp8Linear, quantize_blocks
 from camrender.model.refiner import RefinerStream
 from camrender.model.refiner_loading import stream_layers
 from camrender.model.segments import SegmentCache, SegmentOptions, segment_bounds
-from camrender.render.decode import DECODE_MAX_FRAMES, CausalStreamDecoder
+from camrender.render.decode import REFINED_DECODE_MAX_FRAMES, CausalStreamDecoder
 from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments
 from camrender.render.stage_two import refined_frames
 from common import GIB, gib, sync
@@ -176,7 +176,7 @@ def render(args, transformer, vae, refiner_transformer, text, shape, device, dty
         stream = RefinerStream(base.as_refiner(refiner_transformer), text, fps=base.VIDEO_FPS, device=device,
                                generator=torch.Generator().manual_seed(0), kv_max_frames=setting["window"],
                                kernel_backend=base.kernel_backend(device))
-        decoder = CausalStreamDecoder(vae, max_frames=DECODE_MAX_FRAMES)  # as segment mode renders
+        decoder = CausalStreamDecoder(vae, max_frames=REFINED_DECODE_MAX_FRAMES)  # as segment mode renders
         if device.type == "cuda":
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()

@@ -13,17 +13,26 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
-# Latent frames per VAE call in segment mode's streaming decode. The decode's workspace grows with the frames
-# of a call (the decoder's last stages hold several full-resolution activations of 8 video frames per latent
-# frame); one latent frame per call bounds it at the cost of 3x as many (3x smaller) calls per segment.
-DECODE_MAX_FRAMES = 1
+# Latent frames per VAE call of segment mode's streaming decode with a refiner. The decode's workspace grows
+# with the frames of a call (the decoder's last stages hold several full-resolution activations of 8 video
+# frames per latent frame): one latent frame per call bounds it where memory is short, beside the refiner,
+# at the cost of 3x as many (3x smaller) calls per segment. Without a refiner a segment goes in one call
+# (at the release shape 1.3 GiB more and 5 % more video fps on an H200, docs/performance.md).
+REFINED_DECODE_MAX_FRAMES = 1
 
-__all__ = ["CausalStreamDecoder", "video_frames_for_latents", "to_uint8_frames", "to_uint8_frames_async",
+__all__ = ["CausalStreamDecoder", "decode_max_frames", "REFINED_DECODE_MAX_FRAMES", "video_frames_for_latents", "to_uint8_frames", "to_uint8_frames_async",
            "decode_latents", "denormalize_latents"]
+
+
+def decode_max_frames(refined: bool) -> Optional[int]:
+    """`CausalStreamDecoder`'s max_frames in segment mode: `REFINED_DECODE_MAX_FRAMES` with a refiner, else
+    None (a segment per VAE call)."""
+    return REFINED_DECODE_MAX_FRAMES if refined else None
 
 
 def denormalize_latents(vae, latents):

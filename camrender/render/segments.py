@@ -30,12 +30,12 @@ from camrender.model.segments import SegmentCache
 from camrender.model.settings import RenderSettings
 from camrender.model.state import SegmentOptions
 from camrender.render.chunk_causal import sample_chunk_causal, teacher_chunk_bounds, teacher_schedule
-from camrender.render.decode import DECODE_MAX_FRAMES, CausalStreamDecoder
+from camrender.render.decode import CausalStreamDecoder, decode_max_frames
 from camrender.render.denoise import Denoiser, pin, pinned_frames
 from camrender.render.inputs import RenderInputs, prepare_inputs
 from camrender.render.plan import ChunkPlan
 from camrender.render.request import latent_shape
-from camrender.render.stage_two import stage_two
+from camrender.render.stage_two import PassThrough, stage_two
 
 
 def segment_timesteps(scheduler, steps: Optional[int], recipe=None) -> list:
@@ -145,7 +145,9 @@ def segment_plan(pipe, request, device, settings: RenderSettings, checkpoints=No
     else:
         bounds = segment_bounds(inputs.noise.shape[2], segment_frames)
         timesteps = segment_timesteps(pipe.scheduler, request.steps, recipe)
-    decoder = CausalStreamDecoder(pipe.vae, device=device, max_frames=DECODE_MAX_FRAMES)
+    stage = stage_two(pipe, request, device, settings.refiner)
+    decoder = CausalStreamDecoder(pipe.vae, device=device,
+                                  max_frames=decode_max_frames(refined=not isinstance(stage, PassThrough)))
     cache, first, written = SegmentCache.empty(model), 0, 0
     if checkpoints is not None:
         cache, first = checkpoints.restore(cache, decoder, device, bounds)
@@ -155,6 +157,6 @@ def segment_plan(pipe, request, device, settings: RenderSettings, checkpoints=No
     sampled = SEGMENT_SAMPLERS[recipe.sampler](
         model, inputs, bounds, timesteps, options, device, cuda_graphs=settings.cuda_graphs,
         **resumable)
-    return ChunkPlan(chunks=(latents for *_, latents in sampled), stage=stage_two(pipe, request, device, settings.refiner),
+    return ChunkPlan(chunks=(latents for *_, latents in sampled), stage=stage,
                      decoder=decoder, total=len(bounds), first=first, frames_before=written, per_chunk_progress=True,
                      checkpoints=checkpoints, cache=cache, bounds=bounds)
