@@ -8,14 +8,25 @@ import pytest
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
+def no_allocator_setting(monkeypatch):
+    """Neither allocator variable set while the test runs (both restored after)."""
+    from camrender.allocator import USER_NAMES
+
+    for name in USER_NAMES:
+        monkeypatch.setenv(name, "placeholder")
+        monkeypatch.delenv(name)
+
+
 def test_tiny_run_writes_every_figure(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(BENCH))
+    no_allocator_setting(monkeypatch)
     import bench_refiner
 
     out = tmp_path / "bench.json"
     assert bench_refiner.main(["--tiny", "--out", str(out)]) == 0
     result = json.loads(out.read_text())
     assert result["errors"] == {}
+    assert result["allocator"] == "expandable_segments:True"  # as camrender's processes run
     rows = ("without_refiner", "with_refiner", "with_refiner_equal_priorities", "with_refiner_decode_on_refiner_stream",
             "with_refiner_no_overlap", "with_refiner_breakdown")
     for name in rows:
@@ -50,9 +61,12 @@ def test_tiny_setting_reports_the_phases(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(BENCH))
     import bench_refiner
 
+    no_allocator_setting(monkeypatch)
     out = tmp_path / "fp8.json"
-    assert bench_refiner.main(["--tiny", "--setting", "fp8-22gib-window2", "--out", str(out)]) == 0
+    assert bench_refiner.main(["--tiny", "--setting", "fp8-22gib-window2", "--allocator", "default",
+                               "--out", str(out)]) == 0
     result = json.loads(out.read_text())
+    assert result["allocator"] == "default"  # PyTorch's own: nothing set
     assert result["precision"] == "fp8" and result["window"] == 2 and result["refiner_fp8_linears"] > 0
     timed = result["render"]["timed"]
     assert timed["video_frames"] == 97 and timed["video_fps_steady"] > 0
