@@ -20,7 +20,8 @@ import torch
 
 # PyTorch's fused attention forwards that return the log-sum-exp (natural log, fp32), tried in this order on
 # CUDA: cuDNN's (the faster one at head dim 128 on an H200 in stage 1's attention, `softmax_attention`), flash,
-# memory-efficient. Each returns (out, logsumexp, ...); the schemas are the same in torch 2.11 and 2.13.
+# memory-efficient. Each returns (out, logsumexp, ...) (schemas as in torch 2.13; the GPU suite's
+# tests/model/test_lse_attention.py runs each on the GPU box's torch).
 LSE_BACKENDS = ("cudnn", "flash", "efficient")
 _refused: set = set()  # (backend, dtype, head dim) that raised in this process: not tried again
 

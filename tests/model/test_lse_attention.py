@@ -25,6 +25,11 @@ def reference(q, parts):
     return F.scaled_dot_product_attention(q.double(), k, v)
 
 
+def one_attention(q, parts):
+    """One SDPA call over the concatenated parts, in q's dtype."""
+    return F.scaled_dot_product_attention(q, torch.cat([k for k, _ in parts], 2), torch.cat([v for _, v in parts], 2))
+
+
 @pytest.mark.parametrize("lengths", [[7, 4], [11, 1, 6], [1, 1]])
 def test_parts_equal_the_concatenated_attention(lengths):
     q, parts = qkv_parts(lengths)
@@ -54,7 +59,7 @@ def test_bfloat16_parts_round_like_one_call():
     got = attend_parts(q, parts)
     assert got.dtype == torch.bfloat16
     exact = reference(q, parts)
-    one_call = F.scaled_dot_product_attention(q, torch.cat([k for k, _ in parts], 2), torch.cat([v for _, v in parts], 2))
+    one_call = one_attention(q, parts)
     error = (got.double() - exact).abs().max()
     assert error <= 2 * (one_call.double() - exact).abs().max() + 2 ** -9  # within bf16 rounding of one call
 
@@ -83,7 +88,7 @@ def test_each_cuda_kernel_equals_the_concatenated_attention(backend):
     torch.testing.assert_close(lse, exact_lse, rtol=1e-3, atol=1e-2)
     got = attend_parts(q, parts, backends=(backend,))
     exact = reference(q, parts)
-    one_call = F.scaled_dot_product_attention(q, torch.cat([k for k, _ in parts], 2), torch.cat([v for _, v in parts], 2))
+    one_call = one_attention(q, parts)
     assert (got.double() - exact).abs().max() <= 2 * (one_call.double() - exact).abs().max() + 2 ** -9
 
 
