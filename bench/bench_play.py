@@ -41,6 +41,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 from common import emit  # noqa: E402
 
+from camrender.allocator import use_expandable_segments  # noqa: E402
 from camrender.cli.play import longest_clip  # noqa: E402
 from camrender.play.server import PlayServer  # noqa: E402
 from camrender.render.request import RenderRequest  # noqa: E402
@@ -200,6 +201,7 @@ async def run(args, pipe, template) -> dict:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    use_expandable_segments()  # as the CLI's `camrender play` runs (camrender.allocator)
     if not args.tiny and not torch.cuda.is_available():
         raise SystemExit("bench_play: no GPU (use --tiny to check the script on a CPU)")
     pipe, template = build(args)

@@ -18,8 +18,8 @@ one run measures side by side:
 - the refiner's FLOPs per block (torch's FlopCounterMode on a real block: GEMMs and attention)
   and the roofline they imply at 790 TFLOP/s (bf16 dense, H200): the fastest a refiner can go,
   and segment mode's ceiling with it given the measured stage 1 + decode;
-- the refiner blocks' fused path (`camrender.model.refiner_block`: fused q/k norm + RoPE, K/V written
-  into a window buffer, fused adaLN glue) against diffusers' stock blocks (`--refiner-kernels both`):
+- the refiner blocks' fused path (`camrender.model.refiner_block`: fused q/k norm + RoPE, the KV window
+  read in place, fused adaLN glue) against diffusers' stock blocks (`--refiner-kernels both`):
   segment mode and steady state side by side, kernel launches per layer and pass (torch.profiler);
 - peak GPU memory of each `--refiner-offload` setting (none: the refiner's DiT resident and the
   text encoder visiting the GPU once; layers: both stream their blocks), prompt encoding and
@@ -32,6 +32,8 @@ the whole document; `--out FILE` also writes it. About 3-5 minutes on one H200.
     python3 bench/bench_refiner.py --out $OUT/bench_refiner.json     # release shape, one H200
     python3 bench/bench_refiner.py --segments 8 --skip-layers        # quicker (no layer-streaming run)
     python3 bench/bench_refiner.py --tiny                            # the script's logic on a CPU
+    python3 bench/bench_refiner.py --setting bf16 --allocator default  # PyTorch's allocator, no expandable segments
+    python3 bench/bench_refiner.py --setting bf16 --refiner-window-layout slot  # the window with the block's slot
 """
 from __future__ import annotations
 
@@ -48,6 +50,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import bench_segments as stage_one  # noqa: E402
+from camrender.allocator import ALLOC_CONF, use_expandable_segments  # noqa: E402
+from camrender.model import refiner_window  # noqa: E402
 from camrender.model.refiner import RefinerStream  # noqa: E402
 from camrender.render.stage_two import PassThrough, Schedule, refined_frames  # noqa: E402
 from camrender.model.refiner_loading import stream_layers  # noqa: E402
@@ -75,6 +79,13 @@ def parse_args(argv=None):
     parser.add_argument("--setting", default=None, choices=("bf16", "fp8", "fp8-22gib-window2", "fp8-22gib-layers"),
                         help="only this row of the memory/precision targets, with a memory breakdown per phase "
                              "(bench/refiner_targets.py); run each in its own process (a memory cap stays)")
+    parser.add_argument("--refiner-window-layout", choices=("split", "slot"), default="split",
+                        help="the refiner's KV window (camrender.model.refiner_window): sink + history with the block "
+                             "attended to apart, merged by log-sum-exp (renders' default), or with the block's slot "
+                             "(one attention call, 2.1 GB more at the release shape), to compare speeds")
+    parser.add_argument("--allocator", choices=("expandable", "default"), default="expandable",
+                        help="PyTorch's CUDA allocator: expandable segments, as camrender's processes run (unless "
+                             "PYTORCH_CUDA_ALLOC_CONF is set), or PyTorch's default, to compare")
     parser.add_argument("--out", default=None, help="also write the JSON document here")
     return parser.parse_args(argv)
 
@@ -335,6 +346,10 @@ def memory_settings(args, models, results, record, peak_of, peaks):
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.allocator == "expandable":  # before CUDA's allocator starts (camrender.allocator)
+        use_expandable_segments()
+    allocator = os.environ.get(ALLOC_CONF) or "default"
+    refiner_window.BLOCK_SLOT = args.refiner_window_layout == "slot"  # read by every RefinerStream made below
     if args.setting is not None:
         if not args.tiny and not torch.cuda.is_available():
             print(json.dumps({"error": "no CUDA device (use --tiny to check the script on a CPU)"}))
@@ -343,7 +358,8 @@ def main(argv=None):
 
         if args.tiny:
             args.segments = min(args.segments, 4)
-        emit(refiner_targets.run_setting(args, args.setting), args.out)
+        emit(dict(refiner_targets.run_setting(args, args.setting), allocator=allocator,
+                  refiner_window_layout=args.refiner_window_layout), args.out)
         return 0
     if args.tiny:
         device, dtype, shape = torch.device("cpu"), torch.float32, (32, 32)
@@ -357,7 +373,8 @@ def main(argv=None):
         device, dtype, shape = torch.device("cuda"), torch.bfloat16, (704, 1280)
     results = dict(device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu", torch=torch.__version__,
                    tiny=args.tiny, height=shape[0], width=shape[1], dtype=str(dtype).replace("torch.", ""),
-                   video_fps=VIDEO_FPS, text_tokens=args.text_tokens, segments=args.segments, errors={},
+                   video_fps=VIDEO_FPS, text_tokens=args.text_tokens, segments=args.segments, allocator=allocator,
+                   refiner_window_layout=args.refiner_window_layout, errors={},
                    note="random weights; refiner prompt = random embeddings for the renders, the Gemma-3 encode is "
                         "timed on its own; segment mode: 4-step list, no guidance, CUDA graphs for stage 1")
     began_all = time.perf_counter()

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-GPU_FILES = ["tests/kernels/test_kernel_cases.py", "tests/kernels/test_kernels_gpu.py", "tests/render/test_graphs_gpu.py"]
+GPU_FILES = ["tests/kernels/test_kernel_cases.py", "tests/kernels/test_kernels_gpu.py",
+             "tests/render/test_graphs_gpu.py", "tests/model/test_lse_attention.py"]
 
 
 def test_gpu_marker_is_registered(pytestconfig):

@@ -2,7 +2,7 @@
 and no two modules import each other, directly or around a circle (lazy imports inside functions
 count: they are import edges all the same).
 
-Layers, bottom to top: errors, limits, files; trajectory (no torch) and kernels; model and parallel; render;
+Layers, bottom to top: errors, limits, files, allocator; trajectory (no torch) and kernels; model and parallel; render;
 output (the video writers); views and play; api (the Python API); cli. `camrender/__init__.py` is the public facade and may reach any layer lazily.
 """
 import ast
@@ -12,7 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = {
-    "errors": 0, "limits": 0.5, "files": 0.5,
+    "errors": 0, "limits": 0.5, "files": 0.5, "allocator": 0.5,
     "trajectory": 1, "kernels": 1,
     "model": 2, "parallel": 2,
     "render": 3,

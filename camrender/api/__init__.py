@@ -4,7 +4,11 @@
 in its model-free checks, which must not import torch and diffusers.
 """
 
+from camrender.allocator import use_expandable_segments
+
 __all__ = ["CamrenderPipeline", "RenderResult"]
+
+use_expandable_segments()  # a script's CUDA allocator, unless it set its own (camrender.allocator)
 
 
 def __getattr__(name):

@@ -12,6 +12,7 @@ import time
 
 import click
 
+from camrender.allocator import use_expandable_segments
 from camrender.cli.signals import forget_interrupted_exec, handled_signals, terminated
 from camrender.errors import CamrenderError
 from camrender.parallel.distributed import is_main_process
@@ -91,6 +92,7 @@ def _one_line(text: str) -> str:
 
 def main(argv=None):
     """Run the CLI; user errors become one line on stderr and exit code 2; Ctrl-C exits 130, SIGTERM 143."""
+    use_expandable_segments()  # before any command touches CUDA (camrender.allocator)
     try:
         with handled_signals():
             cli.main(args=argv, prog_name="camrender", standalone_mode=False)

@@ -30,7 +30,7 @@ from camrender.kernels.main_branch import main_branch
 from camrender.kernels.short_conv import short_conv, short_conv_context
 from camrender.model.adopt import adopt_module
 from camrender.model.settings import KernelSettings
-from camrender.model.state import FULL_MODE, BlockCache, SegmentCall, SegmentOptions, compact
+from camrender.model.state import FULL_MODE, BlockCache, SegmentCall, SegmentOptions, store
 
 
 def gdn_gates(attn, x: torch.Tensor, frames: int, spatial: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -116,7 +116,7 @@ def carried_short_conv(conv, raw: torch.Tensor, call: SegmentCall, state: Option
     out = segment_short_conv(conv, raw, call, backend, carry=True, left=tail)
     if call.write:
         context = short_conv_context(raw, call.num_frames, tail, frames=conv.kernel_size - 1)
-        setattr(state, tail_name, compact(context).unflatten(1, (-1, call.spatial)))
+        setattr(state, tail_name, store(getattr(state, tail_name), context.unflatten(1, (-1, call.spatial))))
     return out
 
 
@@ -200,7 +200,7 @@ class PatchedGDNAttention(BidirectionalGDNUCPESinglePathLiteLA):
             q_inv_rms=norm_inv_rms(self.q_norm, query), k_inv_rms=norm_inv_rms(self.k_norm, key),
         )
         if call.write:
-            state.kv_state, state.z_state = (part.detach() for part in final_state)
+            state.kv_state, state.z_state = store(state.kv_state, final_state[0]), store(state.z_state, final_state[1])
         return out
 
     def _main_branch_stock(self, x, beta, decay, frames: int, rotary_emb) -> torch.Tensor:
@@ -250,5 +250,5 @@ class PatchedGDNAttention(BidirectionalGDNUCPESinglePathLiteLA):
             q_inv_rms=norm_inv_rms(q_norm, query), k_inv_rms=norm_inv_rms(k_norm, key),
         )
         if call.write:
-            state.cam_state = cam_state.detach()
+            state.cam_state = store(state.cam_state, cam_state)
         return out

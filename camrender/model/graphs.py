@@ -7,8 +7,14 @@ the many tiny kernels of the camera preparation, leaves the GPU waiting. `Graphe
 captures the forward once per input layout (the shapes and strides of every tensor among its
 arguments) and replays it: each call copies its inputs into the graph's own (static) tensors,
 replays, and returns a copy of the output. An input tensor that is the same object, unmodified,
-as the one last copied into its slot is not copied again (segment mode passes its ~1 GB cache
-unchanged to every denoising step of a segment).
+as the one last copied into its slot is not copied again.
+
+*Resident* arguments (`resident`: their positions) are not copied at all: the graph reads their
+tensors where they are. Their addresses are part of the layout, so a resident tensor that moves to
+new storage is a new layout (captured again), and one written in place between calls is read with
+its new values. Segment mode passes its ~1 GB `SegmentCache` this way: the cache-writing pass
+writes its tensors in place (`camrender.model.state.store`), so the cache exists once, not once more
+as the graph's copy, and the steady-state segments keep replaying one graph.
 
 The first call with a new layout runs eagerly (it compiles the Triton kernels and warms up the
 libraries for those shapes); the second captures. Only the latest layout's graph is kept, so the
@@ -29,18 +35,21 @@ from typing import Callable, Optional
 import torch
 
 
-def _layout(tree) -> tuple:
+def _layout(tree, addresses: bool = False) -> tuple:
     """Hashable description of a tree of dataclasses / dicts / lists / tuples / tensors: the structure,
-    tensor shapes, dtypes and strides, and the non-numeric plain values. Numbers (a segment's first
-    frame, the cache's next frame) only feed argument checks, never a kernel, so they are left out."""
+    tensor shapes, dtypes and strides (with `addresses`, their data pointers and devices too), and the
+    non-numeric plain values. Numbers (a segment's first frame, the cache's next frame) only feed
+    argument checks, never a kernel, so they are left out."""
     if isinstance(tree, torch.Tensor):
-        return ("tensor", tuple(tree.shape), tree.dtype, tuple(tree.stride()))
+        where = (tree.device, tree.data_ptr()) if addresses else ()
+        return ("tensor", tuple(tree.shape), tree.dtype, tuple(tree.stride())) + where
     if dataclasses.is_dataclass(tree):
-        return (type(tree).__name__,) + tuple(_layout(getattr(tree, f.name)) for f in dataclasses.fields(tree))
+        return (type(tree).__name__,) + tuple(_layout(getattr(tree, f.name), addresses)
+                                              for f in dataclasses.fields(tree))
     if isinstance(tree, dict):
-        return ("dict",) + tuple((key, _layout(value)) for key, value in tree.items())
+        return ("dict",) + tuple((key, _layout(value, addresses)) for key, value in tree.items())
     if isinstance(tree, (list, tuple)):
-        return (type(tree).__name__,) + tuple(_layout(item) for item in tree)
+        return (type(tree).__name__,) + tuple(_layout(item, addresses) for item in tree)
     if isinstance(tree, (int, float)) and not isinstance(tree, bool):
         return ("number",)
     return ("value", tree)
@@ -57,6 +66,20 @@ def _clone(tree):
         return {key: _clone(value) for key, value in tree.items()}
     if isinstance(tree, (list, tuple)):
         return type(tree)(_clone(item) for item in tree)
+    return tree
+
+
+def _with_tensors(tree, static):
+    """`tree` (this call's plain values: numbers only feed argument checks) with the tensors of `static`."""
+    if isinstance(tree, torch.Tensor):
+        return static
+    if dataclasses.is_dataclass(tree):
+        return dataclasses.replace(tree, **{f.name: _with_tensors(getattr(tree, f.name), getattr(static, f.name))
+                                            for f in dataclasses.fields(tree) if f.init})
+    if isinstance(tree, dict):
+        return {key: _with_tensors(value, static[key]) for key, value in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_with_tensors(item, static_item) for item, static_item in zip(tree, static))
     return tree
 
 
@@ -98,7 +121,8 @@ def _unchanged(stamp, tensor) -> bool:
 
 @dataclasses.dataclass
 class _Replay:
-    """A captured forward: its static inputs, the graph (None without capture) and its output."""
+    """A captured forward: its static inputs (None at the resident positions: never held here), the graph
+    (None without capture) and its output."""
 
     inputs: tuple
     graph: Optional["torch.cuda.CUDAGraph"]
@@ -115,11 +139,14 @@ class GraphedForward:
             It must not refer back to the object holding this instance (a bound method of it): the
             cycle would keep the static copies alive after their render until a garbage collection.
         capture: record CUDA graphs (needs CUDA); False replays on static copies without a graph.
+        resident: positions of the arguments read in place, never copied (module docstring): between
+            calls their tensors may change values in place, not storage (new storage recaptures).
     """
 
-    def __init__(self, forward: Callable[..., torch.Tensor], *, capture: bool = True):
+    def __init__(self, forward: Callable[..., torch.Tensor], *, capture: bool = True, resident: tuple = ()):
         self.forward = forward
         self.capture = capture
+        self.resident = frozenset(resident)
         self.enabled = True
         self._seen: set = set()
         self._layout: Optional[tuple] = None
@@ -129,7 +156,7 @@ class GraphedForward:
     def __call__(self, *inputs) -> torch.Tensor:
         if not self.enabled:
             return self._eager(inputs)
-        layout = _layout(inputs)
+        layout = tuple(_layout(arg, addresses=i in self.resident) for i, arg in enumerate(inputs))
         if layout != self._layout:
             if layout not in self._seen:  # first sight: warm up eagerly
                 self._seen.add(layout)
@@ -144,9 +171,12 @@ class GraphedForward:
                 self.enabled, self._layout = False, None
                 return self._eager(inputs)
             self._layout = layout
-        _copy_into(self._replay.inputs, inputs, self._replay.copied)
+        _copy_into(self._replay.inputs, self._copied_part(inputs), self._replay.copied)
         if self._replay.graph is None:
-            output = self.forward(*self._replay.inputs)
+            # the static tensors in this call's trees; the resident arguments are this call's own (the layout
+            # matched: they are the captured tensors)
+            static = _with_tensors(self._copied_part(inputs), self._replay.inputs)
+            output = self.forward(*self._arguments(inputs, static))
         else:
             self._replay.graph.replay()
             output = self._replay.output
@@ -157,12 +187,20 @@ class GraphedForward:
         self.stats["eager"] += 1
         return self.forward(*inputs)
 
+    def _copied_part(self, inputs) -> tuple:
+        """The arguments, None in place of the resident ones."""
+        return tuple(None if i in self.resident else arg for i, arg in enumerate(inputs))
+
+    def _arguments(self, inputs, static) -> tuple:
+        """The forward's arguments: the static copies, and the resident arguments of `inputs` themselves."""
+        return tuple(arg if i in self.resident else copy for i, (arg, copy) in enumerate(zip(inputs, static)))
+
     def _record(self, inputs) -> _Replay:
-        static = _clone(inputs)
+        static = _clone(self._copied_part(inputs))
         if not self.capture:
             return _Replay(static, None, torch.empty(0))
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            output = self.forward(*static)
+            output = self.forward(*self._arguments(inputs, static))
         self.stats["captures"] += 1
         return _Replay(static, graph, output)

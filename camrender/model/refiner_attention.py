@@ -11,13 +11,17 @@ block's `attn1` (`use_refiner_kernels`). It runs the same projections (the modul
 
 it does
 
-    one `kernels.rms_rope.rms_rope_qk` launch (norm + RoPE of q and k, k written into the window),
-    one copy of V into the window, the sink's RoPE once per block (`kernels.rms_rope.rope_rows`),
+    one `kernels.rms_rope.rms_rope_qk` launch (norm + RoPE of q and k), the sink's RoPE once per block
+    (`kernels.rms_rope.rope_rows`), and attention over [the window's prefix ; the pass's own K/V] as two
+    attention calls merged by their log-sum-exp (`camrender.model.lse_attention`): nothing concatenated;
+    the block's cache pass appends its K/V to the window's history (`WindowLayerCache.append`),
 
-with a `camrender.model.refiner_window.WindowKVCache`; SDPA then reads the window's prefix in place. With
-diffusers' own `SanaWMRefinerKVCache` (diffusers' pipeline, a window of the sink alone) it keeps that cache's
-contract (concatenation, captured K/V) and still fuses the norm and RoPE. The result equals the stock
-processor's up to the fused norm's fp32 sum order (tests/model/test_refiner_attention.py).
+with a `camrender.model.refiner_window.WindowKVCache`. With its `BLOCK_SLOT` layout instead, k is written
+into the window's block slot by the same launch, V copied beside it, and SDPA reads the window in one call.
+With diffusers' own `SanaWMRefinerKVCache` (diffusers' pipeline, a window of the sink alone) it keeps that
+cache's contract (concatenation, captured K/V) and still fuses the norm and RoPE. The result equals the
+stock processor's up to the fused norm's fp32 sum order and the merge's rounding
+(tests/model/test_refiner_attention.py).
 """
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ from diffusers.models.attention_dispatch import dispatch_attention_fn
 from diffusers.models.transformers.transformer_sana_wm_refiner import SanaWMLTX2RefinerAttnProcessor
 
 from camrender.kernels.rms_rope import ROPE_TYPES, rms_rope_qk, rope_rows
+from camrender.model.lse_attention import attend_parts
 from camrender.model.refiner_window import WindowLayerCache
 
 INJECT_MODES = ("inject", "inject_and_capture_post_rope")
@@ -64,14 +69,22 @@ class FusedRefinerAttnProcessor:
         weights = (attn.norm_q.weight, attn.norm_k.weight)
         cos, sin = query_rotary_emb
 
-        if isinstance(kv_cache, WindowLayerCache) and kv_cache_mode in INJECT_MODES:
+        heads = attn.heads
+        window = isinstance(kv_cache, WindowLayerCache) and kv_cache_mode in INJECT_MODES
+        if window and not kv_cache.block_slot:
+            query, key = rms_rope_qk(query, key, *weights, cos, sin, **prep)
+            self._rope_sink_once(kv_cache, sink_rotary_emb, attn)
+            parts = [kv_cache.prefix(), (key, value)]
+            out = attend_parts(_heads_first(query, heads), [tuple(_heads_first(t, heads) for t in part)
+                                                            for part in parts]).transpose(1, 2)
+            if kv_cache_mode == "inject_and_capture_post_rope":
+                kv_cache.append(key, value)  # after the attention read the window
+            return self._output(attn, out, gate_logits, query.dtype)
+        if window:
             start, end = kv_cache.place(hidden_states.shape[1])
             kv_cache.value[:, start:end].copy_(value)
             query, _ = rms_rope_qk(query, key, *weights, cos, sin, k_out=kv_cache.key[:, start:end], **prep)
-            if kv_cache.sink_stale:
-                sink_slot = kv_cache.key[:, :kv_cache.sink_tokens]
-                _rope_sink(kv_cache.sink_k_pre, sink_rotary_emb, attn, self.backend, out=sink_slot)
-                kv_cache.sink_stale = False
+            self._rope_sink_once(kv_cache, sink_rotary_emb, attn)
             key, value = kv_cache.key[:, :end], kv_cache.value[:, :end]
         else:
             capture = kv_cache_mode == "capture_pre_rope"
@@ -83,14 +96,30 @@ class FusedRefinerAttnProcessor:
             if kv_cache_mode in INJECT_MODES:
                 key, value = _stock_window(kv_cache, key, value, sink_rotary_emb, attn, self.backend)
 
-        heads = attn.heads
         out = dispatch_attention_fn(query.unflatten(2, (heads, -1)), key.unflatten(2, (heads, -1)),
                                     value.unflatten(2, (heads, -1)), attn_mask=None, dropout_p=0.0, is_causal=False,
                                     backend=self._attention_backend, parallel_config=self._parallel_config)
-        if gate_logits is not None:  # the stock per-head gate
+        return self._output(attn, out, gate_logits, query.dtype)
+
+    def _rope_sink_once(self, kv_cache, sink_rotary_emb, attn) -> None:
+        """RoPE the window's sink keys into its sink slot, on the block's first pass (its position is fixed)."""
+        if kv_cache.sink_stale:
+            sink_slot = kv_cache.key[:, :kv_cache.sink_tokens]
+            _rope_sink(kv_cache.sink_k_pre, sink_rotary_emb, attn, self.backend, out=sink_slot)
+            kv_cache.sink_stale = False
+
+    @staticmethod
+    def _output(attn, out, gate_logits, dtype):
+        """Attention output (B, n, H, D) -> the module's output (B, n, C): the stock per-head gate, to_out."""
+        if gate_logits is not None:
             out = out * (2.0 * torch.sigmoid(gate_logits)).unsqueeze(-1)
-        out = out.flatten(2, 3).to(query.dtype)
+        out = out.flatten(2, 3).to(dtype)
         return attn.to_out[1](attn.to_out[0](out))
+
+
+def _heads_first(tokens: torch.Tensor, heads: int) -> torch.Tensor:
+    """(B, n, H * D) -> a (B, H, n, D) view."""
+    return tokens.unflatten(2, (heads, -1)).transpose(1, 2)
 
 
 def _rope_sink(sink_k_pre, sink_rotary_emb, attn, backend, out=None):

@@ -31,7 +31,7 @@ from diffusers.models.transformers.transformer_sana_wm import _prepare_ucpe_ray_
 from camrender.model.adopt import adopt_module
 from camrender.model.gdn_attention import combine_branches, norm_inv_rms
 from camrender.model.settings import KernelSettings
-from camrender.model.state import FULL_MODE, BlockCache, SegmentCall, SegmentOptions, SoftmaxKV, compact
+from camrender.model.state import FULL_MODE, BlockCache, SegmentCall, SegmentOptions, SoftmaxKV
 
 # SDPA backends in priority order on CUDA (names of torch.nn.attention.SDPBackend), or None for
 # PyTorch's own choice. H200, torch 2.11, B=2 N=18480 H=20 bf16: cuDNN attention 12.3 ms vs flash
@@ -232,6 +232,5 @@ class PatchedSoftmaxAttention(_SoftmaxUCPESinglePathLiteLA):
             camera = self.out_proj_cam(camera_decode(self, cam_out, rays, x.dtype, use_triton))
 
         if call.write:
-            state.keep_softmax(SoftmaxKV(*(compact(t) for t in (key, value, cam_key, cam_value))),
-                               options.cached_segments)
+            state.keep_softmax(SoftmaxKV(key, value, cam_key, cam_value), options.cached_segments)
         return combine_branches(self, x, out, camera, self.settings.backend if use_triton else "torch")

@@ -5,7 +5,8 @@ Full mode is a call of one segment with no state (`SegmentCall.whole`, with the 
 patched attentions hold, `camrender.model.patch.set_full_options`); segment mode passes a
 `SegmentCall` built from `SegmentOptions` (a recipe's rules) and one `BlockCache` per block. The
 caches live in the `SegmentCache` the caller passes in, never on the modules, so a CUDA-graph
-replay of `segment_forward` reads only its arguments.
+replay of `segment_forward` reads only its arguments. Once a cache tensor exists, later writes of
+the same shape go into its storage (`store`): a graph reads the cache where it lies, never a copy.
 
 Shapes: B batch, T latent frames of the call, S = h * w tokens per frame, N = T * S, C channels,
 H heads, D head dim.
@@ -122,6 +123,20 @@ def compact(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     return None if t is None else t.detach().clone(memory_format=torch.contiguous_format)
 
 
+def store(current: Optional[torch.Tensor], new: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """`new`'s values kept in the cache: written into `current`'s storage when it has new's shape, dtype and
+    device, else a cache-owned copy (`compact`). Written in place, a cache tensor keeps its address for the
+    render, so a CUDA graph that reads the cache where it lies (`camrender.model.graphs`) stays valid."""
+    if new is None:
+        return None
+    new = new.detach()
+    if current is None or current.shape != new.shape or current.dtype != new.dtype or current.device != new.device:
+        return compact(new)
+    if new.untyped_storage().data_ptr() == current.untyped_storage().data_ptr():
+        new = new.clone()  # overlapping memory: copy_ would read what it already wrote
+    return current.copy_(new)
+
+
 @dataclasses.dataclass
 class SoftmaxKV:
     """Keys and values of one segment for a softmax block, (B, H, n, D) each, in the SDPA dtype
@@ -159,20 +174,27 @@ class BlockCache:
         return ([self.sink] if self.sink is not None else []) + list(self.recent)
 
     def keep_softmax(self, entry: SoftmaxKV, cached_segments: Optional[int]) -> None:
-        """Store a finished segment's keys and values: the first becomes the sink, later ones
-        the recent window (at most `cached_segments`, all with None)."""
+        """Store a finished segment's keys and values (any views: they are copied): the first becomes
+        the sink, later ones the recent window (at most `cached_segments`, all with None). A full window
+        of same-shaped entries slides in place, each entry copied into the storage of the one before it
+        (`store`: the cache keeps its addresses)."""
         if self.sink is None:
-            self.sink = entry
+            self.sink = _stored(None, entry)
         elif cached_segments is None:
-            self.recent.append(entry)
+            self.recent.append(_stored(None, entry))
         elif cached_segments > 0:
-            self.recent = (self.recent + [entry])[-cached_segments:]
+            if len(self.recent) == cached_segments and all(_shapes(kv) == _shapes(entry) for kv in self.recent):
+                sources = self.recent[1:] + [entry]  # oldest first: each is read before it is overwritten
+                self.recent = [_stored(kv, source) for kv, source in zip(self.recent, sources)]
+            else:
+                self.recent = (self.recent + [_stored(None, entry)])[-cached_segments:]
 
     def keep_ffn_tail(self, spatial: Optional[torch.Tensor], call: SegmentCall) -> None:
         """Cache the last frame of the FFN's spatial output y (B, N, C), (B, 1, S, C): the next
         segment's temporal conv reads it on the left. No-op for FFNs without one (spatial None)."""
         if spatial is not None:
-            self.ffn_tail = spatial.view(spatial.shape[0], call.num_frames, call.spatial, -1)[:, -1:].detach().clone()
+            last = spatial.view(spatial.shape[0], call.num_frames, call.spatial, -1)[:, -1:]
+            self.ffn_tail = store(self.ffn_tail, last)
 
     def nbytes(self) -> int:
         """Memory held by this cache, in bytes."""
@@ -180,6 +202,20 @@ class BlockCache:
         for kv in self.softmax_context():
             tensors += [kv.key, kv.value, kv.cam_key, kv.cam_value]
         return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+_KV_FIELDS = ("key", "value", "cam_key", "cam_value")
+
+
+def _shapes(kv: SoftmaxKV) -> tuple:
+    return tuple(None if t is None else (t.shape, t.dtype) for t in (getattr(kv, name) for name in _KV_FIELDS))
+
+
+def _stored(current: Optional[SoftmaxKV], entry: SoftmaxKV) -> SoftmaxKV:
+    """`entry` kept in the cache: in `current`'s tensors where they fit (`store`), else in copies."""
+    if current is None:
+        return SoftmaxKV(*(compact(getattr(entry, name)) for name in _KV_FIELDS))
+    return SoftmaxKV(*(store(getattr(current, name), getattr(entry, name)) for name in _KV_FIELDS))
 
 
 @dataclasses.dataclass

@@ -108,7 +108,9 @@ class CausalStreamDecoder:
     Args:
         vae: `AutoencoderKLLTX2Video`.
         device: where the decoder runs (the pipeline's execution device under model CPU offload,
-            where `vae.device` reads "cpu" between calls); default `vae.device`.
+            where the VAE's parameters are in CPU memory between calls); default: where the VAE's decoder
+            is (not `vae.device`, which reads the encoder's, in CPU memory once a render has encoded its
+            first frame, `camrender.render.inputs.encoding_on`).
         max_frames: decode at most this many latent frames per VAE call (a chunk goes in pieces; the
             frames are the same): bounds the decode's workspace, which grows with the frames of a call
             (None: a chunk per call).
@@ -143,7 +145,7 @@ class CausalStreamDecoder:
                               for start in range(0, latents.shape[2], self.max_frames)], dim=2)
 
         vae = self.vae
-        z = denormalize_latents(vae, latents.to(device=self.device or vae.device, dtype=vae.dtype))
+        z = denormalize_latents(vae, latents.to(device=self._device(), dtype=vae.dtype))
         with self._streaming():
             video = vae.decode(z, causal=True, return_dict=False)[0]
         self.latent_frames += latents.shape[2]
@@ -159,9 +161,12 @@ class CausalStreamDecoder:
         tails = state["tails"]
         if len(tails) != len(self._convs):
             raise ValueError(f"decoder state has {len(tails)} convolution tails, this VAE {len(self._convs)}")
-        device = self.device or self.vae.device
+        device = self._device()
         self._tails = {id(conv): tail.to(device) for conv, tail in zip(self._convs, tails) if tail is not None}
         self.latent_frames = int(state["latent_frames"])
+
+    def _device(self) -> torch.device:
+        return torch.device(self.device) if self.device is not None else next(self.vae.decoder.parameters()).device
 
     @contextlib.contextmanager
     def _streaming(self):

@@ -59,12 +59,13 @@ class Denoiser:
         self.upcast = upcast
         self.offloaded = getattr(model, "_hf_hook", None) is not None
         # A partial over the model and options, not a bound method: the graphs must not refer back to the
-        # denoiser, or the two form a reference cycle and the graphs' static copies (the ~1 GB cache among
-        # them) outlive the render until the garbage collector happens to run.
+        # denoiser, or the two form a reference cycle and the graphs' static copies (and captured memory)
+        # outlive the render until the garbage collector happens to run.
         self._forward = functools.partial(_model_forward, model, options)
         self.graphs = None
         if cuda_graphs and not self.offloaded:
-            self.graphs = GraphedForward(self._forward, capture=self.device.type == "cuda")
+            # the cache (argument 3) is read in place, not copied: the cache pass writes it in place
+            self.graphs = GraphedForward(self._forward, capture=self.device.type == "cuda", resident=(3,))
 
     @torch.no_grad()
     def condition(self, start: int, stop: int) -> SegmentConditioning:

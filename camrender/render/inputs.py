@@ -133,9 +133,40 @@ def drop_text_padding(embeds, mask):
 
 
 
-def encode_first_frame(vae, pixels, device, dtype):
-    """VAE posterior mode of the first frame, normalised: (1, C_lat, 1, h, w) in `dtype`."""
-    z = vae.encode(pixels[:, :, None].to(device, dtype=vae.dtype)).latent_dist.mode()
+# Where the VAE's encoder waits between renders: it runs once per render (the first frame), the decoder
+# runs on every chunk, so only the decoder stays on the GPU (LTX-2's encoder: about half the VAE's weights).
+ENCODER_HOME = "cpu"
+
+
+def encoder_modules(vae) -> list:
+    """The VAE's modules only encoding uses (LTX-2: its `encoder`; `quant_conv` where a VAE has one)."""
+    return [module for module in (getattr(vae, "encoder", None), getattr(vae, "quant_conv", None))
+            if module is not None]
+
+
+@contextlib.contextmanager
+def encoding_on(vae, device, offload: bool = False, home=None):
+    """The VAE's encoder on `device` for the block (moved there from its home if it waits elsewhere), then
+    at `home` (default ENCODER_HOME) until the next encode; the decoder stays where it is. Nothing moves
+    under model CPU offload (its hooks place the whole VAE) or when `device` is the home itself."""
+    import torch
+
+    home = torch.device(ENCODER_HOME if home is None else home)
+    modules = [] if offload or torch.device(device) == home else encoder_modules(vae)
+    for module in modules:
+        module.to(device)
+    try:
+        yield vae
+    finally:
+        for module in modules:
+            module.to(home)
+
+
+def encode_first_frame(vae, pixels, device, dtype, offload: bool = False):
+    """VAE posterior mode of the first frame, normalised: (1, C_lat, 1, h, w) in `dtype`. The encoder visits
+    `device` for this call (`encoding_on`)."""
+    with encoding_on(vae, device, offload):
+        z = vae.encode(pixels[:, :, None].to(device, dtype=vae.dtype)).latent_dist.mode()
     mean = vae.latents_mean.view(1, -1, 1, 1, 1).to(z)
     std = vae.latents_std.view(1, -1, 1, 1, 1).to(z)
     return ((z - mean) * vae.config.scaling_factor / std).to(dtype)
@@ -225,7 +256,7 @@ def prepare_inputs(pipe, request: RenderRequest, device) -> RenderInputs:
     with torch.no_grad():
         text, text_mask = cached_pair(request, stage_one_key(request, guidance),
                                       lambda: encode_text(pipe, request, device, guidance), device)
-        first = encode_first_frame(pipe.vae, pixels, device, dtype)
+        first = encode_first_frame(pipe.vae, pixels, device, dtype, offload=request.offload)
     frames, h, w = latent_shape(pipe, request)
     cameras = camera_feed(pipe, request, device, dtype, 2 if guidance else 1)
     camera = plucker = None

@@ -27,8 +27,13 @@ def run(refiner, clip, kernels, **options):
     return torch.cat(out, dim=2), stream
 
 
-def test_fused_stream_equals_stock_stream(refiner):
-    """Window cache + fused processor + fused glue give diffusers' blocks' latents and history (fp32)."""
+@pytest.mark.parametrize("block_slot", [False, True])
+def test_fused_stream_equals_stock_stream(refiner, monkeypatch, block_slot):
+    """Window cache + fused processor + fused glue give diffusers' blocks' latents and history (fp32), in both
+    window layouts: [sink | history] with the block attended to apart (merged by log-sum-exp), and the block slot."""
+    import camrender.model.refiner_window as refiner_window
+
+    monkeypatch.setattr(refiner_window, "BLOCK_SLOT", block_slot)
     clip = torch.randn(1, 8, 1 + 3 * 5 + 2, 4, 6, generator=torch.Generator().manual_seed(1))  # trims, short tail
     stock, stock_stream = run(refiner, clip, "stock")
     blocks = refiner.transformer.transformer_blocks
@@ -38,6 +43,9 @@ def test_fused_stream_equals_stock_stream(refiner):
     assert all(isinstance(b.attn1.processor, FusedRefinerAttnProcessor) for b in blocks)
     assert all(vars(b)["forward"].__func__ is fused_block_forward for b in blocks)
     assert isinstance(fused_stream.cache, WindowKVCache)
+    tokens = 4 * 6
+    window_frames = 1 + fused_stream.max_history + (3 if block_slot else 0)  # sink + history (+ the block's slot)
+    assert all(layer.key.shape[1] == window_frames * tokens for layer in fused_stream.cache.layer_caches)
     assert ((fused - stock).abs().max() / stock.abs().max()).item() <= 1e-6
     for window, layer in zip(fused_stream.cache.layer_caches, stock_stream.cache.layer_caches):
         torch.testing.assert_close(window.history_k, layer.history_k, rtol=1e-5, atol=1e-5)
@@ -83,7 +91,7 @@ def test_window_sink_is_reroped_once_per_block(refiner, monkeypatch):
 
 
 def test_window_history_slides_in_place():
-    cache = WindowKVCache(1, history_frames=2, block_frames=3, sink_frames=1)
+    cache = WindowKVCache(1, history_frames=2, block_frames=3, sink_frames=1, block_slot=True)
     layer = cache.layer_caches[0]
     tokens = 2  # per frame
     layer.store_sink(torch.zeros(1, tokens, 4), torch.full((1, tokens, 4), -1.0))
@@ -110,7 +118,7 @@ def test_use_refiner_kernels_rejects_unknown_names(refiner):
 
 def test_window_slide_equals_the_stock_concatenation_and_trim():
     """The release proportions (10 history frames, blocks of 3): drop < keep, the slide goes in pieces."""
-    cache = WindowKVCache(1, history_frames=10, block_frames=3, sink_frames=1)
+    cache = WindowKVCache(1, history_frames=10, block_frames=3, sink_frames=1, block_slot=True)
     layer = cache.layer_caches[0]
     tokens = 3
     layer.store_sink(torch.zeros(1, tokens, 2), torch.zeros(1, tokens, 2))
@@ -124,3 +132,35 @@ def test_window_slide_equals_the_stock_concatenation_and_trim():
         layer.commit(3)
         history = torch.cat([history, block], dim=1)[:, -10 * tokens:]
         assert torch.equal(layer.history_k, history) and torch.equal(layer.history_v, -history)
+
+
+@pytest.mark.parametrize("history_frames, blocks", [
+    (10, [3, 3, 3, 3, 3, 3]),  # the release proportions: the slide goes in pieces once the window is full
+    (2, [3, 1, 2, 1]),  # a block longer than the history, then blocks shorter than it
+    (1, [3, 3]),  # --refiner-window 2: sink + 1 frame
+])
+def test_window_append_equals_the_stock_concatenation_and_trim(history_frames, blocks):
+    """Without the block slot the window holds sink + history only; the cache pass's K/V go in after the
+    history slides: the same tokens, in the same order, as the stock concatenation and trim."""
+    cache = WindowKVCache(1, history_frames=history_frames, block_frames=3, sink_frames=1, block_slot=False)
+    layer = cache.layer_caches[0]
+    tokens = 3
+    sink = torch.randn(1, tokens, 2)
+    layer.store_sink(torch.zeros(1, tokens, 2), sink)
+    assert layer.key.shape == (1, tokens * (1 + history_frames), 2)
+    history = torch.zeros(1, 0, 2)
+    generator = torch.Generator().manual_seed(0)
+    addresses = set()
+    for frames in blocks:
+        block = torch.randn(1, frames * tokens, 2, generator=generator)
+        layer.append(block, -block)
+        layer.commit(frames)  # nothing more to do in this layout
+        history = torch.cat([history, block], dim=1)[:, -history_frames * tokens:]
+        assert torch.equal(layer.history_k, history) and torch.equal(layer.history_v, -history)
+        prefix_k, prefix_v = layer.prefix()
+        assert torch.equal(prefix_v, torch.cat([sink, -history], dim=1))  # the sink stays where it is
+        assert torch.equal(prefix_k[:, tokens:], history)
+        addresses.add(layer.history_k.data_ptr())
+    assert addresses == {layer.key[:, tokens:].data_ptr()}  # always right after the sink, in the one buffer
+    with pytest.raises(RuntimeError, match="no slot"):
+        layer.place(tokens)

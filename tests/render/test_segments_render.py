@@ -1,4 +1,5 @@
 """Segment-mode rendering on the tiny pipeline: sampler, streaming output, CLI, original-format DiT files."""
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +11,8 @@ from camrender.render.inputs import prepare_inputs
 from camrender.render.loop import render_frames
 from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments, segment_timesteps
 from camrender.render.decode import CausalStreamDecoder, to_uint8_frames
-from camrender.model.segments import SegmentOptions, dense_reference_forward, segment_bounds, segment_forward
+from camrender.model.segments import (SegmentCache, SegmentOptions, dense_reference_forward, segment_bounds,
+                                      segment_forward)
 from camrender.model.patch import patch_transformer
 from camrender.model.tiny import build_tiny_pipeline, build_tiny_transformer
 from camrender.trajectory import Trajectory
@@ -110,22 +112,102 @@ def test_render_segments_streams_one_chunk_per_segment(pipe):
     assert np.abs(np.concatenate(chunks).astype(int) - whole.astype(int)).max() <= 1
 
 
-def test_graph_replay_path_gives_the_eager_latents(pipe):
+def cache_tensors(cache) -> list:
+    """(data pointer, shape) of every tensor of a `SegmentCache`, in block order."""
+    found = []
+
+    def walk(node):
+        if isinstance(node, torch.Tensor):
+            found.append((node.data_ptr(), tuple(node.shape)))
+        elif dataclasses.is_dataclass(node):
+            for field in dataclasses.fields(node):
+                walk(getattr(node, field.name))
+        elif isinstance(node, (list, tuple)):
+            for item in node:
+                walk(item)
+
+    walk(cache)
+    return found
+
+
+def test_graph_replay_path_gives_the_eager_latents(pipe, monkeypatch):
     """sample_segments(cuda_graphs=True) off CUDA runs the graph bookkeeping without graphs: inputs copied
-    into static tensors, one layout per segment shape and cache size. It must give the eager latents, and
-    the steady-state segments (sink + 1 recent segment cached) must reuse one layout."""
+    into static tensors, one layout per segment shape and cache size, the cache read where it lies. It must
+    give the eager latents; the replayed forwards must read the render's cache itself (no copy of it), and
+    the steady-state segments (sink + 1 recent segment cached, written in place) must reuse one layout."""
+    import camrender.render.denoise as denoise
+
     request = request_for(frames=121)  # 16 latent frames: segments (0, 4), (4, 7), ..., (13, 16)
     inputs = prepare_inputs(pipe, request, torch.device("cpu"))
     bounds = segment_bounds(inputs.noise.shape[2])
     assert len(bounds) == 5
     timesteps = [1000.0, 800.0, 500.0]
-    runs = {}
+    made, reads = [], []
+
+    class Recorded(denoise.GraphedForward):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    model_forward = denoise._model_forward
+
+    def recording(model, options, x, timestep, conditioning, cache, segments=None, write=False):
+        if not write:
+            reads.append((cache, cache_tensors(cache)))
+        return model_forward(model, options, x, timestep, conditioning, cache, segments, write)
+
+    monkeypatch.setattr(denoise, "GraphedForward", Recorded)
+    monkeypatch.setattr(denoise, "_model_forward", recording)
+    runs, addresses = {}, {}
     with torch.no_grad():
         for graphs in (False, True):
-            runs[graphs] = torch.cat([x for *_, x in sample_segments(
-                pipe.transformer, inputs, bounds, timesteps, SegmentOptions(), torch.device("cpu"),
-                cuda_graphs=graphs)], dim=2)
+            cache = SegmentCache.empty(pipe.transformer)
+            reads.clear()
+            latents = []
+            for index, *_, x in sample_segments(pipe.transformer, inputs, bounds, timesteps, SegmentOptions(),
+                                                torch.device("cpu"), cuda_graphs=graphs, cache=cache):
+                latents.append(x)
+                addresses[graphs, index] = cache_tensors(cache)
+            runs[graphs] = torch.cat(latents, dim=2)
+            assert all(seen is cache for seen, _ in reads)  # the render's cache object, never a copy of it
     torch.testing.assert_close(runs[True], runs[False], rtol=0, atol=0)
+    # every forward read the cache's own tensors: the addresses it saw are the cache's after the segment before
+    graphed_reads = [tensors for _, tensors in reads]
+    per_segment = len(timesteps)
+    for index in range(1, len(bounds)):
+        for tensors in graphed_reads[index * per_segment:(index + 1) * per_segment]:
+            assert tensors == addresses[True, index - 1]
+    # once segment 1 has filled the window (sink + one recent segment) the cache passes write in place
+    assert addresses[True, 0] != addresses[True, 1]
+    assert addresses[True, 1] == addresses[True, 2] == addresses[True, 3] == addresses[True, 4]
+    (graphs,) = made
+    # first sight of each layout eager: segment 0, 1 and 2; segments 3 and 4 replay segment 2's layout
+    assert graphs.stats == {"eager": 3, "captures": 0, "replays": len(bounds) * per_segment - 3}
+
+
+def test_graph_replay_reads_resident_arguments_in_place():
+    """A resident argument is never copied: the replay reads its tensors themselves, values written in place
+    included; a resident tensor in new storage is a new layout (eager first, then set up again)."""
+    from camrender.model.graphs import GraphedForward
+
+    seen = []
+
+    def forward(x, state):
+        seen.append(state["bias"].data_ptr())
+        return x + state["bias"]
+
+    graphs = GraphedForward(forward, capture=False, resident=(1,))
+    bias = torch.zeros(3)
+    state = {"bias": bias}
+    assert [graphs(torch.ones(3), state).tolist() for _ in range(3)] == [[1.0] * 3] * 3
+    assert graphs.stats == {"eager": 1, "captures": 0, "replays": 2}
+    assert set(seen) == {bias.data_ptr()}
+    bias += 2.0  # written in place: read as it is now, the same layout
+    assert graphs(torch.ones(3), state).tolist() == [3.0] * 3
+    assert graphs.stats["eager"] == 1 and graphs._replay.inputs[1] is None  # the graph holds no reference to it
+    state["bias"] = torch.full((3,), 5.0)  # new storage: a new layout
+    assert graphs(torch.ones(3), state).tolist() == [6.0] * 3
+    assert graphs.stats["eager"] == 2
 
 
 def test_graph_replay_reuses_a_layout():
