@@ -33,7 +33,7 @@ the whole document; `--out FILE` also writes it. About 3-5 minutes on one H200.
     python3 bench/bench_refiner.py --segments 8 --skip-layers        # quicker (no layer-streaming run)
     python3 bench/bench_refiner.py --tiny                            # the script's logic on a CPU
     python3 bench/bench_refiner.py --setting bf16 --allocator default  # PyTorch's allocator, no expandable segments
-    python3 bench/bench_refiner.py --setting bf16 --refiner-window-layout slot  # the window with the block's slot
+    python3 bench/bench_refiner.py --setting bf16 --refiner-window-layout split  # the window without the block's slot
 """
 from __future__ import annotations
 
@@ -79,10 +79,10 @@ def parse_args(argv=None):
     parser.add_argument("--setting", default=None, choices=("bf16", "fp8", "fp8-22gib-window2", "fp8-22gib-layers"),
                         help="only this row of the memory/precision targets, with a memory breakdown per phase "
                              "(bench/refiner_targets.py); run each in its own process (a memory cap stays)")
-    parser.add_argument("--refiner-window-layout", choices=("split", "slot"), default="split",
-                        help="the refiner's KV window (camrender.model.refiner_window): sink + history with the block "
-                             "attended to apart, merged by log-sum-exp (renders' default), or with the block's slot "
-                             "(one attention call, 2.1 GB more at the release shape), to compare speeds")
+    parser.add_argument("--refiner-window-layout", choices=("split", "slot"), default="slot",
+                        help="the refiner's KV window (camrender.model.refiner_window): with the block's slot (one "
+                             "attention call; renders' default), or sink + history with the block attended to apart, "
+                             "merged by log-sum-exp (2.1 GB less at the release shape), to compare")
     parser.add_argument("--allocator", choices=("expandable", "default"), default="expandable",
                         help="PyTorch's CUDA allocator: expandable segments, as camrender's processes run (unless "
                              "PYTORCH_CUDA_ALLOC_CONF is set), or PyTorch's default, to compare")

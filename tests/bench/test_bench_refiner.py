@@ -30,7 +30,7 @@ def test_tiny_run_writes_every_figure(tmp_path, monkeypatch):
     result = json.loads(out.read_text())
     assert result["errors"] == {}
     assert result["allocator"] == "expandable_segments:True"  # as camrender's processes run
-    assert result["refiner_window_layout"] == "split"
+    assert result["refiner_window_layout"] == "slot"  # renders' default
     rows = ("without_refiner", "with_refiner", "with_refiner_equal_priorities", "with_refiner_decode_on_refiner_stream",
             "with_refiner_no_overlap", "with_refiner_breakdown")
     for name in rows:
@@ -70,10 +70,10 @@ def test_tiny_setting_reports_the_phases(tmp_path, monkeypatch):
     no_allocator_setting(monkeypatch)
     out = tmp_path / "fp8.json"
     assert bench_refiner.main(["--tiny", "--setting", "fp8-22gib-window2", "--allocator", "default",
-                               "--refiner-window-layout", "slot", "--out", str(out)]) == 0
+                               "--refiner-window-layout", "split", "--out", str(out)]) == 0
     result = json.loads(out.read_text())
     assert result["allocator"] == "default"  # PyTorch's own: nothing set
-    assert result["refiner_window_layout"] == "slot"
+    assert result["refiner_window_layout"] == "split"
     assert result["precision"] == "fp8" and result["window"] == 2 and result["refiner_fp8_linears"] > 0
     timed = result["render"]["timed"]
     assert timed["video_frames"] == 97 and timed["video_fps_steady"] > 0
