@@ -12,7 +12,7 @@ import triton.language as tl
 from ._validate import use_triton
 from .main_reference import short_conv_ref
 
-__all__ = ["short_conv", "short_conv_context", "use_triton"]  # use_triton: camrender.model.block imports it here
+__all__ = ["short_conv", "short_conv_context", "use_triton"]  # use_triton: camrender.model.stage1.block imports it here
 
 
 @triton.jit

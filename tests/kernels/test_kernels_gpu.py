@@ -85,8 +85,8 @@ def test_streaming_decode_cudnn_settings_agree():
     within bf16 rounding (bench_decode's former check; H200, release VAE: 0 and 0.023)."""
     from diffusers import AutoencoderKLLTX2Video
 
+    from camrender.model.stage1.segments import segment_bounds
     from camrender.render.decode import CausalStreamDecoder
-    from camrender.model.segments import segment_bounds
 
     torch.manual_seed(0)
     with torch.device("cuda"):

@@ -206,7 +206,7 @@ def test_from_render_reproduces_the_video(tmp_path, capsys):
 
 def test_checkpoint_tree_round_trip_covers_new_fields(tmp_path):
     """The cache is saved by walking its fields: a field added later (here a subclass's) is kept."""
-    from camrender.model.segments import BlockCache, SegmentCache, SoftmaxKV
+    from camrender.model.stage1.segments import BlockCache, SegmentCache, SoftmaxKV
     from camrender.render.state_io import load_tree, save_tree
 
     base = torch.arange(40.0).view(2, 20)

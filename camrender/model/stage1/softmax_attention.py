@@ -12,7 +12,7 @@ parameters, buffers and sub-modules (no copies: the transformer's `state_dict()`
 Off CUDA and without TRITON_INTERPRET=1 the same structure runs on the PyTorch references.
 
 Full mode (no `segment`): all N tokens attend to each other, under the rules of `full_options`
-(the recipe's, `camrender.model.patch.set_full_options`); settings backend "torch" (or a block
+(the recipe's, `camrender.model.stage1.patch.set_full_options`); settings backend "torch" (or a block
 without RMSNorm weights) runs the stock forward when those rules are diffusers' (camera scale
 1/sqrt(128), camera RMS downscale), the PyTorch references otherwise; a padded-frame mask always
 runs the stock forward. Segment mode
@@ -29,9 +29,9 @@ import torch.nn.functional as F
 from diffusers.models.transformers.transformer_sana_wm import _prepare_ucpe_ray_transforms, _SoftmaxUCPESinglePathLiteLA
 
 from camrender.model.adopt import adopt_module
-from camrender.model.gdn_attention import combine_branches, norm_inv_rms
 from camrender.model.settings import KernelSettings
-from camrender.model.state import FULL_MODE, BlockCache, SegmentCall, SegmentOptions, SoftmaxKV, compact
+from camrender.model.stage1.gdn_attention import combine_branches, norm_inv_rms
+from camrender.model.stage1.state import FULL_MODE, BlockCache, SegmentCall, SegmentOptions, SoftmaxKV, compact
 
 # SDPA backends in priority order on CUDA (names of torch.nn.attention.SDPBackend), or None for
 # PyTorch's own choice. H200, torch 2.11, B=2 N=18480 H=20 bf16: cuDNN attention 12.3 ms vs flash

@@ -14,7 +14,7 @@ it does
     one `kernels.rms_rope.rms_rope_qk` launch (norm + RoPE of q and k, k written into the window),
     one copy of V into the window, the sink's RoPE once per block (`kernels.rms_rope.rope_rows`),
 
-with a `camrender.model.refiner_window.WindowKVCache`; SDPA then reads the window's prefix in place. With
+with a `camrender.model.refiner.window.WindowKVCache`; SDPA then reads the window's prefix in place. With
 diffusers' own `SanaWMRefinerKVCache` (diffusers' pipeline, a window of the sink alone) it keeps that cache's
 contract (concatenation, captured K/V) and still fuses the norm and RoPE. The result equals the stock
 processor's up to the fused norm's fp32 sum order (tests/model/test_refiner_attention.py).
@@ -26,7 +26,7 @@ from diffusers.models.attention_dispatch import dispatch_attention_fn
 from diffusers.models.transformers.transformer_sana_wm_refiner import SanaWMLTX2RefinerAttnProcessor
 
 from camrender.kernels.rms_rope import ROPE_TYPES, rms_rope_qk, rope_rows
-from camrender.model.refiner_window import WindowLayerCache
+from camrender.model.refiner.window import WindowLayerCache
 
 INJECT_MODES = ("inject", "inject_and_capture_post_rope")
 

@@ -4,7 +4,7 @@ diffusers' `SanaWMRefinerKVCache` keeps each layer's sink (pre-RoPE K, V) and hi
 separate tensors, and its attention processor re-RoPEs the sink and concatenates [sink, history,
 current] K and V on every pass: 2 fresh copies of the whole window per layer and pass. `WindowKVCache`
 instead holds, per layer, a key and a value buffer (B, capacity, C) that the attention reads as one
-prefix: the fused processor (`camrender.model.refiner_attention`) writes the pass's K/V straight into the
+prefix: the fused processor (`camrender.model.refiner.attention`) writes the pass's K/V straight into the
 current slot and ropes the sink's keys into the sink slot once per block (when `sink_pe` is set), so
 a pass copies nothing. After a block's cache pass `commit` keeps the last `max_history` frames:
 the history slides down in place, without a temporary (the same order as the stock concatenation and trim).
