@@ -63,7 +63,8 @@ def main():
     from diffusers.models.transformers.transformer_sana_wm import GLUMBConvTemp
 
     import torch.nn.functional as F
-    from camrender.kernels.ffn_glu import glu_depthwise, glu_depthwise_ref
+    from camrender.kernels.ffn_glu import glu_depthwise
+    from camrender.kernels.ffn_glu_reference import glu_depthwise_ref
     from camrender.model.settings import KernelSettings
     from camrender.model.stage1.ffn import PatchedGLUMBConvTemp, _conv_frames, ffn_parts
 

@@ -68,7 +68,7 @@ def bench_main(args, res):
 
     from camrender.kernels.main_branch import _chunkwise, main_branch
     from camrender.kernels.main_prep import main_prep
-    from camrender.kernels.main_reference import rope_tables
+    from camrender.kernels._reference_parts import rope_tables
     from camrender.kernels.short_conv import short_conv
 
     dev = torch.device(args.device)

@@ -10,7 +10,8 @@ import pytest
 import torch
 from diffusers.models.transformers.transformer_sana_wm import GLUMBConvTemp
 
-from camrender.kernels.ffn_glu import glu_depthwise, glu_depthwise_ref
+from camrender.kernels.ffn_glu import glu_depthwise
+from camrender.kernels.ffn_glu_reference import glu_depthwise_ref
 from camrender.model.settings import KernelSettings
 from camrender.model.stage1.ffn import PatchedGLUMBConvTemp, ffn_parts, patch_ffn
 from helpers import rel

@@ -15,7 +15,7 @@ from diffusers.models.transformers.transformer_sana_wm import (
     _SoftmaxUCPESinglePathLiteLA,
 )
 
-from camrender.kernels.main_reference import cam_softmax_decode_ref, cam_softmax_encode_ref
+from camrender.kernels.softmax_cam_reference import cam_softmax_decode_ref, cam_softmax_encode_ref
 from camrender.kernels.softmax_cam import cam_softmax_decode, cam_softmax_encode
 from camrender.model.settings import KernelSettings
 from camrender.model.stage1.patch import patch_attention

@@ -142,13 +142,13 @@ def test_fused_falls_back_to_torch_reference_on_cpu(monkeypatch):
     """Without TRITON_INTERPRET=1 and without a GPU, kernels='fused' runs the PyTorch reference."""
     model = patch_transformer(build_tiny_transformer(seed=0), kernels="fused", recipe=DIFFUSERS)
     calls = []
-    reference = kernels.reference.camera_branch_ref
+    reference = kernels.camera_branch_reference.camera_branch_ref
 
     def spy(*args, **kwargs):
         calls.append(1)
         return reference(*args, **kwargs)
 
-    monkeypatch.setattr(kernels.reference, "camera_branch_ref", spy)
+    monkeypatch.setattr(kernels.camera_branch_reference, "camera_branch_ref", spy)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     forward(model, transformer_inputs(model))
     assert calls == [1]  # one GDN block, one reference call

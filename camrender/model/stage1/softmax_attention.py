@@ -69,7 +69,7 @@ def softmax_qkv(attn, x, rope, attn_dtype, use_triton: bool):
     (B, H, N, D) in `attn_dtype`. x (B, N, C); rope: diffusers' complex table or None.
     use_triton: `kernels.main_prep` writes q and k straight in `attn_dtype`, else its reference."""
     from camrender.kernels.main_prep import main_prep
-    from camrender.kernels.main_reference import main_prep_ref
+    from camrender.kernels.main_prep_reference import main_prep_ref
 
     batch, tokens = x.shape[:2]
     heads, dim = attn.heads, attn.dim
@@ -96,7 +96,7 @@ def camera_encode(attn, x, ray_transforms, attn_dtype, use_triton: bool, downsca
     if use_triton:
         from camrender.kernels.softmax_cam import cam_softmax_encode
     else:
-        from camrender.kernels.main_reference import cam_softmax_encode_ref as cam_softmax_encode
+        from camrender.kernels.softmax_cam_reference import cam_softmax_encode_ref as cam_softmax_encode
     query, key = attn.q_proj_cam(x), attn.k_proj_cam(x)
     encoded = cam_softmax_encode(
         query, key, attn.v_proj_cam(x), ray_transforms,
@@ -111,7 +111,7 @@ def camera_decode(attn, o, ray_transforms, dtype, use_triton: bool):
     if use_triton:
         from camrender.kernels.softmax_cam import cam_softmax_decode
     else:
-        from camrender.kernels.main_reference import cam_softmax_decode_ref as cam_softmax_decode
+        from camrender.kernels.softmax_cam_reference import cam_softmax_decode_ref as cam_softmax_decode
     return cam_softmax_decode(o, ray_transforms, dim=attn.cam_head_dim, out_dtype=dtype)
 
 
