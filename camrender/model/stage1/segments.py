@@ -199,7 +199,8 @@ def segment_forward(
     block_caches = cache.blocks if cache is not None else [BlockCache() for _ in model.blocks]
     # A whole clip with no state under full mode's rules (those the attentions hold, `set_full_options`)
     # on backend "torch" (--kernels torch): the blocks' full-mode code (diffusers' own where the rules
-    # are diffusers'), which they run when called without a segment.
+    # are diffusers'), which they run when called without a segment. The SegmentCall path on that backend
+    # is not bit-identical to it (the references' GDN scan, short convs, UCPE; docs/model-forward.md).
     stock = (cache is None and len(segments) == 1 and not model.blocks[0].settings.fused
              and options == getattr(model.blocks[0].attn, "full_options", FULL_MODE))
 
