@@ -71,7 +71,9 @@ def encoder_identity(source: str, parts: tuple) -> dict:
     """What identifies the encoder(s) under model `source` ("tiny", a folder or a hub id): `parts` are its
     subfolders (e.g. ("text_encoder", "tokenizer")); tiny models are identified by their build."""
     if source == "tiny":
-        return {"tiny": list(parts), "build": "camrender.model.stage1.tiny seed 0"}
+        # the label of the tiny encoders' build (camrender.model.stage1.tiny, seed 0) is part of the cache key:
+        # kept as first written, so caches filled before the module moved stay valid
+        return {"tiny": list(parts), "build": "camrender.model.tiny seed 0"}
     folder = Path(source).expanduser()
     if folder.is_dir():
         return {"folder": str(folder.resolve()),
