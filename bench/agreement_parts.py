@@ -89,11 +89,11 @@ def switches(model):
     select(parts), which puts the PARTS named in `parts` on our kernels and the rest on diffusers'."""
     from diffusers.models.transformers.transformer_sana_wm import GLUMBConvTemp
 
-    import camrender.model.block as patch_block
+    import camrender.model.stage1.block as patch_block
     from camrender.kernels.block_glue import gated_residual
-    from camrender.model.gdn_attention import PatchedGDNAttention, combine_branches
     from camrender.model.settings import KernelSettings
-    from camrender.model.softmax_attention import PatchedSoftmaxAttention
+    from camrender.model.stage1.gdn_attention import PatchedGDNAttention, combine_branches
+    from camrender.model.stage1.softmax_attention import PatchedSoftmaxAttention
 
     fused_settings, torch_settings = KernelSettings("auto", "tf32"), KernelSettings("torch", "tf32")
 
@@ -152,7 +152,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     args = parser.parse_args(argv)
 
-    from camrender.model.patch import patch_transformer
+    from camrender.model.stage1.patch import patch_transformer
 
     device, dtype, config, frames, height, width = bench_setup(quick=args.quick, tiny=args.tiny)
     model = build_model(config, device, dtype)

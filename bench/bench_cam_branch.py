@@ -22,7 +22,7 @@ import triton.testing
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from camrender import kernels  # noqa: E402
-from camrender.kernels import reference  # noqa: E402
+from camrender.kernels.camera_branch_reference import camera_branch_ref  # noqa: E402
 from common import kernel_ms  # noqa: E402
 
 SHAPES = {
@@ -132,7 +132,7 @@ def run_shape(name, shape, sweep, log, device="cuda", timings=True):
     # fp32 ieee reference from bf16-rounded inputs (what the bf16 pipeline hands the branch).
     xb = dict(x, **{k: x[k].to(torch.bfloat16).float() for k in ("q", "k", "v", "beta")})
     torch.backends.cuda.matmul.allow_tf32 = False
-    ref, _ = reference.camera_branch_ref(xb["q"], xb["k"], xb["v"], xb["beta"], xb["decay"], xb["rays"],
+    ref, _ = camera_branch_ref(xb["q"], xb["k"], xb["v"], xb["beta"], xb["decay"], xb["rays"],
                                          q_norm_weight=x["qw"], k_norm_weight=x["kw"], initial_state=x["state"])
     log(f"{name}: reference done")
     errs = {}

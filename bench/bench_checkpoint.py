@@ -33,10 +33,10 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench_segments import build_models, path_inputs  # noqa: E402
-from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments  # noqa: E402
-from camrender.render.resume import DEFAULT_CHECKPOINT_EVERY, Checkpointer  # noqa: E402
+from camrender.model.stage1.segments import SegmentCache, SegmentOptions, segment_bounds  # noqa: E402
 from camrender.render.decode import CausalStreamDecoder, to_uint8_frames  # noqa: E402
-from camrender.model.segments import SegmentCache, SegmentOptions, segment_bounds  # noqa: E402
+from camrender.render.resume import DEFAULT_CHECKPOINT_EVERY, Checkpointer  # noqa: E402
+from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments  # noqa: E402
 from common import Stopwatch, emit, sync  # noqa: E402
 
 

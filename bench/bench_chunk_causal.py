@@ -26,11 +26,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import bench_segments as bs  # noqa: E402
+from camrender.model.stage1.recipes import get_recipe  # noqa: E402
+from camrender.model.stage1.segments import SegmentOptions  # noqa: E402
 from camrender.render.chunk_causal import (DEFAULT_GUIDANCE, DEFAULT_STEPS, sample_chunk_causal,  # noqa: E402
                                     teacher_chunk_bounds, teacher_schedule)
-from camrender.model.recipes import get_recipe  # noqa: E402
 from camrender.render.decode import CausalStreamDecoder, to_uint8_frames  # noqa: E402
-from camrender.model.segments import SegmentOptions  # noqa: E402
 from common import GIB, Laps, allocated_bytes, emit, measure, peak_bytes, reset_peak  # noqa: E402
 
 

@@ -18,8 +18,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from camrender.model.stage1.segments import segment_bounds  # noqa: E402
 from camrender.render.decode import CausalStreamDecoder  # noqa: E402
-from camrender.model.segments import segment_bounds  # noqa: E402
 from common import Stopwatch, emit  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""SANA-WM FFN (`GLUMBConvTemp`) on one GPU: stock diffusers vs camrender.model.ffn, and the GLU kernel.
+"""SANA-WM FFN (`GLUMBConvTemp`) on one GPU: stock diffusers vs camrender.model.stage1.ffn, and the GLU kernel.
 
 Release shape by default: B=2, T=21 frames of 22x40 tokens, C=2240, Hd=6720, bf16, random
 weights (the released block layout: biases on the inverted and depthwise convs). Prints one JSON
@@ -63,9 +63,10 @@ def main():
     from diffusers.models.transformers.transformer_sana_wm import GLUMBConvTemp
 
     import torch.nn.functional as F
-    from camrender.model.ffn import PatchedGLUMBConvTemp, _conv_frames, ffn_parts
+    from camrender.kernels.ffn_glu import glu_depthwise
+    from camrender.kernels.ffn_glu_reference import glu_depthwise_ref
     from camrender.model.settings import KernelSettings
-    from camrender.kernels.ffn_glu import glu_depthwise, glu_depthwise_ref
+    from camrender.model.stage1.ffn import PatchedGLUMBConvTemp, _conv_frames, ffn_parts
 
     torch.manual_seed(0)
     device = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: a smoke run of the script (use tiny sizes)

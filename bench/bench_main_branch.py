@@ -9,7 +9,7 @@ Prints one JSON object (also written to --out) with:
   and its parts (short conv, prep, scan, divide), kernels.delta_scan on the two streams, the copy
   roofline (bytes the branch must move / measured copy bandwidth);
 - peak memory of stock vs ours;
-- the softmax block (stock vs camrender.model.softmax_attention), time and accuracy.
+- the softmax block (stock vs camrender.model.stage1.softmax_attention), time and accuracy.
 
 Usage: python3 bench/bench_main_branch.py [--out results.json] [--quick]
 """
@@ -68,7 +68,7 @@ def bench_main(args, res):
 
     from camrender.kernels.main_branch import _chunkwise, main_branch
     from camrender.kernels.main_prep import main_prep
-    from camrender.kernels.main_reference import rope_tables
+    from camrender.kernels._reference_parts import rope_tables
     from camrender.kernels.short_conv import short_conv
 
     dev = torch.device(args.device)
@@ -182,7 +182,7 @@ def bench_softmax(args, res):
         _SoftmaxUCPESinglePathLiteLA,
     )
 
-    from camrender.model.softmax_attention import PatchedSoftmaxAttention
+    from camrender.model.stage1.softmax_attention import PatchedSoftmaxAttention
 
     dev = torch.device(args.device)
     B, T, hh, ww, H, D = args.batch, args.frames, args.height, args.width, args.heads, args.head_dim
@@ -236,7 +236,7 @@ def bench_softmax(args, res):
                 res["softmax_ms"][f"ours_{label}"] = repr(exc)[:300]
         patched.sdpa_backends = None
         q16 = torch.randn(B, H, N, 128, device=dev, generator=gen).bfloat16()
-        from camrender.model.softmax_attention import sdpa
+        from camrender.model.stage1.softmax_attention import sdpa
         for label, backends in (("flash", ["FLASH_ATTENTION"]), ("cudnn", ["CUDNN_ATTENTION"])):
             try:
                 res["softmax_ms"][f"sdpa_only_d128_{label}"] = _bench(lambda: sdpa(q16, q16, q16, backends=backends),
@@ -247,7 +247,8 @@ def bench_softmax(args, res):
 
 
 def bench_gdn_block(args, res):
-    """Whole GDN block attention with the camera branch off: stock vs camrender.model.patch (main branch + glue)."""
+    """Whole GDN block attention with the camera branch off: stock vs camrender.model.stage1.patch
+    (main branch + glue)."""
     import copy
 
     from diffusers.models.transformers.transformer_sana_wm import (
@@ -255,8 +256,8 @@ def bench_gdn_block(args, res):
         SanaWMRotaryPosEmbed,
     )
 
-    from camrender.model.gdn_attention import PatchedGDNAttention
     from camrender.model.settings import KernelSettings
+    from camrender.model.stage1.gdn_attention import PatchedGDNAttention
 
     dev = torch.device(args.device)
     B, T, hh, ww, H, D = args.batch, args.frames, args.height, args.width, args.heads, args.head_dim

@@ -128,10 +128,10 @@ def step_worker(args) -> dict:
     import torch.distributed as dist
 
     from bench_transformer import agreement, bench_setup, build_model, make_inputs, time_calls
+    from camrender.model.stage1.patch import patch_transformer
     from camrender.parallel import distributed
     from camrender.parallel.cfg import CfgSplit
     from camrender.parallel.heads import HeadSplit, split_transformer
-    from camrender.model.patch import patch_transformer
 
     ranks = distributed.start("cpu" if args.tiny else None)
     device, dtype, config, frames, height, width = bench_setup(tiny=args.tiny)
@@ -183,7 +183,7 @@ def time_step(model, inputs, split, repeats, time_calls):
     (`bench_transformer.graphed_render_step`: the library's Denoiser with, under CFG parallel, the all-gather,
     then the guidance mix)."""
     from bench_transformer import graphed_render_step
-    from camrender.model.block import fixed_plucker
+    from camrender.model.stage1.block import fixed_plucker
 
     step, _, plucker = graphed_render_step(model, inputs, split)
     with fixed_plucker(model, plucker):
@@ -196,8 +196,8 @@ def segment_worker(args) -> dict:
     import torch.distributed as dist
 
     import bench_segments
-    from camrender.model.recipes import get_recipe
-    from camrender.model.segments import SegmentOptions
+    from camrender.model.stage1.recipes import get_recipe
+    from camrender.model.stage1.segments import SegmentOptions
     from camrender.parallel import distributed
     from camrender.parallel.heads import HeadSplit, split_transformer
 
@@ -245,7 +245,7 @@ def render_segment_path(transformer, vae, latent_frames, height, width, options,
     """Stage 1 of a segment path (CUDA graphs on the GPU) with the leader decoding each segment as it
     comes, as a render does: (figures, the concatenated latents on the CPU)."""
     import bench_segments
-    from camrender.model.segments import segment_bounds
+    from camrender.model.stage1.segments import segment_bounds
     from camrender.render.decode import CausalStreamDecoder, to_uint8_frames
     from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments
 
@@ -279,10 +279,10 @@ def batch_worker(args) -> dict:
     """`camrender.cli.batch_jobs` on 4 short paths: one warm-up video per rank, then the timed batch."""
     import torch.distributed as dist
 
-    from camrender.cli import batch_jobs as batching
-    from camrender.parallel import distributed
     from camrender.api.output import write_video
+    from camrender.cli import batch_jobs as batching
     from camrender.cli.render import _resolve_request, render
+    from camrender.parallel import distributed
     from camrender.render.pipeline import load_patched_pipeline
 
     ranks = distributed.start("cpu" if args.tiny else None, per_video=args.gpus_per_video)
@@ -341,8 +341,8 @@ def load_release_random(request):
     from transformers import Gemma2Config, Gemma2ForCausalLM
 
     from bench_transformer import RELEASE_CONFIG, build_model
-    from camrender.model.patch import patch_transformer
-    from camrender.model.tiny import build_tiny_tokenizer
+    from camrender.model.stage1.patch import patch_transformer
+    from camrender.model.stage1.tiny import build_tiny_tokenizer
 
     device, dtype = torch.device(request.device), torch.bfloat16
     tokenizer = build_tiny_tokenizer()

@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_segments as stage_one  # noqa: E402
 import refiner_common  # noqa: E402
 from camrender.model.fp8 import Fp8Linear, quantize_blocks  # noqa: E402
-from camrender.model.refiner import RefinerStream  # noqa: E402
+from camrender.model.refiner.stream import RefinerStream  # noqa: E402
 from common import emit, sync  # noqa: E402
 
 

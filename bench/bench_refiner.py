@@ -1,4 +1,4 @@
-"""GPU benchmark of stage 2 (the SANA-WM refiner, camrender.model.refiner) in segment mode, random weights.
+"""GPU benchmark of stage 2 (the SANA-WM refiner, camrender.model.refiner.stream) in segment mode, random weights.
 
 At the release shape (704x1280: 22x40 latent tokens per frame, 128 latent channels, bf16), with
 the release configs (SANA-WM 1.6B DiT and LTX-2 VAE as in bench_segments.py; the refiner
@@ -18,7 +18,7 @@ one run measures side by side:
 - the refiner's FLOPs per block (torch's FlopCounterMode on a real block: GEMMs and attention)
   and the roofline they imply at 790 TFLOP/s (bf16 dense, H200): the fastest a refiner can go,
   and segment mode's ceiling with it given the measured stage 1 + decode;
-- the refiner blocks' fused path (`camrender.model.refiner_block`: fused q/k norm + RoPE, the KV window
+- the refiner blocks' fused path (`camrender.model.refiner.block`: fused q/k norm + RoPE, the KV window
   read in place, fused adaLN glue) against diffusers' stock blocks (`--refiner-kernels both`):
   segment mode and steady state side by side, kernel launches per layer and pass (torch.profiler);
 - peak GPU memory of each `--refiner-offload` setting (none: the refiner's DiT resident and the
@@ -51,13 +51,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import bench_segments as stage_one  # noqa: E402
 from camrender.allocator import ALLOC_CONF, use_expandable_segments  # noqa: E402
-from camrender.model import refiner_window  # noqa: E402
-from camrender.model.refiner import RefinerStream  # noqa: E402
-from camrender.render.stage_two import PassThrough, Schedule, refined_frames  # noqa: E402
-from camrender.model.refiner_loading import stream_layers  # noqa: E402
-from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments  # noqa: E402
+from camrender.model.refiner import window as refiner_window  # noqa: E402
+from camrender.model.refiner.loading import stream_layers  # noqa: E402
+from camrender.model.refiner.stream import RefinerStream  # noqa: E402
+from camrender.model.stage1.segments import SegmentOptions, segment_bounds  # noqa: E402
 from camrender.render.decode import REFINED_DECODE_MAX_FRAMES, CausalStreamDecoder, to_uint8_frames  # noqa: E402
-from camrender.model.segments import SegmentOptions, segment_bounds  # noqa: E402
+from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments  # noqa: E402
+from camrender.render.stage_two import PassThrough, Schedule, refined_frames  # noqa: E402
 from common import GIB, Laps, emit, measure, gib, peak_bytes, reset_peak, sync  # noqa: E402
 from refiner_common import (GEMMA2_2B, GEMMA3_12B_TEXT, VIDEO_FPS, as_refiner, build_refiner_transformer,  # noqa: E402,F401
                             build_text_model, default_dtype, kernel_backend, refiner_text)
@@ -73,14 +73,14 @@ def parse_args(argv=None):
     parser.add_argument("--layers-segments", type=int, default=3, help="segments rendered with --refiner-offload layers")
     parser.add_argument("--skip-layers", action="store_true", help="skip the layer-streaming memory run")
     parser.add_argument("--refiner-kernels", choices=("both", "fused", "stock"), default="both",
-                        help="the refiner blocks' path (camrender.model.refiner_block): both = side by side rows "
+                        help="the refiner blocks' path (camrender.model.refiner.block): both = side by side rows "
                              "(the stock ones suffixed _stock_kernels), fused (renders' default) or stock only")
     parser.add_argument("--text-tokens", type=int, default=1024, help="refiner prompt tokens (release: 1024)")
     parser.add_argument("--setting", default=None, choices=("bf16", "fp8", "fp8-22gib-window2", "fp8-22gib-layers"),
                         help="only this row of the memory/precision targets, with a memory breakdown per phase "
                              "(bench/refiner_targets.py); run each in its own process (a memory cap stays)")
     parser.add_argument("--refiner-window-layout", choices=("split", "slot"), default="slot",
-                        help="the refiner's KV window (camrender.model.refiner_window): with the block's slot (one "
+                        help="the refiner's KV window (camrender.model.refiner.window): with the block's slot (one "
                              "attention call; renders' default), or sink + history with the block attended to apart, "
                              "merged by log-sum-exp (2.1 GB less at the release shape), to compare")
     parser.add_argument("--allocator", choices=("expandable", "default"), default="expandable",

@@ -33,14 +33,14 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from camrender.render.inputs import RenderInputs  # noqa: E402
-from camrender.model.state import FULL_MODE  # noqa: E402
-from camrender.render.denoise import Denoiser, pin, pinned_frames  # noqa: E402
-from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments  # noqa: E402
+from camrender.model.stage1.recipes import get_recipe  # noqa: E402
+from camrender.model.stage1.segments import SegmentOptions, segment_bounds  # noqa: E402
+from camrender.model.stage1.state import FULL_MODE  # noqa: E402
 from camrender.render.decode import CausalStreamDecoder, decode_max_frames, to_uint8_frames  # noqa: E402
+from camrender.render.denoise import Denoiser, pin, pinned_frames  # noqa: E402
+from camrender.render.inputs import RenderInputs  # noqa: E402
+from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments  # noqa: E402
 from camrender.render.stage_two import PassThrough, refined_frames  # noqa: E402
-from camrender.model.recipes import get_recipe  # noqa: E402
-from camrender.model.segments import SegmentOptions, segment_bounds  # noqa: E402
 from common import GIB, Laps, allocated_bytes, emit, measure, peak_bytes, reset_peak, sync  # noqa: E402
 
 SPATIAL = 32  # VAE spatial stride (8 for the --cpu-smoke tiny VAE)
@@ -79,10 +79,10 @@ def build_models(args, device, dtype):
     """The transformer (patched with `args.kernels`: both modes run the patched blocks, as the CLI) and VAE."""
     from diffusers import AutoencoderKLLTX2Video, SanaWMTransformer3DModel
 
-    from camrender.model.patch import patch_transformer
+    from camrender.model.stage1.patch import patch_transformer
 
     if args.cpu_smoke:
-        from camrender.model.tiny import build_tiny_transformer, build_tiny_vae
+        from camrender.model.stage1.tiny import build_tiny_transformer, build_tiny_vae
 
         transformer, vae = build_tiny_transformer(seed=0).to(dtype), build_tiny_vae(latent_channels=8).to(dtype)
     else:
@@ -329,7 +329,7 @@ def main(argv=None):
                                                  graphs)) is None \
             and args.kernels != "torch":
         # Keep measuring with the PyTorch scans rather than stopping; the error above says what failed.
-        from camrender.model.patch import patch_transformer
+        from camrender.model.stage1.patch import patch_transformer
 
         patch_transformer(transformer, kernels="torch")
         results["segment_backend_fallback"] = "torch"

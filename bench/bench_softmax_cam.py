@@ -2,7 +2,7 @@
 
 Release shape: B=2, N=21*880=18480 tokens, camera heads H=10 of D=112 (C=1120, padded to DPAD=128),
 bf16 projections as the bf16 pipeline hands them over. Checks both kernels against the fp32
-references (kernels.main_reference) on the same bf16 inputs, then times them with
+references (kernels.softmax_cam_reference) on the same bf16 inputs, then times them with
 triton.testing.do_bench (median ms per call, L2 flushed between calls): the default launch, a
 sweep of (block of tokens, warps), a device copy of the same bytes (the memory floor), and, with
 --old PATH, an older kernels/softmax_cam.py loaded from that file for a side-by-side figure.
@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_cam_branch import random_rays  # noqa: E402
 from camrender.kernels import softmax_cam  # noqa: E402
-from camrender.kernels.main_reference import cam_softmax_decode_ref, cam_softmax_encode_ref  # noqa: E402
+from camrender.kernels.softmax_cam_reference import cam_softmax_decode_ref, cam_softmax_encode_ref  # noqa: E402
 from common import emit, kernel_ms  # noqa: E402
 
 SHAPES = {"release": dict(B=2, N=21 * 880, H=10, D=112), "tiny": dict(B=1, N=40, H=2, D=16)}

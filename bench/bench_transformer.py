@@ -219,7 +219,7 @@ def instrumented(model, timer):
     if main_module is not None:
         wrap_function(main_module, "main_branch", "gdn_main")
     try:  # the patched block runs the FFN through `ffn_parts`, not the module's forward
-        ffn_module = importlib.import_module("camrender.model.ffn")
+        ffn_module = importlib.import_module("camrender.model.stage1.ffn")
     except ImportError:
         ffn_module = None
     if ffn_module is not None:
@@ -285,8 +285,8 @@ def graphed_render_step(model, inputs, split=None):
     `hidden_states[:1]` (a render's guidance rows share it), the timesteps `timestep[0, 0]`.
 
     Returns (step() -> guided prediction (1, C, T, h, w), the denoiser, the (1, 48, T, h, w) Plucker maps
-    whose per-block projections the caller fixes with `camrender.model.block.fixed_plucker`)."""
-    from camrender.model.state import FULL_MODE
+    whose per-block projections the caller fixes with `camrender.model.stage1.block.fixed_plucker`)."""
+    from camrender.model.stage1.state import FULL_MODE
     from camrender.render.denoise import Denoiser
     from camrender.render.inputs import RenderInputs, drop_text_padding
 
@@ -312,7 +312,7 @@ def timed_graphed_steps(model, inputs, device, repeats) -> tuple[list, float, to
     calls (eager warm-up, capture), then `repeats` timed replays. The peak memory spans all of them, with
     the fixed Plucker projections: a replay allocates nothing (the graph's activations live in its memory
     pool, set up at capture). Returns (times, peak, replayed prediction, the same step run eagerly)."""
-    from camrender.model.block import fixed_plucker
+    from camrender.model.stage1.block import fixed_plucker
 
     step, denoiser, plucker = graphed_render_step(model, inputs)
     with fixed_plucker(model, plucker):
@@ -375,7 +375,7 @@ def main(argv=None) -> dict:
                              "model, the step as rendered before issue 27)")
     args = parser.parse_args(argv)
 
-    from camrender.model.patch import patch_transformer
+    from camrender.model.stage1.patch import patch_transformer
 
     device, dtype, config, frames, height, width = bench_setup(quick=args.quick, tiny=args.tiny)
     frames = args.frames or frames

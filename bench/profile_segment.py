@@ -33,8 +33,8 @@ import bench_segments  # noqa: E402
 from bench_segments import build_models, path_inputs  # noqa: E402
 from common import emit, sync  # noqa: E402
 from profile_step import op_table  # noqa: E402
-from camrender.model.recipes import get_recipe  # noqa: E402
-from camrender.model.segments import SegmentCache, SegmentOptions, segment_bounds  # noqa: E402
+from camrender.model.stage1.recipes import get_recipe  # noqa: E402
+from camrender.model.stage1.segments import SegmentCache, SegmentOptions, segment_bounds  # noqa: E402
 from camrender.render.decode import CausalStreamDecoder, decode_max_frames  # noqa: E402
 from camrender.render.denoise import Denoiser, pin, pinned_frames  # noqa: E402
 from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segment  # noqa: E402
@@ -103,7 +103,7 @@ def annotate(model) -> list:
     `ffn_parts`), so that function is wrapped where the block module finds it."""
     handles = []
     kinds = {}
-    import camrender.model.ffn as ffn_module
+    import camrender.model.stage1.ffn as ffn_module
 
     block_module = sys.modules[type(model.blocks[0]).__module__]
     original = ffn_module.ffn_parts

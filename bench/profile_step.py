@@ -49,7 +49,7 @@ def main(argv=None) -> dict:
 
     from torch.profiler import ProfilerActivity, profile
 
-    from camrender.model.patch import patch_transformer
+    from camrender.model.stage1.patch import patch_transformer
 
     if args.segments:
         return profile_segments(args)
@@ -110,9 +110,9 @@ def profile_segments(args) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     from bench_segments import build_models, path_inputs
+    from camrender.model.stage1.recipes import get_recipe
+    from camrender.model.stage1.segments import SegmentOptions, segment_bounds
     from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments
-    from camrender.model.recipes import get_recipe
-    from camrender.model.segments import SegmentOptions, segment_bounds
 
     device, dtype = torch.device("cuda"), torch.bfloat16
     build_args = argparse.Namespace(cpu_smoke=False, quick=args.quick, kernels="torch" if args.stock else "fused")

@@ -11,8 +11,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from camrender.model.refiner import RefinerText  # noqa: E402
-from camrender.model.refiner_loading import strip_audio  # noqa: E402
+from camrender.model.refiner.loading import strip_audio  # noqa: E402
+from camrender.model.refiner.stream import RefinerText  # noqa: E402
 
 VIDEO_FPS = 16.0
 # Gemma-3-12B's text tower (the refiner's text encoder), for the encode time and memory
@@ -43,7 +43,7 @@ def build_refiner_transformer(tiny, device, dtype):
     from diffusers.models.transformers.transformer_sana_wm_refiner import SanaWMLTX2RefinerTransformer3DModel
 
     if tiny:
-        from camrender.model.tiny_refiner import build_tiny_refiner
+        from camrender.model.refiner.tiny import build_tiny_refiner
 
         transformer = build_tiny_refiner(seed=0).transformer
     else:

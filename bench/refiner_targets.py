@@ -28,9 +28,9 @@ import torch
 import refiner_common as base
 import bench_segments as stage_one
 from camrender.model.fp8 import Fp8Linear, quantize_blocks
-from camrender.model.refiner import RefinerStream
-from camrender.model.refiner_loading import stream_layers
-from camrender.model.segments import SegmentCache, SegmentOptions, segment_bounds
+from camrender.model.refiner.loading import stream_layers
+from camrender.model.refiner.stream import RefinerStream
+from camrender.model.stage1.segments import SegmentCache, SegmentOptions, segment_bounds
 from camrender.render.decode import REFINED_DECODE_MAX_FRAMES, CausalStreamDecoder
 from camrender.render.inputs import encode_first_frame
 from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments

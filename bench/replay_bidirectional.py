@@ -7,7 +7,7 @@ short guided sampling run (steps, CFG 5, shift 9.8, frame 0 pinned) with every m
 prediction. This module
 
 1. builds a float32 `SanaWMTransformer3DModel` of the golden's size and loads the weights through
-   camrender's original-format loader (`camrender.model.loading.load_transformer_weights`);
+   camrender's original-format loader (`camrender.model.stage1.loading.load_transformer_weights`);
 2. builds the camera tensors from the stored poses and intrinsics with camrender's camera code;
 3. patches the model with the recipe's full-mode rules (`patch_transformer(..., recipe=...)`): the
    recipe is the one reproducing the golden's `nvlabs_commit` (`RECIPE_OF_COMMIT`) unless one is named;
@@ -67,11 +67,11 @@ def replay_bidirectional(golden_path: str, kernels: str = "torch", recipe=None, 
     from diffusers import FlowMatchEulerDiscreteScheduler
     from safetensors import safe_open
 
-    from camrender.model.loading import load_transformer_weights
-    from camrender.model.patch import KernelSettings, patch_transformer, set_full_options
-    from camrender.model.recipes import get_recipe
-    from camrender.model.softmax_attention import PatchedSoftmaxAttention
-    from camrender.model.state import SegmentOptions
+    from camrender.model.stage1.loading import load_transformer_weights
+    from camrender.model.stage1.patch import KernelSettings, patch_transformer, set_full_options
+    from camrender.model.stage1.recipes import get_recipe
+    from camrender.model.stage1.softmax_attention import PatchedSoftmaxAttention
+    from camrender.model.stage1.state import SegmentOptions
     from camrender.render.full import denoise_clip, full_scheduler
     from golden_common import VAE_STRIDE, _camera, _model_from_config
 

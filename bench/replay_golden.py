@@ -16,7 +16,7 @@ holds a tiny random model in original checkpoint format (`generator.<key>`), the
 every model input and prediction per chunk and step. This script
 
 1. builds a diffusers `SanaWMTransformer3DModel` of the golden's size in float32 and loads the
-   weights through camrender's original-format loader (`camrender.model.loading`);
+   weights through camrender's original-format loader (`camrender.model.stage1.loading`);
 2. builds the camera conditioning from the poses and intrinsics with camrender's own camera code
    (`camrender.render.camera.build_camera_inputs`; the stored `camera_conditions` / `chunk_plucker` are
    only compared against);
@@ -57,11 +57,11 @@ def replay(golden_path: str, kernels: str = "torch", recipe=None, **overrides) -
     import torch
     from safetensors import safe_open
 
-    import camrender.model.segments as segments_module
+    import camrender.model.stage1.segments as segments_module
     import camrender.render.denoise as denoise_module  # the one step every sampler takes
-    from camrender.model.loading import load_transformer_weights
-    from camrender.model.patch import KernelSettings, patch_transformer
-    from camrender.model.recipes import get_recipe
+    from camrender.model.stage1.loading import load_transformer_weights
+    from camrender.model.stage1.patch import KernelSettings, patch_transformer
+    from camrender.model.stage1.recipes import get_recipe
     from camrender.render.inputs import RenderInputs
     from camrender.render.segments import sample_segments, segment_timesteps
 

@@ -18,7 +18,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_cam_branch as bcb  # noqa: E402
 
-from camrender.kernels import reference  # noqa: E402
+from camrender.kernels.camera_branch_reference import camera_branch_ref  # noqa: E402
 
 cam_prep = importlib.import_module("camrender.kernels.cam_prep")
 
@@ -80,7 +80,7 @@ def main():
     x = bcb.make_inputs(shape, 0, device)
     xb = dict(x, **{k: x[k].to(torch.bfloat16).float() for k in ("q", "k", "v", "beta")})
     torch.backends.cuda.matmul.allow_tf32 = False
-    ref, _ = reference.camera_branch_ref(xb["q"], xb["k"], xb["v"], xb["beta"], xb["decay"], xb["rays"],
+    ref, _ = camera_branch_ref(xb["q"], xb["k"], xb["v"], xb["beta"], xb["decay"], xb["rays"],
                                          q_norm_weight=x["qw"], k_norm_weight=x["kw"], initial_state=x["state"])
     xbf = dict(x, **{k: x[k].to(torch.bfloat16) for k in ("q", "k", "v", "beta")})
     out = bcb.ours(xb, torch.float32, "ieee")

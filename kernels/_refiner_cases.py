@@ -27,7 +27,7 @@ def rms_rope_fused(x, precision):
 
 
 def rms_rope_reference(x):
-    from .rms_rope import rms_rope_qk_ref
+    from .rms_rope_reference import rms_rope_qk_ref
 
     return rms_rope_qk_ref(x["q"].float(), x["k"].float(), x["wq"], x["wk"], x["cos"], x["sin"], eps=1e-6,
                            rope_type=x["rope_type"])
@@ -40,6 +40,6 @@ def rms_ada_norm_fused(x, precision):
 
 
 def rms_ada_norm_reference(x):
-    from .block_glue import residual_ada_norm_ref
+    from .block_glue_reference import residual_ada_norm_ref
 
     return residual_ada_norm_ref(*[x[name].float() for name in ("x", "y", "shift", "scale")], norm="rms")

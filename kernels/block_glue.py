@@ -1,4 +1,4 @@
-"""The adaLN glue of a SANA-WM block as single-pass kernels, with their PyTorch references.
+"""The adaLN glue of a SANA-WM block as single-pass kernels (references: `kernels.block_glue_reference`).
 
 A block (diffusers `SanaVideoMSCamCtrlBlock`) wraps attention, cross-attention and FFN in
 per-frame adaLN modulation. Stock PyTorch runs each step as its own broadcast kernel over the
@@ -16,7 +16,7 @@ LayerNorm's fp32 sum order:
     silu_gate(a, gate, b=None)          (a + b) * silu(gate), the attentions' output gate
     merge_heads(o)                      (B, N, H, D) attention output -> contiguous (B, N, H * D)
 
-The references are the stock block's own op sequence. Shapes: x, r, y, y2, extra (B, N, C) with
+The references (`<op>_ref`) are the stock block's own op sequence. Shapes: x, r, y, y2, extra (B, N, C) with
 N = T * S tokens frame-major (channel stride 1, any batch / token strides); shift, scale, gate
 (B, T, C) per-frame rows (channel stride 1; e.g. views into the block's (B, T, 6, C) modulation
 tensor). LayerNorm has no affine parameters (SANA-WM's).
@@ -29,54 +29,8 @@ import triton.language as tl
 
 from ._rounding import cast_as, round_as
 from ._validate import check_choice, use_triton
-
-
-# --------------------------------------------------------------------------- references
-def _per_frame(t, frames):
-    """(B, N, C) -> (B, T, S, C) view."""
-    return t.reshape(t.shape[0], frames, -1, t.shape[-1])
-
-
-def _norm_ref(x, eps, norm):
-    """LayerNorm without affine (SANA-WM) or diffusers' weightless RMSNorm (LTX-2: fp32 math, rounded once)."""
-    if norm == "layer":
-        return torch.nn.functional.layer_norm(x, (x.shape[-1],), eps=eps)
-    squares = x.float().pow(2).mean(-1, keepdim=True)
-    return (x.float() * torch.rsqrt(squares + eps)).to(x.dtype)
-
-
-def ada_norm_ref(x, shift, scale, *, eps=1e-6, norm="layer"):
-    """norm(x) * (1 + scale) + shift per frame, in x.dtype op by op as the stock block; (B, N, C).
-    shift and scale None: norm(x) alone."""
-    if shift is None:
-        return _norm_ref(x, eps, norm)
-    frames = shift.shape[1]
-    normed = _norm_ref(_per_frame(x, frames), eps, norm)
-    out = normed * (1 + scale.to(x.dtype)[:, :, None]) + shift.to(x.dtype)[:, :, None]
-    return out.reshape(x.shape)
-
-
-def residual_ada_norm_ref(x, residual, shift, scale, *, eps=1e-6, norm="layer"):
-    """(x + residual in x.dtype, ada_norm of it)."""
-    updated = x + residual.to(x.dtype)
-    return updated, ada_norm_ref(updated, shift, scale, eps=eps, norm=norm)
-
-
-def gated_residual_ref(x, y, gate, y2=None, extra=None, extra_bias=None):
-    """x + gate * (y + y2) + (extra + extra_bias) per frame, in x.dtype op by op as the stock block."""
-    frames = gate.shape[1]
-    update = y.to(x.dtype) if y2 is None else y.to(x.dtype) + y2.to(x.dtype)
-    out = x + (gate.to(x.dtype)[:, :, None] * _per_frame(update, frames)).reshape(x.shape)
-    if extra is not None:
-        extra = extra.to(x.dtype)
-        out = out + (extra if extra_bias is None else extra + extra_bias.to(x.dtype))
-    return out
-
-
-def silu_gate_ref(a, gate, b=None):
-    """(a + b) * silu(gate) as the stock attentions: sum in a.dtype, gate and product in fp32, result in a.dtype."""
-    total = a if b is None else a + b.to(a.dtype)
-    return (total * torch.nn.functional.silu(gate.float())).to(a.dtype)
+from .block_glue_reference import (ada_norm_ref, gated_residual_ref, merge_heads_ref, residual_ada_norm_ref,
+                                  silu_gate_ref)
 
 
 # --------------------------------------------------------------------------- kernels
@@ -304,7 +258,7 @@ def merge_heads(o, *, backend="auto"):
     runs this transpose at a fraction of the bandwidth)."""
     batch, tokens, heads, dim = o.shape
     if o.is_contiguous() or not use_triton(o, backend) or o.stride(-1) != 1:
-        return o.reshape(batch, tokens, heads * dim)
+        return merge_heads_ref(o)
     out = torch.empty(batch, tokens, heads * dim, device=o.device, dtype=o.dtype)
     block_n = 64
     _merge_heads_kernel[(triton.cdiv(tokens, block_n), batch * heads)](

@@ -7,7 +7,7 @@ discounting, forward (inclusive) + reverse (exclusive) numerator-only delta rule
 """
 import torch
 
-from . import reference
+from . import camera_branch_reference
 from ._validate import check_choice, check_tensor, segment_starts_tensor, use_triton
 from .cam_prep import cam_stage, check_norm_weight, check_projections, given_inv_rms, ray_views
 from .delta_scan import PRECISIONS, run_scan
@@ -70,7 +70,7 @@ def camera_branch(q, k, v, beta, decay, ray_transforms, *, q_norm_weight, k_norm
     given_inv_rms(q_inv_rms, k_inv_rms, q_norm_weight, k_norm_weight, batch, tokens, q.device)  # validates
 
     if not use_triton(q, backend):
-        return reference.camera_branch_ref(
+        return camera_branch_reference.camera_branch_ref(
             q, k, v, beta, decay, ray_transforms, q_norm_weight=q_norm_weight, k_norm_weight=k_norm_weight,
             norm_eps=norm_eps, initial_state=initial_state, segment_starts=segment_starts, downscale=downscale,
             output_final_state=output_final_state, q_inv_rms=q_inv_rms, k_inv_rms=k_inv_rms)

@@ -204,7 +204,7 @@ def _short_conv_fused(x, precision, context=False):
 
 
 def _short_conv_reference(x, context=False):
-    from .main_reference import short_conv_ref
+    from .short_conv_reference import short_conv_ref
 
     return short_conv_ref(x["x"].float(), x["weight"], x["frames"],
                           left_context=x["context"].float() if context else None)
@@ -217,7 +217,7 @@ def _main_prep_fused(x, precision):
 
 
 def _main_prep_reference(x):
-    from .main_reference import main_prep_ref
+    from .main_prep_reference import main_prep_ref
 
     return main_prep_ref(x["x"].float(), x["norm_weight"], x["heads"], scale=x["dim"] ** -0.5, rope=x["rope"])
 
@@ -231,7 +231,7 @@ def _main_branch_fused(x, precision):
 
 
 def _main_branch_reference(x):
-    from .main_reference import main_branch_ref
+    from .main_branch_reference import main_branch_ref
 
     q, k, v, beta = (x[name].float() for name in ("x", "k", "v", "beta"))
     out, _ = main_branch_ref(q, k, v, beta, x["decay"], x["rope"], q_norm_weight=x["norm_weight"],
@@ -256,7 +256,7 @@ def _softmax_encode_fused(x, precision):
 
 
 def _softmax_encode_reference(x):
-    from .main_reference import cam_softmax_encode_ref
+    from .softmax_cam_reference import cam_softmax_encode_ref
 
     return cam_softmax_encode_ref(x["q"].float(), x["k"].float(), x["v"].float(), x["rays"], heads=x["heads"],
                                   q_norm_weight=x["q_norm_weight"], k_norm_weight=x["k_norm_weight"])
@@ -274,7 +274,7 @@ def _softmax_decode_fused(x, precision):
 
 
 def _softmax_decode_reference(x):
-    from .main_reference import cam_softmax_decode_ref
+    from .softmax_cam_reference import cam_softmax_decode_ref
 
     return cam_softmax_decode_ref(x["o"].float(), x["rays"], dim=x["dim"])
 
@@ -298,7 +298,7 @@ def _residual_ada_norm_fused(x, precision):
 
 
 def _residual_ada_norm_reference(x):
-    from .block_glue import residual_ada_norm_ref
+    from .block_glue_reference import residual_ada_norm_ref
 
     return residual_ada_norm_ref(*_floats(x, "x", "y", "shift", "scale"))
 
@@ -310,7 +310,7 @@ def _gated_residual_fused(x, precision):
 
 
 def _gated_residual_reference(x):
-    from .block_glue import gated_residual_ref
+    from .block_glue_reference import gated_residual_ref
 
     return gated_residual_ref(*_floats(x, "x", "y", "gate", "z"))
 
@@ -322,7 +322,7 @@ def _silu_gate_fused(x, precision):
 
 
 def _silu_gate_reference(x):
-    from .block_glue import silu_gate_ref
+    from .block_glue_reference import silu_gate_ref
 
     return silu_gate_ref(*_floats(x, "x", "gate_tokens", "y"))
 
@@ -347,7 +347,7 @@ def _glu_fused(x, precision):
 
 
 def _glu_reference(x):
-    from .ffn_glu import glu_depthwise_ref
+    from .ffn_glu_reference import glu_depthwise_ref
 
     return glu_depthwise_ref(x["h"].float(), x["weight"], x["bias"], x["height"], x["width"])
 

@@ -8,7 +8,7 @@ channel c of pixel p of image f at h[f, p, c]. The stage computes, in fp32,
 
 which is diffusers' `inverted_conv.act -> depth_conv -> chunk -> value * glu_act(gate)` without the
 permutes to channels-first (on CUDA the silu runs on the hardware's approximate tanh, see `_silu`).
-`glu_depthwise_ref` is the plain PyTorch reference (same signature).
+`kernels.ffn_glu_reference.glu_depthwise_ref` is the plain PyTorch reference (same arguments).
 
 Kernel layout. A program owns BLOCK_C value channels (and the matching gate channels) of a set of
 "column tasks": a task is one image and a run of CHUNK_W columns (the whole width when it fits).
@@ -20,11 +20,11 @@ output rows it touches; the finished row above is stored. So each element of h i
 from memory (halo columns twice, mostly from L2) and goes through one silu.
 """
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 
 from ._validate import use_triton
+from .ffn_glu_reference import glu_depthwise_ref
 
 # Launch defaults: the fastest of `bench/bench_ffn.py --sweep` on the H200 at the release shape
 # (0.94 ms with the tanh silu, 1.11 ms with the exp one, bench/results/bench_ffn_h200.json; the first
@@ -226,20 +226,3 @@ def glu_depthwise(h, weight, bias, height, width, *, out=None, backend="auto", t
         num_warps=settings["num_warps"],
     )
     return out
-
-
-def glu_depthwise_ref(h, weight, bias, height, width, *, out=None, backend="torch"):
-    """Plain PyTorch reference of `glu_depthwise` (same signature; `backend` is ignored).
-
-    fp32: a = silu(h); y = depthwise conv of a (padding k//2) + bias over each (H, W) image;
-    value, gate = y[..., :Hd], y[..., Hd:]; returns value * silu(gate) as (F, H*W, Hd) in h's dtype.
-    """
-    frames, _, channels = h.shape
-    ksize = weight.shape[-1]
-    # (F, H, W, 2Hd) viewed as (F, 2Hd, H, W): channels-last memory, no copy before the conv.
-    act = F.silu(h.float()).reshape(frames, height, width, channels).permute(0, 3, 1, 2)
-    conv = F.conv2d(act, weight.float(), None if bias is None else bias.float(), padding=ksize // 2,
-                    groups=channels)
-    value, gate = conv.permute(0, 2, 3, 1).reshape(frames, height * width, channels).chunk(2, dim=-1)
-    result = (value * F.silu(gate)).to(h.dtype)
-    return result if out is None else out.copy_(result)

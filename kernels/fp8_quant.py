@@ -1,4 +1,4 @@
-"""Per-row (per-token) FP8 e4m3 quantization of activations in one kernel, with its PyTorch reference.
+"""Per-row (per-token) FP8 e4m3 quantization of activations in one kernel (reference: `kernels.fp8_quant_reference`).
 
     quantize_rows(x)  x (M, K) bf16/fp16/fp32 -> (q (M, K) float8_e4m3fn, scale (M, 1) fp32)
                       scale = max(amax(|x_row|), 1e-12) / 448, q = x / scale (round to nearest even)
@@ -14,19 +14,11 @@ import triton
 import triton.language as tl
 
 from ._validate import check_tensor, use_triton
+from .fp8_quant_reference import E4M3_MAX, TINY, quantize_rows_ref
 
-E4M3_MAX = 448.0
-TINY = 1e-12
 # the same two numbers as the kernels see them: compiled Triton reads only constexpr globals
 _E4M3_MAX_K = tl.constexpr(E4M3_MAX)
 _TINY_K = tl.constexpr(TINY)
-
-
-def quantize_rows_ref(x):
-    """The PyTorch reference: (q (M, K) e4m3, scale (M, 1) fp32)."""
-    wide = x.float()
-    scale = wide.abs().amax(dim=-1, keepdim=True).clamp(min=TINY) / E4M3_MAX
-    return (wide / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), scale
 
 
 @triton.jit

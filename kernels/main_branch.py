@@ -8,7 +8,7 @@ Pipeline (release shape B=2, T=21, S=880, H=20, D=112):
    output).
 3. `_divide_heads_kernel` writes out = num / (den + eps), (B, N, C) in v.dtype.
 Initial states feed the forward scans; final states are the forward states after frame T-1;
-segment_starts restarts the reverse scans. Reference: `kernels.main_reference.main_branch_ref`.
+segment_starts restarts the reverse scans. Reference: `kernels.main_branch_reference.main_branch_ref`.
 """
 import torch
 import triton
@@ -17,7 +17,8 @@ import triton.language as tl
 from ._validate import use_triton
 from .delta_scan import delta_scan
 from .main_prep import main_prep
-from .main_reference import main_branch_ref, rope_tables
+from ._reference_parts import rope_tables
+from .main_branch_reference import main_branch_ref
 
 
 @triton.jit
@@ -69,7 +70,7 @@ def _chunkwise(qn, kn, q_rot, k_rot, v, beta, decay, out, *, eps, initial_state,
 def main_branch(q, k, v, beta, decay, rope, *, q_norm_weight, k_norm_weight, norm_eps=1e-5, eps=1e-8,
                 initial_state=None, segment_starts=None, precision="tf32", backend="auto",
                 output_final_state=False, q_inv_rms=None, k_inv_rms=None):
-    """Main GDN branch of one block, fused; same contract as `kernels.main_reference.main_branch_ref`.
+    """Main GDN branch of one block, fused; same contract as `kernels.main_branch_reference.main_branch_ref`.
 
     Args:
         q: (B, N, C) raw query projection; k: (B, N, C) key after the short conv; v: (B, N, C) value.

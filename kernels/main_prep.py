@@ -5,7 +5,7 @@ PyTorch reduction), pass 2 normalises, applies the weight, ReLU, the scale and (
 RoPE on interleaved pairs, and writes (B, N, C) contiguous in the input dtype. Values are rounded
 where diffusers' code writes a tensor (RMSNorm's normalised input and its weighted output in the
 weight's dtype, the scaled key, the rotated pair), so bf16 results match the stock model's bits
-up to the fp32 sum of squares. Reference: `kernels.main_reference.main_prep_ref` (same signature).
+up to the fp32 sum of squares. Reference: `kernels.main_prep_reference.main_prep_ref` (same arguments).
 """
 import torch
 import triton
@@ -13,7 +13,7 @@ import triton.language as tl
 
 from ._rounding import cast_as, round_as
 from ._validate import check_inv_rms
-from .main_reference import rope_tables
+from ._reference_parts import rope_tables
 
 
 @triton.jit
@@ -78,7 +78,7 @@ def _main_prep_kernel(
 
 def main_prep(x, weight, heads, *, norm_eps=1e-5, scale=1.0, relu=True, rope=None, out=None,
               keep_unrotated=False, inv_rms=None):
-    """Full-C RMSNorm, ReLU, scale, RoPE; see `kernels.main_reference.main_prep_ref`.
+    """Full-C RMSNorm, ReLU, scale, RoPE; see `kernels.main_prep_reference.main_prep_ref`.
 
     Args:
         x: (B, N, C) raw projection; channel stride must be 1 (a slice of the qkv output is fine).

@@ -1,4 +1,5 @@
-"""Query/key prep of an LTX-2 self-attention (the SANA-WM refiner's) as one pass, with its PyTorch reference.
+"""Query/key prep of an LTX-2 self-attention (the SANA-WM refiner's) as one pass (references:
+`kernels.rms_rope_reference`).
 
 Stock diffusers (`SanaWMLTX2RefinerAttnProcessor`) runs, on the q and k GEMM outputs (B, N, C):
 RMSNorm over the full inner dim C with a weight (`torch.nn.RMSNorm`), then RoPE in fp32 (`x * cos +
@@ -29,31 +30,7 @@ import triton.language as tl
 
 from ._rounding import cast_as, round_as
 from ._validate import check_choice, use_triton
-
-ROPE_TYPES = ("interleaved", "split")
-
-
-# --------------------------------------------------------------------------- references
-def rotate_ref(x, cos, sin, rope_type):
-    """RoPE of x (B, N, C) as diffusers' `apply_interleaved_rotary_emb` / `apply_split_rotary_emb`:
-    fp32 math, result in x.dtype."""
-    check_choice("rope_type", rope_type, ROPE_TYPES)
-    if rope_type == "interleaved":
-        real, imag = x.unflatten(2, (-1, 2)).unbind(-1)
-        rotated = torch.stack([-imag, real], dim=-1).flatten(2)
-        return (x.float() * cos + rotated.float() * sin).to(x.dtype)
-    batch, heads, tokens, half = cos.shape
-    pairs = x.reshape(batch, tokens, heads, 2, half).transpose(1, 2).float()  # (B, H, N, 2, D/2)
-    first, second = pairs[..., 0, :], pairs[..., 1, :]
-    out = torch.stack([first * cos - second * sin, second * cos + first * sin], dim=-2)
-    return out.transpose(1, 2).reshape(x.shape).to(x.dtype)
-
-
-def rms_rope_qk_ref(q, k, q_weight, k_weight, cos, sin, *, eps, rope_type="interleaved"):
-    """(RoPE(RMSNorm(q)), RoPE(RMSNorm(k)), RMSNorm(k)), each (B, N, C) in q.dtype."""
-    normed_q = torch.nn.functional.rms_norm(q, (q.shape[-1],), q_weight, eps)
-    normed_k = torch.nn.functional.rms_norm(k, (k.shape[-1],), k_weight, eps)
-    return rotate_ref(normed_q, cos, sin, rope_type), rotate_ref(normed_k, cos, sin, rope_type), normed_k
+from .rms_rope_reference import ROPE_TYPES, rms_rope_qk_ref, rope_rows_ref
 
 
 # --------------------------------------------------------------------------- kernel
@@ -214,7 +191,7 @@ def rope_rows(x, cos, sin, *, head_dim, rope_type="interleaved", out=None, backe
         _check_rows("out", out, batch, tokens, channels)
     stride_cb, stride_cn, stride_ch = _table_strides(cos, sin, batch, tokens, channels, head_dim, rope_type)
     if not use_triton(x, backend):
-        rotated = rotate_ref(x, cos, sin, rope_type)
+        rotated = rope_rows_ref(x, cos, sin, rope_type=rope_type)
         return rotated if out is None else out.copy_(rotated)
     out = out if out is not None else torch.empty(batch, tokens, channels, device=x.device, dtype=x.dtype)
     block_c = triton.next_power_of_2(channels)

@@ -3,16 +3,16 @@
 Reads the projection output in place: `x` may be a strided slice of the fused qkv output
 (B, N, 3C)[..., C:2C]; only the channel axis must be contiguous. One program computes a
 (BLOCK_S tokens x BLOCK_C channels) tile of one frame from the 2K-1 neighbouring frames.
-Reference: `kernels.main_reference.short_conv_ref` (same signature).
+Reference: `kernels.short_conv_reference.short_conv_ref` (same arguments).
 """
 import torch
 import triton
 import triton.language as tl
 
 from ._validate import use_triton
-from .main_reference import short_conv_ref
+from .short_conv_reference import short_conv_ref
 
-__all__ = ["short_conv", "short_conv_context", "use_triton"]  # use_triton: camrender.model.block imports it here
+__all__ = ["short_conv", "short_conv_context", "use_triton"]  # use_triton: camrender.model.stage1.block imports it here
 
 
 @triton.jit
@@ -65,7 +65,7 @@ def _short_conv_kernel(
 
 
 def short_conv(x, weight, num_frames, *, left_context=None, out=None, backend="auto"):
-    """Bidirectional depthwise temporal conv of x; see `kernels.main_reference.short_conv_ref`.
+    """Bidirectional depthwise temporal conv of x; see `kernels.short_conv_reference.short_conv_ref`.
 
     Args:
         x: (B, N, C), N = num_frames * S; channel stride must be 1 (a slice of the qkv output is fine).

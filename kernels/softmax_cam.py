@@ -13,7 +13,7 @@ row) loops over the heads; each head vector moves as two contiguous half rows (1
 accesses), split into channel-phase quads in registers (kernels.ucpe_tiles); the token
 matrices (read in place through their strides: diffusers' P_T is a transposed view), the
 RoPE table and, for encode, the full-C inverse RMS of q and k are computed once per program.
-References: `kernels.main_reference.cam_softmax_encode_ref` / `cam_softmax_decode_ref`.
+References: `kernels.softmax_cam_reference.cam_softmax_encode_ref` / `cam_softmax_decode_ref`.
 """
 import torch
 import triton

@@ -84,6 +84,24 @@ def test_no_module_imports_a_higher_layer(graph):
     assert not upward, "imports up or across the layers: " + ", ".join(sorted(upward))
 
 
+def model_part(module: str):
+    """"stage1", "refiner" or "shared" (camrender/model/*.py) for a module of camrender.model, else None."""
+    parts = module.split(".")
+    if parts[:2] != ["camrender", "model"] or len(parts) < 3:
+        return None
+    return parts[2] if parts[2] in ("stage1", "refiner") else "shared"
+
+
+def test_model_parts_import_downward_only(graph):
+    """Inside camrender.model: the shared modules (settings, device, fp8, adopt, graphs) import neither
+    stage, stage 1 never imports the refiner; the refiner may read stage 1 (it refines stage 1's latents)."""
+    edges, _ = graph
+    allowed = {"shared": {"shared"}, "stage1": {"shared", "stage1"}, "refiner": {"shared", "stage1", "refiner"}}
+    wrong = [f"{module} -> {target}" for module, targets in edges.items() if model_part(module)
+             for target in targets if model_part(target) and model_part(target) not in allowed[model_part(module)]]
+    assert not wrong, "imports across camrender.model's parts: " + ", ".join(sorted(wrong))
+
+
 def find_circles(edges: dict) -> list:
     """Every import circle of a {module: imported modules} graph, as "a -> b -> a" strings."""
     circles = []

@@ -20,8 +20,8 @@ import numpy as np
 from camrender import trajectory as trajectories
 from camrender.api.output import write_video
 from camrender.api.requests import build_request, checked_refiner
-from camrender.model.loading import DEFAULT_MODEL
-from camrender.model.recipes import resolve_recipe
+from camrender.model.stage1.loading import DEFAULT_MODEL
+from camrender.model.stage1.recipes import resolve_recipe
 from camrender.render.loop import render_frames
 from camrender.render.pipeline import load_patched_pipeline
 from camrender.render.request import RenderRequest
@@ -32,7 +32,7 @@ class CamrenderPipeline:
 
     Build it with `from_pretrained`. Attributes: `pipe` (the diffusers `SanaWMPipeline`, patched, with
     the refiner attached when one was asked for), `recipe` (the checkpoint's
-    `camrender.model.recipes.Recipe`) and `settings` (the model-side `RenderRequest` fields every render
+    `camrender.model.stage1.recipes.Recipe`) and `settings` (the model-side `RenderRequest` fields every render
     of this pipeline shares: model, dtype, device, kernels, offload, weights, VAE, refiner).
     """
 

@@ -10,9 +10,9 @@ from typing import Optional
 
 from camrender.errors import CamrenderError
 from camrender.limits import check_frames, check_size
-from camrender.model.loading import DEFAULT_MODEL, model_source
-from camrender.model.recipes import DEFAULT_RECIPE, get_recipe
-from camrender.model.refiner_loading import resolve_refiner, vae_latent_channels
+from camrender.model.refiner.loading import resolve_refiner, vae_latent_channels
+from camrender.model.stage1.loading import DEFAULT_MODEL, model_source
+from camrender.model.stage1.recipes import DEFAULT_RECIPE, get_recipe
 from camrender.render.inputs import open_image
 from camrender.render.request import RenderRequest
 from camrender.trajectory.resample import to_model_frames
@@ -71,7 +71,7 @@ def build_request(traj, recipe, *, model: str = DEFAULT_MODEL, mode: Optional[st
     traj: a validated `camrender.trajectory.Trajectory` (re-timed here to `frames`, else to the nearest
     frame count of the recipe: `RenderRequest.traj`), or None with `cameras` (an iterable of
     `camrender.render.camera_feed.SegmentCamera`, the path as a stream) and `frames` (8k + 1);
-    recipe: the `camrender.model.recipes.Recipe`; image: path or PIL image (default: the trajectory's;
+    recipe: the `camrender.model.stage1.recipes.Recipe`; image: path or PIL image (default: the trajectory's;
     only the tiny model renders without one); prompt, negative_prompt, seed, fps: default the
     trajectory's, else "", "", 0, 16; settings: the other `RenderRequest` fields (dtype, device, kernels,
     offload, transformer_weights, cuda_graphs, out, ...), passed through.

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import click
 
-from camrender.model.loading import DEFAULT_MODEL
+from camrender.model.stage1.loading import DEFAULT_MODEL
 
 
 @click.command("encode-prompt")
@@ -32,8 +32,9 @@ def command(prompt, negative_prompt, model, refiner, dtype, device, prompt_cache
 
     from camrender.cli.preflight import check_device
     from camrender.errors import CamrenderError
-    from camrender.model.loading import load_pipeline, resolve_device
-    from camrender.model.refiner_loading import resolve_refiner, vae_latent_channels
+    from camrender.model.device import resolve_device
+    from camrender.model.refiner.loading import resolve_refiner, vae_latent_channels
+    from camrender.model.stage1.loading import load_pipeline
     from camrender.render.inputs import encode_text
     from camrender.render.prompt_cache import (PromptCache, note, refiner_key, resolve_cache_dir,
                                                stage_one_key)

@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from camrender.errors import CamrenderError
-from camrender.model.loading import DEFAULT_MODEL
+from camrender.model.stage1.loading import DEFAULT_MODEL
 
 DEFAULT_PORT = 8765
 DEFAULT_SECONDS = 120.0  # the longest flight: its noise is drawn up front (noise of the whole clip)
@@ -34,7 +34,7 @@ def resolve_template(options: dict):
 
     from camrender.api.requests import build_request
     from camrender.cli.preflight import check_render_options, probe_writable
-    from camrender.model.recipes import get_recipe, resolve_recipe
+    from camrender.model.stage1.recipes import get_recipe, resolve_recipe
 
     stem = options["out"] or Path(time.strftime("play-%Y%m%d-%H%M%S"))
     check_render_options({**options, "out": stem.with_name(stem.name + ".mp4"), "fps": None, "offload": False})

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from camrender.errors import CamrenderError
 from camrender.limits import MAX_STEPS, TIME_STRIDE, check_finite, check_fps, check_seed
-from camrender.model.recipes import WEIGHT_SUFFIXES
+from camrender.model.stage1.recipes import WEIGHT_SUFFIXES
 
 VIDEO_SUFFIXES = (".mp4",)
 
@@ -77,7 +77,7 @@ def check_device(device, offload: bool, dtype: str = "auto") -> None:
     half precision (--dtype float16/bfloat16) has a GPU (the CPU kernels of the pipeline refuse it)."""
     import torch
 
-    from camrender.model.loading import resolve_device
+    from camrender.model.device import resolve_device
 
     resolved = resolve_device(device)
     if resolved.type not in ("cpu", "cuda"):

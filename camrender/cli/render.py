@@ -13,11 +13,11 @@ from camrender.cli.progress import STYLES as PROGRESS_STYLES
 from camrender.cli.progress import count, make_progress
 from camrender.cli.signals import raise_if_signalled
 from camrender.cli.stage_options import stage_options
-from camrender.parallel import distributed
 from camrender.errors import CamrenderError
-from camrender.model.loading import DEFAULT_MODEL
-from camrender.render.resume import DEFAULT_CHECKPOINT_EVERY
 from camrender.limits import check_frames
+from camrender.model.stage1.loading import DEFAULT_MODEL
+from camrender.parallel import distributed
+from camrender.render.resume import DEFAULT_CHECKPOINT_EVERY
 
 
 
@@ -33,11 +33,11 @@ def _resolve_request(options: dict, notes: list | None = None):
     """
     from camrender import trajectory
     from camrender.api.requests import build_request
-    from camrender.files import check_output_path
     from camrender.cli.preflight import check_noise_frames, check_render_options, probe_writable
-    from camrender.model.recipes import resolve_recipe
-    from camrender.render.inputs import open_image
     from camrender.cli.stage_options import resolve_stage_options
+    from camrender.files import check_output_path
+    from camrender.model.stage1.recipes import resolve_recipe
+    from camrender.render.inputs import open_image
 
     path_options.resolve_prompt(options)
     check_render_options(options)

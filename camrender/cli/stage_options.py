@@ -13,7 +13,8 @@ import click
 from camrender.errors import CamrenderError
 
 PRECISIONS = ("bf16", "fp8")
-DEFAULT_REFINER_WINDOW = 11  # sink + 10 recent frames, the released recipe (camrender.model.refiner.KV_MAX_FRAMES)
+# sink + 10 recent frames, the released recipe (camrender.model.refiner.stream.KV_MAX_FRAMES)
+DEFAULT_REFINER_WINDOW = 11
 
 
 def stage_options(command):
@@ -64,8 +65,8 @@ def check_fp8(device, option: str = "precision") -> None:
     """FP8 needs a CUDA GPU with FP8 tensor cores (compute capability 8.9+)."""
     import torch
 
+    from camrender.model.device import resolve_device
     from camrender.model.fp8 import MIN_CAPABILITY
-    from camrender.model.loading import resolve_device
 
     resolved = resolve_device(device)
     if resolved.type != "cuda" or not torch.cuda.is_available():

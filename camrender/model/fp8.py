@@ -125,7 +125,7 @@ def _chosen(name: str, module) -> bool:
 def quantize_blocks(blocks: Iterable[torch.nn.Module], scaling: str = "row", device=None) -> int:
     """Replace, in place, the linear layers of every block in `blocks` by `Fp8Linear`s (see the module
     docstring for which stay bf16), quantizing each on `device` (default: where it is). Stage 1's 1x1
-    FFN convs get an `fp8` attribute that `camrender.model.ffn` uses instead of their weight.
+    FFN convs get an `fp8` attribute that `camrender.model.stage1.ffn` uses instead of their weight.
     Returns the number of layers quantized."""
     count = 0
     for block in blocks:

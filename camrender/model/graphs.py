@@ -13,7 +13,7 @@ as the one last copied into its slot is not copied again.
 tensors where they are. Their addresses are part of the layout, so a resident tensor that moves to
 new storage is a new layout (captured again), and one written in place between calls is read with
 its new values. Segment mode passes its ~1 GB `SegmentCache` this way: the cache-writing pass
-writes its tensors in place (`camrender.model.state.store`), so the cache exists once, not once more
+writes its tensors in place (`camrender.model.stage1.state.store`), so the cache exists once, not once more
 as the graph's copy, and the steady-state segments keep replaying one graph.
 
 The first call with a new layout runs eagerly (it compiles the Triton kernels and warms up the

@@ -1,4 +1,4 @@
-"""Kernel settings of a patched transformer, resolved once by `camrender.model.patch.patch_transformer`.
+"""Kernel settings of a patched transformer, resolved once by `camrender.model.stage1.patch.patch_transformer`.
 
 The `--kernels` word ("fused" / "torch") and `--precision` become one frozen `KernelSettings`,
 stored on every patched module (blocks, attentions, FFNs, the cross-attention processor). Full
@@ -11,7 +11,7 @@ from typing import Optional
 
 import torch
 
-from camrender.model.loading import resolve_device, resolve_dtype
+from camrender.model.device import resolve_device, resolve_dtype
 
 KERNEL_CHOICES = ("fused", "torch")
 PRECISION_CHOICES = ("tf32", "ieee")
@@ -82,7 +82,7 @@ REFINER_PATHS = ("fused", "stock")
 
 @dataclasses.dataclass(frozen=True)
 class RefinerSettings:
-    """How stage 2's blocks compute: `path` "fused" (`camrender.model.refiner_block`'s fused path and
+    """How stage 2's blocks compute: `path` "fused" (`camrender.model.refiner.block`'s fused path and
     window cache) or "stock" (diffusers' block code); `backend` the fused path's kernels, as
     `KernelSettings.backend`; `linear_precision` the blocks' linears, "bf16" or "fp8"
     (`--refiner-precision`); `window` the KV window in latent frames, the sink plus `window - 1` recent

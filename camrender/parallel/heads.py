@@ -16,7 +16,7 @@ embeddings, final layer) stay whole and identical on every rank.
   `out_proj_cam` computes this rank's C/N output channels;
 - RMSNorms over all C channels (q/k norms of every attention): the per-token sum of squares is
   all-reduced ((B, N) fp32, tiny) and handed to the fused kernels as an inverse RMS
-  (`camrender.model.gdn_attention.norm_inv_rms`); on the PyTorch path `SplitRMSNorm` does the same.
+  (`camrender.model.stage1.gdn_attention.norm_inv_rms`); on the PyTorch path `SplitRMSNorm` does the same.
 
 The GDN scan states and the softmax K/V caches are per head, so segment mode's state passing
 splits with them. Weights are sliced from the loaded model (a copy of this rank's share; the whole
@@ -159,7 +159,7 @@ class SplitRMSNorm(nn.Module):
 
 class RowSplitConv1x1(nn.Module):
     """A 1x1 conv with this rank's input channels: partial sums all-reduced, bias added once.
-    `reduce_partial(y)` finishes a token-major product computed elsewhere (`camrender.model.ffn`)."""
+    `reduce_partial(y)` finishes a token-major product computed elsewhere (`camrender.model.stage1.ffn`)."""
 
     def __init__(self, conv: nn.Conv2d, cols: slice, split: HeadSplit):
         super().__init__()

@@ -31,10 +31,10 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from camrender.model.recipes import get_recipe, segment_bounds
+from camrender.model.stage1.recipes import get_recipe, segment_bounds
+from camrender.output.segment_video import SegmentVideoWriter
 from camrender.play.steering import KeyTimeline, SteeredPath, Stopped, pinhole
 from camrender.render.request import RenderRequest
-from camrender.output.segment_video import SegmentVideoWriter
 from camrender.render.settings_file import write_render_json
 from camrender.trajectory import Trajectory, save as save_trajectory
 from camrender.trajectory.controls import ControlScheme

@@ -110,7 +110,7 @@ class SteeredPath:
     """The camera path flown so far, one segment at a time from a `KeyTimeline`.
 
     scheme: the control scheme (`camrender.trajectory.controls.make_scheme`); bounds: the render's
-    segment layout in latent frames (`camrender.model.recipes.segment_bounds`); intrinsics: (4,)
+    segment layout in latent frames (`camrender.model.stage1.recipes.segment_bounds`); intrinsics: (4,)
     [fx, fy, cx, cy] in pixels of a `width` x `height` image, the same for every frame.
     `poses` (list of (4, 4) c2w, one per video frame decided so far) starts at the identity.
     """

@@ -22,7 +22,7 @@ from typing import Callable, Iterator, Optional
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 
-from camrender.model.segments import SegmentCache
+from camrender.model.stage1.segments import SegmentCache
 from camrender.render.denoise import Denoiser, pinned_frames
 
 DEFAULT_STEPS = 60

@@ -3,7 +3,7 @@
 A sampler (the full-clip one in `camrender.render.full`, self-forcing in `camrender.render.segments`,
 the chunk-causal teacher's in `camrender.render.chunk_causal`) decides which latent frames to denoise
 at which timesteps and how to step them; the `Denoiser` runs the model on them: camrender's
-transformer-level forward (`camrender.model.segments.segment_forward`) on the call's conditioning
+transformer-level forward (`camrender.model.stage1.segments.segment_forward`) on the call's conditioning
 (`condition`), the guidance rows (both in one batch, or one per GPU of a video group and gathered,
 `camrender.parallel.cfg`), classifier-free guidance, CUDA-graph replay of the denoising passes, and an
 offloaded model brought to the GPU before each call. Frame-0 pinning is `pinned_frames` /
@@ -20,8 +20,8 @@ from typing import Optional, Sequence
 import torch
 
 from camrender.model.graphs import GraphedForward
-from camrender.model.segments import SegmentCache, SegmentConditioning, prepare_conditioning, segment_forward
-from camrender.model.state import SegmentOptions
+from camrender.model.stage1.segments import SegmentCache, SegmentConditioning, prepare_conditioning, segment_forward
+from camrender.model.stage1.state import SegmentOptions
 
 
 def bring_to_device(module) -> None:

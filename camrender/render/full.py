@@ -11,11 +11,11 @@ import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 
 from camrender.errors import CamrenderError
-from camrender.model.block import fixed_plucker
-from camrender.model.patch import set_full_options
-from camrender.model.recipes import get_recipe
 from camrender.model.settings import RefinerSettings, RenderSettings
-from camrender.model.state import FULL_MODE, SegmentOptions
+from camrender.model.stage1.block import fixed_plucker
+from camrender.model.stage1.patch import set_full_options
+from camrender.model.stage1.recipes import get_recipe
+from camrender.model.stage1.state import FULL_MODE, SegmentOptions
 from camrender.parallel.cfg import guidance_split
 from camrender.render.decode import decode_latents
 from camrender.render.denoise import Denoiser, pin, pinned_frames
@@ -106,7 +106,7 @@ def denoise_clip(transformer, scheduler, latents, text, text_mask, camera: dict,
         guidance: CFG scale (pred = uncond + g * (cond - uncond)) or None.
         image_hw: unused (SANA-WM's forward does not read `data_info["img_hw"]`); kept for callers.
         options: the rules the forward computes with; default the ones the attentions hold
-            (`camrender.model.patch.set_full_options`).
+            (`camrender.model.stage1.patch.set_full_options`).
     """
     device, dtype = latents.device, transformer.dtype
     if options is None:

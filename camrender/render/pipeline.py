@@ -7,9 +7,9 @@ from typing import Optional
 
 from camrender.errors import CamrenderError
 from camrender.model.fp8 import quantize_blocks
-from camrender.model.loading import load_pipeline
-from camrender.model.patch import patch_transformer
 from camrender.model.settings import RenderSettings, model_settings
+from camrender.model.stage1.loading import load_pipeline
+from camrender.model.stage1.patch import patch_transformer
 from camrender.parallel.cfg import head_split
 from camrender.parallel.heads import split_transformer
 from camrender.render.prompt_cache import cached_stages

@@ -71,6 +71,8 @@ def encoder_identity(source: str, parts: tuple) -> dict:
     """What identifies the encoder(s) under model `source` ("tiny", a folder or a hub id): `parts` are its
     subfolders (e.g. ("text_encoder", "tokenizer")); tiny models are identified by their build."""
     if source == "tiny":
+        # the label of the tiny encoders' build (camrender.model.stage1.tiny, seed 0) is part of the cache key:
+        # kept as first written, so caches filled before the module moved stay valid
         return {"tiny": list(parts), "build": "camrender.model.tiny seed 0"}
     folder = Path(source).expanduser()
     if folder.is_dir():
@@ -140,7 +142,7 @@ def _canonical(key: dict) -> str:
 
 # ------------------------------------------------------------------ the two stages' keys and lookups
 def _dtype_name(request) -> str:
-    from camrender.model.loading import resolve_device, resolve_dtype
+    from camrender.model.device import resolve_device, resolve_dtype
 
     return str(resolve_dtype(request.dtype, resolve_device(request.device))).replace("torch.", "")
 
@@ -167,7 +169,7 @@ def _refiner_identity(spec: str) -> dict:
     folder = Path(spec).expanduser()
     if spec == "tiny" or not folder.is_dir():
         return encoder_identity(spec, ("text_encoder", "connectors", "tokenizer"))
-    from camrender.model.refiner_loading import STREAMING_GEMMA, _refiner_root, _text_encoder_folder
+    from camrender.model.refiner.loading import STREAMING_GEMMA, _refiner_root, _text_encoder_folder
 
     root = _refiner_root(folder)
     gemma = _text_encoder_folder(root)

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from camrender.errors import CamrenderError
-from camrender.model.loading import DEFAULT_MODEL
-from camrender.model.recipes import DEFAULT_RECIPE, get_recipe
+from camrender.model.stage1.loading import DEFAULT_MODEL
+from camrender.model.stage1.recipes import DEFAULT_RECIPE, get_recipe
 
 DEFAULT_NEGATIVE_PROMPT = ""
 
@@ -47,15 +47,15 @@ class RenderRequest:
             "torch" (diffusers' own code, with the PyTorch references of the GDN camera branch and of
             softmax blocks under rules other than diffusers').
         mode: "full" (whole clip at once) | "segments" (chunk-causal, state-cached).
-        recipe: the checkpoint's recipe (`camrender.model.recipes`): "bidirectional" (or "bidirectional-nvlabs-latest",
-            "bidirectional-diffusers") | "streaming" | "chunk-causal".
+        recipe: the checkpoint's recipe (`camrender.model.stage1.recipes`): "bidirectional" (or
+            "bidirectional-nvlabs-latest", "bidirectional-diffusers") | "streaming" | "chunk-causal".
         allow_missing_weights: render even when `transformer_weights` leaves transformer weights unloaded.
         segment_frames: latent frames per segment after the first (segment mode; None: the recipe's).
         cached_segments: recent segments besides the first that softmax blocks attend to (segment
             mode; None: the recipe's).
         cuda_graphs: replay the denoising passes as CUDA graphs (`camrender.model.graphs`; on CUDA, without
             model CPU offload).
-        refiner: stage 2 (`camrender.model.refiner_loading.resolve_refiner`'s result: None, "tiny", a checked
+        refiner: stage 2 (`camrender.model.refiner.loading.resolve_refiner`'s result: None, "tiny", a checked
             folder or a hub id); loaded next to the pipeline and attached to it
             (`camrender.render.stage_two.attach_refiner`).
         refiner_offload: "none" (the refiner's DiT lives on the GPU) | "layers" (its blocks visit the GPU

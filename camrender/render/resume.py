@@ -184,7 +184,11 @@ class Checkpointer:
 
         if self.resume_info is None:
             return cache, 0
-        tree, _ = load_tree(self.path, device=device)
+        try:
+            tree, _ = load_tree(self.path, device=device)
+        except ValueError as error:  # a class the checkpoint names is refused or gone
+            raise CamrenderError(f"the checkpoint cannot be rebuilt ({error}; another camrender version?); "
+                                 f"remove it: rm -r -- {shlex.quote(str(self.folder))}", path=self.path) from None
         if bounds is not None and [list(b) for b in tree["bounds"]] != [list(b) for b in bounds]:
             raise CamrenderError("the checkpoint was made with another segment layout (another camrender "
                                  f"version?); remove it: rm -r -- {shlex.quote(str(self.folder))}", path=self.path)

@@ -1,8 +1,8 @@
 """Segment mode: render a camera path segment by segment with cached block state, streaming the video out.
 
-The request's recipe (`camrender.model.recipes`) picks the chunk layout, softmax window and scale and the
+The request's recipe (`camrender.model.stage1.recipes`) picks the chunk layout, softmax window and scale and the
 sampler (`SEGMENT_SAMPLERS`). The self-forcing sampler (streaming recipe), for every segment of
-latent frames (`camrender.model.recipes.segment_bounds`: 0, 4, 7, 10, ...; the first absorbs the remainder):
+latent frames (`camrender.model.stage1.recipes.segment_bounds`: 0, 4, 7, 10, ...; the first absorbs the remainder):
 
 1. denoise it with the flow-match Euler sampler over a short timestep list (default 1000, 960,
    889, 727, as the streaming checkpoint was trained; `--steps N` takes the scheduler's N-step
@@ -23,12 +23,12 @@ from typing import Iterator, Optional
 import torch
 
 from camrender.errors import CamrenderError
-from camrender.model.recipes import STREAMING_TIMESTEPS as DEFAULT_SEGMENT_TIMESTEPS
-from camrender.model.recipes import get_recipe
-from camrender.model.recipes import segment_bounds
-from camrender.model.segments import SegmentCache
 from camrender.model.settings import RenderSettings
-from camrender.model.state import SegmentOptions
+from camrender.model.stage1.recipes import STREAMING_TIMESTEPS as DEFAULT_SEGMENT_TIMESTEPS
+from camrender.model.stage1.recipes import get_recipe
+from camrender.model.stage1.recipes import segment_bounds
+from camrender.model.stage1.segments import SegmentCache
+from camrender.model.stage1.state import SegmentOptions
 from camrender.render.chunk_causal import sample_chunk_causal, teacher_chunk_bounds, teacher_schedule
 from camrender.render.decode import CausalStreamDecoder, decode_max_frames
 from camrender.render.denoise import Denoiser, pin, pinned_frames

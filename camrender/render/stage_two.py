@@ -1,6 +1,6 @@
 """Stage 2 in a render: the refiner attached to the pipeline, run on each segment (or the whole clip).
 
-`stage_two(pipe, request, device)` gives a render its `camrender.model.refiner.RefinerStream` (or a
+`stage_two(pipe, request, device)` gives a render its `camrender.model.refiner.stream.RefinerStream` (or a
 pass-through without `--refiner`); segment mode feeds it through `refined_frames`, which also
 decodes and, on CUDA, overlaps a segment's refinement with the next segment's stage 1; full mode
 calls `refine_clip`.
@@ -14,11 +14,11 @@ from typing import Callable, Optional
 import torch
 
 from camrender.errors import CamrenderError
-from camrender.model.refiner import RefinerStream, RefinerText, encode_refiner_prompt
 from camrender.model.fp8 import quantize_blocks
-from camrender.model.refiner_loading import load_refiner, place_refiner
-from camrender.render.decode import to_uint8_frames_async
+from camrender.model.refiner.loading import load_refiner, place_refiner
+from camrender.model.refiner.stream import RefinerStream, RefinerText, encode_refiner_prompt
 from camrender.model.settings import RefinerSettings, RenderSettings
+from camrender.render.decode import to_uint8_frames_async
 from camrender.render.prompt_cache import cached_pair, refiner_key
 
 _ATTRIBUTE = "_camrender_refiner"

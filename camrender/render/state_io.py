@@ -54,9 +54,12 @@ def _dataclass(path: str):
     module_name, _, qualname = path.partition(":")
     if not module_name.startswith(ALLOWED_MODULE_PREFIX):
         raise ValueError(f"refusing to rebuild {path!r}: not a camrender class")
-    cls = importlib.import_module(module_name)
-    for part in qualname.split("."):
-        cls = getattr(cls, part)
+    try:
+        cls = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            cls = getattr(cls, part)
+    except (ImportError, AttributeError):  # a class moved or renamed since the checkpoint was written
+        raise ValueError(f"{path!r}: no such camrender class") from None
     if not dataclasses.is_dataclass(cls):
         raise ValueError(f"{path!r} is not a dataclass")
     return cls

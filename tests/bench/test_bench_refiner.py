@@ -18,7 +18,7 @@ def no_allocator_setting(monkeypatch):
 
 
 def test_tiny_run_writes_every_figure(tmp_path, monkeypatch):
-    from camrender.model import refiner_window
+    from camrender.model.refiner import window as refiner_window
 
     monkeypatch.setattr(refiner_window, "BLOCK_SLOT", refiner_window.BLOCK_SLOT)  # the bench sets it: restored after
     monkeypatch.syspath_prepend(str(BENCH))
@@ -59,7 +59,7 @@ def test_tiny_run_writes_every_figure(tmp_path, monkeypatch):
 
 
 def test_tiny_setting_reports_the_phases(tmp_path, monkeypatch):
-    from camrender.model import refiner_window
+    from camrender.model.refiner import window as refiner_window
     from camrender.model.fp8 import Fp8Linear
 
     monkeypatch.setattr(Fp8Linear, "backend", Fp8Linear.backend)  # the bench sets it: restored after

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-import camrender.model.loading as loading
+import camrender.model.stage1.loading as loading
 from camrender.cli.stage_options import check_fp8
 from camrender.errors import CamrenderError
-from camrender.model.tiny_refiner import build_tiny_refiner
+from camrender.model.refiner.tiny import build_tiny_refiner
 from camrender.render.request import RenderRequest
 from camrender.render.stage_two import attach_refiner, stage_two
 from camrender.trajectory import Trajectory

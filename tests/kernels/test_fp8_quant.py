@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from camrender.kernels.fp8_quant import quantize_rows, quantize_rows_ref
+from camrender.kernels.fp8_quant import quantize_rows
+from camrender.kernels.fp8_quant_reference import quantize_rows_ref
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

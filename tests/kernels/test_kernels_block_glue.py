@@ -3,16 +3,8 @@ block's PyTorch ops (CPU, Triton interpreter from conftest)."""
 import pytest
 import torch
 
-from camrender.kernels.block_glue import (
-    ada_norm,
-    ada_norm_ref,
-    gated_residual,
-    gated_residual_ref,
-    merge_heads,
-    residual_ada_norm,
-    silu_gate,
-    silu_gate_ref,
-)
+from camrender.kernels.block_glue import ada_norm, gated_residual, merge_heads, residual_ada_norm, silu_gate
+from camrender.kernels.block_glue_reference import ada_norm_ref, gated_residual_ref, silu_gate_ref
 
 
 def glue_inputs(batch=2, frames=3, spatial=5, channels=40, dtype=torch.float32, seed=0):

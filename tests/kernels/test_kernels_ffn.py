@@ -1,4 +1,4 @@
-"""Fused FFN of SANA-WM blocks: kernels.ffn_glu (GLU depthwise stage) and camrender.model.ffn.
+"""Fused FFN of SANA-WM blocks: kernels.ffn_glu (GLU depthwise stage) and camrender.model.stage1.ffn.
 
 CPU, Triton interpreter (conftest), tiny shapes. The kernel is checked against its PyTorch
 reference (odd image sizes, channel counts that are not multiples of the block, several column
@@ -10,9 +10,10 @@ import pytest
 import torch
 from diffusers.models.transformers.transformer_sana_wm import GLUMBConvTemp
 
-from camrender.model.ffn import PatchedGLUMBConvTemp, ffn_parts, patch_ffn
+from camrender.kernels.ffn_glu import glu_depthwise
+from camrender.kernels.ffn_glu_reference import glu_depthwise_ref
 from camrender.model.settings import KernelSettings
-from camrender.kernels.ffn_glu import glu_depthwise, glu_depthwise_ref
+from camrender.model.stage1.ffn import PatchedGLUMBConvTemp, ffn_parts, patch_ffn
 from helpers import rel
 
 
@@ -154,8 +155,8 @@ def test_segment_ffn_carries_the_last_frame():
     two cached calls equal one two-segment call over all frames."""
     from types import SimpleNamespace
 
-    from camrender.model.block import ffn_residual
-    from camrender.model.state import BlockCache, SegmentCall
+    from camrender.model.stage1.block import ffn_residual
+    from camrender.model.stage1.state import BlockCache, SegmentCall
 
     block = SimpleNamespace(mlp=_mlp(4))
     batch, height, width = 1, 2, 3

@@ -49,7 +49,8 @@ def _glu_inputs(frames=6, height=22, width=40, hidden=96, dtype=torch.bfloat16):
 def test_glu_depthwise_inline_asm_silu(silu):
     """On CUDA the GLU's silu runs on PTX approximations (inline asm: tanh.approx, or ex2.approx.ftz):
     within one bf16 rounding (plus the approximation) of the fp32 reference, in fp32 within 1e-3."""
-    from camrender.kernels.ffn_glu import glu_depthwise, glu_depthwise_ref
+    from camrender.kernels.ffn_glu import glu_depthwise
+    from camrender.kernels.ffn_glu_reference import glu_depthwise_ref
 
     for dtype, bound in ((torch.float32, 1e-3), (torch.bfloat16, 2.0**-7)):
         h, weight, bias, height, width = _glu_inputs(dtype=dtype)
@@ -85,8 +86,8 @@ def test_streaming_decode_cudnn_settings_agree():
     within bf16 rounding (bench_decode's former check; H200, release VAE: 0 and 0.023)."""
     from diffusers import AutoencoderKLLTX2Video
 
+    from camrender.model.stage1.segments import segment_bounds
     from camrender.render.decode import CausalStreamDecoder
-    from camrender.model.segments import segment_bounds
 
     torch.manual_seed(0)
     with torch.device("cuda"):

@@ -11,7 +11,9 @@ import torch
 from camrender import kernels
 from camrender.kernels.main_branch import main_branch
 from camrender.kernels.main_prep import main_prep
-from camrender.kernels.main_reference import cam_softmax_encode_ref, main_branch_ref, main_prep_ref
+from camrender.kernels.main_branch_reference import main_branch_ref
+from camrender.kernels.main_prep_reference import main_prep_ref
+from camrender.kernels.softmax_cam_reference import cam_softmax_encode_ref
 from camrender.kernels.softmax_cam import cam_softmax_encode
 from helpers import rel
 from test_kernels_camera import branch_inputs

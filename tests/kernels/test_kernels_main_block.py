@@ -1,4 +1,4 @@
-"""The patched GDN block's main branch (camrender.model.patch, kernels="fused") against the stock block.
+"""The patched GDN block's main branch (camrender.model.stage1.patch, kernels="fused") against the stock block.
 
 CPU, Triton interpreter, tiny shapes, camera branch off (camera_conditions=None) so the output
 is the main branch + gate + projection only. Stock in float64, patched in float32 with ieee dots.
@@ -9,8 +9,8 @@ from diffusers.models.transformers.transformer_sana_wm import (
     SanaWMRotaryPosEmbed,
 )
 
-from camrender.model.gdn_attention import PatchedGDNAttention
 from camrender.model.settings import KernelSettings
+from camrender.model.stage1.gdn_attention import PatchedGDNAttention
 from helpers import rel
 
 

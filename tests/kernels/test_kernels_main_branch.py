@@ -9,7 +9,8 @@ from diffusers.models.transformers.transformer_sana_wm import (
 
 from camrender.kernels.main_branch import main_branch
 from camrender.kernels.main_prep import main_prep
-from camrender.kernels.main_reference import main_branch_ref, main_prep_ref
+from camrender.kernels.main_branch_reference import main_branch_ref
+from camrender.kernels.main_prep_reference import main_prep_ref
 from helpers import rel
 
 

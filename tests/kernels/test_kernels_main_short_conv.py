@@ -2,7 +2,7 @@
 import torch
 from diffusers.models.transformers.transformer_sana_wm import SanaWMTemporalShortConvolution
 
-from camrender.kernels.main_reference import short_conv_ref
+from camrender.kernels.short_conv_reference import short_conv_ref
 from camrender.kernels.short_conv import short_conv, short_conv_context
 from helpers import rel
 

@@ -8,8 +8,10 @@ from diffusers.models.transformers.transformer_sana_wm_refiner import (
     apply_split_rotary_emb,
 )
 
-from camrender.kernels.block_glue import ada_norm, ada_norm_ref, residual_ada_norm
-from camrender.kernels.rms_rope import rms_rope_qk, rms_rope_qk_ref, rope_rows, rotate_ref
+from camrender.kernels.block_glue import ada_norm, residual_ada_norm
+from camrender.kernels.block_glue_reference import ada_norm_ref
+from camrender.kernels.rms_rope import rms_rope_qk, rope_rows
+from camrender.kernels.rms_rope_reference import rms_rope_qk_ref, rope_rows_ref
 
 HEADS, HEAD_DIM = 3, 8
 CHANNELS = HEADS * HEAD_DIM  # 24: not a power of two, so the kernels' masks are exercised
@@ -53,7 +55,7 @@ def test_reference_equals_diffusers(rope_type, dtype):
     want_q, _ = stock(q, wq, cos, sin, rope_type)
     want_k, want_pre = stock(k, wk, cos, sin, rope_type)
     rotate = apply_interleaved_rotary_emb if rope_type == "interleaved" else apply_split_rotary_emb
-    pairs = ((got_q, want_q), (got_k, want_k), (got_pre, want_pre), (rotate_ref(q, cos, sin, rope_type),
+    pairs = ((got_q, want_q), (got_k, want_k), (got_pre, want_pre), (rope_rows_ref(q, cos, sin, rope_type=rope_type),
                                                                      rotate(q, (cos, sin))))
     for got, want in pairs:
         torch.testing.assert_close(got, want, rtol=0, atol=1e-6 if dtype == torch.float32 else 0)

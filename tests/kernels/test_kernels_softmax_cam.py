@@ -1,5 +1,5 @@
 """kernels.softmax_cam (UCPE encode / decode around the softmax blocks' camera SDPA) against the
-fp32 PyTorch references in kernels.main_reference, on the edge cases of the tiled kernels:
+fp32 PyTorch references in kernels.softmax_cam_reference, on the edge cases of the tiled kernels:
 token counts that leave a partial block, head dims whose half is not a power-of-two number of
 quads (D = 24, 112), the smallest head (D = 16), D > 128 (padded to 256), a broadcast batch of
 matrices, RoPE given as a (cos, sin) pair or absent, and the SDPA output in either memory layout.
@@ -8,7 +8,7 @@ CPU, Triton interpreter, tiny shapes.
 import pytest
 import torch
 
-from camrender.kernels.main_reference import cam_softmax_decode_ref, cam_softmax_encode_ref
+from camrender.kernels.softmax_cam_reference import cam_softmax_decode_ref, cam_softmax_encode_ref
 from camrender.kernels.softmax_cam import cam_softmax_decode, cam_softmax_encode
 from helpers import rel
 

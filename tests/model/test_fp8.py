@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from camrender.model.fp8 import E4M3_MAX, Fp8Linear, dequantize, quantize, quantize_blocks
-from camrender.model.patch import patch_transformer
-from camrender.model.tiny import build_tiny_pipeline
-from camrender.model.tiny_refiner import build_tiny_refiner
-from camrender.model.refiner_loading import strip_audio
+from camrender.model.refiner.loading import strip_audio
+from camrender.model.refiner.tiny import build_tiny_refiner
+from camrender.model.stage1.patch import patch_transformer
+from camrender.model.stage1.tiny import build_tiny_pipeline
 
 
 def cosine(a, b):

@@ -85,7 +85,7 @@ def test_full_mode_scheduler_gives_nvlabs_timesteps():
     from diffusers import FlowMatchEulerDiscreteScheduler
     from safetensors import safe_open
 
-    from camrender.model.recipes import get_recipe
+    from camrender.model.stage1.recipes import get_recipe
     from camrender.render.full import full_scheduler
 
     with safe_open(str(RELEASE), framework="pt") as handle:

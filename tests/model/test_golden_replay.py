@@ -49,7 +49,7 @@ def test_a_rule_other_than_the_official_one_is_caught(rule):
 @pytest.mark.parametrize("kind", ["convs", "chunk_causal"])  # the goldens with randomised K short convs
 def test_short_conv_context_is_carried_across_chunks(kind):
     """The conv-perturbed goldens fail when the camera K short conv restarts at every chunk."""
-    import camrender.model.gdn_attention as gdn
+    import camrender.model.stage1.gdn_attention as gdn
 
     golden = next(g for g in GOLDENS if kind in g.stem)
     carried = gdn.carried_short_conv

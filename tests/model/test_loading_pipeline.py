@@ -4,8 +4,8 @@ import torch
 from safetensors.torch import save_file
 
 from camrender.errors import CamrenderError
-from camrender.model.loading import load_pipeline, load_transformer_weights, read_original_state_dict
-from camrender.model.tiny import build_tiny_pipeline, build_tiny_transformer
+from camrender.model.stage1.loading import load_pipeline, load_transformer_weights, read_original_state_dict
+from camrender.model.stage1.tiny import build_tiny_pipeline, build_tiny_transformer
 
 
 @pytest.fixture(scope="module")

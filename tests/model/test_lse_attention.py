@@ -1,11 +1,11 @@
-"""Attention over key parts merged by log-sum-exp (`camrender.model.lse_attention`) equals one attention over
+"""Attention over key parts merged by log-sum-exp (`camrender.model.refiner.lse_attention`) equals one attention over
 the concatenated keys: PyTorch on the CPU here; each CUDA kernel of `LSE_BACKENDS` in the GPU suite."""
 import pytest
 import torch
 import torch.nn.functional as F
 
-from camrender.model import lse_attention
-from camrender.model.lse_attention import attend_parts, attention_math, merge_parts
+from camrender.model.refiner import lse_attention
+from camrender.model.refiner.lse_attention import attend_parts, attention_math, merge_parts
 
 
 def qkv_parts(lengths, queries=5, heads=3, dim=8, dtype=torch.float32, device="cpu", scale=1.0, seed=0):
@@ -101,7 +101,7 @@ def test_refiner_window_on_cuda_equals_the_stock_blocks(dtype):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     from camrender.model.refiner import RefinerStream, encode_refiner_prompt
-    from camrender.model.tiny_refiner import build_tiny_refiner
+    from camrender.model.refiner.tiny import build_tiny_refiner
 
     refiner = build_tiny_refiner(seed=5).to("cuda", dtype)
     clip = torch.randn(1, 8, 1 + 3 * 5 + 2, 4, 6, generator=torch.Generator().manual_seed(1)).to("cuda", dtype)

@@ -1,10 +1,10 @@
-"""camrender.model.block pieces against the stock diffusers modules (CPU, Triton interpreter, fp32)."""
+"""camrender.model.stage1.block pieces against the stock diffusers modules (CPU, Triton interpreter, fp32)."""
 import torch
 from diffusers.models.transformers.transformer_sana_wm import MultiHeadCrossAttention
 
-from camrender.model.gdn_attention import combine_branches
-from camrender.model.block import FusedCrossAttnProcessor, plucker_projection
-from camrender.model.tiny import build_tiny_transformer
+from camrender.model.stage1.block import FusedCrossAttnProcessor, plucker_projection
+from camrender.model.stage1.gdn_attention import combine_branches
+from camrender.model.stage1.tiny import build_tiny_transformer
 
 
 def test_fused_cross_attention_matches_the_stock_processor():

@@ -1,4 +1,4 @@
-"""Fused softmax-block attention (camrender.model.softmax_attention) against diffusers' stock block.
+"""Fused softmax-block attention (camrender.model.stage1.softmax_attention) against diffusers' stock block.
 
 CPU, Triton interpreter, tiny shapes. The stock block runs in float64 with its bf16 cast before
 SDPA disabled (the camera branch casts to bf16 whatever the input dtype); the patched block runs
@@ -15,11 +15,11 @@ from diffusers.models.transformers.transformer_sana_wm import (
     _SoftmaxUCPESinglePathLiteLA,
 )
 
-from camrender.model.patch import patch_attention
-from camrender.model.settings import KernelSettings
-from camrender.model.softmax_attention import PatchedSoftmaxAttention
-from camrender.kernels.main_reference import cam_softmax_decode_ref, cam_softmax_encode_ref
+from camrender.kernels.softmax_cam_reference import cam_softmax_decode_ref, cam_softmax_encode_ref
 from camrender.kernels.softmax_cam import cam_softmax_decode, cam_softmax_encode
+from camrender.model.settings import KernelSettings
+from camrender.model.stage1.patch import patch_attention
+from camrender.model.stage1.softmax_attention import PatchedSoftmaxAttention
 from helpers import rel
 
 

@@ -13,10 +13,10 @@ from diffusers.models.transformers.transformer_sana_wm import (
 
 from camrender import kernels
 
-from camrender.model.gdn_attention import PatchedGDNAttention
-from camrender.model.patch import patch_transformer
 from camrender.model.settings import KernelSettings, model_settings
-from camrender.model.tiny import build_tiny_transformer
+from camrender.model.stage1.gdn_attention import PatchedGDNAttention
+from camrender.model.stage1.patch import patch_transformer
+from camrender.model.stage1.tiny import build_tiny_transformer
 
 DIFFUSERS = "bidirectional-diffusers"  # the recipe whose full mode is diffusers' model: the parity anchor
 
@@ -142,13 +142,13 @@ def test_fused_falls_back_to_torch_reference_on_cpu(monkeypatch):
     """Without TRITON_INTERPRET=1 and without a GPU, kernels='fused' runs the PyTorch reference."""
     model = patch_transformer(build_tiny_transformer(seed=0), kernels="fused", recipe=DIFFUSERS)
     calls = []
-    reference = kernels.reference.camera_branch_ref
+    reference = kernels.camera_branch_reference.camera_branch_ref
 
     def spy(*args, **kwargs):
         calls.append(1)
         return reference(*args, **kwargs)
 
-    monkeypatch.setattr(kernels.reference, "camera_branch_ref", spy)
+    monkeypatch.setattr(kernels.camera_branch_reference, "camera_branch_ref", spy)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     forward(model, transformer_inputs(model))
     assert calls == [1]  # one GDN block, one reference call
@@ -162,7 +162,7 @@ def test_patched_blocks_run_the_glue_kernels(monkeypatch):
     stock model; kernels='torch' blocks never touch them. The glue entry points are what is counted,
     so the PyTorch backend stands in for the interpreter (the kernels have their own tests)."""
     import camrender.kernels.block_glue as glue
-    from camrender.model.block import PatchedBlock
+    from camrender.model.stage1.block import PatchedBlock
 
     monkeypatch.setenv("TRITON_INTERPRET", "0")
 
@@ -195,8 +195,8 @@ def test_full_mode_forward_is_diffusers_own_on_the_torch_backend():
     """Full mode runs camrender's forward (`segment_forward`, one whole-clip segment, FULL_MODE) on the
     conditioning built once (`prepare_conditioning`: its RoPE rows are the transformer's own table); with
     --kernels torch that is diffusers' own block code, so it equals the transformer's forward bit for bit."""
-    from camrender.model.segments import prepare_conditioning, segment_forward
-    from camrender.model.state import FULL_MODE
+    from camrender.model.stage1.segments import prepare_conditioning, segment_forward
+    from camrender.model.stage1.state import FULL_MODE
 
     model = patch_transformer(build_tiny_transformer(seed=6), kernels="torch")
     inputs = transformer_inputs(model)
@@ -212,10 +212,10 @@ def test_full_mode_forward_is_diffusers_own_on_the_torch_backend():
 
 
 def test_fixed_plucker_gives_the_same_output(monkeypatch):
-    """Per-block Plucker projections computed once (camrender.model.block.fixed_plucker) == per call,
+    """Per-block Plucker projections computed once (camrender.model.stage1.block.fixed_plucker) == per call,
     for a batch-1 Plucker row broadcast over the guidance rows as a render passes it; cleared after.
     On the glue's PyTorch backend (its kernel, with a broadcast extra and bias, has its own tests)."""
-    from camrender.model.block import fixed_plucker
+    from camrender.model.stage1.block import fixed_plucker
 
     monkeypatch.setenv("TRITON_INTERPRET", "0")
 

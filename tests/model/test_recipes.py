@@ -1,10 +1,10 @@
-"""Checkpoint recipes (camrender.model.recipes): detection from the weights file, --recipe checks, CLI errors."""
+"""Checkpoint recipes (camrender.model.stage1.recipes): detection from the weights file, --recipe checks, CLI errors."""
 import pytest
 import torch
 from safetensors.torch import save_file
 
 from camrender.errors import CamrenderError
-from camrender.model.recipes import RECIPES, detect_recipe, get_recipe, resolve_recipe
+from camrender.model.stage1.recipes import RECIPES, detect_recipe, get_recipe, resolve_recipe
 from test_render_cli import run_cli, small_trajectory
 
 
@@ -31,7 +31,7 @@ def test_recipes_hold_the_official_defaults():
 def test_bidirectional_recipes_name_what_they_reproduce():
     """40151c8 (the release of the weights): softmax-block rescale and 1/sqrt(128), no GDN-block
     rescale; NVlabs today: neither rescale, 1/sqrt(D); diffusers 0.42.1: both rescales, 1/sqrt(128)."""
-    from camrender.model.state import FULL_MODE, SegmentOptions
+    from camrender.model.stage1.state import FULL_MODE, SegmentOptions
 
     rules = {name: (RECIPES[name].softmax_scale, RECIPES[name].gdn_camera_downscale,
                     RECIPES[name].softmax_camera_downscale, RECIPES[name].flow_shift)

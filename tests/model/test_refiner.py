@@ -3,8 +3,8 @@ import pytest
 import torch
 from helpers import rel
 
-from camrender.model.refiner import RefinerStream, encode_refiner_prompt
-from camrender.model.tiny_refiner import build_tiny_refiner
+from camrender.model.refiner.stream import RefinerStream, encode_refiner_prompt
+from camrender.model.refiner.tiny import build_tiny_refiner
 
 PROMPT = "a sunlit room"
 # The history bookkeeping tests run the fused path's PyTorch references: the Triton kernels go

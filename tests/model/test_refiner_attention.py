@@ -1,4 +1,4 @@
-"""The refiner's fused path (camrender.model.refiner_block / refiner_attention / refiner_window) against
+"""The refiner's fused path (camrender.model.refiner.block / attention / window) against
 diffusers' stock block forward and attention processor (tiny refiner, fp32, CPU, Triton interpreter)."""
 import pytest
 import torch
@@ -7,11 +7,11 @@ from diffusers.models.transformers.transformer_sana_wm_refiner import (
     SanaWMRefinerKVCache,
 )
 
-from camrender.model.refiner import RefinerStream, encode_refiner_prompt
-from camrender.model.refiner_attention import FusedRefinerAttnProcessor
-from camrender.model.refiner_block import fused_block_forward, use_refiner_kernels
-from camrender.model.refiner_window import WindowKVCache
-from camrender.model.tiny_refiner import build_tiny_refiner
+from camrender.model.refiner.attention import FusedRefinerAttnProcessor
+from camrender.model.refiner.block import fused_block_forward, use_refiner_kernels
+from camrender.model.refiner.stream import RefinerStream, encode_refiner_prompt
+from camrender.model.refiner.tiny import build_tiny_refiner
+from camrender.model.refiner.window import WindowKVCache
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +31,7 @@ def run(refiner, clip, kernels, **options):
 def test_fused_stream_equals_stock_stream(refiner, monkeypatch, block_slot):
     """Window cache + fused processor + fused glue give diffusers' blocks' latents and history (fp32), in both
     window layouts: [sink | history] with the block attended to apart (merged by log-sum-exp), and the block slot."""
-    import camrender.model.refiner_window as refiner_window
+    from camrender.model.refiner import window as refiner_window
 
     monkeypatch.setattr(refiner_window, "BLOCK_SLOT", block_slot)
     clip = torch.randn(1, 8, 1 + 3 * 5 + 2, 4, 6, generator=torch.Generator().manual_seed(1))  # trims, short tail
@@ -57,7 +57,7 @@ def test_fused_stream_equals_stock_stream(refiner, monkeypatch, block_slot):
 def test_fused_processor_keeps_the_stock_cache_contract(refiner, monkeypatch):
     """Inside diffusers' own `SanaWMLTX2Refiner.__call__` (its `SanaWMRefinerKVCache`) the fused path
     concatenates and captures as the stock processor does."""
-    import camrender.model.refiner_attention as attention
+    import camrender.model.refiner.attention as attention
 
     windows = []
     stock_window = attention._stock_window
@@ -79,7 +79,7 @@ def test_fused_processor_keeps_the_stock_cache_contract(refiner, monkeypatch):
 
 def test_window_sink_is_reroped_once_per_block(refiner, monkeypatch):
     """The sink's RoPE runs on the first pass of each block only (its position is fixed for the block)."""
-    import camrender.model.refiner_attention as attention
+    import camrender.model.refiner.attention as attention
 
     calls = []
     rope_rows = attention.rope_rows

@@ -7,9 +7,9 @@ import torch
 from helpers import rel
 
 from camrender.errors import CamrenderError
-from camrender.model.refiner import RefinerStream, encode_refiner_prompt
-from camrender.model.refiner_loading import is_layer_streamed, load_refiner, resolve_refiner, strip_audio, stream_layers
-from camrender.model.tiny_refiner import build_tiny_refiner
+from camrender.model.refiner.loading import is_layer_streamed, load_refiner, resolve_refiner, strip_audio, stream_layers
+from camrender.model.refiner.stream import RefinerStream, encode_refiner_prompt
+from camrender.model.refiner.tiny import build_tiny_refiner
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Segment-by-segment forward of SanaWMTransformer3DModel (camrender.model.segments) on a tiny random model.
+"""Segment-by-segment forward of SanaWMTransformer3DModel (camrender.model.stage1.segments) on a tiny random model.
 
 Anchors: one segment covering the clip equals the stock diffusers bidirectional forward; the
 cached segment-by-segment forward equals the dense whole-sequence forward with the same
@@ -9,15 +9,15 @@ import math
 import pytest
 import torch
 
-from camrender.model.segments import (
+from camrender.model.stage1.patch import KernelSettings, patch_transformer
+from camrender.model.stage1.segments import (
     SegmentCache,
     SegmentOptions,
     dense_reference_forward,
     segment_bounds,
     segment_forward,
 )
-from camrender.model.patch import KernelSettings, patch_transformer
-from camrender.model.tiny import build_tiny_transformer
+from camrender.model.stage1.tiny import build_tiny_transformer
 
 DIFFUSERS = SegmentOptions(softmax_scale="padded", gdn_camera_downscale=True, softmax_camera_downscale=True)
 HEAD_DIM = 16  # tiny model: hidden 32, 2 heads; block 0 GDN, block 1 softmax
@@ -73,7 +73,7 @@ def test_segment_bounds_follow_the_official_layout():
 
 def test_segment_rope_rows_match_the_whole_table(model):
     """A segment's RoPE keeps absolute positions: rows of the whole-trajectory table (diffusers)."""
-    from camrender.model.segments import prepare_conditioning
+    from camrender.model.stage1.segments import prepare_conditioning
 
     frames, height, width = 9, 2, 3
     whole = model.rope((frames, height, width))
@@ -228,7 +228,7 @@ def test_full_mode_is_one_segment_without_state():
     """The patched model's own forward (full mode) and `segment_forward` over one segment with
     the default recipe's rules and no cache run the same block modules: equal outputs, on the PyTorch
     references (backend "torch" in segment mode) and on the Triton kernels (interpreted)."""
-    from camrender.model.state import FULL_MODE
+    from camrender.model.stage1.state import FULL_MODE
 
     batch, frames, height, width = 2, 4, 2, 3
     latents, text, mask = model_inputs(batch, frames, height, width, seed=5)

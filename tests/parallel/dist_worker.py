@@ -41,7 +41,7 @@ def precision_model(dtype):
     matmul) differ there by bf16 rounding: the one-process segment render moves by 5e-5 under a
     one-ulp change of its noise. float64 (no cast) keeps the softmax block.
     """
-    from camrender.model import tiny
+    from camrender.model.stage1 import tiny
 
     saved = tiny.TINY_TRANSFORMER_CONFIG["softmax_every_n"]
     if str(dtype).endswith("float32"):
@@ -53,8 +53,8 @@ def precision_model(dtype):
 
 
 def latents(out, dtypes):
-    from camrender.model.loading import load_pipeline
-    from camrender.model.patch import patch_transformer
+    from camrender.model.stage1.loading import load_pipeline
+    from camrender.model.stage1.patch import patch_transformer
     from camrender.render.full import sample_latents
 
     torch.set_num_threads(1)
@@ -77,8 +77,8 @@ def latents(out, dtypes):
 
 
 def fail_rank_1(args):
-    from camrender.parallel import cfg as cfg_parallel
     from camrender.cli.main import main
+    from camrender.parallel import cfg as cfg_parallel
 
     if os.environ["RANK"] == "1":
         gather, calls = cfg_parallel.CfgSplit.gather, []

@@ -47,8 +47,8 @@ def named_parts(model):
 
 
 def modules(out):
-    from camrender.model.patch import patch_transformer
-    from camrender.model.tiny import build_tiny_transformer
+    from camrender.model.stage1.patch import patch_transformer
+    from camrender.model.stage1.tiny import build_tiny_transformer
 
     torch.set_num_threads(1)
     ranks = distributed.start("cpu")

@@ -4,7 +4,7 @@ import math
 import numpy as np
 import pytest
 
-from camrender.model.recipes import segment_bounds
+from camrender.model.stage1.recipes import segment_bounds
 from camrender.play.steering import KeyTimeline, SteeredPath, Stopped, pinhole, scheme_letter
 from camrender.render.camera_feed import video_frames
 from camrender.trajectory.controls import make_scheme, rollout

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from camrender.errors import CamrenderError
-from camrender.model.recipes import segment_bounds
-from camrender.model.tiny import build_tiny_pipeline
+from camrender.model.stage1.recipes import segment_bounds
+from camrender.model.stage1.tiny import build_tiny_pipeline
 from camrender.render.camera import build_camera_inputs
 from camrender.render.camera_feed import CameraFeed, SegmentCamera, trajectory_segments, video_frames
 from camrender.render.loop import render_frames

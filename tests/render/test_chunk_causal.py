@@ -8,11 +8,11 @@ equals the official loop's recomputation of every started chunk at every global 
 import pytest
 import torch
 
+from camrender.model.stage1.patch import patch_transformer
+from camrender.model.stage1.segments import SegmentCache, SegmentOptions, dense_reference_forward, segment_forward
+from camrender.model.stage1.tiny import build_tiny_transformer
 from camrender.render.chunk_causal import euler_dt, sample_chunk_causal, teacher_chunk_bounds, teacher_schedule
 from camrender.render.inputs import RenderInputs
-from camrender.model.segments import SegmentCache, SegmentOptions, dense_reference_forward, segment_forward
-from camrender.model.patch import patch_transformer
-from camrender.model.tiny import build_tiny_transformer
 from helpers import rel
 from test_segments_forward import camera_inputs
 
@@ -127,10 +127,10 @@ def test_render_segments_runs_the_teacher_sampler_and_streams_each_finished_chun
     decoded piece per chunk, equal to the sampler's latents decoded as a whole clip."""
     import numpy as np
 
+    from camrender.model.stage1.tiny import build_tiny_pipeline
+    from camrender.render.decode import CausalStreamDecoder, to_uint8_frames
     from camrender.render.inputs import prepare_inputs
     from camrender.render.loop import render_frames
-    from camrender.render.decode import CausalStreamDecoder, to_uint8_frames
-    from camrender.model.tiny import build_tiny_pipeline
     from test_segments_render import request_for
 
     pipe = build_tiny_pipeline(seed=0)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from camrender.model.tiny import build_tiny_pipeline
+from camrender.model.stage1.tiny import build_tiny_pipeline
 from camrender.render.decode import CausalStreamDecoder
 from camrender.render.stage_two import PassThrough, refined_frames
 

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 import camrender.render.inputs as inputs_module
-from camrender.model.patch import patch_transformer
-from camrender.model.tiny import build_tiny_pipeline, build_tiny_vae
+from camrender.model.stage1.patch import patch_transformer
+from camrender.model.stage1.tiny import build_tiny_pipeline, build_tiny_vae
 from camrender.render.inputs import encoder_modules, encoding_on
 from camrender.render.loop import render_frames
 from camrender.render.request import RenderRequest

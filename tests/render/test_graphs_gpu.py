@@ -73,8 +73,8 @@ def _request(mode, frames=FRAMES):
 
 @pytest.fixture(scope="module")
 def pipe():
-    from camrender.model.loading import load_pipeline
-    from camrender.model.patch import patch_transformer
+    from camrender.model.stage1.loading import load_pipeline
+    from camrender.model.stage1.patch import patch_transformer
 
     pipe = load_pipeline("tiny", device="cuda")
     patch_transformer(pipe.transformer, kernels="fused")
@@ -105,9 +105,9 @@ def test_render_with_graphs_equals_eager(mode, graph_log):
 
 def test_segment_sampler_latents_with_graphs_equal_eager(pipe, graph_log):
     """Stage-1 latents of segment mode, graphed and eager (bench_segments' former graph check)."""
+    from camrender.model.stage1.segments import SegmentOptions, segment_bounds
     from camrender.render.inputs import prepare_inputs
     from camrender.render.segments import sample_segments
-    from camrender.model.segments import SegmentOptions, segment_bounds
 
     device = torch.device("cuda")
     inputs = prepare_inputs(pipe, _request("segments"), device)
@@ -126,11 +126,11 @@ def test_segment_sampler_latents_with_graphs_equal_eager(pipe, graph_log):
 def test_resume_from_a_checkpoint_equals_the_uninterrupted_render(pipe, tmp_path):
     """Segment mode with graph replay, stopped after segment 1, checkpointed, restored into a fresh
     cache and finished: the frames of the uninterrupted render (bench_checkpoint's former check)."""
-    from camrender.render.inputs import prepare_inputs
-    from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments
-    from camrender.render.resume import Checkpointer
+    from camrender.model.stage1.segments import SegmentCache, SegmentOptions, segment_bounds
     from camrender.render.decode import CausalStreamDecoder, to_uint8_frames
-    from camrender.model.segments import SegmentCache, SegmentOptions, segment_bounds
+    from camrender.render.inputs import prepare_inputs
+    from camrender.render.resume import Checkpointer
+    from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments
 
     device = torch.device("cuda")
     inputs = prepare_inputs(pipe, _request("segments", frames=121), device)  # 16 latent frames
@@ -167,8 +167,8 @@ def test_overlapped_stage_two_equals_sequential(pipe):
     """Segment mode with the tiny refiner: the three-stream overlap of `refined_frames` (stage 1, the
     refiner and the decode queued on separate CUDA streams, each schedule) gives the frames of the
     same stages run in order on one stream, bit for bit (a missing wait between streams would show here)."""
-    from camrender.model.segments import SegmentOptions, segment_bounds
-    from camrender.model.tiny_refiner import build_tiny_refiner
+    from camrender.model.refiner.tiny import build_tiny_refiner
+    from camrender.model.stage1.segments import SegmentOptions, segment_bounds
     from camrender.render.decode import CausalStreamDecoder
     from camrender.render.inputs import prepare_inputs
     from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments

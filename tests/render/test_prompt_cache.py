@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-import camrender.model.tiny as tiny
-import camrender.model.tiny_refiner as tiny_refiner
+import camrender.model.stage1.tiny as tiny
+import camrender.model.refiner.tiny as tiny_refiner
 from camrender.render.loop import render_frames
 from camrender.render.pipeline import load_patched_pipeline
 from camrender.render.prompt_cache import PromptCache, refiner_key, resolve_cache_dir, stage_one_key

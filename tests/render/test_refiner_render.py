@@ -5,16 +5,16 @@ import numpy as np
 import pytest
 import torch
 
-from camrender.render.stage_two import attach_refiner
-from camrender.render.request import RenderRequest
+from camrender.model.refiner.tiny import build_tiny_refiner
+from camrender.model.stage1.patch import patch_transformer
+from camrender.model.stage1.segments import SegmentOptions, segment_bounds
+from camrender.model.stage1.tiny import build_tiny_pipeline
+from camrender.render.decode import CausalStreamDecoder, to_uint8_frames
 from camrender.render.inputs import prepare_inputs
 from camrender.render.loop import render_frames
+from camrender.render.request import RenderRequest
 from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments
-from camrender.render.decode import CausalStreamDecoder, to_uint8_frames
-from camrender.model.segments import SegmentOptions, segment_bounds
-from camrender.model.patch import patch_transformer
-from camrender.model.tiny import build_tiny_pipeline
-from camrender.model.tiny_refiner import build_tiny_refiner
+from camrender.render.stage_two import attach_refiner
 from camrender.trajectory import Trajectory
 
 FRAMES = 81  # 11 latent frames: segments (0, 4), (4, 7), (7, 11); refiner: sink + blocks 1-3, 4-6, 7-9, 10

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import torch
 
-from camrender.model.segments import SegmentOptions
-from camrender.model.patch import patch_transformer
-from camrender.model.tiny import build_tiny_pipeline
+from camrender.model.stage1.patch import patch_transformer
+from camrender.model.stage1.segments import SegmentOptions
+from camrender.model.stage1.tiny import build_tiny_pipeline
 from camrender.render.denoise import Denoiser
 from camrender.render.inputs import prepare_inputs
 from camrender.render.loop import render_frames

@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from camrender.errors import CamrenderError
-from camrender.model.patch import patch_transformer
-from camrender.render.request import RenderRequest
+from camrender.model.stage1.patch import patch_transformer
+from camrender.model.stage1.tiny import build_tiny_pipeline
 from camrender.render.full import sample_video
 from camrender.render.loop import render_frames
-from camrender.model.tiny import build_tiny_pipeline
+from camrender.render.request import RenderRequest
 from camrender.trajectory import Trajectory
 
 FRAMES, SRC_W, SRC_H = 17, 120, 72  # source image / intrinsics size; rendered at 96x64

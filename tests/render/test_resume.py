@@ -206,7 +206,7 @@ def test_from_render_reproduces_the_video(tmp_path, capsys):
 
 def test_checkpoint_tree_round_trip_covers_new_fields(tmp_path):
     """The cache is saved by walking its fields: a field added later (here a subclass's) is kept."""
-    from camrender.model.segments import BlockCache, SegmentCache, SoftmaxKV
+    from camrender.model.stage1.segments import BlockCache, SegmentCache, SoftmaxKV
     from camrender.render.state_io import load_tree, save_tree
 
     base = torch.arange(40.0).view(2, 20)
@@ -252,3 +252,24 @@ def test_checkpoint_refuses_classes_outside_camrender(tmp_path):
 
     with pytest.raises(ValueError, match="not a camrender class"):
         _dataclass("subprocess:Popen")
+
+
+def test_checkpoint_naming_a_class_this_version_lacks_is_refused_in_one_line(tmp_path):
+    """A checkpoint written before a cache class moved (camrender.model.state, now model/stage1/state) names
+    a module this version lacks: --resume stops with one line saying how to remove it, not a traceback."""
+    from safetensors.torch import save_file
+
+    from camrender.errors import CamrenderError
+    from camrender.render.resume import Checkpointer
+    from camrender.render.state_io import _SKELETON_KEY
+
+    skeleton = {"dict": {"cache": {"dataclass": "camrender.model.state:SegmentCache", "fields": {}}}}
+    folder = tmp_path / ".v.mp4.partial"
+    folder.mkdir()
+    save_file({"x": torch.zeros(1)}, folder / "checkpoint.safetensors", metadata={_SKELETON_KEY: json.dumps(skeleton)})
+    checkpointer = Checkpointer(folder, settings={}, resume_info={"next_segment": 1, "frames_written": 9})
+    with pytest.raises(CamrenderError) as refused:
+        checkpointer.restore(cache=None, decoder=None, device="cpu")
+    message = str(refused.value)
+    assert "camrender.model.state:SegmentCache" in message and "another camrender version" in message
+    assert "rm -r --" in message and "\n" not in message

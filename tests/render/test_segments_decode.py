@@ -2,9 +2,9 @@
 import pytest
 import torch
 
+from camrender.model.stage1.segments import segment_bounds
+from camrender.model.stage1.tiny import build_tiny_vae
 from camrender.render.decode import CausalStreamDecoder, to_uint8_frames, video_frames_for_latents
-from camrender.model.segments import segment_bounds
-from camrender.model.tiny import build_tiny_vae
 
 
 @pytest.fixture(scope="module")

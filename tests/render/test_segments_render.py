@@ -6,15 +6,15 @@ import numpy as np
 import pytest
 import torch
 
-from camrender.render.request import RenderRequest
+from camrender.model.stage1.patch import patch_transformer
+from camrender.model.stage1.segments import (SegmentCache, SegmentOptions, dense_reference_forward, segment_bounds,
+                                             segment_forward)
+from camrender.model.stage1.tiny import build_tiny_pipeline, build_tiny_transformer
+from camrender.render.decode import CausalStreamDecoder, to_uint8_frames
 from camrender.render.inputs import prepare_inputs
 from camrender.render.loop import render_frames
+from camrender.render.request import RenderRequest
 from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments, segment_timesteps
-from camrender.render.decode import CausalStreamDecoder, to_uint8_frames
-from camrender.model.segments import (SegmentCache, SegmentOptions, dense_reference_forward, segment_bounds,
-                                      segment_forward)
-from camrender.model.patch import patch_transformer
-from camrender.model.tiny import build_tiny_pipeline, build_tiny_transformer
 from camrender.trajectory import Trajectory
 
 FRAMES = 57  # 8 latent frames -> segments (0, 4), (4, 8)
@@ -290,7 +290,7 @@ def test_original_format_dit_files_load_and_render(tmp_path, fmt):
     load into a differently-initialised transformer, which then gives the source model's segment outputs."""
     from safetensors.torch import save_file
 
-    from camrender.model.loading import load_transformer_weights
+    from camrender.model.stage1.loading import load_transformer_weights
 
     source = patch_transformer(build_tiny_transformer(seed=5), kernels="torch")
     state = {name: tensor.clone().contiguous() for name, tensor in source.state_dict().items()}

@@ -34,8 +34,8 @@ from diffusers.models.transformers.transformer_sana_wm_refiner import SanaWMRefi
 from diffusers.pipelines.sana_wm.refiner import STAGE_2_DISTILLED_SIGMA_VALUES, _pack_latents, _unpack_latents
 from diffusers.utils.torch_utils import randn_tensor
 
-from camrender.model.refiner_block import use_refiner_kernels
-from camrender.model.refiner_window import WindowKVCache
+from camrender.model.refiner.block import use_refiner_kernels
+from camrender.model.refiner.window import WindowKVCache
 
 SINK_FRAMES = 1  # the released recipe: latent frame 0 is the sink
 BLOCK_FRAMES = 3
@@ -57,7 +57,7 @@ def encode_refiner_prompt(refiner, prompt: str, device, dtype) -> RefinerText:
     The text encoder and connectors visit `device` for this one call when they live elsewhere
     (they run once per render; the Gemma-3-12B encoder is 24 GB in bf16), and go back after.
     """
-    from camrender.model.refiner_loading import is_layer_streamed
+    from camrender.model.refiner.loading import is_layer_streamed
 
     moved = []
     for name in ("text_encoder", "connectors"):
@@ -100,7 +100,7 @@ class RefinerStream:
             (a CPU generator keeps renders repeatable across devices).
         device: where the transformer runs (default: its parameters' device).
         sigmas: the Euler sigma list ending in 0 (default: diffusers' 3-step distilled list).
-        kernels: "fused" (default): the blocks run `camrender.model.refiner_block`'s fused path and a
+        kernels: "fused" (default): the blocks run `camrender.model.refiner.block`'s fused path and a
             `WindowKVCache` (no per-pass concatenation); "stock": diffusers' block forward and processor.
             Either way the setting stays on the transformer until another stream changes it.
         kernel_backend: the fused path's kernels: "auto" (Triton on CUDA or under TRITON_INTERPRET=1),
@@ -288,12 +288,12 @@ class _TransformerCall:
 
 def _attention_backends(device):
     """On CUDA, SDPA under camrender's backend priority (cuDNN attention first: at head dim 128 it is
-    faster than flash on the H200, see `camrender.model.softmax_attention.SDPA_BACKENDS`)."""
+    faster than flash on the H200, see `camrender.model.stage1.softmax_attention.SDPA_BACKENDS`)."""
     if torch.device(device).type != "cuda":
         return contextlib.nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from camrender.model.softmax_attention import SDPA_BACKENDS
+    from camrender.model.stage1.softmax_attention import SDPA_BACKENDS
 
     return sdpa_kernel([getattr(SDPBackend, name) for name in SDPA_BACKENDS], set_priority=True)
 

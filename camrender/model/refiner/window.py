@@ -4,9 +4,9 @@ diffusers' `SanaWMRefinerKVCache` keeps each layer's sink (pre-RoPE K, V) and hi
 separate tensors, and its attention processor re-RoPEs the sink and concatenates [sink, history,
 current] K and V on every pass: 2 fresh copies of the whole window per layer and pass. `WindowKVCache`
 instead holds, per layer, a key and a value buffer (B, capacity, C) that the attention reads as one
-prefix: the fused processor (`camrender.model.refiner_attention`) ropes the sink's keys into the sink slot
+prefix: the fused processor (`camrender.model.refiner.attention`) ropes the sink's keys into the sink slot
 once per block (when `sink_pe` is set) and attends to [prefix ; the pass's own K/V] as two attention calls
-merged by their log-sum-exp (`camrender.model.lse_attention`), so a pass copies nothing. The block's cache
+merged by their log-sum-exp (`camrender.model.refiner.lse_attention`), so a pass copies nothing. The block's cache
 pass then keeps the last `max_history` frames of [history, block] (`append`): the history slides down in
 place, without a temporary, and the block's kept frames go after it (the order of the stock
 concatenation and trim).

@@ -12,7 +12,7 @@ parameters, buffers and sub-modules (no copies: the transformer's `state_dict()`
 Off CUDA and without TRITON_INTERPRET=1 the same structure runs on the PyTorch references.
 
 Full mode (no `segment`): all N tokens attend to each other, under the rules of `full_options`
-(the recipe's, `camrender.model.patch.set_full_options`); settings backend "torch" (or a block
+(the recipe's, `camrender.model.stage1.patch.set_full_options`); settings backend "torch" (or a block
 without RMSNorm weights) runs the stock forward when those rules are diffusers' (camera scale
 1/sqrt(128), camera RMS downscale), the PyTorch references otherwise; a padded-frame mask always
 runs the stock forward. Segment mode
@@ -29,9 +29,9 @@ import torch.nn.functional as F
 from diffusers.models.transformers.transformer_sana_wm import _prepare_ucpe_ray_transforms, _SoftmaxUCPESinglePathLiteLA
 
 from camrender.model.adopt import adopt_module
-from camrender.model.gdn_attention import combine_branches, norm_inv_rms
 from camrender.model.settings import KernelSettings
-from camrender.model.state import FULL_MODE, BlockCache, SegmentCall, SegmentOptions, SoftmaxKV
+from camrender.model.stage1.gdn_attention import combine_branches, norm_inv_rms
+from camrender.model.stage1.state import FULL_MODE, BlockCache, SegmentCall, SegmentOptions, SoftmaxKV
 
 # SDPA backends in priority order on CUDA (names of torch.nn.attention.SDPBackend), or None for
 # PyTorch's own choice. H200, torch 2.11, B=2 N=18480 H=20 bf16: cuDNN attention 12.3 ms vs flash
@@ -69,7 +69,7 @@ def softmax_qkv(attn, x, rope, attn_dtype, use_triton: bool):
     (B, H, N, D) in `attn_dtype`. x (B, N, C); rope: diffusers' complex table or None.
     use_triton: `kernels.main_prep` writes q and k straight in `attn_dtype`, else its reference."""
     from camrender.kernels.main_prep import main_prep
-    from camrender.kernels.main_reference import main_prep_ref
+    from camrender.kernels.main_prep_reference import main_prep_ref
 
     batch, tokens = x.shape[:2]
     heads, dim = attn.heads, attn.dim
@@ -96,7 +96,7 @@ def camera_encode(attn, x, ray_transforms, attn_dtype, use_triton: bool, downsca
     if use_triton:
         from camrender.kernels.softmax_cam import cam_softmax_encode
     else:
-        from camrender.kernels.main_reference import cam_softmax_encode_ref as cam_softmax_encode
+        from camrender.kernels.softmax_cam_reference import cam_softmax_encode_ref as cam_softmax_encode
     query, key = attn.q_proj_cam(x), attn.k_proj_cam(x)
     encoded = cam_softmax_encode(
         query, key, attn.v_proj_cam(x), ray_transforms,
@@ -111,7 +111,7 @@ def camera_decode(attn, o, ray_transforms, dtype, use_triton: bool):
     if use_triton:
         from camrender.kernels.softmax_cam import cam_softmax_decode
     else:
-        from camrender.kernels.main_reference import cam_softmax_decode_ref as cam_softmax_decode
+        from camrender.kernels.softmax_cam_reference import cam_softmax_decode_ref as cam_softmax_decode
     return cam_softmax_decode(o, ray_transforms, dim=attn.cam_head_dim, out_dtype=dtype)
 
 

@@ -1,14 +1,14 @@
 """Chunk-causal, state-cached forward of `SanaWMTransformer3DModel`, one segment of latent frames at a time.
 
 A *segment* is a run of latent frames (`segment_bounds`). Information only flows forward across
-segment boundaries, through a per-block cache (`BlockCache`, `camrender.model.state`) that the
+segment boundaries, through a per-block cache (`BlockCache`, `camrender.model.stage1.state`) that the
 extra timestep-0 pass on a finished segment writes (`write_cache=True`) and every denoising pass
 only reads. `segment_forward` embeds the inputs, calls the patched blocks (the same modules full
-mode runs, `camrender.model.block.PatchedBlock`) with each block's cache and a `SegmentCall`
+mode runs, `camrender.model.stage1.block.PatchedBlock`) with each block's cache and a `SegmentCall`
 describing the call, and applies the final layer; what each block carries is described in
 `gdn_attention`, `softmax_attention` and `ffn` (the FFN temporal conv's first frame sees the
 last frame of the previous segment). `SegmentOptions.for_recipe` sets the window, scale and
-camera arithmetic of a checkpoint's recipe (`camrender.model.recipes`); the kernels' backend and
+camera arithmetic of a checkpoint's recipe (`camrender.model.stage1.recipes`); the kernels' backend and
 precision are the model's own (`patch_transformer`).
 
 `segment_forward` runs the model on a call holding one segment (with a cache) or several segments
@@ -26,10 +26,10 @@ from typing import Optional, Sequence
 
 import torch
 
-from camrender.model.block import PatchedBlock
-from camrender.model.conditioning import ray_transforms
-from camrender.model.recipes import segment_bounds
-from camrender.model.state import FULL_MODE, BlockCache, SegmentCache, SegmentCall, SegmentOptions, SoftmaxKV
+from camrender.model.stage1.block import PatchedBlock
+from camrender.model.stage1.conditioning import ray_transforms
+from camrender.model.stage1.recipes import segment_bounds
+from camrender.model.stage1.state import FULL_MODE, BlockCache, SegmentCache, SegmentCall, SegmentOptions, SoftmaxKV
 
 __all__ = [
     "BlockCache",
@@ -199,7 +199,8 @@ def segment_forward(
     block_caches = cache.blocks if cache is not None else [BlockCache() for _ in model.blocks]
     # A whole clip with no state under full mode's rules (those the attentions hold, `set_full_options`)
     # on backend "torch" (--kernels torch): the blocks' full-mode code (diffusers' own where the rules
-    # are diffusers'), which they run when called without a segment.
+    # are diffusers'), which they run when called without a segment. The SegmentCall path on that backend
+    # is not bit-identical to it (the references' GDN scan, short convs, UCPE; docs/model-forward.md).
     stock = (cache is None and len(segments) == 1 and not model.blocks[0].settings.fused
              and options == getattr(model.blocks[0].attn, "full_options", FULL_MODE))
 

@@ -2,7 +2,7 @@
 finished segments to the next one (`BlockCache`, `SegmentCache`).
 
 Full mode is a call of one segment with no state (`SegmentCall.whole`, with the options the
-patched attentions hold, `camrender.model.patch.set_full_options`); segment mode passes a
+patched attentions hold, `camrender.model.stage1.patch.set_full_options`); segment mode passes a
 `SegmentCall` built from `SegmentOptions` (a recipe's rules) and one `BlockCache` per block. The
 caches live in the `SegmentCache` the caller passes in, never on the modules, so a CUDA-graph
 replay of `segment_forward` reads only its arguments. Once a cache tensor exists, later writes of
@@ -52,7 +52,7 @@ class SegmentOptions:
 
     @classmethod
     def for_recipe(cls, recipe, **fields) -> "SegmentOptions":
-        """The options of a `camrender.model.recipes.Recipe` (its window, softmax scale and camera
+        """The options of a `camrender.model.stage1.recipes.Recipe` (its window, softmax scale and camera
         arithmetic), with `fields` set or overridden."""
         return cls(**{**dict(cached_segments=recipe.recent_chunks, softmax_scale=recipe.softmax_scale,
                              gdn_camera_downscale=recipe.gdn_camera_downscale,

@@ -13,10 +13,10 @@ it does
 
     one `kernels.rms_rope.rms_rope_qk` launch (norm + RoPE of q and k), the sink's RoPE once per block
     (`kernels.rms_rope.rope_rows`), and attention over [the window's prefix ; the pass's own K/V] as two
-    attention calls merged by their log-sum-exp (`camrender.model.lse_attention`): nothing concatenated;
+    attention calls merged by their log-sum-exp (`camrender.model.refiner.lse_attention`): nothing concatenated;
     the block's cache pass appends its K/V to the window's history (`WindowLayerCache.append`),
 
-with a `camrender.model.refiner_window.WindowKVCache`. With its `BLOCK_SLOT` layout instead, k is written
+with a `camrender.model.refiner.window.WindowKVCache`. With its `BLOCK_SLOT` layout instead, k is written
 into the window's block slot by the same launch, V copied beside it, and SDPA reads the window in one call.
 With diffusers' own `SanaWMRefinerKVCache` (diffusers' pipeline, a window of the sink alone) it keeps that
 cache's contract (concatenation, captured K/V) and still fuses the norm and RoPE. The result equals the
@@ -30,8 +30,8 @@ from diffusers.models.attention_dispatch import dispatch_attention_fn
 from diffusers.models.transformers.transformer_sana_wm_refiner import SanaWMLTX2RefinerAttnProcessor
 
 from camrender.kernels.rms_rope import ROPE_TYPES, rms_rope_qk, rope_rows
-from camrender.model.lse_attention import attend_parts
-from camrender.model.refiner_window import WindowLayerCache
+from camrender.model.refiner.lse_attention import attend_parts
+from camrender.model.refiner.window import WindowLayerCache
 
 INJECT_MODES = ("inject", "inject_and_capture_post_rope")
 

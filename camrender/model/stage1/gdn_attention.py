@@ -30,7 +30,7 @@ from camrender.kernels.main_branch import main_branch
 from camrender.kernels.short_conv import short_conv, short_conv_context
 from camrender.model.adopt import adopt_module
 from camrender.model.settings import KernelSettings
-from camrender.model.state import FULL_MODE, BlockCache, SegmentCall, SegmentOptions, store
+from camrender.model.stage1.state import FULL_MODE, BlockCache, SegmentCall, SegmentOptions, store
 
 
 def gdn_gates(attn, x: torch.Tensor, frames: int, spatial: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,14 +1,14 @@
 """Swap SANA-WM's blocks, attentions and FFNs for modules that run the fused Triton kernels.
 
 `patch_transformer(transformer)` resolves the kernel settings once (`KernelSettings`: backend,
-precision) and walks `transformer.blocks`: each block becomes a `camrender.model.block.PatchedBlock`,
+precision) and walks `transformer.blocks`: each block becomes a `camrender.model.stage1.block.PatchedBlock`,
 its attention a `gdn_attention.PatchedGDNAttention` (GDN blocks) or a
 `softmax_attention.PatchedSoftmaxAttention` (softmax blocks), its FFN a `ffn.PatchedGLUMBConvTemp`,
 every one holding the same settings. The attentions also hold full mode's rules (`full_options`, a
 `SegmentOptions` of the recipe, `set_full_options`): diffusers' model is one recipe among several. Each adopts the original's parameters, buffers and
 sub-modules: the transformer's `state_dict()` keys and tensors are unchanged (same storage), so
 weights load, save and offload exactly as before. The patched blocks run both full mode and
-segment mode (`camrender.model.segments`).
+segment mode (`camrender.model.stage1.segments`).
 """
 from __future__ import annotations
 
@@ -20,13 +20,13 @@ from diffusers.models.transformers.transformer_sana_wm import (
     _SoftmaxUCPESinglePathLiteLA,
 )
 
-from camrender.model.block import patch_block
-from camrender.model.ffn import patch_ffn
-from camrender.model.gdn_attention import PatchedGDNAttention
 from camrender.model.settings import KERNEL_CHOICES, PRECISION_CHOICES, KernelSettings
-from camrender.model.softmax_attention import PatchedSoftmaxAttention
-from camrender.model.recipes import get_recipe
-from camrender.model.state import SegmentOptions
+from camrender.model.stage1.block import patch_block
+from camrender.model.stage1.ffn import patch_ffn
+from camrender.model.stage1.gdn_attention import PatchedGDNAttention
+from camrender.model.stage1.recipes import get_recipe
+from camrender.model.stage1.softmax_attention import PatchedSoftmaxAttention
+from camrender.model.stage1.state import SegmentOptions
 
 __all__ = ["patch_transformer", "patch_attention", "set_full_options", "KernelSettings", "KERNEL_CHOICES",
            "PRECISION_CHOICES"]
@@ -51,7 +51,8 @@ def set_full_options(transformer, options: SegmentOptions):
     attentions = [block.attn for block in transformer.blocks
                   if isinstance(block.attn, (PatchedGDNAttention, PatchedSoftmaxAttention))]
     if len(attentions) != len(transformer.blocks):
-        raise ValueError("set_full_options needs a patched transformer (camrender.model.patch.patch_transformer)")
+        raise ValueError("set_full_options needs a patched transformer "
+                         "(camrender.model.stage1.patch.patch_transformer)")
     for attention in attentions:
         attention.full_options = options
 

@@ -16,42 +16,12 @@ import re
 from pathlib import Path
 
 from camrender.errors import CamrenderError
-from camrender.model.tiny import TINY_MODEL
+from camrender.model.device import resolve_device, resolve_dtype
+from camrender.model.stage1.tiny import TINY_MODEL
 
 DEFAULT_MODEL = "Efficient-Large-Model/SANA-WM_bidirectional-diffusers"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _SUGGESTION = "pass --model PATH (a downloaded diffusers folder) or --model tiny (offline test model)"
-
-
-# ----------------------------------------------------------------------------- device and dtype
-def resolve_device(device=None):
-    """`torch.device` for a name ("cuda", "cuda:1", "cpu") or None = CUDA when available, else CPU."""
-    import torch
-
-    if device in (None, "", "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        resolved = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise CamrenderError(f"unknown device {device!r}", field="device") from None
-    if resolved.type == "cuda" and not torch.cuda.is_available():
-        raise CamrenderError("CUDA was requested but no GPU is available; use --device cpu", field="device")
-    return resolved
-
-
-def resolve_dtype(dtype, device):
-    """`torch.dtype` for "auto" (bfloat16 on CUDA, float32 elsewhere), "bfloat16", "float16" or "float32"."""
-    import torch
-
-    names = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
-             "float32": torch.float32, "fp32": torch.float32}
-    if dtype in (None, "auto"):
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype not in names:
-        raise CamrenderError(f"must be auto, bfloat16, float16 or float32, got {dtype!r}", field="dtype")
-    return names[dtype]
 
 
 # ----------------------------------------------------------------------------- pipeline
@@ -61,7 +31,7 @@ def load_pipeline(model: str = DEFAULT_MODEL, *, dtype="auto", device=None, offl
     """Load a `SanaWMPipeline` ready to run on `device`.
 
     Args:
-        model: hub id, local diffusers pipeline folder, or "tiny" (`camrender.model.tiny`).
+        model: hub id, local diffusers pipeline folder, or "tiny" (`camrender.model.stage1.tiny`).
         dtype: "auto" | "bfloat16" | "float16" | "float32" (or a torch dtype).
         device: "cuda", "cpu", ... or None (CUDA when available).
         offload: model CPU offload (needs `accelerate` and a GPU): each component is moved to the
@@ -79,7 +49,7 @@ def load_pipeline(model: str = DEFAULT_MODEL, *, dtype="auto", device=None, offl
     device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, device)
     if model == TINY_MODEL:
-        from camrender.model.tiny import build_tiny_pipeline
+        from camrender.model.stage1.tiny import build_tiny_pipeline
 
         pipe = build_tiny_pipeline(seed=0, text_encoder=text_encoder)
         pipe.to(dtype=torch_dtype)
@@ -234,7 +204,7 @@ def read_original_state_dict(path) -> dict:
         else:
             state = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as error:
-        from camrender.model.recipes import unreadable_weights
+        from camrender.model.stage1.recipes import unreadable_weights
 
         raise unreadable_weights(path, error) from None
     for wrapper in ("generator", "state_dict"):

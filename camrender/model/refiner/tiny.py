@@ -2,13 +2,13 @@
 
 It has the architecture of the released refiner (`diffusers.SanaWMLTX2Refiner`), shrunk: an
 LTX-2 refiner transformer (`SanaWMLTX2RefinerTransformer3DModel`), LTX-2 text connectors, a
-one-layer Gemma-3 text encoder behind the character-level tokenizer of `camrender.model.tiny`, and the
+one-layer Gemma-3 text encoder behind the character-level tokenizer of `camrender.model.stage1.tiny`, and the
 flow-match Euler scheduler with shift 1 (the distilled sigmas pass through unchanged). Weights are
 random (seeded): the point is to exercise stage 2 with no download, on a CPU, in seconds.
 """
 from __future__ import annotations
 
-from camrender.model.tiny import TINY_TRANSFORMER_CONFIG
+from camrender.model.stage1.tiny import TINY_TRANSFORMER_CONFIG
 
 TINY_REFINER = "tiny"
 
@@ -90,7 +90,7 @@ def build_tiny_refiner(seed: int = 0, text_encoder: bool = True, **overrides):
     from diffusers.models.transformers.transformer_sana_wm_refiner import SanaWMLTX2RefinerTransformer3DModel
     from diffusers.pipelines.ltx2.connectors import LTX2TextConnectors
 
-    from camrender.model.tiny import build_tiny_tokenizer
+    from camrender.model.stage1.tiny import build_tiny_tokenizer
 
     config = {**TINY_REFINER_TRANSFORMER_CONFIG, **overrides}
     tokenizer = build_tiny_tokenizer()

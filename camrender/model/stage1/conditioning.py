@@ -1,5 +1,5 @@
 """The UCPE ray transforms of a call's camera conditions (`ray_transforms`), built once per call by
-`camrender.model.segments.prepare_conditioning` and reused over its denoising steps."""
+`camrender.model.stage1.segments.prepare_conditioning` and reused over its denoising steps."""
 from __future__ import annotations
 
 def ray_transforms(transformer, camera_conditions, grid, rope):

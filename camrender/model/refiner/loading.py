@@ -2,7 +2,7 @@
 
 Where the refiner comes from:
 
-- `tiny`: `camrender.model.tiny_refiner.build_tiny_refiner` (random weights, no download).
+- `tiny`: `camrender.model.refiner.tiny.build_tiny_refiner` (random weights, no download).
 - a folder with `model_index.json`: a saved `diffusers.SanaWMLTX2Refiner` (what `save_pretrained` writes).
 - the streaming checkpoint's layout: `refiner_diffusers/` (`transformer/`, `connectors/`) with the
   Gemma-3 text encoder in `gemma3_12b/` beside it; the checkpoint's root folder works too.
@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Optional
 
 from camrender.errors import CamrenderError
-from camrender.model.loading import _HUB_ID
-from camrender.model.tiny_refiner import TINY_REFINER
+from camrender.model.refiner.tiny import TINY_REFINER
+from camrender.model.stage1.loading import _HUB_ID
 
 NO_REFINER = "none"
 REFINER_TRANSFORMERS = ("SanaWMLTX2RefinerTransformer3DModel", "LTX2VideoTransformer3DModel")
@@ -82,7 +82,7 @@ def check_refiner_folder(folder, latent_channels: Optional[int] = None) -> Path:
 
 def vae_latent_channels(model: str, vae=None) -> Optional[int]:
     """Latent channels of the VAE a render will use, from configs on disk (None when only the hub knows)."""
-    from camrender.model.tiny import TINY_MODEL, TINY_TRANSFORMER_CONFIG
+    from camrender.model.stage1.tiny import TINY_MODEL, TINY_TRANSFORMER_CONFIG
 
     if vae is not None:
         config = Path(vae).expanduser() / "config.json"
@@ -101,7 +101,7 @@ def resolve_refiner(spec: Optional[str], latent_channels: Optional[int] = None) 
     if spec in (None, "", NO_REFINER):
         return None
     if spec == TINY_REFINER:
-        from camrender.model.tiny_refiner import TINY_REFINER_TRANSFORMER_CONFIG
+        from camrender.model.refiner.tiny import TINY_REFINER_TRANSFORMER_CONFIG
 
         channels = TINY_REFINER_TRANSFORMER_CONFIG["in_channels"]
         if latent_channels is not None and channels != latent_channels:
@@ -121,7 +121,7 @@ def load_refiner(spec: str, *, dtype, latent_channels: Optional[int] = None, tex
     text_encoder: False loads no Gemma-3 (`refiner.text_encoder` None: the prompt is cached).
     """
     if spec == TINY_REFINER:
-        from camrender.model.tiny_refiner import build_tiny_refiner
+        from camrender.model.refiner.tiny import build_tiny_refiner
 
         refiner = build_tiny_refiner(seed=0, text_encoder=text_encoder).to(dtype=dtype)
     else:
@@ -210,7 +210,7 @@ def place_refiner(refiner, device, offload: str = "none") -> None:
     blocks visit `device` one at a time (diffusers group offloading, the next block's copy
     overlapping the current block's compute on CUDA). Either way the text encoder and connectors
     stay on the CPU and visit `device` for the one prompt encoding of a render
-    (`camrender.model.refiner.encode_refiner_prompt`); under "layers" the text encoder streams its
+    (`camrender.model.refiner.stream.encode_refiner_prompt`); under "layers" the text encoder streams its
     layers too (the Gemma-3-12B encoder alone is 24 GB in bf16).
     """
     import torch

@@ -9,7 +9,7 @@ where the stock block writes its intermediate tensors, so the glue itself matche
     h = ada_norm(x, shift_msa, scale_msa)              LayerNorm + modulation
     x = gated_residual(x, attn(h), gate_msa, extra=p, extra_bias=b)   x + gate * attn + plucker_proj(P)
     x, h = residual_ada_norm(x, cross_attn(x), shift_mlp, scale_mlp)
-    x = gated_residual(x, y, gate_mlp, y2=z)           FFN output y + z (temporal conv), see model/ffn.py
+    x = gated_residual(x, y, gate_mlp, y2=z)           FFN output y + z (temporal conv), see model/stage1/ffn.py
 
 and the cross-attention's query RMSNorm runs as one kernel (`kernels.main_prep`) instead of five
 fp32 passes. The residual stream leaves every block contiguous: the stock model carries it in the
@@ -36,9 +36,9 @@ from diffusers.models.transformers.transformer_sana_wm import (
 )
 
 from camrender.model.adopt import adopt_module
-from camrender.model.gdn_attention import norm_inv_rms
 from camrender.model.settings import KernelSettings
-from camrender.model.state import BlockCache, SegmentCall
+from camrender.model.stage1.gdn_attention import norm_inv_rms
+from camrender.model.stage1.state import BlockCache, SegmentCall
 
 
 class FusedCrossAttnProcessor(SanaWMCrossAttnProcessor):
@@ -150,7 +150,7 @@ def ffn_residual(block, x, mlp_in, grid, gate, backend, *, left=None, segments=N
 
     frames, height, width = grid
     if isinstance(block.mlp, GLUMBConvTemp):
-        from camrender.model.ffn import ffn_parts
+        from camrender.model.stage1.ffn import ffn_parts
 
         y, z = ffn_parts(block.mlp, mlp_in, frames, height, width, left=left, segments=segments, backend=backend)
         return gated_residual(x, y, gate, y2=z, backend=backend), y

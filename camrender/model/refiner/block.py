@@ -1,6 +1,6 @@
 """The refiner blocks' fused path: `use_refiner_kernels(transformer, "fused" | "stock")`.
 
-"fused" sets `camrender.model.refiner_attention.FusedRefinerAttnProcessor` on every block's self-attention
+"fused" sets `camrender.model.refiner.attention.FusedRefinerAttnProcessor` on every block's self-attention
 and runs each block's adaLN glue as single passes of `kernels.block_glue` (norm="rms"), in place of
 diffusers' `SanaWMLTX2RefinerTransformerBlock.forward`:
 
@@ -22,7 +22,7 @@ import types
 from diffusers.models.normalization import RMSNorm
 from diffusers.models.transformers.transformer_sana_wm_refiner import SanaWMLTX2RefinerAttnProcessor
 
-from camrender.model.refiner_attention import FusedRefinerAttnProcessor, fusable
+from camrender.model.refiner.attention import FusedRefinerAttnProcessor, fusable
 
 REFINER_KERNELS = ("fused", "stock")
 

@@ -1,0 +1,38 @@
+"""The `--device` and `--dtype` words as torch objects, for stage 1, the refiner and the settings.
+
+torch is imported inside the functions: `camrender.model.stage1.loading` imports this module, and the
+CLI imports that one at its top for `DEFAULT_MODEL`, so `camrender --help` stays free of torch.
+"""
+from __future__ import annotations
+
+from camrender.errors import CamrenderError
+
+
+def resolve_device(device=None):
+    """`torch.device` for a name ("cuda", "cuda:1", "cpu") or None = CUDA when available, else CPU."""
+    import torch
+
+    if device in (None, "", "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise CamrenderError(f"unknown device {device!r}", field="device") from None
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise CamrenderError("CUDA was requested but no GPU is available; use --device cpu", field="device")
+    return resolved
+
+
+def resolve_dtype(dtype, device):
+    """`torch.dtype` for "auto" (bfloat16 on CUDA, float32 elsewhere), "bfloat16", "float16" or "float32"."""
+    import torch
+
+    names = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
+             "float32": torch.float32, "fp32": torch.float32}
+    if dtype in (None, "auto"):
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in names:
+        raise CamrenderError(f"must be auto, bfloat16, float16 or float32, got {dtype!r}", field="dtype")
+    return names[dtype]
