@@ -100,7 +100,7 @@ def test_refiner_window_on_cuda_equals_the_stock_blocks(dtype):
     the stock blocks' own distance under a one-ulp change of the clip (the agreement bar of bench_refiner.py)."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    from camrender.model.refiner import RefinerStream, encode_refiner_prompt
+    from camrender.model.refiner.stream import RefinerStream, encode_refiner_prompt
     from camrender.model.refiner.tiny import build_tiny_refiner
 
     refiner = build_tiny_refiner(seed=5).to("cuda", dtype)
