@@ -16,10 +16,9 @@ from camrender.cli.stage_options import stage_options
 from camrender.errors import CamrenderError
 from camrender.limits import check_frames
 from camrender.model.stage1.loading import DEFAULT_MODEL
+from camrender.model.stage1.recipes import RECIPES, guidance_words, per_recipe, recent_words, steps_words
 from camrender.parallel import distributed
 from camrender.render.resume import DEFAULT_CHECKPOINT_EVERY
-
-
 
 
 def _resolve_request(options: dict, notes: list | None = None):
@@ -134,12 +133,13 @@ def _quiet_libraries() -> None:
               help="First-frame image (default: the trajectory's).")
 @path_options.render_options
 @click.option("--steps", default=None, type=click.IntRange(min=1),
-              help="Denoising steps (default: the recipe's; streaming: its 4-step list; tiny full mode: 10).")
+              help=f"Denoising steps (default: the recipe's: {per_recipe(steps_words)}; tiny full mode: 10).")
 @click.option("--guidance", default=None, type=float,
-              help="Classifier-free guidance, <= 1: off (default: the recipe's: 5, streaming off).")
+              help=f"Classifier-free guidance, <= 1: off (default: the recipe's: {per_recipe(guidance_words)}).")
 @click.option("--seed", default=None, type=int, help="Noise seed (default: the trajectory's, else 0).")
 @click.option("--frames", default=None, type=click.IntRange(min=1),
-              help="Video frames, 8k+1 (streaming: 24k+1; default: the path re-timed to the nearest; see README).")
+              help=f"Video frames, the recipe's {per_recipe(lambda recipe: f'{recipe.frame_stride}k+1')} (default: "
+                   "the path re-timed to the nearest; see README).")
 @click.option("--fps", default=None, type=click.FloatRange(min=0, min_open=True),
               help="Output frame rate (default: the trajectory's).")
 @click.option("--height", default=None, type=click.IntRange(min=1), help="Video height (default 704; tiny: 64).")
@@ -153,9 +153,8 @@ def _quiet_libraries() -> None:
 @click.option("--transformer-weights", default=None, type=click.Path(path_type=Path),
               help="Original-format DiT weights (.safetensors or .pt) loaded over the transformer.")
 @click.option("--recipe", default=None,
-              help="Checkpoint recipe: bidirectional (NVlabs' release arithmetic), bidirectional-nvlabs-latest, "
-                   "bidirectional-diffusers (diffusers 0.42.1 exactly), streaming or chunk-causal "
-                   "(default: told from the checkpoint).")
+              help=f"Checkpoint recipe: {', '.join(RECIPES)} (default: told from the checkpoint; the README's "
+                   "recipe table says what each reproduces).")
 @click.option("--allow-missing-weights", is_flag=True,
               help="Render even when --transformer-weights leaves transformer weights unloaded.")
 @click.option("--vae", default=None, type=click.Path(path_type=Path),
@@ -165,12 +164,13 @@ def _quiet_libraries() -> None:
                    "with the PyTorch reference of the GDN camera branch.")
 @click.option("--mode", default=None, type=click.Choice(["full", "segments"]),
               help="full: whole clip at once; segments: segment by segment with cached state "
-                   "(default: the recipe's: full for bidirectional, segments for streaming and chunk-causal).")
+                   f"(default: the recipe's: {per_recipe(lambda recipe: recipe.mode)}).")
 @click.option("--segment-frames", default=None, type=click.IntRange(min=1),
-              help="Latent frames per segment after the first (segments mode; default: the recipe's, 3).")
+              help="Latent frames per segment after the first (segments mode; default: the recipe's: "
+                   f"{per_recipe(lambda recipe: str(recipe.chunk_frames))}).")
 @click.option("--cached-segments", default=None, type=click.IntRange(min=0),
               help="Recent segments besides the first the softmax blocks attend to (segments mode; default: "
-                   "the recipe's, 1 for streaming, all for chunk-causal).")
+                   f"the recipe's: {per_recipe(recent_words)}).")
 @click.option("--cuda-graphs/--no-cuda-graphs", default=True, show_default=True,
               help="Replay the denoising passes as CUDA graphs (CUDA only, not with --offload).")
 @click.option("--resume", is_flag=True,
