@@ -3,22 +3,32 @@
 from __future__ import annotations
 
 import sys
+import warnings
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 
-from camrender.cli import launch as cli_launch
+from camrender import trajectory
+from camrender.api.requests import build_request
 from camrender.cli import path_options
-from camrender.cli.progress import STYLES as PROGRESS_STYLES
+from camrender.cli import launch as cli_launch
+from camrender.cli.preflight import check_checkpoint_every, check_noise_frames, check_render_options, probe_writable
 from camrender.cli.progress import count, make_progress
+from camrender.cli.progress import STYLES as PROGRESS_STYLES
 from camrender.cli.signals import raise_if_signalled
-from camrender.cli.stage_options import stage_options
+from camrender.cli.stage_options import resolve_stage_options, stage_options
 from camrender.errors import CamrenderError
+from camrender.files import check_output_path
 from camrender.limits import check_frames
 from camrender.model.stage1.loading import DEFAULT_MODEL
-from camrender.model.stage1.recipes import RECIPES, guidance_words, per_recipe, recent_words, steps_words
+from camrender.model.stage1.recipes import (RECIPES, guidance_words, per_recipe, recent_words, resolve_recipe,
+                                            steps_words)
 from camrender.parallel import distributed
-from camrender.render.resume import DEFAULT_CHECKPOINT_EVERY
+from camrender.parallel.cfg import check_split
+from camrender.render.inputs import open_image
+from camrender.render.resume import DEFAULT_CHECKPOINT_EVERY, check_partials
+from camrender.render.settings_file import read_render_json
 
 
 def _resolve_request(options: dict, notes: list | None = None):
@@ -30,14 +40,6 @@ def _resolve_request(options: dict, notes: list | None = None):
 
     Everything a user can get wrong is checked here, before the model loads; nothing is written.
     """
-    from camrender import trajectory
-    from camrender.api.requests import build_request
-    from camrender.cli.preflight import check_noise_frames, check_render_options, probe_writable
-    from camrender.cli.stage_options import resolve_stage_options
-    from camrender.files import check_output_path
-    from camrender.model.stage1.recipes import resolve_recipe
-    from camrender.render.inputs import open_image
-
     path_options.resolve_prompt(options)
     check_render_options(options)
     out = check_output_path(options["out"])
@@ -81,10 +83,6 @@ def _resolve_request(options: dict, notes: list | None = None):
 def _apply_render_file(options: dict) -> None:
     """--from-render FILE: the settings and path of FILE (a `NAME.render.json`) for every option
     not given on the command line; the values go through the options' own types (checked)."""
-    from click.core import ParameterSource
-
-    from camrender.render.settings_file import read_render_json
-
     path = options.pop("from_render")
     if path is None:
         if options["traj"] is None:
@@ -109,8 +107,7 @@ def _apply_render_file(options: dict) -> None:
 
 def _quiet_libraries() -> None:
     """Hub/offload chatter of diffusers and transformers goes away; our errors say what matters."""
-    import warnings
-
+    # lazy: keeps `camrender --help` free of torch, diffusers
     from diffusers.utils import logging as diffusers_logging
     from transformers.utils import logging as transformers_logging
 
@@ -204,10 +201,6 @@ def render(**options):
     video) and VIDEO.path.png (a plot of the path). Segment mode saves checkpoints; after an
     interruption, the same command with --resume continues it.
     """
-    from camrender.cli.preflight import check_checkpoint_every
-    from camrender.parallel.cfg import check_split
-    from camrender.render.resume import check_partials
-
     _apply_render_file(options)
     resume, checkpoint_every = options.pop("resume"), options.pop("checkpoint_every")
     check_checkpoint_every(checkpoint_every)
@@ -239,6 +232,7 @@ def render(**options):
     try:
         _quiet_libraries()
         log(f"loading {request.model}")
+        # lazy: keeps `camrender --help` free of torch, diffusers
         from camrender.render.pipeline import load_patched_pipeline
 
         pipe = load_patched_pipeline(request, log, skip_cached_encoders=True)
