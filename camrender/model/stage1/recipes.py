@@ -285,6 +285,7 @@ def _file_evidence(path: Path) -> Optional[str]:
         if named is None and "sampler_config" in metadata:
             named = json.loads(metadata["sampler_config"]).get("recipe")
         return named if named in RECIPES else None
+    # lazy: keeps `camrender --help` free of torch
     import torch
 
     try:
