@@ -11,10 +11,13 @@ import click
 
 from camrender.cli import batch_jobs as batching
 from camrender.cli import launch as cli_launch
-from camrender.parallel import distributed
+from camrender.cli.preflight import probe_writable
 from camrender.cli.progress import count, make_progress
-from camrender.cli.render import render
+from camrender.cli.render import _quiet_libraries, _resolve_request, render
+from camrender.cli.signals import raise_if_signalled
 from camrender.errors import CamrenderError
+from camrender.files import atomic_write_text, check_output_path
+from camrender.parallel import distributed
 
 _RUN_OPTIONS = {"traj", "out", "gpus"}  # render options a batch does not take as defaults
 # --progress and --quiet are the batch's own (every job's progress shows the same way)
@@ -54,13 +57,9 @@ def batch(jobs, out_dir, gpus, gpus_per_video, summary_path, skip_bad_jobs, **de
     output exists is skipped (a re-run resumes); a job that fails while rendering is reported and the
     rest go on; a summary follows (exit code 3 when a job failed). Options given here apply to every job.
     """
+    # lazy: keeps `camrender --help` free of torch, diffusers
     from camrender.api.output import write_video
-    from camrender.cli.signals import raise_if_signalled
-    from camrender.cli.render import _quiet_libraries, _resolve_request
     from camrender.render.pipeline import load_patched_pipeline
-
-    from camrender.cli.preflight import probe_writable
-    from camrender.files import check_output_path
 
     given = {name: value for name, value in defaults.items()
              if click.get_current_context().get_parameter_source(name) != click.core.ParameterSource.DEFAULT}
@@ -123,8 +122,6 @@ def batch(jobs, out_dir, gpus, gpus_per_video, summary_path, skip_bad_jobs, **de
     for line in batching.summary_lines(summary):
         log(line)
     if summary_path is not None:
-        from camrender.files import atomic_write_text
-
         atomic_write_text(summary_path, json.dumps(summary, indent=1) + "\n")
     if summary["failed"]:
         sys.exit(distributed.FAILED_JOBS_EXIT_CODE)

@@ -26,11 +26,14 @@ from typing import Callable, Optional
 
 import click
 
+from camrender.cli.launch import options_to_argv
 from camrender.cli.progress import count
 from camrender.errors import CamrenderError
+from camrender.parallel import distributed
+from camrender.parallel.cfg import check_split, head_split_size
+from camrender.render.resume import partial_folder
 from camrender.trajectory.formats import FORMAT_MODULES, looks_like_actions
 from camrender.trajectory.formats.fileio import read_text
-from camrender.render.resume import partial_folder
 
 ALIASES = {"trajectory": "traj", "output": "out"}
 NOT_JOB_OPTIONS = {"gpus", "progress", "quiet"}  # options of the run, not of one render
@@ -139,8 +142,6 @@ def _folder_jobs(folder: Path, out_dir: Path) -> list:
 def job_params(job: Job, command: click.Command, defaults: dict) -> dict:
     """The `command` (camrender render) parameters of `job`: `defaults`, then the job's values,
     parsed by the command itself. A value it refuses raises CamrenderError naming the job."""
-    from camrender.cli.launch import options_to_argv
-
     argv = options_to_argv(command, {**defaults, **job.values})
     try:
         return command.make_context("render", argv).params
@@ -229,9 +230,6 @@ class Pipelines:
         self.loads = 0
 
     def get(self, request):
-        from camrender.parallel import distributed
-        from camrender.parallel.cfg import head_split_size
-
         ranks = distributed.current()
         split = head_split_size(getattr(request, "mode", "full"), getattr(request, "guidance", None),
                                 1 if ranks is None else ranks.per_video)
@@ -252,8 +250,6 @@ def run_jobs(planned: list, ranks, pipelines: Pipelines, write: Callable, log: C
     several ranks, an error other than bad input stops the process (its partners may be waiting
     in a collective: torchrun then stops the run, and a re-run resumes).
     """
-    from camrender.parallel.cfg import check_split
-
     pending = [job for job in planned if job.status == "render"]
     groups, group = (1, 0) if ranks is None else (ranks.num_videos, ranks.video_index)
     per_video = 1 if ranks is None else ranks.per_video

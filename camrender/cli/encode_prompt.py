@@ -10,7 +10,14 @@ from __future__ import annotations
 
 import click
 
-from camrender.model.stage1.loading import DEFAULT_MODEL
+from camrender.cli.preflight import check_device
+from camrender.errors import CamrenderError
+from camrender.model.device import resolve_device
+from camrender.model.refiner.loading import resolve_refiner, vae_latent_channels
+from camrender.model.stage1.loading import DEFAULT_MODEL, load_pipeline
+from camrender.render.inputs import encode_text
+from camrender.render.prompt_cache import PromptCache, note, refiner_key, resolve_cache_dir, stage_one_key
+from camrender.render.request import RenderRequest
 
 
 @click.command("encode-prompt")
@@ -28,17 +35,9 @@ from camrender.model.stage1.loading import DEFAULT_MODEL
                    "or ~/.cache/camrender).")
 def command(prompt, negative_prompt, model, refiner, dtype, device, prompt_cache):
     """Encode a prompt into the prompt cache (renders with it then load no text encoder)."""
+    # lazy: keeps `camrender --help` free of torch, diffusers
     import torch
 
-    from camrender.cli.preflight import check_device
-    from camrender.errors import CamrenderError
-    from camrender.model.device import resolve_device
-    from camrender.model.refiner.loading import resolve_refiner, vae_latent_channels
-    from camrender.model.stage1.loading import load_pipeline
-    from camrender.render.inputs import encode_text
-    from camrender.render.prompt_cache import (PromptCache, note, refiner_key, resolve_cache_dir,
-                                               stage_one_key)
-    from camrender.render.request import RenderRequest
     from camrender.render.stage_two import load_stage_two
 
     folder = resolve_cache_dir(prompt_cache)

@@ -6,12 +6,15 @@ torchrun (started by it or by the user) `--gpus` is not used: the run's WORLD_SI
 """
 from __future__ import annotations
 
+import contextlib
+import io
 from typing import Optional
 
 import click
 
-from camrender.parallel import distributed
 from camrender.errors import CamrenderError
+from camrender.parallel import distributed
+from camrender.parallel.cfg import check_split
 
 
 def gpus_option(help_text: str):
@@ -28,9 +31,6 @@ def wants_launch(gpus: Optional[int]) -> bool:
 def quiet_checks(gpus: Optional[int]):
     """A context in which the request checks' warnings are dropped unless this process is the one
     that reports them: rank 0 of the workers (a launching process is checked again there)."""
-    import contextlib
-    import io
-
     if wants_launch(gpus) or not distributed.is_main_process():
         return contextlib.redirect_stderr(io.StringIO())
     return contextlib.nullcontext()
@@ -40,6 +40,7 @@ def check_devices(gpus: int, device: Optional[str]) -> None:
     """Raise CamrenderError unless this host has `gpus` GPUs (`--device cpu`: N CPU processes, gloo)."""
     if device == "cpu":
         return
+    # lazy: keeps `camrender --help` free of torch
     import torch
 
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -79,8 +80,6 @@ def options_to_argv(command: click.Command, values: dict) -> list:
 def join_render(request) -> Optional["distributed.Ranks"]:
     """Under torchrun with several processes: check that the request splits over them, join the
     process group and point `request.device` at this rank's device; None on one process."""
-    from camrender.parallel.cfg import check_split
-
     size = distributed.world_size()
     if size == 1:
         return None

@@ -13,6 +13,11 @@ import time
 import click
 
 from camrender.allocator import use_expandable_segments
+from camrender.cli import encode_prompt, selftest
+from camrender.cli import batch as cli_batch
+from camrender.cli import play as cli_play
+from camrender.cli import render as cli_render
+from camrender.cli import traj as cli_traj
 from camrender.cli.signals import forget_interrupted_exec, handled_signals, terminated
 from camrender.errors import CamrenderError
 from camrender.parallel.distributed import is_main_process
@@ -45,13 +50,6 @@ def cli():
 
 
 def _register():
-    from camrender.cli import batch as cli_batch
-    from camrender.cli import encode_prompt
-    from camrender.cli import play as cli_play
-    from camrender.cli import render as cli_render
-    from camrender.cli import selftest
-    from camrender.cli import traj as cli_traj
-
     cli.add_command(cli_traj.traj)
     for command in cli_render.COMMANDS:
         cli.add_command(command)

@@ -14,6 +14,8 @@ import click
 
 from camrender.errors import CamrenderError
 from camrender.trajectory import controls
+from camrender.trajectory.formats import actions, detect, get, import_file, looks_like_actions
+from camrender.trajectory.formats.fileio import read_text
 
 SCHEME_KEYS = ("action_scheme", "translation_speed", "rotation_speed", "pitch_limit", "smooth")
 
@@ -63,8 +65,6 @@ def pop_scheme(options: dict) -> controls.ControlScheme:
 
 def reads_actions(source, fmt=None) -> bool:
     """Whether `source` (with `--from fmt`) is read as an action string."""
-    from camrender.trajectory.formats import actions, detect, get, looks_like_actions
-
     if fmt:
         return get(fmt) is actions
     if not os.path.exists(source):
@@ -76,8 +76,6 @@ def load_path(source, options: dict, *, fmt=None, image=None, notes=None):
     """(Trajectory, ControlScheme or None): `source` read with the options' scheme and --intrinsics
     (both popped from `options`); `image` (a path) gives the size the intrinsics are in pixels of.
     The scheme is None unless `source` is an action string. Notes go to `notes` (else stderr)."""
-    from camrender.trajectory.formats import import_file
-
     scheme = pop_scheme(options)
     intrinsics = options.pop("intrinsics", None)
     image_size = None if image is None else image_size_of(image)
@@ -91,6 +89,7 @@ def load_path(source, options: dict, *, fmt=None, image=None, notes=None):
 
 def image_size_of(path) -> tuple:
     """(width, height) of an image file (its header only); CamrenderError naming it otherwise."""
+    # lazy: keeps `camrender --help` free of PIL
     import PIL.Image
 
     if not os.path.isfile(path):
@@ -130,8 +129,6 @@ MAX_PROMPT_FILE_BYTES = 1 << 20  # prompts are cut to 300 tokens (`camrender.ren
 
 
 def read_prompt_file(path) -> str:
-    from camrender.trajectory.formats.fileio import read_text
-
     text = read_text(path, MAX_PROMPT_FILE_BYTES, "a prompt file").strip()
     if not text:
         raise CamrenderError("the prompt file is empty", path=os.fspath(path), field="prompt-file")

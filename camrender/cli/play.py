@@ -2,6 +2,8 @@
 with the keyboard and save each flight (torch, diffusers and aiohttp imported inside the command)."""
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
 import math
 import secrets
 import sys
@@ -10,8 +12,14 @@ from pathlib import Path
 
 import click
 
+from camrender.api.requests import build_request
+from camrender.cli.preflight import check_render_options, probe_writable
+from camrender.cli.render import _quiet_libraries
 from camrender.errors import CamrenderError
+from camrender.limits import ROPE_LATENT_FRAMES, TIME_STRIDE
 from camrender.model.stage1.loading import DEFAULT_MODEL
+from camrender.model.stage1.recipes import get_recipe, resolve_recipe
+from camrender.trajectory.controls import make_scheme
 
 DEFAULT_PORT = 8765
 DEFAULT_SECONDS = 120.0  # the longest flight: its noise is drawn up front (noise of the whole clip)
@@ -20,8 +28,6 @@ DEFAULT_SECONDS = 120.0  # the longest flight: its noise is drawn up front (nois
 def longest_clip(seconds: float, fps: float, segment_frames: int) -> int:
     """Video frames of the longest flight: whole segments (1 + segment_frames k latent frames, the layout whose
     first segment every shorter flight shares) covering at least `seconds`, within the RoPE table."""
-    from camrender.limits import ROPE_LATENT_FRAMES, TIME_STRIDE
-
     segments = max(1, math.ceil((seconds * fps - 1) / (TIME_STRIDE * segment_frames)))
     segments = min(segments, (ROPE_LATENT_FRAMES - 1) // segment_frames)
     return TIME_STRIDE * segment_frames * segments + 1
@@ -30,12 +36,6 @@ def longest_clip(seconds: float, fps: float, segment_frames: int) -> int:
 def resolve_template(options: dict):
     """(the segment-mode `RenderRequest` every flight starts from, with no path yet: the flight steers it;
     the session stem)."""
-    import dataclasses
-
-    from camrender.api.requests import build_request
-    from camrender.cli.preflight import check_render_options, probe_writable
-    from camrender.model.stage1.recipes import get_recipe, resolve_recipe
-
     stem = options["out"] or Path(time.strftime("play-%Y%m%d-%H%M%S"))
     check_render_options({**options, "out": stem.with_name(stem.name + ".mp4"), "fps": None, "offload": False})
     probe_writable(stem.with_name(stem.name + ".mp4"))
@@ -107,15 +107,13 @@ def play(**options):
     OUT.traj.json (the path flown) and OUT.render.json (`camrender render --from-render
     OUT.render.json --out again.mp4` renders the same frames offline).
     """
-    import asyncio
-    import importlib.util
-
     if importlib.util.find_spec("aiohttp") is None:
         raise CamrenderError("camrender play needs aiohttp: pip install 'camrender[play]'", field="play")
-    from camrender.cli.render import _quiet_libraries
+    # lazy: keeps `camrender --help` free of torch, diffusers and asyncio (30 ms)
+    import asyncio
+
     from camrender.play.server import PlayServer, is_loopback, serve
     from camrender.render.pipeline import load_patched_pipeline
-    from camrender.trajectory.controls import make_scheme
 
     template, stem = resolve_template(options)
     token = None if is_loopback(options["host"]) else secrets.token_urlsafe(16)

@@ -6,10 +6,13 @@ Each check raises `CamrenderError` (one line, exit code 2) naming the option.
 from __future__ import annotations
 
 import math
+import os
+import tempfile
 from pathlib import Path
 
 from camrender.errors import CamrenderError
 from camrender.limits import MAX_STEPS, TIME_STRIDE, check_finite, check_fps, check_seed
+from camrender.model.device import resolve_device
 from camrender.model.stage1.recipes import WEIGHT_SUFFIXES
 
 VIDEO_SUFFIXES = (".mp4",)
@@ -57,9 +60,6 @@ def check_checkpoint_every(seconds: float) -> None:
 def probe_writable(path) -> None:
     """Create and delete a file next to `path`: some folders pass the permission bits and still
     refuse new files (/sys, read-only mounts), which would only show after the model has loaded."""
-    import os
-    import tempfile
-
     parent = Path(path).parent if str(Path(path).parent) else Path(".")
     try:
         handle, name = tempfile.mkstemp(dir=parent, prefix=f".{Path(path).name}.", suffix=".probe")
@@ -75,9 +75,8 @@ HALF_DTYPES = ("float16", "bfloat16")
 def check_device(device, offload: bool, dtype: str = "auto") -> None:
     """The device exists here (a CUDA index below the GPU count); --offload has a GPU and accelerate;
     half precision (--dtype float16/bfloat16) has a GPU (the CPU kernels of the pipeline refuse it)."""
+    # lazy: keeps `camrender --help` free of torch
     import torch
-
-    from camrender.model.device import resolve_device
 
     resolved = resolve_device(device)
     if resolved.type not in ("cpu", "cuda"):

@@ -3,23 +3,32 @@
 from __future__ import annotations
 
 import sys
+import warnings
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 
-from camrender.cli import launch as cli_launch
+from camrender import trajectory
+from camrender.api.requests import build_request
 from camrender.cli import path_options
-from camrender.cli.progress import STYLES as PROGRESS_STYLES
+from camrender.cli import launch as cli_launch
+from camrender.cli.preflight import check_checkpoint_every, check_noise_frames, check_render_options, probe_writable
 from camrender.cli.progress import count, make_progress
+from camrender.cli.progress import STYLES as PROGRESS_STYLES
 from camrender.cli.signals import raise_if_signalled
-from camrender.cli.stage_options import stage_options
+from camrender.cli.stage_options import resolve_stage_options, stage_options
 from camrender.errors import CamrenderError
+from camrender.files import check_output_path
 from camrender.limits import check_frames
 from camrender.model.stage1.loading import DEFAULT_MODEL
+from camrender.model.stage1.recipes import (RECIPES, guidance_words, per_recipe, recent_words, resolve_recipe,
+                                            steps_words)
 from camrender.parallel import distributed
-from camrender.render.resume import DEFAULT_CHECKPOINT_EVERY
-
-
+from camrender.parallel.cfg import check_split
+from camrender.render.inputs import open_image
+from camrender.render.resume import DEFAULT_CHECKPOINT_EVERY, check_partials
+from camrender.render.settings_file import read_render_json
 
 
 def _resolve_request(options: dict, notes: list | None = None):
@@ -31,14 +40,6 @@ def _resolve_request(options: dict, notes: list | None = None):
 
     Everything a user can get wrong is checked here, before the model loads; nothing is written.
     """
-    from camrender import trajectory
-    from camrender.api.requests import build_request
-    from camrender.cli.preflight import check_noise_frames, check_render_options, probe_writable
-    from camrender.cli.stage_options import resolve_stage_options
-    from camrender.files import check_output_path
-    from camrender.model.stage1.recipes import resolve_recipe
-    from camrender.render.inputs import open_image
-
     path_options.resolve_prompt(options)
     check_render_options(options)
     out = check_output_path(options["out"])
@@ -82,10 +83,6 @@ def _resolve_request(options: dict, notes: list | None = None):
 def _apply_render_file(options: dict) -> None:
     """--from-render FILE: the settings and path of FILE (a `NAME.render.json`) for every option
     not given on the command line; the values go through the options' own types (checked)."""
-    from click.core import ParameterSource
-
-    from camrender.render.settings_file import read_render_json
-
     path = options.pop("from_render")
     if path is None:
         if options["traj"] is None:
@@ -110,8 +107,7 @@ def _apply_render_file(options: dict) -> None:
 
 def _quiet_libraries() -> None:
     """Hub/offload chatter of diffusers and transformers goes away; our errors say what matters."""
-    import warnings
-
+    # lazy: keeps `camrender --help` free of torch, diffusers
     from diffusers.utils import logging as diffusers_logging
     from transformers.utils import logging as transformers_logging
 
@@ -134,12 +130,13 @@ def _quiet_libraries() -> None:
               help="First-frame image (default: the trajectory's).")
 @path_options.render_options
 @click.option("--steps", default=None, type=click.IntRange(min=1),
-              help="Denoising steps (default: the recipe's; streaming: its 4-step list; tiny full mode: 10).")
+              help=f"Denoising steps (default: the recipe's: {per_recipe(steps_words)}; tiny full mode: 10).")
 @click.option("--guidance", default=None, type=float,
-              help="Classifier-free guidance, <= 1: off (default: the recipe's: 5, streaming off).")
+              help=f"Classifier-free guidance, <= 1: off (default: the recipe's: {per_recipe(guidance_words)}).")
 @click.option("--seed", default=None, type=int, help="Noise seed (default: the trajectory's, else 0).")
 @click.option("--frames", default=None, type=click.IntRange(min=1),
-              help="Video frames, 8k+1 (streaming: 24k+1; default: the path re-timed to the nearest; see README).")
+              help=f"Video frames, the recipe's {per_recipe(lambda recipe: f'{recipe.frame_stride}k+1')} (default: "
+                   "the path re-timed to the nearest; see README).")
 @click.option("--fps", default=None, type=click.FloatRange(min=0, min_open=True),
               help="Output frame rate (default: the trajectory's).")
 @click.option("--height", default=None, type=click.IntRange(min=1), help="Video height (default 704; tiny: 64).")
@@ -153,9 +150,8 @@ def _quiet_libraries() -> None:
 @click.option("--transformer-weights", default=None, type=click.Path(path_type=Path),
               help="Original-format DiT weights (.safetensors or .pt) loaded over the transformer.")
 @click.option("--recipe", default=None,
-              help="Checkpoint recipe: bidirectional (NVlabs' release arithmetic), bidirectional-nvlabs-latest, "
-                   "bidirectional-diffusers (diffusers 0.42.1 exactly), streaming or chunk-causal "
-                   "(default: told from the checkpoint).")
+              help=f"Checkpoint recipe: {', '.join(RECIPES)} (default: told from the checkpoint; the README's "
+                   "recipe table says what each reproduces).")
 @click.option("--allow-missing-weights", is_flag=True,
               help="Render even when --transformer-weights leaves transformer weights unloaded.")
 @click.option("--vae", default=None, type=click.Path(path_type=Path),
@@ -165,12 +161,13 @@ def _quiet_libraries() -> None:
                    "with the PyTorch reference of the GDN camera branch.")
 @click.option("--mode", default=None, type=click.Choice(["full", "segments"]),
               help="full: whole clip at once; segments: segment by segment with cached state "
-                   "(default: the recipe's: full for bidirectional, segments for streaming and chunk-causal).")
+                   f"(default: the recipe's: {per_recipe(lambda recipe: recipe.mode)}).")
 @click.option("--segment-frames", default=None, type=click.IntRange(min=1),
-              help="Latent frames per segment after the first (segments mode; default: the recipe's, 3).")
+              help="Latent frames per segment after the first (segments mode; default: the recipe's: "
+                   f"{per_recipe(lambda recipe: str(recipe.chunk_frames))}).")
 @click.option("--cached-segments", default=None, type=click.IntRange(min=0),
               help="Recent segments besides the first the softmax blocks attend to (segments mode; default: "
-                   "the recipe's, 1 for streaming, all for chunk-causal).")
+                   f"the recipe's: {per_recipe(recent_words)}).")
 @click.option("--cuda-graphs/--no-cuda-graphs", default=True, show_default=True,
               help="Replay the denoising passes as CUDA graphs (CUDA only, not with --offload).")
 @click.option("--resume", is_flag=True,
@@ -204,10 +201,6 @@ def render(**options):
     video) and VIDEO.path.png (a plot of the path). Segment mode saves checkpoints; after an
     interruption, the same command with --resume continues it.
     """
-    from camrender.cli.preflight import check_checkpoint_every
-    from camrender.parallel.cfg import check_split
-    from camrender.render.resume import check_partials
-
     _apply_render_file(options)
     resume, checkpoint_every = options.pop("resume"), options.pop("checkpoint_every")
     check_checkpoint_every(checkpoint_every)
@@ -239,6 +232,7 @@ def render(**options):
     try:
         _quiet_libraries()
         log(f"loading {request.model}")
+        # lazy: keeps `camrender --help` free of torch, diffusers
         from camrender.render.pipeline import load_patched_pipeline
 
         pipe = load_patched_pipeline(request, log, skip_cached_encoders=True)

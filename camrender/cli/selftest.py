@@ -43,6 +43,7 @@ class SelftestResult:
 
 def default_cases() -> list:
     """Every case of the kernel table (camrender.kernels.cases) at each of its small sizes."""
+    # lazy: keeps `camrender --help` free of torch, triton
     from camrender.kernels.cases import CASES
 
     def runner(case, sizes):
@@ -55,12 +56,14 @@ def default_cases() -> list:
 # ----------------------------------------------------------------------------- running
 def compare(actual, expected) -> tuple[float, float]:
     """(max abs error, max |expected|) over all paired tensors (see camrender.kernels.cases.compare)."""
+    # lazy: keeps `camrender --help` free of torch, triton
     from camrender.kernels.cases import compare as compare_outputs
 
     return compare_outputs(actual, expected)
 
 
 def run_case(case: SelftestCase, device) -> SelftestResult:
+    # lazy: keeps `camrender --help` free of torch, triton
     import torch
 
     def sync():
@@ -102,6 +105,7 @@ def format_table(results, mode: str) -> str:
 
 
 def _needs_fresh_interpreter() -> bool:
+    # lazy: keeps `camrender --help` free of torch
     import torch
 
     if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
@@ -118,6 +122,7 @@ def main(as_json: bool = False, cases=None) -> int:
         env = dict(os.environ, TRITON_INTERPRET="1")
         argv = [sys.executable, "-m", "camrender.cli.selftest"] + (["--json"] if as_json else [])
         return subprocess.run(argv, env=env).returncode
+    # lazy: keeps `camrender --help` free of torch
     import torch
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -11,6 +11,8 @@ from __future__ import annotations
 import click
 
 from camrender.errors import CamrenderError
+from camrender.model.device import resolve_device
+from camrender.render.prompt_cache import resolve_cache_dir
 
 PRECISIONS = ("bf16", "fp8")
 # sink + 10 recent frames, the released recipe (camrender.model.refiner.stream.KV_MAX_FRAMES)
@@ -46,8 +48,6 @@ def resolve_stage_options(options: dict, device) -> dict:
 
     Raises CamrenderError naming the option when FP8 is asked on a CPU or a GPU below compute capability 8.9.
     """
-    from camrender.render.prompt_cache import resolve_cache_dir
-
     precision = options.pop("precision", "bf16")
     given = {"stage1-precision": options.pop("stage1_precision", None),
              "refiner-precision": options.pop("refiner_precision", None)}
@@ -63,9 +63,9 @@ def resolve_stage_options(options: dict, device) -> dict:
 
 def check_fp8(device, option: str = "precision") -> None:
     """FP8 needs a CUDA GPU with FP8 tensor cores (compute capability 8.9+)."""
+    # lazy: keeps `camrender --help` free of torch
     import torch
 
-    from camrender.model.device import resolve_device
     from camrender.model.fp8 import MIN_CAPABILITY
 
     resolved = resolve_device(device)

@@ -7,8 +7,12 @@ from camrender.cli import path_options
 from camrender.cli import traj_view as cli_traj_view
 from camrender.cli.progress import count
 from camrender.errors import CamrenderError
-from camrender.trajectory.formats import help_text
-from camrender.trajectory import presets
+from camrender.files import atomic_write_text
+from camrender.trajectory import is_model_length, nearest_model_length, presets, v1
+from camrender.trajectory.crop import crop_intrinsics
+from camrender.trajectory.formats import export_file, get, help_text
+from camrender.trajectory.formats.fileio import dump_json
+from camrender.trajectory.stats import compute, fmt_number
 
 
 @click.group()
@@ -54,10 +58,6 @@ def _new_options(function):
 @click.option("--expand", is_flag=True, help="Write one entry per frame instead of keyframes.")
 def new_command(preset, out, num_frames, fps, width, height, fov, prompt, negative_prompt, image, seed, expand, **params):
     """Write the keyframes of a named camera move PRESET to a v1 file."""
-    from camrender.files import atomic_write_text
-    from camrender.trajectory.formats.fileio import dump_json
-    from camrender.trajectory import is_model_length, nearest_model_length, v1
-
     given = {"num_frames": num_frames, "fps": fps, "width": width, "height": height, "fov": fov, **params}
     given = {k: v for k, v in given.items() if v is not None}
     if preset not in presets.PRESETS:
@@ -78,8 +78,6 @@ def new_command(preset, out, num_frames, fps, width, height, fov, prompt, negati
         doc["seed"] = seed
     trajectory = v1.parse_document(doc, path=out)  # validates, and checks that the image exists
     if os.path.splitext(out)[1].lower() != ".json":
-        from camrender.trajectory.formats import export_file
-
         export_file(trajectory, out)  # the format its suffix names (an unknown suffix is an error)
     else:
         if expand:
@@ -100,9 +98,6 @@ def new_command(preset, out, num_frames, fps, width, height, fov, prompt, negati
 @path_options.scheme_options
 def check_command(file, fmt, image, **options):
     """Validate FILE and print frames, duration, path length, fov range and the largest step per frame."""
-    from camrender.trajectory import is_model_length, nearest_model_length
-    from camrender.trajectory.stats import compute, fmt_number
-
     trajectory, scheme = path_options.load_path(file, options, fmt=fmt, image=image)
     s = compute(trajectory)
     model = "yes" if is_model_length(s.num_frames) else f"no: renders resample to {nearest_model_length(s.num_frames)}"
@@ -147,9 +142,6 @@ def convert_command(source, out, from_fmt, to_fmt, image, width, height, **optio
     camrender traj convert demo_0_pose.npy --image demo_0.png -o demo_0.json   # OpenCV c2w, render-size intrinsics
     camrender traj convert path.json -o path_pose.npy                          # + path_intrinsics.npy beside it
     """
-    from camrender.trajectory.crop import crop_intrinsics
-    from camrender.trajectory.formats import export_file, get
-
     if to_fmt is not None:
         get(to_fmt)
     trajectory, _ = path_options.load_path(source, options, fmt=from_fmt, image=image)

@@ -9,14 +9,20 @@ import time
 import click
 
 from camrender.cli import path_options
+from camrender.cli.preflight import VIDEO_SUFFIXES, check_suffix
 from camrender.cli.progress import count
 from camrender.errors import CamrenderError
+from camrender.files import check_output_path
+from camrender.trajectory import load
+from camrender.trajectory.edit import concat, retime
+from camrender.trajectory.formats import export_file
+from camrender.views.plot import plot_format, plot_trajectory
+from camrender.views.preview import preview_size, write_preview
+from camrender.views.proxy_scene import ProxyScene
 
 
 def _load(path, options=None):
     """The path of FILE; `options` (popped): the action scheme options and --intrinsics."""
-    from camrender.trajectory import load
-
     return load(path) if options is None else path_options.load_path(path, options)[0]
 
 
@@ -29,9 +35,6 @@ def _load(path, options=None):
 @path_options.scheme_options
 def plot_command(file, out, every, **options):
     """Top and side views of the path with frustums, plus speed and field-of-view charts (PNG)."""
-    from camrender.files import check_output_path
-    from camrender.views.plot import plot_format, plot_trajectory
-
     plot_format(out)
     check_output_path(out)
     traj = _load(file, options)
@@ -61,11 +64,6 @@ def preview_command(file, out, overlay, width, height, scene_scale, absolute, **
     Ground 1.5 units below; red sphere ahead (+z), magenta right (+x), cyan left
     (-x), orange box behind (-z); a dark post 2 units ahead. See docs/preview.md.
     """
-    from camrender.files import check_output_path
-    from camrender.cli.preflight import check_suffix, VIDEO_SUFFIXES
-    from camrender.views.preview import preview_size, write_preview
-    from camrender.views.proxy_scene import ProxyScene
-
     check_suffix(out, VIDEO_SUFFIXES, "the preview video")
     check_output_path(out)
     traj = _load(file, options)
@@ -91,9 +89,6 @@ def concat_command(first, second, out, **options):
     SECOND is moved rigidly so that its first pose equals FIRST's last pose; that shared
     frame appears once, so the result has F1 + F2 - 1 frames.
     """
-    from camrender.trajectory.formats import export_file
-    from camrender.trajectory.edit import concat
-
     result = concat(_load(first, dict(options)), _load(second, dict(options)))  # each reads the same options
     written = export_file(result, out)
     click.echo(f"wrote {' and '.join(written)}: {count(result.num_frames, 'frame')}, {result.duration:.3f} s at "
@@ -111,9 +106,6 @@ def concat_command(first, second, out, **options):
 @path_options.scheme_options
 def retime_command(file, fps, seconds, interp, out, **options):
     """Resample the path in time: same start, end and shape, new frame rate and/or duration."""
-    from camrender.trajectory.formats import export_file
-    from camrender.trajectory.edit import retime
-
     if fps is None and seconds is None:
         raise CamrenderError("give --fps and/or --seconds", field="retime")
     traj = _load(file, options)

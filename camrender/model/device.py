@@ -10,6 +10,7 @@ from camrender.errors import CamrenderError
 
 def resolve_device(device=None):
     """`torch.device` for a name ("cuda", "cuda:1", "cpu") or None = CUDA when available, else CPU."""
+    # lazy: keeps `camrender --help` free of torch
     import torch
 
     if device in (None, "", "auto"):
@@ -25,6 +26,7 @@ def resolve_device(device=None):
 
 def resolve_dtype(dtype, device):
     """`torch.dtype` for "auto" (bfloat16 on CUDA, float32 elsewhere), "bfloat16", "float16" or "float32"."""
+    # lazy: keeps `camrender --help` free of torch
     import torch
 
     names = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,

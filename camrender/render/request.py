@@ -92,7 +92,7 @@ class RenderRequest:
     transformer_weights: Optional[str] = None
     vae: Optional[str] = None
     kernels: str = "fused"
-    mode: str = "full"
+    mode: str = get_recipe(DEFAULT_RECIPE).mode
     recipe: str = DEFAULT_RECIPE
     allow_missing_weights: bool = False
     segment_frames: Optional[int] = None

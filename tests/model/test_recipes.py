@@ -1,10 +1,16 @@
-"""Checkpoint recipes (camrender.model.stage1.recipes): detection from the weights file, --recipe checks, CLI errors."""
+"""Checkpoint recipes (camrender.model.stage1.recipes): detection from the weights file, --recipe checks, CLI errors,
+the README table and the help written from the recipes."""
+import dataclasses
+from pathlib import Path
+
 import pytest
 import torch
 from safetensors.torch import save_file
 
 from camrender.errors import CamrenderError
-from camrender.model.stage1.recipes import RECIPES, detect_recipe, get_recipe, resolve_recipe
+from camrender.model.stage1 import recipes
+from camrender.model.stage1.recipes import (RECIPE_NOTES, RECIPES, detect_recipe, get_recipe, guidance_words, per_recipe,
+                                            recent_words, recipe_table, resolve_recipe, steps_words)
 from test_render_cli import run_cli, small_trajectory
 
 
@@ -124,3 +130,47 @@ def test_chunk_causal_recipe_renders_through_the_cli(tmp_path, capsys, monkeypat
                             "--steps", "2"], capsys)
     assert code == 0, err
     assert out.is_file() and not list(tmp_path.glob(".x.mp4.*"))
+
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def test_readme_recipe_table_is_the_generated_one():
+    """The README's table is `recipe_table()` verbatim: editing `RECIPES` without regenerating fails here."""
+    text = README.read_text()
+    start = text.index("| recipe | checkpoint | mode | defaults |")
+    assert text[start:].startswith(recipe_table()), "README.md's recipe table is stale: paste recipe_table()"
+
+
+def test_recipe_table_is_made_from_the_fields(monkeypatch):
+    """A changed recipe shows in its row and in the grouped help words; recipes sharing a value are grouped."""
+    table = dict(RECIPES)  # a copy in the module's place, so the real table's order stays as it is
+    monkeypatch.setattr(recipes, "RECIPES", table)
+    table["chunk-causal"] = dataclasses.replace(RECIPES["chunk-causal"], steps=12, guidance=3.5, cached_chunks=4,
+                                                frame_stride=16)
+    monkeypatch.setitem(RECIPE_NOTES, "chunk-causal", "note")
+    row = next(line for line in recipe_table().splitlines() if line.startswith("| `chunk-causal` |"))
+    assert "12 steps, guidance 3.5" in row and "the first segment + 3 recent" in row and "16k+1 frames" in row
+    assert row.endswith("| note |") and "| `segments` |" in row
+    assert per_recipe(steps_words) == ("60 steps (bidirectional*); the 4-step list 1000, 960, 889, 727 (streaming); "
+                                       "12 steps (chunk-causal)")
+    assert per_recipe(recent_words) == "1 (bidirectional*, streaming); 3 (chunk-causal)"
+    del table["bidirectional-diffusers"]
+    assert per_recipe(guidance_words).startswith("guidance 5 (bidirectional*)")
+    table["bidirectional-diffusers"] = dataclasses.replace(RECIPES["bidirectional"], name="bidirectional-diffusers",
+                                                           guidance=1.0)  # a family not all in a group is spelled out
+    assert per_recipe(guidance_words) == ("guidance 5 (bidirectional, bidirectional-nvlabs-latest); no guidance "
+                                          "(streaming, bidirectional-diffusers); guidance 3.5 (chunk-causal)")
+
+
+def test_render_help_states_the_recipe_defaults():
+    """The click help of the recipe-dependent options is written from `RECIPES`."""
+    from camrender.cli.render import render
+
+    helps = {param.name: " ".join(param.help.split()) for param in render.params}
+    assert per_recipe(steps_words) in helps["steps"] and per_recipe(guidance_words) in helps["guidance"]
+    assert per_recipe(recent_words) in helps["cached_segments"]
+    assert "full (bidirectional*); segments (streaming, chunk-causal)" in helps["mode"]
+    assert "3 (bidirectional*, streaming, chunk-causal)" in helps["segment_frames"]
+    assert "8k+1 (bidirectional*, chunk-causal); 24k+1 (streaming)" in helps["frames"]
+    assert ", ".join(RECIPES) in helps["recipe"]

@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Optional
 
 from camrender.errors import CamrenderError
-from camrender.model.refiner.tiny import TINY_REFINER
+from camrender.model.refiner.tiny import TINY_REFINER, TINY_REFINER_TRANSFORMER_CONFIG, build_tiny_refiner
 from camrender.model.stage1.loading import _HUB_ID
+from camrender.model.stage1.tiny import TINY_MODEL, TINY_TRANSFORMER_CONFIG
 
 NO_REFINER = "none"
 REFINER_TRANSFORMERS = ("SanaWMLTX2RefinerTransformer3DModel", "LTX2VideoTransformer3DModel")
@@ -82,8 +83,6 @@ def check_refiner_folder(folder, latent_channels: Optional[int] = None) -> Path:
 
 def vae_latent_channels(model: str, vae=None) -> Optional[int]:
     """Latent channels of the VAE a render will use, from configs on disk (None when only the hub knows)."""
-    from camrender.model.stage1.tiny import TINY_MODEL, TINY_TRANSFORMER_CONFIG
-
     if vae is not None:
         config = Path(vae).expanduser() / "config.json"
     elif model == TINY_MODEL:
@@ -101,8 +100,6 @@ def resolve_refiner(spec: Optional[str], latent_channels: Optional[int] = None) 
     if spec in (None, "", NO_REFINER):
         return None
     if spec == TINY_REFINER:
-        from camrender.model.refiner.tiny import TINY_REFINER_TRANSFORMER_CONFIG
-
         channels = TINY_REFINER_TRANSFORMER_CONFIG["in_channels"]
         if latent_channels is not None and channels != latent_channels:
             raise CamrenderError(f"the tiny refiner works on {channels} latent channels but the VAE makes "
@@ -121,8 +118,6 @@ def load_refiner(spec: str, *, dtype, latent_channels: Optional[int] = None, tex
     text_encoder: False loads no Gemma-3 (`refiner.text_encoder` None: the prompt is cached).
     """
     if spec == TINY_REFINER:
-        from camrender.model.refiner.tiny import build_tiny_refiner
-
         refiner = build_tiny_refiner(seed=0, text_encoder=text_encoder).to(dtype=dtype)
     else:
         folder = Path(spec).expanduser()
@@ -147,6 +142,7 @@ def _download(hub_id: str) -> Path:
 
 
 def _from_folder(root: Path, dtype, load_text_encoder: bool = True):
+    # lazy: keeps `camrender --help` free of torch, diffusers
     import transformers
     from diffusers import FlowMatchEulerDiscreteScheduler, SanaWMLTX2Refiner
     from diffusers.models.transformers.transformer_sana_wm_refiner import SanaWMLTX2RefinerTransformer3DModel
@@ -213,6 +209,7 @@ def place_refiner(refiner, device, offload: str = "none") -> None:
     (`camrender.model.refiner.stream.encode_refiner_prompt`); under "layers" the text encoder streams its
     layers too (the Gemma-3-12B encoder alone is 24 GB in bf16).
     """
+    # lazy: keeps `camrender --help` free of torch
     import torch
 
     device = torch.device(device)
@@ -238,6 +235,7 @@ def stream_layers(refiner, device, *, use_stream: bool) -> None:
     runs. The text encoder runs once per render: its decoder layers stream one by one, synchronously,
     each offloaded on its own (`_stream_decoder_layers`).
     """
+    # lazy: keeps `camrender --help` free of torch, diffusers
     import torch
     from diffusers import hooks
 
@@ -265,6 +263,7 @@ def _stream_decoder_layers(text_encoder, device) -> None:
     with name layer_execution_tracker already exists"), and (b) offloads the inner model's embedding
     after the inner forward, while the LM head that shares its weight still has to run.
     """
+    # lazy: keeps `camrender --help` free of torch, diffusers
     import torch
     from diffusers import hooks
 

@@ -8,7 +8,7 @@ random (seeded): the point is to exercise stage 2 with no download, on a CPU, in
 """
 from __future__ import annotations
 
-from camrender.model.stage1.tiny import TINY_TRANSFORMER_CONFIG
+from camrender.model.stage1.tiny import TINY_TRANSFORMER_CONFIG, build_tiny_tokenizer
 
 TINY_REFINER = "tiny"
 
@@ -49,6 +49,7 @@ TINY_TEXT_MAX_SEQUENCE_LENGTH = 32  # prompt tokens (the release refiner: 1024)
 
 def build_tiny_gemma3(vocab_size: int, seed: int = 0):
     """One-layer `Gemma3ForConditionalGeneration` (text hidden 16, a one-layer vision tower it never uses)."""
+    # lazy: keeps `camrender --help` free of torch, transformers
     import torch
     from transformers import Gemma3Config, Gemma3ForConditionalGeneration
 
@@ -69,6 +70,7 @@ def build_tiny_gemma3(vocab_size: int, seed: int = 0):
 def _redraw(module, generator) -> None:
     """Re-draw every parameter (unit-gain fan-in weights, norms near 1, small biases) so that the
     zero-initialised gates and projections of the fresh model are live."""
+    # lazy: keeps `camrender --help` free of torch
     import torch
 
     with torch.no_grad():
@@ -85,12 +87,11 @@ def _redraw(module, generator) -> None:
 def build_tiny_refiner(seed: int = 0, text_encoder: bool = True, **overrides):
     """The whole tiny `SanaWMLTX2Refiner` (fp32, CPU, no VAE). `overrides` go to the transformer config.
     text_encoder=False: built without its Gemma-3 (renders whose prompt is cached)."""
+    # lazy: keeps `camrender --help` free of torch, diffusers
     import torch
     from diffusers import FlowMatchEulerDiscreteScheduler, SanaWMLTX2Refiner
     from diffusers.models.transformers.transformer_sana_wm_refiner import SanaWMLTX2RefinerTransformer3DModel
     from diffusers.pipelines.ltx2.connectors import LTX2TextConnectors
-
-    from camrender.model.stage1.tiny import build_tiny_tokenizer
 
     config = {**TINY_REFINER_TRANSFORMER_CONFIG, **overrides}
     tokenizer = build_tiny_tokenizer()

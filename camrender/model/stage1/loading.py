@@ -17,7 +17,8 @@ from pathlib import Path
 
 from camrender.errors import CamrenderError
 from camrender.model.device import resolve_device, resolve_dtype
-from camrender.model.stage1.tiny import TINY_MODEL
+from camrender.model.stage1.recipes import unreadable_weights
+from camrender.model.stage1.tiny import TINY_MODEL, build_tiny_pipeline
 
 DEFAULT_MODEL = "Efficient-Large-Model/SANA-WM_bidirectional-diffusers"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -49,8 +50,6 @@ def load_pipeline(model: str = DEFAULT_MODEL, *, dtype="auto", device=None, offl
     device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, device)
     if model == TINY_MODEL:
-        from camrender.model.stage1.tiny import build_tiny_pipeline
-
         pipe = build_tiny_pipeline(seed=0, text_encoder=text_encoder)
         pipe.to(dtype=torch_dtype)
     else:
@@ -96,6 +95,7 @@ def model_source(model: str) -> str:
 
 
 def _from_pretrained(model: str, torch_dtype, components=None):
+    # lazy: keeps `camrender --help` free of torch, diffusers
     from diffusers import SanaWMPipeline
 
     source = model_source(model)
@@ -107,6 +107,7 @@ def _from_pretrained(model: str, torch_dtype, components=None):
 
 def load_vae(folder, torch_dtype):
     """An `AutoencoderKLLTX2Video` from a local diffusers folder (its `config.json` + weights)."""
+    # lazy: keeps `camrender --help` free of torch, diffusers
     from diffusers import AutoencoderKLLTX2Video
 
     folder = Path(folder).expanduser()
@@ -173,6 +174,7 @@ def original_to_diffusers_key(key: str):
 
 def map_original_state_dict(state: dict) -> dict:
     """An original-format state dict (already unwrapped) keyed by diffusers names; tensors only."""
+    # lazy: keeps `camrender --help` free of torch
     import torch
 
     mapped = {}
@@ -190,6 +192,7 @@ def read_original_state_dict(path) -> dict:
     a `generator` (or `state_dict`) entry is unwrapped (in a safetensors file: the `generator.`
     key prefix, other entries ignored), then `map_original_state_dict`.
     """
+    # lazy: keeps `camrender --help` free of torch
     import torch
 
     path = Path(path)
@@ -204,8 +207,6 @@ def read_original_state_dict(path) -> dict:
         else:
             state = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as error:
-        from camrender.model.stage1.recipes import unreadable_weights
-
         raise unreadable_weights(path, error) from None
     for wrapper in ("generator", "state_dict"):
         if isinstance(state, dict) and isinstance(state.get(wrapper), dict):

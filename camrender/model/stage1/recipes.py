@@ -4,14 +4,10 @@ A recipe is everything about a render that follows from which checkpoint is load
 than from the user's path: the mode, the chunk layout of segment mode, the softmax window and
 scale, the camera-branch arithmetic, the sampler and its default steps / timestep list / shift and
 guidance, and the frame-count stride. `RECIPES` holds one or more per checkpoint (`Recipe.checkpoint`):
+bidirectional (three recipes: NVlabs 40151c8, NVlabs today, diffusers 0.42.1), streaming and chunk-causal.
 
-| recipe | checkpoint | mode | sampler |
-|---|---|---|---|
-| `bidirectional` | `SANA-WM_bidirectional-diffusers` (diffusers folder) | full clip | NVlabs 40151c8 (the release of these weights): flow-match Euler, shift 9.8, 60 steps, guidance 5 |
-| `bidirectional-nvlabs-latest` | the same | full clip | NVlabs' code today (5498e5b); same sampler |
-| `bidirectional-diffusers` | the same | full clip | diffusers 0.42.1's model and pipeline (the scheduler's own config) |
-| `streaming` | `SANA-WM_streaming/sana_dit/model.pt` | segments | self-forcing Euler over 1000, 960, 889, 727; no guidance |
-| `chunk-causal` | `SANA-WM_chunk_causal/dit/*.safetensors` | segments | ChunkFlowEuler (staggered per-chunk schedule), 60 steps, guidance 5 |
+`RECIPES` is the one source of these defaults: `recipe_table()` writes the README's recipe table
+(a test keeps them equal) and `per_recipe` the defaults in `camrender render --help`.
 
 `detect_recipe(path)` tells the recipe of an original-format weights file (safetensors metadata,
 the distillation trainer's `generator` / `denoising_step_list` wrapper, the file name as a last
@@ -27,7 +23,7 @@ from typing import Optional
 from camrender.errors import CamrenderError
 
 __all__ = ["Recipe", "RECIPES", "DEFAULT_RECIPE", "get_recipe", "recipes_of", "detect_recipe", "resolve_recipe",
-           "segment_bounds"]
+           "segment_bounds", "recipe_table", "per_recipe"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,6 +115,110 @@ DEFAULT_RECIPE = "bidirectional"
 _NAMES = ", ".join(RECIPES)
 
 
+# ----------------------------------------------------------------------------- the table in words
+# What the README's recipe table says besides the numbers: where each checkpoint is and what it reproduces.
+# The numbers (mode, steps, guidance, shift, window, frame counts) come from `RECIPES` alone.
+RECIPE_CHECKPOINTS = {
+    "bidirectional": "`Efficient-Large-Model/SANA-WM_bidirectional-diffusers` (the default `--model`, no "
+                     "`--transformer-weights`)",
+    "bidirectional-nvlabs-latest": "the same",
+    "bidirectional-diffusers": "the same",
+    "streaming": "`Efficient-Large-Model/SANA-WM_streaming`: `--transformer-weights sana_dit/model.pt` (causal VAE: "
+                 "`--vae ltx2_causal_vae`)",
+    "chunk-causal": "`Efficient-Large-Model/SANA-WM_chunk_causal`: `--transformer-weights "
+                    "dit/sana_wm_chunk_causal_1600m_720p.safetensors`",
+}
+RECIPE_NOTES = {
+    "bidirectional": "NVlabs' own arithmetic and sampler of the release that shipped these weights (40151c8); "
+                     "trained on 161 frames, memory grows with the length",
+    "bidirectional-nvlabs-latest": "as `bidirectional`, with NVlabs' code of today (5498e5b): no camera RMS rescale "
+                                   "in the softmax blocks, camera softmax at 1/sqrt(112)",
+    "bidirectional-diffusers": "diffusers 0.42.1's `SanaWMTransformer3DModel` and pipeline exactly (the checkpoint's "
+                               "scheduler config); deviates from NVlabs' model by 25% per forward when a camera is "
+                               "given",
+    "streaming": "the distilled self-forcing sampler of `inference_sana_wm_streaming.py`",
+    "chunk-causal": "the chunk-causal teacher (ChunkFlowEuler at flow shift 9.8); finished segments are cached, but "
+                    "the segments in flight (all of them with the official schedule) and the softmax keys of all "
+                    "earlier ones grow with the path ([docs/chunk-causal.md](docs/chunk-causal.md))",
+}
+_SAMPLERS = {"euler": "flow-match Euler", "self-forcing": "self-forcing",
+             "chunk-flow-euler": "ChunkFlowEuler (staggered per-chunk schedule)"}
+
+
+def _number(value) -> str:
+    return f"{value:g}"
+
+
+def steps_words(recipe: Recipe) -> str:
+    """The recipe's default denoising, e.g. "60 steps" or "the 4-step list 1000, 960, 889, 727"."""
+    if recipe.steps is not None:
+        return f"{recipe.steps} steps"
+    return f"the {len(recipe.timesteps)}-step list {', '.join(_number(t) for t in recipe.timesteps)}"
+
+
+def guidance_words(recipe: Recipe) -> str:
+    """"guidance 5", or "no guidance" (<= 1)."""
+    return f"guidance {_number(recipe.guidance)}" if recipe.guidance > 1 else "no guidance"
+
+
+def window_words(recipe: Recipe) -> str:
+    """What a segment's softmax queries see: the first segment + n recent ones, or every earlier segment."""
+    if recipe.recent_chunks is None:
+        return "every earlier segment"
+    return f"the first segment + {recipe.recent_chunks} recent"
+
+
+def recent_words(recipe: Recipe) -> str:
+    """The recent segments besides the first a recipe's softmax queries see: "1", or "all"."""
+    return "all" if recipe.recent_chunks is None else str(recipe.recent_chunks)
+
+
+def recipe_defaults(recipe: Recipe) -> str:
+    """The README table's "defaults" cell of one recipe, from its fields only."""
+    words = [_SAMPLERS[recipe.sampler], steps_words(recipe)]
+    if recipe.sampler == "self-forcing":
+        words[-1] = f"per segment {words[-1]} then a timestep-0 cache pass"
+    words.append(guidance_words(recipe))
+    if recipe.sampler == "euler":
+        words.append(f"flow shift {_number(recipe.flow_shift)}" if recipe.flow_shift is not None
+                     else "the scheduler's own shift")
+    if recipe.mode == "segments":
+        words.append(f"{recipe.chunk_frames} latent frames per segment, softmax window: {window_words(recipe)}")
+    words.append(f"{recipe.frame_stride}k+1 frames")
+    return ", ".join(words)
+
+
+def recipe_table() -> str:
+    """The README's recipe table (markdown, one row per recipe of `RECIPES`); a test keeps the README equal."""
+    rows = ["| recipe | checkpoint | mode | defaults | notes |", "|---|---|---|---|---|"]
+    for name, recipe in RECIPES.items():
+        rows.append(f"| `{name}` | {RECIPE_CHECKPOINTS[name]} | `{recipe.mode}` | {recipe_defaults(recipe)} | "
+                    f"{RECIPE_NOTES[name]} |")
+    return "\n".join(rows) + "\n"
+
+
+def _short_names(names: list) -> list:
+    """`names` with every recipe of a checkpoint that has several written once as "CHECKPOINT*"."""
+    short = []
+    for name in names:
+        kind = RECIPES[name].checkpoint
+        family = recipes_of(kind)
+        if len(family) > 1 and set(family) <= set(names):
+            name = f"{kind}*"
+        if name not in short:
+            short.append(name)
+    return short
+
+
+def per_recipe(words) -> str:
+    """`words(recipe)` of every recipe, recipes that share a value grouped: "60 steps (bidirectional*,
+    chunk-causal); the 4-step list ... (streaming)"; the click help's defaults."""
+    groups = {}
+    for name, recipe in RECIPES.items():
+        groups.setdefault(words(recipe), []).append(name)
+    return "; ".join(f"{value} ({', '.join(_short_names(names))})" for value, names in groups.items())
+
+
 def get_recipe(name: str) -> Recipe:
     """The recipe called `name`; CamrenderError (field "recipe") listing the recipes otherwise."""
     if name not in RECIPES:
@@ -185,6 +285,7 @@ def _file_evidence(path: Path) -> Optional[str]:
         if named is None and "sampler_config" in metadata:
             named = json.loads(metadata["sampler_config"]).get("recipe")
         return named if named in RECIPES else None
+    # lazy: keeps `camrender --help` free of torch
     import torch
 
     try:

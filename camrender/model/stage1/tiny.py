@@ -43,6 +43,7 @@ TINY_TEXT_ENCODER_CONFIG = dict(
 
 def build_tiny_tokenizer():
     """Character-level `PreTrainedTokenizerFast`: one token per character, <bos> prepended."""
+    # lazy: keeps `camrender --help` free of transformers, huggingface_hub
     from tokenizers import Regex, Tokenizer, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
@@ -67,6 +68,7 @@ def build_tiny_tokenizer():
 
 def build_tiny_text_encoder(vocab_size: int, seed: int = 0):
     """One-layer `Gemma2ForCausalLM` with random weights drawn from `seed`."""
+    # lazy: keeps `camrender --help` free of torch, transformers
     import torch
     from transformers import Gemma2Config, Gemma2ForCausalLM
 
@@ -84,6 +86,7 @@ def build_tiny_vae(latent_channels: int = 8, seed: int = 0):
     The config's own compression formula does not match what these blocks compute, so both
     ratios are passed explicitly.
     """
+    # lazy: keeps `camrender --help` free of torch, diffusers
     import torch
     from diffusers import AutoencoderKLLTX2Video
 
@@ -120,6 +123,7 @@ def build_tiny_transformer(seed: int = 0, **overrides):
     Plucker projections are live and the camera branch actually contributes to the output.
     `overrides` replace entries of `TINY_TRANSFORMER_CONFIG` (e.g. `linear_head_dim=24`).
     """
+    # lazy: keeps `camrender --help` free of torch, diffusers
     import torch
     from diffusers import SanaWMTransformer3DModel
 
@@ -144,6 +148,7 @@ def build_tiny_transformer(seed: int = 0, **overrides):
 
 def build_tiny_scheduler():
     """Flow-match Euler scheduler (diffusers defaults)."""
+    # lazy: keeps `camrender --help` free of torch, diffusers
     from diffusers import FlowMatchEulerDiscreteScheduler
 
     return FlowMatchEulerDiscreteScheduler()
@@ -156,6 +161,7 @@ def build_tiny_pipeline(seed: int = 0, text_encoder: bool = True, **overrides):
     Text encoder hidden size follows `caption_channels` and the VAE's latent channels follow
     `in_channels`, so overriding either keeps the pipeline consistent.
     """
+    # lazy: keeps `camrender --help` free of torch, diffusers
     from diffusers import SanaWMPipeline
 
     config = {**TINY_TRANSFORMER_CONFIG, **overrides}
