@@ -34,6 +34,7 @@ if (_CHECKOUT_KERNELS / "__init__.py").is_file():
 def patch_transformer(transformer, kernels: str = "fused", **kwargs):
     """Patch every block in place with one `KernelSettings` (full and segment mode); see
     `camrender.model.stage1.patch`."""
+    # lazy: keeps `import camrender` (and `camrender --help`) free of torch, diffusers
     from camrender.model.stage1.patch import patch_transformer as _patch
 
     return _patch(transformer, kernels=kernels, **kwargs)
