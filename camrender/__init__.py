@@ -44,7 +44,7 @@ def __getattr__(name):
     """`camrender.CamrenderPipeline` (and `RenderResult`): the Python API, imported on first use so that
     `import camrender` (and `camrender --help`) stays light."""
     if name in ("CamrenderPipeline", "RenderResult"):
-        from camrender import api
+        from camrender import api  # lazy: see the docstring
 
         return getattr(api, name)
     raise AttributeError(f"module 'camrender' has no attribute {name!r}")
