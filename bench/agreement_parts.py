@@ -33,9 +33,17 @@ import sys
 from pathlib import Path
 
 import torch
+from diffusers.models.transformers.transformer_sana_wm import GLUMBConvTemp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import camrender.model.stage1.block as patch_block  # noqa: E402
+from camrender.kernels.block_glue import gated_residual  # noqa: E402
+from camrender.model.settings import KernelSettings  # noqa: E402
+from camrender.model.stage1.gdn_attention import PatchedGDNAttention, combine_branches  # noqa: E402
+from camrender.model.stage1.patch import patch_transformer  # noqa: E402
+from camrender.model.stage1.softmax_attention import PatchedSoftmaxAttention  # noqa: E402
 
 from bench_transformer import agreement, bench_setup, build_model, fp32_reference, make_inputs, nudged  # noqa: E402
 from common import emit  # noqa: E402
@@ -87,13 +95,6 @@ def stock_camera_branch(attn, x, beta, decay, HW, ray_transforms):
 def switches(model):
     """Route each patched module of `model` through our kernels or diffusers' code; yields
     select(parts), which puts the PARTS named in `parts` on our kernels and the rest on diffusers'."""
-    from diffusers.models.transformers.transformer_sana_wm import GLUMBConvTemp
-
-    import camrender.model.stage1.block as patch_block
-    from camrender.kernels.block_glue import gated_residual
-    from camrender.model.settings import KernelSettings
-    from camrender.model.stage1.gdn_attention import PatchedGDNAttention, combine_branches
-    from camrender.model.stage1.softmax_attention import PatchedSoftmaxAttention
 
     fused_settings, torch_settings = KernelSettings("auto", "tf32"), KernelSettings("torch", "tf32")
 
@@ -151,8 +152,6 @@ def main(argv=None) -> dict:
     parser.add_argument("--blocks", action="store_true", help="also compare every block's output")
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     args = parser.parse_args(argv)
-
-    from camrender.model.stage1.patch import patch_transformer
 
     device, dtype, config, frames, height, width = bench_setup(quick=args.quick, tiny=args.tiny)
     model = build_model(config, device, dtype)

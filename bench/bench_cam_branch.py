@@ -19,6 +19,9 @@ import traceback
 import torch
 import triton
 import triton.testing
+from diffusers.models.normalization import RMSNorm
+from diffusers.models.transformers.transformer_sana_wm import SanaWMBidirectionalGDNCamAttention
+from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from camrender import kernels  # noqa: E402
@@ -84,8 +87,6 @@ def rel_err(out, ref):
 
 def diffusers_branch_fn(x, dtype):
     """diffusers' camera branch on bf16 tensors: block norm + ReLU + SanaWMBidirectionalGDNCamAttention."""
-    from diffusers.models.normalization import RMSNorm
-    from diffusers.models.transformers.transformer_sana_wm import SanaWMBidirectionalGDNCamAttention
     b, n, h, d = x["q"].shape
     t = x["decay"].shape[-1]
     qn, kn = RMSNorm(h * d, eps=1e-5).to(x["q"].device, dtype), RMSNorm(h * d, eps=1e-5).to(x["q"].device, dtype)
@@ -110,7 +111,6 @@ def bench_ms(fn, rep=200):
 
 def kernel_breakdown(fn):
     """Per-kernel device time (ms per call) from the torch profiler, over 10 calls."""
-    from torch.profiler import ProfilerActivity, profile
     fn()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:

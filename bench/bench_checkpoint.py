@@ -32,6 +32,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import bench_segments  # noqa: E402
 from bench_segments import build_models, path_inputs  # noqa: E402
 from camrender.model.stage1.segments import SegmentCache, SegmentOptions, segment_bounds  # noqa: E402
 from camrender.render.decode import CausalStreamDecoder, to_uint8_frames  # noqa: E402
@@ -81,8 +82,6 @@ def main(argv=None):
     device = torch.device("cpu" if args.cpu_smoke or not torch.cuda.is_available() else "cuda")
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     if args.cpu_smoke:
-        import bench_segments
-
         bench_segments.SPATIAL = 8
     height, width = (64, 64) if args.cpu_smoke else (704, 1280)
     if device.type == "cpu":

@@ -15,6 +15,7 @@ import os
 import sys
 
 import torch
+from diffusers import AutoencoderKLLTX2Video
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -41,7 +42,6 @@ def main(argv=None) -> dict:
     parser.add_argument("--segments", type=int, default=6)
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
-    from diffusers import AutoencoderKLLTX2Video
 
     torch.manual_seed(0)
     with torch.device("cuda"):

@@ -30,9 +30,16 @@ import sys
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
+from diffusers.models.transformers.transformer_sana_wm import GLUMBConvTemp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from camrender.kernels.ffn_glu import glu_depthwise  # noqa: E402
+from camrender.kernels.ffn_glu_reference import glu_depthwise_ref  # noqa: E402
+from camrender.model.settings import KernelSettings  # noqa: E402
+from camrender.model.stage1.ffn import PatchedGLUMBConvTemp, _conv_frames, ffn_parts  # noqa: E402
 
 from bench_transformer import agreement  # noqa: E402  (cosine, max |a - b| / max |b|)
 from common import add_latent_args, emit, gib, median_ms, peak_of  # noqa: E402
@@ -60,13 +67,6 @@ def main():
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
 
-    from diffusers.models.transformers.transformer_sana_wm import GLUMBConvTemp
-
-    import torch.nn.functional as F
-    from camrender.kernels.ffn_glu import glu_depthwise
-    from camrender.kernels.ffn_glu_reference import glu_depthwise_ref
-    from camrender.model.settings import KernelSettings
-    from camrender.model.stage1.ffn import PatchedGLUMBConvTemp, _conv_frames, ffn_parts
 
     torch.manual_seed(0)
     device = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: a smoke run of the script (use tiny sizes)

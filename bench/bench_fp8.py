@@ -41,6 +41,8 @@ import bench_segments as stage_one  # noqa: E402
 import refiner_common  # noqa: E402
 from camrender.model.fp8 import Fp8Linear, quantize_blocks  # noqa: E402
 from camrender.model.refiner.stream import RefinerStream  # noqa: E402
+from camrender.model.stage1.segments import SegmentOptions, segment_bounds  # noqa: E402
+from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments  # noqa: E402
 from common import emit  # noqa: E402
 
 
@@ -119,9 +121,6 @@ def block_summary(outputs, reference) -> dict:
 def stage_one_quality(tiny, device, shape) -> dict:
     """Stage 1 (SANA-WM DiT, release config; tiny on a CPU in fp32): the first segment (4 latent frames, the
     4-step list) in the model's dtype, one ulp up, and with its block linears in FP8 (row / tensor)."""
-    from camrender.model.stage1.segments import SegmentOptions, segment_bounds
-    from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments
-
     dtype = torch.float32 if tiny else torch.bfloat16
     stage_args = SimpleNamespace(cpu_smoke=tiny, quick=False, kernels="fused" if device.type == "cuda" else "torch")
     transformer, _ = stage_one.build_models(stage_args, device, dtype)

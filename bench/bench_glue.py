@@ -18,8 +18,13 @@ import sys
 from pathlib import Path
 
 import torch
+from diffusers.models.normalization import RMSNorm
+from diffusers.models.transformers.transformer_sana_wm_refiner import apply_interleaved_rotary_emb
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from camrender.kernels import block_glue as glue  # noqa: E402
+from camrender.kernels.rms_rope import rms_rope_qk  # noqa: E402
+
 from common import emit, kernel_ms  # noqa: E402
 
 
@@ -27,8 +32,6 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
-
-    from camrender.kernels import block_glue as glue
 
     batch, frames, spatial, channels = 2, 21, 880, 2240
     tokens = frames * spatial
@@ -84,11 +87,6 @@ def refiner_rows(ms, rows, bench, randn):
     """The refiner's self-attention prep and adaLN (release: 3 frames x 880 tokens, C = 32 x 128 = 4096, bf16):
     diffusers' ops against kernels.rms_rope / block_glue(norm="rms"), and the per-pass window concatenation
     the fused path no longer does (sink 1 + history 10 + block 3 frames)."""
-    from diffusers.models.normalization import RMSNorm
-    from diffusers.models.transformers.transformer_sana_wm_refiner import apply_interleaved_rotary_emb
-
-    from camrender.kernels import block_glue as glue
-    from camrender.kernels.rms_rope import rms_rope_qk
 
     tokens, channels, window = 3 * 880, 4096, 14 * 880
     q, k = randn(1, tokens, channels), randn(1, tokens, channels)

@@ -14,6 +14,7 @@ Prints one JSON object (also written to --out) with:
 Usage: python3 bench/bench_main_branch.py [--out results.json] [--quick]
 """
 import argparse
+import copy
 import json
 import math
 import sys
@@ -22,8 +23,28 @@ import traceback
 from pathlib import Path
 
 import torch
+import triton
+from diffusers.models.normalization import RMSNorm
+from diffusers.models.transformers.transformer_sana_wm import (
+    _invert_SE3,
+    _slice_rope_for_cam,
+    _SoftmaxUCPESinglePathLiteLA,
+    BidirectionalGDNUCPESinglePathLiteLA,
+    SanaWMBidirectionalGDNAttention,
+    SanaWMRotaryPosEmbed,
+    SanaWMTemporalShortConvolution,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from camrender import kernels  # noqa: E402
+from camrender.kernels._reference_parts import rope_tables  # noqa: E402
+from camrender.kernels.main_branch import _chunkwise, main_branch  # noqa: E402
+from camrender.kernels.main_prep import main_prep  # noqa: E402
+from camrender.kernels.short_conv import short_conv  # noqa: E402
+from camrender.model.settings import KernelSettings  # noqa: E402
+from camrender.model.stage1.gdn_attention import PatchedGDNAttention  # noqa: E402
+from camrender.model.stage1.softmax_attention import PatchedSoftmaxAttention, sdpa  # noqa: E402
+
 from common import add_latent_args, emit, kernel_ms, peak_of  # noqa: E402
 
 
@@ -59,17 +80,6 @@ def _random_se3(count, device, generator):
 
 
 def bench_main(args, res):
-    from diffusers.models.normalization import RMSNorm
-    from diffusers.models.transformers.transformer_sana_wm import (
-        SanaWMBidirectionalGDNAttention,
-        SanaWMRotaryPosEmbed,
-        SanaWMTemporalShortConvolution,
-    )
-
-    from camrender.kernels.main_branch import _chunkwise, main_branch
-    from camrender.kernels.main_prep import main_prep
-    from camrender.kernels._reference_parts import rope_tables
-    from camrender.kernels.short_conv import short_conv
 
     dev = torch.device(args.device)
     B, T, hh, ww, H, D = args.batch, args.frames, args.height, args.width, args.heads, args.head_dim
@@ -102,8 +112,6 @@ def bench_main(args, res):
         out, _ = main_branch(inp[..., :C], k, inp[..., 2 * C:], beta, decay, rope, q_norm_weight=weights[1].weight,
                              k_norm_weight=weights[2].weight, precision=precision)
         return out
-
-    import copy
 
     conv16, qn16, kn16 = (copy.deepcopy(m).to(torch.bfloat16) for m in (conv, q_norm, k_norm))
     with torch.no_grad():
@@ -145,7 +153,6 @@ def bench_main(args, res):
     print(json.dumps(t), flush=True)
 
     # kernels.delta_scan on the two streams, in the scan layout
-    from camrender import kernels
 
     def to_scan(x):
         return x.reshape(B, T, S, H, -1).permute(0, 3, 1, 2, 4).contiguous()
@@ -175,14 +182,6 @@ def bench_main(args, res):
 
 
 def bench_softmax(args, res):
-    from diffusers.models.transformers.transformer_sana_wm import (
-        SanaWMRotaryPosEmbed,
-        _invert_SE3,
-        _slice_rope_for_cam,
-        _SoftmaxUCPESinglePathLiteLA,
-    )
-
-    from camrender.model.stage1.softmax_attention import PatchedSoftmaxAttention
 
     dev = torch.device(args.device)
     B, T, hh, ww, H, D = args.batch, args.frames, args.height, args.width, args.heads, args.head_dim
@@ -205,7 +204,6 @@ def bench_softmax(args, res):
     # the pipeline builds the ray matrices in the activation dtype (the stock einsum needs it)
     rays16 = tuple(r if r.is_complex() else r.bfloat16() for r in rays)
     kw = dict(kw32, camera_conditions=cam.bfloat16(), ucpe_ray_transforms=rays16)
-    import copy
 
     block16 = copy.deepcopy(block).to(torch.bfloat16)
     patched = PatchedSoftmaxAttention.adopt(block16)
@@ -236,7 +234,6 @@ def bench_softmax(args, res):
                 res["softmax_ms"][f"ours_{label}"] = repr(exc)[:300]
         patched.sdpa_backends = None
         q16 = torch.randn(B, H, N, 128, device=dev, generator=gen).bfloat16()
-        from camrender.model.stage1.softmax_attention import sdpa
         for label, backends in (("flash", ["FLASH_ATTENTION"]), ("cudnn", ["CUDNN_ATTENTION"])):
             try:
                 res["softmax_ms"][f"sdpa_only_d128_{label}"] = _bench(lambda: sdpa(q16, q16, q16, backends=backends),
@@ -249,15 +246,6 @@ def bench_softmax(args, res):
 def bench_gdn_block(args, res):
     """Whole GDN block attention with the camera branch off: stock vs camrender.model.stage1.patch
     (main branch + glue)."""
-    import copy
-
-    from diffusers.models.transformers.transformer_sana_wm import (
-        BidirectionalGDNUCPESinglePathLiteLA,
-        SanaWMRotaryPosEmbed,
-    )
-
-    from camrender.model.settings import KernelSettings
-    from camrender.model.stage1.gdn_attention import PatchedGDNAttention
 
     dev = torch.device(args.device)
     B, T, hh, ww, H, D = args.batch, args.frames, args.height, args.width, args.heads, args.head_dim
@@ -303,7 +291,6 @@ def main():
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("bench_main_branch needs a CUDA GPU (or --device cpu with TRITON_INTERPRET=1 for a smoke run)")
-    import triton
 
     res = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "torch": torch.__version__, "triton": triton.__version__}
     start = time.time()

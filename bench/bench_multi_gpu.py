@@ -35,11 +35,40 @@ import time
 from pathlib import Path
 
 import numpy as np
+import PIL.Image
 import torch
+import torch.distributed as dist
+from diffusers import AutoencoderKLLTX2Video, FlowMatchEulerDiscreteScheduler, SanaWMPipeline
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
+from camrender.api.output import write_video  # noqa: E402
+from camrender.cli import batch_jobs as batching  # noqa: E402
+from camrender.cli.render import _resolve_request, render  # noqa: E402
+from camrender.model.stage1.block import fixed_plucker  # noqa: E402
+from camrender.model.stage1.patch import patch_transformer  # noqa: E402
+from camrender.model.stage1.recipes import get_recipe  # noqa: E402
+from camrender.model.stage1.segments import segment_bounds, SegmentOptions  # noqa: E402
+from camrender.model.stage1.tiny import build_tiny_tokenizer  # noqa: E402
+from camrender.parallel import distributed  # noqa: E402
+from camrender.parallel.cfg import CfgSplit  # noqa: E402
+from camrender.parallel.distributed import NCCL_ENV  # noqa: E402
+from camrender.parallel.heads import HeadSplit, split_transformer  # noqa: E402
+from camrender.render.decode import CausalStreamDecoder, to_uint8_frames  # noqa: E402
+from camrender.render.pipeline import load_patched_pipeline  # noqa: E402
+from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments  # noqa: E402
+
+import bench_segments  # noqa: E402
+from bench_transformer import (  # noqa: E402
+    agreement,
+    bench_setup,
+    build_model,
+    graphed_render_step,
+    make_inputs,
+    RELEASE_CONFIG,
+    time_calls,
+)
 from common import emit  # noqa: E402
 
 TARGETS = {"full_mode_step_ms_2gpu": 250.0, "segment_fps_speedup_2gpu": 1.7, "batch_speedup_2gpu": 1.9}
@@ -53,8 +82,6 @@ def log(message):
 # ----------------------------------------------------------------------------- driver
 def run_workers(nproc: int, args: list, tiny: bool, timeout: int) -> dict:
     """Run this script's worker on `nproc` processes under torchrun; rank 0's JSON result."""
-    from camrender.parallel.distributed import NCCL_ENV
-
     with tempfile.TemporaryDirectory() as scratch:
         out = Path(scratch) / "result.json"
         env = dict(os.environ, **NCCL_ENV, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
@@ -125,13 +152,6 @@ def main(argv=None) -> dict:
 # ----------------------------------------------------------------------------- worker: the step
 def step_worker(args) -> dict:
     """Rank 0 times the B=2 step alone, then both ranks time the CFG-parallel step."""
-    import torch.distributed as dist
-
-    from bench_transformer import agreement, bench_setup, build_model, make_inputs, time_calls
-    from camrender.model.stage1.patch import patch_transformer
-    from camrender.parallel import distributed
-    from camrender.parallel.cfg import CfgSplit
-    from camrender.parallel.heads import HeadSplit, split_transformer
 
     ranks = distributed.start("cpu" if args.tiny else None)
     device, dtype, config, frames, height, width = bench_setup(tiny=args.tiny)
@@ -182,9 +202,6 @@ def time_step(model, inputs, split, repeats, time_calls):
     """(ms per step list, peak GiB, guided prediction) of the step as a render runs it
     (`bench_transformer.graphed_render_step`: the library's Denoiser with, under CFG parallel, the all-gather,
     then the guidance mix)."""
-    from bench_transformer import graphed_render_step
-    from camrender.model.stage1.block import fixed_plucker
-
     step, _, plucker = graphed_render_step(model, inputs, split)
     with fixed_plucker(model, plucker):
         return time_calls(step, inputs["hidden_states"].device, repeats, warmup=2, peak_with_warmup=True)
@@ -193,13 +210,6 @@ def time_step(model, inputs, split, repeats, time_calls):
 # ----------------------------------------------------------------------------- worker: segment mode
 def segment_worker(args) -> dict:
     """Rank 0 renders the segment path alone, then both ranks render it with the heads split."""
-    import torch.distributed as dist
-
-    import bench_segments
-    from camrender.model.stage1.recipes import get_recipe
-    from camrender.model.stage1.segments import SegmentOptions
-    from camrender.parallel import distributed
-    from camrender.parallel.heads import HeadSplit, split_transformer
 
     ranks = distributed.start("cpu" if args.tiny else None)
     device = ranks.device
@@ -227,8 +237,6 @@ def segment_worker(args) -> dict:
                                             leader=ranks.is_leader)
     peaks = distributed.gather_objects(measured["peak_gib"], ranks)
     if ranks.is_main:
-        from bench_transformer import agreement
-
         measured.update(peak_gib_per_gpu=peaks, agreement_vs_1_gpu=agreement(latents, reference))
         result["2_gpus_head_split"] = measured
         result["fps_speedup_2_gpus"] = round(measured["video_fps"] / result["1_gpu"]["video_fps"], 3)
@@ -244,11 +252,6 @@ def segment_worker(args) -> dict:
 def render_segment_path(transformer, vae, latent_frames, height, width, options, device, dtype, *, leader):
     """Stage 1 of a segment path (CUDA graphs on the GPU) with the leader decoding each segment as it
     comes, as a render does: (figures, the concatenated latents on the CPU)."""
-    import bench_segments
-    from camrender.model.stage1.segments import segment_bounds
-    from camrender.render.decode import CausalStreamDecoder, to_uint8_frames
-    from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments
-
     inputs = bench_segments.path_inputs(transformer, latent_frames, height, width, device, dtype)
     decoder = CausalStreamDecoder(vae) if leader else None
     bench_segments.reset_peak()
@@ -277,21 +280,12 @@ def render_segment_path(transformer, vae, latent_frames, height, width, options,
 # ----------------------------------------------------------------------------- worker: batch
 def batch_worker(args) -> dict:
     """`camrender.cli.batch_jobs` on 4 short paths: one warm-up video per rank, then the timed batch."""
-    import torch.distributed as dist
-
-    from camrender.api.output import write_video
-    from camrender.cli import batch_jobs as batching
-    from camrender.cli.render import _resolve_request, render
-    from camrender.parallel import distributed
-    from camrender.render.pipeline import load_patched_pipeline
 
     ranks = distributed.start("cpu" if args.tiny else None, per_video=args.gpus_per_video)
     model = "tiny" if args.tiny else "release-random"
     defaults = {"model": model, "steps": args.batch_steps, "guidance": 5.0, "frames": 17 if args.tiny else 41,
                 "cuda_graphs": True}
     if not args.tiny:
-        import PIL.Image
-
         image = args.scratch / "first.png"
         if ranks.is_main:
             PIL.Image.new("RGB", (1280, 704), (120, 110, 100)).save(image)
@@ -337,12 +331,8 @@ def load_release_random(request):
     """The release-size SANA-WM pipeline with random weights on the rank's GPU, patched as a render
     patches it: the 1.6B DiT and the LTX-2 VAE of the release configs, a tiny tokenizer and a
     one-layer Gemma-2 of the release caption width (its text is noise either way)."""
-    from diffusers import AutoencoderKLLTX2Video, FlowMatchEulerDiscreteScheduler, SanaWMPipeline
+    # lazy: transformers' Gemma classes are optional here (a transformers without them still runs the other benches)
     from transformers import Gemma2Config, Gemma2ForCausalLM
-
-    from bench_transformer import RELEASE_CONFIG, build_model
-    from camrender.model.stage1.patch import patch_transformer
-    from camrender.model.stage1.tiny import build_tiny_tokenizer
 
     device, dtype = torch.device(request.device), torch.bfloat16
     tokenizer = build_tiny_tokenizer()

@@ -35,15 +35,21 @@ from pathlib import Path
 
 import torch
 from aiohttp import ClientSession, WSMsgType, web
+from PIL import Image
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
+from bench_multi_gpu import load_release_random  # noqa: E402
+from bench_refiner import as_refiner, build_refiner_transformer, refiner_text  # noqa: E402
 from common import emit  # noqa: E402
 
+import camrender.render.stage_two as stage_two_module  # noqa: E402
 from camrender.allocator import use_expandable_segments  # noqa: E402
 from camrender.cli.play import longest_clip  # noqa: E402
 from camrender.play.server import PlayServer  # noqa: E402
+from camrender.render.pipeline import load_patched_pipeline  # noqa: E402
+from camrender.render.prompt_cache import refiner_key  # noqa: E402
 from camrender.render.request import RenderRequest  # noqa: E402
 from camrender.trajectory.controls import make_scheme  # noqa: E402
 
@@ -77,12 +83,7 @@ def build(args):
                              dtype="auto" if args.tiny else "bfloat16", refiner="tiny" if args.tiny and args.refiner
                              else None)
     if args.tiny:
-        from camrender.render.pipeline import load_patched_pipeline
-
         return load_patched_pipeline(template), template
-    from PIL import Image
-
-    from bench_multi_gpu import load_release_random
 
     # the release model needs a first frame (the tiny one renders without): a random image of the render size
     pixels = torch.randint(0, 256, (height, width, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
@@ -99,10 +100,6 @@ def build(args):
 def attach_random_refiner(pipe, template):
     """The release-size refiner DiT in random weights, its prompt random embeddings (1024 tokens, as
     bench_refiner.py: the Gemma-3-12B text encoder is not built), handed over as the prompt encoded at load."""
-    import camrender.render.stage_two as stage_two_module
-    from bench_refiner import as_refiner, build_refiner_transformer, refiner_text
-    from camrender.render.prompt_cache import refiner_key
-
     device = pipe._execution_device
     transformer = build_refiner_transformer(False, device, torch.bfloat16)
     refiner = as_refiner(transformer)

@@ -46,10 +46,13 @@ import warnings
 from types import SimpleNamespace
 
 import torch
+from torch.profiler import ProfilerActivity, profile
+from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import bench_segments as stage_one  # noqa: E402
+import refiner_targets  # noqa: E402
 from camrender.allocator import ALLOC_CONF, use_expandable_segments  # noqa: E402
 from camrender.model.refiner import window as refiner_window  # noqa: E402
 from camrender.model.refiner.loading import stream_layers  # noqa: E402
@@ -163,7 +166,6 @@ def launches_per_layer(stream, block, device):
     if device.type != "cuda":
         stream.push(block)
         return None
-    from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         stream.push(block)
@@ -177,8 +179,6 @@ def refiner_steady_state(refiner_transformer, text, shape, device, dtype, blocks
     kernel launches per layer.
     `first_block` (popped by main): the first timed block's refined latents, the same block for every row.
     nudge: move every clip value one ulp up (in `dtype`): the reference's own noise floor."""
-    from torch.utils.flop_counter import FlopCounterMode
-
     h, w = shape[0] // stage_one.SPATIAL, shape[1] // stage_one.SPATIAL
     channels = refiner_transformer.config.in_channels
     # sink + 4 blocks = 13 frames: the history holds its 10 frames from here on
@@ -327,6 +327,7 @@ def memory_settings(args, models, results, record, peak_of, peaks):
         return
 
     def layered():
+        # lazy: accelerate is optional (the offload extra)
         import accelerate  # noqa: F401  (diffusers' group offloading needs it, as camrender's --offload does)
 
         refiner_transformer.to("cpu")
@@ -354,7 +355,6 @@ def main(argv=None):
         if not args.tiny and not torch.cuda.is_available():
             print(json.dumps({"error": "no CUDA device (use --tiny to check the script on a CPU)"}))
             return 1
-        import refiner_targets
 
         if args.tiny:
             args.segments = min(args.segments, 4)
@@ -395,6 +395,7 @@ def main(argv=None):
     stage_args = SimpleNamespace(cpu_smoke=args.tiny, quick=False, kernels=kernels)
     transformer, vae = stage_one.build_models(stage_args, device, dtype)
     if not args.tiny:
+        # lazy: transformers' Gemma classes are optional here (a transformers without them still runs the other benches)
         from transformers import Gemma2Config, Gemma2ForCausalLM
 
         with torch.device(device), default_dtype(dtype):

@@ -25,17 +25,23 @@ import argparse
 import json
 import math
 import os
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import torch
+import triton
+from diffusers import AutoencoderKLLTX2Video, FlowMatchEulerDiscreteScheduler, SanaWMTransformer3DModel
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from camrender.model.stage1.patch import patch_transformer  # noqa: E402
 from camrender.model.stage1.recipes import get_recipe  # noqa: E402
 from camrender.model.stage1.segments import SegmentOptions, segment_bounds  # noqa: E402
 from camrender.model.stage1.state import FULL_MODE  # noqa: E402
+from camrender.model.stage1.tiny import build_tiny_transformer, build_tiny_vae  # noqa: E402
 from camrender.render.decode import CausalStreamDecoder, decode_max_frames, to_uint8_frames  # noqa: E402
 from camrender.render.denoise import Denoiser, pin, pinned_frames  # noqa: E402
 from camrender.render.inputs import RenderInputs  # noqa: E402
@@ -77,13 +83,8 @@ def parse_args(argv=None):
 
 def build_models(args, device, dtype):
     """The transformer (patched with `args.kernels`: both modes run the patched blocks, as the CLI) and VAE."""
-    from diffusers import AutoencoderKLLTX2Video, SanaWMTransformer3DModel
-
-    from camrender.model.stage1.patch import patch_transformer
 
     if args.cpu_smoke:
-        from camrender.model.stage1.tiny import build_tiny_transformer, build_tiny_vae
-
         transformer, vae = build_tiny_transformer(seed=0).to(dtype), build_tiny_vae(latent_channels=8).to(dtype)
     else:
         config = dict(num_layers=8) if args.quick else {}
@@ -192,9 +193,6 @@ def official_rows(kit: str, lengths, timeout_s: int) -> dict:
     """NVlabs' streaming sampler as released (the kit's `bench_official_stage1.py`, its own process) on
     paths of `lengths` segments: {segments: its result line}. The kit's wheels must be installed on
     PYTHONPATH (see the kit script's docstring)."""
-    import subprocess
-    import tempfile
-
     script = Path(kit) / "bench_official_stage1.py"
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "official.jsonl"
@@ -308,8 +306,6 @@ def main(argv=None):
         segments={}, errors={},
     )
     try:
-        import triton
-
         results["triton"] = triton.__version__
     except ImportError:
         pass
@@ -329,7 +325,6 @@ def main(argv=None):
                                                  graphs)) is None \
             and args.kernels != "torch":
         # Keep measuring with the PyTorch scans rather than stopping; the error above says what failed.
-        from camrender.model.stage1.patch import patch_transformer
 
         patch_transformer(transformer, kernels="torch")
         results["segment_backend_fallback"] = "torch"
@@ -365,7 +360,6 @@ def main(argv=None):
             lambda: run_full(transformer, vae, 21, height, width, steps4, 1.0, device, dtype))
         results["full_161_frames_whole_clip_decode"] = record(
             "full_161_frames_whole_clip_decode", lambda: decode_whole_clip(vae, 21, height, width, device, dtype))
-        from diffusers import FlowMatchEulerDiscreteScheduler
 
         scheduler = FlowMatchEulerDiscreteScheduler()
         scheduler.set_timesteps(60)

@@ -52,8 +52,23 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from diffusers import SanaWMTransformer3DModel
+from diffusers.models.transformers.transformer_sana_wm import (
+    BidirectionalGDNUCPESinglePathLiteLA,
+    SanaWMBidirectionalGDNAttention,
+    SanaWMBidirectionalGDNCamAttention,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from camrender import kernels  # noqa: E402
+from camrender.model.stage1.block import fixed_plucker  # noqa: E402
+from camrender.model.stage1.patch import patch_transformer  # noqa: E402
+from camrender.model.stage1.state import FULL_MODE  # noqa: E402
+from camrender.render.camera import build_camera_inputs  # noqa: E402
+from camrender.render.denoise import Denoiser  # noqa: E402
+from camrender.render.inputs import RenderInputs, drop_text_padding  # noqa: E402
+from camrender.trajectory import Trajectory  # noqa: E402
+
 from common import GIB, emit, on_cuda, peak_bytes, reset_peak, time_ms  # noqa: E402
 
 RELEASE_CONFIG = dict(  # SanaWMTransformer3DModel defaults == the SANA-WM_bidirectional release
@@ -69,8 +84,6 @@ TARGETS = {"camera_branch_ms_per_step": 20.0, "ms_per_step_issue5": 1400.0, "ms_
 
 def orbit_trajectory(frames: int):
     """A 90-degree orbit around a point 3 units ahead, 60-degree horizontal FOV, 1280x704 pixels."""
-    from camrender.trajectory import Trajectory
-
     c2w = np.tile(np.eye(4), (frames, 1, 1))
     for index, angle in enumerate(np.linspace(0.0, np.pi / 2, frames)):
         rotation = np.array([[np.cos(angle), 0, np.sin(angle)], [0, 1, 0], [-np.sin(angle), 0, np.cos(angle)]])
@@ -98,8 +111,6 @@ def bench_setup(*, quick=False, tiny=False):
 
 def build_model(config, device, dtype, seed=0):
     """Release-architecture transformer with random weights; zero-initialised projections made live."""
-    from diffusers import SanaWMTransformer3DModel
-
     torch.manual_seed(seed)
     with torch.device(device):
         model = SanaWMTransformer3DModel(**config)
@@ -111,8 +122,6 @@ def build_model(config, device, dtype, seed=0):
 
 
 def make_inputs(config, frames, height, width, device, dtype, seed=1):
-    from camrender.render.camera import build_camera_inputs
-
     gen = torch.Generator().manual_seed(seed)
     t, h, w = (frames - 1) // 8 + 1, height // 32, width // 32
     camera = build_camera_inputs(orbit_trajectory(frames), height=height, width=width, vae_stride=(8, 32, 32))
@@ -164,13 +173,6 @@ class Timer:
 @contextlib.contextmanager
 def instrumented(model, timer):
     """Time module calls by part with forward hooks, and the kernels' entry points by wrapping them."""
-    from camrender import kernels
-
-    from diffusers.models.transformers.transformer_sana_wm import (
-        BidirectionalGDNUCPESinglePathLiteLA,
-        SanaWMBidirectionalGDNAttention,
-        SanaWMBidirectionalGDNCamAttention,
-    )
 
     handles, restores = [], []
 
@@ -286,10 +288,6 @@ def graphed_render_step(model, inputs, split=None):
 
     Returns (step() -> guided prediction (1, C, T, h, w), the denoiser, the (1, 48, T, h, w) Plucker maps
     whose per-block projections the caller fixes with `camrender.model.stage1.block.fixed_plucker`)."""
-    from camrender.model.stage1.state import FULL_MODE
-    from camrender.render.denoise import Denoiser
-    from camrender.render.inputs import RenderInputs, drop_text_padding
-
     latents = inputs["hidden_states"][:1]
     text, mask = drop_text_padding(inputs["encoder_hidden_states"], inputs["encoder_attention_mask"])
     render_inputs = RenderInputs(text=text, text_mask=mask, camera_conditions=inputs["camera_conditions"],
@@ -312,8 +310,6 @@ def timed_graphed_steps(model, inputs, device, repeats) -> tuple[list, float, to
     calls (eager warm-up, capture), then `repeats` timed replays. The peak memory spans all of them, with
     the fixed Plucker projections: a replay allocates nothing (the graph's activations live in its memory
     pool, set up at capture). Returns (times, peak, replayed prediction, the same step run eagerly)."""
-    from camrender.model.stage1.block import fixed_plucker
-
     step, denoiser, plucker = graphed_render_step(model, inputs)
     with fixed_plucker(model, plucker):
         result = time_calls(step, device, repeats, warmup=2, peak_with_warmup=True)
@@ -374,8 +370,6 @@ def main(argv=None) -> dict:
                         help="rules of the patched step (default bidirectional; bidirectional-diffusers: diffusers' "
                              "model, the step as rendered before issue 27)")
     args = parser.parse_args(argv)
-
-    from camrender.model.stage1.patch import patch_transformer
 
     device, dtype, config, frames, height, width = bench_setup(quick=args.quick, tiny=args.tiny)
     frames = args.frames or frames

@@ -12,10 +12,12 @@ import json
 import statistics
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Callable
 
 import torch
+import triton.testing
 
 GIB = 2**30
 
@@ -137,7 +139,6 @@ def kernel_ms(fn: Callable, *, warmup: int = 25, rep: int = 100) -> float:
         with Stopwatch() as watch:
             fn()
         return watch.seconds * 1e3
-    import triton.testing
 
     return triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
 
@@ -155,8 +156,6 @@ def measure(errors: dict, name: str, fn: Callable):
     """One measurement of a script that keeps going when one fails: fn()'s result (a dict gets its
     wall seconds as "wall_s"), printed as a JSON line. On an exception: the error and the line that
     raised it go into `errors[name]`, the peak-memory window is reset, and the result is None."""
-    import traceback
-
     began = time.perf_counter()
     try:
         value = fn()

@@ -5,7 +5,12 @@ from __future__ import annotations
 import os
 import sys
 
+from diffusers.models.transformers.transformer_sana_wm import SanaWMTransformer3DModel
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from camrender.render.camera import build_camera_inputs  # noqa: E402
+from camrender.trajectory.model import Trajectory  # noqa: E402
 
 TOLERANCE = 1e-4
 VAE_STRIDE = (8, 32, 32)  # the golden's pixel frames and pixel size per latent frame / token
@@ -13,8 +18,6 @@ VAE_STRIDE = (8, 32, 32)  # the golden's pixel frames and pixel size per latent 
 
 def _model_from_config(config: dict):
     """A float32 `SanaWMTransformer3DModel` of the golden's `model_config` (random init)."""
-    from diffusers.models.transformers.transformer_sana_wm import SanaWMTransformer3DModel
-
     kwargs = config["build_model_kwargs"]
     return SanaWMTransformer3DModel(
         in_channels=kwargs["in_channels"], num_layers=config["depth"], hidden_size=config["hidden_size"],
@@ -33,9 +36,6 @@ def _rel(ours, golden) -> float:
 
 def _camera(tensors: dict, shapes: dict):
     """camrender's camera_conditions (1, F, 20) and chunk_plucker (1, 48, F, h, w) of the golden's path."""
-    from camrender.render.camera import build_camera_inputs
-    from camrender.trajectory.model import Trajectory
-
     height, width = shapes["latent_h"] * VAE_STRIDE[1], shapes["latent_w"] * VAE_STRIDE[2]
     traj = Trajectory(c2w=tensors["inputs/c2w"].double().numpy(),
                       intrinsics=tensors["inputs/intrinsics"].double().numpy(), width=width, height=height, fps=16.0)

@@ -21,10 +21,12 @@ from __future__ import annotations
 import argparse
 import collections
 import sys
+import time
 from pathlib import Path
 
 import torch
 from torch.autograd.profiler import record_function
+from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -33,6 +35,7 @@ import bench_segments  # noqa: E402
 from bench_segments import build_models, path_inputs  # noqa: E402
 from common import emit, sync  # noqa: E402
 from profile_step import op_table  # noqa: E402
+import camrender.model.stage1.ffn as ffn_module  # noqa: E402
 from camrender.model.stage1.recipes import get_recipe  # noqa: E402
 from camrender.model.stage1.segments import SegmentCache, SegmentOptions, segment_bounds  # noqa: E402
 from camrender.render.decode import CausalStreamDecoder, decode_max_frames  # noqa: E402
@@ -49,8 +52,6 @@ class Events:
 
     def _event(self):
         if not self.cuda:
-            import time
-
             return time.perf_counter()
         event = torch.cuda.Event(enable_timing=True)
         event.record()
@@ -103,7 +104,6 @@ def annotate(model) -> list:
     `ffn_parts`), so that function is wrapped where the block module finds it."""
     handles = []
     kinds = {}
-    import camrender.model.stage1.ffn as ffn_module
 
     block_module = sys.modules[type(model.blocks[0]).__module__]
     original = ffn_module.ffn_parts
@@ -213,7 +213,6 @@ def main(argv=None) -> dict:
         result["timed"] = timed_segment(denoiser, cache, decoder, start, stop, timesteps, graphs=True)
         start, stop = bounds[args.warm + 1]
         result["eager_passes"] = timed_segment(denoiser, cache, decoder, start, stop, timesteps, graphs=False)
-        from torch.profiler import ProfilerActivity, profile
 
         handles = annotate(transformer)
         ranges = {f"{part}.{kind}" for part in ("block", "attn", "cross_attn", "ffn") for kind in ("gdn", "softmax")}

@@ -18,10 +18,17 @@ import sys
 from pathlib import Path
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from camrender.model.stage1.patch import patch_transformer  # noqa: E402
+from camrender.model.stage1.recipes import get_recipe  # noqa: E402
+from camrender.model.stage1.segments import SegmentOptions, segment_bounds  # noqa: E402
+from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments  # noqa: E402
+
+from bench_segments import build_models, path_inputs  # noqa: E402
 from bench_transformer import bench_setup, build_model, make_inputs  # noqa: E402
 from common import Stopwatch, emit  # noqa: E402
 
@@ -47,9 +54,6 @@ def main(argv=None) -> dict:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
 
-    from torch.profiler import ProfilerActivity, profile
-
-    from camrender.model.stage1.patch import patch_transformer
 
     if args.segments:
         return profile_segments(args)
@@ -107,12 +111,6 @@ def report(args, variant: str, profiler, wall_ms: float) -> dict:
 
 def profile_segments(args) -> dict:
     """Stage 1 (denoising + cache passes, no decode) of a path of `args.segments` segments."""
-    from torch.profiler import ProfilerActivity, profile
-
-    from bench_segments import build_models, path_inputs
-    from camrender.model.stage1.recipes import get_recipe
-    from camrender.model.stage1.segments import SegmentOptions, segment_bounds
-    from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments
 
     device, dtype = torch.device("cuda"), torch.bfloat16
     build_args = argparse.Namespace(cpu_smoke=False, quick=args.quick, kernels="torch" if args.stock else "fused")

@@ -8,11 +8,14 @@ import sys
 from types import SimpleNamespace
 
 import torch
+from diffusers import FlowMatchEulerDiscreteScheduler
+from diffusers.models.transformers.transformer_sana_wm_refiner import SanaWMLTX2RefinerTransformer3DModel
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from camrender.model.refiner.loading import strip_audio  # noqa: E402
 from camrender.model.refiner.stream import RefinerText  # noqa: E402
+from camrender.model.refiner.tiny import build_tiny_refiner  # noqa: E402
 
 VIDEO_FPS = 16.0
 # Gemma-3-12B's text tower (the refiner's text encoder), for the encode time and memory
@@ -40,11 +43,7 @@ class default_dtype:
 
 def build_refiner_transformer(tiny, device, dtype):
     """The release refiner DiT (diffusers defaults) without its audio branch, random weights, on `device`."""
-    from diffusers.models.transformers.transformer_sana_wm_refiner import SanaWMLTX2RefinerTransformer3DModel
-
     if tiny:
-        from camrender.model.refiner.tiny import build_tiny_refiner
-
         transformer = build_tiny_refiner(seed=0).transformer
     else:
         torch.manual_seed(0)
@@ -58,6 +57,7 @@ def build_refiner_transformer(tiny, device, dtype):
 
 def build_text_model(tiny, device, dtype):
     """A Gemma-3 text model shaped like the refiner's Gemma-3-12B text tower (tiny: one small layer)."""
+    # lazy: transformers' Gemma classes are optional here (a transformers without them still runs the other benches)
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
     config = Gemma3TextConfig(**(dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
@@ -76,8 +76,6 @@ def refiner_text(transformer, tokens, device, dtype):
 
 def as_refiner(transformer):
     """The parts of a `SanaWMLTX2Refiner` that `RefinerStream` reads."""
-    from diffusers import FlowMatchEulerDiscreteScheduler
-
     return SimpleNamespace(transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(shift=1.0))
 
 

@@ -80,6 +80,7 @@ def breakdown(weights: dict, named: dict, device) -> dict:
 def encode_phase(args, device, dtype, weights) -> dict:
     """Gemma-2-2B (stage 1) and the Gemma-3-12B text tower (refiner), each built on the GPU, run once on a prompt
     of 300 / `args.text_tokens` tokens and dropped; peak and breakdown while the larger one is resident."""
+    # lazy: transformers' Gemma classes are optional here (a transformers without them still runs the other benches)
     from transformers import Gemma2Config, Gemma2ForCausalLM
 
     result = {}

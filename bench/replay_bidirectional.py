@@ -22,9 +22,24 @@ The softmax blocks attend in fp32, as the goldens (`--fp32-softmax`).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
+
+import torch
+from diffusers import FlowMatchEulerDiscreteScheduler
+from safetensors import safe_open
+
+import camrender.render.denoise as denoise_module
+from camrender.model.stage1.loading import load_transformer_weights
+from camrender.model.stage1.patch import KernelSettings, patch_transformer, set_full_options
+from camrender.model.stage1.recipes import get_recipe
+from camrender.model.stage1.softmax_attention import PatchedSoftmaxAttention
+from camrender.model.stage1.state import SegmentOptions
+from camrender.render.full import denoise_clip, full_scheduler
+
+from golden_common import VAE_STRIDE, _camera, _model_from_config
 
 BIDIRECTIONAL_FORMAT = "sana-wm-bidirectional-golden/1"
 # NVlabs commit of a golden -> the recipe reproducing that commit's arithmetic.
@@ -61,19 +76,6 @@ def replay_bidirectional(golden_path: str, kernels: str = "torch", recipe=None, 
             and `sample/timestep`, CFG batch of 2): `teacher_forced_prediction_rel_error` {step: [uncond, cond]}.
         overrides: `SegmentOptions` fields replacing the recipe's (tests show that other rules are caught).
     """
-    import dataclasses
-
-    import torch
-    from diffusers import FlowMatchEulerDiscreteScheduler
-    from safetensors import safe_open
-
-    from camrender.model.stage1.loading import load_transformer_weights
-    from camrender.model.stage1.patch import KernelSettings, patch_transformer, set_full_options
-    from camrender.model.stage1.recipes import get_recipe
-    from camrender.model.stage1.softmax_attention import PatchedSoftmaxAttention
-    from camrender.model.stage1.state import SegmentOptions
-    from camrender.render.full import denoise_clip, full_scheduler
-    from golden_common import VAE_STRIDE, _camera, _model_from_config
 
     with safe_open(golden_path, framework="pt") as handle:
         metadata = handle.metadata()
@@ -136,7 +138,6 @@ def replay_bidirectional(golden_path: str, kernels: str = "torch", recipe=None, 
 
     predictions = []
     # every model call of a render is the Denoiser's `segment_forward`: record its raw [uncond, cond] rows
-    import camrender.render.denoise as denoise_module
 
     forward_of_renders = denoise_module.segment_forward
 

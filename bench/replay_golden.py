@@ -41,11 +41,23 @@ import os
 import sys
 import time
 
+import torch
+from safetensors import safe_open
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # golden_common, replay_* beside it
+import camrender.model.stage1.segments as segments_module  # noqa: E402
+import camrender.render.denoise as denoise_module  # noqa: E402
+from camrender.model.stage1.loading import load_transformer_weights  # noqa: E402
+from camrender.model.stage1.patch import KernelSettings, patch_transformer  # noqa: E402
+from camrender.model.stage1.recipes import get_recipe  # noqa: E402
+from camrender.render.inputs import RenderInputs  # noqa: E402
+from camrender.render.segments import sample_segments, segment_timesteps  # noqa: E402
+
 from replay_bidirectional import BIDIRECTIONAL_FORMAT, replay_bidirectional  # noqa: E402
 
 from golden_common import TOLERANCE, VAE_STRIDE, _camera, _model_from_config, _rel  # noqa: E402,F401
+from replay_teacher import replay as replay_teacher  # noqa: E402
 
 
 def replay(golden_path: str, kernels: str = "torch", recipe=None, **overrides) -> dict:
@@ -54,21 +66,10 @@ def replay(golden_path: str, kernels: str = "torch", recipe=None, **overrides) -
     recipe: a recipe name (bidirectional goldens only; None: the golden's commit's).
     overrides: `SegmentOptions` fields replacing the recipe's (tests use them to show that a
     rule other than the official one is caught)."""
-    import torch
-    from safetensors import safe_open
-
-    import camrender.model.stage1.segments as segments_module
-    import camrender.render.denoise as denoise_module  # the one step every sampler takes
-    from camrender.model.stage1.loading import load_transformer_weights
-    from camrender.model.stage1.patch import KernelSettings, patch_transformer
-    from camrender.model.stage1.recipes import get_recipe
-    from camrender.render.inputs import RenderInputs
-    from camrender.render.segments import sample_segments, segment_timesteps
 
     with safe_open(golden_path, framework="pt") as handle:
         metadata = handle.metadata()
         if metadata.get("recipe") == "chunk-causal":  # the teacher's sampler: bench/replay_teacher.py
-            from replay_teacher import replay as replay_teacher
 
             return replay_teacher(golden_path, kernels, **overrides)
         if metadata.get("format") == BIDIRECTIONAL_FORMAT:
@@ -165,8 +166,6 @@ def main(argv=None) -> int:
 
 
 def _has_gpu() -> bool:
-    import torch
-
     return torch.cuda.is_available()
 
 

@@ -18,20 +18,20 @@ import os
 import time
 
 import torch
+from safetensors import safe_open
+
+from camrender.model.stage1.loading import load_transformer_weights
+from camrender.model.stage1.patch import KernelSettings, patch_transformer
+from camrender.model.stage1.recipes import get_recipe
+from camrender.model.stage1.segments import SegmentOptions
+from camrender.render.chunk_causal import sample_chunk_causal, teacher_schedule
+from camrender.render.inputs import RenderInputs
 
 from golden_common import TOLERANCE, _camera, _model_from_config, _rel
 
 
 def replay(golden_path: str, kernels: str = "torch", **overrides) -> dict:
     """Replay one chunk-causal golden; overrides replace fields of the recipe's `SegmentOptions`."""
-    from safetensors import safe_open
-
-    from camrender.model.stage1.loading import load_transformer_weights
-    from camrender.model.stage1.patch import KernelSettings, patch_transformer
-    from camrender.model.stage1.recipes import get_recipe
-    from camrender.model.stage1.segments import SegmentOptions
-    from camrender.render.chunk_causal import sample_chunk_causal, teacher_schedule
-    from camrender.render.inputs import RenderInputs
 
     with safe_open(str(golden_path), framework="pt") as handle:
         metadata = handle.metadata()

@@ -34,6 +34,7 @@ if (_CHECKOUT_KERNELS / "__init__.py").is_file():
 def patch_transformer(transformer, kernels: str = "fused", **kwargs):
     """Patch every block in place with one `KernelSettings` (full and segment mode); see
     `camrender.model.stage1.patch`."""
+    # lazy: keeps `import camrender` (and `camrender --help`) free of torch, diffusers
     from camrender.model.stage1.patch import patch_transformer as _patch
 
     return _patch(transformer, kernels=kernels, **kwargs)
@@ -43,7 +44,7 @@ def __getattr__(name):
     """`camrender.CamrenderPipeline` (and `RenderResult`): the Python API, imported on first use so that
     `import camrender` (and `camrender --help`) stays light."""
     if name in ("CamrenderPipeline", "RenderResult"):
-        from camrender import api
+        from camrender import api  # lazy: see the docstring
 
         return getattr(api, name)
     raise AttributeError(f"module 'camrender' has no attribute {name!r}")

@@ -1,6 +1,10 @@
 """Inputs, fused call and reference of the refiner kernels' cases in kernels/cases.py (the refiner's
 q/k RMSNorm + RoPE, kernels.rms_rope, and block_glue's norm="rms" adaLN)."""
 from ._random_inputs import Draw
+from .block_glue import residual_ada_norm
+from .block_glue_reference import residual_ada_norm_ref
+from .rms_rope import rms_rope_qk
+from .rms_rope_reference import rms_rope_qk_ref
 
 
 def rms_rope_inputs(s, device, dtype, rope_type="interleaved"):
@@ -19,27 +23,19 @@ def rms_rope_inputs(s, device, dtype, rope_type="interleaved"):
 
 
 def rms_rope_fused(x, precision):
-    from .rms_rope import rms_rope_qk
-
     return rms_rope_qk(x["q"], x["k"], x["wq"].to(x["q"].dtype), x["wk"].to(x["q"].dtype), x["cos"], x["sin"],
                        eps=1e-6, head_dim=x["head_dim"], rope_type=x["rope_type"], return_k_pre=True,
                        backend="triton")
 
 
 def rms_rope_reference(x):
-    from .rms_rope_reference import rms_rope_qk_ref
-
     return rms_rope_qk_ref(x["q"].float(), x["k"].float(), x["wq"], x["wk"], x["cos"], x["sin"], eps=1e-6,
                            rope_type=x["rope_type"])
 
 
 def rms_ada_norm_fused(x, precision):
-    from .block_glue import residual_ada_norm
-
     return residual_ada_norm(x["x"], x["y"], x["shift"], x["scale"], norm="rms", backend="triton")
 
 
 def rms_ada_norm_reference(x):
-    from .block_glue_reference import residual_ada_norm_ref
-
     return residual_ada_norm_ref(*[x[name].float() for name in ("x", "y", "shift", "scale")], norm="rms")

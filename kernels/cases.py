@@ -26,8 +26,21 @@ from typing import Callable
 import torch
 
 from . import _refiner_cases as _refiner
+from . import cam_decode, cam_decode_ref, cam_prep, cam_prep_ref, camera_branch, delta_scan, delta_scan_ref
 from ._random_inputs import Draw as _Draw
 from ._random_inputs import middle_segment_start as _middle_segment_start
+from .block_glue import gated_residual, residual_ada_norm, silu_gate
+from .block_glue_reference import gated_residual_ref, residual_ada_norm_ref, silu_gate_ref
+from .ffn_glu import glu_depthwise
+from .ffn_glu_reference import glu_depthwise_ref
+from .main_branch import main_branch
+from .main_branch_reference import main_branch_ref
+from .main_prep import main_prep
+from .main_prep_reference import main_prep_ref
+from .short_conv import short_conv
+from .short_conv_reference import short_conv_ref
+from .softmax_cam import cam_softmax_decode, cam_softmax_encode
+from .softmax_cam_reference import cam_softmax_decode_ref, cam_softmax_encode_ref
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,14 +129,10 @@ def _scan_inputs(s, device, dtype):
 
 
 def _scan_fused(x, precision):
-    from . import delta_scan
-
     return delta_scan(**x, precision=precision)
 
 
 def _scan_reference(x):
-    from . import delta_scan_ref
-
     return delta_scan_ref(**{k: v.float() if v.is_floating_point() else v for k, v in x.items()})
 
 
@@ -141,22 +150,16 @@ def _camera_inputs(s, device, dtype):
 
 
 def _cam_prep_fused(x, precision):
-    from . import cam_prep
-
     return cam_prep(x["q"], x["k"], x["v"], x["rays"], num_frames=x["num_frames"],
                     q_norm_weight=x["q_norm_weight"], k_norm_weight=x["k_norm_weight"])
 
 
 def _cam_prep_reference(x):
-    from . import cam_prep_ref
-
     return cam_prep_ref(x["q"].float(), x["k"].float(), x["v"].float(), x["rays"], num_frames=x["num_frames"],
                         q_norm_weight=x["q_norm_weight"], k_norm_weight=x["k_norm_weight"])
 
 
 def _camera_branch(x, backend, precision="ieee", downscale=True):
-    from . import camera_branch
-
     floats = {name: x[name].float() for name in ("q", "k", "v", "beta")} if backend == "torch" else x
     return camera_branch(floats["q"], floats["k"], floats["v"], floats["beta"], x["decay"], x["rays"],
                          q_norm_weight=x["q_norm_weight"], k_norm_weight=x["k_norm_weight"],
@@ -171,14 +174,10 @@ def _cam_decode_inputs(s, device, dtype):
 
 
 def _cam_decode_fused(x, precision):
-    from . import cam_decode
-
     return cam_decode(x["x"], x["p"], x["rope_cam"])
 
 
 def _cam_decode_reference(x):
-    from . import cam_decode_ref
-
     return cam_decode_ref(x["x"].float(), x["p"], x["rope_cam"])
 
 
@@ -197,42 +196,30 @@ def _main_inputs(s, device, dtype):
 
 
 def _short_conv_fused(x, precision, context=False):
-    from .short_conv import short_conv
-
     return short_conv(x["x"], x["weight"], x["frames"], left_context=x["context"] if context else None,
                       backend="triton")
 
 
 def _short_conv_reference(x, context=False):
-    from .short_conv_reference import short_conv_ref
-
     return short_conv_ref(x["x"].float(), x["weight"], x["frames"],
                           left_context=x["context"].float() if context else None)
 
 
 def _main_prep_fused(x, precision):
-    from .main_prep import main_prep
-
     return main_prep(x["x"], x["norm_weight"], x["heads"], scale=x["dim"] ** -0.5, rope=x["rope"])
 
 
 def _main_prep_reference(x):
-    from .main_prep_reference import main_prep_ref
-
     return main_prep_ref(x["x"].float(), x["norm_weight"], x["heads"], scale=x["dim"] ** -0.5, rope=x["rope"])
 
 
 def _main_branch_fused(x, precision):
-    from .main_branch import main_branch
-
     out, _ = main_branch(x["x"], x["k"], x["v"], x["beta"], x["decay"], x["rope"], q_norm_weight=x["norm_weight"],
                          k_norm_weight=x["norm_weight"], precision=precision, backend="triton")
     return out
 
 
 def _main_branch_reference(x):
-    from .main_branch_reference import main_branch_ref
-
     q, k, v, beta = (x[name].float() for name in ("x", "k", "v", "beta"))
     out, _ = main_branch_ref(q, k, v, beta, x["decay"], x["rope"], q_norm_weight=x["norm_weight"],
                              k_norm_weight=x["norm_weight"])
@@ -249,15 +236,11 @@ def _softmax_encode_inputs(s, device, dtype):
 
 
 def _softmax_encode_fused(x, precision):
-    from .softmax_cam import cam_softmax_encode
-
     return cam_softmax_encode(x["q"], x["k"], x["v"], x["rays"], heads=x["heads"],
                               q_norm_weight=x["q_norm_weight"], k_norm_weight=x["k_norm_weight"])
 
 
 def _softmax_encode_reference(x):
-    from .softmax_cam_reference import cam_softmax_encode_ref
-
     return cam_softmax_encode_ref(x["q"].float(), x["k"].float(), x["v"].float(), x["rays"], heads=x["heads"],
                                   q_norm_weight=x["q_norm_weight"], k_norm_weight=x["k_norm_weight"])
 
@@ -268,14 +251,10 @@ def _softmax_decode_inputs(s, device, dtype):
 
 
 def _softmax_decode_fused(x, precision):
-    from .softmax_cam import cam_softmax_decode
-
     return cam_softmax_decode(x["o"], x["rays"], dim=x["dim"])
 
 
 def _softmax_decode_reference(x):
-    from .softmax_cam_reference import cam_softmax_decode_ref
-
     return cam_softmax_decode_ref(x["o"].float(), x["rays"], dim=x["dim"])
 
 
@@ -292,38 +271,26 @@ def _floats(x, *names):
 
 
 def _residual_ada_norm_fused(x, precision):
-    from .block_glue import residual_ada_norm
-
     return residual_ada_norm(x["x"], x["y"], x["shift"], x["scale"], backend="triton")
 
 
 def _residual_ada_norm_reference(x):
-    from .block_glue_reference import residual_ada_norm_ref
-
     return residual_ada_norm_ref(*_floats(x, "x", "y", "shift", "scale"))
 
 
 def _gated_residual_fused(x, precision):
-    from .block_glue import gated_residual
-
     return gated_residual(x["x"], x["y"], x["gate"], y2=x["z"], backend="triton")
 
 
 def _gated_residual_reference(x):
-    from .block_glue_reference import gated_residual_ref
-
     return gated_residual_ref(*_floats(x, "x", "y", "gate", "z"))
 
 
 def _silu_gate_fused(x, precision):
-    from .block_glue import silu_gate
-
     return silu_gate(x["x"], x["gate_tokens"], b=x["y"], backend="triton")
 
 
 def _silu_gate_reference(x):
-    from .block_glue_reference import silu_gate_ref
-
     return silu_gate_ref(*_floats(x, "x", "gate_tokens", "y"))
 
 
@@ -341,14 +308,10 @@ def _glu_inputs(s, device, dtype):
 
 
 def _glu_fused(x, precision):
-    from .ffn_glu import glu_depthwise
-
     return glu_depthwise(x["h"], x["weight"], x["bias"], x["height"], x["width"], backend="triton")
 
 
 def _glu_reference(x):
-    from .ffn_glu_reference import glu_depthwise_ref
-
     return glu_depthwise_ref(x["h"].float(), x["weight"], x["bias"], x["height"], x["width"])
 
 

@@ -26,6 +26,8 @@ from typing import Iterable
 import torch
 import torch.nn.functional as F
 
+from camrender.kernels.fp8_quant import quantize_rows
+
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = float(torch.finfo(E4M3).max)  # 448
 SCALINGS = ("row", "tensor")
@@ -94,8 +96,6 @@ class Fp8Linear(torch.nn.Module):
         lead = x.shape[:-1]
         rows = x.reshape(-1, self.in_features)
         if self.scaling == "row":
-            from camrender.kernels.fp8_quant import quantize_rows  # triton: imported when a layer first runs
-
             q, scale = quantize_rows(rows, backend=self.backend)
         else:
             q, scale = quantize(rows, self.scaling)

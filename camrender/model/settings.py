@@ -11,6 +11,7 @@ from typing import Optional
 
 import torch
 
+from camrender.kernels._validate import use_triton
 from camrender.model.device import resolve_device, resolve_dtype
 
 KERNEL_CHOICES = ("fused", "torch")
@@ -66,8 +67,6 @@ class KernelSettings:
 
     def use_triton(self, x: torch.Tensor) -> bool:
         """Whether the Triton kernels run for a tensor on x's device under this backend."""
-        from camrender.kernels._validate import use_triton
-
         return use_triton(x, self.backend)
 
 

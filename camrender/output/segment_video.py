@@ -14,6 +14,8 @@ import os
 import subprocess
 from pathlib import Path
 
+import imageio_ffmpeg
+
 from camrender.errors import CamrenderError
 from camrender.files import atomic_path, fsync_path, remove_quietly, temp_beside
 from camrender.output.video import VideoWriter
@@ -71,8 +73,6 @@ class SegmentVideoWriter:
 def join_segments(parts: list, path: Path) -> None:
     """Join mp4 files of one stream settings into `path` by stream copy (ffmpeg's concat demuxer),
     through a temporary file renamed into place."""
-    import imageio_ffmpeg
-
     if not parts:
         raise CamrenderError("no frames were rendered", path=path)
     listing = temp_beside(path, ".list.txt", prefix=f".{path.name}.")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import imageio_ffmpeg
 import numpy as np
 
 from camrender.errors import CamrenderError
@@ -76,8 +77,6 @@ class VideoWriter:
         self.frames_written += len(frames)
 
     def _start(self, width: int, height: int):
-        import imageio_ffmpeg
-
         output_params = ["-crf", str(self.crf), "-preset", self.preset, "-f", "mp4"]
         if self.fragmented:
             output_params += ["-movflags", FRAGMENTED_MOVFLAGS]

@@ -60,6 +60,7 @@ class CfgSplit:
 
     def gather(self, prediction):
         """Both ranks' (1, ...) predictions -> the (2, ...) batch the one-process render predicts."""
+        # lazy: keeps `camrender --help` free of torch
         import torch
         import torch.distributed as dist
 
@@ -83,6 +84,7 @@ def guidance_split(guided: bool) -> Optional[CfgSplit]:
 def head_split(mode: str, guidance: Optional[float]):
     """The `camrender.parallel.heads.HeadSplit` of this process for a render of `mode` and `guidance`
     (see the layout table above), or None (one process, or CFG parallel alone on two ranks)."""
+    # lazy: keeps `camrender --help` free of torch (heads imports it)
     from camrender.parallel.heads import HeadSplit
 
     ranks = distributed.current()

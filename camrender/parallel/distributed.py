@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import logging
 import os
 import signal
 import sys
@@ -125,6 +126,7 @@ def rank_device(device: Optional[str], local_rank: int):
 
     A named GPU (`cuda:1`) is refused: every rank would pick the same one.
     """
+    # lazy: keeps `camrender --help` free of torch
     import torch
 
     if device == "cpu" or (device in (None, "", "auto", "cuda") and not torch.cuda.is_available()):
@@ -147,6 +149,7 @@ def start(device: Optional[str] = None, per_video: Optional[int] = None) -> Rank
     Raises CamrenderError (before any GPU work) when the layout does not fit the run.
     """
     global _current, _owns_process_group
+    # lazy: keeps `camrender --help` free of torch
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -185,6 +188,7 @@ def stop() -> None:
     global _current, _owns_process_group
     if _current is None:
         return
+    # lazy: keeps `camrender --help` free of torch
     import torch.distributed as dist
 
     _current = None
@@ -204,6 +208,7 @@ def broadcast_object(value, ranks: Optional[Ranks]):
     """Rank 0's `value` on every rank (over the control group); `value` itself on one process."""
     if ranks is None:
         return value
+    # lazy: keeps `camrender --help` free of torch
     import torch.distributed as dist
 
     box = [value]
@@ -215,6 +220,7 @@ def gather_objects(value, ranks: Optional[Ranks]) -> Optional[list]:
     """Every rank's `value`, in rank order, on rank 0 (None elsewhere); [value] on one process."""
     if ranks is None:
         return [value]
+    # lazy: keeps `camrender --help` free of torch
     import torch.distributed as dist
 
     gathered = [None] * ranks.world_size if ranks.is_main else None
@@ -230,8 +236,7 @@ def launch(nproc: int, args: list) -> int:
     A worker's own messages reach stderr directly; bad input (exit 2) and failed batch jobs (exit 3)
     have been reported by rank 0, anything else gets one line naming the rank that failed first.
     """
-    import logging
-
+    # lazy: keeps `camrender --help` free of torch
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError

@@ -30,7 +30,9 @@ import dataclasses
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
+from diffusers.models.transformers.transformer_sana_wm import GLUMBConvTemp
 from torch import nn
 
 from camrender.errors import CamrenderError
@@ -51,15 +53,11 @@ class HeadSplit:
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum of `x` over the ranks, in place; returns x."""
-        import torch.distributed as dist
-
         dist.all_reduce(x, group=self.group)
         return x
 
     def gather_channels(self, x: torch.Tensor) -> torch.Tensor:
         """(..., c) of every rank -> (..., size * c), rank order along the last dim."""
-        import torch.distributed as dist
-
         x = x.contiguous()
         stacked = x.new_empty(self.size * x.shape[0], *x.shape[1:])  # the ranks' x one after the other
         gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # torch >= 2.12 / before
@@ -265,8 +263,6 @@ def split_ffn(mlp, split: HeadSplit) -> None:
 def split_transformer(transformer, split: HeadSplit):
     """Split every block of a (patched) SANA-WM transformer over `split`'s ranks, in place;
     returns the transformer. Splitting twice is refused (the model holds one rank's share)."""
-    from diffusers.models.transformers.transformer_sana_wm import GLUMBConvTemp
-
     if getattr(transformer, "head_split", None) is not None:
         raise ValueError("this transformer is already split over heads")
     for block in transformer.blocks:

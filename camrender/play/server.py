@@ -21,8 +21,10 @@ from __future__ import annotations
 import asyncio
 import hmac
 import io
+import ipaddress
 import json
 import random
+import signal
 import struct
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -31,6 +33,7 @@ from typing import Callable, Optional
 
 import numpy as np
 from aiohttp import WSMsgType, web
+from PIL import Image
 
 from camrender.play.session import Flight, Segment
 from camrender.play.steering import KeyTimeline, scheme_letter
@@ -43,8 +46,6 @@ PAGE = Path(__file__).with_name("page.html")
 
 def encode_jpeg(frame: np.ndarray, quality: int = JPEG_QUALITY) -> bytes:
     """uint8 (H, W, 3) RGB -> JPEG bytes (Pillow; it releases the GIL while it encodes)."""
-    from PIL import Image
-
     out = io.BytesIO()
     Image.fromarray(frame).save(out, format="JPEG", quality=quality)
     return out.getvalue()
@@ -267,8 +268,6 @@ class PlayServer:
 
 
 def is_loopback(host: str) -> bool:
-    import ipaddress
-
     if host == "localhost":
         return True
     try:
@@ -285,8 +284,6 @@ def page_url(host: str, port: int, token: Optional[str]) -> str:
 async def serve(server: PlayServer, host: str, port: int, on_ready: Callable[[str], None]) -> None:
     """Run `server` on host:port (0: any free port) until SIGINT or SIGTERM; `on_ready(url)` once it listens.
     On the signal the flight stops and is saved before this returns."""
-    import signal
-
     runner = web.AppRunner(server.app, handle_signals=False, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)

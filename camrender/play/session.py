@@ -34,6 +34,7 @@ import numpy as np
 from camrender.model.stage1.recipes import get_recipe, segment_bounds
 from camrender.output.segment_video import SegmentVideoWriter
 from camrender.play.steering import KeyTimeline, SteeredPath, Stopped, pinhole
+from camrender.render.loop import render_frames
 from camrender.render.request import RenderRequest
 from camrender.render.settings_file import write_render_json
 from camrender.trajectory import Trajectory, save as save_trajectory
@@ -132,8 +133,6 @@ class Flight:
             self.on_end(self)
 
     def _render(self) -> None:
-        from camrender.render.loop import render_frames
-
         request = dataclasses.replace(self.request, cameras=self.path.segments())
         recent = []  # (clock, frames) of the recent segments, for the rate
         started = self.clock()

@@ -17,6 +17,7 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
+from diffusers.models.autoencoders.autoencoder_kl_ltx2 import LTX2VideoCausalConv3d, LTX2VideoUpsampler3d
 
 # Latent frames per VAE call of segment mode's streaming decode with a refiner. The decode's workspace grows
 # with the frames of a call (the decoder's last stages hold several full-resolution activations of 8 video
@@ -117,11 +118,6 @@ class CausalStreamDecoder:
     """
 
     def __init__(self, vae, *, device=None, max_frames=None):
-        from diffusers.models.autoencoders.autoencoder_kl_ltx2 import (
-            LTX2VideoCausalConv3d,
-            LTX2VideoUpsampler3d,
-        )
-
         self.vae = vae
         self.device = device
         self.max_frames = max_frames

@@ -22,6 +22,7 @@ def open_image(image):
 
     Raises CamrenderError (naming the file, field "image") when it is missing or unreadable.
     """
+    # lazy: keeps `camrender --help` free of PIL
     import PIL.Image
 
     if isinstance(image, PIL.Image.Image):
@@ -45,6 +46,7 @@ def first_frame_pixels(image, height: int, width: int):
 
     The same resize+crop rule maps the trajectory's intrinsics (`camrender.render.camera`).
     """
+    # lazy: keeps `camrender --help` free of torch, diffusers
     import torch
     from diffusers.pipelines.sana_wm.cam_utils import resize_and_center_crop
 
@@ -56,6 +58,7 @@ def first_frame_pixels(image, height: int, width: int):
 
 def neutral_first_frame(height: int, width: int):
     """Mid-gray (1, 3, H, W) frame: the stand-in first frame of the tiny offline model."""
+    # lazy: keeps `camrender --help` free of torch
     import torch
 
     return torch.zeros(1, 3, height, width)
@@ -80,6 +83,7 @@ def encode_text(pipe, request: RenderRequest, device, guidance: bool):
 
     Returns (embeds (B, 1, L, D), mask (B, L)) with B = 2 ([negative, prompt]) under guidance, else 1.
     """
+    # lazy: keeps `camrender --help` free of torch, diffusers
     import torch
     from diffusers.pipelines.sana_wm.pipeline_sana_wm import DEFAULT_CHI_PROMPT
 
@@ -104,6 +108,7 @@ def encode_text(pipe, request: RenderRequest, device, guidance: bool):
 def visiting(module, device, offload: bool):
     """`module` on `device` for the block and back where it lives after (the text encoder stays in CPU
     memory between renders: `camrender.render.pipeline`); nothing moves under model CPU offload."""
+    # lazy: keeps `camrender --help` free of torch
     import torch
 
     home = next(module.parameters()).device
@@ -149,6 +154,7 @@ def encoding_on(vae, device, offload: bool = False, home=None):
     """The VAE's encoder on `device` for the block (moved there from its home if it waits elsewhere), then
     at `home` (default ENCODER_HOME) until the next encode; the decoder stays where it is. Nothing moves
     under model CPU offload (its hooks place the whole VAE) or when `device` is the home itself."""
+    # lazy: keeps `camrender --help` free of torch
     import torch
 
     home = torch.device(ENCODER_HOME if home is None else home)
@@ -181,6 +187,7 @@ def camera_feed(pipe, request: RenderRequest, device, dtype, batch: int):
     `dtype`: the Plucker maps are the same for every batch row (guidance only changes the text), and
     the transformer broadcasts them, so its Plucker projections run once instead of once per row.
     """
+    # lazy: keeps `camrender --help` free of torch
     from camrender.render.camera_feed import CameraFeed, SegmentCamera  # imports torch: see the module docstring
 
     t_stride, s_stride = pipe.vae_temporal_compression_ratio, pipe.vae_spatial_compression_ratio
@@ -200,6 +207,7 @@ def initial_latents(first_latent, num_latent_frames: int, height: int, width: in
     drawn_frames: draw (1, C, drawn_frames, h, w) and keep the first T frames (None: T); the noise of a
     frame depends on the shape drawn, so a clip cut short keeps the longer clip's noise this way.
     """
+    # lazy: keeps `camrender --help` free of torch
     import torch
 
     drawn = num_latent_frames if drawn_frames is None else int(drawn_frames)
@@ -248,6 +256,7 @@ class RenderInputs:
 def prepare_inputs(pipe, request: RenderRequest, device) -> RenderInputs:
     """Text, first-image latent, cameras and noise of `request`, for both modes: full mode takes the
     whole path's camera tensors now; segment mode keeps the feed and takes them segment by segment."""
+    # lazy: keeps `camrender --help` free of torch
     import torch
 
     dtype = pipe.transformer.dtype

@@ -18,8 +18,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Callable, Optional
+
+from safetensors import safe_open
+
+from camrender.model.device import resolve_device, resolve_dtype
+from camrender.model.refiner.loading import STREAMING_GEMMA, _refiner_root, _text_encoder_folder
+from camrender.render.request import MAX_SEQUENCE_LENGTH
 
 LAYOUT_VERSION = 1
 ENV_VAR = "CAMRENDER_CACHE"
@@ -39,8 +46,6 @@ def resolve_cache_dir(value: Optional[str]) -> Optional[str]:
 def platform_cache_dir() -> str:
     """camrender's folder in the user cache: $XDG_CACHE_HOME/camrender or ~/.cache/camrender (Linux and other
     Unix), ~/Library/Caches/camrender (macOS), %LOCALAPPDATA%\\camrender\\Cache (Windows)."""
-    import sys
-
     home = os.path.expanduser("~")
     if sys.platform == "darwin":
         return str(Path(home) / "Library" / "Caches" / "camrender")
@@ -94,8 +99,6 @@ class PromptCache:
 
     def get(self, key: dict) -> Optional[dict]:
         """{name: tensor} stored under `key`, or None (absent, unreadable or another key: noted)."""
-        from safetensors import safe_open
-
         path = self.path(key)
         if not path.is_file():
             return None
@@ -113,6 +116,7 @@ class PromptCache:
 
     def put(self, key: dict, tensors: dict) -> Path:
         """Store `tensors` under `key` (temporary file + rename: never a partial entry)."""
+        # lazy: keeps `camrender --help` free of torch (safetensors.torch imports it)
         from safetensors.torch import save_file
 
         path = self.path(key)
@@ -142,15 +146,11 @@ def _canonical(key: dict) -> str:
 
 # ------------------------------------------------------------------ the two stages' keys and lookups
 def _dtype_name(request) -> str:
-    from camrender.model.device import resolve_device, resolve_dtype
-
     return str(resolve_dtype(request.dtype, resolve_device(request.device))).replace("torch.", "")
 
 
 def stage_one_key(request, guidance: bool) -> dict:
     """Stage 1's Gemma-2 embeddings of the request (the negative prompt too under guidance)."""
-    from camrender.render.request import MAX_SEQUENCE_LENGTH
-
     return {"stage": "stage1", "version": LAYOUT_VERSION, "prompt": request.prompt or "",
             "negative_prompt": (request.negative_prompt or "") if guidance else None,
             "max_sequence_length": MAX_SEQUENCE_LENGTH, "dtype": _dtype_name(request),
@@ -169,7 +169,6 @@ def _refiner_identity(spec: str) -> dict:
     folder = Path(spec).expanduser()
     if spec == "tiny" or not folder.is_dir():
         return encoder_identity(spec, ("text_encoder", "connectors", "tokenizer"))
-    from camrender.model.refiner.loading import STREAMING_GEMMA, _refiner_root, _text_encoder_folder
 
     root = _refiner_root(folder)
     gemma = _text_encoder_folder(root)
@@ -180,8 +179,6 @@ def _refiner_identity(spec: str) -> dict:
 
 
 def note(line: str) -> None:
-    import sys
-
     print(f"camrender: {line}", file=sys.stderr)
 
 

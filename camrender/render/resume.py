@@ -18,12 +18,16 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import socket
 import time
 from pathlib import Path
 from typing import Optional
 
+from safetensors import safe_open
+
 from camrender.errors import CamrenderError
+from camrender.render.settings_file import checkpoint_settings, settings_differences
 
 CHECKPOINT_NAME = "checkpoint.safetensors"
 OWNER_NAME = "owner.json"
@@ -75,8 +79,6 @@ def _owner_alive(folder: Path) -> Optional[int]:
 
 def read_checkpoint_info(path: Path) -> dict:
     """The checkpoint's JSON metadata (settings, position) without loading its tensors."""
-    from safetensors import safe_open
-
     try:
         with safe_open(os.fspath(path), framework="pt") as handle:
             metadata = handle.metadata() or {}
@@ -97,8 +99,6 @@ def check_partials(request, resume: bool, log) -> Optional[dict]:
     match), else None (start from the beginning). Raises CamrenderError (one line, with the
     commands to run) when a partial folder is in the way or does not match.
     """
-    from camrender.render.settings_file import checkpoint_settings, settings_differences
-
     out = Path(request.out)
     for leftover in leftover_part_files(out):
         log(f"warning: {leftover} is left over from a render that was killed (unless one is still running); "
@@ -127,8 +127,6 @@ def check_partials(request, resume: bool, log) -> Optional[dict]:
         raise CamrenderError(f"an interrupted render of this video left {folder} ({where}); {action}: {remove}",
                              path=out)
     if info is None:  # killed before its first checkpoint: nothing would be lost by starting over
-        import shutil
-
         shutil.rmtree(folder)
         log(f"nothing to resume: {folder} held no checkpoint yet (the render stopped before its first); "
             f"rendering from the start")
@@ -178,6 +176,7 @@ class Checkpointer:
         """(cache, next segment) to continue from: the saved ones on a resume, else (`cache`, 0).
         Loads the block caches and decoder state onto `device` and restores the RNG states.
         bounds: this render's segment (start, stop) list, checked against the checkpoint's."""
+        # lazy: keeps `camrender --help` free of torch (state_io imports it too)
         import torch
 
         from camrender.render.state_io import load_tree
@@ -206,6 +205,7 @@ class Checkpointer:
 
     def save(self, next_segment: int, bounds: list, frames_written: int, cache, decoder) -> int:
         """Write the state after `next_segment` segments (all their files already on disk); bytes."""
+        # lazy: keeps `camrender --help` free of torch (state_io imports it too)
         import torch
 
         from camrender.render.state_io import save_tree
@@ -232,8 +232,6 @@ class Checkpointer:
         """Remove the folder when the render completed, or when it stopped with nothing to resume
         from; otherwise keep it (the checkpoint and the segments before it) for --resume."""
         if completed or not self.saved:
-            import shutil
-
             shutil.rmtree(self.folder, ignore_errors=True)
         else:
             (self.folder / OWNER_NAME).unlink(missing_ok=True)

@@ -17,6 +17,9 @@ from pathlib import Path
 import numpy as np
 
 from camrender.errors import CamrenderError
+from camrender.files import atomic_write_text
+from camrender.trajectory import v1
+from camrender.trajectory.formats.fileio import read_json
 
 RENDER_JSON_VERSION = 1
 NOT_SETTINGS = ("traj", "out", "prompt_cache")  # the path (stored apart), the target (given on each command
@@ -80,9 +83,6 @@ def settings_differences(saved: dict, current: dict) -> list:
 
 def write_render_json(request, path) -> None:
     """`NAME.render.json`: the settings plus the rendered path (per-frame v1 document)."""
-    from camrender.files import atomic_write_text
-    from camrender.trajectory import v1
-
     doc = {"camrender_render": RENDER_JSON_VERSION, "settings": settings_record(request),
            "trajectory": v1.to_document(request.traj, path)}
     atomic_write_text(path, json.dumps(doc, indent=1, allow_nan=False) + "\n")
@@ -90,9 +90,6 @@ def write_render_json(request, path) -> None:
 
 def read_render_json(path) -> tuple:
     """(settings dict, Trajectory) of a `NAME.render.json`; CamrenderError naming the file otherwise."""
-    from camrender.trajectory.formats.fileio import read_json
-    from camrender.trajectory import v1
-
     doc = read_json(path)
     if not isinstance(doc, dict) or doc.get("camrender_render") != RENDER_JSON_VERSION:
         raise CamrenderError(f"not a camrender render file (expected \"camrender_render\": {RENDER_JSON_VERSION})",

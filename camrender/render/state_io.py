@@ -17,6 +17,10 @@ import importlib
 import json
 import os
 
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
 from camrender.files import atomic_path
 
 ALLOWED_MODULE_PREFIX = "camrender."
@@ -25,8 +29,6 @@ _SKELETON_KEY = "camrender.tree"
 
 def _flatten(value, name: str, tensors: dict):
     """JSON skeleton of `value`; its tensors go into `tensors` under their dotted path."""
-    import torch
-
     if isinstance(value, torch.Tensor):
         # an owned, contiguous copy on the CPU: a view would save its whole base storage
         tensors[name] = value.detach().to("cpu").contiguous().clone()
@@ -66,8 +68,6 @@ def _dataclass(path: str):
 
 
 def _unflatten(node, tensors: dict, device):
-    import torch
-
     if not isinstance(node, dict):
         return node
     if "tensor" in node:
@@ -95,8 +95,6 @@ def _unflatten(node, tensors: dict, device):
 def save_tree(path, tree, metadata: dict | None = None) -> int:
     """Write `tree` (and str -> str `metadata`) to `path` atomically: a temporary file in the same
     folder, flushed to disk, then renamed over `path`. Returns the bytes written."""
-    from safetensors.torch import save_file
-
     tensors: dict = {}
     skeleton = _flatten(tree, "root", tensors)
     meta = dict(metadata or {})
@@ -111,8 +109,6 @@ def save_tree(path, tree, metadata: dict | None = None) -> int:
 
 def load_tree(path, device="cpu"):
     """(tree, metadata) saved by `save_tree`; tensors are moved to `device`."""
-    from safetensors import safe_open
-
     with safe_open(os.fspath(path), framework="pt") as handle:
         metadata = dict(handle.metadata() or {})
         tensors = {key: handle.get_tensor(key) for key in handle.keys()}

@@ -8,6 +8,7 @@ No torch or model import here: the CLI's `traj` commands stay light.
 """
 from __future__ import annotations
 
+from camrender.trajectory.formats import export_file, import_file
 from camrender.trajectory.model import Trajectory, validate_arrays, validate_intrinsics, validate_pose
 from camrender.trajectory.resample import is_model_length, nearest_model_length, to_model_frames
 
@@ -26,13 +27,9 @@ __all__ = [
 
 def load(path, fmt: str | None = None) -> Trajectory:
     """Read a trajectory file of any registered format (chosen by ``fmt``, suffix or content)."""
-    from camrender.trajectory.formats import import_file
-
     return import_file(path, fmt)
 
 
 def save(traj: Trajectory, path) -> None:
     """Write ``traj`` as a per-frame v1 JSON file (temp file in the same folder, then rename)."""
-    from camrender.trajectory.formats import export_file
-
     export_file(traj, path, "v1")

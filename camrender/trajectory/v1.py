@@ -23,6 +23,7 @@ from camrender.trajectory.fields import (
     vector,
 )
 from camrender.limits import MAX_SEED, MIN_SEED
+from camrender.trajectory import presets
 from camrender.trajectory.model import MAX_FRAMES, MAX_IMAGE_SIDE, Trajectory, validate_intrinsics, validate_pose
 
 VERSION = 1
@@ -303,8 +304,6 @@ def _aim(c2w, times, aims, samples, method, where: Where) -> np.ndarray:
 
 
 def _parse_preset(doc: dict, where: Where) -> Trajectory:
-    from camrender.trajectory import presets
-
     check_keys(doc, where, COMMON_KEYS | {"preset", "num_frames"})
     at = where.at("preset")
     block = require_object(doc["preset"], at)

@@ -15,6 +15,7 @@ import warnings
 import numpy as np
 
 from camrender.errors import CamrenderError
+from camrender.files import atomic_output
 from camrender.trajectory.stats import fields_of_view, rotation_angles
 
 _FRUSTUM_TARGET = 16  # about this many frustums per view when `every` is not given
@@ -79,6 +80,7 @@ def plot_trajectory(traj, path, *, every: int | None = None) -> None:
 
 
 def _draw(traj, path, every) -> None:
+    # lazy: keeps `camrender --help` and the `traj` commands free of matplotlib (and the PIL it imports)
     import matplotlib
 
     matplotlib.use("Agg")
@@ -180,8 +182,6 @@ def plot_format(path) -> str:
 
 
 def _save_atomic(fig, path) -> None:
-    from camrender.files import atomic_output
-
     fmt = plot_format(path)
     with atomic_output(path, "wb") as out:
         fig.savefig(out, format=fmt)

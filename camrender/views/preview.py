@@ -28,12 +28,14 @@ import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
+import click
 import numpy as np
 
 from camrender.errors import CamrenderError
 from camrender.limits import MAX_PREVIEW_SIDE
 from camrender.trajectory.rotations import relative_poses
 from camrender.trajectory.stats import fields_of_view
+from camrender.views.overlay import draw_text
 from camrender.views.proxy_scene import GROUND_Y, LANDMARKS, Landmark, ProxyScene  # noqa: F401 (re-exported)
 
 PREVIEW_X264_PRESET = "veryfast"
@@ -78,8 +80,6 @@ def pose_angles(c2w: np.ndarray) -> tuple[float, float, float]:
 def render_frames(traj, *, width: int | None = None, height: int | None = None, overlay: bool = False,
                   scene_scale: float = 1.0, relative: bool = True, threads: int | None = None):
     """Yield one (H, W, 3) uint8 frame per trajectory frame (see module docstring)."""
-    from camrender.views.overlay import draw_text
-
     w, h = preview_size(traj, width, height)
     intr = scaled_intrinsics(traj, w, h)
     poses = relative_poses(traj.c2w) if relative else np.asarray(traj.c2w, np.float64)
@@ -113,8 +113,7 @@ def overlay_lines(frame: int, num_frames: int, c2w, intrinsics, width: int, heig
 def write_preview(traj, path, *, width: int | None = None, height: int | None = None, overlay: bool = False,
                   scene_scale: float = 1.0, relative: bool = True, progress: bool = False) -> tuple[int, int]:
     """Render the preview of `traj` to an mp4 at `path` (atomic); returns the (width, height) written."""
-    import click
-
+    # lazy: keeps `camrender --help` and the other `traj` commands free of imageio_ffmpeg (output.video imports it)
     from camrender.output.video import VideoWriter
 
     w, h = preview_size(traj, width, height)

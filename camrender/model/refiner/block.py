@@ -22,6 +22,7 @@ import types
 from diffusers.models.normalization import RMSNorm
 from diffusers.models.transformers.transformer_sana_wm_refiner import SanaWMLTX2RefinerAttnProcessor
 
+from camrender.kernels.block_glue import ada_norm, gated_residual, residual_ada_norm
 from camrender.model.refiner.attention import FusedRefinerAttnProcessor, fusable
 
 REFINER_KERNELS = ("fused", "stock")
@@ -61,8 +62,6 @@ def _glue_fusable(block) -> bool:
 def fused_block_forward(self, hidden_states, encoder_hidden_states, temb, video_rotary_emb,
                         encoder_attention_mask=None, sink_rotary_emb=None, kv_cache=None, kv_cache_mode=None):
     """`SanaWMLTX2RefinerTransformerBlock.forward` with the glue fused (module docstring); same arguments."""
-    from camrender.kernels.block_glue import ada_norm, gated_residual, residual_ada_norm
-
     backend = self.attn1.processor.backend  # the glue runs where the fused attention runs
     shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.get_mod_params(
         self.scale_shift_table, temb, hidden_states.size(0))

@@ -131,6 +131,7 @@ def load_refiner(spec: str, *, dtype, latent_channels: Optional[int] = None, tex
 
 def _download(hub_id: str) -> Path:
     try:
+        # lazy: keeps `camrender --help` fast (huggingface_hub's hub client imports in about 0.25 s)
         from huggingface_hub import snapshot_download
 
         root = snapshot_download(hub_id, allow_patterns=[f"{STREAMING_REFINER}/**", f"{STREAMING_GEMMA}/**"])
@@ -218,7 +219,7 @@ def place_refiner(refiner, device, offload: str = "none") -> None:
     if offload == "none" or device.type != "cuda":
         refiner.transformer.to(device)
         return
-    try:
+    try:  # lazy: accelerate is optional (the offload extra)
         import accelerate  # noqa: F401
     except ImportError:
         raise CamrenderError("--refiner-offload layers needs the accelerate package (pip install accelerate)",

@@ -33,9 +33,12 @@ import torch
 from diffusers.models.transformers.transformer_sana_wm_refiner import SanaWMRefinerKVCache
 from diffusers.pipelines.sana_wm.refiner import STAGE_2_DISTILLED_SIGMA_VALUES, _pack_latents, _unpack_latents
 from diffusers.utils.torch_utils import randn_tensor
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from camrender.model.refiner.block import use_refiner_kernels
+from camrender.model.refiner.loading import is_layer_streamed
 from camrender.model.refiner.window import WindowKVCache
+from camrender.model.stage1.softmax_attention import SDPA_BACKENDS
 
 SINK_FRAMES = 1  # the released recipe: latent frame 0 is the sink
 BLOCK_FRAMES = 3
@@ -57,8 +60,6 @@ def encode_refiner_prompt(refiner, prompt: str, device, dtype) -> RefinerText:
     The text encoder and connectors visit `device` for this one call when they live elsewhere
     (they run once per render; the Gemma-3-12B encoder is 24 GB in bf16), and go back after.
     """
-    from camrender.model.refiner.loading import is_layer_streamed
-
     moved = []
     for name in ("text_encoder", "connectors"):
         module = getattr(refiner, name)
@@ -291,9 +292,6 @@ def _attention_backends(device):
     faster than flash on the H200, see `camrender.model.stage1.softmax_attention.SDPA_BACKENDS`)."""
     if torch.device(device).type != "cuda":
         return contextlib.nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    from camrender.model.stage1.softmax_attention import SDPA_BACKENDS
 
     return sdpa_kernel([getattr(SDPBackend, name) for name in SDPA_BACKENDS], set_priority=True)
 

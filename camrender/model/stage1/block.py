@@ -35,8 +35,12 @@ from diffusers.models.transformers.transformer_sana_wm import (
     SanaWMCrossAttnProcessor,
 )
 
+from camrender.kernels._validate import use_triton
+from camrender.kernels.block_glue import ada_norm, gated_residual, merge_heads, residual_ada_norm
+from camrender.kernels.main_prep import main_prep
 from camrender.model.adopt import adopt_module
 from camrender.model.settings import KernelSettings
+from camrender.model.stage1.ffn import ffn_parts
 from camrender.model.stage1.gdn_attention import norm_inv_rms
 from camrender.model.stage1.state import BlockCache, SegmentCall
 
@@ -52,16 +56,12 @@ class FusedCrossAttnProcessor(SanaWMCrossAttnProcessor):
         self.backend = backend
 
     def __call__(self, attn: MultiHeadCrossAttention, hidden_states, encoder_hidden_states, attention_mask=None):
-        from camrender.kernels._validate import use_triton
-
         query_norm = getattr(attn.q_norm, "weight", None)
         fused = query_norm is not None and use_triton(hidden_states, self.backend)
         batch = hidden_states.shape[0]
         channels = attn.heads * attn.head_dim  # this rank's heads under the head split, else x's C
         if not fused and channels == hidden_states.shape[-1]:
             return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask)
-        from camrender.kernels.block_glue import merge_heads
-        from camrender.kernels.main_prep import main_prep
 
         query = attn.q_linear(hidden_states)
         if fused:
@@ -105,8 +105,6 @@ def plucker_projection(block, plucker_emb: torch.Tensor) -> torch.Tensor:
 def attention_residual(block, x, attn_out, gate, plucker_emb, backend):
     """x + gate * attn_out (+ plucker_proj(plucker_emb) if given and the block has one), one pass.
     Inside `fixed_plucker` the block's projection computed there is used instead of plucker_emb's."""
-    from camrender.kernels.block_glue import gated_residual
-
     projected = getattr(block, "fixed_plucker", None)
     if projected is None and plucker_emb is not None and hasattr(block, "plucker_proj"):
         projected = plucker_projection(block, plucker_emb)
@@ -146,12 +144,8 @@ def ffn_residual(block, x, mlp_in, grid, gate, backend, *, left=None, segments=N
     """x + gate * FFN(mlp_in) in one pass after the FFN's GEMMs: the patched `GLUMBConvTemp` hands
     over its two terms (y, temporal conv z) unsummed. grid = (T, h, w). Returns (x', y) with y the
     FFN's pre-temporal output (segment mode caches its last frame), or None for other FFNs."""
-    from camrender.kernels.block_glue import gated_residual
-
     frames, height, width = grid
     if isinstance(block.mlp, GLUMBConvTemp):
-        from camrender.model.stage1.ffn import ffn_parts
-
         y, z = ffn_parts(block.mlp, mlp_in, frames, height, width, left=left, segments=segments, backend=backend)
         return gated_residual(x, y, gate, y2=z, backend=backend), y
     return gated_residual(x, block.mlp(mlp_in), gate, backend=backend), None
@@ -165,8 +159,6 @@ def glue_forward(block, x, y, mask, modulation, grid, attend, plucker_emb, backe
     modulation (B, 1, T, 6C); grid (T, h, w); left / segments: the FFN's segment-mode inputs (see
     `ffn_residual`). Returns (x', y_ffn) as `ffn_residual`.
     """
-    from camrender.kernels.block_glue import ada_norm, residual_ada_norm
-
     if x.stride(-1) != 1:
         x = x.contiguous()  # block 0 receives the patch embedder's transposed view
     shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = modulation_rows(block, modulation)

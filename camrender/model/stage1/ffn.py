@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from diffusers.models.transformers.transformer_sana_wm import GLUMBConvTemp
 
+from camrender.kernels.ffn_glu import glu_depthwise
 from camrender.model.adopt import adopt_module
 from camrender.model.fp8 import conv_linear
 from camrender.model.settings import KernelSettings
@@ -45,8 +46,6 @@ def _fusable(mlp) -> bool:
 
 def _spatial_fused(mlp, x, frames, height, width, backend):
     """Inverted conv -> GLU depthwise -> point conv, token-major. x (B, N, C) -> y (B, T, S, C_out)."""
-    from camrender.kernels.ffn_glu import glu_depthwise
-
     batch, tokens, channels = x.shape
     inverted, depth, point = mlp.inverted_conv.conv, mlp.depth_conv.conv, mlp.point_conv.conv
     hidden = conv_linear(x, inverted)  # (B, N, 2Hd)

@@ -25,6 +25,7 @@ from diffusers.models.transformers.transformer_sana_wm import (
     _prepare_ucpe_ray_transforms,
 )
 
+from camrender.kernels.block_glue import silu_gate
 from camrender.kernels.camera_branch import camera_branch
 from camrender.kernels.main_branch import main_branch
 from camrender.kernels.short_conv import short_conv, short_conv_context
@@ -55,8 +56,6 @@ def combine_branches(attn, x, main, camera, backend: str) -> torch.Tensor:
     otherwise the sum and gate in one pass (`kernels.block_glue.silu_gate`, stock rounding, that backend)."""
     gated = attn.use_output_gate and attn.output_gate is not None
     if backend != "torch" and gated:
-        from camrender.kernels.block_glue import silu_gate
-
         return attn.proj(silu_gate(main, attn.output_gate(x), b=camera, backend=backend))
     out = main if camera is None else main + camera
     if gated:

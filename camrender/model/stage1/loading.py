@@ -66,7 +66,7 @@ def load_pipeline(model: str = DEFAULT_MODEL, *, dtype="auto", device=None, offl
         if device.type != "cuda":
             raise CamrenderError("--offload moves components to a GPU while they run; it needs a CUDA device",
                                  field="offload")
-        try:
+        try:  # lazy: accelerate is optional (the offload extra)
             import accelerate  # noqa: F401
         except ImportError:
             raise CamrenderError("--offload needs the accelerate package (pip install accelerate)",

@@ -27,7 +27,11 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 from diffusers.models.transformers.transformer_sana_wm import _prepare_ucpe_ray_transforms, _SoftmaxUCPESinglePathLiteLA
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from camrender.kernels import softmax_cam, softmax_cam_reference
+from camrender.kernels.main_prep import main_prep
+from camrender.kernels.main_prep_reference import main_prep_ref
 from camrender.model.adopt import adopt_module
 from camrender.model.settings import KernelSettings
 from camrender.model.stage1.gdn_attention import combine_branches, norm_inv_rms
@@ -44,7 +48,6 @@ def sdpa(q, k, v, *, scale=None, mask=None, backends=SDPA_BACKENDS):
     list `backends` (None: PyTorch's own choice). mask: optional bool, True = attend."""
     if backends is None or not q.is_cuda:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
-    from torch.nn.attention import SDPBackend, sdpa_kernel
 
     with sdpa_kernel([getattr(SDPBackend, name) for name in backends], set_priority=True):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
@@ -68,9 +71,6 @@ def softmax_qkv(attn, x, rope, attn_dtype, use_triton: bool):
     """Main-branch q, k (full-C RMSNorm, RoPE) and v of softmax-block attention `attn`, each
     (B, H, N, D) in `attn_dtype`. x (B, N, C); rope: diffusers' complex table or None.
     use_triton: `kernels.main_prep` writes q and k straight in `attn_dtype`, else its reference."""
-    from camrender.kernels.main_prep import main_prep
-    from camrender.kernels.main_prep_reference import main_prep_ref
-
     batch, tokens = x.shape[:2]
     heads, dim = attn.heads, attn.dim
     channels = heads * dim  # this rank's heads under the head split, else x's C
@@ -94,9 +94,9 @@ def camera_encode(attn, x, ray_transforms, attn_dtype, use_triton: bool, downsca
     diffusers, NVlabs 40151c8; not NVlabs today) RMS downscale, each (B, H, N, DPAD) in `attn_dtype` (head dim
     zero-padded, `kernels.softmax_cam`)."""
     if use_triton:
-        from camrender.kernels.softmax_cam import cam_softmax_encode
+        cam_softmax_encode = softmax_cam.cam_softmax_encode
     else:
-        from camrender.kernels.softmax_cam_reference import cam_softmax_encode_ref as cam_softmax_encode
+        cam_softmax_encode = softmax_cam_reference.cam_softmax_encode_ref
     query, key = attn.q_proj_cam(x), attn.k_proj_cam(x)
     encoded = cam_softmax_encode(
         query, key, attn.v_proj_cam(x), ray_transforms,
@@ -109,9 +109,9 @@ def camera_encode(attn, x, ray_transforms, attn_dtype, use_triton: bool, downsca
 def camera_decode(attn, o, ray_transforms, dtype, use_triton: bool):
     """Camera SDPA output (B, H, N, DPAD) -> world space (B, N, C) in `dtype` (P, inverse RoPE)."""
     if use_triton:
-        from camrender.kernels.softmax_cam import cam_softmax_decode
+        cam_softmax_decode = softmax_cam.cam_softmax_decode
     else:
-        from camrender.kernels.softmax_cam_reference import cam_softmax_decode_ref as cam_softmax_decode
+        cam_softmax_decode = softmax_cam_reference.cam_softmax_decode_ref
     return cam_softmax_decode(o, ray_transforms, dim=attn.cam_head_dim, out_dtype=dtype)
 
 

@@ -66,6 +66,7 @@ def _image_size_from_file(doc_dir: str, file_path, where: Where):
     for option in options:
         if os.path.isfile(option):
             try:
+                # lazy: keeps the `traj` commands free of PIL unless a file names its images
                 from PIL import Image
 
                 with Image.open(option) as image:
