@@ -33,7 +33,7 @@ import sys
 from pathlib import Path
 
 import torch
-from diffusers.models.transformers.transformer_sana_wm import GLUMBConvTemp
+from diffusers.models.transformers.transformer_sana_wm import GLUMBConvTemp, _SoftmaxUCPESinglePathLiteLA
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -98,49 +98,52 @@ def switches(model):
 
     fused_settings, torch_settings = KernelSettings("auto", "tf32"), KernelSettings("torch", "tf32")
 
-    state = {"parts": set()}
+    chosen = {"parts": set()}
     originals = (patch_block.ffn_residual, PatchedGDNAttention._main_branch, PatchedGDNAttention._camera_branch,
-                 PatchedGDNAttention._combine)
+                 PatchedGDNAttention._combine, PatchedSoftmaxAttention.forward)
 
     def ffn_residual(block, x, mlp_in, grid, gate, backend, **kwargs):
-        if "ffn" in state["parts"]:
+        if "ffn" in chosen["parts"]:
             return originals[0](block, x, mlp_in, grid, gate, backend, **kwargs)
         return gated_residual(x, GLUMBConvTemp.forward(block.mlp, mlp_in, grid), gate, backend=backend), None
 
-    def main_branch(attn, *args, **kwargs):
-        fused = "gdn_main" in state["parts"]
-        attn.settings = fused_settings if fused else torch_settings  # "torch": the stock lines of the forward
-        try:
-            return originals[1](attn, *args, **kwargs)
-        finally:
-            attn.settings = fused_settings
+    def main_branch(attn, x, beta, decay, rotary_emb, call, block_state):
+        if "gdn_main" in chosen["parts"]:
+            return originals[1](attn, x, beta, decay, rotary_emb, call, block_state)
+        return attn._main_branch_stock(x, beta, decay, call.num_frames, rotary_emb)
 
-    def camera_branch(attn, x, beta, decay, rays, call, block_state, *, full):
-        if "gdn_camera" in state["parts"]:
-            return originals[2](attn, x, beta, decay, rays, call, block_state, full=full)
+    def camera_branch(attn, x, beta, decay, rays, call, block_state):
+        if "gdn_camera" in chosen["parts"]:
+            return originals[2](attn, x, beta, decay, rays, call, block_state)
         return stock_camera_branch(attn, x, beta, decay, call.grid, rays)
 
+    def softmax(attn, x, *, rotary_emb=None, camera_conditions=None, ucpe_ray_transforms=None, state=None,
+                segment=None):
+        if "softmax" in chosen["parts"]:
+            return originals[4](attn, x, rotary_emb=rotary_emb, camera_conditions=camera_conditions,
+                                ucpe_ray_transforms=ucpe_ray_transforms, state=state, segment=segment)
+        return _SoftmaxUCPESinglePathLiteLA.forward(attn, x, None, segment.grid, rotary_emb, None, camera_conditions,
+                                                    ucpe_ray_transforms=ucpe_ray_transforms)
+
     def combine(attn, x, main, camera):
-        return combine_branches(attn, x, main, camera, "auto" if "glue" in state["parts"] else "torch")
+        return combine_branches(attn, x, main, camera, "auto" if "glue" in chosen["parts"] else "torch")
 
     def select(parts):
-        state["parts"] = set(parts)
+        chosen["parts"] = set(parts)
         for block in model.blocks:
             block.settings = fused_settings if "glue" in parts else torch_settings
             block.cross_attn.processor.backend = "auto" if "cross_attn" in parts else "torch"
             block.mlp.settings = fused_settings if "ffn" in parts else torch_settings
-            if isinstance(block.attn, PatchedSoftmaxAttention):
-                block.attn.settings = fused_settings if "softmax" in parts else torch_settings
 
     patch_block.ffn_residual = ffn_residual
     PatchedGDNAttention._main_branch, PatchedGDNAttention._camera_branch = main_branch, camera_branch
-    PatchedGDNAttention._combine = combine
+    PatchedGDNAttention._combine, PatchedSoftmaxAttention.forward = combine, softmax
     try:
         yield select
     finally:
         patch_block.ffn_residual = originals[0]
         PatchedGDNAttention._main_branch, PatchedGDNAttention._camera_branch = originals[1], originals[2]
-        PatchedGDNAttention._combine = originals[3]
+        PatchedGDNAttention._combine, PatchedSoftmaxAttention.forward = originals[3], originals[4]
 
 
 def main(argv=None) -> dict:

@@ -17,6 +17,7 @@ Peak memory: torch.cuda.max_memory_allocated on a GPU, the process's peak RSS on
 
     python3 bench/bench_play.py --out $OUT/bench_play.json                 # release size, random weights, one H200
     python3 bench/bench_play.py --refiner --out $OUT/bench_play_refiner.json   # + the release-size refiner (random)
+    python3 bench/bench_play.py --refiner --precision fp8 --out $OUT/p.json     # both stages' block linears in FP8
     python3 bench/bench_play.py --tiny                                      # the script's logic on a CPU (tiny model)
 """
 from __future__ import annotations
@@ -47,6 +48,7 @@ from common import emit  # noqa: E402
 import camrender.render.stage_two as stage_two_module  # noqa: E402
 from camrender.allocator import use_expandable_segments  # noqa: E402
 from camrender.cli.play import longest_clip  # noqa: E402
+from camrender.model.fp8 import quantize_blocks  # noqa: E402
 from camrender.play.server import PlayServer  # noqa: E402
 from camrender.render.pipeline import load_patched_pipeline  # noqa: E402
 from camrender.render.prompt_cache import refiner_key  # noqa: E402
@@ -65,6 +67,8 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tiny", action="store_true", help="the tiny model on the CPU (checks the script)")
     parser.add_argument("--refiner", action="store_true", help="with stage 2 (release size: random refiner DiT)")
+    parser.add_argument("--precision", default="bf16", choices=("bf16", "fp8"),
+                        help="both stages' block linears (--stage1-precision / --refiner-precision); fp8: CUDA only")
     parser.add_argument("--segments", type=int, default=24, help="segments per flight")
     parser.add_argument("--key-every", type=float, default=0.7, help="seconds between key changes")
     parser.add_argument("--height", type=int, default=None)
@@ -81,7 +85,7 @@ def build(args):
                              height=height, width=width, mode="segments", recipe="streaming",
                              model="tiny" if args.tiny else "release-random", device="cpu" if args.tiny else "cuda",
                              dtype="auto" if args.tiny else "bfloat16", refiner="tiny" if args.tiny and args.refiner
-                             else None)
+                             else None, stage1_precision=args.precision, refiner_precision=args.precision)
     if args.tiny:
         return load_patched_pipeline(template), template
 
@@ -91,6 +95,8 @@ def build(args):
     Image.fromarray(pixels.numpy()).save(image)
     template = dataclasses.replace(template, image=str(image))
     pipe = load_release_random(template)
+    if args.precision == "fp8":
+        quantize_blocks(pipe.transformer.blocks)
     if args.refiner:
         template = dataclasses.replace(template, refiner="release-random")
         attach_random_refiner(pipe, template)
@@ -105,6 +111,8 @@ def attach_random_refiner(pipe, template):
     refiner = as_refiner(transformer)
     text = refiner_text(transformer, 1024, device, torch.bfloat16)
     setattr(refiner, stage_two_module._PROMPT_MEMO, (refiner_key(template), text.embeds, text.mask))
+    if template.refiner_precision == "fp8":
+        quantize_blocks(refiner.transformer.transformer_blocks, device=device)
     stage_two_module.attach_refiner(pipe, refiner)
 
 
@@ -205,8 +213,8 @@ def main(argv=None) -> dict:
     if torch.cuda.is_available() and not args.tiny:
         torch.cuda.reset_peak_memory_stats()
     result = {"model": template.model, "device": torch.cuda.get_device_name() if not args.tiny else "cpu",
-              "size": f"{template.width}x{template.height}", "refiner": template.refiner, "segments": args.segments,
-              "key_every_s": args.key_every, "torch": torch.__version__, **asyncio.run(run(args, pipe, template))}
+              "size": f"{template.width}x{template.height}", "refiner": template.refiner, "precision": args.precision,
+              "segments": args.segments, "key_every_s": args.key_every, "torch": torch.__version__, **asyncio.run(run(args, pipe, template))}
     if args.tiny:
         result["peak_rss_gib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)
     else:

@@ -157,8 +157,8 @@ def _quiet_libraries() -> None:
 @click.option("--vae", default=None, type=click.Path(path_type=Path),
               help="Diffusers VAE folder replacing the pipeline's, e.g. SANA-WM_streaming/ltx2_causal_vae.")
 @click.option("--kernels", default="fused", show_default=True, type=click.Choice(["fused", "torch"]),
-              help="fused: Triton kernels, stage 1 and the refiner (PyTorch on CPU); torch: diffusers' own code, "
-                   "with the PyTorch reference of the GDN camera branch.")
+              help="fused: Triton kernels, stage 1 and the refiner (PyTorch on CPU); torch: stage 1 on the "
+                   "kernels' PyTorch references, the refiner on diffusers' own block code.")
 @click.option("--mode", default=None, type=click.Choice(["full", "segments"]),
               help="full: whole clip at once; segments: segment by segment with cached state "
                    f"(default: the recipe's: {per_recipe(lambda recipe: recipe.mode)}).")

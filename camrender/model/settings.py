@@ -36,8 +36,8 @@ class KernelSettings:
 
     Attributes:
         backend: the kernels' `backend` argument: "auto" (Triton on CUDA and under
-            TRITON_INTERPRET=1, the PyTorch references otherwise), "triton", or "torch". With
-            "torch", full mode runs diffusers' own block code and segment mode the references.
+            TRITON_INTERPRET=1, the PyTorch references otherwise), "triton", or "torch" (the
+            PyTorch references in every mode).
         precision: matrix-product precision inside the Triton kernels, "tf32" or "ieee" (exact fp32).
         linear_precision: the blocks' linear layers, "bf16" (the model's dtype) or "fp8" (e4m3 weights and
             activations, `camrender.model.fp8`; `--stage1-precision`).
@@ -62,7 +62,7 @@ class KernelSettings:
 
     @property
     def fused(self) -> bool:
-        """Whether full mode runs the fused structure (else diffusers' stock block code)."""
+        """Whether the Triton kernels may run (any backend but "torch", which runs their PyTorch references)."""
         return self.backend != "torch"
 
     def use_triton(self, x: torch.Tensor) -> bool:
@@ -120,7 +120,7 @@ class RenderSettings:
                stage1_precision: str = "bf16", refiner_precision: str = "bf16",
                refiner_window: int = 11) -> "RenderSettings":
         """The settings of the `--kernels` word ("fused": Triton kernels, PyTorch references on a CPU;
-        "torch": diffusers' own code), `--precision`, `--dtype` ("auto": bfloat16 on CUDA, float32
+        "torch": the PyTorch references, and diffusers' own refiner blocks), `--precision`, `--dtype` ("auto": bfloat16 on CUDA, float32
         elsewhere), `--device` (None: CUDA when available), `--offload` and `--cuda-graphs` (CUDA only,
         not under offload: the weights move), `--stage1-precision` / `--refiner-precision` ("bf16" / "fp8")
         and `--refiner-window`; stage_one: these kernel settings instead of `kernels`, `precision` and

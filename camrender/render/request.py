@@ -44,8 +44,7 @@ class RenderRequest:
         transformer_weights: optional original-format DiT file loaded over the transformer.
         vae: optional diffusers VAE folder replacing the pipeline's (the streaming causal VAE).
         kernels: "fused" (the Triton kernels of every patched block; PyTorch references on CPU) |
-            "torch" (diffusers' own code, with the PyTorch references of the GDN camera branch and of
-            softmax blocks under rules other than diffusers').
+            "torch" (stage 1 on the kernels' PyTorch references, the refiner on diffusers' own block code).
         mode: "full" (whole clip at once) | "segments" (chunk-causal, state-cached).
         recipe: the checkpoint's recipe (`camrender.model.stage1.recipes`): "bidirectional" (or
             "bidirectional-nvlabs-latest", "bidirectional-diffusers") | "streaming" | "chunk-causal".

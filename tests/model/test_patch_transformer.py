@@ -159,8 +159,9 @@ def test_fused_falls_back_to_torch_reference_on_cpu(monkeypatch):
 
 def test_patched_blocks_run_the_glue_kernels(monkeypatch):
     """kernels='fused' blocks run their adaLN steps through kernels.block_glue and still match the
-    stock model; kernels='torch' blocks never touch them. The glue entry points are what is counted,
-    so the PyTorch backend stands in for the interpreter (the kernels have their own tests)."""
+    stock model; kernels='torch' blocks run the same steps on the glue's PyTorch backend. The glue entry
+    points are what is counted, so the PyTorch backend stands in for the interpreter (the kernels have
+    their own tests)."""
     import camrender.kernels.block_glue as glue
     from camrender.model.stage1.block import PatchedBlock
 
@@ -174,7 +175,7 @@ def test_patched_blocks_run_the_glue_kernels(monkeypatch):
         original = getattr(glue, name)
 
         def counted(*args, _original=original, _name=name, **kwargs):
-            calls.append(_name)
+            calls.append((_name, kwargs.get("backend", "auto")))
             return _original(*args, **kwargs)
 
         monkeypatch.setattr(glue, name, counted)
@@ -184,21 +185,25 @@ def test_patched_blocks_run_the_glue_kernels(monkeypatch):
     assert relative_error(forward(model, inputs), reference) <= 1e-4
     # per block: ada_norm for the attention and (through residual_ada_norm) after the cross-attention,
     # gated_residual after the attention and after the FFN
-    assert sorted(calls) == sorted(["ada_norm", "gated_residual"] * 2 * len(model.blocks))
+    steps = sorted([("ada_norm", "auto"), ("gated_residual", "auto")] * 2 * len(model.blocks))
+    assert sorted(calls) == steps
     calls.clear()
     patch_transformer(model, kernels="torch", recipe=DIFFUSERS)
-    forward(model, inputs)
-    assert calls == []
+    assert relative_error(forward(model, inputs), reference) <= 1e-4
+    assert sorted(calls) == [(name, "torch") for name, _ in steps]
 
 
-def test_full_mode_forward_is_diffusers_own_on_the_torch_backend():
+@pytest.mark.parametrize("kernels", ["torch", "fused"])
+def test_full_mode_forward_is_the_transformers_forward_through_the_patched_blocks(kernels, monkeypatch):
     """Full mode runs camrender's forward (`segment_forward`, one whole-clip segment, FULL_MODE) on the
-    conditioning built once (`prepare_conditioning`: its RoPE rows are the transformer's own table); with
-    --kernels torch that is diffusers' own block code, so it equals the transformer's forward bit for bit."""
+    conditioning built once (`prepare_conditioning`: its RoPE rows are the transformer's own table). Called
+    without a segment, as diffusers' transformer forward calls them, the patched blocks run that same
+    whole-clip segment: both forwards agree bit for bit, on either backend."""
     from camrender.model.stage1.segments import prepare_conditioning, segment_forward
     from camrender.model.stage1.state import FULL_MODE
 
-    model = patch_transformer(build_tiny_transformer(seed=6), kernels="torch")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # the fused backend on the PyTorch references: the same ops
+    model = patch_transformer(build_tiny_transformer(seed=6), kernels=kernels)
     inputs = transformer_inputs(model)
     grid = inputs["hidden_states"].shape[2:]
     conditioning = prepare_conditioning(model, grid, inputs["encoder_hidden_states"], inputs["encoder_attention_mask"],

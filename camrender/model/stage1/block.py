@@ -14,8 +14,8 @@ where the stock block writes its intermediate tensors, so the glue itself matche
 and the cross-attention's query RMSNorm runs as one kernel (`kernels.main_prep`) instead of five
 fp32 passes. The residual stream leaves every block contiguous: the stock model carries it in the
 patch embedder's transposed layout, which sends every later elementwise op down PyTorch's slow
-strided path. In full mode, settings backend "torch" (or a padded-frame mask) runs the stock block
-forward (around the patched attention and FFN modules).
+strided path. Settings backend "torch" runs the same structure on the kernels' PyTorch references; only
+a padded-frame mask (training-time batching) runs the stock block forward.
 
 Segment mode is the same forward with a `segment` (`SegmentCall`) and the block's `state`
 (`BlockCache`): the attention reads / writes its part of the state, the FFN's temporal conv sees
@@ -115,7 +115,7 @@ def attention_residual(block, x, attn_out, gate, plucker_emb, backend):
 
 @contextlib.contextmanager
 def fixed_plucker(transformer, chunk_plucker):
-    """Project the post-attention Plucker embedding of `chunk_plucker` once for every fused block,
+    """Project the post-attention Plucker embedding of `chunk_plucker` once for every patched block,
     and have those blocks add that projection on every call inside the context.
 
     For a render's denoising steps, whose camera path (so Plucker maps) never changes: the blocks
@@ -123,8 +123,7 @@ def fixed_plucker(transformer, chunk_plucker):
     pass this `chunk_plucker`. Memory: one (B_p, N, C) tensor per block (B_p = chunk_plucker's batch,
     1 for a render: the guidance rows share it). No-op without Plucker inputs.
     """
-    blocks = [block for block in transformer.blocks
-              if isinstance(block, PatchedBlock) and block.settings.fused and hasattr(block, "plucker_proj")]
+    blocks = [block for block in transformer.blocks if isinstance(block, PatchedBlock) and hasattr(block, "plucker_proj")]
     if chunk_plucker is None or not getattr(transformer, "use_chunk_plucker_post_attn", False) or not blocks:
         yield
         return
@@ -174,7 +173,9 @@ class PatchedBlock(SanaVideoMSCamCtrlBlock):
 
     x (B, N, C), y (B, 1, L, C) text, t (B, 1, T, 6C) modulation; returns (B, N, C) contiguous.
     Segment mode adds `state` (this block's `BlockCache`, or None) and `segment` (the call's
-    `SegmentCall`; THW, camera_conditions, frame_valid_mask and chunk_size are then not read).
+    `SegmentCall`; THW is then not read); without a segment the call is one whole-clip segment under
+    the attention's `full_options` (how diffusers' transformer forward calls it). block_mask and
+    chunk_size are not read.
     """
 
     settings: KernelSettings = KernelSettings()
@@ -191,26 +192,21 @@ class PatchedBlock(SanaVideoMSCamCtrlBlock):
     def forward(self, x, y, t, mask=None, THW=None, rotary_emb=None, block_mask=None, camera_conditions=None,
                 ucpe_ray_transforms=None, plucker_emb=None, frame_valid_mask=None, chunk_size=None, *,
                 state: Optional[BlockCache] = None, segment: Optional[SegmentCall] = None):
-        if segment is None:
-            if not self.settings.fused or frame_valid_mask is not None:
-                return super().forward(x, y, t, mask, THW, rotary_emb, block_mask, camera_conditions,
-                                       ucpe_ray_transforms, plucker_emb, frame_valid_mask, chunk_size)
-
-            def attend(attn_in):
-                return self.attn(attn_in, HW=THW, rotary_emb=rotary_emb, block_mask=block_mask,
-                                 camera_conditions=camera_conditions, ucpe_ray_transforms=ucpe_ray_transforms,
-                                 chunk_size=self.chunk_size if chunk_size is None else chunk_size)
-
-            return glue_forward(self, x, y, mask, t, THW, attend, plucker_emb, self.settings.backend)[0]
+        if frame_valid_mask is not None:
+            # padded-frame masking belongs to training-time batching: diffusers' block code computes it
+            return super().forward(x, y, t, mask, THW, rotary_emb, block_mask, camera_conditions,
+                                   ucpe_ray_transforms, plucker_emb, frame_valid_mask, chunk_size)
+        # diffusers' transformer forward calls a block with THW and no segment: one whole-clip segment
+        call = segment if segment is not None else SegmentCall.whole(THW, self.attn.full_options)
 
         def attend(attn_in):
-            return self.attn(attn_in, rotary_emb=rotary_emb, ucpe_ray_transforms=ucpe_ray_transforms,
-                             state=state, segment=segment)
+            return self.attn(attn_in, rotary_emb=rotary_emb, camera_conditions=camera_conditions,
+                             ucpe_ray_transforms=ucpe_ray_transforms, state=state, segment=call)
 
-        x, spatial = glue_forward(self, x, y, mask, t, segment.grid, attend, plucker_emb, self.settings.backend,
-                                  left=None if state is None else state.ffn_tail, segments=segment.segments)
-        if segment.write:
-            state.keep_ffn_tail(spatial, segment)
+        x, spatial = glue_forward(self, x, y, mask, t, call.grid, attend, plucker_emb, self.settings.backend,
+                                  left=None if state is None else state.ffn_tail, segments=call.segments)
+        if call.write:
+            state.keep_ffn_tail(spatial, call)
         return x
 
 

@@ -5,9 +5,10 @@ transformer's `state_dict()` is unchanged). Its forward is split into `gdn_gates
 branches), `_main_branch` (`kernels.short_conv` + `kernels.main_branch`), `_camera_branch`
 (`kernels.camera_branch`) and `combine_branches`.
 
-One forward for both modes:
-- full mode (no `segment`): one segment, no state; with settings backend "torch" (or a block
-  layout the kernels do not cover) the main branch and short convs run diffusers' own code;
+One forward for both modes (settings backend "torch": the kernels' PyTorch references):
+- full mode: one segment over the clip, no state (`SegmentCall.whole`, also when called without a
+  `segment` as diffusers' block calls it); a block layout the kernels do not cover runs diffusers'
+  own code for the main branch and short convs;
 - segment mode (`segment`, a `SegmentCall`, and `state`, the block's `BlockCache`): the forward
   scans start from the cached states, reverse scans stay inside each segment of the call; the
   causal halves of the main and camera K short convs read the last K - 1 raw K frames cached
@@ -147,16 +148,16 @@ class PatchedGDNAttention(BidirectionalGDNUCPESinglePathLiteLA):
             # Padded-frame masking is only used by training-time batching; keep diffusers' path for it.
             return super().forward(x, mask, HW, rotary_emb, block_mask, camera_conditions, chunk_size,
                                    frame_valid_mask=frame_valid_mask, ucpe_ray_transforms=ucpe_ray_transforms)
-        call = segment or SegmentCall.whole(HW, self.full_options)
+        call = segment if segment is not None else SegmentCall.whole(HW, self.full_options)
         beta, decay = gdn_gates(self, x, call.num_frames, call.spatial)
-        main = self._main_branch(x, beta, decay, rotary_emb, call, state, full=segment is None)
+        main = self._main_branch(x, beta, decay, rotary_emb, call, state)
         rays = ucpe_ray_transforms
         if rays is None and camera_conditions is not None:
             rays = _prepare_ucpe_ray_transforms(head_dim=self.cam_head_dim, camera_conditions=camera_conditions,
                                                 HW=call.grid, patch_size=self.patch_size, rotary_emb=rotary_emb)
         camera = None
         if rays is not None:
-            camera = self.out_proj_cam(self._camera_branch(x, beta, decay, rays, call, state, full=segment is None))
+            camera = self.out_proj_cam(self._camera_branch(x, beta, decay, rays, call, state))
         return self._combine(x, main, camera)
 
     def _combine(self, x, main, camera) -> torch.Tensor:
@@ -170,16 +171,16 @@ class PatchedGDNAttention(BidirectionalGDNUCPESinglePathLiteLA):
                 and getattr(self.q_norm, "weight", None) is not None
                 and getattr(self.k_norm, "weight", None) is not None)
 
-    def _main_branch(self, x, beta, decay, rotary_emb, call: SegmentCall, state, *, full: bool) -> torch.Tensor:
+    def _main_branch(self, x, beta, decay, rotary_emb, call: SegmentCall, state) -> torch.Tensor:
         """Main branch: qkv -> short conv on K -> RMSNorm -> ReLU -> bidirectional GDN; (B, N, C) in x's dtype.
 
         On the kernels: `kernels.short_conv` reads K in place from the qkv output (carrying the
         cached K tail), then `kernels.main_branch` (prep, KV + Z scans from the cached states,
-        division). Full mode with backend "torch" (or a layout the kernels do not cover, or a
-        biased K conv): the diffusers computation (`self.attn`).
+        division); backend "torch": their PyTorch references. A layout the kernels do not cover (or a
+        biased K conv) computes on diffusers' code (`self.attn`), in calls that carry no state only.
         """
-        if full and not (self.settings.fused and self._main_on_kernels(rotary_emb)
-                         and self.conv_k is not None and self.conv_k.bias is None):
+        if not (self._main_on_kernels(rotary_emb) and self.conv_k is not None and self.conv_k.bias is None) \
+                and call.stateless(state):
             return self._main_branch_stock(x, beta, decay, call.num_frames, rotary_emb)
         if not self._main_on_kernels(rotary_emb):
             raise NotImplementedError("segment mode supports k_conv_only GDN blocks with RoPE and RMSNorm "
@@ -217,14 +218,15 @@ class PatchedGDNAttention(BidirectionalGDNUCPESinglePathLiteLA):
         key = self.kernel_func(self.k_norm(key.reshape(batch, tokens, channels)).reshape(shape))
         return self.attn(query, key, value, beta, decay, self.recall_gate, frames, rotary_emb=rotary_emb)
 
-    def _camera_branch(self, x, beta, decay, rays, call: SegmentCall, state, *, full: bool) -> torch.Tensor:
+    def _camera_branch(self, x, beta, decay, rays, call: SegmentCall, state) -> torch.Tensor:
         """Camera branch up to (not including) out_proj_cam: (B, N, C) in x's dtype.
 
         The projections and short convolutions run here; RMSNorm, ReLU, k-scale, UCPE encode,
         RMS downscale (`options.gdn_camera_downscale`), beta discount, both scans (the forward one from
         the cached camera state) and UCPE decode run in `kernels.camera_branch`.
         """
-        if not full and (self.conv_q_cam is not None or self.conv_v_cam is not None):
+        stateless = call.stateless(state)
+        if not stateless and (self.conv_q_cam is not None or self.conv_v_cam is not None):
             raise NotImplementedError("segment mode supports k_conv_only models (the released ones)")
         batch, tokens, _ = x.shape
         frames = call.num_frames
@@ -232,7 +234,7 @@ class PatchedGDNAttention(BidirectionalGDNUCPESinglePathLiteLA):
         if self.conv_q_cam is not None:
             query = self.conv_q_cam(query, frames)
         if self.conv_k_cam is not None:
-            if full and not (self.settings.fused and self.conv_k_cam.bias is None):
+            if stateless and self.conv_k_cam.bias is not None:
                 key = self.conv_k_cam(key, frames)
             else:
                 key = carried_short_conv(self.conv_k_cam, key, call, state, "cam_key_tail", self.settings.backend)

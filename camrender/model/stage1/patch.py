@@ -64,7 +64,7 @@ def patch_transformer(transformer, kernels: str = "fused", precision: str = "tf3
     Args:
         transformer: the diffusers SANA-WM transformer (its `state_dict()` is unchanged).
         kernels: "fused" (Triton kernels; PyTorch references on CPU without TRITON_INTERPRET=1)
-            or "torch" (full mode: diffusers' own code; segment mode: the PyTorch references).
+            or "torch" (the PyTorch references of the same structure).
         precision: matmul precision inside the Triton kernels, "tf32" or "ieee".
         settings: a `KernelSettings` used instead of `kernels` / `precision` (e.g. backend
             "triton" to run the kernels under the interpreter, for tests and replays).

@@ -29,7 +29,7 @@ import torch
 from camrender.model.stage1.block import PatchedBlock
 from camrender.model.stage1.conditioning import ray_transforms
 from camrender.model.stage1.recipes import segment_bounds
-from camrender.model.stage1.state import FULL_MODE, BlockCache, SegmentCache, SegmentCall, SegmentOptions, SoftmaxKV
+from camrender.model.stage1.state import BlockCache, SegmentCache, SegmentCall, SegmentOptions, SoftmaxKV
 
 __all__ = [
     "BlockCache",
@@ -76,8 +76,7 @@ class SegmentConditioning:
     (P, P_T, P_inv, RoPE_cam) UCPE transforms, or None (no camera); raymap: (B, N, C) absmap
     embedding added to the input (models without Plucker inputs), or None; plucker: (B, N, C)
     embedded Plucker maps for the blocks, or None; plucker_input: the same when added to the input;
-    text: (B, 1, L, C) embedded, normed text; text_mask: (B, L) int16; camera_conditions: the call's
-    (B, T, 20) rows, or None (read only by diffusers' own block code: full mode with --kernels torch).
+    text: (B, 1, L, C) embedded, normed text; text_mask: (B, L) int16.
     """
 
     frame_start: int
@@ -89,7 +88,6 @@ class SegmentConditioning:
     plucker_input: Optional[torch.Tensor]
     text: torch.Tensor
     text_mask: torch.Tensor
-    camera_conditions: Optional[torch.Tensor] = None
 
 
 def prepare_conditioning(
@@ -127,8 +125,7 @@ def prepare_conditioning(
     if text_mask.shape[0] != text.shape[0]:
         text_mask = text_mask.repeat(text.shape[0] // text_mask.shape[0], 1)
     text_mask = text_mask.squeeze(1).squeeze(1)
-    return SegmentConditioning(frame_start, frames, rope, rays, raymap, plucker, plucker_input, text, text_mask,
-                               camera_conditions)
+    return SegmentConditioning(frame_start, frames, rope, rays, raymap, plucker, plucker_input, text, text_mask)
 
 
 def segment_forward(
@@ -197,13 +194,6 @@ def segment_forward(
                          "(camrender.patch_transformer)")
     call = SegmentCall(frames, height, width, tuple(segments), write_cache, options)
     block_caches = cache.blocks if cache is not None else [BlockCache() for _ in model.blocks]
-    # A whole clip with no state under full mode's rules (those the attentions hold, `set_full_options`)
-    # on backend "torch" (--kernels torch): the blocks' full-mode code (diffusers' own where the rules
-    # are diffusers'), which they run when called without a segment. The SegmentCall path on that backend
-    # is not bit-identical to it (the references' GDN scan, short convs, UCPE; docs/model-forward.md).
-    stock = (cache is None and len(segments) == 1 and not model.blocks[0].settings.fused
-             and options == getattr(model.blocks[0].attn, "full_options", FULL_MODE))
-
     x = model.x_embedder(hidden_states.to(dtype))
     if conditioning.raymap is not None:
         x = x + conditioning.raymap
@@ -216,11 +206,6 @@ def segment_forward(
     t = t.unflatten(0, timestep.shape)
 
     for block, block_cache in zip(model.blocks, block_caches):
-        if stock:
-            x = block(x, conditioning.text, modulation, conditioning.text_mask, THW=grid, rotary_emb=conditioning.rope,
-                      camera_conditions=conditioning.camera_conditions, ucpe_ray_transforms=conditioning.rays,
-                      plucker_emb=conditioning.plucker)
-            continue
         x = block(x, conditioning.text, modulation, conditioning.text_mask, rotary_emb=conditioning.rope,
                   ucpe_ray_transforms=conditioning.rays, plucker_emb=conditioning.plucker,
                   state=block_cache, segment=call)

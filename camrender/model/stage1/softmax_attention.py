@@ -9,13 +9,13 @@ parameters, buffers and sub-modules (no copies: the transformer's `state_dict()`
   RoPE, RMS downscale, zero-padded to 128, SDPA dtype) -> SDPA -> `cam_softmax_decode` (P,
   inverse RoPE) -> out_proj_cam.
 - combine: proj((main + cam) * silu(output_gate(x))) in one pass (`gdn_attention.combine_branches`).
-Off CUDA and without TRITON_INTERPRET=1 the same structure runs on the PyTorch references.
+Off CUDA and without TRITON_INTERPRET=1, or under settings backend "torch", the same structure runs on
+the PyTorch references.
 
-Full mode (no `segment`): all N tokens attend to each other, under the rules of `full_options`
-(the recipe's, `camrender.model.stage1.patch.set_full_options`); settings backend "torch" (or a block
-without RMSNorm weights) runs the stock forward when those rules are diffusers' (camera scale
-1/sqrt(128), camera RMS downscale), the PyTorch references otherwise; a padded-frame mask always
-runs the stock forward. Segment mode
+Full mode (one whole-clip `SegmentCall`, also when called without a `segment`): all N tokens attend
+to each other, under the rules of `full_options` (the recipe's, `camrender.model.stage1.patch.set_full_options`).
+A block without RMSNorm weights runs the stock forward when those rules are diffusers' (camera scale
+1/sqrt(128), camera RMS downscale); a padded-frame mask always runs it. Segment mode
 (`segment`, `state`): queries attend to the cached K/V of the first segment (the sink) and of the
 `cached_segments` most recent segments, plus their own segment (masked per segment in a call of
 several); a writing call stores its K/V in the state.
@@ -192,17 +192,16 @@ class PatchedSoftmaxAttention(_SoftmaxUCPESinglePathLiteLA):
                 state: Optional[BlockCache] = None, segment: Optional[SegmentCall] = None):
         if HW is None and segment is None:
             raise ValueError("HW (T, H, W) must be provided for softmax attention.")
-        # diffusers' block computes diffusers' rules at its own SDPA dtype only
-        stock_computes = ((self.full_options.softmax_as_diffusers and self.sdpa_dtype is None)
-                          or frame_valid_mask is not None)
-        if segment is None and stock_computes and not (self.settings.fused and frame_valid_mask is None
-                                                       and self._on_kernels()):
-            return super().forward(x, mask, HW, rotary_emb, block_mask, camera_conditions, chunk_size,
+        call = segment if segment is not None else SegmentCall.whole(HW, self.full_options)
+        # padded-frame masks (training-time batching), and in a call without state a block layout the
+        # kernels do not cover under diffusers' rules at diffusers' SDPA dtype: diffusers' own code
+        stock_rules = call.options.softmax_as_diffusers and self.sdpa_dtype is None and call.options.sdpa_dtype is None
+        if frame_valid_mask is not None or (not self._on_kernels() and stock_rules and call.stateless(state)):
+            return super().forward(x, mask, call.grid, rotary_emb, block_mask, camera_conditions, chunk_size,
                                    frame_valid_mask=frame_valid_mask, ucpe_ray_transforms=ucpe_ray_transforms)
         if not self._on_kernels():
             raise NotImplementedError("segment mode and recipes other than diffusers' support softmax blocks with "
                                       "RMSNorm weights (the released ones)")
-        call = segment or SegmentCall.whole(HW, self.full_options)
         options = call.options
         rays = ucpe_ray_transforms
         if rays is None and camera_conditions is not None:

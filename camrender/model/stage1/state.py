@@ -101,6 +101,11 @@ class SegmentCall:
     def spatial(self) -> int:
         return self.height * self.width
 
+    def stateless(self, state: Optional["BlockCache"]) -> bool:
+        """Whether the call reads and writes no state: one segment, no write, `state` None or empty
+        (full mode, or a render's first segment before its cache pass)."""
+        return len(self.segments) == 1 and not self.write and (state is None or state.is_empty())
+
     def segment_starts(self, device) -> Optional[torch.Tensor]:
         """Bool (T,) marking frames that open a segment (None for a single segment)."""
         if len(self.segments) == 1:
@@ -168,6 +173,11 @@ class BlockCache:
     sink: Optional[SoftmaxKV] = None
     recent: list = dataclasses.field(default_factory=list)
     ffn_tail: Optional[torch.Tensor] = None
+
+    def is_empty(self) -> bool:
+        """Whether nothing has been written yet."""
+        return self.sink is None and self.ffn_tail is None and self.key_tail is None and self.kv_state is None \
+            and self.cam_state is None and self.cam_key_tail is None
 
     def softmax_context(self) -> list:
         """Cached segments a new segment's queries attend to: the sink, then the recent ones."""
