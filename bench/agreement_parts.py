@@ -95,7 +95,6 @@ def stock_camera_branch(attn, x, beta, decay, HW, ray_transforms):
 def switches(model):
     """Route each patched module of `model` through our kernels or diffusers' code; yields
     select(parts), which puts the PARTS named in `parts` on our kernels and the rest on diffusers'."""
-
     fused_settings, torch_settings = KernelSettings("auto", "tf32"), KernelSettings("torch", "tf32")
 
     chosen = {"parts": set()}
