@@ -72,6 +72,27 @@ def pytest_configure(config):
         importlib.import_module(f"camrender.kernels.{module.name}")
 
 
+# Test folders above the model (the CLI, the Python API, play, the render loop, ...): their renders run on the
+# PyTorch references, as on a user's CPU (no TRITON_INTERPRET), about 60x faster than the interpreter on
+# the tiny model. The kernels' own tests, the model's parity tests and the golden replays (tests/kernels,
+# tests/model) keep the interpreter; a test up here that needs it is marked `interpreter`.
+REFERENCE_PATH_FOLDERS = frozenset({"api", "bench", "cli", "output", "parallel", "play", "render", "trajectory",
+                                    "views"})
+
+
+def runs_on_references(item) -> bool:
+    """Whether the CPU suite runs `item` with TRITON_INTERPRET=0 (see REFERENCE_PATH_FOLDERS)."""
+    folder = Path(str(item.fspath)).parent.name
+    return folder in REFERENCE_PATH_FOLDERS and item.get_closest_marker("interpreter") is None
+
+
+@pytest.fixture(autouse=True)
+def _kernel_path(request, monkeypatch):
+    """TRITON_INTERPRET=0 for the tests of `runs_on_references` (subprocesses they start inherit it)."""
+    if not _compiled and runs_on_references(request.node):
+        monkeypatch.setenv("TRITON_INTERPRET", "0")
+
+
 def pytest_collection_modifyitems(config, items):
     if _compiled:
         cpu_only = pytest.mark.skip(reason="CPU test: run the CPU suite (Triton interpreter) without -m gpu")

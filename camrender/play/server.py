@@ -257,14 +257,20 @@ class PlayServer:
         self._outgoing = asyncio.Queue()
         self._sender = asyncio.create_task(self._send_all())
 
-    async def _on_shutdown(self, app) -> None:
-        """Stop (and save) the flight, tell the pages, close their sockets."""
+    async def close(self) -> None:
+        """Stop (and save) the flight, tell the pages ("ended"), close their sockets; idempotent. `serve` calls it
+        before the web server begins its own shutdown, which would close the sockets of a flight that takes
+        longer than aiohttp's grace to reach its segment boundary, "ended" unsent."""
         await self._stop_flight()
         for ws in list(self.sockets):
             await ws.close(code=1001, message=b"server stopping")
         if self._sender is not None:
             self._sender.cancel()
+            self._sender = None
         self._encoders.shutdown(wait=False)
+
+    async def _on_shutdown(self, app) -> None:
+        await self.close()
 
 
 def is_loopback(host: str) -> bool:
@@ -299,4 +305,5 @@ async def serve(server: PlayServer, host: str, port: int, on_ready: Callable[[st
     finally:
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)
+        await server.close()
         await runner.cleanup()

@@ -8,6 +8,7 @@ from camrender.cli import selftest
 from camrender.cli.main import main
 
 
+@pytest.mark.interpreter  # the report names the interpreter: the kernels run through it
 def test_selftest_command_runs_every_kernel(capsys):
     with pytest.raises(SystemExit) as done:
         main(["selftest", "--json"])

@@ -42,9 +42,10 @@ def need_browser():
 
 def env():
     """The subprocesses' environment: this tree first; one torch thread (the tiny model's ops are too small
-    to split, and on a busy CI machine idle threads spinning between ops cost more than the work)."""
+    to split, and on a busy CI machine idle threads spinning between ops cost more than the work); the
+    PyTorch references, as on a user's CPU (module fixtures start before tests/conftest.py's `_kernel_path`)."""
     return {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-            "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+            "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TRITON_INTERPRET": "0"}
 
 
 @pytest.fixture(scope="module")

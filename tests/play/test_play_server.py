@@ -170,11 +170,20 @@ def test_leaving_page_saves_and_a_new_page_flies_again(pipe, template, tmp_path)
     assert sorted(p.name for p in tmp_path.glob("*.render.json"))[0] == "s.render.json"
 
 
-def test_sigterm_while_flying_saves_the_flight_and_tells_the_page(pipe, template, tmp_path):
+def test_sigterm_while_flying_saves_the_flight_and_tells_the_page(pipe, template, tmp_path, monkeypatch):
     """`serve` (what the CLI runs) with a page steering: SIGTERM stops the flight at a segment boundary,
-    saves it, sends "ended" and closes the sockets; serve returns (the CLI then exits 0)."""
+    saves it, sends "ended" and closes the sockets; serve returns (the CLI then exits 0). All of it before
+    aiohttp's own shutdown begins: that closes the sockets of a flight slower than its grace to stop."""
+    cleanup, saved_at_cleanup = aiohttp.web.AppRunner.cleanup, []
+
+    async def recorded_cleanup(runner):
+        saved_at_cleanup.append(len(server.saved))
+        await cleanup(runner)
+
+    monkeypatch.setattr(aiohttp.web.AppRunner, "cleanup", recorded_cleanup)
+    server = PlayServer(pipe, template, make_scheme(), tmp_path / "s")
+
     async def body():
-        server = PlayServer(pipe, template, make_scheme(), tmp_path / "s")
         urls, ready = [], asyncio.Event()
         serving = asyncio.create_task(serve(server, "127.0.0.1", 0, lambda url: (urls.append(url), ready.set())))
         await ready.wait()
@@ -191,5 +200,6 @@ def test_sigterm_while_flying_saves_the_flight_and_tells_the_page(pipe, template
     seen = run(body())
     ended = [m for m in seen if m["type"] == "ended"]
     assert ended and set(ended[0]["saved"]) == {"video", "trajectory", "render"} and ended[0]["frames"] >= 25
+    assert saved_at_cleanup == [1]
     assert trajectory.load(tmp_path / "s.traj.json").num_frames == ended[0]["frames"]
     assert not list(tmp_path.glob(".*"))
