@@ -2,9 +2,11 @@
 golden's config, its camera inputs through camrender's camera code, the error measure and its tolerance."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 
+import torch
 from diffusers.models.transformers.transformer_sana_wm import SanaWMTransformer3DModel
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -31,7 +33,22 @@ def _model_from_config(config: dict):
 
 
 def _rel(ours, golden) -> float:
-    return float((ours.float() - golden).abs().max() / golden.abs().max().clamp_min(1e-30))
+    ours = ours.float().to(golden.device)
+    return float((ours - golden).abs().max() / golden.abs().max().clamp_min(1e-30))
+
+
+def replay_device(kernels: str) -> torch.device:
+    """Where a replay runs: the GPU for the fused kernels when there is one and the Triton interpreter is
+    off (the kernels compiled for it), else the CPU (the references, or the kernels through the interpreter)."""
+    compiled = os.environ.get("TRITON_INTERPRET", "0") != "1" and torch.cuda.is_available()
+    return torch.device("cuda") if kernels == "fused" and compiled else torch.device("cpu")
+
+
+def inputs_on(inputs, device: torch.device):
+    """`inputs` (a `RenderInputs`) with its tensors on `device`."""
+    return dataclasses.replace(inputs, **{field.name: getattr(inputs, field.name).to(device)
+                                          for field in dataclasses.fields(inputs)
+                                          if isinstance(getattr(inputs, field.name), torch.Tensor)})
 
 
 def _camera(tensors: dict, shapes: dict):

@@ -56,14 +56,18 @@ from camrender.render.segments import sample_segments, segment_timesteps  # noqa
 
 from replay_bidirectional import BIDIRECTIONAL_FORMAT, replay_bidirectional  # noqa: E402
 
-from golden_common import TOLERANCE, VAE_STRIDE, _camera, _model_from_config, _rel  # noqa: E402,F401
+from golden_common import (  # noqa: E402,F401
+    TOLERANCE, VAE_STRIDE, _camera, _model_from_config, _rel, inputs_on, replay_device)
 from replay_teacher import replay as replay_teacher  # noqa: E402
 
 
-def replay(golden_path: str, kernels: str = "torch", recipe=None, **overrides) -> dict:
-    """Replay `golden_path`; returns the JSON document (see the module docstring).
+def replay(golden_path: str, kernels: str = "torch", recipe=None, chunks=None, **overrides) -> dict:
+    """Replay `golden_path`; returns the JSON document (see the module docstring). The fused kernels run
+    on the GPU when there is one (`golden_common.replay_device`), the rest on the CPU.
 
     recipe: a recipe name (bidirectional goldens only; None: the golden's commit's).
+    chunks: streaming goldens: sample and compare only the first `chunks` chunks (the self-forcing sampler
+        makes each chunk from the caches of the ones before, so they are the golden's as they stand).
     overrides: `SegmentOptions` fields replacing the recipe's (tests use them to show that a
     rule other than the official one is caught)."""
 
@@ -85,7 +89,10 @@ def replay(golden_path: str, kernels: str = "torch", recipe=None, **overrides) -
     inputs = RenderInputs(text=tensors["inputs/text_embeds"], text_mask=tensors["inputs/text_mask"],
                           camera_conditions=camera_conditions, chunk_plucker=chunk_plucker,
                           first_latent=tensors["inputs/first_latent"], noise=tensors["inputs/latents_init"])
-    bounds = segments_module.segment_bounds(shapes["latent_frames"], recipe.chunk_frames)
+    bounds = segments_module.segment_bounds(shapes["latent_frames"], recipe.chunk_frames)[:chunks]
+    device = replay_device(kernels)
+    model.to(device)
+    inputs = inputs_on(inputs, device)
     patch_transformer(model, settings=KernelSettings("triton" if kernels == "fused" else "torch", "ieee"))
     options = segments_module.SegmentOptions.for_recipe(recipe, sdpa_dtype=torch.float32, **overrides)
     timesteps = segment_timesteps(None, None, recipe)
@@ -95,7 +102,7 @@ def replay(golden_path: str, kernels: str = "torch", recipe=None, **overrides) -
 
     def recording_forward(model, hidden_states, timestep, *args, **kwargs):
         out = forward(model, hidden_states, timestep, *args, **kwargs)
-        predictions.append((kwargs.get("frame_start", 0), kwargs.get("write_cache", False), out.detach().clone()))
+        predictions.append((kwargs.get("frame_start", 0), kwargs.get("write_cache", False), out.detach().cpu()))
         return out
 
     started = time.perf_counter()
@@ -103,12 +110,12 @@ def replay(golden_path: str, kernels: str = "torch", recipe=None, **overrides) -
     try:
         with torch.no_grad():
             latents = torch.cat([x for *_, x in sample_segments(model, inputs, bounds, timesteps, options,
-                                                                torch.device("cpu"))], dim=2)
+                                                                device)], dim=2).cpu()
     finally:
         denoise_module.segment_forward = forward
     seconds = time.perf_counter() - started
 
-    golden = tensors["outputs/latents"]
+    golden = tensors["outputs/latents"][:, :, :bounds[-1][1]]
     per_chunk, per_step = [], []
     steps = [p for _, write, p in predictions if not write]
     for index, (start, stop) in enumerate(bounds):
@@ -126,7 +133,8 @@ def replay(golden_path: str, kernels: str = "torch", recipe=None, **overrides) -
         "tolerance": TOLERANCE,
         "passed": max_rel <= TOLERANCE,
         "chunk_bounds": [b[0] for b in bounds] + [bounds[-1][1]],
-        "golden_chunk_bounds": sampler["chunk_bounds"],
+        "golden_chunk_bounds": sampler["chunk_bounds"][:len(bounds) + 1],
+        "device": str(device),
         "final_latents_rel_error_per_chunk": per_chunk,
         "prediction_rel_error_per_chunk_step": per_step,
         "camera_conditions_rel_error": _rel(camera_conditions, tensors["inputs/camera_conditions"]),

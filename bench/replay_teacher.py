@@ -27,11 +27,12 @@ from camrender.model.stage1.segments import SegmentOptions
 from camrender.render.chunk_causal import sample_chunk_causal, teacher_schedule
 from camrender.render.inputs import RenderInputs
 
-from golden_common import TOLERANCE, _camera, _model_from_config, _rel
+from golden_common import TOLERANCE, _camera, _model_from_config, _rel, inputs_on, replay_device
 
 
 def replay(golden_path: str, kernels: str = "torch", **overrides) -> dict:
-    """Replay one chunk-causal golden; overrides replace fields of the recipe's `SegmentOptions`."""
+    """Replay one chunk-causal golden; overrides replace fields of the recipe's `SegmentOptions`. The fused
+    kernels run on the GPU when there is one (`golden_common.replay_device`)."""
 
     with safe_open(str(golden_path), framework="pt") as handle:
         metadata = handle.metadata()
@@ -61,8 +62,12 @@ def replay(golden_path: str, kernels: str = "torch", **overrides) -> dict:
         **overrides)
 
     per_step, per_chunk_step = [], [[] for _ in bounds]
+    device = replay_device(kernels)
+    model.to(device)
+    inputs = inputs_on(inputs, device)
 
     def on_step(step, start, stop, frame_t, prediction):
+        prediction, frame_t = prediction.cpu(), frame_t.cpu()
         raw = tensors[f"step{step}/pred"][:, :, start:stop]
         golden = raw[:1] + guidance * (raw[1:] - raw[:1]) if guidance > 1 else raw
         per_step.append(dict(step=step, frames=[start, stop], rel_error=_rel(prediction, golden),
@@ -73,8 +78,8 @@ def replay(golden_path: str, kernels: str = "torch", **overrides) -> dict:
 
     started = time.perf_counter()
     with torch.no_grad():
-        latents = torch.cat([x for *_, x in sample_chunk_causal(model, inputs, bounds, schedule, options, "cpu",
-                                                                on_step=on_step)], dim=2).float()
+        latents = torch.cat([x for *_, x in sample_chunk_causal(model, inputs, bounds, schedule, options, device,
+                                                                on_step=on_step)], dim=2).float().cpu()
     seconds = time.perf_counter() - started
     golden = tensors["outputs/latents"]
     flat_ours, flat_golden = latents.flatten().double(), golden.flatten().double()
@@ -84,6 +89,7 @@ def replay(golden_path: str, kernels: str = "torch", **overrides) -> dict:
         "golden": os.path.basename(str(golden_path)),
         "recipe": "chunk-causal",
         "kernels": kernels,
+        "device": str(device),
         "max_rel_error": max_rel,
         "cosine": float(flat_ours @ flat_golden / (flat_ours.norm() * flat_golden.norm())),
         "tolerance": TOLERANCE,

@@ -1,8 +1,9 @@
 """Segment mode against golden files of the official NVlabs streaming sampler (tests/golden/, see its README).
 
 Every committed golden is replayed through `bench/replay_golden.py` (camrender's loader, camera code
-and segment sampler, fp32) with the PyTorch references and with the fused kernels (Triton interpreter,
-ieee): the final latents must match to 1e-4 relative. Changing one official rule must break it.
+and segment sampler, fp32) with the PyTorch references, and with the fused kernels (ieee): the first two
+chunks of one streaming golden through the Triton interpreter here, every golden whole on a GPU
+(`-m gpu`). The final latents must match to 1e-4 relative. Changing one official rule must break it.
 """
 import importlib.util
 import json
@@ -15,6 +16,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 # the segment-mode goldens (bidirectional ones replay through full mode: test_golden_bidirectional.py)
 GOLDENS = sorted(g for g in (REPO / "tests" / "golden").glob("*.safetensors") if not g.stem.startswith("bidirectional"))
+STREAMING = [g for g in GOLDENS if not g.stem.startswith("chunk_causal")]  # the self-forcing sampler's
 _spec = importlib.util.spec_from_file_location("replay_golden", REPO / "bench" / "replay_golden.py")
 replay_golden = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(replay_golden)
@@ -24,14 +26,36 @@ def test_goldens_are_committed():
     assert len(GOLDENS) >= 2
 
 
-@pytest.mark.parametrize("kernels", ["torch", "fused"])
-@pytest.mark.parametrize("golden", GOLDENS, ids=[g.stem for g in GOLDENS])
-def test_segment_mode_replays_the_official_sampler(golden, kernels):
-    result = replay_golden.replay(str(golden), kernels)
+def _assert_replays(result, chunks=None):
     assert result["chunk_bounds"] == result["golden_chunk_bounds"]
+    assert chunks is None or len(result["chunk_bounds"]) == chunks + 1
     assert result["camera_conditions_rel_error"] < 1e-5 and result["chunk_plucker_rel_error"] < 1e-5
     assert max(max(steps) for steps in result["prediction_rel_error_per_chunk_step"]) < 1e-4
     assert result["max_rel_error"] <= 1e-4 and result["passed"], result
+
+
+@pytest.mark.parametrize("golden", GOLDENS, ids=[g.stem for g in GOLDENS])
+def test_segment_mode_replays_the_official_sampler(golden):
+    _assert_replays(replay_golden.replay(str(golden), "torch"))
+
+
+def test_fused_kernels_replay_the_first_two_chunks():
+    """The fused kernels through the interpreter on the golden with randomised K short convs: the first
+    chunk, its cache pass and the second chunk from that cache (a whole path takes minutes per golden
+    through the interpreter: the GPU suite replays every golden below)."""
+    golden = next(g for g in STREAMING if "convs_s6" in g.stem)
+    result = replay_golden.replay(str(golden), "fused", chunks=2)
+    assert result["kernels"] == "fused" and result["device"] == "cpu"
+    _assert_replays(result, chunks=2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("golden", GOLDENS, ids=[g.stem for g in GOLDENS])
+def test_fused_kernels_replay_every_golden_on_the_gpu(golden):
+    """Every golden, the whole path, on the fused kernels compiled for the GPU (ieee precision)."""
+    result = replay_golden.replay(str(golden), "fused")
+    assert result["kernels"] == "fused" and result["device"] == "cuda"
+    _assert_replays(result)
 
 
 @pytest.mark.parametrize("rule", [
