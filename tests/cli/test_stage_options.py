@@ -18,7 +18,7 @@ from helpers import run_cli
 TRAJ = Path(__file__).resolve().parents[2] / "trajectories" / "orbit.json"
 
 
-@pytest.mark.parametrize("option", [["--precision", "fp8"], ["--refiner-precision", "fp8"],
+@pytest.mark.parametrize("option", [["--precision", "fp8"], ["--refiner-precision", "fp8", "--refiner", "tiny"],
                                     ["--stage1-precision", "fp8", "--precision", "bf16"]])
 def test_fp8_on_a_cpu_is_one_line_exit_2_before_loading(tmp_path, capsys, monkeypatch, option):
     monkeypatch.setattr(loading, "load_pipeline", lambda *a, **k: pytest.fail("a model loaded"))
@@ -28,6 +28,19 @@ def test_fp8_on_a_cpu_is_one_line_exit_2_before_loading(tmp_path, capsys, monkey
     assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
     name = option[0].lstrip("-")
     assert lines[0].startswith(f"camrender: error: {name}: fp8 needs") and "CPU" in lines[0]
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("option", [["--refiner-offload", "layers"], ["--refiner-window", "2"],
+                                    ["--refiner-precision", "bf16"]])
+def test_a_refiner_option_without_the_refiner_is_refused(tmp_path, capsys, monkeypatch, option):
+    monkeypatch.setattr(loading, "load_pipeline", lambda *a, **k: pytest.fail("a model loaded"))
+    out = tmp_path / "v.mp4"
+    code, _, err = run_cli(["--traj", TRAJ, "--out", out, "--model", "tiny", *option], capsys)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    name = option[0].lstrip("-")
+    assert lines[0] == f"camrender: error: {name}: --{name} applies to the refiner (stage 2): pass --refiner too, or drop it"
     assert not list(tmp_path.iterdir())
 
 
