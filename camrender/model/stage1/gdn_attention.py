@@ -142,9 +142,7 @@ class PatchedGDNAttention(BidirectionalGDNUCPESinglePathLiteLA):
     def forward(self, x: torch.Tensor, mask=None, HW=None, rotary_emb=None, block_mask=None, camera_conditions=None,
                 chunk_size=None, *, frame_valid_mask=None, ucpe_ray_transforms=None,
                 state: Optional[BlockCache] = None, segment: Optional[SegmentCall] = None) -> torch.Tensor:
-        if HW is None and segment is None:
-            raise ValueError("HW (T, h, w) must be provided for GDN attention.")
-        if frame_valid_mask is not None and segment is None:
+        if frame_valid_mask is not None:
             # Padded-frame masking is only used by training-time batching; keep diffusers' path for it.
             return super().forward(x, mask, HW, rotary_emb, block_mask, camera_conditions, chunk_size,
                                    frame_valid_mask=frame_valid_mask, ucpe_ray_transforms=ucpe_ray_transforms)

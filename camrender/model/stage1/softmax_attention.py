@@ -190,8 +190,6 @@ class PatchedSoftmaxAttention(_SoftmaxUCPESinglePathLiteLA):
     def forward(self, x, mask=None, HW=None, rotary_emb=None, block_mask=None, camera_conditions=None,
                 chunk_size=None, *, frame_valid_mask=None, ucpe_ray_transforms=None,
                 state: Optional[BlockCache] = None, segment: Optional[SegmentCall] = None):
-        if HW is None and segment is None:
-            raise ValueError("HW (T, H, W) must be provided for softmax attention.")
         call = segment if segment is not None else SegmentCall.whole(HW, self.full_options)
         # padded-frame masks (training-time batching), and in a call without state a block layout the
         # kernels do not cover under diffusers' rules at diffusers' SDPA dtype: diffusers' own code

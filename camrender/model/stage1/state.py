@@ -90,6 +90,8 @@ class SegmentCall:
     @classmethod
     def whole(cls, grid, options: SegmentOptions = FULL_MODE) -> "SegmentCall":
         """Full mode: one segment over the grid (T, h, w), nothing cached, `options`' rules."""
+        if grid is None:
+            raise ValueError("HW (T, h, w) must be provided for a call without a segment")
         frames, height, width = grid
         return cls(frames, height, width, ((0, frames),), options=options)
 
