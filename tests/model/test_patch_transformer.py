@@ -163,6 +163,7 @@ def test_patched_blocks_run_the_glue_kernels(monkeypatch):
     points are what is counted, so the PyTorch backend stands in for the interpreter (the kernels have
     their own tests)."""
     import camrender.kernels.block_glue as glue
+    import camrender.model.stage1.block as block_module  # it imports the glue's entry points by name
     from camrender.model.stage1.block import PatchedBlock
 
     monkeypatch.setenv("TRITON_INTERPRET", "0")
@@ -178,7 +179,8 @@ def test_patched_blocks_run_the_glue_kernels(monkeypatch):
             calls.append((_name, kwargs.get("backend", "auto")))
             return _original(*args, **kwargs)
 
-        monkeypatch.setattr(glue, name, counted)
+        monkeypatch.setattr(glue, name, counted)  # residual_ada_norm's own ada_norm
+        monkeypatch.setattr(block_module, name, counted)
     patch_transformer(model, kernels="fused", precision="ieee", recipe=DIFFUSERS)
     _stock_softmax_blocks(model)
     assert all(isinstance(block, PatchedBlock) for block in model.blocks)
