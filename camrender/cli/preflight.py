@@ -10,7 +10,6 @@ import os
 import tempfile
 from pathlib import Path
 
-from camrender.cli.stage_options import DEFAULT_REFINER_WINDOW
 from camrender.errors import CamrenderError
 from camrender.limits import MAX_STEPS, TIME_STRIDE, check_finite, check_fps, check_seed
 from camrender.model.device import resolve_device
@@ -46,25 +45,22 @@ def check_render_options(options: dict) -> None:
         raise CamrenderError(problem, path=weights, field="transformer-weights")
     if weights is not None:
         check_suffix(weights, WEIGHT_SUFFIXES, "--transformer-weights (original-format DiT weights)")
-    check_refiner_options(options)
     vae = options["vae"]
     if vae is not None and not (Path(vae).expanduser() / "config.json").is_file():
         problem = "folder not found" if not Path(vae).exists() else "not a diffusers VAE folder (no config.json)"
         raise CamrenderError(problem, path=vae, field="vae")
 
 
-def check_refiner_options(options: dict) -> None:
-    """The refiner's own options (--refiner-offload, --refiner-precision, --refiner-window other than the
-    default) without --refiner: refused, rather than ignored."""
+def check_refiner_options(options: dict, given: set) -> None:
+    """The refiner's own options given on the command line (`given`: option names) without a refiner:
+    refused, rather than ignored. (A render file's settings carry their defaults: not refused.)"""
     if options.get("refiner") not in (None, "none"):
         return
-    given = {"refiner-offload": options.get("refiner_offload", "none") != "none",
-             "refiner-precision": options.get("refiner_precision") is not None,
-             "refiner-window": options.get("refiner_window", DEFAULT_REFINER_WINDOW) != DEFAULT_REFINER_WINDOW}
-    for name, set_here in given.items():
-        if set_here:
-            raise CamrenderError(f"--{name} applies to the refiner (stage 2): pass --refiner too, or drop it",
-                                 field=name)
+    for name in ("refiner_offload", "refiner_precision", "refiner_window"):
+        if name in given:
+            option = name.replace("_", "-")
+            raise CamrenderError(f"--{option} applies to the refiner (stage 2): pass --refiner too, or drop it",
+                                 field=option)
 
 
 def check_checkpoint_every(seconds: float) -> None:

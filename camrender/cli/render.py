@@ -13,7 +13,8 @@ from camrender import trajectory
 from camrender.api.requests import build_request
 from camrender.cli import path_options
 from camrender.cli import launch as cli_launch
-from camrender.cli.preflight import check_checkpoint_every, check_noise_frames, check_render_options, probe_writable
+from camrender.cli.preflight import (
+    check_checkpoint_every, check_noise_frames, check_refiner_options, check_render_options, probe_writable)
 from camrender.cli.progress import count, make_progress
 from camrender.cli.progress import STYLES as PROGRESS_STYLES
 from camrender.cli.signals import raise_if_signalled
@@ -80,6 +81,12 @@ def _resolve_request(options: dict, notes: list | None = None):
     return request
 
 
+def given_on_command_line(options: dict) -> set:
+    """The names of the current command's `options` the user gave (not left at their defaults)."""
+    ctx = click.get_current_context()
+    return {name for name in options if ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None)}
+
+
 def _apply_render_file(options: dict) -> None:
     """--from-render FILE: the settings and path of FILE (a `NAME.render.json`) for every option
     not given on the command line; the values go through the options' own types (checked)."""
@@ -89,7 +96,7 @@ def _apply_render_file(options: dict) -> None:
             raise CamrenderError("give --traj FILE (or --from-render NAME.render.json)", field="traj")
         return
     ctx = click.get_current_context()
-    given = {name for name in options if ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None)}
+    given = given_on_command_line(options)
     if "traj" in given:
         raise CamrenderError("--traj and --from-render exclude each other (the render file holds the path)",
                              field="traj")
@@ -201,7 +208,9 @@ def render(**options):
     video) and VIDEO.path.png (a plot of the path). Segment mode saves checkpoints; after an
     interruption, the same command with --resume continues it.
     """
+    given = given_on_command_line(options)
     _apply_render_file(options)
+    check_refiner_options(options, given)  # after the render file: its refiner counts
     resume, checkpoint_every = options.pop("resume"), options.pop("checkpoint_every")
     check_checkpoint_every(checkpoint_every)
     gpus = options.pop("gpus")
