@@ -40,7 +40,7 @@ def request(traj, **changes):
     values = dict(traj=traj, prompt="a red house", negative_prompt="blurry", image=first_image(), steps=3,
                   guidance=3.0, seed=7, num_frames=FRAMES, fps=16, height=64, width=96, model="tiny",
                   recipe="bidirectional-diffusers",  # diffusers' pipeline is the anchor
-                  kernels="torch")  # diffusers' own block code: the sampler's logic against the stock pipeline
+                  kernels="torch")  # the PyTorch references: the sampler's logic against the stock pipeline
     values.update(changes)
     return RenderRequest(**values)
 
