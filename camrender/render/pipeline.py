@@ -49,8 +49,8 @@ def load_patched_pipeline(request, log=None, settings: Optional[RenderSettings] 
         raise CamrenderError("--offload does not work with the head split of several GPUs per video (each GPU "
                              "holds its share of the weights)", field="offload")
     if split is not None and request.kernels != "fused":
-        raise CamrenderError("--kernels torch runs the stock diffusers blocks, which the head split of several GPUs "
-                             "per video does not cover: use --kernels fused", field="kernels")
+        raise CamrenderError("the head split of several GPUs per video runs --kernels fused only (--kernels torch "
+                             "is the single-GPU check path)", field="kernels")
     settings = RenderSettings.of_request(request) if settings is None else settings
     fp8 = settings.stage_one.linear_precision == "fp8"
     if fp8 and (split is not None or not settings.stage_one.fused or request.offload):
