@@ -177,10 +177,10 @@ class PatchedGDNAttention(BidirectionalGDNUCPESinglePathLiteLA):
         division); backend "torch": their PyTorch references. A layout the kernels do not cover (or a
         biased K conv) computes on diffusers' code (`self.attn`), in calls that carry no state only.
         """
-        if not (self._main_on_kernels(rotary_emb) and self.conv_k is not None and self.conv_k.bias is None) \
-                and call.stateless(state):
+        on_kernels = self._main_on_kernels(rotary_emb)
+        if not (on_kernels and self.conv_k is not None and self.conv_k.bias is None) and call.stateless(state):
             return self._main_branch_stock(x, beta, decay, call.num_frames, rotary_emb)
-        if not self._main_on_kernels(rotary_emb):
+        if not on_kernels:
             raise NotImplementedError("segment mode supports k_conv_only GDN blocks with RoPE and RMSNorm "
                                       "weights (the released ones)")
         channels = self.heads * self.dim  # this rank's heads under the head split, else x's C

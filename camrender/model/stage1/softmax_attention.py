@@ -191,13 +191,14 @@ class PatchedSoftmaxAttention(_SoftmaxUCPESinglePathLiteLA):
                 chunk_size=None, *, frame_valid_mask=None, ucpe_ray_transforms=None,
                 state: Optional[BlockCache] = None, segment: Optional[SegmentCall] = None):
         call = segment if segment is not None else SegmentCall.whole(HW, self.full_options)
+        on_kernels = self._on_kernels()
         # padded-frame masks (training-time batching), and in a call without state a block layout the
         # kernels do not cover under diffusers' rules at diffusers' SDPA dtype: diffusers' own code
-        stock_rules = call.options.softmax_as_diffusers and self.sdpa_dtype is None and call.options.sdpa_dtype is None
-        if frame_valid_mask is not None or (not self._on_kernels() and stock_rules and call.stateless(state)):
+        if frame_valid_mask is not None or (not on_kernels and call.stateless(state) and self.sdpa_dtype is None
+                                            and call.options.softmax_as_diffusers and call.options.sdpa_dtype is None):
             return super().forward(x, mask, call.grid, rotary_emb, block_mask, camera_conditions, chunk_size,
                                    frame_valid_mask=frame_valid_mask, ucpe_ray_transforms=ucpe_ray_transforms)
-        if not self._on_kernels():
+        if not on_kernels:
             raise NotImplementedError("segment mode and recipes other than diffusers' support softmax blocks with "
                                       "RMSNorm weights (the released ones)")
         options = call.options
