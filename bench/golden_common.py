@@ -2,6 +2,7 @@
 golden's config, its camera inputs through camrender's camera code, the error measure and its tolerance."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import sys
@@ -42,6 +43,18 @@ def replay_device(kernels: str) -> torch.device:
     off (the kernels compiled for it), else the CPU (the references, or the kernels through the interpreter)."""
     compiled = os.environ.get("TRITON_INTERPRET", "0") != "1" and torch.cuda.is_available()
     return torch.device("cuda") if kernels == "fused" and compiled else torch.device("cpu")
+
+
+@contextlib.contextmanager
+def exact_float32():
+    """TF32 off for matmuls and cuDNN convs (the FFN's temporal conv, the patch embedding) while a replay
+    runs: the goldens are float32 arithmetic, and cuDNN's default TF32 convs are 1e-3 off it on a GPU."""
+    flags = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = flags
 
 
 def inputs_on(inputs, device: torch.device):

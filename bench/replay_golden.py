@@ -57,7 +57,7 @@ from camrender.render.segments import sample_segments, segment_timesteps  # noqa
 from replay_bidirectional import BIDIRECTIONAL_FORMAT, replay_bidirectional  # noqa: E402
 
 from golden_common import (  # noqa: E402,F401
-    TOLERANCE, VAE_STRIDE, _camera, _model_from_config, _rel, inputs_on, replay_device)
+    TOLERANCE, VAE_STRIDE, _camera, _model_from_config, _rel, exact_float32, inputs_on, replay_device)
 from replay_teacher import replay as replay_teacher  # noqa: E402
 
 
@@ -70,11 +70,14 @@ def replay(golden_path: str, kernels: str = "torch", recipe=None, chunks=None, *
         makes each chunk from the caches of the ones before, so they are the golden's as they stand).
     overrides: `SegmentOptions` fields replacing the recipe's (tests use them to show that a
     rule other than the official one is caught)."""
+    with exact_float32():
+        return _replay(golden_path, kernels, recipe, chunks, **overrides)
 
+
+def _replay(golden_path: str, kernels: str, recipe, chunks, **overrides) -> dict:
     with safe_open(golden_path, framework="pt") as handle:
         metadata = handle.metadata()
         if metadata.get("recipe") == "chunk-causal":  # the teacher's sampler: bench/replay_teacher.py
-
             return replay_teacher(golden_path, kernels, **overrides)
         if metadata.get("format") == BIDIRECTIONAL_FORMAT:
             return replay_bidirectional(golden_path, kernels, recipe, **overrides)
