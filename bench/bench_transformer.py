@@ -43,7 +43,6 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
-import importlib
 import json
 import sys
 import time
@@ -60,7 +59,8 @@ from diffusers.models.transformers.transformer_sana_wm import (
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from camrender import kernels  # noqa: E402
+from camrender.model.stage1 import block as stage1_block  # noqa: E402
+from camrender.model.stage1 import gdn_attention  # noqa: E402
 from camrender.model.stage1.block import fixed_plucker  # noqa: E402
 from camrender.model.stage1.patch import patch_transformer  # noqa: E402
 from camrender.model.stage1.state import FULL_MODE  # noqa: E402
@@ -213,19 +213,10 @@ def instrumented(model, timer):
                 hook(child, "gdn_main")
             elif isinstance(child, SanaWMBidirectionalGDNCamAttention) and gdn:
                 hook(child, "gdn_camera")
-    wrap_function(kernels, "camera_branch", "gdn_camera")
-    try:  # the patched main branch imports `main_branch` from this module at call time
-        main_module = importlib.import_module("camrender.kernels.main_branch")
-    except ImportError:
-        main_module = None
-    if main_module is not None:
-        wrap_function(main_module, "main_branch", "gdn_main")
-    try:  # the patched block runs the FFN through `ffn_parts`, not the module's forward
-        ffn_module = importlib.import_module("camrender.model.stage1.ffn")
-    except ImportError:
-        ffn_module = None
-    if ffn_module is not None:
-        wrap_function(ffn_module, "ffn_parts", "ffn")
+    # the patched modules call these by the names they imported: wrap those names where they are looked up
+    wrap_function(gdn_attention, "camera_branch", "gdn_camera")
+    wrap_function(gdn_attention, "main_branch", "gdn_main")
+    wrap_function(stage1_block, "ffn_parts", "ffn")
     try:
         yield
     finally:
