@@ -2,11 +2,13 @@
 
 The page sends key presses and releases as they happen (`KeyTimeline.press` / `release`, any
 thread). When the segment loop asks for segment k's cameras (`SteeredPath.segments`, pulled by
-`camrender.render.camera_feed.CameraFeed` as segment k starts), the time since the previous ask,
-the time segment k-1 took to render, is split into as many equal windows as segment k has frames:
-frame i gets the keys held at any moment of window i (a tap shorter than a window still counts),
-and `camrender.trajectory.controls.Controller` advances the camera one frame per window with the
-official velocity model. The first segment is decided at once from the keys held at the start.
+`camrender.render.camera_feed.CameraFeed` as segment k starts), every frame of segment k takes the keys
+held at that moment, as a game samples its input as late as it can: a press shows from the first frame
+of the next segment decided, not from its place in time (that would add a segment's duration to every
+key-to-frame latency). A tap (pressed and released since the last ask) holds its key on the first
+frames of segment k, as many as it was held for (a frame counting as the time since the last ask over
+segment k's frames), at least one. `camrender.trajectory.controls.Controller` advances the camera one
+frame at a time with the official velocity model.
 
 Each press carries an id; `SteeredPath.reflected` maps it to the first video frame whose keys hold
 it (the frame that reflects it), so the page can time key-to-frame latency.
@@ -73,37 +75,32 @@ class KeyTimeline:
             return frozenset(self._held)
 
     def take(self, frames: int, now=None) -> tuple:
-        """(per-frame key sets [frames], {press id: frame offset}) for the time since the last `take`
-        split into `frames` equal windows (module docstring); the first call: the keys held now."""
+        """(per-frame key sets [frames], {press id: frame offset}) of the segment decided now: the keys
+        held now on every frame, each tap since the last `take` on the first frames (module docstring).
+        A press is reflected at frame 0 if it happened since the last `take` (or it is the first)."""
         with self._lock:
             now = self.clock() if now is None else now
             events, self._events = self._events, []
             start, self._last = self._last, now
-            if start is None or now <= start or frames < 1:
-                held = frozenset(self._held)
-                return [held] * frames, {pid: 0 for pid in self._held.values() if pid is not None and frames}
-            current = set(self._held)  # undo the interval's events to get the keys held at its start
-            for _, letter, down, _ in reversed(events):
-                (current.discard if down else current.add)(letter)
-            per_frame, reflected, index = [], {}, 0
-            width = (now - start) / frames
-            for frame in range(frames):
-                begin, end = start + frame * width, start + (frame + 1) * width
-                keys = None
-                # events up to the window's start set its first keys; those inside it add presses
-                while index < len(events) and (events[index][0] < end or frame == frames - 1):
-                    at, letter, down, press_id = events[index]
-                    if keys is None and at > begin:
-                        keys = set(current)
-                    (current.add if down else current.discard)(letter)
-                    if down:
-                        if keys is not None:
-                            keys.add(letter)
-                        if press_id is not None:
-                            reflected.setdefault(press_id, frame)
-                    index += 1
-                per_frame.append(frozenset(current if keys is None else keys))
-            return per_frame, reflected
+            window = (now - start) / frames if start is not None and now > start and frames else None
+            per_frame = [set(self._held) for _ in range(frames)]
+            reflected = {}
+            if start is None:  # the first segment: every key held counts as pressed now
+                reflected = {pid: 0 for pid in self._held.values() if pid is not None and frames}
+            pressed = {}  # letter -> (time, press id) of a press since the last take
+            tapped = {}  # letter -> seconds held by taps since the last take
+            for at, letter, down, press_id in events:
+                if down:
+                    pressed[letter] = (at, press_id)
+                    if press_id is not None and frames:
+                        reflected.setdefault(press_id, 0)
+                elif letter in pressed:
+                    tapped[letter] = tapped.get(letter, 0.0) + at - pressed.pop(letter)[0]
+            for letter, seconds in tapped.items():
+                count = 1 if window is None else max(1, round(seconds / window))
+                for keys in per_frame[:count]:
+                    keys.add(letter)
+            return [frozenset(keys) for keys in per_frame], reflected
 
 
 class SteeredPath:

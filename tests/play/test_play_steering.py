@@ -24,23 +24,27 @@ def test_browser_keys_map_to_the_official_demo_letters():
     assert scheme_letter("q") is None and scheme_letter("Enter") is None
 
 
-def test_first_take_is_the_keys_held_now_then_windows_split_the_interval():
+def test_every_frame_takes_the_keys_held_when_the_segment_is_decided_and_taps_the_first_frames():
     clock = Clock()
     keys = KeyTimeline(clock)
     keys.press("w", press_id=1)
     frames, reflected = keys.take(4)  # the first segment: decided at once
     assert frames == [frozenset("w")] * 4 and reflected == {1: 0}
-    # the next segment: 4 frames over t in [0, 2): windows [0, .5) [.5, 1) [1, 1.5) [1.5, 2)
+    # the next segment, decided at t = 2 (a frame: 2 s / 4 = 0.5 s)
     keys.release("w", at=0.7)
     keys.press("d", press_id=2, at=1.2)
-    keys.press("a", press_id=3, at=1.6)
-    keys.release("a", at=1.7)  # a tap shorter than a window still counts
+    keys.press("a", press_id=3, at=1.3)
+    keys.release("a", at=1.9)  # a tap of 0.6 s: the first frame
+    keys.press("s", press_id=4, at=1.0)
+    keys.release("s", at=1.1)  # a tap shorter than a frame still counts
+    keys.press("j", press_id=5, at=0.1)
+    keys.release("j", at=1.1)  # a tap of 1 s: two frames
     clock.now = 2.0
     frames, reflected = keys.take(4)
-    assert frames == [frozenset("w"), frozenset("w"), frozenset("d"), frozenset("da")]
-    assert reflected == {2: 2, 3: 3}
+    assert frames == [frozenset("dasj"), frozenset("dj"), frozenset("d"), frozenset("d")]
+    assert reflected == {2: 0, 3: 0, 4: 0, 5: 0}
     clock.now = 3.0
-    frames, reflected = keys.take(2)  # nothing happened: the keys held at the start of the interval
+    frames, reflected = keys.take(2)  # nothing happened: the keys still held, no press to reflect
     assert frames == [frozenset("d")] * 2 and reflected == {}
 
 
@@ -77,8 +81,9 @@ def test_steered_path_follows_the_official_scheme_segment_by_segment():
     assert [len(c.c2w) for c in (first, second, third)] == [b - a for a, b in (video_frames(*x) for x in bounds)]
     poses = np.concatenate([first.c2w, second.c2w, third.c2w])
     np.testing.assert_allclose(poses, rollout(scheme, path.keys[1:]), atol=1e-12)
-    assert path.keys[1:49] == [frozenset("w")] * 48 and path.keys[61:] == [frozenset("d")] * 12
-    assert path.reflected == {1: 1, 2: 61}
+    # the third segment was decided at t = 2, D held since 1.5: all its 24 frames; W released (not a tap)
+    assert path.keys[1:49] == [frozenset("w")] * 48 and path.keys[49:] == [frozenset("d")] * 24
+    assert path.reflected == {1: 1, 2: 49}
     assert poses[48, 2, 3] > 1.0 and abs(poses[48, 0, 3]) < 1e-9  # straight ahead
     assert math.degrees(math.atan2(poses[-1, 0, 2], poses[-1, 2, 2])) > 5  # then turned right
     with pytest.raises(StopIteration):
