@@ -13,8 +13,9 @@ from pathlib import Path
 import click
 
 from camrender.api.requests import build_request
-from camrender.cli.preflight import check_render_options, probe_writable
-from camrender.cli.render import _quiet_libraries
+from camrender.cli.preflight import check_refiner_options, check_render_options, probe_writable
+from camrender.cli.render import _quiet_libraries, given_on_command_line
+from camrender.cli.stage_options import resolve_stage_options, stage_options
 from camrender.errors import CamrenderError
 from camrender.limits import ROPE_LATENT_FRAMES, TIME_STRIDE
 from camrender.model.stage1.loading import DEFAULT_MODEL
@@ -37,6 +38,7 @@ def resolve_template(options: dict):
     """(the segment-mode `RenderRequest` every flight starts from, with no path yet: the flight steers it;
     the session stem)."""
     stem = options["out"] or Path(time.strftime("play-%Y%m%d-%H%M%S"))
+    check_refiner_options(options, given_on_command_line(options))
     check_render_options({**options, "out": stem.with_name(stem.name + ".mp4"), "fps": None, "offload": False})
     probe_writable(stem.with_name(stem.name + ".mp4"))
     if options["recipe"] is None and options["model"] == "tiny" and options["transformer_weights"] is None:
@@ -55,7 +57,7 @@ def resolve_template(options: dict):
         device=options["device"], transformer_weights=options["transformer_weights"], kernels=options["kernels"],
         allow_missing_weights=options["allow_missing_weights"], segment_frames=options["segment_frames"],
         cached_segments=options["cached_segments"], cuda_graphs=options["cuda_graphs"],
-        refiner_offload=options["refiner_offload"])
+        refiner_offload=options["refiner_offload"], **resolve_stage_options(options, options["device"]))
     return dataclasses.replace(request, cameras=None), stem
 
 
@@ -73,6 +75,7 @@ def resolve_template(options: dict):
 @click.option("--allow-missing-weights", is_flag=True, help="Run even when --transformer-weights leaves weights unloaded.")
 @click.option("--refiner", default="none", show_default=True, help="Stage 2 (a folder, a hub id, 'tiny' or 'none').")
 @click.option("--refiner-offload", default="none", show_default=True, type=click.Choice(["none", "layers"]))
+@stage_options
 @click.option("--steps", default=None, type=click.IntRange(min=1), help="Denoising steps (default: the recipe's list).")
 @click.option("--guidance", default=None, type=float, help="Classifier-free guidance (default: the recipe's).")
 @click.option("--seed", default=0, show_default=True, type=int, help="Noise seed of the first flight (Restart: new).")

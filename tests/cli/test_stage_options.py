@@ -68,3 +68,39 @@ def test_refiner_window_reaches_the_stream(window):
                             model="tiny", num_frames=frames)
     stream = stage_two(pipe, request, torch.device("cpu"))
     assert stream.max_history == window - 1
+
+
+@pytest.mark.parametrize("option", [["--refiner-offload", "layers"], ["--refiner-window", "2"],
+                                    ["--refiner-precision", "bf16"]])
+def test_play_refuses_a_refiner_option_without_the_refiner(tmp_path, capsys, monkeypatch, option):
+    import camrender.render.pipeline as pipeline
+
+    monkeypatch.setattr(pipeline, "load_patched_pipeline", lambda *a, **k: pytest.fail("a model loaded"))
+    code, _, err = run_cli(["play", "--model", "tiny", "--out", tmp_path / "flight", *option], capsys)
+    lines = [line for line in err.splitlines() if line.strip()]
+    name = option[0].lstrip("-")
+    assert code == 2 and lines == [f"camrender: error: {name}: --{name} applies to the refiner (stage 2): "
+                                   "pass --refiner too, or drop it"], err
+    assert not list(tmp_path.iterdir())
+
+
+def test_play_takes_the_stage_options_into_every_flight(tmp_path, capsys, monkeypatch):
+    """`camrender play --refiner ... --refiner-window 2` (and fp8 refused on a CPU, as render does): the
+    flights' template request carries them, so the saved render file renders with the same settings."""
+    import camrender.render.pipeline as pipeline
+
+    seen = {}
+
+    def loaded(template, log=None):
+        seen["template"] = template
+        raise SystemExit(3)
+
+    monkeypatch.setattr(pipeline, "load_patched_pipeline", loaded)
+    code, _, err = run_cli(["play", "--model", "tiny", "--refiner", "tiny", "--refiner-window", "2",
+                            "--prompt-cache", "off", "--out", tmp_path / "flight"], capsys)
+    template = seen["template"]
+    assert code == 3 and template.refiner == "tiny" and template.refiner_window == 2, err
+    assert template.stage1_precision == template.refiner_precision == "bf16" and template.prompt_cache is None
+    code, _, err = run_cli(["play", "--model", "tiny", "--device", "cpu", "--precision", "fp8",
+                            "--out", tmp_path / "flight"], capsys)
+    assert code == 2 and "precision: fp8 needs" in err and "Traceback" not in err
