@@ -20,6 +20,10 @@ import numpy as np
 from camrender import trajectory as trajectories
 from camrender.api.output import write_video
 from camrender.api.requests import build_request, checked_refiner
+from camrender.errors import CamrenderError
+from camrender.model.device import check_fp8
+from camrender.model.fp8 import PRECISIONS
+from camrender.model.refiner.stream import KV_MAX_FRAMES as DEFAULT_REFINER_WINDOW
 from camrender.model.stage1.loading import DEFAULT_MODEL
 from camrender.model.stage1.recipes import resolve_recipe
 from camrender.render.loop import render_frames
@@ -33,7 +37,8 @@ class CamrenderPipeline:
     Build it with `from_pretrained`. Attributes: `pipe` (the diffusers `SanaWMPipeline`, patched, with
     the refiner attached when one was asked for), `recipe` (the checkpoint's
     `camrender.model.stage1.recipes.Recipe`) and `settings` (the model-side `RenderRequest` fields every render
-    of this pipeline shares: model, dtype, device, kernels, offload, weights, VAE, refiner).
+    of this pipeline shares: model, dtype, device, kernels, offload, weights, VAE, refiner and its offload,
+    CUDA graphs, the precision of each stage, the refiner's window).
     """
 
     def __init__(self, pipe, recipe, settings: dict):
@@ -44,7 +49,9 @@ class CamrenderPipeline:
                         recipe: Optional[str] = None, transformer_weights=None, vae=None, kernels: str = "fused",
                         dtype: str = "auto", device: Optional[str] = None, offload: bool = False,
                         refiner_offload: str = "none", allow_missing_weights: bool = False,
-                        cuda_graphs: bool = True, log=None) -> "CamrenderPipeline":
+                        cuda_graphs: bool = True, precision: str = "bf16", stage1_precision: Optional[str] = None,
+                        refiner_precision: Optional[str] = None, refiner_window: int = DEFAULT_REFINER_WINDOW,
+                        log=None) -> "CamrenderPipeline":
         """Load and patch the pipeline (no network for "tiny" or a local folder).
 
         model: hub id, local diffusers folder, or "tiny" (the offline random-weight model); refiner:
@@ -53,14 +60,25 @@ class CamrenderPipeline:
         file loaded over the transformer; vae: a diffusers VAE folder replacing the pipeline's; kernels:
         "fused" or "torch"; dtype: "auto" (bf16 on CUDA, fp32 on CPU), "bfloat16", "float16", "float32";
         device: "cuda", "cuda:1", "cpu" or None (CUDA when available); cuda_graphs: replay stage 1's
-        denoising passes as CUDA graphs (CUDA, not with offload); log: a callable taking one line. The
-        settings are decided here once (`camrender.model.settings.RenderSettings`) for every render.
+        denoising passes as CUDA graphs (CUDA, not with offload); precision: "bf16" or "fp8" (e4m3 W8A8
+        linears of the transformer blocks, GPUs of compute capability 8.9+) for both stages, or per stage
+        `stage1_precision` / `refiner_precision`; refiner_window: the refiner's KV window in latent frames
+        (the sink plus N-1 recent ones); log: a callable taking one line. The settings are decided here
+        once (`camrender.model.settings.RenderSettings`) for every render: `request` refuses them.
         """
         found = resolve_recipe(recipe, str(transformer_weights) if transformer_weights else None, model)
+        precisions = dict(stage1_precision=stage1_precision or precision,
+                          refiner_precision=refiner_precision or precision)
+        for name, value in precisions.items():
+            if value not in PRECISIONS:
+                raise CamrenderError(f"must be one of {', '.join(PRECISIONS)}, got {value!r}", field=name)
+            if value == "fp8":
+                check_fp8(device, name)
         settings = dict(model=model, dtype=dtype, device=device, offload=offload,
                         transformer_weights=transformer_weights, vae=vae, kernels=kernels,
                         allow_missing_weights=allow_missing_weights, refiner_offload=refiner_offload,
-                        cuda_graphs=cuda_graphs, refiner=checked_refiner(refiner, model, vae, 9))
+                        cuda_graphs=cuda_graphs, refiner=checked_refiner(refiner, model, vae, 9),
+                        refiner_window=int(refiner_window), **precisions)
         loading = RenderRequest(traj=None, mode=found.mode, guidance=found.guidance, recipe=found.name, **settings)
         return cls(load_patched_pipeline(loading, log), found, settings)
 
@@ -71,8 +89,15 @@ class CamrenderPipeline:
         (v1 JSON, COLMAP, nerfstudio, transforms.json, RealEstate10K, .npy poses) or an action string
         such as "w-80,jw-40"; or an iterable of `camrender.render.camera_feed.SegmentCamera` (the path as a
         stream, pulled one segment at a time; give `frames`). options: frames, mode, steps, guidance,
-        seed, fps, height, width, negative_prompt, segment_frames, cached_segments, out.
+        seed, fps, height, width, negative_prompt, segment_frames, cached_segments, prompt_cache, out.
+        The pipeline's own settings (`settings`: kernels, precisions, the refiner's window, ...) were decided
+        at load: passing one here is refused rather than ignored.
         """
+        fixed = sorted(set(options) & set(self.settings))
+        if fixed:
+            raise CamrenderError(f"{', '.join(fixed)}: decided when the pipeline loads; pass "
+                                 f"{'it' if len(fixed) == 1 else 'them'} to CamrenderPipeline.from_pretrained",
+                                 field=fixed[0])
         settings = {key: value for key, value in self.settings.items() if key != "refiner"}
         refiner = self.settings["refiner"] or "none"
         traj, cameras = _path_or_stream(trajectory)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import click
 
 from camrender.errors import CamrenderError
-from camrender.model.device import resolve_device
+from camrender.model.device import check_fp8
 from camrender.render.prompt_cache import resolve_cache_dir
 
 PRECISIONS = ("bf16", "fp8")
@@ -59,22 +59,3 @@ def resolve_stage_options(options: dict, device) -> dict:
     return dict(stage1_precision=stage1, refiner_precision=refiner,
                 refiner_window=int(options.pop("refiner_window", DEFAULT_REFINER_WINDOW)),
                 prompt_cache=resolve_cache_dir(options.pop("prompt_cache", None)))
-
-
-def check_fp8(device, option: str = "precision") -> None:
-    """FP8 needs a CUDA GPU with FP8 tensor cores (compute capability 8.9+)."""
-    # lazy: keeps `camrender --help` free of torch
-    import torch
-
-    from camrender.model.fp8 import MIN_CAPABILITY
-
-    resolved = resolve_device(device)
-    if resolved.type != "cuda" or not torch.cuda.is_available():
-        where = "the CPU" if resolved.type != "cuda" else "no CUDA GPU (none is visible)"
-        raise CamrenderError(f"fp8 needs a GPU with FP8 tensor cores (compute capability 8.9+: Ada, Hopper); "
-                             f"this render runs on {where}", field=option)
-    capability = torch.cuda.get_device_capability(resolved)
-    if tuple(capability) < MIN_CAPABILITY:
-        name = torch.cuda.get_device_name(resolved)
-        raise CamrenderError(f"fp8 needs compute capability 8.9+ (Ada, Hopper); {name} is "
-                             f"{capability[0]}.{capability[1]}: use bf16", field=option)

@@ -1,4 +1,4 @@
-"""The `--device` and `--dtype` words as torch objects, for stage 1, the refiner and the settings.
+"""The `--device` and `--dtype` words as torch objects, and whether a device runs FP8 (`check_fp8`).
 
 torch is imported inside the functions: `camrender.model.stage1.loading` imports this module, and the
 CLI imports that one at its top for `DEFAULT_MODEL`, so `camrender --help` stays free of torch.
@@ -38,3 +38,22 @@ def resolve_dtype(dtype, device):
     if dtype not in names:
         raise CamrenderError(f"must be auto, bfloat16, float16 or float32, got {dtype!r}", field="dtype")
     return names[dtype]
+
+
+def check_fp8(device, option: str = "precision") -> None:
+    """FP8 needs a CUDA GPU with FP8 tensor cores (compute capability 8.9+)."""
+    # lazy: keeps `camrender --help` free of torch
+    import torch
+
+    from camrender.model.fp8 import MIN_CAPABILITY
+
+    resolved = resolve_device(device)
+    if resolved.type != "cuda" or not torch.cuda.is_available():
+        where = "the CPU" if resolved.type != "cuda" else "no CUDA GPU (none is visible)"
+        raise CamrenderError(f"fp8 needs a GPU with FP8 tensor cores (compute capability 8.9+: Ada, Hopper); "
+                             f"this render runs on {where}", field=option)
+    capability = torch.cuda.get_device_capability(resolved)
+    if tuple(capability) < MIN_CAPABILITY:
+        name = torch.cuda.get_device_name(resolved)
+        raise CamrenderError(f"fp8 needs compute capability 8.9+ (Ada, Hopper); {name} is "
+                             f"{capability[0]}.{capability[1]}: use bf16", field=option)

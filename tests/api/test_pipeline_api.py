@@ -51,3 +51,24 @@ def test_the_readme_example_runs_and_renders(in_tmp, capsys):
     request = pipe.request(path, frames=17)
     assert (request.mode, request.steps, request.guidance, request.seed) == ("full", 10, 5.0, path.seed or 0)
     assert isinstance(SegmentCamera(path.c2w[:1], path.intrinsics[:1], 8, 8), SegmentCamera)
+
+
+def test_settings_are_the_loaded_pipelines_and_a_render_cannot_change_them(in_tmp):
+    """from_pretrained takes the stage options (precision per stage, the refiner's window) into every
+    request; a render given one of the pipeline's settings is refused, not silently run without it."""
+    from camrender import CamrenderPipeline
+    from camrender.errors import CamrenderError
+    from camrender.render.pipeline import pipeline_settings
+
+    pipe = CamrenderPipeline.from_pretrained("tiny", refiner="tiny", refiner_window=2, device="cpu")
+    request = pipe.request("trajectories/orbit.json", frames=17)
+    assert (request.refiner_window, request.stage1_precision, request.refiner_precision) == (2, "bf16", "bf16")
+    assert pipeline_settings(pipe.pipe, request).refiner.window == 2
+    for option in (dict(refiner_window=5), dict(cuda_graphs=False), dict(kernels="torch")):
+        with pytest.raises(CamrenderError, match="decided when the pipeline loads"):
+            pipe.request("trajectories/orbit.json", frames=17, **option)
+    with pytest.raises(CamrenderError, match="fp8 needs a GPU") as caught:
+        CamrenderPipeline.from_pretrained("tiny", device="cpu", refiner_precision="fp8")
+    assert caught.value.field == "refiner_precision"
+    with pytest.raises(CamrenderError, match="must be one of bf16, fp8"):
+        CamrenderPipeline.from_pretrained("tiny", device="cpu", precision="fp16")

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import camrender.model.stage1.loading as loading
-from camrender.cli.stage_options import check_fp8
+from camrender.model.device import check_fp8
 from camrender.errors import CamrenderError
 from camrender.model.refiner.tiny import build_tiny_refiner
 from camrender.render.request import RenderRequest
