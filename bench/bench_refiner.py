@@ -130,6 +130,7 @@ def render_path(models, segments, refined, *, breakdown=False, overlap=None, sch
             for latents in chunks:
                 lap("stage1")
                 latents = stream.push(latents)
+                stream.settle()  # the block's history pass, timed with its refinement
                 lap("refiner")
                 if latents.shape[2]:
                     frames += len(to_uint8_frames(decoder.decode(latents)))
@@ -163,12 +164,15 @@ def render_path(models, segments, refined, *, breakdown=False, overlap=None, sch
 def launches_per_layer(stream, block, device):
     """GPU kernels (and copies) launched per transformer layer and pass while `stream` refines `block`
     (3 denoising passes + the cache pass; torch.profiler on CUDA; None elsewhere)."""
+    stream.settle()  # only this block's passes below
     if device.type != "cuda":
         stream.push(block)
+        stream.settle()
         return None
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         stream.push(block)
+        stream.settle()
         sync()
     kernels = sum(1 for event in prof.events() if event.device_type == torch.autograd.DeviceType.CUDA)
     return round(kernels / (4 * len(stream.transformer.transformer_blocks)), 1)
@@ -192,12 +196,14 @@ def refiner_steady_state(refiner_transformer, text, shape, device, dtype, blocks
                            generator=torch.Generator().manual_seed(0), kernels=kernels,
                            kernel_backend=kernel_backend(device))
     stream.push(clip[:, :, :1 + 3 * warm_blocks])
+    stream.settle()
     sync()
     gpu, enqueue, refined = [], [], []
     for index in range(blocks):
         start = 1 + 3 * (warm_blocks + index)
         began = time.perf_counter()
         refined.append(stream.push(clip[:, :, start:start + 3]))
+        stream.settle()  # a block: 3 denoising passes and its history pass
         enqueue.append(time.perf_counter() - began)
         sync()
         gpu.append(time.perf_counter() - began)
@@ -209,15 +215,18 @@ def refiner_steady_state(refiner_transformer, text, shape, device, dtype, blocks
             torch.cuda.set_sync_debug_mode("warn")
             try:
                 stream.push(clip[:, :, start:start + 3])
+                stream.settle()
             finally:
                 torch.cuda.set_sync_debug_mode("default")
         syncs = sum("synchroniz" in str(item.message) for item in caught)
     else:
         stream.push(clip[:, :, start:start + 3])
+        stream.settle()
     history_frames = stream.history_frames
     counter = FlopCounterMode(display=False)
     with counter:
         stream.push(clip[:, :, start + 3:start + 6])
+        stream.settle()
     counts = counter.get_flop_counts().get("Global", {})
     launches = launches_per_layer(stream, clip[:, :, start + 6:start + 9], device)
     gemm = sum(v for op, v in counts.items() if str(op).split(".")[-1] in GEMM_OPS)

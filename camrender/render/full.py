@@ -27,8 +27,8 @@ from camrender.render.stage_two import refine_clip
 
 
 class ClipStage:
-    """Stage 2 of the whole clip, with the `push` / `finish` of a `RefinerStream`: `push` refines the
-    clip at once (`refine_clip`; unchanged without a refiner), `finish` has nothing left."""
+    """Stage 2 of the whole clip, with the `push` / `settle` / `finish` of a `RefinerStream`: `push` refines
+    the clip at once (`refine_clip`; unchanged without a refiner), `settle` and `finish` have nothing left."""
 
     def __init__(self, pipe, request: RenderRequest, settings: RefinerSettings, progress: Progress = None):
         self.pipe, self.request, self.settings, self.progress = pipe, request, settings, progress
@@ -36,6 +36,9 @@ class ClipStage:
     def push(self, latents):
         self.last = refine_clip(self.pipe, self.request, latents, progress=self.progress, settings=self.settings)
         return self.last
+
+    def settle(self):
+        pass
 
     def finish(self):
         return self.last[:, :, :0]

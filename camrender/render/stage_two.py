@@ -31,7 +31,8 @@ def attach_refiner(pipe, refiner) -> None:
 
 
 class PassThrough:
-    """`RefinerStream`'s interface for a render without stage 2: latents pass through unchanged."""
+    """`RefinerStream`'s interface (`push`, `settle`, `finish`) for a render without stage 2: latents pass
+    through unchanged."""
 
     def __init__(self):
         self.last = None
@@ -39,6 +40,9 @@ class PassThrough:
     def push(self, latents):
         self.last = latents
         return latents
+
+    def settle(self):
+        pass
 
     def finish(self):
         return self.last[:, :, :0]
@@ -133,7 +137,9 @@ def refined_frames(stage, latent_chunks, decoder, device, overlap: Optional[bool
     if not overlap:
         count = 0
         for count, latents in enumerate(latent_chunks, start=1):
-            frames = frames_of(stage.push(latents))()
+            frames = frames_of(stage.push(latents))
+            stage.settle()  # the refiner's history pass, queued behind the decode: the frames do not wait for it
+            frames = frames()
             if hold is not None:
                 hold(count)  # in order, the state after chunk k is what a checkpoint sees anyway
             yield count, frames
@@ -158,6 +164,7 @@ def refined_frames(stage, latent_chunks, decoder, device, overlap: Optional[bool
             count += 1
             with streams.on("refiner", latents):
                 refined = stage.push(latents)
+                stage.settle()  # before the decode waits on this stream, as the schedules were measured
             with streams.on("decode", refined):
                 queued = frames_of(refined)
             if waiting is not None:

@@ -116,9 +116,11 @@ def test_full_history_is_shifted_in_place(refiner):
     text = encode_refiner_prompt(refiner, PROMPT, "cpu", torch.float32)
     stream = RefinerStream(refiner, text, fps=16.0, generator=torch.Generator().manual_seed(0), **BOOKKEEPING)
     stream.push(clip[:, :, :13])  # sink + 4 blocks: 12 frames refined, the history holds the last 10
+    stream.settle()  # the last block's history pass
     addresses = [layer.history_k.data_ptr() for layer in stream.cache.layer_caches]
     before = stream.cache.layer_caches[0].history_k.clone()
     stream.push(clip[:, :, 13:])
+    stream.settle()
     layer = stream.cache.layer_caches[0]
     assert [cache.history_k.data_ptr() for cache in stream.cache.layer_caches] == addresses
     tokens = 4 * 6

@@ -169,3 +169,33 @@ def test_overlapped_stage_two_yields_each_segment_one_chunk_later(pipe):
     assert results[False][0] == [(1, 25, 1), (2, 24, 2), (3, 24, 3), (3, 8, 3)]
     assert results[True][0] == [(1, 25, 2), (2, 24, 3), (3, 24, 3), (3, 8, 3)]
     assert np.array_equal(results[True][1], results[False][1])
+
+
+def test_low_latency_order_decodes_a_block_before_its_history_pass(pipe, monkeypatch):
+    """In order (the live page's low-latency loop) each refined block's decode is queued before the block's
+    history pass (sigma 0, its K/V into the window), so on a GPU the frames do not wait for that pass; the
+    overlapped schedule keeps the pass before the decode, as measured. The frames are the same."""
+    from camrender.model.refiner.stream import RefinerStream
+    from camrender.render.stage_two import refined_frames, stage_two
+
+    request = request_for()
+    latents = stage_one(pipe, request)
+    chunks = [latents[:, :, :4], latents[:, :, 4:7], latents[:, :, 7:11]]
+    forward, decode = RefinerStream._forward, CausalStreamDecoder.decode
+    order, videos = [], {}
+    monkeypatch.setattr(RefinerStream, "_forward", lambda self, block, sigma, rope, mode: (
+        order.append("history" if mode == "inject_and_capture_post_rope" else "pass"),
+        forward(self, block, sigma, rope, mode))[1])
+    monkeypatch.setattr(CausalStreamDecoder, "decode", lambda self, x: (order.append("decode"), decode(self, x))[1])
+    for overlap in (False, True):
+        order.clear()
+        videos[overlap] = np.concatenate([frames for _, frames in refined_frames(
+            stage_two(pipe, request, "cpu"), iter(chunks), CausalStreamDecoder(pipe.vae), "cpu", overlap=overlap)])
+        sequence = "".join({"pass": "p", "history": "h", "decode": "d"}[step] for step in order)
+        # the sink's capture pass, then blocks of 3 passes (the sink's frame decoded with the first); the
+        # clip's last block comes from `finish`, which leaves the stream settled
+        if overlap:
+            assert sequence == "p" + "ppphd" * 4, sequence
+        else:
+            assert sequence == "p" + "pppdh" * 3 + "ppphd", sequence
+    assert np.array_equal(videos[False], videos[True])

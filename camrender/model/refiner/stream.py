@@ -87,6 +87,7 @@ class RefinerStream:
         stream = RefinerStream(refiner, text, fps=16, generator=torch.Generator().manual_seed(42))
         for segment in stage_one:            # consecutive latent frames, any split
             emit(stream.push(segment))       # refined frames now final (possibly 0 of them)
+            stream.settle()                  # optional: the block's history pass now (else the next push runs it)
         emit(stream.finish())                # the last (possibly shorter) block
 
     The concatenated outputs equal `SanaWMLTX2Refiner.__call__(clip, prompt, fps=fps,
@@ -145,6 +146,7 @@ class RefinerStream:
         self.next_frame = 0  # absolute index of pending's first frame
         self.history_frames = 0
         self.blocks_done = 0
+        self.unsettled = None  # (refined latents, their RoPE) of the last block, its history pass still to run
 
     # ------------------------------------------------------------------ public
     @torch.no_grad()
@@ -169,7 +171,24 @@ class RefinerStream:
             raise ValueError(f"the refiner needs more than {self.sink_frames} latent frame(s)")
         if self.pending.shape[2] == 0:
             return self.pending
-        return self._refine_block(self._take(self.pending.shape[2]))
+        block = self._refine_block(self._take(self.pending.shape[2]))
+        self.settle()
+        return block
+
+    @torch.no_grad()
+    def settle(self) -> None:
+        """Run the last refined block's history pass (sigma 0: its post-RoPE K/V into the window), if it
+        has not run yet. The next block's refinement runs it first; a caller that wants a block's frames
+        sooner (`refined_frames` in low-latency order) queues their decode and then calls this, so the
+        pass runs on the GPU while the frames are copied out and shown. The results are the same."""
+        if self.unsettled is None:
+            return
+        latents, rope = self.unsettled
+        self.unsettled = None
+        self._forward(latents, 0.0, rope, "inject_and_capture_post_rope")  # appends to the history
+        self.history_frames += latents.shape[2]
+        if self.max_history > 0:
+            self.history_frames = min(self.history_frames, self.max_history)
 
     # ------------------------------------------------------------------ internals
     def _take(self, frames: int) -> torch.Tensor:
@@ -212,7 +231,9 @@ class RefinerStream:
             layer.store_sink(*layer.get_captured_pre_rope())
 
     def _refine_block(self, clean: torch.Tensor) -> torch.Tensor:
-        """3-step Euler on one block from its re-noised stage-1 latents, then the history update."""
+        """3-step Euler on one block from its re-noised stage-1 latents (after the previous block's history
+        pass, `settle`); this block's history pass is left for `settle`."""
+        self.settle()
         _, _, frames, height, width = clean.shape
         start = self.next_frame - frames
         # the sink slides to sit just before the kept history, as in diffusers' loop
@@ -236,10 +257,7 @@ class RefinerStream:
                 flow = (latents.float() - denoised.float()) / sigma
                 latents = (latents.float() + (sigma_next - sigma) * flow).to(self.dtype)
 
-        self._forward(latents, 0.0, rope, "inject_and_capture_post_rope")  # appends to the history
-        self.history_frames += frames
-        if self.max_history > 0:
-            self.history_frames = min(self.history_frames, self.max_history)
+        self.unsettled = (latents, rope)
         self.blocks_done += 1
         return latents
 
