@@ -67,8 +67,17 @@ class CamrenderPipeline:
         once (`camrender.model.settings.RenderSettings`) for every render: `request` refuses them.
         """
         found = resolve_recipe(recipe, str(transformer_weights) if transformer_weights else None, model)
+        refiner = checked_refiner(refiner, model, vae, 9)
+        if refiner is None:  # as the CLI: a refiner option without a refiner is refused, not ignored
+            given = dict(refiner_offload=refiner_offload != "none", refiner_precision=refiner_precision is not None,
+                         refiner_window=refiner_window != DEFAULT_REFINER_WINDOW)
+            refused = [name for name, set_ in given.items() if set_]
+            if refused:
+                raise CamrenderError("applies to the refiner (stage 2): pass refiner= too, or drop it", field=refused[0])
+        if int(refiner_window) < 1:
+            raise CamrenderError(f"must be at least 1 latent frame, got {refiner_window}", field="refiner_window")
         precisions = dict(stage1_precision=stage1_precision or precision,
-                          refiner_precision=refiner_precision or precision)
+                          refiner_precision=(refiner_precision or precision) if refiner is not None else "bf16")
         for name, value in precisions.items():
             if value not in PRECISIONS:
                 raise CamrenderError(f"must be one of {', '.join(PRECISIONS)}, got {value!r}", field=name)
@@ -77,8 +86,7 @@ class CamrenderPipeline:
         settings = dict(model=model, dtype=dtype, device=device, offload=offload,
                         transformer_weights=transformer_weights, vae=vae, kernels=kernels,
                         allow_missing_weights=allow_missing_weights, refiner_offload=refiner_offload,
-                        cuda_graphs=cuda_graphs, refiner=checked_refiner(refiner, model, vae, 9),
-                        refiner_window=int(refiner_window), **precisions)
+                        cuda_graphs=cuda_graphs, refiner=refiner, refiner_window=int(refiner_window), **precisions)
         loading = RenderRequest(traj=None, mode=found.mode, guidance=found.guidance, recipe=found.name, **settings)
         return cls(load_patched_pipeline(loading, log), found, settings)
 
@@ -89,15 +97,18 @@ class CamrenderPipeline:
         (v1 JSON, COLMAP, nerfstudio, transforms.json, RealEstate10K, .npy poses) or an action string
         such as "w-80,jw-40"; or an iterable of `camrender.render.camera_feed.SegmentCamera` (the path as a
         stream, pulled one segment at a time; give `frames`). options: frames, mode, steps, guidance,
-        seed, fps, height, width, negative_prompt, segment_frames, cached_segments, prompt_cache, out.
+        seed, fps, height, width, negative_prompt, segment_frames, cached_segments, out, prompt_cache (a
+        folder of encoded prompts; None or "off": no cache, the default).
         The pipeline's own settings (`settings`: kernels, precisions, the refiner's window, ...) were decided
         at load: passing one here is refused rather than ignored.
         """
-        fixed = sorted(set(options) & set(self.settings))
+        fixed = sorted(set(options) & (set(self.settings) | {"precision", "recipe"}))
         if fixed:
             raise CamrenderError(f"{', '.join(fixed)}: decided when the pipeline loads; pass "
                                  f"{'it' if len(fixed) == 1 else 'them'} to CamrenderPipeline.from_pretrained",
                                  field=fixed[0])
+        if options.get("prompt_cache") == "off":  # the CLI's word for no cache (None, the API's default)
+            options["prompt_cache"] = None
         settings = {key: value for key, value in self.settings.items() if key != "refiner"}
         refiner = self.settings["refiner"] or "none"
         traj, cameras = _path_or_stream(trajectory)

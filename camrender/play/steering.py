@@ -4,10 +4,12 @@ The page sends key presses and releases as they happen (`KeyTimeline.press` / `r
 thread). When the segment loop asks for segment k's cameras (`SteeredPath.segments`, pulled by
 `camrender.render.camera_feed.CameraFeed` as segment k starts), every frame of segment k takes the keys
 held at that moment, as a game samples its input as late as it can: a press shows from the first frame
-of the next segment decided, not from its place in time (that would add a segment's duration to every
-key-to-frame latency). A tap (pressed and released since the last ask) holds its key on the first
-frames of segment k, as many as it was held for (a frame counting as the time since the last ask over
-segment k's frames), at least one. `camrender.trajectory.controls.Controller` advances the camera one
+of the next segment decided, not from its place in time within the interval (that would add its offset
+in the interval, 0 to 1 segment period, to its key-to-frame latency). A tap (pressed and released since
+the last ask) holds its key on the first frames of segment k, as many as it was held for (a frame
+counting as the time since the last ask over segment k's frames), at least one. So the flown path keeps
+the keys at segment granularity: a key still held when a segment is decided holds for all its frames,
+however short the press (a 0.2 s press across a decision moves the camera for a whole segment). `camrender.trajectory.controls.Controller` advances the camera one
 frame at a time with the official velocity model.
 
 Each press carries an id; `SteeredPath.reflected` maps it to the first video frame whose keys hold
@@ -78,21 +80,23 @@ class KeyTimeline:
         """(per-frame key sets [frames], {press id: frame offset}) of the segment decided now: the keys
         held now on every frame, each tap since the last `take` on the first frames (module docstring).
         A press is reflected at frame 0 if it happened since the last `take` (or it is the first)."""
+        if frames < 1:
+            return [], {}  # nothing to decide: the events wait for the next take
         with self._lock:
             now = self.clock() if now is None else now
             events, self._events = self._events, []
             start, self._last = self._last, now
-            window = (now - start) / frames if start is not None and now > start and frames else None
+            window = (now - start) / frames if start is not None and now > start else None
             per_frame = [set(self._held) for _ in range(frames)]
             reflected = {}
             if start is None:  # the first segment: every key held counts as pressed now
-                reflected = {pid: 0 for pid in self._held.values() if pid is not None and frames}
+                reflected = {pid: 0 for pid in self._held.values() if pid is not None}
             pressed = {}  # letter -> (time, press id) of a press since the last take
             tapped = {}  # letter -> seconds held by taps since the last take
             for at, letter, down, press_id in events:
                 if down:
                     pressed[letter] = (at, press_id)
-                    if press_id is not None and frames:
+                    if press_id is not None:
                         reflected.setdefault(press_id, 0)
                 elif letter in pressed:
                     tapped[letter] = tapped.get(letter, 0.0) + at - pressed.pop(letter)[0]

@@ -166,14 +166,13 @@ class RefinerStream:
 
     @torch.no_grad()
     def finish(self) -> torch.Tensor:
-        """Refine the frames still pending (the clip's last block, shorter than `block_frames`)."""
+        """Refine the frames still pending (the clip's last block, shorter than `block_frames`). The clip's
+        last history pass is left out: nothing reads the window after it."""
         if self.pending is None or self.next_frame < self.sink_frames:
             raise ValueError(f"the refiner needs more than {self.sink_frames} latent frame(s)")
         if self.pending.shape[2] == 0:
             return self.pending
-        block = self._refine_block(self._take(self.pending.shape[2]))
-        self.settle()
-        return block
+        return self._refine_block(self._take(self.pending.shape[2]))
 
     @torch.no_grad()
     def settle(self) -> None:
