@@ -73,7 +73,8 @@ class CamrenderPipeline:
                          refiner_window=refiner_window != DEFAULT_REFINER_WINDOW)
             refused = [name for name, set_ in given.items() if set_]
             if refused:
-                raise CamrenderError("applies to the refiner (stage 2): pass refiner= too, or drop it", field=refused[0])
+                raise CamrenderError("applies to the refiner (stage 2): pass refiner= too, or drop it",
+                                     field=refused[0])
         if int(refiner_window) < 1:
             raise CamrenderError(f"must be at least 1 latent frame, got {refiner_window}", field="refiner_window")
         precisions = dict(stage1_precision=stage1_precision or precision,

@@ -9,8 +9,9 @@ in the interval, 0 to 1 segment period, to its key-to-frame latency). A tap (pre
 the last ask) holds its key on the first frames of segment k, as many as it was held for (a frame
 counting as the time since the last ask over segment k's frames), at least one. So the flown path keeps
 the keys at segment granularity: a key still held when a segment is decided holds for all its frames,
-however short the press (a 0.2 s press across a decision moves the camera for a whole segment). `camrender.trajectory.controls.Controller` advances the camera one
-frame at a time with the official velocity model.
+however short the press (a 0.2 s press across a decision moves the camera for a whole segment).
+`camrender.trajectory.controls.Controller` advances the camera one frame at a time with the official
+velocity model.
 
 Each press carries an id; `SteeredPath.reflected` maps it to the first video frame whose keys hold
 it (the frame that reflects it), so the page can time key-to-frame latency.
