@@ -19,10 +19,8 @@ import numpy as np
 
 from camrender import trajectory as trajectories
 from camrender.api.output import write_video
-from camrender.api.requests import build_request, checked_refiner
+from camrender.api.requests import build_request, check_refiner_options, checked_refiner, stage_precisions
 from camrender.errors import CamrenderError
-from camrender.model.device import check_fp8
-from camrender.model.fp8 import PRECISIONS
 from camrender.model.refiner.stream import KV_MAX_FRAMES as DEFAULT_REFINER_WINDOW
 from camrender.model.stage1.loading import DEFAULT_MODEL
 from camrender.model.stage1.recipes import resolve_recipe
@@ -68,22 +66,13 @@ class CamrenderPipeline:
         """
         found = resolve_recipe(recipe, str(transformer_weights) if transformer_weights else None, model)
         refiner = checked_refiner(refiner, model, vae, 9)
-        if refiner is None:  # as the CLI: a refiner option without a refiner is refused, not ignored
-            given = dict(refiner_offload=refiner_offload != "none", refiner_precision=refiner_precision is not None,
-                         refiner_window=refiner_window != DEFAULT_REFINER_WINDOW)
-            refused = [name for name, set_ in given.items() if set_]
-            if refused:
-                raise CamrenderError("applies to the refiner (stage 2): pass refiner= too, or drop it",
-                                     field=refused[0])
+        given = {name for name, changed in (("refiner_offload", refiner_offload != "none"),
+                                            ("refiner_precision", refiner_precision is not None),
+                                            ("refiner_window", refiner_window != DEFAULT_REFINER_WINDOW)) if changed}
+        check_refiner_options(refiner, given)
         if int(refiner_window) < 1:
             raise CamrenderError(f"must be at least 1 latent frame, got {refiner_window}", field="refiner_window")
-        precisions = dict(stage1_precision=stage1_precision or precision,
-                          refiner_precision=(refiner_precision or precision) if refiner is not None else "bf16")
-        for name, value in precisions.items():
-            if value not in PRECISIONS:
-                raise CamrenderError(f"must be one of {', '.join(PRECISIONS)}, got {value!r}", field=name)
-            if value == "fp8":
-                check_fp8(device, name)
+        precisions = stage_precisions(precision, stage1_precision, refiner_precision, device)
         settings = dict(model=model, dtype=dtype, device=device, offload=offload,
                         transformer_weights=transformer_weights, vae=vae, kernels=kernels,
                         allow_missing_weights=allow_missing_weights, refiner_offload=refiner_offload,

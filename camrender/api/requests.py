@@ -10,6 +10,7 @@ from typing import Optional
 
 from camrender.errors import CamrenderError
 from camrender.limits import check_frames, check_size
+from camrender.model.device import check_fp8
 from camrender.model.refiner.loading import resolve_refiner, vae_latent_channels
 from camrender.model.stage1.loading import DEFAULT_MODEL, model_source
 from camrender.model.stage1.recipes import DEFAULT_RECIPE, get_recipe
@@ -43,6 +44,37 @@ def default_guidance(guidance: Optional[float], mode: str, recipe):
     if mode != recipe.mode:
         return None if mode == "segments" else RELEASE_GUIDANCE
     return recipe.guidance if recipe.guidance > 1 else None
+
+
+PRECISIONS = ("bf16", "fp8")  # the blocks' linears: the model's dtype, or e4m3 W8A8 (camrender.model.fp8)
+REFINER_OPTIONS = ("refiner_offload", "refiner_precision", "refiner_window")  # RenderRequest fields
+
+
+def check_refiner_options(refiner, given, spell=str) -> None:
+    """A refiner option (`REFINER_OPTIONS`) the user gave (`given`: those names) without a refiner is
+    refused rather than ignored. spell(name): the name as the user wrote it (the CLI: "--refiner-window")."""
+    if refiner not in (None, "none"):
+        return
+    for name in REFINER_OPTIONS:
+        if name in given:
+            raise CamrenderError(f"{spell(name)} applies to the refiner (stage 2): pass {spell('refiner')} too, or "
+                                 "drop it", field=spell(name).lstrip("-"))
+
+
+def stage_precisions(precision: str, stage1_precision: Optional[str], refiner_precision: Optional[str], device,
+                     spell=str) -> dict:
+    """{"stage1_precision", "refiner_precision"}: each stage's given one, else `precision`; each checked
+    ("bf16" or "fp8"; FP8 against `device`, before any model loads), an error naming the option that chose
+    it (`spell` as `check_refiner_options`')."""
+    given = {"stage1_precision": stage1_precision, "refiner_precision": refiner_precision}
+    chosen = {name: value or precision for name, value in given.items()}
+    for name, value in chosen.items():
+        option = spell(name if given[name] else "precision").lstrip("-")
+        if value not in PRECISIONS:
+            raise CamrenderError(f"must be one of {', '.join(PRECISIONS)}, got {value!r}", field=option)
+        if value == "fp8":
+            check_fp8(device, option)
+    return chosen
 
 
 def default_size(height: Optional[int], width: Optional[int], model: str) -> tuple:

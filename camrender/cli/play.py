@@ -12,10 +12,10 @@ from pathlib import Path
 
 import click
 
-from camrender.api.requests import build_request
-from camrender.cli.preflight import check_refiner_options, check_render_options, probe_writable
+from camrender.api.requests import build_request, check_refiner_options
+from camrender.cli.preflight import check_render_options, probe_writable
 from camrender.cli.render import _quiet_libraries, given_on_command_line
-from camrender.cli.stage_options import resolve_stage_options, stage_options
+from camrender.cli.stage_options import cli_spelling, resolve_stage_options, stage_options
 from camrender.errors import CamrenderError
 from camrender.limits import ROPE_LATENT_FRAMES, TIME_STRIDE
 from camrender.model.stage1.loading import DEFAULT_MODEL
@@ -38,7 +38,7 @@ def resolve_template(options: dict):
     """(the segment-mode `RenderRequest` every flight starts from, with no path yet: the flight steers it;
     the session stem)."""
     stem = options["out"] or Path(time.strftime("play-%Y%m%d-%H%M%S"))
-    check_refiner_options(options, given_on_command_line(options))
+    check_refiner_options(options.get("refiner"), given_on_command_line(options), spell=cli_spelling)
     check_render_options({**options, "out": stem.with_name(stem.name + ".mp4"), "fps": None, "offload": False})
     probe_writable(stem.with_name(stem.name + ".mp4"))
     if options["recipe"] is None and options["model"] == "tiny" and options["transformer_weights"] is None:

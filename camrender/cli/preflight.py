@@ -51,18 +51,6 @@ def check_render_options(options: dict) -> None:
         raise CamrenderError(problem, path=vae, field="vae")
 
 
-def check_refiner_options(options: dict, given: set) -> None:
-    """The refiner's own options given on the command line (`given`: option names) without a refiner:
-    refused, rather than ignored. (A render file's settings carry their defaults: not refused.)"""
-    if options.get("refiner") not in (None, "none"):
-        return
-    for name in ("refiner_offload", "refiner_precision", "refiner_window"):
-        if name in given:
-            option = name.replace("_", "-")
-            raise CamrenderError(f"--{option} applies to the refiner (stage 2): pass --refiner too, or drop it",
-                                 field=option)
-
-
 def check_checkpoint_every(seconds: float) -> None:
     """--checkpoint-every: a number of seconds >= 0 (inf: never); NaN is refused (click's range lets it pass)."""
     if math.isnan(seconds):

@@ -10,15 +10,15 @@ import click
 from click.core import ParameterSource
 
 from camrender import trajectory
-from camrender.api.requests import build_request
+from camrender.api.requests import build_request, check_refiner_options
 from camrender.cli import path_options
 from camrender.cli import launch as cli_launch
 from camrender.cli.preflight import (
-    check_checkpoint_every, check_noise_frames, check_refiner_options, check_render_options, probe_writable)
+    check_checkpoint_every, check_noise_frames, check_render_options, probe_writable)
 from camrender.cli.progress import count, make_progress
 from camrender.cli.progress import STYLES as PROGRESS_STYLES
 from camrender.cli.signals import raise_if_signalled
-from camrender.cli.stage_options import resolve_stage_options, stage_options
+from camrender.cli.stage_options import cli_spelling, resolve_stage_options, stage_options
 from camrender.errors import CamrenderError
 from camrender.files import check_output_path
 from camrender.limits import check_frames
@@ -210,7 +210,8 @@ def render(**options):
     """
     given = given_on_command_line(options)
     _apply_render_file(options)
-    check_refiner_options(options, given)  # after the render file: its refiner counts
+    # after the render file: its refiner counts
+    check_refiner_options(options.get("refiner"), given, spell=cli_spelling)
     resume, checkpoint_every = options.pop("resume"), options.pop("checkpoint_every")
     check_checkpoint_every(checkpoint_every)
     gpus = options.pop("gpus")

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import click
 
-from camrender.errors import CamrenderError
-from camrender.model.device import check_fp8
+from camrender.api.requests import PRECISIONS, stage_precisions
 from camrender.render.prompt_cache import resolve_cache_dir
 
-PRECISIONS = ("bf16", "fp8")
 # sink + 10 recent frames, the released recipe (camrender.model.refiner.stream.KV_MAX_FRAMES)
 DEFAULT_REFINER_WINDOW = 11
 
@@ -44,18 +42,14 @@ def stage_options(command):
 
 
 def resolve_stage_options(options: dict, device) -> dict:
-    """The RenderRequest fields of these options; checks FP8 against `device` (before any model loads).
-
-    Raises CamrenderError naming the option when FP8 is asked on a CPU or a GPU below compute capability 8.9.
-    """
-    precision = options.pop("precision", "bf16")
-    given = {"stage1-precision": options.pop("stage1_precision", None),
-             "refiner-precision": options.pop("refiner_precision", None)}
-    chosen = {name: value or precision for name, value in given.items()}
-    for name, value in chosen.items():
-        if value == "fp8":
-            check_fp8(device, name if given[name] else "precision")
-    stage1, refiner = chosen["stage1-precision"], chosen["refiner-precision"]
-    return dict(stage1_precision=stage1, refiner_precision=refiner,
-                refiner_window=int(options.pop("refiner_window", DEFAULT_REFINER_WINDOW)),
+    """The RenderRequest fields of these options (popped from `options`); FP8 checked against `device`
+    before any model loads (`camrender.api.requests.stage_precisions`: the option that asked for it named)."""
+    precisions = stage_precisions(options.pop("precision", "bf16"), options.pop("stage1_precision", None),
+                                  options.pop("refiner_precision", None), device, spell=cli_spelling)
+    return dict(**precisions, refiner_window=int(options.pop("refiner_window", DEFAULT_REFINER_WINDOW)),
                 prompt_cache=resolve_cache_dir(options.pop("prompt_cache", None)))
+
+
+def cli_spelling(name: str) -> str:
+    """A RenderRequest field as its command-line option: refiner_window -> --refiner-window."""
+    return "--" + name.replace("_", "-")
