@@ -79,9 +79,11 @@ def parse_args(argv=None):
                         help="the refiner blocks' path (camrender.model.refiner.block): both = side by side rows "
                              "(the stock ones suffixed _stock_kernels), fused (renders' default) or stock only")
     parser.add_argument("--text-tokens", type=int, default=1024, help="refiner prompt tokens (release: 1024)")
-    parser.add_argument("--setting", default=None, choices=("bf16", "fp8", "fp8-22gib-window2", "fp8-22gib-layers"),
+    parser.add_argument("--setting", default=None, choices=tuple(refiner_targets.SETTINGS),
                         help="only this row of the memory/precision targets, with a memory breakdown per phase "
                              "(bench/refiner_targets.py); run each in its own process (a memory cap stays)")
+    parser.add_argument("--refiner-offload", default=None, metavar="none|layers|N",
+                        help="with --setting: the refiner's placement instead of the setting's (N: blocks streamed)")
     parser.add_argument("--refiner-window-layout", choices=("split", "slot"), default="slot",
                         help="the refiner's KV window (camrender.model.refiner.window): with the block's slot (one "
                              "attention call; renders' default), or sink + history with the block attended to apart, "

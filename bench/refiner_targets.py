@@ -27,8 +27,9 @@ import torch
 
 import refiner_common as base
 import bench_segments as stage_one
+from camrender.model.block_streaming import block_streamer, stream_blocks
 from camrender.model.fp8 import Fp8Linear, quantize_blocks
-from camrender.model.refiner.loading import stream_layers
+from camrender.model.refiner.loading import stream_layers, streamed_blocks
 from camrender.model.refiner.stream import RefinerStream
 from camrender.model.stage1.segments import SegmentCache, SegmentOptions, segment_bounds
 from camrender.render.decode import REFINED_DECODE_MAX_FRAMES, CausalStreamDecoder
@@ -43,6 +44,10 @@ SETTINGS = {
     # two candidates for a 24 GB card: a short KV window, or the refiner's layers streamed
     "fp8-22gib-window2": dict(precision="fp8", window=2, offload="none", cap_gib=22),
     "fp8-22gib-layers": dict(precision="fp8", window=11, offload="layers", cap_gib=22),
+    # part of the refiner's blocks streamed from CPU memory behind the others' compute (--refiner-offload N):
+    # a 48 GB card in bf16 (44 GiB usable; 12 of 48 blocks: 5 GiB less), a 24 GB card in fp8 with the short window
+    "bf16-48gb": dict(precision="bf16", window=11, offload="12", cap_gib=44),
+    "fp8-22gib-stream": dict(precision="fp8", window=2, offload="24", cap_gib=22),
 }
 
 
@@ -141,7 +146,17 @@ def run_setting(args, name: str) -> dict:
     refiner_transformer = base.build_refiner_transformer(tiny, device, dtype)
     if fp8:
         results["refiner_fp8_linears"] = quantize_blocks(refiner_transformer.transformer_blocks)
-    if setting["offload"] == "layers":
+    if args.refiner_offload is not None:
+        setting = dict(setting, offload=args.refiner_offload)
+        results["offload"] = args.refiner_offload
+    if streamed_blocks(setting["offload"]):
+        blocks = refiner_transformer.transformer_blocks  # the tiny refiner has 2
+        streamer = stream_blocks(blocks, min(len(blocks), streamed_blocks(setting["offload"])), device)
+        results["streamed_blocks"] = streamer.streamed
+        results["staging_slots_gib"] = gib(streamer.slot_bytes * len(streamer.slots))
+        if device.type == "cuda":
+            results["pinned_copy_gb_s"] = pinned_copy_rate(device)
+    elif setting["offload"] == "layers":
         refiner_transformer.to("cpu")
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -171,6 +186,21 @@ def run_setting(args, name: str) -> dict:
     return results
 
 
+def pinned_copy_rate(device, gib_copied: float = 1.0) -> float:
+    """GB/s of one page-locked host -> `device` copy of `gib_copied` GiB (what a streamed block rides on)."""
+    source = torch.empty(int(gib_copied * GIB), dtype=torch.uint8, pin_memory=True)
+    target = torch.empty_like(source, device=device)
+    target.copy_(source, non_blocking=True)  # warm
+    sync()
+    began = time.perf_counter()
+    target.copy_(source, non_blocking=True)
+    sync()
+    rate = source.numel() / (time.perf_counter() - began) / 1e9
+    del source, target
+    torch.cuda.empty_cache()
+    return round(rate, 1)
+
+
 def render(args, transformer, vae, refiner_transformer, text, shape, device, dtype, setting, weights) -> dict:
     """Warm-up path (compiles, captures stage 1's graphs, fills the window), then the timed path with phase
     snapshots; then the decode workspace and the refiner's activation peak."""
@@ -198,6 +228,9 @@ def render(args, transformer, vae, refiner_transformer, text, shape, device, dty
                 arrivals.append((time.perf_counter(), frames))
                 if label == "timed" and index in (0, segments - 2):
                     named = dict(refiner_kv_window=window_bytes(stream), stage1_caches=cache.nbytes())
+                    streamer = block_streamer(refiner_transformer.transformer_blocks)
+                    if streamer is not None:
+                        named["refiner_staging_slots"] = streamer.slot_bytes * len(streamer.slots)
                     snapshots["first_segment" if index == 0 else "steady_state"] = breakdown(weights, named, device)
         sync()
         total = time.perf_counter() - began

@@ -21,6 +21,7 @@ from camrender import trajectory as trajectories
 from camrender.api.output import write_video
 from camrender.api.requests import build_request, check_refiner_options, checked_refiner, stage_precisions
 from camrender.errors import CamrenderError
+from camrender.model.refiner.loading import check_refiner_offload
 from camrender.model.refiner.stream import KV_MAX_FRAMES as DEFAULT_REFINER_WINDOW
 from camrender.model.stage1.loading import DEFAULT_MODEL
 from camrender.model.stage1.recipes import resolve_recipe
@@ -58,14 +59,17 @@ class CamrenderPipeline:
         file loaded over the transformer; vae: a diffusers VAE folder replacing the pipeline's; kernels:
         "fused" or "torch"; dtype: "auto" (bf16 on CUDA, fp32 on CPU), "bfloat16", "float16", "float32";
         device: "cuda", "cuda:1", "cpu" or None (CUDA when available); cuda_graphs: replay stage 1's
-        denoising passes as CUDA graphs (CUDA, not with offload); precision: "bf16" or "fp8" (e4m3 W8A8
-        linears of the transformer blocks, GPUs of compute capability 8.9+) for both stages, or per stage
+        denoising passes as CUDA graphs (CUDA, not with offload); refiner_offload: "none", "layers" or
+        a number of the refiner's blocks kept in CPU memory (`camrender.model.refiner.loading.place_refiner`);
+        precision: "bf16" or "fp8" (e4m3 W8A8 linears of the transformer blocks, GPUs of compute
+        capability 8.9+) for both stages, or per stage
         `stage1_precision` / `refiner_precision`; refiner_window: the refiner's KV window in latent frames
         (the sink plus N-1 recent ones); log: a callable taking one line. The settings are decided here
         once (`camrender.model.settings.RenderSettings`) for every render: `request` refuses them.
         """
         found = resolve_recipe(recipe, str(transformer_weights) if transformer_weights else None, model)
         refiner = checked_refiner(refiner, model, vae, 9)
+        refiner_offload = check_refiner_offload(refiner_offload)
         given = {name for name, changed in (("refiner_offload", refiner_offload != "none"),
                                             ("refiner_precision", refiner_precision is not None),
                                             ("refiner_window", refiner_window != DEFAULT_REFINER_WINDOW)) if changed}

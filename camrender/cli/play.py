@@ -15,7 +15,7 @@ import click
 from camrender.api.requests import build_request, check_refiner_options
 from camrender.cli.preflight import check_render_options, probe_writable
 from camrender.cli.render import _quiet_libraries, given_on_command_line
-from camrender.cli.stage_options import cli_spelling, resolve_stage_options, stage_options
+from camrender.cli.stage_options import cli_spelling, refiner_offload_option, resolve_stage_options, stage_options
 from camrender.errors import CamrenderError
 from camrender.limits import ROPE_LATENT_FRAMES, TIME_STRIDE
 from camrender.model.stage1.loading import DEFAULT_MODEL
@@ -74,7 +74,7 @@ def resolve_template(options: dict):
 @click.option("--recipe", default=None, help="Checkpoint recipe (default: told from the checkpoint; tiny: streaming).")
 @click.option("--allow-missing-weights", is_flag=True, help="Run even when --transformer-weights leaves weights unloaded.")
 @click.option("--refiner", default="none", show_default=True, help="Stage 2 (a folder, a hub id, 'tiny' or 'none').")
-@click.option("--refiner-offload", default="none", show_default=True, type=click.Choice(["none", "layers"]))
+@refiner_offload_option
 @stage_options
 @click.option("--steps", default=None, type=click.IntRange(min=1), help="Denoising steps (default: the recipe's list).")
 @click.option("--guidance", default=None, type=float, help="Classifier-free guidance (default: the recipe's).")

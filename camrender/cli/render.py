@@ -18,7 +18,7 @@ from camrender.cli.preflight import (
 from camrender.cli.progress import count, make_progress
 from camrender.cli.progress import STYLES as PROGRESS_STYLES
 from camrender.cli.signals import raise_if_signalled
-from camrender.cli.stage_options import cli_spelling, resolve_stage_options, stage_options
+from camrender.cli.stage_options import cli_spelling, refiner_offload_option, resolve_stage_options, stage_options
 from camrender.errors import CamrenderError
 from camrender.files import check_output_path
 from camrender.limits import check_frames
@@ -184,8 +184,7 @@ def _quiet_libraries() -> None:
 @click.option("--refiner", default="none", show_default=True,
               help="Stage 2: the SANA-WM refiner (a folder such as SANA-WM_streaming/refiner_diffusers, a hub id, "
                    "'tiny' with --model tiny, or 'none').")
-@click.option("--refiner-offload", default="none", show_default=True, type=click.Choice(["none", "layers"]),
-              help="layers: the refiner's blocks visit the GPU one at a time (small GPUs; needs accelerate).")
+@refiner_offload_option
 @click.option("--noise-frames", default=None, type=click.IntRange(min=1), hidden=True,
               help="Latent frames of the noise draw, the clip keeping the first (a live session's render file).")
 @click.option("--progress", "progress", default="auto", show_default=True, type=click.Choice(PROGRESS_STYLES),

@@ -58,7 +58,7 @@ class RenderRequest:
             folder or a hub id); loaded next to the pipeline and attached to it
             (`camrender.render.stage_two.attach_refiner`).
         refiner_offload: "none" (the refiner's DiT lives on the GPU) | "layers" (its blocks visit the GPU
-            one at a time).
+            one at a time) | a number N as a string (N blocks stream from CPU memory, the rest resident).
         stage1_precision, refiner_precision: "bf16" (the model's dtype) | "fp8" (e4m3 W8A8 linears of the
             transformer blocks, `camrender.model.fp8`; CUDA, compute capability 8.9+).
         refiner_window: the refiner's KV window in latent frames (sink + N-1 recent; official

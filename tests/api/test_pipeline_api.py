@@ -80,3 +80,19 @@ def test_settings_are_the_loaded_pipelines_and_a_render_cannot_change_them(in_tm
         assert caught.value.field == next(iter(option))
     with pytest.raises(CamrenderError, match="at least 1 latent frame"):
         CamrenderPipeline.from_pretrained("tiny", device="cpu", refiner="tiny", refiner_window=0)
+
+
+def test_streamed_refiner_blocks_render_the_same_frames(in_tmp):
+    """`refiner_offload="1"` (one of the tiny refiner's 2 blocks streams from CPU memory through the staging
+    slots, `camrender.model.block_streaming`) renders what the resident refiner renders."""
+    from camrender import CamrenderPipeline
+    from camrender.model.block_streaming import block_streamer
+    from camrender.render import stage_two
+
+    frames = {}
+    for offload in ("none", "1"):
+        pipe = CamrenderPipeline.from_pretrained("tiny", refiner="tiny", refiner_offload=offload, device="cpu")
+        frames[offload] = pipe("trajectories/orbit.json", frames=33, mode="segments", prompt_cache="off")
+        refiner = getattr(pipe.pipe, stage_two._ATTRIBUTE)
+        assert (block_streamer(refiner.transformer.transformer_blocks) is not None) == (offload == "1")
+    assert frames["none"].shape[0] == 33 and np.array_equal(frames["none"], frames["1"])

@@ -31,8 +31,8 @@ def test_fp8_on_a_cpu_is_one_line_exit_2_before_loading(tmp_path, capsys, monkey
     assert not list(tmp_path.iterdir())
 
 
-@pytest.mark.parametrize("option", [["--refiner-offload", "layers"], ["--refiner-window", "2"],
-                                    ["--refiner-precision", "bf16"]])
+@pytest.mark.parametrize("option", [["--refiner-offload", "layers"], ["--refiner-offload", "12"],
+                                    ["--refiner-window", "2"], ["--refiner-precision", "bf16"]])
 def test_a_refiner_option_without_the_refiner_is_refused(tmp_path, capsys, monkeypatch, option):
     monkeypatch.setattr(loading, "load_pipeline", lambda *a, **k: pytest.fail("a model loaded"))
     out = tmp_path / "v.mp4"
@@ -41,6 +41,22 @@ def test_a_refiner_option_without_the_refiner_is_refused(tmp_path, capsys, monke
     assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
     name = option[0].lstrip("-")
     assert lines[0] == f"camrender: error: {name}: --{name} applies to the refiner (stage 2): pass --refiner too, or drop it"
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("command", [[], ["play"]])
+@pytest.mark.parametrize("value", ["half", "0", "-3"])
+def test_a_bad_refiner_offload_is_one_line_before_loading(tmp_path, capsys, monkeypatch, command, value):
+    import camrender.render.pipeline as pipeline
+
+    monkeypatch.setattr(pipeline, "load_patched_pipeline", lambda *a, **k: pytest.fail("a model loaded"))
+    where = ["--out", tmp_path / "flight"] if command else ["--traj", TRAJ, "--out", tmp_path / "v.mp4"]
+    code, _, err = run_cli([*command, "--model", "tiny", "--refiner", "tiny", *where, "--refiner-offload", value],
+                           capsys)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert "--refiner-offload" in lines[0] and f"must be none, layers or a number of blocks (1 or more), got '{value}'" \
+        in lines[0]
     assert not list(tmp_path.iterdir())
 
 

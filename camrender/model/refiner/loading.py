@@ -26,7 +26,7 @@ from camrender.model.stage1.tiny import TINY_MODEL, TINY_TRANSFORMER_CONFIG
 
 NO_REFINER = "none"
 REFINER_TRANSFORMERS = ("SanaWMLTX2RefinerTransformer3DModel", "LTX2VideoTransformer3DModel")
-REFINER_OFFLOAD = ("none", "layers")
+REFINER_OFFLOAD = ("none", "layers")  # or a number of blocks (`streamed_blocks`)
 STREAMING_REFINER, STREAMING_GEMMA = "refiner_diffusers", "gemma3_12b"
 DEFAULT_TEXT_MAX_SEQUENCE_LENGTH = 1024
 
@@ -200,13 +200,32 @@ def strip_audio(transformer) -> int:
     return removed
 
 
+def check_refiner_offload(offload) -> str:
+    """`--refiner-offload` as spelt: "none", "layers" or a number of the refiner's blocks to stream
+    ("12"); returns it as a string, or raises a CamrenderError naming the field."""
+    text = str(offload).strip()
+    if text in REFINER_OFFLOAD or (text.isdigit() and int(text) >= 1):
+        return text if text in REFINER_OFFLOAD else str(int(text))
+    raise CamrenderError(f"must be none, layers or a number of blocks (1 or more), got {offload!r}",
+                         field="refiner-offload")
+
+
+def streamed_blocks(offload: str) -> int:
+    """How many of the refiner's blocks a numeric `--refiner-offload` streams (0 for "none" and "layers")."""
+    text = check_refiner_offload(offload)
+    return int(text) if text.isdigit() else 0
+
+
 def place_refiner(refiner, device, offload: str = "none") -> None:
     """Put the refiner where a render runs it.
 
     offload "none": the transformer lives on `device`; "layers": it stays in CPU memory and its
     blocks visit `device` one at a time (diffusers group offloading, the next block's copy
-    overlapping the current block's compute on CUDA). Either way the text encoder and connectors
-    stay on the CPU and visit `device` for the one prompt encoding of a render
+    overlapping the current block's compute on CUDA); a number N: N of its blocks, spread over the
+    list, stay in page-locked CPU memory and visit `device` through two staging slots while the rest
+    lives there (`camrender.model.block_streaming`: N - 2 blocks' weights off the GPU, hidden behind
+    the resident blocks' compute while the copies are shorter than a pass). Either way the text encoder
+    and connectors stay on the CPU and visit `device` for the one prompt encoding of a render
     (`camrender.model.refiner.stream.encode_refiner_prompt`); under "layers" the text encoder streams its
     layers too (the Gemma-3-12B encoder alone is 24 GB in bf16).
     """
@@ -214,8 +233,17 @@ def place_refiner(refiner, device, offload: str = "none") -> None:
     import torch
 
     device = torch.device(device)
-    if offload not in REFINER_OFFLOAD:
-        raise CamrenderError(f"must be one of {', '.join(REFINER_OFFLOAD)}, got {offload!r}", field="refiner-offload")
+    offload = check_refiner_offload(offload)
+    blocks = refiner.transformer.transformer_blocks
+    count = streamed_blocks(offload)
+    if count > len(blocks):
+        raise CamrenderError(f"the refiner has {len(blocks)} blocks, cannot stream {count}", field="refiner-offload")
+    if count:
+        from camrender.model.block_streaming import stream_blocks  # lazy: torch
+
+        _move_except(refiner.transformer, blocks, device)
+        stream_blocks(blocks, count, device)
+        return
     if offload == "none" or device.type != "cuda":
         refiner.transformer.to(device)
         return
@@ -225,6 +253,20 @@ def place_refiner(refiner, device, offload: str = "none") -> None:
         raise CamrenderError("--refiner-offload layers needs the accelerate package (pip install accelerate)",
                              field="refiner-offload") from None
     stream_layers(refiner, device, use_stream=True)
+
+
+def _move_except(module, skipped, device) -> None:
+    """Move `module`'s parameters and buffers to `device`, except those under `skipped` (placed by the
+    caller): never the whole model on the device at once."""
+    for child in module.children():
+        if child is not skipped:
+            child.to(device)
+    for name, param in module._parameters.items():
+        if param is not None:
+            param.data = param.data.to(device)
+    for name, buffer in module._buffers.items():
+        if buffer is not None:
+            module._buffers[name] = buffer.to(device)
 
 
 def stream_layers(refiner, device, *, use_stream: bool) -> None:
