@@ -3,7 +3,8 @@
 
 Subcommands live in their own modules (`render`, `traj`, `batch`, `selftest`); this module only
 assembles them and turns a user error into one line on stderr with exit code 2 (said once, by rank 0,
-under torchrun), Ctrl-C into 130 and SIGTERM into 143 (`signals`).
+under torchrun), running out of GPU memory into one line of what fits the card (`memory_advice`, exit 2),
+Ctrl-C into 130 and SIGTERM into 143 (`signals`).
 Heavy imports (torch, diffusers) happen inside the commands that need them.
 """
 import os
@@ -18,6 +19,7 @@ from camrender.cli import batch as cli_batch
 from camrender.cli import play as cli_play
 from camrender.cli import render as cli_render
 from camrender.cli import traj as cli_traj
+from camrender.cli.memory_advice import current_card, is_out_of_memory, out_of_memory_line
 from camrender.cli.signals import forget_interrupted_exec, handled_signals, terminated
 from camrender.errors import CamrenderError
 from camrender.parallel.distributed import is_main_process
@@ -119,6 +121,11 @@ def main(argv=None):
         sys.exit(error.exit_code)
     except click.exceptions.Exit as done:
         sys.exit(done.exit_code)
+    except RuntimeError as error:  # torch.OutOfMemoryError, told by name (no torch import here)
+        if not is_out_of_memory(error):
+            raise
+        _report(f"camrender: error: {out_of_memory_line(*current_card())}")
+        sys.exit(CamrenderError.exit_code)
     sys.exit(0)
 
 

@@ -164,8 +164,8 @@ class BlockStreamer:
         """Undo: the streamed blocks' tensors back on `device`, the hooks and slots gone."""
         for handle in self.handles:
             handle.remove()
-        if self.cuda:
-            torch.cuda.current_stream(self.device).wait_stream(self.copy_stream)
+        if self.cuda:  # the slots are freed below: no copy into them or kernel reading them may still run
+            torch.cuda.synchronize(self.device)
         for tensors, copies in zip(self.tensors, self.host):
             for t, copy in zip(tensors, copies):
                 _set(*t, copy.to(self.device))

@@ -1,0 +1,51 @@
+"""Running out of GPU memory mid-render: one line naming the card and the settings measured to fit a card of
+its size, exit 2, no traceback and no partial video."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import camrender.api.output as output
+from camrender.cli import memory_advice
+from camrender.cli.memory_advice import is_out_of_memory, out_of_memory_line, refiner_setting
+from helpers import run_cli
+
+TRAJ = Path(__file__).resolve().parents[2] / "trajectories" / "orbit.json"
+
+
+def test_out_of_memory_mid_render_is_one_line_with_what_fits(tmp_path, capsys, monkeypatch):
+    def frames_then_out_of_memory(pipe, request, progress=None, **options):
+        yield np.zeros((9, request.height, request.width, 3), np.uint8)
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 110.00 MiB.")
+
+    monkeypatch.setattr(output, "render_frames", frames_then_out_of_memory)
+    monkeypatch.setattr(memory_advice, "current_card", lambda: ("NVIDIA GeForce RTX 4090", 23.6))
+    code, _, err = run_cli(["--traj", TRAJ, "--out", tmp_path / "v.mp4", "--model", "tiny", "--frames", "17",
+                            "--mode", "segments"], capsys)
+    lines = [line for line in err.splitlines() if line.strip() and not line.startswith("camrender: loading")]
+    assert code == 2 and "Traceback" not in err, err
+    assert lines[-1] == ("camrender: error: out of GPU memory on NVIDIA GeForce RTX 4090 (23.6 GiB): with the refiner "
+                         "try --precision fp8 --refiner-window 2 --refiner-offload 24 (18.5 GiB); stage 1 alone: "
+                         "--mode segments (flat in the path length) or --offload (README: Which setting for which GPU)")
+    assert not list(tmp_path.iterdir())  # the video was being written to a temporary file: removed
+
+
+def test_the_advice_follows_the_card_size():
+    assert refiner_setting(139.8).startswith("--refiner-offload 12") and refiner_setting(44.4).startswith("--refiner")
+    assert "--refiner-offload 24" in refiner_setting(31.4) and "--refiner-offload 32" in refiner_setting(15.6)
+    assert "--refiner-offload 32" in refiner_setting(None)
+    assert out_of_memory_line().startswith("out of GPU memory: with the refiner try")
+    assert is_out_of_memory(torch.OutOfMemoryError("x")) and not is_out_of_memory(RuntimeError("out of memory"))
+
+
+def test_another_runtime_error_still_raises(monkeypatch):
+    """Only running out of memory becomes a line: a bug keeps its traceback."""
+    import camrender.cli.main as cli_main
+
+    def broken(**kwargs):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(cli_main.cli, "main", broken)
+    with pytest.raises(RuntimeError, match="a bug"):
+        cli_main.main(["selftest"])
