@@ -19,7 +19,7 @@ from camrender.cli import batch as cli_batch
 from camrender.cli import play as cli_play
 from camrender.cli import render as cli_render
 from camrender.cli import traj as cli_traj
-from camrender.cli.memory_advice import current_card, is_out_of_memory, out_of_memory_line
+from camrender.cli import memory_advice
 from camrender.cli.signals import forget_interrupted_exec, handled_signals, terminated
 from camrender.errors import CamrenderError
 from camrender.parallel.distributed import is_main_process
@@ -122,9 +122,9 @@ def main(argv=None):
     except click.exceptions.Exit as done:
         sys.exit(done.exit_code)
     except RuntimeError as error:  # torch.OutOfMemoryError, told by name (no torch import here)
-        if not is_out_of_memory(error):
+        if not memory_advice.is_out_of_memory(error):
             raise
-        _report(f"camrender: error: {out_of_memory_line(*current_card())}")
+        _report(f"camrender: error: {memory_advice.out_of_memory_line(*memory_advice.current_card())}")
         sys.exit(CamrenderError.exit_code)
     sys.exit(0)
 

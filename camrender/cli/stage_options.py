@@ -54,7 +54,7 @@ refiner_offload_option = click.option(
     "--refiner-offload", default="none", show_default=True, callback=_offload_value, metavar="none|layers|N",
     help="Where the refiner's DiT lives: none: on the GPU; N: N of its blocks stay in CPU memory and visit the GPU "
          "in turn behind the others' compute (about N - 2 blocks' weights less on the GPU: 0.5 GiB each in bf16, "
-         "0.26 in fp8); layers: every block visits the GPU in turn (smallest, slowest; needs accelerate).")
+         "0.25 in fp8; N from 3); layers: every block visits the GPU in turn (smallest, slowest; needs accelerate).")
 
 
 def resolve_stage_options(options: dict, device) -> dict:

@@ -13,11 +13,14 @@ than the pass computes.
     streamer.remove()                                                       # all on "cuda" again
 
 The blocks' own modules and forwards run unchanged: a forward pre-hook points the block's parameters
-and buffers at its slot (waiting for its copy), a forward hook points them back at the CPU copies
-(so `state_dict()` and `.to()` see the real weights) and queues the copy of the streamed block two
-places ahead into the slot just freed (which waits for the block's kernels). A block that runs out of
-the expected order is copied in when it runs: slower, never wrong. Every streamed block must hold the
-same tensor shapes and dtypes (a DiT's blocks do). Off CUDA the copies are synchronous (tests).
+and buffers at its slot (waiting for its copy), a forward hook (run also when the forward raises) points
+them back at the CPU copies, so `state_dict()` sees the real weights, and queues the copy of the
+streamed block two places ahead into the slot just freed (which waits for the block's kernels). A block
+that runs out of the expected order is copied in when it runs: slower, never wrong; `load_state_dict`
+on a streamed block empties the slots, so the new weights are the ones copied next. Every streamed block
+must hold the same tensor shapes and dtypes (a DiT's blocks do). For inference only (the weights are
+swapped under autograd's feet), and the streamer places the list: `remove()` it before `.to()`. Off CUDA
+the copies are synchronous (tests).
 """
 from __future__ import annotations
 
@@ -111,12 +114,15 @@ class BlockStreamer:
         self.ready = [None] * slots   # CUDA event: the slot's copy is done
         self.free = [None] * slots    # CUDA event: the kernels reading the slot are done
         self.copy_stream = torch.cuda.Stream(self.device) if self.cuda else None
+        if self.cuda:
+            self.copy_stream.wait_stream(torch.cuda.current_stream(self.device))
         self.running = None
         self.handles = []
         for position, index in enumerate(self.streamed):
             block = blocks[index]
             self.handles.append(block.register_forward_pre_hook(functools.partial(self._before, position)))
-            self.handles.append(block.register_forward_hook(functools.partial(self._after, position)))
+            self.handles.append(block.register_forward_hook(functools.partial(self._after, position), always_call=True))
+            self.handles.append(block.register_load_state_dict_post_hook(self._forget_slots))
         for slot in range(slots):
             self._load(slot, slot)
         setattr(blocks, _ATTRIBUTE, self)
@@ -160,8 +166,14 @@ class BlockStreamer:
         if self.owner[slot] != upcoming:
             self._load(upcoming, slot)
 
+    def _forget_slots(self, module, incompatible_keys) -> None:
+        """New weights were loaded into a streamed block's CPU copies: no slot holds them yet."""
+        self.owner = [None] * len(self.slots)
+
     def remove(self) -> None:
-        """Undo: the streamed blocks' tensors back on `device`, the hooks and slots gone."""
+        """Undo: the streamed blocks' tensors back on `device`, the hooks and slots gone (idempotent)."""
+        if block_streamer(self.blocks) is not self:
+            return
         for handle in self.handles:
             handle.remove()
         if self.cuda:  # the slots are freed below: no copy into them or kernel reading them may still run

@@ -83,16 +83,20 @@ def test_settings_are_the_loaded_pipelines_and_a_render_cannot_change_them(in_tm
 
 
 def test_streamed_refiner_blocks_render_the_same_frames(in_tmp):
-    """`refiner_offload="1"` (one of the tiny refiner's 2 blocks streams from CPU memory through the staging
-    slots, `camrender.model.block_streaming`) renders what the resident refiner renders."""
+    """`refiner_offload="3"`: a saved 5-block tiny refiner loaded from its folder, 3 of its blocks streaming
+    from CPU memory through the two staging slots (`camrender.model.block_streaming`; a slot is refilled on
+    every pass), renders what the resident refiner renders."""
     from camrender import CamrenderPipeline
     from camrender.model.block_streaming import block_streamer
+    from camrender.model.refiner.tiny import build_tiny_refiner
     from camrender.render import stage_two
 
+    build_tiny_refiner(seed=3, num_layers=5).save_pretrained(in_tmp / "refiner")
     frames = {}
-    for offload in ("none", "1"):
-        pipe = CamrenderPipeline.from_pretrained("tiny", refiner="tiny", refiner_offload=offload, device="cpu")
+    for offload in ("none", "3"):
+        pipe = CamrenderPipeline.from_pretrained("tiny", refiner=str(in_tmp / "refiner"), refiner_offload=offload,
+                                                 device="cpu")
         frames[offload] = pipe("trajectories/orbit.json", frames=33, mode="segments", prompt_cache="off")
-        refiner = getattr(pipe.pipe, stage_two._ATTRIBUTE)
-        assert (block_streamer(refiner.transformer.transformer_blocks) is not None) == (offload == "1")
-    assert frames["none"].shape[0] == 33 and np.array_equal(frames["none"], frames["1"])
+        streamer = block_streamer(getattr(pipe.pipe, stage_two._ATTRIBUTE).transformer.transformer_blocks)
+        assert (streamer is not None and streamer.streamed == [0, 2, 4]) == (offload == "3")
+    assert frames["none"].shape[0] == 33 and np.array_equal(frames["none"], frames["3"])

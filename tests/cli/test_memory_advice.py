@@ -20,13 +20,14 @@ def test_out_of_memory_mid_render_is_one_line_with_what_fits(tmp_path, capsys, m
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 110.00 MiB.")
 
     monkeypatch.setattr(output, "render_frames", frames_then_out_of_memory)
-    monkeypatch.setattr(memory_advice, "current_card", lambda: ("NVIDIA GeForce RTX 4090", 23.6))
+    monkeypatch.setattr(memory_advice, "current_card", lambda: ("NVIDIA GeForce RTX 4090", 23.6, True))
     code, _, err = run_cli(["--traj", TRAJ, "--out", tmp_path / "v.mp4", "--model", "tiny", "--frames", "17",
                             "--mode", "segments"], capsys)
     lines = [line for line in err.splitlines() if line.strip() and not line.startswith("camrender: loading")]
     assert code == 2 and "Traceback" not in err, err
     assert lines[-1] == ("camrender: error: out of GPU memory on NVIDIA GeForce RTX 4090 (23.6 GiB): with the refiner "
-                         "try --precision fp8 --refiner-window 2 --refiner-offload 24 (18.5 GiB); stage 1 alone: "
+                         "try --precision fp8 --refiner-window 2 --refiner-offload 24 (18.5 GiB with the prompt encoded first "
+                         "(camrender encode-prompt)); stage 1 alone: "
                          "--mode segments (flat in the path length) or --offload (README: Which setting for which GPU)")
     assert not list(tmp_path.iterdir())  # the video was being written to a temporary file: removed
 
@@ -35,6 +36,9 @@ def test_the_advice_follows_the_card_size():
     assert refiner_setting(139.8).startswith("--refiner-offload 12") and refiner_setting(44.4).startswith("--refiner")
     assert "--refiner-offload 24" in refiner_setting(31.4) and "--refiner-offload 32" in refiner_setting(15.6)
     assert "--refiner-offload 32" in refiner_setting(None)
+    # no FP8 tensor cores (an A100, an RTX 3090): bf16 settings only
+    assert refiner_setting(79.2, fp8=False) == "--refiner-offload 12 (38.5 GiB)"
+    assert "fp8" not in refiner_setting(23.6, fp8=False) and "layers" in refiner_setting(23.6, fp8=False)
     assert out_of_memory_line().startswith("out of GPU memory: with the refiner try")
     assert is_out_of_memory(torch.OutOfMemoryError("x")) and not is_out_of_memory(RuntimeError("out of memory"))
 

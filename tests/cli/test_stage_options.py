@@ -45,7 +45,7 @@ def test_a_refiner_option_without_the_refiner_is_refused(tmp_path, capsys, monke
 
 
 @pytest.mark.parametrize("command", [[], ["play"]])
-@pytest.mark.parametrize("value", ["half", "0", "-3"])
+@pytest.mark.parametrize("value", ["half", "2", "-3"])
 def test_a_bad_refiner_offload_is_one_line_before_loading(tmp_path, capsys, monkeypatch, command, value):
     import camrender.render.pipeline as pipeline
 
@@ -55,7 +55,7 @@ def test_a_bad_refiner_offload_is_one_line_before_loading(tmp_path, capsys, monk
                            capsys)
     lines = [line for line in err.splitlines() if line.strip()]
     assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
-    assert "--refiner-offload" in lines[0] and f"must be none, layers or a number of blocks (1 or more), got '{value}'" \
+    assert "--refiner-offload" in lines[0] and f"must be none, layers or a number of blocks (3 or more: the two staging slots hold two blocks), got '{value}'" \
         in lines[0]
     assert not list(tmp_path.iterdir())
 

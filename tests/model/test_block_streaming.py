@@ -74,6 +74,27 @@ def test_streaming_again_is_a_no_op_and_remove_undoes_it():
     assert torch.equal(run(blocks, x), expected)
 
 
+def test_a_raising_block_and_new_weights_leave_the_streamer_right():
+    """A forward that raises still points the block back at its CPU copy; `load_state_dict` between
+    forwards is what the next forward computes with (the slots are refilled), also after `remove()` twice."""
+    blocks, x = blocks_and_input()
+    fresh, _ = blocks_and_input(seed=1)
+    streamer = stream_blocks(blocks, 3, "cpu")
+    slot_storage = {tensor.data_ptr() for slot in streamer.slots for tensor in slot}
+    failing = blocks[streamer.streamed[0]]
+    failing.register_forward_pre_hook(lambda module, args: (_ for _ in ()).throw(RuntimeError("inside the block")))
+    with pytest.raises(RuntimeError, match="inside the block"):
+        failing(x)
+    assert failing.linear.weight.data_ptr() not in slot_storage
+    failing._forward_pre_hooks.popitem()
+    run(blocks, x)  # the slots now hold the old weights
+    blocks.load_state_dict(fresh.state_dict())
+    assert torch.equal(run(blocks, x), run(fresh, x))
+    streamer.remove()
+    streamer.remove()
+    assert torch.equal(run(blocks, x), run(fresh, x))
+
+
 def test_blocks_of_another_layout_are_refused():
     blocks, _ = blocks_and_input(3)
     blocks.append(Block(width=4))
@@ -107,7 +128,7 @@ def test_refiner_with_streamed_blocks_refines_the_same(fp8, monkeypatch):
 def test_refiner_offload_spellings():
     assert [check_refiner_offload(v) for v in ("none", "layers", "12", " 007", 3)] == ["none", "layers", "12", "7", "3"]
     assert [streamed_blocks(v) for v in ("none", "layers", "12")] == [0, 0, 12]
-    for bad in ("0", "-2", "half", "1.5", ""):
+    for bad in ("0", "2", "-2", "half", "1.5", "", "\u00b2"):  # "²": a digit to str.isdigit, not to int()
         with pytest.raises(CamrenderError, match="refiner-offload: must be none, layers or a number of blocks"):
             check_refiner_offload(bad)
     refiner = build_tiny_refiner(seed=4, text_encoder=False)
@@ -115,11 +136,22 @@ def test_refiner_offload_spellings():
         place_refiner(refiner, "cpu", "3")
 
 
+class SlowBlock(Block):
+    """A block whose kernels outlast its copy: a missing wait on either side would read or overwrite a slot
+    in flight."""
+
+    def forward(self, x):
+        torch.cuda._sleep(1_000_000)  # about 0.5 ms of GPU time before the block's own kernels
+        return super().forward(x)
+
+
 @pytest.mark.gpu
 def test_streamed_blocks_on_cuda_match_resident_ones():
-    """The asynchronous path: copies on a side stream, the blocks run on another stream as the refiner's do."""
-    blocks, x = blocks_and_input(9)
-    blocks, x = blocks.cuda(), x.cuda()
+    """The asynchronous path: copies on a side stream, the blocks run on another stream as the refiner's do
+    (16 MiB blocks, distinct weights: a slot read before its copy or refilled while read gives other numbers)."""
+    torch.manual_seed(0)
+    blocks = torch.nn.ModuleList(SlowBlock(width=2048) for _ in range(9)).cuda()
+    x = torch.randn(64, 2048, device="cuda")
     expected, shuffled = run(blocks, x), run(blocks, x, order=[8, 0, 4, 4])
     streamer = stream_blocks(blocks, 5, "cuda")
     assert all(t.device.type == "cpu" and t.is_pinned() for copies in streamer.host for t in copies)

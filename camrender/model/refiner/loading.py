@@ -27,6 +27,7 @@ from camrender.model.stage1.tiny import TINY_MODEL, TINY_TRANSFORMER_CONFIG
 NO_REFINER = "none"
 REFINER_TRANSFORMERS = ("SanaWMLTX2RefinerTransformer3DModel", "LTX2VideoTransformer3DModel")
 REFINER_OFFLOAD = ("none", "layers")  # or a number of blocks (`streamed_blocks`)
+MIN_STREAMED_BLOCKS = 3  # fewer take no memory off the GPU: the two staging slots hold two blocks
 STREAMING_REFINER, STREAMING_GEMMA = "refiner_diffusers", "gemma3_12b"
 DEFAULT_TEXT_MAX_SEQUENCE_LENGTH = 1024
 
@@ -204,10 +205,10 @@ def check_refiner_offload(offload) -> str:
     """`--refiner-offload` as spelt: "none", "layers" or a number of the refiner's blocks to stream
     ("12"); returns it as a string, or raises a CamrenderError naming the field."""
     text = str(offload).strip()
-    if text in REFINER_OFFLOAD or (text.isdigit() and int(text) >= 1):
+    if text in REFINER_OFFLOAD or (text.isascii() and text.isdigit() and int(text) >= MIN_STREAMED_BLOCKS):
         return text if text in REFINER_OFFLOAD else str(int(text))
-    raise CamrenderError(f"must be none, layers or a number of blocks (1 or more), got {offload!r}",
-                         field="refiner-offload")
+    raise CamrenderError(f"must be none, layers or a number of blocks ({MIN_STREAMED_BLOCKS} or more: the two "
+                         f"staging slots hold two blocks), got {offload!r}", field="refiner-offload")
 
 
 def streamed_blocks(offload: str) -> int:
