@@ -56,7 +56,7 @@ def stream_blocks(blocks, count: int, device) -> "BlockStreamer":
     return BlockStreamer(blocks, streamed_indices(len(blocks), count), device)
 
 
-def _tensor_slots(block) -> list:
+def _tensor_places(block) -> list:
     """(module, name, is_parameter) of every parameter and buffer of `block`, in a fixed order."""
     slots = []
     for module in block.modules():
@@ -84,7 +84,7 @@ class BlockStreamer:
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
         self.blocks, self.streamed = blocks, list(indices)
-        self.tensors = [_tensor_slots(blocks[i]) for i in self.streamed]
+        self.tensors = [_tensor_places(blocks[i]) for i in self.streamed]
         layout = [(tuple(_get(*t).shape), _get(*t).dtype) for t in self.tensors[0]]
         for index, tensors in zip(self.streamed, self.tensors):
             if [(tuple(_get(*t).shape), _get(*t).dtype) for t in tensors] != layout:
