@@ -1,7 +1,7 @@
 """Part of a model's blocks in page-locked CPU memory, each visiting the GPU for its own forward.
 
 A DiT runs its blocks in one order on every pass. `stream_blocks(blocks, count, device)` keeps `count`
-of them, spread evenly over the list, in page-locked CPU memory and leaves the others where they are.
+of them, spread evenly over the list, in page-locked CPU memory and moves the others to `device`.
 Two staging slots on `device` (each the size of one block) take the streamed blocks in turn: while a
 streamed block runs from one slot, the next streamed block is copied into the other on a side CUDA
 stream, behind the resident blocks between them. The GPU then holds n - count + 2 blocks' weights
