@@ -9,7 +9,8 @@ segments. Two flights:
 - paced (the CLI's default: the render stays one segment ahead of real-time playback): key-to-frame
   latency, median and p95, two ways: `arrival` (the press sent -> the JPEG of the first frame reflecting
   it received) and `playback` (-> that frame's turn on a page that plays frames at 16 fps as they arrive),
-  in seconds and in segments (1.5 s of video each); and the real-time video rate;
+  in seconds and in segments (1.5 s of video each); the real-time video rate; and after the warm-up, how
+  long that page ran out of frames (`stall_s`, over `late_frames` frames that arrived after their turn);
 - unpaced (`--no-pace`): the sustained video rate the GPU makes, frames per second of wall time after the
   first two segments (warm-up, CUDA-graph capture), the JPEG encoding and sending included.
 
@@ -173,13 +174,19 @@ async def fly(server: PlayServer, url: str, segments: int, key_every: float, fps
     after = [index for index in arrivals if index >= warm[1] + warm[2]]
     span = max(arrivals[i] for i in after) - warm[0] if after else float("nan")
     segment_seconds = 24 / fps
+    # after the warm-up: how long the page waited for frames that were due (it had run out of frames)
+    stall_s, late, previous = 0.0, 0, None
+    for index in sorted(arrivals):
+        if previous is not None and index >= warm[1] + warm[2] and arrivals[index] > previous + 1.0 / fps:
+            stall_s, late = stall_s + arrivals[index] - (previous + 1.0 / fps), late + 1
+        previous = shown[index]
     return {
         "segments": len(segment_times), "frames": ended["frames"], "error": ended["error"],
         "video_fps": round(len(after) / span, 2) if after else None,
         "latency_arrival_s": quantiles(arrival_latency), "latency_playback_s": quantiles(playback_latency),
         "latency_playback_segments": {k: (None if v is None or k == "count" else round(v / segment_seconds, 2))
                                       for k, v in quantiles(playback_latency).items()},
-        "presses": len(presses),
+        "presses": len(presses), "stall_s": round(stall_s, 3), "late_frames": late,
     }
 
 

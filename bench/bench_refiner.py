@@ -419,7 +419,8 @@ def main(argv=None):
     results["refiner_weights_gib"] = gib(allocated() - before)
     results["refiner_params_b"] = round(sum(p.numel() for p in refiner_transformer.parameters()) / 1e9, 3)
     text = refiner_text(refiner_transformer, args.text_tokens, device, dtype)
-    options = SegmentOptions(cached_segments=2)  # backend: the one build_models patched the transformer with
+    # backend: the one build_models patched the transformer with; no key slot, as renders beside the refiner
+    options = SegmentOptions(cached_segments=2, key_slot=False)
     models = (transformer, vae, refiner_transformer, text, shape, options, device, dtype)
     results["build_s"] = round(time.perf_counter() - began_all, 1)
 

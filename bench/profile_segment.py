@@ -5,8 +5,8 @@ passes over a 3-latent-frame segment, 2640 tokens, then one timestep-0 pass that
 of `--warm` segments runs first (kernels compiled, CUDA graphs captured, caches full); then segment
 `--warm` is measured three ways:
 
-- `timed`: CUDA events around each pass as a render runs it (denoising passes replayed as CUDA graphs,
-  the cache pass eager) and around the decode of the segment's latents (the streaming causal decoder);
+- `timed`: CUDA events around each pass as a render runs it (denoising passes and, in the steady state,
+  the cache pass replayed as CUDA graphs) and around the decode of the segment's latents (the streaming causal decoder);
 - `eager_passes`: the same passes without graphs (host launch cost = eager - graphed);
 - `profile`: one more segment eager under `torch.profiler`, with a range around every block's self-attention
   (by kind: GDN or softmax), cross-attention and FFN and around every pass: GPU kernel time per range
@@ -72,9 +72,9 @@ class Events:
 def timed_segment(denoiser, cache, decoder, start, stop, timesteps, *, graphs: bool) -> list:
     """[(pass name, ms)] of one segment: each denoising pass, the cache pass, the decode."""
     inputs, device = denoiser.inputs, denoiser.device
-    saved = denoiser.graphs
+    saved = denoiser.graphs, denoiser.write_graphs
     if not graphs:
-        denoiser.graphs = None
+        denoiser.graphs = denoiser.write_graphs = None
     events = Events(device)
     latents = inputs.noise[:, :, start:stop].to(device=device, dtype=torch.float32).clone()
     pinned = pinned_frames(inputs, start, stop, device)
@@ -92,7 +92,7 @@ def timed_segment(denoiser, cache, decoder, start, stop, timesteps, *, graphs: b
     with record_function("pass.decode"):
         decoder.decode(latents)
     events.mark("decode")
-    denoiser.graphs = saved
+    denoiser.graphs, denoiser.write_graphs = saved
     laps = events.laps_ms()
     laps.append(("stage1_total", round(sum(ms for name, ms in laps if name != "decode"), 3)))
     return laps

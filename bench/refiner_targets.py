@@ -38,6 +38,9 @@ from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments
 from camrender.render.stage_two import refined_frames
 from common import GIB, gib, sync
 
+# stage 1's rules beside the refiner, as a render runs it (no key slot: `SegmentOptions.key_slot`)
+REFINED_OPTIONS = SegmentOptions(cached_segments=2, key_slot=False)
+
 SETTINGS = {
     "bf16": dict(precision="bf16", window=11, offload="none", cap_gib=None),
     "fp8": dict(precision="fp8", window=11, offload="none", cap_gib=None),
@@ -221,7 +224,7 @@ def render(args, transformer, vae, refiner_transformer, text, shape, device, dty
         began = time.perf_counter()
         with torch.no_grad():
             chunks = (x for *_, x in sample_segments(transformer, inputs, segment_bounds(latent_frames, 3),
-                                                     list(DEFAULT_SEGMENT_TIMESTEPS), SegmentOptions(cached_segments=2),
+                                                     list(DEFAULT_SEGMENT_TIMESTEPS), REFINED_OPTIONS,
                                                      device, cuda_graphs=device.type == "cuda", cache=cache))
             for index, (_, chunk) in enumerate(refined_frames(stream, chunks, decoder, device)):
                 frames += len(chunk)

@@ -55,6 +55,12 @@ def _layout(tree, addresses: bool = False) -> tuple:
     return ("value", tree)
 
 
+def storage_layout(tree) -> tuple:
+    """The layout of `tree` with its tensors' addresses: equal before and after a call that wrote the tree's
+    tensors only in place (what a graph reading it as a resident argument needs)."""
+    return _layout(tree, addresses=True)
+
+
 def _clone(tree):
     """A copy of the tree with every tensor cloned; other leaves shared."""
     if isinstance(tree, torch.Tensor):
@@ -141,11 +147,17 @@ class GraphedForward:
         capture: record CUDA graphs (needs CUDA); False replays on static copies without a graph.
         resident: positions of the arguments read in place, never copied (module docstring): between
             calls their tensors may change values in place, not storage (new storage recaptures).
+        share_pool_with: another instance whose graphs replay one after another with these on the same
+            stream: a capture here goes into the memory pool of its live graph, if it has one (their temporaries
+            then share memory), else into a pool of its own. (A pool handle outliving its last graph cannot
+            be captured into again, so the pool is taken from a live graph, never kept.)
     """
 
-    def __init__(self, forward: Callable[..., torch.Tensor], *, capture: bool = True, resident: tuple = ()):
+    def __init__(self, forward: Callable[..., torch.Tensor], *, capture: bool = True, resident: tuple = (),
+                 share_pool_with: Optional["GraphedForward"] = None):
         self.forward = forward
         self.capture = capture
+        self.share_pool_with = share_pool_with
         self.resident = frozenset(resident)
         self.enabled = True
         self._seen: set = set()
@@ -200,7 +212,10 @@ class GraphedForward:
         if not self.capture:
             return _Replay(static, None, torch.empty(0))
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        other = self.share_pool_with
+        pool = other._replay.graph.pool() if other is not None and other._replay is not None \
+            and other._replay.graph is not None else None
+        with torch.cuda.graph(graph, pool=pool):
             output = self.forward(*self._arguments(inputs, static))
         self.stats["captures"] += 1
         return _Replay(static, graph, output)

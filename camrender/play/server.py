@@ -211,18 +211,19 @@ class PlayServer:
             try:
                 number = self.flights if flight is self.flight else 0
                 if kind == "segment":
-                    jpegs = await asyncio.gather(*(loop.run_in_executor(self._encoders, encode_jpeg, frame)
-                                                   for frame in segment.frames))
-                    sent = time.monotonic()
-                    for press_id in segment.reflected:
-                        if press_id in self.press_times:
-                            self.latencies.append(sent - self.press_times.pop(press_id))
+                    # all frames encode at once; each is sent as soon as it and the ones before it are ready, so
+                    # the segment's first frame (the one a press reflects) does not wait for its last
+                    jpegs = [loop.run_in_executor(self._encoders, encode_jpeg, frame) for frame in segment.frames]
                     await self._broadcast_json({
                         "type": "segment", "flight": number, "index": segment.index, "first": segment.first,
                         "count": len(segment.frames), "reflected": {str(k): v for k, v in segment.reflected.items()},
                         "rate": round(segment.rate, 2), "dropped": sum(self.dropped.values())})
                     for offset, jpeg in enumerate(jpegs):
-                        await self._broadcast_bytes(frame_message(number, segment.first + offset, jpeg))
+                        index = segment.first + offset
+                        await self._broadcast_bytes(frame_message(number, index, await jpeg))
+                        for press_id in [p for p, frame in segment.reflected.items() if frame == index]:
+                            if press_id in self.press_times:
+                                self.latencies.append(time.monotonic() - self.press_times.pop(press_id))
                 else:
                     saved = {key: str(path) for key, path in flight.saved.items()}
                     self.saved.append(saved)

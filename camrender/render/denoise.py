@@ -19,7 +19,8 @@ from typing import Optional, Sequence
 
 import torch
 
-from camrender.model.graphs import GraphedForward
+from camrender.model.graphs import GraphedForward, storage_layout
+from camrender.model.stage1.block import prepared_text
 from camrender.model.stage1.segments import SegmentCache, SegmentConditioning, prepare_conditioning, segment_forward
 from camrender.model.stage1.state import SegmentOptions
 
@@ -42,8 +43,9 @@ class Denoiser:
         options: the `SegmentOptions` the forward computes with (`FULL_MODE` for the full clip).
         device: where the model runs.
         split: a `camrender.parallel.cfg.CfgSplit` (this rank runs one guidance row; gathered) or None.
-        cuda_graphs: replay the denoising passes (not the cache-writing ones) as CUDA graphs; ignored
-            under model CPU offload (the weights move). Off CUDA the replay runs on static copies.
+        cuda_graphs: replay the denoising passes as CUDA graphs, and the cache-writing ones once they write
+            the cache in place (`_cache_pass`); ignored under model CPU offload (the weights move). Off CUDA
+            the replay runs on static copies.
         upcast: mix the guidance in float32 (the streaming samplers, as the official streaming code);
             False: in the model's dtype (the full clip, as diffusers' pipeline).
     """
@@ -62,10 +64,17 @@ class Denoiser:
         # denoiser, or the two form a reference cycle and the graphs' static copies (and captured memory)
         # outlive the render until the garbage collector happens to run.
         self._forward = functools.partial(_model_forward, model, options)
-        self.graphs = None
+        self.text_keys = None  # each block's cross-attention keys of the text (`prepared_text`), at the first call
+        self.graphs = self.write_graphs = None
+        self._in_place_writes = set()  # storage layouts of caches a cache pass wrote in place
         if cuda_graphs and not self.offloaded:
-            # the cache (argument 3) is read in place, not copied: the cache pass writes it in place
-            self.graphs = GraphedForward(self._forward, capture=self.device.type == "cuda", resident=(3,))
+            capture = self.device.type == "cuda"
+            # the cache (argument 3) is read in place, not copied: the cache pass writes it in place; the text
+            # keys (argument 4) are the render's, read in place too
+            self.graphs = GraphedForward(self._forward, capture=capture, resident=(3, 4))
+            # the cache passes replay between the denoising passes, so their temporaries share one pool
+            self.write_graphs = GraphedForward(functools.partial(_model_forward, model, options, write=True),
+                                               capture=capture, resident=(3, 4), share_pool_with=self.graphs)
 
     @torch.no_grad()
     def condition(self, start: int, stop: int) -> SegmentConditioning:
@@ -76,9 +85,12 @@ class Denoiser:
         p_t, p_h, p_w = self.model.patch_size
         noise = self.inputs.noise
         grid = ((stop - start) // p_t, noise.shape[3] // p_h, noise.shape[4] // p_w)
-        return prepare_conditioning(self.model, grid, self.text, self.text_mask,
-                                    camera_conditions=None if camera is None else self.rows(camera),
-                                    chunk_plucker=plucker, frame_start=start)
+        conditioning = prepare_conditioning(self.model, grid, self.text, self.text_mask,
+                                            camera_conditions=None if camera is None else self.rows(camera),
+                                            chunk_plucker=plucker, frame_start=start)
+        if self.text_keys is None:  # the text is the render's: its keys are computed once
+            self.text_keys = prepared_text(self.model, conditioning.text, conditioning.text_mask)
+        return conditioning
 
     @torch.no_grad()
     def predict(self, latents: torch.Tensor, frame_timesteps: torch.Tensor, conditioning: SegmentConditioning, *,
@@ -93,10 +105,13 @@ class Denoiser:
             bring_to_device(self.model)
         x = latents.expand(self.batch, -1, -1, -1, -1)
         timestep = frame_timesteps.to(self.device).view(1, 1, -1).expand(self.batch, 1, -1)
+        keys = self.text_keys
         if self.graphs is not None and not write and segments is None:
-            prediction = self.graphs(x, timestep, conditioning, cache)
+            prediction = self.graphs(x, timestep, conditioning, cache, keys)
+        elif self.write_graphs is not None and write and segments is None:
+            prediction = self._cache_pass(x, timestep, conditioning, cache)
         else:
-            prediction = self._forward(x, timestep, conditioning, cache, segments, write)
+            prediction = self._forward(x, timestep, conditioning, cache, keys, segments, write)
         if self.split is not None:
             prediction = self.split.gather(prediction)
         if self.upcast:
@@ -107,10 +122,26 @@ class Denoiser:
         return prediction
 
 
-def _model_forward(model, options, x, timestep, conditioning, cache, segments=None, write=False):
-    """One unguided forward of the model on prepared conditioning (`segment_forward`)."""
+    def _cache_pass(self, x, timestep, conditioning, cache) -> torch.Tensor:
+        """The cache-writing forward, replayed as a CUDA graph once a cache pass on a cache of this storage
+        layout has written it in place (the steady state: a graph only replays in-place writes); eager until
+        then. A replay runs no Python, so the cache's next frame is set here."""
+        layout = storage_layout(cache)
+        if layout in self._in_place_writes:
+            prediction = self.write_graphs(x, timestep, conditioning, cache, self.text_keys)
+            cache.next_frame = conditioning.frame_start + conditioning.num_frames
+            return prediction
+        prediction = self._forward(x, timestep, conditioning, cache, self.text_keys, None, True)
+        if storage_layout(cache) == layout:
+            self._in_place_writes.add(layout)
+        return prediction
+
+
+def _model_forward(model, options, x, timestep, conditioning, cache, text_keys=None, segments=None, write=False):
+    """One unguided forward of the model on prepared conditioning and text keys (`segment_forward`)."""
     return segment_forward(model, x, timestep, frame_start=conditioning.frame_start, cache=cache,
-                           write_cache=write, segments=segments, options=options, conditioning=conditioning)
+                           write_cache=write, segments=segments, options=options, conditioning=conditioning,
+                           text_keys=text_keys)
 
 
 def pinned_frames(inputs, start: int, stop: int, device) -> torch.Tensor:

@@ -35,7 +35,7 @@ from camrender.render.denoise import Denoiser, pin, pinned_frames
 from camrender.render.inputs import RenderInputs, prepare_inputs
 from camrender.render.plan import ChunkPlan
 from camrender.render.request import latent_shape
-from camrender.render.stage_two import PassThrough, stage_two
+from camrender.render.stage_two import has_refiner, stage_two
 
 
 def segment_timesteps(scheduler, steps: Optional[int], recipe=None) -> list:
@@ -135,7 +135,9 @@ def segment_plan(pipe, request, device, settings: RenderSettings, checkpoints=No
         longest = (model.rope.max_seq_len - 1) * pipe.vae_temporal_compression_ratio + 1
         raise CamrenderError(f"segment mode renders at most {longest} frames with this model, got {request.num_frames}",
                              field="frames")
-    options = SegmentOptions.for_recipe(recipe, cached_segments=cached_segments)
+    refined = has_refiner(pipe)
+    # beside the refiner memory is short: the softmax blocks go without a slot for the call's keys
+    options = SegmentOptions.for_recipe(recipe, cached_segments=cached_segments, key_slot=not refined)
     inputs = prepare_inputs(pipe, request, device)
     teacher = recipe.sampler == "chunk-flow-euler"
     if teacher:  # the teacher's own layout and staggered schedule
@@ -146,8 +148,7 @@ def segment_plan(pipe, request, device, settings: RenderSettings, checkpoints=No
         bounds = segment_bounds(inputs.noise.shape[2], segment_frames)
         timesteps = segment_timesteps(pipe.scheduler, request.steps, recipe)
     stage = stage_two(pipe, request, device, settings.refiner)
-    decoder = CausalStreamDecoder(pipe.vae, device=device,
-                                  max_frames=decode_max_frames(refined=not isinstance(stage, PassThrough)))
+    decoder = CausalStreamDecoder(pipe.vae, device=device, max_frames=decode_max_frames(refined=refined))
     cache, first, written = SegmentCache.empty(model), 0, 0
     if checkpoints is not None:
         cache, first = checkpoints.restore(cache, decoder, device, bounds)

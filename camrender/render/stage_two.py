@@ -48,6 +48,11 @@ class PassThrough:
         return self.last[:, :, :0]
 
 
+def has_refiner(pipe) -> bool:
+    """Whether a refiner is attached to `pipe` (its renders go through stage 2)."""
+    return getattr(pipe, _ATTRIBUTE, None) is not None
+
+
 def stage_two(pipe, request, device, settings: Optional[RefinerSettings] = None):
     """The refiner stream of one render: a `RefinerStream` when a refiner is attached to `pipe`, else a
     pass-through with the same `push`/`finish`. Encodes the refiner's prompt here, once per render.

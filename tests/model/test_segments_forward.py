@@ -241,3 +241,58 @@ def test_full_mode_is_one_segment_without_state():
         one_segment = segment_forward(model, latents, timestep, text, mask, camera_conditions=conditions,
                                       chunk_plucker=plucker, options=FULL_MODE)
     torch.testing.assert_close(one_segment, full, rtol=1e-5, atol=1e-5)
+
+
+def test_window_slot_and_prepared_text_keep_every_bit(monkeypatch):
+    """Two shortcuts of the fused path change no bit: softmax blocks attend over the cache's window with the
+    call's keys written into its slot (not a concatenation of the cached keys with them on every call), and
+    each block's text keys are computed once for the render (`prepared_text`, not in every cross-attention).
+    Triton kernels, interpreted; 4 segments, so the last two attend through the window."""
+    from camrender.model.stage1.block import prepared_text
+    from camrender.model.stage1.segments import prepare_conditioning
+    from camrender.model.stage1.state import BlockCache
+
+    batch, frames, height, width = 1, 13, 2, 3
+    latents, text, mask = model_inputs(batch, frames, height, width, seed=6)
+    conditions, plucker = camera_inputs(batch, frames, height, width, seed=6)
+    bounds = segment_bounds(frames)
+    assert len(bounds) == 4
+    patched = patch_transformer(build_tiny_transformer(seed=0), settings=KernelSettings("triton", "ieee"))
+    options = SegmentOptions(sdpa_dtype=torch.float32)
+
+    def render(shortcuts: bool):
+        cache, outputs = SegmentCache.empty(patched), []
+        for index, (start, stop) in enumerate(bounds):
+            last = index == len(bounds) - 1
+            timestep = torch.full((batch, 1, stop - start), 600.0 if last else 0.0)
+            conditioning = prepare_conditioning(patched, (stop - start, height, width), text, mask,
+                                                camera_conditions=conditions[:, start:stop],
+                                                chunk_plucker=plucker[:, :, start:stop], frame_start=start)
+            keys = prepared_text(patched, conditioning.text, conditioning.text_mask) if shortcuts else None
+            assert (keys is not None) == shortcuts
+            outputs.append(segment_forward(patched, latents[:, :, start:stop], timestep, frame_start=start,
+                                           cache=cache, write_cache=not last, options=options,
+                                           conditioning=conditioning, text_keys=keys))
+        return torch.cat(outputs, dim=2), cache
+
+    slots = []
+    window_slot = BlockCache.window_slot
+
+    def counted(self, tokens):
+        slots.append(window_slot(self, tokens))
+        return slots[-1]
+
+    monkeypatch.setattr(BlockCache, "window_slot", counted)
+    with torch.no_grad():
+        shortcut, cache = render(shortcuts=True)
+        softmax = cache.blocks[1]
+        assert softmax.window is not None and sum(slot is not None for slot in slots) == 2
+        for view in (softmax.sink.key, softmax.recent[0].key):  # the context lives in the window
+            assert view.untyped_storage().data_ptr() == softmax.window.key.untyped_storage().data_ptr()
+        monkeypatch.setattr(BlockCache, "window_slot", lambda self, tokens: None)
+        plain, _ = render(shortcuts=False)
+        options = SegmentOptions(sdpa_dtype=torch.float32, key_slot=False)  # a window of the context only
+        monkeypatch.setattr(BlockCache, "window_slot", window_slot)
+        slotless, cache = render(shortcuts=True)
+        assert cache.blocks[1].window.key.shape[2] == cache.blocks[1].context_tokens()
+    assert torch.equal(shortcut, plain) and torch.equal(slotless, plain)

@@ -199,3 +199,21 @@ def test_low_latency_order_decodes_a_block_before_its_history_pass(pipe, monkeyp
         else:
             assert sequence == "p" + "pppdh" * 3 + "pppd", sequence
     assert np.array_equal(videos[False], videos[True])
+
+
+def test_segment_mode_beside_the_refiner_keeps_no_key_slot(pipe, monkeypatch):
+    """Beside the refiner memory is short: the softmax blocks' caches hold the cached keys only, no slot for
+    a call's keys (`SegmentOptions.key_slot`; the same results either way, tests/model/test_segments_forward)."""
+    from camrender.model.stage1.state import BlockCache
+
+    slots = []
+    keep_softmax = BlockCache.keep_softmax
+
+    def recorded(self, entry, cached_segments, slot=True):
+        slots.append(slot)
+        keep_softmax(self, entry, cached_segments, slot)
+        assert self.window.key.shape[2] == self.context_tokens()  # the window holds the context, nothing more
+
+    monkeypatch.setattr(BlockCache, "keep_softmax", recorded)
+    list(render_frames(pipe, request_for()))
+    assert slots and not any(slots)

@@ -134,7 +134,8 @@ def test_graph_replay_path_gives_the_eager_latents(pipe, monkeypatch):
     """sample_segments(cuda_graphs=True) off CUDA runs the graph bookkeeping without graphs: inputs copied
     into static tensors, one layout per segment shape and cache size, the cache read where it lies. It must
     give the eager latents; the replayed forwards must read the render's cache itself (no copy of it), and
-    the steady-state segments (sink + 1 recent segment cached, written in place) must reuse one layout."""
+    the steady-state segments (sink + 1 recent segment cached, written in place) must reuse one layout, and
+    the cache passes replay once they write the cache in place."""
     import camrender.render.denoise as denoise
 
     request = request_for(frames=121)  # 16 latent frames: segments (0, 4), (4, 7), ..., (13, 16)
@@ -151,10 +152,10 @@ def test_graph_replay_path_gives_the_eager_latents(pipe, monkeypatch):
 
     model_forward = denoise._model_forward
 
-    def recording(model, options, x, timestep, conditioning, cache, segments=None, write=False):
+    def recording(model, options, x, timestep, conditioning, cache, text_keys=None, segments=None, write=False):
         if not write:
             reads.append((cache, cache_tensors(cache)))
-        return model_forward(model, options, x, timestep, conditioning, cache, segments, write)
+        return model_forward(model, options, x, timestep, conditioning, cache, text_keys, segments, write)
 
     monkeypatch.setattr(denoise, "GraphedForward", Recorded)
     monkeypatch.setattr(denoise, "_model_forward", recording)
@@ -180,9 +181,12 @@ def test_graph_replay_path_gives_the_eager_latents(pipe, monkeypatch):
     # once segment 1 has filled the window (sink + one recent segment) the cache passes write in place
     assert addresses[True, 0] != addresses[True, 1]
     assert addresses[True, 1] == addresses[True, 2] == addresses[True, 3] == addresses[True, 4]
-    (graphs,) = made
+    graphs, write_graphs = made
     # first sight of each layout eager: segment 0, 1 and 2; segments 3 and 4 replay segment 2's layout
     assert graphs.stats == {"eager": 3, "captures": 0, "replays": len(bounds) * per_segment - 3}
+    # the cache passes: segments 0 and 1 grow the cache (eager, no graph), segment 2 writes it in place (eager,
+    # so its layout may replay), segment 3 is the graph's first sight of it (eager), segment 4 replays
+    assert write_graphs.stats == {"eager": 1, "captures": 0, "replays": 1}
 
 
 def test_graph_replay_reads_resident_arguments_in_place():

@@ -24,6 +24,7 @@ the cached last frame of the previous segment on the left and zero after each se
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from typing import Optional
 
 import torch
@@ -45,41 +46,80 @@ from camrender.model.stage1.gdn_attention import norm_inv_rms
 from camrender.model.stage1.state import BlockCache, SegmentCall
 
 
+@dataclasses.dataclass
+class TextKeys:
+    """A cross-attention's keys and values of the text, (B, L, H, D) each (keys after its RMSNorm), and the
+    padding mask (B, 1, 1, L) bool (True = attend) or None. The text is fixed over a render, so a sampler
+    prepares these once (`prepared_text`) instead of once per block call."""
+
+    key: torch.Tensor
+    value: torch.Tensor
+    mask: Optional[torch.Tensor]
+
+
 class FusedCrossAttnProcessor(SanaWMCrossAttnProcessor):
     """`SanaWMCrossAttnProcessor` with the (B, N, C) query RMSNorm as one `kernels.main_prep` pass
     and the attention output's head merge as one tiled copy (`kernels.block_glue.merge_heads`).
 
     `backend` as the kernels' ("auto": Triton on CUDA / under TRITON_INTERPRET=1, else the stock code).
+    `encoder_hidden_states` is the text (B, 1, L, C) or, on the kernels, its `TextKeys` (`text_keys`).
     """
 
     def __init__(self, backend: str = "auto"):
         self.backend = backend
 
-    def __call__(self, attn: MultiHeadCrossAttention, hidden_states, encoder_hidden_states, attention_mask=None):
-        query_norm = getattr(attn.q_norm, "weight", None)
-        fused = query_norm is not None and use_triton(hidden_states, self.backend)
-        batch = hidden_states.shape[0]
-        channels = attn.heads * attn.head_dim  # this rank's heads under the head split, else x's C
-        if not fused and channels == hidden_states.shape[-1]:
-            return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask)
+    def fused(self, attn: MultiHeadCrossAttention, hidden_states) -> bool:
+        """Whether calls on tensors like `hidden_states` run the fused path (and so take `TextKeys`)."""
+        return getattr(attn.q_norm, "weight", None) is not None and use_triton(hidden_states, self.backend)
 
-        query = attn.q_linear(hidden_states)
-        if fused:
-            query = main_prep(query, query_norm, attn.heads, norm_eps=attn.q_norm.eps, relu=False,
-                              inv_rms=norm_inv_rms(attn.q_norm, query))
-        else:  # the head split on the PyTorch path: the stock code on this rank's heads
-            query = attn.q_norm(query)
+    def text_keys(self, attn: MultiHeadCrossAttention, encoder_hidden_states, attention_mask=None) -> TextKeys:
+        """The keys, values and mask of text (B, 1, L, C), as a call computes them."""
+        batch = encoder_hidden_states.shape[0]
+        channels = attn.heads * attn.head_dim  # this rank's heads under the head split
         key, value = attn.kv_linear(encoder_hidden_states).view(batch, -1, 2, channels).unbind(2)
         key = attn.k_norm(key).view(batch, -1, attn.heads, attn.head_dim)
         value = value.view(batch, -1, attn.heads, attn.head_dim)
         if attention_mask is not None and attention_mask.ndim == 2:
             attention_mask = attention_mask.bool()[:, None, None, :]
-        out = dispatch_attention_fn(query.view(batch, -1, attn.heads, attn.head_dim), key, value,
-                                    attn_mask=attention_mask, backend=self._attention_backend,
+        return TextKeys(key, value, attention_mask)
+
+    def __call__(self, attn: MultiHeadCrossAttention, hidden_states, encoder_hidden_states, attention_mask=None):
+        fused = self.fused(attn, hidden_states)
+        batch = hidden_states.shape[0]
+        channels = attn.heads * attn.head_dim  # this rank's heads under the head split, else x's C
+        text = encoder_hidden_states
+        if isinstance(text, TextKeys) and not fused:
+            raise ValueError("prepared text keys are taken on the fused path only")
+        if not fused and channels == hidden_states.shape[-1]:
+            return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask)
+
+        query = attn.q_linear(hidden_states)
+        if fused:
+            query = main_prep(query, attn.q_norm.weight, attn.heads, norm_eps=attn.q_norm.eps, relu=False,
+                              inv_rms=norm_inv_rms(attn.q_norm, query))
+        else:  # the head split on the PyTorch path: the stock code on this rank's heads
+            query = attn.q_norm(query)
+        if not isinstance(text, TextKeys):
+            text = self.text_keys(attn, text, attention_mask)
+        out = dispatch_attention_fn(query.view(batch, -1, attn.heads, attn.head_dim), text.key, text.value,
+                                    attn_mask=text.mask, backend=self._attention_backend,
                                     parallel_config=self._parallel_config)
         if fused:
             return attn.proj(merge_heads(out.type_as(query), backend=self.backend))
         return attn.proj(out.reshape(batch, -1, channels).type_as(query))
+
+
+def prepared_text(transformer, text: torch.Tensor, mask: Optional[torch.Tensor]) -> Optional[list]:
+    """Each block's `TextKeys` of the embedded text (B, 1, L, C) and its mask (B, L), or None for a block
+    whose cross-attention computes them itself (not patched, or off the kernels); None if no block takes
+    them. A render's calls then pass these instead of repeating the text GEMM and norm per block call."""
+    prepared = []
+    for block in transformer.blocks:
+        processor = getattr(block.cross_attn, "processor", None)
+        takes = isinstance(block, PatchedBlock) and isinstance(processor, FusedCrossAttnProcessor) \
+            and processor.fused(block.cross_attn, text)
+        prepared.append(processor.text_keys(block.cross_attn, text, mask) if takes else None)
+    return prepared if any(keys is not None for keys in prepared) else None
 
 
 def modulation_rows(block, modulation: torch.Tensor) -> tuple:
@@ -154,7 +194,8 @@ def glue_forward(block, x, y, mask, modulation, grid, attend, plucker_emb, backe
     """A SANA-WM block's forward on the fused adaLN glue, with its self-attention given as
     attend(h) -> (B, N, C) (`PatchedBlock.forward`).
 
-    x (B, N, C) (any layout with channel stride 1); y (B, 1, L, C) text, mask its padding mask;
+    x (B, N, C) (any layout with channel stride 1); y (B, 1, L, C) text, mask its padding mask (or y the
+    block's `TextKeys`, which hold the mask);
     modulation (B, 1, T, 6C); grid (T, h, w); left / segments: the FFN's segment-mode inputs (see
     `ffn_residual`). Returns (x', y_ffn) as `ffn_residual`.
     """
@@ -174,8 +215,9 @@ class PatchedBlock(SanaVideoMSCamCtrlBlock):
     x (B, N, C), y (B, 1, L, C) text, t (B, 1, T, 6C) modulation; returns (B, N, C) contiguous.
     Segment mode adds `state` (this block's `BlockCache`, or None) and `segment` (the call's
     `SegmentCall`; THW is then not read); without a segment the call is one whole-clip segment under
-    the attention's `full_options` (how diffusers' transformer forward calls it). block_mask and
-    chunk_size are not read.
+    the attention's `full_options` (how diffusers' transformer forward calls it). `text_keys`: this
+    block's `TextKeys` of y (`prepared_text`; y and mask are then not read by the cross-attention).
+    block_mask and chunk_size are not read.
     """
 
     settings: KernelSettings = KernelSettings()
@@ -191,7 +233,8 @@ class PatchedBlock(SanaVideoMSCamCtrlBlock):
 
     def forward(self, x, y, t, mask=None, THW=None, rotary_emb=None, block_mask=None, camera_conditions=None,
                 ucpe_ray_transforms=None, plucker_emb=None, frame_valid_mask=None, chunk_size=None, *,
-                state: Optional[BlockCache] = None, segment: Optional[SegmentCall] = None):
+                state: Optional[BlockCache] = None, segment: Optional[SegmentCall] = None,
+                text_keys: Optional[TextKeys] = None):
         if frame_valid_mask is not None:
             # padded-frame masking belongs to training-time batching: diffusers' block code computes it
             return super().forward(x, y, t, mask, THW, rotary_emb, block_mask, camera_conditions,
@@ -203,7 +246,8 @@ class PatchedBlock(SanaVideoMSCamCtrlBlock):
             return self.attn(attn_in, rotary_emb=rotary_emb, camera_conditions=camera_conditions,
                              ucpe_ray_transforms=ucpe_ray_transforms, state=state, segment=call)
 
-        x, spatial = glue_forward(self, x, y, mask, t, call.grid, attend, plucker_emb, self.settings.backend,
+        text = y if text_keys is None else text_keys
+        x, spatial = glue_forward(self, x, text, mask, t, call.grid, attend, plucker_emb, self.settings.backend,
                                   left=None if state is None else state.ffn_tail, segments=call.segments)
         if call.write:
             state.keep_ffn_tail(spatial, call)

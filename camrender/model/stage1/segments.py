@@ -143,6 +143,7 @@ def segment_forward(
     segments: Optional[Sequence[tuple]] = None,
     options: SegmentOptions = SegmentOptions(),
     conditioning: Optional[SegmentConditioning] = None,
+    text_keys: Optional[list] = None,
 ) -> torch.Tensor:
     """Run `model` (a `SanaWMTransformer3DModel`) on latent frames [frame_start, frame_start + T).
 
@@ -162,6 +163,9 @@ def segment_forward(
             `KernelSettings`, set by `patch_transformer`).
         conditioning: `prepare_conditioning`'s result for this call, reused across denoising
             steps; when given, the text / camera / Plucker arguments are not read.
+        text_keys: each block's cross-attention keys of the conditioning's text
+            (`camrender.model.stage1.block.prepared_text`, None for a block that computes its own), reused
+            over a render; None: every block computes them from the text.
 
     Returns:
         (B, C_lat, T, h, w) model output (flow prediction), in the model's dtype.
@@ -205,10 +209,11 @@ def segment_forward(
     modulation = model.t_block(t).unflatten(0, timestep.shape)
     t = t.unflatten(0, timestep.shape)
 
-    for block, block_cache in zip(model.blocks, block_caches):
+    text_keys = text_keys or [None] * len(model.blocks)
+    for block, block_cache, keys in zip(model.blocks, block_caches, text_keys):
         x = block(x, conditioning.text, modulation, conditioning.text_mask, rotary_emb=conditioning.rope,
                   ucpe_ray_transforms=conditioning.rays, plucker_emb=conditioning.plucker,
-                  state=block_cache, segment=call)
+                  state=block_cache, segment=call, text_keys=keys)
 
     x = model.final_layer(x, t)
     if write_cache:

@@ -147,11 +147,22 @@ def prefix_rows(call: SegmentCall, context: list) -> Optional[list]:
     return [(a * call.spatial, b * call.spatial, cached_tokens + b * call.spatial) for a, b in call.segments]
 
 
-def attend(query, key, value, cached: list, scale, mask, prefixes=None, backends=SDPA_BACKENDS) -> torch.Tensor:
+def attend(query, key, value, cached: list, scale, mask, prefixes=None, backends=SDPA_BACKENDS,
+           window: Optional[tuple] = None) -> torch.Tensor:
     """SDPA of the call's queries (B, H, n, D) over the cached (key, value) pairs of earlier
     segments followed by the call's own keys and values; with `prefixes` (`prefix_rows`), each
-    query row range attends to a prefix of those keys instead (no mask)."""
-    if cached:
+    query row range attends to a prefix of those keys instead (no mask).
+
+    window: (keys, values) buffers (B, H, c + n, D) holding the c cached tokens then a slot for the
+    call's n (`BlockCache.window_slot`): the call's keys are written into the slot and the buffers
+    attended as they are, in place of concatenating `cached` with them."""
+    if window is not None:
+        key_buffer, value_buffer = window
+        start = key_buffer.shape[2] - key.shape[2]
+        key_buffer[:, :, start:].copy_(key)
+        value_buffer[:, :, start:].copy_(value)
+        key, value = key_buffer, value_buffer
+    elif cached:
         key = torch.cat([k for k, _ in cached] + [key], dim=2)
         value = torch.cat([v for _, v in cached] + [value], dim=2)
     if prefixes is None:
@@ -215,20 +226,24 @@ class PatchedSoftmaxAttention(_SoftmaxUCPESinglePathLiteLA):
             raise ValueError("a call with several segments starts from a cache only with cached_segments=None")
         attn_mask = None if prefixes is not None else softmax_mask(call, x.device)
 
+        # a single segment after cached ones attends over the cache's window (keys written into its slot)
+        window = state.window_slot(x.shape[1]) if context and len(call.segments) == 1 else None
         query, key, value = softmax_qkv(self, x, rotary_emb, attn_dtype, use_triton)
         out = attend(query, key, value, [(kv.key, kv.value) for kv in context],
-                     softmax_scale(self.dim, options.softmax_scale), attn_mask, prefixes, self.sdpa_backends)
+                     softmax_scale(self.dim, options.softmax_scale), attn_mask, prefixes, self.sdpa_backends,
+                     window=None if window is None else (window.key, window.value))
         out = out.transpose(1, 2).reshape(*x.shape[:2], -1).to(x.dtype)  # this rank's heads under the head split
 
         camera = cam_key = cam_value = None
         if rays is not None:
             cam_query, cam_key, cam_value = camera_encode(self, x, rays, attn_dtype, use_triton,
                                                           options.softmax_camera_downscale)
+            cam_window = None if window is None or window.cam_key is None else (window.cam_key, window.cam_value)
             cam_out = attend(cam_query, cam_key, cam_value, [(kv.cam_key, kv.cam_value) for kv in context],
                              softmax_scale(self.cam_head_dim, options.softmax_scale, camera=True), attn_mask,
-                             prefixes, self.sdpa_backends)
+                             prefixes, self.sdpa_backends, window=cam_window)
             camera = self.out_proj_cam(camera_decode(self, cam_out, rays, x.dtype, use_triton))
 
         if call.write:
-            state.keep_softmax(SoftmaxKV(key, value, cam_key, cam_value), options.cached_segments)
+            state.keep_softmax(SoftmaxKV(key, value, cam_key, cam_value), options.cached_segments, options.key_slot)
         return combine_branches(self, x, out, camera, self.settings.backend if use_triton else "torch")

@@ -38,6 +38,10 @@ class SegmentOptions:
         softmax_camera_downscale: the same in the softmax blocks (diffusers and NVlabs 40151c8).
         sdpa_dtype: dtype of the softmax attention; None -> bfloat16 for fp32 activations (as
             diffusers does), the activation dtype otherwise.
+        key_slot: softmax blocks keep a slot for a call's keys after the cached ones (`BlockCache.window`):
+            a call copies its keys there instead of concatenating all of them, for one segment's keys
+            more in the cache (0.25 GiB at the release size). The same results either way; renders beside
+            the refiner, where memory is short, go without.
     """
 
     cached_segments: Optional[int] = 1
@@ -45,6 +49,7 @@ class SegmentOptions:
     gdn_camera_downscale: bool = False
     softmax_camera_downscale: bool = False
     sdpa_dtype: Optional[torch.dtype] = None
+    key_slot: bool = True
 
     def __post_init__(self):
         if self.softmax_scale not in SOFTMAX_SCALES:
@@ -165,7 +170,14 @@ class BlockCache:
     Softmax blocks: `sink` (first segment) and
     `recent` (at most `cached_segments` later segments, oldest first). Both: `ffn_tail` (B, 1, S, C),
     the last frame of the FFN's spatial output y (token-major), read by the next segment's temporal conv.
+
+    `window` (not a field: never saved, rebuilt by the next write) is a `SoftmaxKV` of buffers (B, H, n + m, D)
+    whose first n tokens are the context (`sink` and `recent` are views of them) and whose last m tokens
+    are a slot for a call of m tokens: such a call writes its keys there and attends over the whole buffer
+    (`window_slot`), where it would otherwise concatenate the context with its keys on every call.
     """
+
+    window = None  # SoftmaxKV of (B, H, context + slot tokens, D) buffers, or None; see the docstring
 
     kv_state: Optional[torch.Tensor] = None
     z_state: Optional[torch.Tensor] = None
@@ -185,21 +197,67 @@ class BlockCache:
         """Cached segments a new segment's queries attend to: the sink, then the recent ones."""
         return ([self.sink] if self.sink is not None else []) + list(self.recent)
 
-    def keep_softmax(self, entry: SoftmaxKV, cached_segments: Optional[int]) -> None:
+    def keep_softmax(self, entry: SoftmaxKV, cached_segments: Optional[int], slot: bool = True) -> None:
         """Store a finished segment's keys and values (any views: they are copied): the first becomes
         the sink, later ones the recent window (at most `cached_segments`, all with None). A full window
-        of same-shaped entries slides in place, each entry copied into the storage of the one before it
-        (`store`: the cache keeps its addresses)."""
+        of same-shaped entries slides in place in `window` (each recent segment copied into the tokens of
+        the one before it), so the cache keeps its addresses; otherwise `window` is laid out anew, with
+        (`slot`) a slot for a next call of entry's size or none."""
+        slot_tokens = entry.key.shape[2] if slot else 0
         if self.sink is None:
-            self.sink = _stored(None, entry)
+            context = [entry]
         elif cached_segments is None:
-            self.recent.append(_stored(None, entry))
+            context = self.softmax_context() + [entry]
         elif cached_segments > 0:
-            if len(self.recent) == cached_segments and all(_shapes(kv) == _shapes(entry) for kv in self.recent):
-                sources = self.recent[1:] + [entry]  # oldest first: each is read before it is overwritten
-                self.recent = [_stored(kv, source) for kv, source in zip(self.recent, sources)]
-            else:
-                self.recent = (self.recent + [_stored(None, entry)])[-cached_segments:]
+            if len(self.recent) == cached_segments and all(_shapes(kv) == _shapes(entry) for kv in self.recent) \
+                    and self._slides_in_place(entry, slot_tokens):
+                for kv, source in zip(self.recent, self.recent[1:] + [entry]):  # oldest first
+                    for name in _KV_FIELDS:
+                        if getattr(kv, name) is not None:
+                            getattr(kv, name).copy_(getattr(source, name))
+                return
+            context = [self.sink] + (self.recent + [entry])[-cached_segments:]
+        else:
+            return  # the sink only
+        self._lay_out(context, slot=slot_tokens)
+
+    def _slides_in_place(self, entry: SoftmaxKV, slot_tokens: int) -> bool:
+        """Whether `window` holds the context followed by `slot_tokens` free tokens (the steady state)."""
+        if self.window is None or self.window.key.shape[2] != self.context_tokens() + slot_tokens:
+            return False
+        return all((getattr(self.window, name) is None) == (getattr(entry, name) is None) for name in _KV_FIELDS)
+
+    def _lay_out(self, context: list, slot: int) -> None:
+        """New `window` buffers holding `context` (SoftmaxKVs, any views) then `slot` free tokens; the sink
+        and recent entries become views of them."""
+        window, offsets, start = {}, [], 0
+        for kv in context:
+            offsets.append((start, start + kv.key.shape[2]))
+            start += kv.key.shape[2]
+        for name in _KV_FIELDS:
+            first = getattr(context[0], name)
+            if first is None:
+                window[name] = None
+                continue
+            batch, heads, _, dim = first.shape
+            buffer = first.new_empty(batch, heads, start + slot, dim)
+            for kv, (a, b) in zip(context, offsets):
+                buffer[:, :, a:b].copy_(getattr(kv, name))
+            window[name] = buffer
+        self.window = SoftmaxKV(**window)
+        views = [SoftmaxKV(*(None if window[name] is None else window[name][:, :, a:b] for name in _KV_FIELDS))
+                 for a, b in offsets]
+        self.sink, self.recent = views[0], views[1:]
+
+    def context_tokens(self) -> int:
+        """Tokens of the cached segments a new segment attends to."""
+        return sum(kv.key.shape[2] for kv in self.softmax_context())
+
+    def window_slot(self, tokens: int) -> Optional[SoftmaxKV]:
+        """`window` if its slot takes a call of `tokens` tokens (keys written at `context_tokens()`), else None."""
+        if self.window is None or self.window.key.shape[2] != self.context_tokens() + tokens:
+            return None
+        return self.window
 
     def keep_ffn_tail(self, spatial: Optional[torch.Tensor], call: SegmentCall) -> None:
         """Cache the last frame of the FFN's spatial output y (B, N, C), (B, 1, S, C): the next
@@ -211,7 +269,7 @@ class BlockCache:
     def nbytes(self) -> int:
         """Memory held by this cache, in bytes."""
         tensors = [self.kv_state, self.z_state, self.cam_state, self.key_tail, self.cam_key_tail, self.ffn_tail]
-        for kv in self.softmax_context():
+        for kv in [self.window] if self.window is not None else self.softmax_context():
             tensors += [kv.key, kv.value, kv.cam_key, kv.cam_value]
         return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
@@ -221,13 +279,6 @@ _KV_FIELDS = ("key", "value", "cam_key", "cam_value")
 
 def _shapes(kv: SoftmaxKV) -> tuple:
     return tuple(None if t is None else (t.shape, t.dtype) for t in (getattr(kv, name) for name in _KV_FIELDS))
-
-
-def _stored(current: Optional[SoftmaxKV], entry: SoftmaxKV) -> SoftmaxKV:
-    """`entry` kept in the cache: in `current`'s tensors where they fit (`store`), else in copies."""
-    if current is None:
-        return SoftmaxKV(*(compact(getattr(entry, name)) for name in _KV_FIELDS))
-    return SoftmaxKV(*(store(getattr(current, name), getattr(entry, name)) for name in _KV_FIELDS))
 
 
 @dataclasses.dataclass
