@@ -13,8 +13,8 @@ as the one last copied into its slot is not copied again.
 tensors where they are. Their addresses are part of the layout, so a resident tensor that moves to
 new storage is a new layout (captured again), and one written in place between calls is read with
 its new values. Segment mode passes its ~1 GB `SegmentCache` this way: the cache-writing pass
-writes its tensors in place (`camrender.model.stage1.state.store`), so the cache exists once, not once more
-as the graph's copy, and the steady-state segments keep replaying one graph.
+writes its tensors in place (`camrender.model.stage1.state.store`, `BlockCache.window`), so the cache
+exists once, not once more as the graph's copy, and the steady-state segments keep replaying one graph.
 
 The first call with a new layout runs eagerly (it compiles the Triton kernels and warms up the
 libraries for those shapes); the second captures. Only the latest layout's graph is kept, so the
@@ -55,10 +55,11 @@ def _layout(tree, addresses: bool = False) -> tuple:
     return ("value", tree)
 
 
-def storage_layout(tree) -> tuple:
-    """The layout of `tree` with its tensors' addresses: equal before and after a call that wrote the tree's
-    tensors only in place (what a graph reading it as a resident argument needs)."""
-    return _layout(tree, addresses=True)
+def storage_layout(tree, addresses: bool = True) -> tuple:
+    """The layout of `tree` (structure, tensor shapes, dtypes and strides) with, by default, its tensors'
+    addresses: equal before and after a call that wrote the tree's tensors only in place (what a graph
+    reading it as a resident argument needs)."""
+    return _layout(tree, addresses=addresses)
 
 
 def _clone(tree):
@@ -150,13 +151,15 @@ class GraphedForward:
         share_pool_with: another instance whose graphs replay one after another with these on the same
             stream: a capture here goes into the memory pool of its live graph, if it has one (their temporaries
             then share memory), else into a pool of its own. (A pool handle outliving its last graph cannot
-            be captured into again, so the pool is taken from a live graph, never kept.)
+            be captured into again, so the pool is taken from a live graph, never kept.) Held as a weak
+            reference, so two instances may name each other.
     """
 
     def __init__(self, forward: Callable[..., torch.Tensor], *, capture: bool = True, resident: tuple = (),
                  share_pool_with: Optional["GraphedForward"] = None):
         self.forward = forward
         self.capture = capture
+        self._share_pool_with = None
         self.share_pool_with = share_pool_with
         self.resident = frozenset(resident)
         self.enabled = True
@@ -164,6 +167,14 @@ class GraphedForward:
         self._layout: Optional[tuple] = None
         self._replay: Optional[_Replay] = None
         self.stats = {"eager": 0, "captures": 0, "replays": 0}
+
+    @property
+    def share_pool_with(self) -> Optional["GraphedForward"]:
+        return None if self._share_pool_with is None else self._share_pool_with()
+
+    @share_pool_with.setter
+    def share_pool_with(self, other: Optional["GraphedForward"]) -> None:
+        self._share_pool_with = None if other is None else weakref.ref(other)
 
     def __call__(self, *inputs) -> torch.Tensor:
         if not self.enabled:

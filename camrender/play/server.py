@@ -77,7 +77,7 @@ class PlayServer:
         self.dropped = {"malformed": 0, "oversized": 0, "binary": 0, "watcher": 0}
         self.saved: list = []  # the `saved` dict of each ended flight
         self.press_times = {}  # press id -> server clock when it arrived
-        self.latencies = []  # seconds from a press's arrival to the send of the frame reflecting it
+        self.latencies = []  # seconds from a press's arrival to the send of the first frame reflecting it
         self._encoders = ThreadPoolExecutor(encoders, thread_name_prefix="camrender-jpeg")
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._outgoing: Optional[asyncio.Queue] = None
@@ -218,12 +218,15 @@ class PlayServer:
                         "type": "segment", "flight": number, "index": segment.index, "first": segment.first,
                         "count": len(segment.frames), "reflected": {str(k): v for k, v in segment.reflected.items()},
                         "rate": round(segment.rate, 2), "dropped": sum(self.dropped.values())})
-                    for offset, jpeg in enumerate(jpegs):
-                        index = segment.first + offset
-                        await self._broadcast_bytes(frame_message(number, index, await jpeg))
-                        for press_id in [p for p, frame in segment.reflected.items() if frame == index]:
-                            if press_id in self.press_times:
-                                self.latencies.append(time.monotonic() - self.press_times.pop(press_id))
+                    try:
+                        for offset, jpeg in enumerate(jpegs):
+                            index = segment.first + offset
+                            await self._broadcast_bytes(frame_message(number, index, await jpeg))
+                            for press_id in [p for p, frame in segment.reflected.items() if frame == index]:
+                                if press_id in self.press_times:
+                                    self.latencies.append(time.monotonic() - self.press_times.pop(press_id))
+                    finally:  # after a failed send or encode, collect the other encodes (and their errors)
+                        await asyncio.gather(*jpegs, return_exceptions=True)
                 else:
                     saved = {key: str(path) for key, path in flight.saved.items()}
                     self.saved.append(saved)

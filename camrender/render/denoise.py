@@ -5,8 +5,9 @@ the chunk-causal teacher's in `camrender.render.chunk_causal`) decides which lat
 at which timesteps and how to step them; the `Denoiser` runs the model on them: camrender's
 transformer-level forward (`camrender.model.stage1.segments.segment_forward`) on the call's conditioning
 (`condition`), the guidance rows (both in one batch, or one per GPU of a video group and gathered,
-`camrender.parallel.cfg`), classifier-free guidance, CUDA-graph replay of the denoising passes, and an
-offloaded model brought to the GPU before each call. Frame-0 pinning is `pinned_frames` /
+`camrender.parallel.cfg`), classifier-free guidance, CUDA-graph replay of the denoising passes and of the
+steady-state cache passes, the render's text keys computed once (`prepared_text`), and an offloaded model
+brought to the GPU before each call. Frame-0 pinning is `pinned_frames` /
 `pin`: the image latent stays clean at timestep 0.
 
 Shapes: latents (1, C, t, h, w) of the call's latent frames, frame timesteps (t,) float32 in
@@ -72,14 +73,17 @@ class Denoiser:
             # the cache (argument 3) is read in place, not copied: the cache pass writes it in place; the text
             # keys (argument 4) are the render's, read in place too
             self.graphs = GraphedForward(self._forward, capture=capture, resident=(3, 4))
-            # the cache passes replay between the denoising passes, so their temporaries share one pool
+            # the cache passes replay between the denoising passes: either graph captures into the other's pool
             self.write_graphs = GraphedForward(functools.partial(_model_forward, model, options, write=True),
                                                capture=capture, resident=(3, 4), share_pool_with=self.graphs)
+            self.graphs.share_pool_with = self.write_graphs
 
     @torch.no_grad()
     def condition(self, start: int, stop: int) -> SegmentConditioning:
         """The conditioning of latent frames [start, stop), fixed over their denoising steps: RoPE rows,
-        ray tables and embedded text / Plucker maps (`prepare_conditioning`). Pulls a camera stream."""
+        ray tables and embedded text / Plucker maps (`prepare_conditioning`). Pulls a camera stream. The first
+        call also computes the text keys of every block (`prepared_text`): under the head split their norm is
+        a collective, so every rank of a video group makes its first call at the same point."""
         bring_to_device(self.model)
         camera, plucker = self.inputs.camera(start, stop)
         p_t, p_h, p_w = self.model.patch_size
@@ -121,19 +125,20 @@ class Denoiser:
             prediction = uncond + self.inputs.guidance * (cond - uncond)
         return prediction
 
-
     def _cache_pass(self, x, timestep, conditioning, cache) -> torch.Tensor:
         """The cache-writing forward, replayed as a CUDA graph once a cache pass on a cache of this storage
-        layout has written it in place (the steady state: a graph only replays in-place writes); eager until
-        then. A replay runs no Python, so the cache's next frame is set here."""
+        layout, on a call of these shapes, has written it in place (the steady state: a graph only replays
+        in-place writes); eager until then. A replay runs no Python, so the cache's next frame is set here."""
+        # whether a write is in place depends on the cache and on the call's shapes (its tokens against the slot)
+        shapes = storage_layout((x, timestep, conditioning, self.text_keys), addresses=False)
         layout = storage_layout(cache)
-        if layout in self._in_place_writes:
+        if (shapes, layout) in self._in_place_writes:
             prediction = self.write_graphs(x, timestep, conditioning, cache, self.text_keys)
             cache.next_frame = conditioning.frame_start + conditioning.num_frames
             return prediction
-        prediction = self._forward(x, timestep, conditioning, cache, self.text_keys, None, True)
+        prediction = self._forward(x, timestep, conditioning, cache, self.text_keys, segments=None, write=True)
         if storage_layout(cache) == layout:
-            self._in_place_writes.add(layout)
+            self._in_place_writes.add((shapes, layout))
         return prediction
 
 

@@ -57,7 +57,8 @@ def sample_segment(denoiser: Denoiser, start: int, stop: int, cache, timesteps):
 
     Euler on the flow prediction v (x_next = x + (sigma_next - sigma) v, sigma = t / 1000, the last
     step lands on 0); frame 0 of the clip stays pinned to the image latent at timestep 0. The
-    denoising passes replay as CUDA graphs when the denoiser has them; the cache-writing pass runs eagerly.
+    denoising passes replay as CUDA graphs when the denoiser has them, and so does the cache-writing pass once
+    it writes the cache in place (`Denoiser._cache_pass`).
     """
     inputs, device = denoiser.inputs, denoiser.device
     # The latents stay float32 between steps, as in the official sampler (the model casts its input).
@@ -83,9 +84,9 @@ def sample_segments(model, inputs: RenderInputs, bounds, timesteps, options, dev
     cache, first_segment: continue from a restored cache at segment `first_segment` (resume);
     default an empty cache at segment 0.
 
-    cuda_graphs: replay the denoising passes as CUDA graphs (`camrender.model.graphs`); off
-    under model CPU offload (the weights move between segments). Off CUDA the same replay path
-    runs on static copies without graphs (for tests).
+    cuda_graphs: replay the denoising passes, and the cache passes that write the cache in place, as CUDA
+    graphs (`camrender.model.graphs`); off under model CPU offload (the weights move between segments).
+    Off CUDA the same replay path runs on static copies without graphs (for tests).
     """
     cache = SegmentCache.empty(model) if cache is None else cache
     denoiser = Denoiser(model, inputs, options, device, cuda_graphs=cuda_graphs)
@@ -136,10 +137,11 @@ def segment_plan(pipe, request, device, settings: RenderSettings, checkpoints=No
         raise CamrenderError(f"segment mode renders at most {longest} frames with this model, got {request.num_frames}",
                              field="frames")
     refined = has_refiner(pipe)
-    # beside the refiner memory is short: the softmax blocks go without a slot for the call's keys
-    options = SegmentOptions.for_recipe(recipe, cached_segments=cached_segments, key_slot=not refined)
-    inputs = prepare_inputs(pipe, request, device)
     teacher = recipe.sampler == "chunk-flow-euler"
+    # the softmax blocks' slot for a call's keys: not beside the refiner (memory is short), nor for the teacher
+    # (its calls hold several chunks, which never read through the slot)
+    options = SegmentOptions.for_recipe(recipe, cached_segments=cached_segments, key_slot=not (refined or teacher))
+    inputs = prepare_inputs(pipe, request, device)
     if teacher:  # the teacher's own layout and staggered schedule
         bounds = teacher_chunk_bounds(inputs.noise.shape[2], segment_frames)
         timesteps = teacher_schedule(len(bounds), steps=request.steps or recipe.steps)

@@ -243,24 +243,26 @@ def test_full_mode_is_one_segment_without_state():
     torch.testing.assert_close(one_segment, full, rtol=1e-5, atol=1e-5)
 
 
-def test_window_slot_and_prepared_text_keep_every_bit(monkeypatch):
+@pytest.mark.parametrize("cached_segments, frames", [(1, 13), (2, 16), (None, 16)])
+def test_window_slot_and_prepared_text_keep_every_bit(monkeypatch, cached_segments, frames):
     """Two shortcuts of the fused path change no bit: softmax blocks attend over the cache's window with the
     call's keys written into its slot (not a concatenation of the cached keys with them on every call), and
     each block's text keys are computed once for the render (`prepared_text`, not in every cross-attention).
-    Triton kernels, interpreted; 4 segments, so the last two attend through the window."""
+    Also without the slot (`key_slot=False`, beside the refiner). Triton kernels, interpreted; 4 or 5
+    segments, so the recent window fills and slides in place (1 and 2 recent segments) or keeps growing
+    (None)."""
     from camrender.model.stage1.block import prepared_text
     from camrender.model.stage1.segments import prepare_conditioning
     from camrender.model.stage1.state import BlockCache
 
-    batch, frames, height, width = 1, 13, 2, 3
+    batch, height, width = 1, 2, 3
     latents, text, mask = model_inputs(batch, frames, height, width, seed=6)
     conditions, plucker = camera_inputs(batch, frames, height, width, seed=6)
     bounds = segment_bounds(frames)
-    assert len(bounds) == 4
     patched = patch_transformer(build_tiny_transformer(seed=0), settings=KernelSettings("triton", "ieee"))
-    options = SegmentOptions(sdpa_dtype=torch.float32)
 
-    def render(shortcuts: bool):
+    def render(shortcuts: bool, key_slot: bool = True):
+        options = SegmentOptions(cached_segments=cached_segments, sdpa_dtype=torch.float32, key_slot=key_slot)
         cache, outputs = SegmentCache.empty(patched), []
         for index, (start, stop) in enumerate(bounds):
             last = index == len(bounds) - 1
@@ -286,13 +288,12 @@ def test_window_slot_and_prepared_text_keep_every_bit(monkeypatch):
     with torch.no_grad():
         shortcut, cache = render(shortcuts=True)
         softmax = cache.blocks[1]
-        assert softmax.window is not None and sum(slot is not None for slot in slots) == 2
-        for view in (softmax.sink.key, softmax.recent[0].key):  # the context lives in the window
+        assert softmax.window is not None and sum(slot is not None for slot in slots) == len(bounds) - 2
+        for view in [softmax.sink.key] + [kv.key for kv in softmax.recent]:  # the context lives in the window
             assert view.untyped_storage().data_ptr() == softmax.window.key.untyped_storage().data_ptr()
+        slotless, cache = render(shortcuts=True, key_slot=False)
+        window = cache.blocks[1].window  # the context only (a growing one is no single buffer)
+        assert window is None if cached_segments is None else window.key.shape[2] == cache.blocks[1].context_tokens()
         monkeypatch.setattr(BlockCache, "window_slot", lambda self, tokens: None)
         plain, _ = render(shortcuts=False)
-        options = SegmentOptions(sdpa_dtype=torch.float32, key_slot=False)  # a window of the context only
-        monkeypatch.setattr(BlockCache, "window_slot", window_slot)
-        slotless, cache = render(shortcuts=True)
-        assert cache.blocks[1].window.key.shape[2] == cache.blocks[1].context_tokens()
     assert torch.equal(shortcut, plain) and torch.equal(slotless, plain)

@@ -109,9 +109,8 @@ def _temporal(mlp, y, left, segments):
             part = _conv_frames(y[:, first:stop], weight, bias)
             z[:, start:stop] = part[:, start - first:]
     if left is not None:
-        # frame 0's left tap: z[0] += W[:, :, 0] @ left, added in place (cuBLAS accumulates in fp32); the tap of
-        # the channels-last weight has unit stride, so cuBLAS reads it where it lies (no copy per call)
-        tap = weight[:, :, 0, 0]
+        # frame 0's left tap: z[0] += W[:, :, 0] @ left, added in place (cuBLAS accumulates in fp32)
+        tap = t_conv.weight[:, :, 0, 0].to(y.dtype)
         left = left.to(y.dtype)
         for b in range(y.shape[0]):
             z[b, 0].addmm_(left[b, 0], tap.t())

@@ -210,7 +210,7 @@ def segment_forward(
     t = t.unflatten(0, timestep.shape)
 
     text_keys = text_keys or [None] * len(model.blocks)
-    for block, block_cache, keys in zip(model.blocks, block_caches, text_keys):
+    for block, block_cache, keys in zip(model.blocks, block_caches, text_keys, strict=True):
         x = block(x, conditioning.text, modulation, conditioning.text_mask, rotary_emb=conditioning.rope,
                   ucpe_ray_transforms=conditioning.rays, plucker_emb=conditioning.plucker,
                   state=block_cache, segment=call, text_keys=keys)

@@ -6,7 +6,8 @@ patched attentions hold, `camrender.model.stage1.patch.set_full_options`); segme
 `SegmentCall` built from `SegmentOptions` (a recipe's rules) and one `BlockCache` per block. The
 caches live in the `SegmentCache` the caller passes in, never on the modules, so a CUDA-graph
 replay of `segment_forward` reads only its arguments. Once a cache tensor exists, later writes of
-the same shape go into its storage (`store`): a graph reads the cache where it lies, never a copy.
+the same shape go into its storage (`store`; a softmax block's full window of recent segments slides
+inside its `BlockCache.window`): a graph reads the cache where it lies, never a copy.
 
 Shapes: B batch, T latent frames of the call, S = h * w tokens per frame, N = T * S, C channels,
 H heads, D head dim.
@@ -40,7 +41,7 @@ class SegmentOptions:
             diffusers does), the activation dtype otherwise.
         key_slot: softmax blocks keep a slot for a call's keys after the cached ones (`BlockCache.window`):
             a call copies its keys there instead of concatenating all of them, for one segment's keys
-            more in the cache (0.25 GiB at the release size). The same results either way; renders beside
+            more in the cache (0.24 GiB at the release size). The same results either way; renders beside
             the refiner, where memory is short, go without.
     """
 
@@ -207,6 +208,10 @@ class BlockCache:
         if self.sink is None:
             context = [entry]
         elif cached_segments is None:
+            if not slot:  # a growing context read without a slot: append a copy, never copy the whole context
+                self.recent.append(SoftmaxKV(*(compact(getattr(entry, name)) for name in _KV_FIELDS)))
+                self.window = None  # the context is no longer one buffer
+                return
             context = self.softmax_context() + [entry]
         elif cached_segments > 0:
             if len(self.recent) == cached_segments and all(_shapes(kv) == _shapes(entry) for kv in self.recent) \
