@@ -59,7 +59,7 @@ from camrender.allocator import ALLOC_CONF, use_expandable_segments  # noqa: E40
 from camrender.model.refiner import window as refiner_window  # noqa: E402
 from camrender.model.refiner.loading import stream_layers  # noqa: E402
 from camrender.model.refiner.stream import RefinerStream  # noqa: E402
-from camrender.model.stage1.segments import SegmentOptions, segment_bounds  # noqa: E402
+from camrender.model.stage1.segments import segment_bounds  # noqa: E402
 from camrender.render.decode import REFINED_DECODE_MAX_FRAMES, CausalStreamDecoder, to_uint8_frames  # noqa: E402
 from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments  # noqa: E402
 from camrender.render.stage_two import PassThrough, Schedule, refined_frames  # noqa: E402
@@ -419,8 +419,7 @@ def main(argv=None):
     results["refiner_weights_gib"] = gib(allocated() - before)
     results["refiner_params_b"] = round(sum(p.numel() for p in refiner_transformer.parameters()) / 1e9, 3)
     text = refiner_text(refiner_transformer, args.text_tokens, device, dtype)
-    # backend: the one build_models patched the transformer with; no key slot, as renders beside the refiner
-    options = SegmentOptions(cached_segments=2, key_slot=False)
+    options = refiner_targets.REFINED_OPTIONS  # backend: the one build_models patched the transformer with
     models = (transformer, vae, refiner_transformer, text, shape, options, device, dtype)
     results["build_s"] = round(time.perf_counter() - began_all, 1)
 

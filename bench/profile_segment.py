@@ -6,7 +6,8 @@ of `--warm` segments runs first (kernels compiled, CUDA graphs captured, caches 
 `--warm` is measured three ways:
 
 - `timed`: CUDA events around each pass as a render runs it (denoising passes and, in the steady state,
-  the cache pass replayed as CUDA graphs) and around the decode of the segment's latents (the streaming causal decoder);
+  the cache pass replayed as CUDA graphs) and around the decode of the segment's latents (the streaming
+  causal decoder);
 - `eager_passes`: the same passes without graphs (host launch cost = eager - graphed);
 - `profile`: one more segment eager under `torch.profiler`, with a range around every block's self-attention
   (by kind: GDN or softmax), cross-attention and FFN and around every pass: GPU kernel time per range
