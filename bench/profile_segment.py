@@ -12,7 +12,9 @@ of `--warm` segments runs first (kernels compiled, CUDA graphs captured, caches 
 - `profile`: one more segment eager under `torch.profiler`, with a range around every block's self-attention
   (by kind: GDN or softmax), cross-attention and FFN and around every pass: GPU kernel time per range
   (the block glue is the block's time minus its three parts), the kernels by name, the PyTorch ops (with
-  input shapes) behind the most GPU time, idle gaps.
+  input shapes) behind the most GPU time, idle gaps;
+- `graphed_profile`: one more segment as a render runs it (graphs replayed) under `torch.profiler`: its
+  kernel time against its span on the GPU, and the largest idle gaps (where the GPU waits for the host).
 
     python3 bench/profile_segment.py --out $OUT/profile_segment.json
     python3 bench/profile_segment.py --cpu-smoke        # tiny models on the CPU: checks the script
@@ -35,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_segments  # noqa: E402
 from bench_segments import build_models, path_inputs  # noqa: E402
 from common import emit, sync  # noqa: E402
-from profile_step import op_table  # noqa: E402
+from profile_step import idle_gaps, op_table  # noqa: E402
 import camrender.model.stage1.ffn as ffn_module  # noqa: E402
 from camrender.model.stage1.recipes import get_recipe  # noqa: E402
 from camrender.model.stage1.segments import SegmentCache, SegmentOptions, segment_bounds  # noqa: E402
@@ -79,7 +81,8 @@ def timed_segment(denoiser, cache, decoder, start, stop, timesteps, *, graphs: b
     events = Events(device)
     latents = inputs.noise[:, :, start:stop].to(device=device, dtype=torch.float32).clone()
     pinned = pinned_frames(inputs, start, stop, device)
-    conditioning = denoiser.condition(start, stop)
+    with record_function("pass.conditioning"):
+        conditioning = denoiser.condition(start, stop)
     events.mark("conditioning")
     sigmas = [t / 1000.0 for t in timesteps] + [0.0]
     for index, t in enumerate(timesteps):
@@ -183,6 +186,15 @@ def profile_table(profiler, ranges: set) -> dict:
     )
 
 
+def host_ms(profiler) -> dict:
+    """Host (CPU) ms spent in each `pass.*` range: enqueueing, when the GPU runs behind."""
+    totals = collections.defaultdict(float)
+    for event in profiler.events():
+        if event.device_type == torch.autograd.DeviceType.CPU and event.name.startswith("pass."):
+            totals[event.name] += event.cpu_time_total / 1e3
+    return {name: round(ms, 3) for name, ms in sorted(totals.items())}
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--warm", type=int, default=4, help="segments rendered before the measured one")
@@ -197,7 +209,7 @@ def main(argv=None) -> dict:
     build = argparse.Namespace(cpu_smoke=args.cpu_smoke, quick=False, kernels="fused")
     transformer, vae = build_models(build, device, dtype)
     options = SegmentOptions.for_recipe(get_recipe("streaming"))
-    latent_frames = 1 + 3 * (args.warm + 3)
+    latent_frames = 1 + 3 * (args.warm + 4)
     bounds = segment_bounds(latent_frames, 3)
     inputs = path_inputs(transformer, latent_frames, height, width, device, dtype)
     timesteps = list(DEFAULT_SEGMENT_TIMESTEPS)
@@ -226,7 +238,17 @@ def main(argv=None) -> dict:
         for undo in handles:
             undo()
         result["profile"] = profile_table(profiler, ranges)
-        result["profile"]["ops"] = op_table(profiler, 40)
+        result["profile"]["ops"] = op_table(profiler, 60)
+
+        start, stop = bounds[args.warm + 3]
+        with profile(activities=activities) as profiler:
+            timed_segment(denoiser, cache, decoder, start, stop, timesteps, graphs=True)
+            sync()
+        graphed = profile_table(profiler, set())
+        result["graphed_profile"] = dict(
+            kernel_ms_total=graphed["kernel_ms_total"], kernel_launches=graphed["kernel_launches"],
+            gpu_span_ms=graphed["gpu_span_ms"], gpu_idle_ms=graphed["gpu_idle_ms"],
+            gaps=idle_gaps(profiler, top=20), kernels=graphed["kernels"][:12], host_ms=host_ms(profiler))
     emit(result, args.out)
     return result
 

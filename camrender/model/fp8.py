@@ -93,19 +93,41 @@ class Fp8Linear(torch.nn.Module):
     fast_accum = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        lead = x.shape[:-1]
         rows = x.reshape(-1, self.in_features)
         if self.scaling == "row":
             q, scale = quantize_rows(rows, backend=self.backend)
         else:
             q, scale = quantize(rows, self.scaling)
+        return self.matmul(q, scale, x.shape[:-1], x.dtype)
+
+    def matmul(self, q: torch.Tensor, scale: torch.Tensor, lead: tuple, dtype: torch.dtype) -> torch.Tensor:
+        """The GEMM on an already quantized input: q (M, K) e4m3 with its scale -> (*lead, N) in `dtype`."""
         out = torch._scaled_mm(q, self.weight_fp8.t(), scale_a=scale, scale_b=self.weight_scale,
-                               bias=None if self.bias is None else self.bias.to(x.dtype), out_dtype=x.dtype,
+                               bias=None if self.bias is None else self.bias.to(dtype), out_dtype=dtype,
                                use_fast_accum=self.fast_accum)
         return out.reshape(*lead, self.out_features)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, scaling={self.scaling}"
+
+
+def one_input_linears(x: torch.Tensor, linears) -> list:
+    """[linear(x) for linear in linears], the same bits, with x quantized once when every linear is a
+    row-scaled `Fp8Linear` of one backend (a self-attention's q, k, v and gate projections read one input).
+    A layer with forward hooks (bench/bench_fp8.py's per-layer probes) is called as a module."""
+    linears = list(linears)
+    shared = len(linears) > 1 and all(isinstance(linear, Fp8Linear) and linear.scaling == "row"
+                                      and linear.backend == linears[0].backend and not _hooked(linear)
+                                      for linear in linears)
+    if not shared or len({linear.in_features for linear in linears}) != 1:
+        return [linear(x) for linear in linears]
+    q, scale = quantize_rows(x.reshape(-1, x.shape[-1]), backend=linears[0].backend)
+    return [linear.matmul(q, scale, x.shape[:-1], x.dtype) for linear in linears]
+
+
+def _hooked(module: torch.nn.Module) -> bool:
+    return bool(module._forward_hooks or module._forward_pre_hooks
+                or torch.nn.modules.module._global_forward_hooks or torch.nn.modules.module._global_forward_pre_hooks)
 
 
 def fits_scaled_mm(out_features: int, in_features: int) -> bool:

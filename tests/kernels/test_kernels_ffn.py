@@ -98,12 +98,18 @@ def test_patched_ffn_matches_stock(seed):
 
 def test_adopt_keeps_the_state_dict_and_shares_parameters():
     mlp = _mlp(2)
-    before = mlp.state_dict()
+    parameters = dict(mlp.named_parameters())
+    before = {k: v.clone() for k, v in mlp.state_dict().items()}
+    pointers = {k: v.data_ptr() for k, v in mlp.state_dict().items()}
     patched = patch_ffn(mlp, KernelSettings.from_kernels("fused"))
     after = patched.state_dict()
     assert isinstance(patched, PatchedGLUMBConvTemp) and isinstance(patched, GLUMBConvTemp)
     assert list(after) == list(before)
-    assert all(after[k].data_ptr() == before[k].data_ptr() for k in before)
+    assert all(patched.get_parameter(k) is p for k, p in parameters.items())  # the stock module's own
+    assert all(torch.equal(after[k], before[k]) for k in before)
+    # the temporal kernel is laid out channels-last once (the same parameter); nothing else moves
+    assert patched.t_conv.weight.is_contiguous(memory_format=torch.channels_last)
+    assert all(after[k].data_ptr() == pointers[k] for k in before if k != "t_conv.weight")
     torch_settings = KernelSettings.from_kernels("torch")
     assert patch_ffn(patched, torch_settings) is patched and patched.settings == torch_settings
     with pytest.raises(TypeError):

@@ -3,7 +3,8 @@ outputs against the unquantized ones (tiny models, CPU: torch._scaled_mm runs th
 import pytest
 import torch
 
-from camrender.model.fp8 import E4M3_MAX, Fp8Linear, dequantize, quantize, quantize_blocks
+import camrender.model.fp8 as fp8_module
+from camrender.model.fp8 import E4M3_MAX, Fp8Linear, dequantize, one_input_linears, quantize, quantize_blocks
 from camrender.model.refiner.loading import strip_audio
 from camrender.model.refiner.tiny import build_tiny_refiner
 from camrender.model.stage1.patch import patch_transformer
@@ -49,6 +50,29 @@ def test_fp8_linear_is_the_product_of_the_dequantized_operands(scaling):
     torch.testing.assert_close(out, expected.reshape(2, 5, 48), rtol=1e-5, atol=1e-5)
     reference = linear(x).detach()
     assert cosine(out, reference) > 0.998  # and close to the unquantized layer
+
+
+def test_linears_of_one_input_quantize_it_once_to_the_same_bits(monkeypatch):
+    generator = torch.Generator().manual_seed(2)
+    x = torch.randn(2, 7, 32, generator=generator).to(torch.bfloat16)
+    linears = [Fp8Linear.from_linear(torch.nn.Linear(32, n).to(torch.bfloat16)) for n in (48, 48, 16)]
+    alone = [linear(x) for linear in linears]
+    calls = []
+    counted = fp8_module.quantize_rows
+    monkeypatch.setattr(fp8_module, "quantize_rows", lambda *a, **k: calls.append(1) or counted(*a, **k))
+    shared = one_input_linears(x, linears)
+    assert len(calls) == 1
+    for a, b in zip(shared, alone):
+        assert a.shape == b.shape and torch.equal(a, b)
+    calls.clear()  # a bf16 layer among them: each its own call, as before
+    mixed = one_input_linears(x, linears[:2] + [torch.nn.Linear(32, 16).to(torch.bfloat16)])
+    assert len(calls) == 2 and torch.equal(mixed[0], alone[0])
+    calls.clear()  # a hooked layer is called as a module: its hook sees the call
+    seen = []
+    handle = linears[1].register_forward_hook(lambda module, args, output: seen.append(output))
+    hooked = one_input_linears(x, linears)
+    handle.remove()
+    assert len(calls) == 3 and len(seen) == 1 and torch.equal(seen[0], alone[1]) and torch.equal(hooked[2], alone[2])
 
 
 def test_refiner_blocks_quantized_leave_the_rest_alone_and_stay_close():

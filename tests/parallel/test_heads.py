@@ -29,11 +29,14 @@ def test_split_modules_and_forward_equal_the_whole_model(tmp_path):
     assert rank0["heads"] == rank1["heads"] == [2, 2]  # 4 heads of the tiny model, 2 per rank
     assert rank0["qkv_rows"] == 48  # this rank's q, k, v channels: 3 x 32 / 2, sliced from the weights
     names = ["attn0", "cross0", "ffn0", "attn1", "cross1", "ffn1", "forward"]  # block 0 GDN, block 1 softmax
+    assert max(rank0["floors"].values()) < 1e-3  # the bar below stays far under a wrong split's error
     for name in names:
         for results in (rank0, rank1):
             split, whole = results[name]
             assert split.shape == whole.shape
-            assert max_rel(split, whole) <= 1e-5, (name, max_rel(split, whole))
+            # within 1e-5, or twice the unsplit part's own one-ulp noise where this machine's BLAS makes that larger
+            bar = max(1e-5, 2 * results["floors"][name])
+            assert max_rel(split, whole) <= bar, (name, max_rel(split, whole), bar)
         assert torch.equal(rank0[name][0], rank1[name][0])  # every rank holds the same whole output
 
 

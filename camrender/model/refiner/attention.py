@@ -30,6 +30,7 @@ from diffusers.models.attention_dispatch import dispatch_attention_fn
 from diffusers.models.transformers.transformer_sana_wm_refiner import SanaWMLTX2RefinerAttnProcessor
 
 from camrender.kernels.rms_rope import ROPE_TYPES, rms_rope_qk, rope_rows
+from camrender.model.fp8 import one_input_linears
 from camrender.model.refiner.lse_attention import attend_parts
 from camrender.model.refiner.window import WindowLayerCache
 
@@ -62,8 +63,10 @@ class FusedRefinerAttnProcessor:
             return self.stock(attn, hidden_states, encoder_hidden_states, attention_mask, query_rotary_emb,
                               key_rotary_emb, sink_rotary_emb=sink_rotary_emb, kv_cache=kv_cache,
                               kv_cache_mode=kv_cache_mode)
-        gate_logits = attn.to_gate_logits(hidden_states) if attn.to_gate_logits is not None else None
-        query, key, value = attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states)
+        gate = [attn.to_gate_logits] if attn.to_gate_logits is not None else []
+        projections = [attn.to_q, attn.to_k, attn.to_v] + gate
+        query, key, value, *gate = one_input_linears(hidden_states, projections)  # FP8: one quantization
+        gate_logits = gate[0] if gate else None
         eps = attn.norm_q.eps if attn.norm_q.eps is not None else torch.finfo(query.dtype).eps
         prep = dict(eps=eps, head_dim=attn.head_dim, rope_type=attn.rope_type, backend=self.backend)
         weights = (attn.norm_q.weight, attn.norm_k.weight)
