@@ -114,7 +114,7 @@ class Fp8Linear(torch.nn.Module):
 def one_input_linears(x: torch.Tensor, linears) -> list:
     """[linear(x) for linear in linears], the same bits, with x quantized once when every linear is a
     row-scaled `Fp8Linear` of one backend (a self-attention's q, k, v and gate projections read one input).
-    A layer with forward hooks (bench/bench_fp8.py's per-layer probes) is called as a module."""
+    A layer with forward hooks (bench/bench_fp8.py's per-layer probes) or a wrapped forward is called as a module."""
     linears = list(linears)
     shared = len(linears) > 1 and all(isinstance(linear, Fp8Linear) and linear.scaling == "row"
                                       and linear.backend == linears[0].backend and not _hooked(linear)
@@ -126,7 +126,9 @@ def one_input_linears(x: torch.Tensor, linears) -> list:
 
 
 def _hooked(module: torch.nn.Module) -> bool:
-    return bool(module._forward_hooks or module._forward_pre_hooks
+    """Whether calling the module runs more than its forward: hooks, or a forward set on the instance (offloading
+    wrappers)."""
+    return bool(module._forward_hooks or module._forward_pre_hooks or "forward" in vars(module)
                 or torch.nn.modules.module._global_forward_hooks or torch.nn.modules.module._global_forward_pre_hooks)
 
 

@@ -29,7 +29,7 @@ def test_split_modules_and_forward_equal_the_whole_model(tmp_path):
     assert rank0["heads"] == rank1["heads"] == [2, 2]  # 4 heads of the tiny model, 2 per rank
     assert rank0["qkv_rows"] == 48  # this rank's q, k, v channels: 3 x 32 / 2, sliced from the weights
     names = ["attn0", "cross0", "ffn0", "attn1", "cross1", "ffn1", "forward"]  # block 0 GDN, block 1 softmax
-    assert max(rank0["floors"].values()) < 1e-3  # the bar below stays far under a wrong split's error
+    assert max(rank0["floors"].values()) < 5e-4  # the bar below stays far under a wrong split's error (1e-1)
     for name in names:
         for results in (rank0, rank1):
             split, whole = results[name]

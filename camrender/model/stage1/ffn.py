@@ -88,7 +88,10 @@ def _conv_frames(y, weight, bias):
 
 def channels_last_kernel(mlp) -> None:
     """Lay the temporal conv's weight out channels-last, in place (the same parameter and values), as cuDNN reads
-    it: otherwise every call copies the kernel (30 MB at the release size, 100 times per segment)."""
+    it: otherwise every call copies the kernel (30 MB at the release size, 100 times per segment).
+
+    `state_dict()` then holds that weight channels-last: `save_pretrained` and `torch.save` take it as it is,
+    `safetensors.torch.save_file` on a raw state dict needs `.contiguous()` tensors."""
     weight = mlp.t_conv.weight
     if weight.dim() == 4 and not weight.is_contiguous(memory_format=torch.channels_last):
         weight.data = weight.data.contiguous(memory_format=torch.channels_last)
@@ -118,11 +121,13 @@ def _temporal(mlp, y, left, segments):
             part = _conv_frames(y[:, first:stop], weight, bias)
             z[:, start:stop] = part[:, start - first:]
     if left is not None:
-        # frame 0's left tap: z[0] += W[:, :, 0] @ left, added in place (cuBLAS accumulates in fp32)
-        tap = t_conv.weight[:, :, 0, 0].to(y.dtype)
+        # frame 0's left tap: z[0] += W[:, :, 0] @ left, added in place (cuBLAS accumulates in fp32). The
+        # (C_in, C_out) operand in row-major order, as cuBLAS got it before the kernel lay channels-last: another
+        # operand layout could change the bits
+        tap = t_conv.weight[:, :, 0, 0].t().to(y.dtype).contiguous()
         left = left.to(y.dtype)
         for b in range(y.shape[0]):
-            z[b, 0].addmm_(left[b, 0], tap.t())
+            z[b, 0].addmm_(left[b, 0], tap)
     return z
 
 
