@@ -60,11 +60,15 @@ def relative_error(out, ref):
     return float((out - ref).abs().max() / ref.abs().max())
 
 
+def ulp_up(tensor):
+    """The tensor moved up by one ulp, element by element."""
+    return torch.nextafter(tensor, torch.tensor(float("inf")))
+
+
 def one_ulp_floor(run, inputs) -> float:
     """How far `run(inputs)` moves when the latents move by one ulp: the reference's own rounding noise, the
     bar for agreement with it (it depends on the machine's BLAS kernels: 2e-6 to 2e-5 on the tiny models)."""
-    moved = dict(inputs, hidden_states=torch.nextafter(inputs["hidden_states"], torch.tensor(float("inf"))))
-    return relative_error(run(moved), run(inputs))
+    return relative_error(run(dict(inputs, hidden_states=ulp_up(inputs["hidden_states"]))), run(inputs))
 
 
 def test_patch_keeps_every_parameter_and_buffer():

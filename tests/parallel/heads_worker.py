@@ -23,7 +23,7 @@ from camrender.parallel import distributed
 from camrender.parallel.heads import HeadSplit, split_transformer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "model"))
-from test_patch_transformer import relative_error, transformer_inputs  # noqa: E402
+from test_patch_transformer import one_ulp_floor, relative_error, transformer_inputs, ulp_up  # noqa: E402
 
 TINY_HEADS = dict(num_attention_heads=4, linear_head_dim=8)  # 2 heads per rank on 2 ranks
 
@@ -46,10 +46,6 @@ def named_parts(model):
     return parts
 
 
-def _ulp_up(tensor):
-    return torch.nextafter(tensor, torch.tensor(float("inf")))
-
-
 def one_ulp_floors(model, records, inputs, ffn_in, hw) -> dict:
     """For each recorded part, each FFN and the whole forward: how far the unsplit output moves when its input
     moves by one ulp (the unsplit module's own rounding noise on this machine's BLAS)."""
@@ -57,11 +53,10 @@ def one_ulp_floors(model, records, inputs, ffn_in, hw) -> dict:
     with torch.no_grad():
         for name, module in named_parts(model).items():
             args, kwargs, expected = records[name]
-            floors[name] = relative_error(module(_ulp_up(args[0]), *args[1:], **kwargs), expected)
+            floors[name] = relative_error(module(ulp_up(args[0]), *args[1:], **kwargs), expected)
         for index, block in enumerate(model.blocks):
-            floors[f"ffn{index}"] = relative_error(block.mlp(_ulp_up(ffn_in), hw), block.mlp(ffn_in, hw))
-        moved = dict(inputs, hidden_states=_ulp_up(inputs["hidden_states"]))
-        floors["forward"] = relative_error(model(**moved)[0], model(**inputs)[0])
+            floors[f"ffn{index}"] = relative_error(block.mlp(ulp_up(ffn_in), hw), block.mlp(ffn_in, hw))
+        floors["forward"] = one_ulp_floor(lambda moved: model(**moved)[0], inputs)
     return floors
 
 

@@ -63,10 +63,9 @@ class FusedRefinerAttnProcessor:
             return self.stock(attn, hidden_states, encoder_hidden_states, attention_mask, query_rotary_emb,
                               key_rotary_emb, sink_rotary_emb=sink_rotary_emb, kv_cache=kv_cache,
                               kv_cache_mode=kv_cache_mode)
-        gate = [attn.to_gate_logits] if attn.to_gate_logits is not None else []
-        projections = [attn.to_q, attn.to_k, attn.to_v] + gate
-        query, key, value, *gate = one_input_linears(hidden_states, projections)  # FP8: one quantization
-        gate_logits = gate[0] if gate else None
+        gate_layer = [attn.to_gate_logits] if attn.to_gate_logits is not None else []
+        query, key, value, *gate = one_input_linears(hidden_states, [attn.to_q, attn.to_k, attn.to_v] + gate_layer)
+        gate_logits = gate[0] if gate else None  # FP8: the four projections quantize their input once
         eps = attn.norm_q.eps if attn.norm_q.eps is not None else torch.finfo(query.dtype).eps
         prep = dict(eps=eps, head_dim=attn.head_dim, rope_type=attn.rope_type, backend=self.backend)
         weights = (attn.norm_q.weight, attn.norm_k.weight)
