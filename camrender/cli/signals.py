@@ -5,7 +5,9 @@ KeyboardInterrupt too, so one `except` runs the cleanup: partial files removed, 
 kept) and records which arrived. Python drops an exception raised inside a weakref callback or a
 `__del__` ("Exception ignored in ..."), so a signal that lands there would be lost and the render
 would go on: `raise_if_signalled()`, called at every progress step and written chunk, raises it
-again.
+again. C code can also turn the interrupt into an error of its own (a signal during a safetensors read
+surfaces as torch's ValueError "could not determine the shape of object type ..."): any error that ends
+the command after a signal arrived is reported as that signal, not as the error.
 """
 import contextlib
 import signal
@@ -55,6 +57,10 @@ def handled_signals():
         return
     try:
         yield
+    except Exception as error:
+        if _arrived:
+            raise _interrupt(_arrived[-1]) from error
+        raise
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)

@@ -30,6 +30,24 @@ def test_a_swallowed_interrupt_is_raised_again_at_the_next_check():
         assert not terminated()
 
 
+def test_an_error_that_ends_the_command_after_a_signal_is_reported_as_the_signal():
+    """A signal during a safetensors read comes out of torch as a ValueError (seen in CI: a prompt cache
+    read, then "the text encoder was not loaded" and exit 2 instead of 143)."""
+    with pytest.raises(Terminated) as stopped:
+        with handled_signals():
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                for _ in range(1000):  # the handler runs between bytecodes
+                    pass
+            except Terminated as interrupt:  # as torch's C code turns it into an error of its own
+                raise ValueError("could not determine the shape of object type 'torch.storage.UntypedStorage'") \
+                    from interrupt
+    assert isinstance(stopped.value.__cause__, ValueError)
+    with pytest.raises(ValueError):
+        with handled_signals():  # no signal: an error stays that error
+            raise ValueError("a real error")
+
+
 @pytest.mark.parametrize("forget, code", [(True, 7), (False, -signal.SIGINT)])
 def test_exit_code_after_an_interrupted_string_exec_under_dash_m(tmp_path, forget, code):
     (tmp_path / "interrupted_exec.py").write_text(textwrap.dedent(f"""
