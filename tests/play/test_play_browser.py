@@ -9,6 +9,7 @@ import asyncio
 import json
 import math
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -58,7 +59,9 @@ def server(tmp_path_factory):
                                 "--height", "32", "--width", "48", "--max-seconds", "30", "--seed", "11",
                                 "--prompt", "a garden", "--out", str(stem)],
                                stdout=subprocess.PIPE, stderr=open(folder / "stderr.txt", "w"), text=True, env=env())
-    url = process.stdout.readline().strip()
+    # the URL once it listens (a server that hangs while loading fails here, instead of hanging the suite)
+    ready, _, _ = select.select([process.stdout], [], [], 300)
+    url = process.stdout.readline().strip() if ready else ""
     assert url.startswith("http://127.0.0.1:"), (folder / "stderr.txt").read_text()
     yield process, url, stem
     if process.poll() is None:
@@ -170,18 +173,34 @@ def test_ctrl_c_while_flying_saves_the_flight_and_exits_0(server, flight):
     flight renders: the flight is saved as FLIGHT-2, the server exits 0 and leaves no partial files."""
     process, url, stem = server
 
+    async def steering_page(session):
+        """A WebSocket the server takes as the steering page, and its hello. Until the server has seen the
+        closed browser's socket go (`browser.quit()` returns first), a new page only watches: connect again."""
+        deadline = time.monotonic() + 30
+        while True:
+            ws = await session.ws_connect(url + "ws")
+            hello = json.loads((await ws.receive(timeout=60)).data)
+            if hello["role"] == "steer" or time.monotonic() > deadline:
+                return ws, hello
+            await ws.close()
+            await asyncio.sleep(0.1)
+
     async def steer_then_interrupt():
-        seen = []
-        async with aiohttp.ClientSession() as session, session.ws_connect(url + "ws") as ws:
-            await ws.send_str(json.dumps({"type": "key", "key": "w", "down": True, "id": 1}))
-            async for message in ws:
-                if message.type == aiohttp.WSMsgType.TEXT:
-                    seen.append(json.loads(message.data))
-                    if seen[-1]["type"] == "segment" and seen[-1]["index"] == 0:
-                        process.send_signal(signal.SIGINT)
+        async with aiohttp.ClientSession() as session:
+            ws, hello = await steering_page(session)
+            assert hello["type"] == "hello" and hello["role"] == "steer", hello  # the browser's page left
+            seen = [hello]
+            async with ws:
+                await ws.send_str(json.dumps({"type": "key", "key": "w", "down": True, "id": 1}))
+                async for message in ws:
+                    if message.type == aiohttp.WSMsgType.TEXT:
+                        seen.append(json.loads(message.data))
+                        if seen[-1]["type"] == "segment" and seen[-1]["index"] == 0:
+                            process.send_signal(signal.SIGINT)
         return seen
 
-    seen = asyncio.run(steer_then_interrupt())
+    # bounded: a server that never sends segment 0 or never closes the socket fails the test, not the suite
+    seen = asyncio.run(asyncio.wait_for(steer_then_interrupt(), 300))
     assert process.wait(timeout=60) == 0
     ended = [m for m in seen if m["type"] == "ended"]
     assert ended and ended[0]["frames"] >= 25 and ended[0]["saved"]["trajectory"].endswith("flight-2.traj.json")
