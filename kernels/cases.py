@@ -37,6 +37,8 @@ from .main_branch import main_branch
 from .main_branch_reference import main_branch_ref
 from .main_prep import main_prep
 from .main_prep_reference import main_prep_ref
+from .rms_silu import rms_silu
+from .rms_silu_reference import rms_silu_ref
 from .short_conv import short_conv
 from .short_conv_reference import short_conv_ref
 from .softmax_cam import cam_softmax_decode, cam_softmax_encode
@@ -320,6 +322,16 @@ def _glu_label(s: Sizes) -> str:
     return f"F{s.batch * s.frames} {height}x{width} C{2 * s.channels}"
 
 
+def _rms_silu_inputs(s, device, dtype):
+    """Channels-last decoder activations (B, C, T, 3, S / 3)."""
+    x = _Draw(9, device, dtype).randn((s.batch, s.channels, s.frames, 3, s.spatial // 3), 3.0)
+    return dict(x=x.contiguous(memory_format=torch.channels_last_3d))
+
+
+def _rms_silu_label(s: Sizes) -> str:
+    return f"B{s.batch} C{s.channels} T{s.frames} 3x{s.spatial // 3}"
+
+
 # ----------------------------------------------------------------------------- the table
 # Small shapes: head dims 16 and 112 (the release), odd frame and token counts.
 CAMERA_SIZES = (Sizes(1, 2, 3, 6, 16), Sizes(2, 1, 2, 5, 112))
@@ -361,6 +373,8 @@ CASES = (
                _refiner.rms_rope_fused, _refiner.rms_rope_reference, _glue_label, GLUE_SIZES),
     KernelCase("residual_ada_norm+rms", _glue_inputs, _refiner.rms_ada_norm_fused, _refiner.rms_ada_norm_reference,
                _glue_label, GLUE_SIZES),
+    KernelCase("rms_silu", _rms_silu_inputs, lambda x, precision: rms_silu(x["x"], backend="triton"),
+               lambda x: rms_silu_ref(x["x"].float()), _rms_silu_label, GLUE_SIZES),
     # on CUDA the GLU's silu runs on the hardware's approximate tanh (inline asm, relative error ~2^-11)
     KernelCase("glu_depthwise", _glu_inputs, _glu_fused, _glu_reference, _glu_label, GLUE_SIZES),
 )

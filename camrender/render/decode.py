@@ -17,7 +17,10 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
-from diffusers.models.autoencoders.autoencoder_kl_ltx2 import LTX2VideoCausalConv3d, LTX2VideoUpsampler3d
+from diffusers.models.autoencoders.autoencoder_kl_ltx2 import (LTX2VideoCausalConv3d, LTX2VideoResnetBlock3d,
+                                                               LTX2VideoUpsampler3d, PerChannelRMSNorm)
+
+from camrender.kernels.rms_silu import rms_silu
 
 # Latent frames per VAE call of segment mode's streaming decode with a refiner. The decode's workspace grows
 # with the frames of a call (the decoder's last stages hold several full-resolution activations of 8 video
@@ -25,6 +28,8 @@ from diffusers.models.autoencoders.autoencoder_kl_ltx2 import LTX2VideoCausalCon
 # at the cost of 3x as many (3x smaller) calls per segment. Without a refiner a segment goes in one call
 # (at the release shape 1.3 GiB more and 5 % more video fps on an H200, docs/performance.md).
 REFINED_DECODE_MAX_FRAMES = 1
+# `CausalStreamDecoder(channels_last=None)` on CUDA: the decoder's convs on channels-last activations
+CHANNELS_LAST_ON_CUDA = True
 
 __all__ = ["CausalStreamDecoder", "decode_max_frames", "REFINED_DECODE_MAX_FRAMES", "video_frames_for_latents", "to_uint8_frames", "to_uint8_frames_async",
            "decode_latents", "denormalize_latents"]
@@ -78,14 +83,17 @@ def to_uint8_frames_async(video: torch.Tensor):
     return host, ready
 
 
-def reflect_padded(tail: torch.Tensor, x: torch.Tensor, pad_h: int, pad_w: int) -> torch.Tensor:
+def reflect_padded(tail: torch.Tensor, x: torch.Tensor, pad_h: int, pad_w: int,
+                   memory_format=torch.contiguous_format) -> torch.Tensor:
     """[tail, x] along time (dim 2), reflect-padded by pad_h / pad_w in height / width, written into one
-    new (B, C, t_tail + t, H + 2 pad_h, W + 2 pad_w) tensor: the input of a `padding_mode="reflect"`
-    Conv3d after its own `F.pad` (the same values), without the concatenation's extra full copy and
-    PyTorch's slow 3-d reflection-pad kernel. Needs pad_h < H and pad_w < W, as `F.pad` does."""
+    new (B, C, t_tail + t, H + 2 pad_h, W + 2 pad_w) tensor in `memory_format`: the input of a
+    `padding_mode="reflect"` Conv3d after its own `F.pad` (the same values), without the concatenation's
+    extra full copy and PyTorch's slow 3-d reflection-pad kernel. Needs pad_h < H and pad_w < W, as
+    `F.pad` does."""
     batch, channels, frames, height, width = x.shape
     context = tail.shape[2]
-    out = x.new_empty(batch, channels, context + frames, height + 2 * pad_h, width + 2 * pad_w)
+    out = torch.empty(batch, channels, context + frames, height + 2 * pad_h, width + 2 * pad_w,
+                      dtype=x.dtype, device=x.device, memory_format=memory_format)
     rows = slice(pad_h, pad_h + height)
     columns = slice(pad_w, pad_w + width)
     out[:, :, :context, rows, columns] = tail
@@ -115,15 +123,36 @@ class CausalStreamDecoder:
         max_frames: decode at most this many latent frames per VAE call (a chunk goes in pieces; the
             frames are the same): bounds the decode's workspace, which grows with the frames of a call
             (None: a chunk per call).
+        channels_last: run the decoder's convolutions on channels-last (N, T, H, W, C) activations, its
+            conv kernels laid out channels-last once here (the same parameter objects and values). cuDNN's
+            3-d convs are channels-last kernels: on NCDHW activations each conv transposes its input and
+            output. None: `CHANNELS_LAST_ON_CUDA` where the decoder runs on CUDA, else off. Channels-last
+            also fuses each RMS norm over channels with the SiLU after it (`kernels.rms_silu`: one pass in
+            place of six, rounded where stock rounds).
     """
 
-    def __init__(self, vae, *, device=None, max_frames=None):
+    def __init__(self, vae, *, device=None, max_frames=None, channels_last: Optional[bool] = None):
         self.vae = vae
         self.device = device
         self.max_frames = max_frames
         decoder = vae.decoder
+        if channels_last is None:
+            channels_last = CHANNELS_LAST_ON_CUDA and self._device().type == "cuda"
+        self.memory_format = torch.channels_last_3d if channels_last else torch.contiguous_format
+        if channels_last:
+            for conv in decoder.modules():
+                if isinstance(conv, torch.nn.Conv3d) and not conv.weight.is_contiguous(
+                        memory_format=torch.channels_last_3d):
+                    conv.weight.data = conv.weight.data.contiguous(memory_format=torch.channels_last_3d)
         self._convs = [m for m in decoder.modules() if isinstance(m, LTX2VideoCausalConv3d)]
         self._upsamplers = [m for m in decoder.modules() if isinstance(m, LTX2VideoUpsampler3d)]
+        # resnets whose norm -> SiLU pairs can run fused: no timestep conditioning or noise injection between
+        self._fusable = [m for m in decoder.modules() if isinstance(m, LTX2VideoResnetBlock3d) and channels_last
+                         and m.scale_shift_table is None and m.per_channel_scale1 is None
+                         and m.per_channel_scale2 is None and isinstance(m.nonlinearity, torch.nn.SiLU)]
+        self._fuse_head = (channels_last and getattr(decoder, "time_embedder", None) is None
+                           and isinstance(getattr(decoder, "norm_out", None), PerChannelRMSNorm)
+                           and isinstance(getattr(decoder, "conv_act", None), torch.nn.SiLU))
         for conv in self._convs:
             if conv.conv.stride[0] != 1 or conv.conv.dilation[0] != 1:
                 raise NotImplementedError("streaming decode needs temporal stride and dilation 1")
@@ -166,12 +195,14 @@ class CausalStreamDecoder:
 
     @contextlib.contextmanager
     def _streaming(self):
-        """Route the decoder's temporal convs and upsamplers through the chunk-aware forwards and
-        turn off tiling / slicing (they would split the clip in ways the caches do not follow)."""
+        """Route the decoder's temporal convs and upsamplers through the chunk-aware forwards (and its
+        resnets through the fused norms, channels-last) and turn off tiling / slicing (they would split the
+        clip in ways the caches do not follow)."""
         vae = self.vae
         flags = {name: getattr(vae, name) for name in ("use_tiling", "use_framewise_decoding", "use_slicing")
                  if hasattr(vae, name)}
         first = self.latent_frames == 0
+        head = [vae.decoder.norm_out, vae.decoder.conv_act] if self._fuse_head else []
         try:
             for name in flags:
                 setattr(vae, name, False)
@@ -179,9 +210,14 @@ class CausalStreamDecoder:
                 conv.forward = functools.partial(self._conv_forward, conv)
             for upsampler in self._upsamplers:
                 upsampler.forward = functools.partial(self._upsampler_forward, upsampler, first)
+            for resnet in self._fusable:
+                resnet.forward = functools.partial(self._resnet_forward, resnet)
+            if head:  # the decoder's last norm -> SiLU: the norm's call does both, the SiLU's passes through
+                head[0].forward = functools.partial(_rms_silu_forward, head[0])
+                head[1].forward = _pass_through
             yield
         finally:
-            for module in self._convs + self._upsamplers:
+            for module in self._convs + self._upsamplers + self._fusable + head:
                 module.__dict__.pop("forward", None)
             for name, value in flags.items():
                 setattr(vae, name, value)
@@ -196,30 +232,57 @@ class CausalStreamDecoder:
             tail = hidden_states[:, :, :1].expand(-1, -1, context, -1, -1)
         inner = conv.conv
         if inner.padding_mode == "reflect":
-            padded = reflect_padded(tail, hidden_states, inner.padding[1], inner.padding[2])
+            padded = reflect_padded(tail, hidden_states, inner.padding[1], inner.padding[2], self.memory_format)
             core = padded[:, :, :, inner.padding[1]:padded.shape[3] - inner.padding[1],
                           inner.padding[2]:padded.shape[4] - inner.padding[2]]
             out = F.conv3d(padded, inner.weight, inner.bias, inner.stride, 0, inner.dilation, inner.groups)
         else:
-            core = padded = torch.cat([tail, hidden_states], dim=2)
+            core = padded = torch.cat([tail, hidden_states], dim=2).contiguous(memory_format=self.memory_format)
             out = inner(padded)
         # a copy, not a view: a view would keep this call's whole input alive until the next chunk
-        self._tails[id(conv)] = core[:, :, core.shape[2] - context:].clone()
+        self._tails[id(conv)] = core[:, :, core.shape[2] - context:].clone(memory_format=self.memory_format)
         return out
 
     @staticmethod
-    def _upsampler_forward(upsampler, first: bool, hidden_states: torch.Tensor, causal: bool = True):
+    def _resnet_forward(resnet, inputs: torch.Tensor, temb=None, generator=None, causal: bool = True):
+        """`LTX2VideoResnetBlock3d.forward` without timestep conditioning or noise, each norm -> SiLU fused."""
+        hidden_states = resnet.conv1(_rms_silu_forward(resnet.norm1, inputs), causal=causal)
+        hidden_states = resnet.conv2(resnet.dropout(_rms_silu_forward(resnet.norm2, hidden_states)), causal=causal)
+        if resnet.norm3 is not None:
+            inputs = resnet.norm3(inputs.movedim(1, -1)).movedim(-1, 1)
+        if resnet.conv_shortcut is not None:
+            inputs = resnet.conv_shortcut(inputs)
+        return hidden_states + inputs
+
+    def _upsampler_forward(self, upsampler, first: bool, hidden_states: torch.Tensor, causal: bool = True):
         """`LTX2VideoUpsampler3d.forward` that drops its leading `stride_t - 1` frames on the first chunk only."""
         batch, _, frames, height, width = hidden_states.shape
         stride_t, stride_h, stride_w = upsampler.stride
+        drop = stride_t - 1 if first else 0
 
         def depth_to_space(x):
-            x = x.reshape(batch, -1, stride_t, stride_h, stride_w, frames, height, width)
-            return x.permute(0, 1, 5, 2, 6, 3, 7, 4).flatten(6, 7).flatten(4, 5).flatten(2, 3)
+            """(B, C s_t s_h s_w, T, H, W) -> (B, C, T s_t - drop, H s_h, W s_w) in the decoder's memory format."""
+            x = x.unflatten(1, (-1, stride_t, stride_h, stride_w)).permute(0, 1, 5, 2, 6, 3, 7, 4)
+            out = torch.empty(batch, x.shape[1], frames * stride_t, height * stride_h, width * stride_w,
+                              dtype=x.dtype, device=x.device, memory_format=self.memory_format)
+            # one copy, into the result seen as (B, C, T, s_t, H, s_h, W, s_w)
+            out.unflatten(4, (width, stride_w)).unflatten(3, (height, stride_h)).unflatten(2, (frames, stride_t)).copy_(x)
+            return out[:, :, drop:]
 
-        drop = stride_t - 1 if first else 0
-        out = depth_to_space(upsampler.conv(hidden_states, causal=causal))[:, :, drop:]
+        out = depth_to_space(upsampler.conv(hidden_states, causal=causal))
         if upsampler.residual:
+            # the input's depth-to-space repeated along channels, added without materialising the repeat
             repeats = (stride_t * stride_h * stride_w) // upsampler.upscale_factor
-            out = out + depth_to_space(hidden_states).repeat(1, repeats, 1, 1, 1)[:, :, drop:]
+            out.unflatten(1, (repeats, -1)).add_(depth_to_space(hidden_states).unsqueeze(1))
         return out
+
+
+def _rms_silu_forward(norm: PerChannelRMSNorm, x: torch.Tensor, channel_dim=None) -> torch.Tensor:
+    """`norm(x)` followed by SiLU, in one kernel (the norm is over dim 1, as the decoder's are)."""
+    if (channel_dim or norm.channel_dim) != 1:
+        raise ValueError("the fused RMS norm + SiLU normalises over dim 1")
+    return rms_silu(x, norm.eps)
+
+
+def _pass_through(x: torch.Tensor) -> torch.Tensor:
+    return x

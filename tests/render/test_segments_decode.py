@@ -23,10 +23,12 @@ def clip(vae):
     return latents, video
 
 
+@pytest.mark.parametrize("channels_last", [False, True])
 @pytest.mark.parametrize("segment_frames,max_frames", [(3, None), (1, None), (3, 1), (3, 2)])
-def test_streamed_decode_equals_whole_clip_causal_decode(vae, clip, segment_frames, max_frames):
+def test_streamed_decode_equals_whole_clip_causal_decode(vae, clip, segment_frames, max_frames, channels_last):
     latents, whole = clip
-    decoder = CausalStreamDecoder(vae, max_frames=max_frames)  # max_frames: each chunk in pieces
+    # max_frames: each chunk in pieces; channels_last: the convs on (N, T, H, W, C) activations
+    decoder = CausalStreamDecoder(vae, max_frames=max_frames, channels_last=channels_last)
     chunks = []
     for start, stop in segment_bounds(latents.shape[2], segment_frames):
         chunk = decoder.decode(latents[:, :, start:stop])
@@ -70,3 +72,38 @@ def test_reflect_padded_equals_cat_then_reflect_pad(shape, pad):
     tail = torch.randn(shape[0], shape[1], 2, *shape[3:], generator=generator)
     expected = F.pad(torch.cat([tail, x], dim=2), (pad[1], pad[1], pad[0], pad[0], 0, 0), mode="reflect")
     assert torch.equal(reflect_padded(tail, x, *pad), expected)
+
+
+def test_channels_last_decode_feeds_every_conv_channels_last(vae, clip, monkeypatch):
+    """With channels_last every 3-d conv of the decoder gets a channels-last input and kernel (no layout
+    conversion inside the conv), the conv tails it carries are channels-last too, and the norms run fused
+    (kernels.rms_silu; the frames are checked in the test above)."""
+    import torch.nn.functional as F
+
+    latents, _ = clip
+    layouts = []
+    conv3d = F.conv3d
+
+    def recording(input, weight, *args, **kwargs):
+        layouts.append((input.is_contiguous(memory_format=torch.channels_last_3d),
+                        weight.is_contiguous(memory_format=torch.channels_last_3d)))
+        return conv3d(input, weight, *args, **kwargs)
+
+    monkeypatch.setattr(F, "conv3d", recording)
+    decoder = CausalStreamDecoder(vae, channels_last=True)
+    decoder.decode(latents[:, :, :4])
+    decoder.decode(latents[:, :, 4:7])
+    assert len(layouts) >= 2 * len(decoder._convs) and all(a and b for a, b in layouts), layouts
+    assert decoder._fusable and decoder._fuse_head  # every norm -> SiLU of the tiny decoder ran fused
+    assert all(t.is_contiguous(memory_format=torch.channels_last_3d) for t in decoder.state()["tails"])
+
+
+def test_reflect_padded_channels_last():
+    from camrender.render.decode import reflect_padded
+
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randn(1, 4, 3, 5, 6, generator=generator).contiguous(memory_format=torch.channels_last_3d)
+    tail = torch.randn(1, 4, 2, 5, 6, generator=generator)
+    out = reflect_padded(tail, x, 1, 1, torch.channels_last_3d)
+    assert out.is_contiguous(memory_format=torch.channels_last_3d)
+    assert torch.equal(out, reflect_padded(tail, x, 1, 1))
