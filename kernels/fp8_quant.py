@@ -1,7 +1,10 @@
 """Per-row (per-token) FP8 e4m3 quantization of activations in one kernel (reference: `kernels.fp8_quant_reference`).
 
-    quantize_rows(x)  x (M, K) bf16/fp16/fp32 -> (q (M, K) float8_e4m3fn, scale (M, 1) fp32)
-                      scale = max(amax(|x_row|), 1e-12) / 448, q = x / scale (round to nearest even)
+    quantize_rows(x)       x (M, K) bf16/fp16/fp32 -> (q (M, K) float8_e4m3fn, scale (M, 1) fp32)
+                           scale = max(amax(|x_row|), 1e-12) / 448, q = x / scale (round to nearest even)
+    gelu_quantize_rows(x)  the same of gelu(x) (tanh approximation), the GELU rounded to x's dtype first: the
+                           FFN's GELU and the next linear's quantization in one kernel (no GELU tensor written;
+                           the GELU agrees with PyTorch's to fp32 rounding, see `_gelu_tanh`)
 
 The PyTorch sequence (`quantize_rows_ref`: an fp32 copy, |x|, the row max, the division, the clamp, the
 cast) makes about six passes over the activation in fp32; the kernel reads x twice (the row max, then
@@ -13,8 +16,9 @@ import torch
 import triton
 import triton.language as tl
 
+from ._rounding import round_as
 from ._validate import check_tensor, use_triton
-from .fp8_quant_reference import E4M3_MAX, TINY, quantize_rows_ref
+from .fp8_quant_reference import E4M3_MAX, TINY, gelu_quantize_rows_ref, quantize_rows_ref
 
 # the same two numbers as the kernels see them: compiled Triton reads only constexpr globals
 _E4M3_MAX_K = tl.constexpr(E4M3_MAX)
@@ -35,34 +39,63 @@ def _round_to_e4m3(v):
 
 
 @triton.jit
-def _quantize_rows_kernel(x_ptr, q_ptr, scale_ptr, K, stride_x, stride_q, BLOCK: tl.constexpr):
+def _gelu_tanh(x, DT: tl.constexpr):
+    """The tanh-approximated GELU 0.5 x (1 + tanh(u)), u = sqrt(2 / pi) (x + 0.044715 x^3), in fp32 as
+    x / (1 + exp(-2 u)) (the same function; Triton's interpreter has no tanh), rounded to DT. Against PyTorch's
+    tanhf form it differs by fp32 rounding: now and then one ulp of DT."""
+    inner = 0.7978845608028654 * (x + 0.044715 * (x * x * x))
+    return round_as(tl.div_rn(x, 1.0 + tl.exp(-2.0 * inner)), DT)
+
+
+@triton.jit
+def _load_row(x_row, offsets, mask, GELU: tl.constexpr):
+    values = tl.load(x_row + offsets, mask=mask, other=0.0)
+    wide = values.to(tl.float32)
+    if GELU:
+        wide = _gelu_tanh(wide, values.dtype)
+    return wide
+
+
+@triton.jit
+def _quantize_rows_kernel(x_ptr, q_ptr, scale_ptr, K, stride_x, stride_q, BLOCK: tl.constexpr,
+                          GELU: tl.constexpr = False):
     row = tl.program_id(0)
     x_row = x_ptr + row.to(tl.int64) * stride_x
     q_row = q_ptr + row.to(tl.int64) * stride_q
     amax = tl.zeros([BLOCK], dtype=tl.float32)
     for start in range(0, K, BLOCK):
         offsets = start + tl.arange(0, BLOCK)
-        values = tl.load(x_row + offsets, mask=offsets < K, other=0.0).to(tl.float32)
+        values = _load_row(x_row, offsets, offsets < K, GELU)
         amax = tl.maximum(amax, tl.abs(values))
     scale = tl.div_rn(tl.maximum(tl.max(amax, axis=0), _TINY_K), _E4M3_MAX_K)
     tl.store(scale_ptr + row, scale)
     for start in range(0, K, BLOCK):
         offsets = start + tl.arange(0, BLOCK)
         mask = offsets < K
-        values = tl.load(x_row + offsets, mask=mask, other=0.0).to(tl.float32)
+        values = _load_row(x_row, offsets, mask, GELU)
         scaled = tl.minimum(tl.maximum(tl.div_rn(values, scale), -_E4M3_MAX_K), _E4M3_MAX_K)
         tl.store(q_row + offsets, _round_to_e4m3(scaled).to(tl.float8e4nv), mask=mask)
 
 
 def quantize_rows(x, *, backend="auto"):
     """Per-row e4m3 quantization of x (M, K) (last dimension contiguous); see the module docstring."""
+    return _quantize(x, backend, gelu=False)
+
+
+def gelu_quantize_rows(x, *, backend="auto"):
+    """Per-row e4m3 quantization of gelu(x) (tanh approximation) for x (M, K); see the module docstring."""
+    return _quantize(x, backend, gelu=True)
+
+
+def _quantize(x, backend, gelu: bool):
     check_tensor("x", x, (None, None), contiguous=False, last_dim_contiguous=True)
     if not use_triton(x, backend):
-        return quantize_rows_ref(x)
+        return gelu_quantize_rows_ref(x) if gelu else quantize_rows_ref(x)
     rows, width = x.shape
     q = torch.empty(rows, width, device=x.device, dtype=torch.float8_e4m3fn)
     scale = torch.empty(rows, 1, device=x.device, dtype=torch.float32)
     if rows:
         block = min(2048, triton.next_power_of_2(max(width, 16)))
-        _quantize_rows_kernel[(rows,)](x, q, scale, width, x.stride(0), q.stride(0), BLOCK=block, num_warps=4)
+        _quantize_rows_kernel[(rows,)](x, q, scale, width, x.stride(0), q.stride(0), BLOCK=block, GELU=gelu,
+                                       num_warps=4)
     return q, scale

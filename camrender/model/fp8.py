@@ -26,7 +26,7 @@ from typing import Iterable
 import torch
 import torch.nn.functional as F
 
-from camrender.kernels.fp8_quant import quantize_rows
+from camrender.kernels.fp8_quant import gelu_quantize_rows, quantize_rows
 
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = float(torch.finfo(E4M3).max)  # 448
@@ -123,6 +123,24 @@ def one_input_linears(x: torch.Tensor, linears) -> list:
         return [linear(x) for linear in linears]
     q, scale = quantize_rows(x.reshape(-1, x.shape[-1]), backend=linears[0].backend)
     return [linear.matmul(q, scale, x.shape[:-1], x.dtype) for linear in linears]
+
+
+def feed_forward(ff: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """diffusers' `FeedForward` `ff(x)` (GELU(proj) -> dropout -> linear [-> dropout]). Where its output linear is a
+    row-scaled `Fp8Linear`, the GELU is not written: it runs inside that linear's row-wise quantization
+    (`kernels.fp8_quant.gelu_quantize_rows`; the GELU rounded to x's dtype as stock rounds it, its fp32 math
+    within rounding of PyTorch's). Modules with hooks, training-mode dropout or another activation: `ff(x)`."""
+    net = list(getattr(ff, "net", ()))
+    act, out = (net[0], net[2]) if len(net) in (3, 4) else (None, None)
+    fusable = (type(act).__name__ == "GELU" and getattr(act, "approximate", None) == "tanh"
+               and isinstance(out, Fp8Linear) and out.scaling == "row"
+               and all(isinstance(m, torch.nn.Dropout) and (m.p == 0 or not m.training) for m in net[1::2])
+               and not any(_hooked(m) for m in (ff, act, out)))
+    if not fusable:
+        return ff(x)
+    h = act.proj(x)
+    q, scale = gelu_quantize_rows(h.reshape(-1, h.shape[-1]), backend=out.backend)
+    return out.matmul(q, scale, h.shape[:-1], h.dtype)
 
 
 def _hooked(module: torch.nn.Module) -> bool:

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 import camrender.model.fp8 as fp8_module
-from camrender.model.fp8 import E4M3_MAX, Fp8Linear, dequantize, one_input_linears, quantize, quantize_blocks
+from camrender.model.fp8 import (E4M3_MAX, Fp8Linear, dequantize, feed_forward, one_input_linears, quantize,
+                                 quantize_blocks)
 from camrender.model.refiner.loading import strip_audio
 from camrender.model.refiner.tiny import build_tiny_refiner
 from camrender.model.stage1.patch import patch_transformer
@@ -73,6 +74,29 @@ def test_linears_of_one_input_quantize_it_once_to_the_same_bits(monkeypatch):
     hooked = one_input_linears(x, linears)
     handle.remove()
     assert len(calls) == 3 and len(seen) == 1 and torch.equal(seen[0], alone[1]) and torch.equal(hooked[2], alone[2])
+
+
+def test_fp8_feed_forward_runs_the_gelu_inside_the_quantization(monkeypatch):
+    """The refiner's FFN under FP8: the GELU goes into the output linear's quantization (no GELU tensor), the
+    same result as the module's own forward but for rare one-step e4m3 roundings (the GELU's fp32 tanh);
+    a hooked layer falls back to the module call, bit for bit."""
+    from diffusers.models.attention import FeedForward
+
+    torch.manual_seed(3)
+    ff = FeedForward(32, activation_fn="gelu-approximate").to(torch.bfloat16).eval()
+    assert quantize_blocks([ff]) == 2
+    x = torch.randn(2, 40, 32, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+    stock = ff(x)
+    calls = []
+    counted = fp8_module.gelu_quantize_rows
+    monkeypatch.setattr(fp8_module, "gelu_quantize_rows", lambda *a, **k: calls.append(1) or counted(*a, **k))
+    fused = feed_forward(ff, x)
+    assert calls == [1] and fused.shape == stock.shape and fused.dtype == stock.dtype
+    assert (fused != stock).float().mean() < 0.02 and cosine(fused, stock) > 0.9999
+    handle = ff.net[2].register_forward_hook(lambda *args: None)
+    hooked = feed_forward(ff, x)
+    handle.remove()
+    assert calls == [1] and torch.equal(hooked, stock)
 
 
 def test_refiner_blocks_quantized_leave_the_rest_alone_and_stay_close():

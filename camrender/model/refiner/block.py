@@ -10,6 +10,8 @@ diffusers' `SanaWMLTX2RefinerTransformerBlock.forward`:
     x, h = residual_ada_norm(x, attn2(h), shift_mlp, scale_mlp)   x + attn2; RMSNorm * (1 + scale) + shift (~10)
     x = gated_residual(x, ff(h), gate_mlp)                                                  (2)
 
+(under FP8 the FFN's GELU runs inside its output linear's quantization: `camrender.model.fp8.feed_forward`)
+
 rounded where the stock forward writes its intermediate tensors (see `kernels/block_glue.py`), so
 only the norms' fp32 sum order differs. The modules and weights are diffusers' (nothing is copied);
 "stock" puts diffusers' processor and forward back. A block whose `forward` something else already
@@ -23,6 +25,7 @@ from diffusers.models.normalization import RMSNorm
 from diffusers.models.transformers.transformer_sana_wm_refiner import SanaWMLTX2RefinerAttnProcessor
 
 from camrender.kernels.block_glue import ada_norm, gated_residual, residual_ada_norm
+from camrender.model.fp8 import feed_forward
 from camrender.model.refiner.attention import FusedRefinerAttnProcessor, fusable
 
 REFINER_KERNELS = ("fused", "stock")
@@ -76,4 +79,4 @@ def fused_block_forward(self, hidden_states, encoder_hidden_states, temb, video_
     attention = self.attn2.processor(self.attn2, norm, encoder_hidden_states, encoder_attention_mask)
     hidden_states, norm = residual_ada_norm(hidden_states, attention, shift_mlp, scale_mlp, eps=self.norm3.eps,
                                             norm="rms", backend=backend)
-    return gated_residual(hidden_states, self.ff(norm), gate_mlp, backend=backend)
+    return gated_residual(hidden_states, feed_forward(self.ff, norm), gate_mlp, backend=backend)
