@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import tempfile
 from pathlib import Path
 
@@ -36,6 +37,23 @@ def temp_beside(path, suffix: str = "", prefix: str = ".tmp-") -> str:
         raise CamrenderError(f"cannot create a file in {folder!r}: {error.strerror or error}", path=path) from None
     os.close(handle)
     return temp
+
+
+def temp_name_beside(path, suffix: str = "", prefix: str = ".tmp-") -> str:
+    """A fresh random name for a temporary file in `path`'s folder; nothing is created (`create_new` does).
+    A writer that holds the name before the file exists can remove the file whenever an interrupt lands."""
+    folder = os.path.dirname(os.path.abspath(path))
+    return os.path.join(folder, f"{prefix}{secrets.token_hex(6)}{suffix}")
+
+
+def create_new(temp, path) -> None:
+    """Create the empty file `temp` (mode 0600; failing if it exists, as mkstemp does); an error names `path`,
+    the file that `temp` stands in for."""
+    try:
+        os.close(os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except OSError as error:
+        folder = os.path.dirname(os.path.abspath(temp))
+        raise CamrenderError(f"cannot create a file in {folder!r}: {error.strerror or error}", path=path) from None
 
 
 def place(temp, path, *, durable: bool = False, chmod: bool = True) -> None:

@@ -17,7 +17,7 @@ import imageio_ffmpeg
 import numpy as np
 
 from camrender.errors import CamrenderError
-from camrender.files import check_output_path, place, temp_beside
+from camrender.files import check_output_path, create_new, place, temp_name_beside
 
 FRAGMENTED_MOVFLAGS = "+frag_keyframe+empty_moov+default_base_moof"
 
@@ -48,7 +48,17 @@ class VideoWriter:
         self._writer = None
 
     def __enter__(self) -> "VideoWriter":
-        self.partial_path = Path(temp_beside(self.path, ".part.mp4", prefix=f".{self.path.name}."))
+        # the name is held before the file exists: a Ctrl-C landing anywhere in its creation removes it
+        self.partial_path = Path(temp_name_beside(self.path, ".part.mp4", prefix=f".{self.path.name}."))
+        try:
+            create_new(self.partial_path, self.path)
+        except CamrenderError:  # not created
+            self.partial_path = None
+            raise
+        except BaseException:
+            self.partial_path.unlink(missing_ok=True)
+            self.partial_path = None
+            raise
         return self
 
     def append(self, frames) -> None:

@@ -136,3 +136,28 @@ def test_video_module_does_not_import_torch():
     code = "import sys, camrender.output.video; print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
+
+
+def test_an_interrupt_while_the_partial_file_is_created_leaves_nothing(tmp_path, monkeypatch):
+    import camrender.output.video as video_module
+
+    def created_then_interrupted(temp, path):
+        real_create_new(temp, path)
+        assert os.path.exists(temp)
+        raise KeyboardInterrupt
+
+    real_create_new = video_module.create_new
+    monkeypatch.setattr(video_module, "create_new", created_then_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        with VideoWriter(tmp_path / "clip.mp4", fps=12):
+            pass
+    assert os.listdir(tmp_path) == []
+
+
+def test_the_partial_file_is_created_beside_the_target_and_private(tmp_path):
+    with VideoWriter(tmp_path / "clip.mp4", fps=12) as video:
+        partial = video.partial_path
+        assert partial.parent == tmp_path and partial.name.startswith(".clip.mp4.") and partial.name.endswith(".part.mp4")
+        assert stat.S_IMODE(os.stat(partial).st_mode) == 0o600
+        video.append(solid_frames(2, 16, 16, 100))
+    assert not partial.exists() and (tmp_path / "clip.mp4").exists()
