@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-import tempfile
 from pathlib import Path
 
 from camrender.errors import CamrenderError
@@ -30,12 +29,8 @@ def check_output_path(path) -> Path:
 
 def temp_beside(path, suffix: str = "", prefix: str = ".tmp-") -> str:
     """Create an empty temporary file in `path`'s folder (so the rename into place is atomic); its name."""
-    folder = os.path.dirname(os.path.abspath(path))
-    try:
-        handle, temp = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=folder)
-    except OSError as error:
-        raise CamrenderError(f"cannot create a file in {folder!r}: {error.strerror or error}", path=path) from None
-    os.close(handle)
+    temp = temp_name_beside(path, suffix, prefix)
+    create_new(temp, path)
     return temp
 
 
@@ -58,7 +53,7 @@ def create_new(temp, path) -> None:
 
 def place(temp, path, *, durable: bool = False, chmod: bool = True) -> None:
     """Rename the finished temporary file `temp` over `path`. chmod: give it the mode a plain open()
-    would (mkstemp makes 0600 files); durable: its data, and the folder's entries before and after the
+    would (temporary files are made 0600); durable: its data, and the folder's entries before and after the
     rename, flushed to disk (a checkpoint refers to files renamed before it)."""
     folder = os.path.dirname(os.path.abspath(path))
     if chmod:
