@@ -7,7 +7,8 @@ fused kernel at several warp counts, and a device copy of the same bytes (the fl
 JSON (also written to --out): medians of `triton.testing.do_bench` in ms, and the max |error| of
 the kernel against its fp32 reference.
 
-Also the refiner's (LTX-2) self-attention prep and adaLN at its release shape (`refiner_*` rows).
+Also the refiner's (LTX-2) self-attention prep and adaLN at its release shape (`refiner_*` rows), and its FP8
+activations' quantization, in its own pass against inside the kernel that writes them (`refiner_fp8_*`).
 
     python3 bench/bench_glue.py --out glue.json
 """
@@ -23,6 +24,8 @@ from diffusers.models.transformers.transformer_sana_wm_refiner import apply_inte
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from camrender.kernels import block_glue as glue  # noqa: E402
+from camrender.kernels import fp8_quant  # noqa: E402
+from camrender.kernels.fp8_quant import gelu_quantize_rows, merge_heads_quantize_rows, quantize_rows  # noqa: E402
 from camrender.kernels.rms_rope import rms_rope_qk  # noqa: E402
 
 from common import emit, kernel_ms  # noqa: E402
@@ -112,6 +115,31 @@ def refiner_rows(ms, rows, bench, randn):
     stock, fused = stock_prep(), fused_prep()
     rows["max_error"]["refiner_rms_rope_qk_vs_stock"] = max(
         float((a.float() - b.float()).abs().max()) for a, b in zip(stock, fused))
+    fp8_rows(ms, randn, q, shift, scale, tokens, channels)
+
+
+def fp8_rows(ms, randn, x, shift, scale, tokens, channels):
+    """The refiner's FP8 activations (`refiner_fp8_*`): each linear's input quantized by its own pass after the
+    kernel that writes it (the tree before) against the quantization inside that kernel; the FFN's GELU-quantize
+    (rows of 4 x 4096) read once against read twice (2048-wide chunks)."""
+    ms["refiner_fp8_quantize_rows"] = kernel_ms(lambda: quantize_rows(x.reshape(-1, channels)))
+    ms["refiner_fp8_ada_norm_then_quantize"] = kernel_ms(
+        lambda: quantize_rows(glue.ada_norm(x, shift, scale, norm="rms").reshape(-1, channels)))
+    for warps in (4, 8, 16):
+        ms[f"refiner_fp8_ada_norm_quantized_w{warps}"] = kernel_ms(
+            lambda: glue.ada_norm(x, shift, scale, norm="rms", num_warps=warps, quantize=True))
+    heads = randn(1, 32, tokens, 128).transpose(1, 2)  # SDPA's (B, H, n, D) seen as (B, n, H, D)
+    ms["refiner_fp8_merge_copy_then_quantize"] = kernel_ms(lambda: quantize_rows(heads.reshape(tokens, channels)))
+    ms["refiner_fp8_merge_heads_quantize"] = kernel_ms(lambda: merge_heads_quantize_rows(heads))
+    hidden = randn(tokens, 4 * channels)
+    ms["refiner_fp8_gelu_quantize_one_pass"] = kernel_ms(lambda: gelu_quantize_rows(hidden))
+
+    def two_passes():
+        q = torch.empty(hidden.shape, device="cuda", dtype=torch.float8_e4m3fn)
+        s = torch.empty(tokens, 1, device="cuda", dtype=torch.float32)
+        fp8_quant._quantize_rows_kernel[(tokens,)](hidden, q, s, hidden.shape[1], hidden.stride(0), q.stride(0),
+                                                   BLOCK=2048, GELU=True, num_warps=4)
+    ms["refiner_fp8_gelu_quantize_two_passes"] = kernel_ms(two_passes)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ intermediate tensor (`kernels._rounding`), so a bf16 result equals stock's bit f
 LayerNorm's fp32 sum order:
 
     ada_norm(x, shift, scale)           LayerNorm(x) * (1 + scale[t]) + shift[t]
-                                        (norm="rms": diffusers' weightless RMSNorm, the LTX-2 refiner's)
+                                        (norm="rms": diffusers' weightless RMSNorm, the LTX-2 refiner's;
+                                        quantize=True: written as the next FP8 linear's e4m3 rows + scales)
     residual_ada_norm(x, r, shift, scale)   x' = x + r; returns (x', ada_norm(x', shift, scale))
     gated_residual(x, y, gate, y2=None, extra=None, extra_bias=None)
                                         x + gate[t] * (y + y2) + (extra + extra_bias)
@@ -29,8 +30,8 @@ import triton.language as tl
 
 from ._rounding import cast_as, round_as
 from ._validate import check_choice, use_triton
-from .block_glue_reference import (ada_norm_ref, gated_residual_ref, merge_heads_ref, residual_ada_norm_ref,
-                                  silu_gate_ref)
+from .block_glue_reference import ada_norm_ref, gated_residual_ref, merge_heads_ref, silu_gate_ref
+from .fp8_quant import row_scale, to_e4m3
 
 
 # --------------------------------------------------------------------------- kernels
@@ -47,16 +48,16 @@ def _frame_offset(row, tokens, spatial, stride_b, stride_t):
 
 
 @triton.jit
-def _ada_norm_kernel(x_ptr, r_ptr, x_out_ptr, out_ptr, shift_ptr, scale_ptr,
+def _ada_norm_kernel(x_ptr, r_ptr, x_out_ptr, out_ptr, shift_ptr, scale_ptr, q_scale_ptr,
                      n_rows, tokens, spatial, channels, eps,
                      stride_xb, stride_xn, stride_rb, stride_rn, stride_sb, stride_st, stride_cb, stride_ct,
                      HAS_RESIDUAL: tl.constexpr, BLOCK_C: tl.constexpr, RMS: tl.constexpr = False,
-                     MODULATE: tl.constexpr = True, ROWS: tl.constexpr = 1):
+                     MODULATE: tl.constexpr = True, ROWS: tl.constexpr = 1, QUANTIZE: tl.constexpr = False):
     # ROWS token rows per program (1 on the GPU; more under the interpreter, where programs run one by one)
     row = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[:, None]  # (ROWS, 1)
     c = tl.arange(0, BLOCK_C)[None, :]
     mask = (c < channels) & (row < n_rows)
-    DT: tl.constexpr = out_ptr.dtype.element_ty
+    DT: tl.constexpr = x_ptr.dtype.element_ty  # the outputs' (with QUANTIZE, out_ptr is the e4m3 rows)
     x = tl.load(x_ptr + _token_offset(row, tokens, stride_xb, stride_xn) + c, mask=mask, other=0.0).to(tl.float32)
     out_off = row.to(tl.int64) * channels + c  # outputs are contiguous (B, N, C)
     if HAS_RESIDUAL:
@@ -79,7 +80,13 @@ def _ada_norm_kernel(x_ptr, r_ptr, x_out_ptr, out_ptr, shift_ptr, scale_ptr,
         out = round_as(normed * round_as(1.0 + scale.to(tl.float32), DT), DT) + shift.to(tl.float32)
     else:
         out = normed
-    tl.store(out_ptr + out_off, cast_as(out, DT), mask=mask)
+    if QUANTIZE:  # the next linear's row-wise e4m3 input, from the DT values the stock block would write
+        out = tl.where(mask, round_as(out, DT), 0.0)
+        q_scale = row_scale(out, 1)[:, None]
+        tl.store(q_scale_ptr + row, q_scale, mask=row < n_rows)
+        tl.store(out_ptr + out_off, to_e4m3(out, q_scale), mask=mask)
+    else:
+        tl.store(out_ptr + out_off, cast_as(out, DT), mask=mask)
 
 
 @triton.jit
@@ -168,7 +175,8 @@ def _launch_config(channels, num_warps=None):
     return block_c, num_warps or max(1, min(4, block_c // 256))
 
 
-def ada_norm(x, shift, scale, *, eps=1e-6, residual=None, norm="layer", backend="auto", num_warps=None):
+def ada_norm(x, shift, scale, *, eps=1e-6, residual=None, norm="layer", backend="auto", num_warps=None,
+             quantize=False):
     """norm(x [+ residual]) * (1 + scale) + shift, one pass.
 
     Args:
@@ -179,8 +187,11 @@ def ada_norm(x, shift, scale, *, eps=1e-6, residual=None, norm="layer", backend=
         norm: "layer" (LayerNorm, SANA-WM) or "rms" (diffusers' RMSNorm, LTX-2 / the refiner).
         backend: "auto" (Triton on CUDA or under TRITON_INTERPRET=1), "triton" or "torch".
         num_warps: launch override (default 4).
+        quantize: return the normed rows as the next FP8 linear's input instead, quantized in the same pass:
+            (q (B * N, C) float8_e4m3fn, scale (B * N, 1) fp32), the bits of `kernels.fp8_quant.quantize_rows`
+            on the x.dtype result (no x.dtype tensor written).
     Returns:
-        (B, N, C) contiguous in x.dtype; with `residual`, the pair (x + residual, normed).
+        (B, N, C) contiguous in x.dtype (or the (q, scale) pair); with `residual`, the pair (x + residual, normed).
     """
     check_choice("norm", norm, ("layer", "rms"))
     modulate = shift is not None
@@ -194,27 +205,33 @@ def ada_norm(x, shift, scale, *, eps=1e-6, residual=None, norm="layer", backend=
         shift = scale = x
     if not use_triton(x, backend):
         mods = (shift, scale) if modulate else (None, None)
-        if residual is None:
-            return ada_norm_ref(x, *mods, eps=eps, norm=norm)
-        return residual_ada_norm_ref(x, residual, *mods, eps=eps, norm=norm)
-    out = torch.empty(batch, tokens, channels, device=x.device, dtype=x.dtype)
-    updated = torch.empty_like(out) if residual is not None else out
+        return ada_norm_ref(x, *mods, eps=eps, residual=residual, norm=norm, quantize=quantize)
+    if quantize:
+        out = torch.empty(batch * tokens, channels, device=x.device, dtype=torch.float8_e4m3fn)
+        q_scale = torch.empty(batch * tokens, 1, device=x.device, dtype=torch.float32)
+        updated = torch.empty(batch, tokens, channels, device=x.device, dtype=x.dtype) if residual is not None else x
+    else:
+        out = q_scale = torch.empty(batch, tokens, channels, device=x.device, dtype=x.dtype)
+        updated = torch.empty_like(out) if residual is not None else out
     r = residual if residual is not None else x
     block_c, warps = _launch_config(channels, num_warps)
     rows = _rows_per_program()
     _ada_norm_kernel[(triton.cdiv(batch * tokens, rows),)](
-        x, r, updated, out, shift, scale, batch * tokens, tokens, spatial, channels, eps,
+        x, r, updated, out, shift, scale, q_scale, batch * tokens, tokens, spatial, channels, eps,
         x.stride(0), x.stride(1), r.stride(0), r.stride(1), shift.stride(0), shift.stride(1),
         scale.stride(0), scale.stride(1), HAS_RESIDUAL=residual is not None, BLOCK_C=block_c,
-        RMS=norm == "rms", MODULATE=modulate, ROWS=rows, num_warps=warps,
+        RMS=norm == "rms", MODULATE=modulate, ROWS=rows, QUANTIZE=quantize, num_warps=warps,
     )
+    if quantize:
+        out = (out, q_scale)
     return out if residual is None else (updated, out)
 
 
-def residual_ada_norm(x, residual, shift, scale, *, eps=1e-6, norm="layer", backend="auto"):
+def residual_ada_norm(x, residual, shift, scale, *, eps=1e-6, norm="layer", backend="auto", quantize=False):
     """x' = x + residual (rounded to x.dtype) and norm(x') * (1 + scale) + shift, one pass.
-    Shapes as `ada_norm`; returns (x', normed), both (B, N, C) contiguous in x.dtype."""
-    return ada_norm(x, shift, scale, eps=eps, residual=residual, norm=norm, backend=backend)
+    Shapes as `ada_norm`; returns (x', normed), both (B, N, C) contiguous in x.dtype (normed as (q, scale) with
+    `quantize`)."""
+    return ada_norm(x, shift, scale, eps=eps, residual=residual, norm=norm, backend=backend, quantize=quantize)
 
 
 def gated_residual(x, y, gate, *, y2=None, extra=None, extra_bias=None, backend="auto", num_warps=None):

@@ -3,6 +3,8 @@ sequence, rounded to x's dtype where the stock code writes a tensor. Shapes as `
 """
 import torch
 
+from .fp8_quant_reference import quantize_rows_ref
+
 
 def _per_frame(t, frames):
     """(B, N, C) -> (B, T, S, C) view."""
@@ -17,23 +19,25 @@ def _norm_ref(x, eps, norm):
     return (x.float() * torch.rsqrt(squares + eps)).to(x.dtype)
 
 
-def ada_norm_ref(x, shift, scale, *, eps=1e-6, residual=None, norm="layer"):
+def ada_norm_ref(x, shift, scale, *, eps=1e-6, residual=None, norm="layer", quantize=False):
     """norm(x) * (1 + scale) + shift per frame, in x.dtype op by op as the stock block; (B, N, C).
-    shift and scale None: norm(x) alone. residual: `residual_ada_norm_ref` (the pair (x + residual, normed))."""
+    shift and scale None: norm(x) alone. residual: `residual_ada_norm_ref` (the pair (x + residual, normed)).
+    quantize: the normed rows (B * N, C) quantized for an FP8 linear, (q, scale) as `quantize_rows_ref`."""
     if residual is not None:
-        return residual_ada_norm_ref(x, residual, shift, scale, eps=eps, norm=norm)
+        return residual_ada_norm_ref(x, residual, shift, scale, eps=eps, norm=norm, quantize=quantize)
     if shift is None:
-        return _norm_ref(x, eps, norm)
-    frames = shift.shape[1]
-    normed = _norm_ref(_per_frame(x, frames), eps, norm)
-    out = normed * (1 + scale.to(x.dtype)[:, :, None]) + shift.to(x.dtype)[:, :, None]
-    return out.reshape(x.shape)
+        out = _norm_ref(x, eps, norm)
+    else:
+        frames = shift.shape[1]
+        normed = _norm_ref(_per_frame(x, frames), eps, norm)
+        out = (normed * (1 + scale.to(x.dtype)[:, :, None]) + shift.to(x.dtype)[:, :, None]).reshape(x.shape)
+    return quantize_rows_ref(out.reshape(-1, x.shape[-1])) if quantize else out
 
 
-def residual_ada_norm_ref(x, residual, shift, scale, *, eps=1e-6, norm="layer"):
+def residual_ada_norm_ref(x, residual, shift, scale, *, eps=1e-6, norm="layer", quantize=False):
     """(x + residual in x.dtype, ada_norm of it)."""
     updated = x + residual.to(x.dtype)
-    return updated, ada_norm_ref(updated, shift, scale, eps=eps, norm=norm)
+    return updated, ada_norm_ref(updated, shift, scale, eps=eps, norm=norm, quantize=quantize)
 
 
 def gated_residual_ref(x, y, gate, y2=None, extra=None, extra_bias=None):

@@ -5,10 +5,19 @@
     gelu_quantize_rows(x)  the same of gelu(x) (tanh approximation), the GELU rounded to x's dtype first: the
                            FFN's GELU and the next linear's quantization in one kernel (no GELU tensor written;
                            the GELU agrees with PyTorch's to fp32 rounding, see `_gelu_tanh`)
+    merge_heads_quantize_rows(o, gate_logits=None)
+                           an attention output o (B, N, H, D) (any strides, D contiguous, e.g. SDPA's transposed
+                           result) -> the rows (B * N, H * D) quantized, after the optional per-head output gate
+                           o * 2 sigmoid(gate_logits (B, N, H)) in o's dtype (LTX-2's gated attention): the
+                           attention's head merge and its output projection's quantization in one kernel
+
+`row_scale` and `to_e4m3` are the two steps as Triton functions, for kernels that quantize the rows they
+compute (`kernels.block_glue.ada_norm(..., quantize=True)`).
 
 The PyTorch sequence (`quantize_rows_ref`: an fp32 copy, |x|, the row max, the division, the clamp, the
-cast) makes about six passes over the activation in fp32; the kernel reads x twice (the row max, then
-the quantization) in its own dtype and writes the e4m3 bytes once. Both give the same bits: fp32 math,
+cast) makes about six passes over the activation in fp32; the kernel reads x once in its own dtype (rows up
+to `ONE_PASS_MAX` wide, held in registers; wider ones twice: the row max, then the quantization) and writes
+the e4m3 bytes once. Both give the same bits: fp32 math,
 an IEEE division (`div_rn`), round to nearest even into e4m3 (finite values only: |x / scale| <= 448).
 This is what `camrender.model.fp8.Fp8Linear` runs before `torch._scaled_mm` on CUDA.
 """
@@ -18,8 +27,10 @@ import triton.language as tl
 
 from ._rounding import round_as
 from ._validate import check_tensor, use_triton
-from .fp8_quant_reference import E4M3_MAX, TINY, gelu_quantize_rows_ref, quantize_rows_ref
+from .fp8_quant_reference import (E4M3_MAX, TINY, gelu_quantize_rows_ref, merge_heads_quantize_rows_ref,
+                                  quantize_rows_ref)
 
+ONE_PASS_MAX = 16384  # the widest row `quantize_rows` reads once (held in registers)
 # the same two numbers as the kernels see them: compiled Triton reads only constexpr globals
 _E4M3_MAX_K = tl.constexpr(E4M3_MAX)
 _TINY_K = tl.constexpr(TINY)
@@ -36,6 +47,19 @@ def _round_to_e4m3(v):
     magnitude = ((tl.abs(v) + 24576.0) - 24576.0).to(tl.int32, bitcast=True)
     subnormal = (magnitude | ((bits >> 31) << 31)).to(tl.float32, bitcast=True)
     return tl.where(tl.abs(v) < 0.015625, subnormal, normal)
+
+
+@triton.jit
+def row_scale(values, axis: tl.constexpr):
+    """The e4m3 scale of fp32 rows (padding lanes 0): max(amax(|values|), 1e-12) / 448 along `axis`."""
+    return tl.div_rn(tl.maximum(tl.max(tl.abs(values), axis=axis), _TINY_K), _E4M3_MAX_K)
+
+
+@triton.jit
+def to_e4m3(values, scale):
+    """fp32 values / scale, clamped to +-448, rounded to nearest even, as e4m3."""
+    scaled = tl.minimum(tl.maximum(tl.div_rn(values, scale), -_E4M3_MAX_K), _E4M3_MAX_K)
+    return _round_to_e4m3(scaled).to(tl.float8e4nv)
 
 
 @triton.jit
@@ -62,19 +86,48 @@ def _quantize_rows_kernel(x_ptr, q_ptr, scale_ptr, K, stride_x, stride_q, BLOCK:
     row = tl.program_id(0)
     x_row = x_ptr + row.to(tl.int64) * stride_x
     q_row = q_ptr + row.to(tl.int64) * stride_q
-    amax = tl.zeros([BLOCK], dtype=tl.float32)
-    for start in range(0, K, BLOCK):
-        offsets = start + tl.arange(0, BLOCK)
-        values = _load_row(x_row, offsets, offsets < K, GELU)
-        amax = tl.maximum(amax, tl.abs(values))
-    scale = tl.div_rn(tl.maximum(tl.max(amax, axis=0), _TINY_K), _E4M3_MAX_K)
-    tl.store(scale_ptr + row, scale)
-    for start in range(0, K, BLOCK):
-        offsets = start + tl.arange(0, BLOCK)
+    if BLOCK >= K:  # the row in registers: read once
+        offsets = tl.arange(0, BLOCK)
         mask = offsets < K
         values = _load_row(x_row, offsets, mask, GELU)
-        scaled = tl.minimum(tl.maximum(tl.div_rn(values, scale), -_E4M3_MAX_K), _E4M3_MAX_K)
-        tl.store(q_row + offsets, _round_to_e4m3(scaled).to(tl.float8e4nv), mask=mask)
+        scale = row_scale(values, 0)
+        tl.store(scale_ptr + row, scale)
+        tl.store(q_row + offsets, to_e4m3(values, scale), mask=mask)
+    else:  # the row's max, then the quantization, reading it twice
+        amax = tl.zeros([BLOCK], dtype=tl.float32)
+        for start in range(0, K, BLOCK):
+            offsets = start + tl.arange(0, BLOCK)
+            values = _load_row(x_row, offsets, offsets < K, GELU)
+            amax = tl.maximum(amax, tl.abs(values))
+        scale = row_scale(amax, 0)
+        tl.store(scale_ptr + row, scale)
+        for start in range(0, K, BLOCK):
+            offsets = start + tl.arange(0, BLOCK)
+            mask = offsets < K
+            values = _load_row(x_row, offsets, mask, GELU)
+            tl.store(q_row + offsets, to_e4m3(values, scale), mask=mask)
+
+
+@triton.jit
+def _merge_heads_quantize_kernel(o_ptr, gate_ptr, q_ptr, scale_ptr, tokens, stride_ob, stride_on, stride_oh,
+                                 stride_gb, stride_gn, HEADS: tl.constexpr, D: tl.constexpr, HP: tl.constexpr,
+                                 DP: tl.constexpr, HAS_GATE: tl.constexpr):
+    row = tl.program_id(0)  # one token row of B * N
+    b = (row // tokens).to(tl.int64)
+    n = (row % tokens).to(tl.int64)
+    h = tl.arange(0, HP)[:, None]
+    d = tl.arange(0, DP)[None, :]
+    mask = (h < HEADS) & (d < D)
+    o = tl.load(o_ptr + b * stride_ob + n * stride_on + h * stride_oh + d, mask=mask, other=0.0)
+    DT: tl.constexpr = o.dtype
+    values = o.to(tl.float32)
+    if HAS_GATE:  # stock: sigmoid(logits) -> tensor; 2 * it (exact) -> tensor; o * gates -> tensor
+        logits = tl.load(gate_ptr + b * stride_gb + n * stride_gn + h, mask=h < HEADS, other=0.0).to(tl.float32)
+        gates = 2.0 * round_as(1.0 / (1.0 + tl.exp(-logits)), DT)
+        values = round_as(values * gates, DT)
+    scale = row_scale(tl.max(tl.abs(values), axis=1), 0)  # the max over heads of each head's
+    tl.store(scale_ptr + row, scale)
+    tl.store(q_ptr + row.to(tl.int64) * (HEADS * D) + h * D + d, to_e4m3(values, scale), mask=mask)
 
 
 def quantize_rows(x, *, backend="auto"):
@@ -87,6 +140,26 @@ def gelu_quantize_rows(x, *, backend="auto"):
     return _quantize(x, backend, gelu=True)
 
 
+def merge_heads_quantize_rows(o, gate_logits=None, *, backend="auto"):
+    """Per-row e4m3 quantization of the attention output o (B, N, H, D) merged to rows (B * N, H * D), after the
+    optional output gate o * 2 sigmoid(gate_logits (B, N, H)); see the module docstring."""
+    check_tensor("o", o, (None, None, None, None), contiguous=False, last_dim_contiguous=True)
+    batch, tokens, heads, dim = o.shape
+    if gate_logits is not None:
+        check_tensor("gate_logits", gate_logits, (batch, tokens, heads), contiguous=False, last_dim_contiguous=True)
+    if not use_triton(o, backend):
+        return merge_heads_quantize_rows_ref(o, gate_logits)
+    q = torch.empty(batch * tokens, heads * dim, device=o.device, dtype=torch.float8_e4m3fn)
+    scale = torch.empty(batch * tokens, 1, device=o.device, dtype=torch.float32)
+    gate = gate_logits if gate_logits is not None else o
+    if batch * tokens:
+        _merge_heads_quantize_kernel[(batch * tokens,)](
+            o, gate, q, scale, tokens, o.stride(0), o.stride(1), o.stride(2), gate.stride(0), gate.stride(1),
+            HEADS=heads, D=dim, HP=triton.next_power_of_2(heads), DP=triton.next_power_of_2(dim),
+            HAS_GATE=gate_logits is not None, num_warps=4)
+    return q, scale
+
+
 def _quantize(x, backend, gelu: bool):
     check_tensor("x", x, (None, None), contiguous=False, last_dim_contiguous=True)
     if not use_triton(x, backend):
@@ -95,7 +168,11 @@ def _quantize(x, backend, gelu: bool):
     q = torch.empty(rows, width, device=x.device, dtype=torch.float8_e4m3fn)
     scale = torch.empty(rows, 1, device=x.device, dtype=torch.float32)
     if rows:
-        block = min(2048, triton.next_power_of_2(max(width, 16)))
+        # up to ONE_PASS_MAX wide (the refiner FFN's 16384) the row is read once, 32 values per thread at most;
+        # wider rows in 2048-wide chunks, twice
+        block = triton.next_power_of_2(max(width, 16))
+        block = block if block <= ONE_PASS_MAX else 2048
+        warps = max(4, min(16, block // 1024))
         _quantize_rows_kernel[(rows,)](x, q, scale, width, x.stride(0), q.stride(0), BLOCK=block, GELU=gelu,
-                                       num_warps=4)
+                                       num_warps=warps)
     return q, scale

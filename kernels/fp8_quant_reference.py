@@ -1,5 +1,6 @@
-"""Plain PyTorch references of `kernels.fp8_quant`: per-row FP8 e4m3 quantization (the same bits), and the same
-after a tanh-approximated GELU (rounded to the input's dtype first, as the stock GELU writes it).
+"""Plain PyTorch references of `kernels.fp8_quant`: per-row FP8 e4m3 quantization (the same bits), the same
+after a tanh-approximated GELU (rounded to the input's dtype first, as the stock GELU writes it), and of an
+attention output's merged heads after LTX-2's optional output gate (the stock processor's ops).
 """
 import torch
 import torch.nn.functional as F
@@ -21,3 +22,11 @@ def quantize_rows_ref(x):
 def gelu_quantize_rows_ref(x):
     """`quantize_rows_ref` of the GELU (tanh approximation) of x, the GELU written in x's dtype as stock writes it."""
     return quantize_rows_ref(F.gelu(x, approximate="tanh"))
+
+
+def merge_heads_quantize_rows_ref(o, gate_logits=None):
+    """o (B, N, H, D) [* 2 sigmoid(gate_logits (B, N, H)) per head, in o's dtype] as rows (B * N, H * D),
+    quantized: (q, scale (B * N, 1))."""
+    if gate_logits is not None:
+        o = o * (2.0 * torch.sigmoid(gate_logits.to(o.dtype))).unsqueeze(-1)
+    return quantize_rows_ref(o.reshape(-1, o.shape[-2] * o.shape[-1]))

@@ -14,6 +14,11 @@ the conditioning outside the blocks (timestep, caption, patch embeddings), norms
 (SDPA / GDN), and projections whose shapes `_scaled_mm` cannot take (K or N not a multiple of 16:
 stage 1's per-head `beta_proj` / `gate_proj`).
 
+Where the kernel that writes an activation can quantize it as well (the refiner block's adaLN glue, its
+attentions' head merge: `camrender.model.refiner.block`), it hands the linear a `QuantizedRows` instead of the
+bf16 tensor, the same bits as quantizing that tensor; `takes_quantized` says when every reader of an
+activation would accept one.
+
 `torch._scaled_mm` contract used here (torch 2.11 on CUDA and 2.13 on CPU): mat1 (M, K) row-major
 e4m3, mat2 (K, N) column-major e4m3 (the transposed view of the (N, K) weight), scale_a (M, 1) and
 scale_b (1, N) fp32 for row-wise scaling or 0-dim fp32 scalars for per-tensor scaling; on CUDA
@@ -21,6 +26,7 @@ row-wise needs compute capability 8.9+ (Ada, Hopper) and a bf16 output.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Iterable
 
 import torch
@@ -53,6 +59,21 @@ def quantize(x: torch.Tensor, scaling: str = "row") -> tuple[torch.Tensor, torch
 
 def dequantize(q: torch.Tensor, scale: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
     return (q.float() * scale).to(dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantizedRows:
+    """An activation (*lead, K) in `dtype`, already quantized row-wise for an `Fp8Linear`: q (M, K) e4m3 and
+    scale (M, 1) fp32, M = prod(lead): the bits `quantize_rows` would give on the activation."""
+
+    q: torch.Tensor
+    scale: torch.Tensor
+    lead: tuple
+    dtype: torch.dtype
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((*self.lead, self.q.shape[-1]))
 
 
 class Fp8Linear(torch.nn.Module):
@@ -92,7 +113,12 @@ class Fp8Linear(torch.nn.Module):
     # recipe runs). bench/bench_fp8.py measures the error with it.
     fast_accum = True
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x) -> torch.Tensor:
+        """x (..., K) in its dtype, or a `QuantizedRows` of one (a row-scaled layer only)."""
+        if isinstance(x, QuantizedRows):
+            if self.scaling != "row":
+                raise ValueError("a per-tensor-scaled FP8 linear cannot take row-quantized input")
+            return self.matmul(x.q, x.scale, x.lead, x.dtype)
         rows = x.reshape(-1, self.in_features)
         if self.scaling == "row":
             q, scale = quantize_rows(rows, backend=self.backend)
@@ -111,36 +137,56 @@ class Fp8Linear(torch.nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, scaling={self.scaling}"
 
 
-def one_input_linears(x: torch.Tensor, linears) -> list:
-    """[linear(x) for linear in linears], the same bits, with x quantized once when every linear is a
-    row-scaled `Fp8Linear` of one backend (a self-attention's q, k, v and gate projections read one input).
-    A layer with forward hooks (bench/bench_fp8.py's per-layer probes) or a wrapped forward is called as a module."""
+def takes_quantized(linears) -> bool:
+    """Whether every layer of `linears` is a row-scaled `Fp8Linear` of one backend that a call runs as its own
+    forward (no hooks, no wrapper): then one `QuantizedRows` of their common input serves them all, the same
+    bits as each quantizing it. A layer with forward hooks (bench/bench_fp8.py's per-layer probes) or a wrapped
+    forward must see its bf16 input."""
     linears = list(linears)
-    shared = len(linears) > 1 and all(isinstance(linear, Fp8Linear) and linear.scaling == "row"
-                                      and linear.backend == linears[0].backend and not _hooked(linear)
-                                      for linear in linears)
-    if not shared:
+    return bool(linears) and all(isinstance(linear, Fp8Linear) and linear.scaling == "row"
+                                 and linear.backend == linears[0].backend and not _hooked(linear)
+                                 for linear in linears)
+
+
+def one_input_linears(x, linears) -> list:
+    """[linear(x) for linear in linears], the same bits, with x quantized once when `takes_quantized(linears)`
+    (a self-attention's q, k, v and gate projections read one input). x: a tensor, or a `QuantizedRows` when
+    `takes_quantized(linears)`."""
+    linears = list(linears)
+    if isinstance(x, QuantizedRows):
+        return [linear.matmul(x.q, x.scale, x.lead, x.dtype) for linear in linears]
+    if len(linears) < 2 or not takes_quantized(linears):
         return [linear(x) for linear in linears]
     q, scale = quantize_rows(x.reshape(-1, x.shape[-1]), backend=linears[0].backend)
     return [linear.matmul(q, scale, x.shape[:-1], x.dtype) for linear in linears]
 
 
-def feed_forward(ff: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+def feed_forward(ff: torch.nn.Module, x) -> torch.Tensor:
     """diffusers' `FeedForward` `ff(x)` (GELU(proj) -> dropout -> linear [-> dropout]). Where its output linear is a
     row-scaled `Fp8Linear`, the GELU is not written: it runs inside that linear's row-wise quantization
     (`kernels.fp8_quant.gelu_quantize_rows`; the GELU rounded to x's dtype as stock rounds it, its fp32 math
-    within rounding of PyTorch's). Modules with hooks, training-mode dropout or another activation: `ff(x)`."""
-    net = list(getattr(ff, "net", ()))
-    act, out = (net[0], net[2]) if len(net) in (3, 4) else (None, None)
-    fusable = (type(act).__name__ == "GELU" and getattr(act, "approximate", None) == "tanh"
-               and isinstance(out, Fp8Linear) and out.scaling == "row"
-               and all(isinstance(m, torch.nn.Dropout) and (m.p == 0 or not m.training) for m in net[1::2])
-               and not any(_hooked(m) for m in (ff, act, out)))
-    if not fusable:
+    within rounding of PyTorch's). Modules with hooks, training-mode dropout or another activation: `ff(x)`.
+    x: a tensor, or a `QuantizedRows` when `takes_quantized([ff_input_linear(ff)])`."""
+    if not _gelu_fusable(ff):
         return ff(x)
-    h = act.proj(x)
+    h = ff.net[0].proj(x)
+    out = ff.net[2]
     q, scale = gelu_quantize_rows(h.reshape(-1, h.shape[-1]), backend=out.backend)
     return out.matmul(q, scale, h.shape[:-1], h.dtype)
+
+
+def ff_input_linear(ff: torch.nn.Module):
+    """The linear that reads a `FeedForward`'s input when `feed_forward` runs it unwrapped, else None."""
+    return ff.net[0].proj if _gelu_fusable(ff) else None
+
+
+def _gelu_fusable(ff: torch.nn.Module) -> bool:
+    net = list(getattr(ff, "net", ()))
+    act, out = (net[0], net[2]) if len(net) in (3, 4) else (None, None)
+    return (type(act).__name__ == "GELU" and getattr(act, "approximate", None) == "tanh"
+            and isinstance(out, Fp8Linear) and out.scaling == "row"
+            and all(isinstance(m, torch.nn.Dropout) and (m.p == 0 or not m.training) for m in net[1::2])
+            and not any(_hooked(m) for m in (ff, act, out)))
 
 
 def _hooked(module: torch.nn.Module) -> bool:

@@ -1,10 +1,20 @@
 """kernels/fp8_quant.py: the Triton per-row e4m3 quantization gives its PyTorch reference's bits; with the GELU
-inside, the reference's up to the GELU's fp32 rounding."""
+inside, the reference's up to the GELU's fp32 rounding. The kernels that quantize the rows they write (the
+adaLN glue's `quantize=True`, the attention output's head merge) give the bits of quantizing their output."""
 import pytest
 import torch
 
-from camrender.kernels.fp8_quant import gelu_quantize_rows, quantize_rows
-from camrender.kernels.fp8_quant_reference import gelu_quantize_rows_ref, quantize_rows_ref
+from camrender.kernels.block_glue import ada_norm, residual_ada_norm
+from camrender.kernels.fp8_quant import gelu_quantize_rows, merge_heads_quantize_rows, quantize_rows
+from camrender.kernels.fp8_quant_reference import (gelu_quantize_rows_ref, merge_heads_quantize_rows_ref,
+                                                   quantize_rows_ref)
+
+
+def assert_same_quantization(got, expected):
+    (q, scale), (q_ref, scale_ref) = got, expected
+    assert q.dtype == torch.float8_e4m3fn and q.shape == q_ref.shape and scale.shape == scale_ref.shape
+    assert torch.equal(scale.cpu(), scale_ref.cpu())
+    assert torch.equal(q.cpu().view(torch.uint8), q_ref.cpu().view(torch.uint8))
 
 
 def assert_gelu_quantization_close(q, scale, x):
@@ -22,7 +32,7 @@ def assert_gelu_quantization_close(q, scale, x):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("shape", [(5, 48), (3, 2100), (1, 16)])
+@pytest.mark.parametrize("shape", [(5, 48), (3, 2100), (1, 16), (2, 16500)])  # the last read in two passes
 def test_triton_equals_reference_bit_for_bit(dtype, shape):
     generator = torch.Generator().manual_seed(0)
     x = (torch.randn(*shape, generator=generator) * torch.logspace(-3, 3, shape[0])[:, None]).to(dtype)
@@ -67,6 +77,54 @@ def test_every_e4m3_rounding_case_against_torch():
     assert torch.equal(q.view(torch.uint8), x.to(torch.float8_e4m3fn).view(torch.uint8))
 
 
+def glue_inputs(dtype, device="cpu", channels=48):
+    generator = torch.Generator(device=device).manual_seed(6)
+    draw = lambda *shape: torch.randn(*shape, generator=generator, device=device).to(dtype)  # noqa: E731
+    x, residual = draw(2, 12, channels) * 3, draw(2, 12, channels)
+    x[1, 5] = 0.0  # with the residual added, a row that is not zero; without, a zero row's floor scale
+    return x, residual, draw(2, 3, channels), draw(2, 3, channels)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("norm", ["rms", "layer"])
+def test_ada_norm_quantized_in_the_pass_equals_quantizing_its_output(dtype, norm):
+    """ada_norm(..., quantize=True): the e4m3 rows and scales of its own x.dtype output, bit for bit, with and
+    without modulation and residual, in the kernel and in the PyTorch path."""
+    x, residual, shift, scale = glue_inputs(dtype)
+    for backend in ("triton", "torch"):
+        for mods in ((shift, scale), (None, None)):
+            plain = ada_norm(x, *mods, norm=norm, backend=backend)
+            got = ada_norm(x, *mods, norm=norm, backend=backend, quantize=True)
+            assert_same_quantization(got, quantize_rows_ref(plain.reshape(-1, 48)))
+        updated, plain = residual_ada_norm(x, residual, shift, scale, norm=norm, backend=backend)
+        updated_q, got = residual_ada_norm(x, residual, shift, scale, norm=norm, backend=backend, quantize=True)
+        assert torch.equal(updated_q, updated)
+        assert_same_quantization(got, quantize_rows_ref(plain.reshape(-1, 48)))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_merge_heads_quantize_reads_the_transposed_attention_output(dtype):
+    """An SDPA-layout output (B, H, N, D) seen as (B, N, H, D): merged and quantized in one pass, the bits of
+    quantizing the merged rows; with LTX-2's output gate the reference's bits in bf16 (sigmoid rounded to bf16),
+    within the gate's fp32 rounding in fp32."""
+    generator = torch.Generator().manual_seed(7)
+    o = torch.randn(2, 3, 7, 40, generator=generator).to(dtype).transpose(1, 2)  # D = 40: padded lanes
+    logits = (torch.randn(2, 7, 3, generator=generator) * 3).to(dtype)
+    assert not o.is_contiguous()
+    got = merge_heads_quantize_rows(o, backend="triton")
+    assert_same_quantization(got, quantize_rows_ref(o.reshape(14, 120)))
+    gated = merge_heads_quantize_rows(o, logits, backend="triton")
+    expected = merge_heads_quantize_rows_ref(o, logits)
+    if dtype == torch.bfloat16:
+        assert_same_quantization(gated, expected)
+    else:
+        assert torch.allclose(gated[1], expected[1], rtol=1e-6, atol=0)
+        assert (gated[0].float() != expected[0].float()).float().mean() < 1e-2
+    assert not torch.equal(gated[1], got[1])  # the gate did something
+    with pytest.raises(ValueError, match="gate_logits"):
+        merge_heads_quantize_rows(o, logits[:, :, :2], backend="triton")
+
+
 @pytest.mark.gpu
 def test_compiled_kernel_and_fp8_linear_on_cuda():
     """Compiled for the GPU: the kernel's bits equal the reference's (with the GELU inside: close to it), and `Fp8Linear` (the kernel, then
@@ -89,3 +147,20 @@ def test_compiled_kernel_and_fp8_linear_on_cuda():
     out = Fp8Linear.from_linear(linear)(x).float()
     assert out.dtype == torch.float32 and out.shape == reference.shape
     assert ((out - reference).norm() / reference.norm()).item() < 0.05
+
+
+@pytest.mark.gpu
+def test_compiled_kernels_that_quantize_what_they_write():
+    """Compiled: the adaLN glue's quantize=True and the head merge's quantization give the bits of quantizing
+    their bf16 output (the reference's quantization on the CPU, as above)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    x, residual, shift, scale = glue_inputs(torch.bfloat16, "cuda", channels=4096)
+    plain = ada_norm(x, shift, scale, norm="rms")
+    assert_same_quantization(ada_norm(x, shift, scale, norm="rms", quantize=True),
+                             quantize_rows_ref(plain.reshape(-1, 4096).cpu()))
+    _, plain = residual_ada_norm(x, residual, shift, scale, norm="rms")
+    _, got = residual_ada_norm(x, residual, shift, scale, norm="rms", quantize=True)
+    assert_same_quantization(got, quantize_rows_ref(plain.reshape(-1, 4096).cpu()))
+    o = torch.randn(1, 32, 300, 128, device="cuda").to(torch.bfloat16).transpose(1, 2)
+    assert_same_quantization(merge_heads_quantize_rows(o), quantize_rows_ref(o.reshape(300, 4096).cpu()))

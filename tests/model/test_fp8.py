@@ -112,6 +112,43 @@ def test_refiner_blocks_quantized_leave_the_rest_alone_and_stay_close():
     assert isinstance(transformer.proj_in, torch.nn.Linear) and isinstance(transformer.proj_out, torch.nn.Linear)
 
 
+@pytest.mark.parametrize("gated", [False, True])
+def test_fp8_refiner_block_quantizes_each_activation_in_the_kernel_that_writes_it(monkeypatch, gated):
+    """Under FP8 the fused refiner block hands its linears their input already quantized (adaLN glue, head merge,
+    with LTX-2's output gate when the model has it): no separate quantizing pass is left but the prompt's keys and
+    values, computed once per render, and the refined latents are the bits of quantizing each bf16 tensor after."""
+    import camrender.model.refiner.attention as attention_module
+    import camrender.model.refiner.block as block_module
+    from camrender.model.refiner.stream import RefinerStream, encode_refiner_prompt
+
+    options = dict(num_attention_heads=16, attention_head_dim=4, cross_attention_dim=64, gated_attn=True)
+    refiner = build_tiny_refiner(seed=5, **(options if gated else {}))
+    strip_audio(refiner.transformer)
+    refiner.to(torch.bfloat16)
+    blocks = refiner.transformer.transformer_blocks
+    quantize_blocks(blocks)
+    assert all(isinstance(b.attn1.to_gate_logits, Fp8Linear) == gated for b in blocks)
+    text = encode_refiner_prompt(refiner, "a hall", "cpu", torch.bfloat16)
+    clip = torch.randn(1, 8, 1 + 3, 2, 4, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+
+    def refine():
+        stream = RefinerStream(refiner, text, fps=16.0, generator=torch.Generator().manual_seed(2), kernels="fused")
+        return torch.cat([stream.push(clip), stream.finish()], dim=2)
+
+    calls = []
+    counted = fp8_module.quantize_rows
+    monkeypatch.setattr(fp8_module, "quantize_rows", lambda *a, **k: calls.append(1) or counted(*a, **k))
+    fused = refine()
+    assert len(calls) == 2 * len(blocks)  # each cross-attention's to_k and to_v, once
+    calls.clear()
+    for module in (block_module, attention_module):
+        monkeypatch.setattr(module, "takes_quantized", lambda linears: False)
+    apart = refine()
+    passes = 2 + 3  # the cross-attention's prompt projections, then per forward: its query, both outputs
+    assert len(calls) > passes * len(blocks)
+    assert torch.equal(fused, apart)
+
+
 def test_stage_one_block_keeps_the_camera_branch_and_stays_close():
     pipe = build_tiny_pipeline(seed=0)
     transformer = pipe.transformer

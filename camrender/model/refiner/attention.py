@@ -22,15 +22,23 @@ With diffusers' own `SanaWMRefinerKVCache` (diffusers' pipeline, a window of the
 cache's contract (concatenation, captured K/V) and still fuses the norm and RoPE. The result equals the
 stock processor's up to the fused norm's fp32 sum order and the merge's rounding
 (tests/model/test_refiner_attention.py).
+
+Under FP8 the attentions hand their output projection its input already quantized: the heads' merge (and
+LTX-2's optional per-head output gate) runs inside the row-wise quantization
+(`kernels.fp8_quant.merge_heads_quantize_rows`, `attention_output`), and the block's prompt cross-attention,
+whose query input the adaLN glue quantizes, runs as `cross_attention` (the stock processor's ops on a
+`camrender.model.fp8.QuantizedRows`).
 """
 from __future__ import annotations
 
 import torch
 from diffusers.models.attention_dispatch import dispatch_attention_fn
-from diffusers.models.transformers.transformer_sana_wm_refiner import SanaWMLTX2RefinerAttnProcessor
+from diffusers.models.transformers.transformer_sana_wm_refiner import (SanaWMLTX2AudioVideoAttnProcessor,
+                                                                      SanaWMLTX2RefinerAttnProcessor)
 
+from camrender.kernels.fp8_quant import merge_heads_quantize_rows
 from camrender.kernels.rms_rope import ROPE_TYPES, rms_rope_qk, rope_rows
-from camrender.model.fp8 import one_input_linears
+from camrender.model.fp8 import QuantizedRows, one_input_linears, takes_quantized
 from camrender.model.refiner.lse_attention import attend_parts
 from camrender.model.refiner.window import WindowLayerCache
 
@@ -63,8 +71,7 @@ class FusedRefinerAttnProcessor:
             return self.stock(attn, hidden_states, encoder_hidden_states, attention_mask, query_rotary_emb,
                               key_rotary_emb, sink_rotary_emb=sink_rotary_emb, kv_cache=kv_cache,
                               kv_cache_mode=kv_cache_mode)
-        gate_layer = [attn.to_gate_logits] if attn.to_gate_logits is not None else []
-        query, key, value, *gate = one_input_linears(hidden_states, [attn.to_q, attn.to_k, attn.to_v] + gate_layer)
+        query, key, value, *gate = one_input_linears(hidden_states, input_linears(attn))
         gate_logits = gate[0] if gate else None  # FP8: the four projections quantize their input once
         eps = attn.norm_q.eps if attn.norm_q.eps is not None else torch.finfo(query.dtype).eps
         prep = dict(eps=eps, head_dim=attn.head_dim, rope_type=attn.rope_type, backend=self.backend)
@@ -81,7 +88,7 @@ class FusedRefinerAttnProcessor:
                                                             for part in parts]).transpose(1, 2)
             if kv_cache_mode == "inject_and_capture_post_rope":
                 kv_cache.append(key, value)  # after the attention read the window
-            return self._output(attn, out, gate_logits, query.dtype)
+            return attention_output(attn, out, gate_logits, query.dtype)
         if window:
             start, end = kv_cache.place(hidden_states.shape[1])
             kv_cache.value[:, start:end].copy_(value)
@@ -101,7 +108,7 @@ class FusedRefinerAttnProcessor:
         out = dispatch_attention_fn(query.unflatten(2, (heads, -1)), key.unflatten(2, (heads, -1)),
                                     value.unflatten(2, (heads, -1)), attn_mask=None, dropout_p=0.0, is_causal=False,
                                     backend=self._attention_backend, parallel_config=self._parallel_config)
-        return self._output(attn, out, gate_logits, query.dtype)
+        return attention_output(attn, out, gate_logits, query.dtype)
 
     def _rope_sink_once(self, kv_cache, sink_rotary_emb, attn) -> None:
         """RoPE the window's sink keys into its sink slot, on the block's first pass (its position is fixed)."""
@@ -110,13 +117,53 @@ class FusedRefinerAttnProcessor:
             _rope_sink(kv_cache.sink_k_pre, sink_rotary_emb, attn, self.backend, out=sink_slot)
             kv_cache.sink_stale = False
 
-    @staticmethod
-    def _output(attn, out, gate_logits, dtype):
-        """Attention output (B, n, H, D) -> the module's output (B, n, C): the stock per-head gate, to_out."""
-        if gate_logits is not None:
-            out = out * (2.0 * torch.sigmoid(gate_logits)).unsqueeze(-1)
-        out = out.flatten(2, 3).to(dtype)
-        return attn.to_out[1](attn.to_out[0](out))
+
+
+def input_linears(attn, cross: bool = False) -> list:
+    """The projections that read a `SanaWMLTX2Attention`'s (query side) input: to_q, to_k, to_v [, to_gate_logits];
+    of a cross-attention (cross=True) to_q [, to_gate_logits]."""
+    gate = [attn.to_gate_logits] if attn.to_gate_logits is not None else []
+    return [attn.to_q] + ([] if cross else [attn.to_k, attn.to_v]) + gate
+
+
+def attention_output(attn, out, gate_logits, dtype):
+    """Attention output (B, n, H, D) -> the module's output (B, n, C): the stock per-head gate, to_out. Under
+    FP8 the merge and gate run inside to_out's input quantization (module docstring)."""
+    project = attn.to_out[0]
+    if takes_quantized([project]):
+        q, scale = merge_heads_quantize_rows(out.to(dtype), gate_logits, backend=project.backend)
+        return attn.to_out[1](project.matmul(q, scale, tuple(out.shape[:2]), dtype))
+    if gate_logits is not None:
+        out = out * (2.0 * torch.sigmoid(gate_logits)).unsqueeze(-1)
+    out = out.flatten(2, 3).to(dtype)
+    return attn.to_out[1](project(out))
+
+
+def cross_fusable(attn) -> bool:
+    """Whether `cross_attention` computes what `attn` (a block's prompt cross-attention) runs: diffusers' stock
+    LTX-2 processor with RMS norms, and FP8 query projections that take their input quantized."""
+    return (type(attn.processor) is SanaWMLTX2AudioVideoAttnProcessor and type(attn.norm_q) is torch.nn.RMSNorm
+            and takes_quantized(input_linears(attn, cross=True)))
+
+
+def cross_attention(attn, hidden_states, context, attention_mask=None):
+    """The stock `SanaWMLTX2AudioVideoAttnProcessor` on a prompt cross-attention without RoPE, its query input
+    (B, n, C) a tensor or a `QuantizedRows`; context (B, L, C_text); attention_mask as the stock processor takes it.
+    The keys and values are the module's own calls (the refiner's prompt memo serves them once per render)."""
+    query, *gate = one_input_linears(hidden_states, input_linears(attn, cross=True))
+    key = attn.norm_k(attn.to_k(context))
+    value = attn.to_v(context)
+    query = attn.norm_q(query)
+    batch, length = context.shape[:2]
+    if attention_mask is not None:
+        attention_mask = attn.prepare_attention_mask(attention_mask, length, batch)
+        attention_mask = attention_mask.view(batch, attn.heads, -1, attention_mask.shape[-1])
+    processor = attn.processor
+    out = dispatch_attention_fn(query.unflatten(2, (attn.heads, -1)), key.unflatten(2, (attn.heads, -1)),
+                                value.unflatten(2, (attn.heads, -1)), attn_mask=attention_mask, dropout_p=0.0,
+                                is_causal=False, backend=processor._attention_backend,
+                                parallel_config=processor._parallel_config)
+    return attention_output(attn, out, gate[0] if gate else None, query.dtype)
 
 
 def _heads_first(tokens: torch.Tensor, heads: int) -> torch.Tensor:

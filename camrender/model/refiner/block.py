@@ -10,7 +10,12 @@ diffusers' `SanaWMLTX2RefinerTransformerBlock.forward`:
     x, h = residual_ada_norm(x, attn2(h), shift_mlp, scale_mlp)   x + attn2; RMSNorm * (1 + scale) + shift (~10)
     x = gated_residual(x, ff(h), gate_mlp)                                                  (2)
 
-(under FP8 the FFN's GELU runs inside its output linear's quantization: `camrender.model.fp8.feed_forward`)
+Under FP8 (the blocks' linears `Fp8Linear`s) each activation a linear reads is quantized by the kernel that
+writes it, the same bits as quantizing it after: the three adaLN norms write their rows in e4m3 with their
+scales (`ada_norm(..., quantize=True)`, a `camrender.model.fp8.QuantizedRows`), the attentions' head merge
+runs inside their output projection's quantization (`attention.attention_output`), the prompt
+cross-attention then runs as `attention.cross_attention`, and the FFN's GELU inside its output linear's
+quantization (`camrender.model.fp8.feed_forward`): one quantizing pass per block left on its own.
 
 rounded where the stock forward writes its intermediate tensors (see `kernels/block_glue.py`), so
 only the norms' fp32 sum order differs. The modules and weights are diffusers' (nothing is copied);
@@ -24,9 +29,10 @@ import types
 from diffusers.models.normalization import RMSNorm
 from diffusers.models.transformers.transformer_sana_wm_refiner import SanaWMLTX2RefinerAttnProcessor
 
-from camrender.kernels.block_glue import ada_norm, gated_residual, residual_ada_norm
-from camrender.model.fp8 import feed_forward
-from camrender.model.refiner.attention import FusedRefinerAttnProcessor, fusable
+from camrender.kernels.block_glue import ada_norm, gated_residual
+from camrender.model.fp8 import QuantizedRows, feed_forward, ff_input_linear, takes_quantized
+from camrender.model.refiner.attention import (FusedRefinerAttnProcessor, cross_attention, cross_fusable, fusable,
+                                               input_linears)
 
 REFINER_KERNELS = ("fused", "stock")
 
@@ -69,14 +75,30 @@ def fused_block_forward(self, hidden_states, encoder_hidden_states, temb, video_
     shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.get_mod_params(
         self.scale_shift_table, temb, hidden_states.size(0))
     hidden_states = hidden_states.contiguous()
-    norm = ada_norm(hidden_states, shift_msa, scale_msa, eps=self.norm1.eps, norm="rms", backend=backend)
+    quantized = takes_quantized(input_linears(self.attn1))
+    norm = _ada_norm_for(quantized, hidden_states, shift_msa, scale_msa, self.norm1.eps, backend)
     # the processors are called directly: `SanaWMLTX2Attention.forward` only filters keyword arguments, with an
     # `inspect.signature` per call (host time in a launch-bound model)
     attention = self.attn1.processor(self.attn1, norm, query_rotary_emb=video_rotary_emb,
                                      sink_rotary_emb=sink_rotary_emb, kv_cache=kv_cache, kv_cache_mode=kv_cache_mode)
     hidden_states = gated_residual(hidden_states, attention, gate_msa, backend=backend)
-    norm = ada_norm(hidden_states, None, None, eps=self.norm2.eps, norm="rms", backend=backend)
-    attention = self.attn2.processor(self.attn2, norm, encoder_hidden_states, encoder_attention_mask)
-    hidden_states, norm = residual_ada_norm(hidden_states, attention, shift_mlp, scale_mlp, eps=self.norm3.eps,
-                                            norm="rms", backend=backend)
+    cross = cross_fusable(self.attn2)  # FP8 query projections: they take the norm quantized
+    norm = _ada_norm_for(cross, hidden_states, None, None, self.norm2.eps, backend)
+    attention = (cross_attention if cross else self.attn2.processor)(self.attn2, norm, encoder_hidden_states,
+                                                                      encoder_attention_mask)
+    quantized = takes_quantized([ff_input_linear(self.ff)])
+    hidden_states, norm = _ada_norm_for(quantized, hidden_states, shift_mlp, scale_mlp, self.norm3.eps, backend,
+                                        residual=attention)
     return gated_residual(hidden_states, feed_forward(self.ff, norm), gate_mlp, backend=backend)
+
+
+def _ada_norm_for(quantize: bool, x, shift, scale, eps, backend, residual=None):
+    """`ada_norm(x [+ residual], shift, scale)` (norm="rms") as the next linears' input: quantized in the same
+    pass (a `QuantizedRows`) when they all take one (`quantize`: `takes_quantized` of them), else x's dtype. With
+    `residual`, the pair (x + residual, that input)."""
+    out = ada_norm(x, shift, scale, eps=eps, residual=residual, norm="rms", backend=backend, quantize=quantize)
+    if not quantize:
+        return out
+    updated, (q, q_scale) = out if residual is not None else (None, out)
+    rows = QuantizedRows(q, q_scale, tuple(x.shape[:-1]), x.dtype)
+    return rows if residual is None else (updated, rows)
