@@ -130,16 +130,22 @@ def fp8_rows(ms, randn, x, shift, scale, tokens, channels):
             lambda: glue.ada_norm(x, shift, scale, norm="rms", num_warps=warps, quantize=True))
     heads = randn(1, 32, tokens, 128).transpose(1, 2)  # SDPA's (B, H, n, D) seen as (B, n, H, D)
     ms["refiner_fp8_merge_copy_then_quantize"] = kernel_ms(lambda: quantize_rows(heads.reshape(tokens, channels)))
-    ms["refiner_fp8_merge_heads_quantize"] = kernel_ms(lambda: merge_heads_quantize_rows(heads))
+    for warps in (4, 8, 16):
+        ms[f"refiner_fp8_merge_heads_quantize_w{warps}"] = kernel_ms(
+            lambda: merge_heads_quantize_rows(heads, num_warps=warps))
+    packed = randn(1, tokens, 32, 128)  # cuDNN's output can come (B, n, H, D)-contiguous: the merge is a view
+    ms["refiner_fp8_packed_quantize_rows"] = kernel_ms(lambda: quantize_rows(packed.reshape(tokens, channels)))
+    ms["refiner_fp8_packed_merge_heads_quantize"] = kernel_ms(lambda: merge_heads_quantize_rows(packed))
     hidden = randn(tokens, 4 * channels)
-    ms["refiner_fp8_gelu_quantize_one_pass"] = kernel_ms(lambda: gelu_quantize_rows(hidden))
+    ms["refiner_fp8_gelu_quantize_default"] = kernel_ms(lambda: gelu_quantize_rows(hidden))
+    q = torch.empty(hidden.shape, device="cuda", dtype=torch.float8_e4m3fn)
+    q_scale = torch.empty(tokens, 1, device="cuda", dtype=torch.float32)
 
-    def two_passes():
-        q = torch.empty(hidden.shape, device="cuda", dtype=torch.float8_e4m3fn)
-        s = torch.empty(tokens, 1, device="cuda", dtype=torch.float32)
-        fp8_quant._quantize_rows_kernel[(tokens,)](hidden, q, s, hidden.shape[1], hidden.stride(0), q.stride(0),
-                                                   BLOCK=2048, GELU=True, num_warps=4)
-    ms["refiner_fp8_gelu_quantize_two_passes"] = kernel_ms(two_passes)
+    def launch(block, warps):  # BLOCK 2048 on 16384-wide rows: two passes in chunks (the tree before: 4 warps)
+        fp8_quant._quantize_rows_kernel[(tokens,)](hidden, q, q_scale, hidden.shape[1], hidden.stride(0),
+                                                   q.stride(0), BLOCK=block, GELU=True, num_warps=warps)
+    for block, warps in ((2048, 4), (16384, 8), (16384, 16), (16384, 32)):
+        ms[f"refiner_fp8_gelu_quantize_block{block}_w{warps}"] = kernel_ms(lambda: launch(block, warps))
 
 
 if __name__ == "__main__":

@@ -140,9 +140,10 @@ def gelu_quantize_rows(x, *, backend="auto"):
     return _quantize(x, backend, gelu=True)
 
 
-def merge_heads_quantize_rows(o, gate_logits=None, *, backend="auto"):
+def merge_heads_quantize_rows(o, gate_logits=None, *, backend="auto", num_warps=4):
     """Per-row e4m3 quantization of the attention output o (B, N, H, D) merged to rows (B * N, H * D), after the
-    optional output gate o * 2 sigmoid(gate_logits (B, N, H)); see the module docstring."""
+    optional output gate o * 2 sigmoid(gate_logits (B, N, H)); see the module docstring. num_warps: launch
+    override."""
     check_tensor("o", o, (None, None, None, None), contiguous=False, last_dim_contiguous=True)
     batch, tokens, heads, dim = o.shape
     if gate_logits is not None:
@@ -156,7 +157,7 @@ def merge_heads_quantize_rows(o, gate_logits=None, *, backend="auto"):
         _merge_heads_quantize_kernel[(batch * tokens,)](
             o, gate, q, scale, tokens, o.stride(0), o.stride(1), o.stride(2), gate.stride(0), gate.stride(1),
             HEADS=heads, D=dim, HP=triton.next_power_of_2(heads), DP=triton.next_power_of_2(dim),
-            HAS_GATE=gate_logits is not None, num_warps=4)
+            HAS_GATE=gate_logits is not None, num_warps=num_warps)
     return q, scale
 
 

@@ -33,12 +33,14 @@ from __future__ import annotations
 
 import torch
 from diffusers.models.attention_dispatch import dispatch_attention_fn
-from diffusers.models.transformers.transformer_sana_wm_refiner import (SanaWMLTX2AudioVideoAttnProcessor,
-                                                                      SanaWMLTX2RefinerAttnProcessor)
+from diffusers.models.transformers.transformer_sana_wm_refiner import (
+    SanaWMLTX2AudioVideoAttnProcessor,
+    SanaWMLTX2RefinerAttnProcessor,
+)
 
 from camrender.kernels.fp8_quant import merge_heads_quantize_rows
 from camrender.kernels.rms_rope import ROPE_TYPES, rms_rope_qk, rope_rows
-from camrender.model.fp8 import QuantizedRows, one_input_linears, takes_quantized
+from camrender.model.fp8 import one_input_linears, takes_quantized
 from camrender.model.refiner.lse_attention import attend_parts
 from camrender.model.refiner.window import WindowLayerCache
 
@@ -116,7 +118,6 @@ class FusedRefinerAttnProcessor:
             sink_slot = kv_cache.key[:, :kv_cache.sink_tokens]
             _rope_sink(kv_cache.sink_k_pre, sink_rotary_emb, attn, self.backend, out=sink_slot)
             kv_cache.sink_stale = False
-
 
 
 def input_linears(attn, cross: bool = False) -> list:

@@ -84,8 +84,8 @@ def fused_block_forward(self, hidden_states, encoder_hidden_states, temb, video_
     hidden_states = gated_residual(hidden_states, attention, gate_msa, backend=backend)
     cross = cross_fusable(self.attn2)  # FP8 query projections: they take the norm quantized
     norm = _ada_norm_for(cross, hidden_states, None, None, self.norm2.eps, backend)
-    attention = (cross_attention if cross else self.attn2.processor)(self.attn2, norm, encoder_hidden_states,
-                                                                      encoder_attention_mask)
+    attend = cross_attention if cross else self.attn2.processor
+    attention = attend(self.attn2, norm, encoder_hidden_states, encoder_attention_mask)
     quantized = takes_quantized([ff_input_linear(self.ff)])
     hidden_states, norm = _ada_norm_for(quantized, hidden_states, shift_mlp, scale_mlp, self.norm3.eps, backend,
                                         residual=attention)
