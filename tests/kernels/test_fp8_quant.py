@@ -140,6 +140,8 @@ def test_compiled_kernel_and_fp8_linear_on_cuda():
     # once), so the scales could differ there in the last bit
     q_ref, scale_ref = quantize_rows_ref(x.cpu())
     assert torch.equal(scale.cpu(), scale_ref) and torch.equal(q.cpu().view(torch.uint8), q_ref.view(torch.uint8))
+    x[1, :7] = torch.tensor([-1e4, -100.0, -20.0, -10.0, 10.0, 100.0, 1e4])  # exp(-2u) overflowing, and 0
+    x[2, :] = -30.0  # a row whose GELU rounds to zero: the floor scale
     q, scale = gelu_quantize_rows(x, backend="triton")
     assert_gelu_quantization_close(q, scale, x)
     linear = torch.nn.Linear(2240, 1024, device="cuda", dtype=torch.bfloat16)
