@@ -166,8 +166,9 @@ def feed_forward(ff: torch.nn.Module, x) -> torch.Tensor:
     row-scaled `Fp8Linear`, the GELU is not written: it runs inside that linear's row-wise quantization
     (`kernels.fp8_quant.gelu_quantize_rows`; the GELU rounded to x's dtype as stock rounds it, its fp32 math
     within rounding of PyTorch's). Modules with hooks, training-mode dropout or another activation: `ff(x)`.
-    x: a tensor, or a `QuantizedRows` when `takes_quantized([ff_input_linear(ff)])`."""
-    if not _gelu_fusable(ff):
+    x: a tensor, or a `QuantizedRows` when `takes_quantized([ff_input_linear(ff)])` (which has checked the module:
+    not again here, on the block's hot path)."""
+    if not isinstance(x, QuantizedRows) and not _gelu_fusable(ff):
         return ff(x)
     h = ff.net[0].proj(x)
     out = ff.net[2]
