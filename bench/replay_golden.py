@@ -44,6 +44,9 @@ import time
 import torch
 from safetensors import safe_open
 
+if not torch.cuda.is_available():  # --kernels fused on a CPU: the interpreter, set before camrender imports triton
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # golden_common, replay_* beside it
 import camrender.model.stage1.segments as segments_module  # noqa: E402
@@ -160,8 +163,6 @@ def main(argv=None) -> int:
     parser.add_argument("--teacher-steps", default="", help="bidirectional goldens: sampler steps (e.g. 0,3) whose "
                         "model call is also replayed on the golden's inputs")
     args = parser.parse_args(argv)
-    if args.kernels == "fused" and not _has_gpu():
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
     extra = {"sample": False} if args.forward_only else {}
     if args.teacher_steps:
         extra["teacher_steps"] = [int(step) for step in args.teacher_steps.split(",")]
@@ -174,10 +175,6 @@ def main(argv=None) -> int:
         print(f"{result['golden']} ({args.kernels}): max_rel_error {result['max_rel_error']:.3g}, "
               f"cosine {result['cosine']:.9f}, {'ok' if result['passed'] else 'FAILED'}")
     return 0 if result["passed"] else 1
-
-
-def _has_gpu() -> bool:
-    return torch.cuda.is_available()
 
 
 if __name__ == "__main__":
