@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import json
 import resource
@@ -45,6 +46,7 @@ sys.path.insert(0, str(REPO / "bench"))
 from bench_multi_gpu import load_release_random  # noqa: E402
 from bench_refiner import as_refiner, build_refiner_transformer, refiner_text  # noqa: E402
 from common import emit  # noqa: E402
+from play_timeline import recording, summary  # noqa: E402
 
 import camrender.render.stage_two as stage_two_module  # noqa: E402
 from camrender.allocator import use_expandable_segments  # noqa: E402
@@ -74,6 +76,9 @@ def parse_args(argv=None):
     parser.add_argument("--key-every", type=float, default=0.7, help="seconds between key changes")
     parser.add_argument("--height", type=int, default=None)
     parser.add_argument("--width", type=int, default=None)
+    parser.add_argument("--timeline", action="store_true",
+                        help="also the median seconds from a segment's decision to each stage's end (host and GPU)")
+    parser.add_argument("--only", choices=("unpaced", "paced"), default=None, help="fly only this flight")
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     return parser.parse_args(argv)
 
@@ -201,9 +206,17 @@ async def run(args, pipe, template) -> dict:
         result = {}
         try:
             for name, pace in (("unpaced", False), ("paced", True)):
+                if args.only not in (None, name):
+                    continue
                 server.pace = pace
                 log(f"{name} flight of {args.segments} segments")
-                result[name] = await fly(server, url, args.segments, args.key_every, template.fps)
+                with recording() if args.timeline else contextlib.nullcontext() as marks:
+                    result[name] = await fly(server, url, args.segments, args.key_every, template.fps)
+                    if marks is not None:
+                        rows = marks.resolved()
+                        result[name]["timeline_s"] = summary(rows, server.flight.path.decided_at, WARMUP_SEGMENTS)
+                        result[name]["timeline_rows"] = [{k: round(v - rows[0]["host_ask"], 4) for k, v in row.items()}
+                                                         for row in rows]
                 log(f"{name}: {result[name]}")
             result["dropped_messages"] = sum(server.dropped.values())
         finally:

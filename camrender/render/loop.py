@@ -68,7 +68,7 @@ def run_plan(plan: ChunkPlan, request: RenderRequest, device, progress: Optional
     started, written = time.perf_counter(), plan.frames_before
     gate = _CheckpointGate(plan.checkpoints)
     for count, frames in refined_frames(plan.stage, plan.chunks, plan.decoder, device, overlap=overlap,
-                                        hold=gate.hold):
+                                        hold=gate.hold, settle_chunk=plan.settle):
         done = count + plan.first
         written += len(frames)
         if progress is not None:

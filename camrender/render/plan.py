@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 
 @dataclasses.dataclass
@@ -15,7 +15,9 @@ class ChunkPlan:
     first: chunks already rendered (resume), frames_before: their frames;
     per_chunk_progress: report each chunk to `progress` (segment mode; full mode reports its steps);
     checkpoints: a `camrender.render.resume.Checkpointer` saved at chunk boundaries, or None;
-    cache: the segment cache the checkpoints save; bounds: the chunks' latent-frame ranges.
+    cache: the segment cache the checkpoints save; bounds: the chunks' latent-frame ranges;
+    settle: queues the work of the chunk pulled last that only the next chunk needs (stage 1's cache pass), or
+    None; the loop calls it once the chunk's refinement and decode are queued.
     """
 
     chunks: Iterator
@@ -28,3 +30,4 @@ class ChunkPlan:
     checkpoints: Any = None
     cache: Any = None
     bounds: Optional[list] = None
+    settle: Optional[Callable[[], None]] = None

@@ -18,6 +18,7 @@ which refines, decodes and yields each one as it finishes.
 """
 from __future__ import annotations
 
+import functools
 from typing import Iterator, Optional
 
 import torch
@@ -52,13 +53,35 @@ def segment_timesteps(scheduler, steps: Optional[int], recipe=None) -> list:
     return [float(t) for t in scheduler.timesteps]
 
 
-def sample_segment(denoiser: Denoiser, start: int, stop: int, cache, timesteps):
+class HeldCacheWrite:
+    """Stage 1's cache pass of the segment sampled last, held until `flush()`.
+
+    The cache pass (timestep 0 on the clean segment) only writes the caches the next segment reads, so its
+    frames need not wait for it: the render loop flushes it once the segment's refinement and decode are
+    queued (`camrender.render.stage_two.refined_frames`). The sampler flushes it itself before the next
+    segment and at the end, so the caches are the same whoever flushes."""
+
+    def __init__(self):
+        self._write = None
+
+    def hold(self, write) -> None:
+        self.flush()
+        self._write = write
+
+    def flush(self) -> None:
+        write, self._write = self._write, None
+        if write is not None:
+            write()
+
+
+def sample_segment(denoiser: Denoiser, start: int, stop: int, cache, timesteps,
+                   held: Optional[HeldCacheWrite] = None):
     """Denoise latent frames [start, stop) and write their caches; returns the clean (1, C, t, h, w) float32.
 
     Euler on the flow prediction v (x_next = x + (sigma_next - sigma) v, sigma = t / 1000, the last
     step lands on 0); frame 0 of the clip stays pinned to the image latent at timestep 0. The
     denoising passes replay as CUDA graphs when the denoiser has them, and so does the cache-writing pass once
-    it writes the cache in place (`Denoiser._cache_pass`).
+    it writes the cache in place (`Denoiser._cache_pass`). held: the cache pass is left in it, not run.
     """
     inputs, device = denoiser.inputs, denoiser.device
     # The latents stay float32 between steps, as in the official sampler (the model casts its input).
@@ -72,12 +95,18 @@ def sample_segment(denoiser: Denoiser, start: int, stop: int, cache, timesteps):
         velocity = denoiser.predict(latents, pin(pinned, t), conditioning, cache=cache)
         stepped = latents + (sigmas[index + 1] - sigmas[index]) * velocity
         latents = torch.where(pinned[None, None, :, None, None], latents, stepped)
-    denoiser.predict(latents, torch.zeros(stop - start, device=device), conditioning, cache=cache, write=True)
+    clean = torch.zeros(stop - start, device=device)
+    write = functools.partial(denoiser.predict, latents, clean, conditioning, cache=cache, write=True)
+    if held is None:
+        write()
+    else:
+        held.hold(write)
     return latents
 
 
 def sample_segments(model, inputs: RenderInputs, bounds, timesteps, options, device, *,
-                    cuda_graphs: bool = False, cache=None, first_segment: int = 0) -> Iterator:
+                    cuda_graphs: bool = False, cache=None, first_segment: int = 0,
+                    held: Optional[HeldCacheWrite] = None) -> Iterator:
     """The self-forcing sampler: yield `(index, start, stop, latents)` for each segment in order,
     carrying one `SegmentCache`.
 
@@ -87,13 +116,19 @@ def sample_segments(model, inputs: RenderInputs, bounds, timesteps, options, dev
     cuda_graphs: replay the denoising passes, and the cache passes that write the cache in place, as CUDA
     graphs (`camrender.model.graphs`); off under model CPU offload (the weights move between segments).
     Off CUDA the same replay path runs on static copies without graphs (for tests).
+    held: each segment's cache pass waits in it until flushed (by the caller, or here before the next
+    segment and at the end); None: it runs before the segment is yielded.
     """
     cache = SegmentCache.empty(model) if cache is None else cache
     denoiser = Denoiser(model, inputs, options, device, cuda_graphs=cuda_graphs)
     for index, (start, stop) in enumerate(bounds):
         if index < first_segment:
             continue
-        yield index, start, stop, sample_segment(denoiser, start, stop, cache, timesteps)
+        if held is not None:
+            held.flush()
+        yield index, start, stop, sample_segment(denoiser, start, stop, cache, timesteps, held)
+    if held is not None:
+        held.flush()
 
 
 def sample_chunk_flow(model, inputs: RenderInputs, bounds, timesteps, options, device, *,
@@ -155,11 +190,14 @@ def segment_plan(pipe, request, device, settings: RenderSettings, checkpoints=No
     if checkpoints is not None:
         cache, first = checkpoints.restore(cache, decoder, device, bounds)
         written = checkpoints.frames_before
-    # the self-forcing sampler continues from a restored cache; the teacher's chunks in flight are not checkpointed
-    resumable = {} if teacher else {"cache": cache, "first_segment": first}
+    # the self-forcing sampler continues from a restored cache, and leaves each cache pass to the loop; the
+    # teacher's chunks in flight are not checkpointed
+    held = None if teacher else HeldCacheWrite()
+    resumable = {} if teacher else {"cache": cache, "first_segment": first, "held": held}
     sampled = SEGMENT_SAMPLERS[recipe.sampler](
         model, inputs, bounds, timesteps, options, device, cuda_graphs=settings.cuda_graphs,
         **resumable)
     return ChunkPlan(chunks=(latents for *_, latents in sampled), stage=stage,
                      decoder=decoder, total=len(bounds), first=first, frames_before=written, per_chunk_progress=True,
-                     checkpoints=checkpoints, cache=cache, bounds=bounds)
+                     checkpoints=checkpoints, cache=cache, bounds=bounds,
+                     settle=held.flush if held is not None else None)

@@ -114,7 +114,8 @@ class Schedule:
 
 
 def refined_frames(stage, latent_chunks, decoder, device, overlap: Optional[bool] = None,
-                   schedule: Schedule = Schedule(), hold: Optional[Callable[[int], bool]] = None):
+                   schedule: Schedule = Schedule(), hold: Optional[Callable[[int], bool]] = None,
+                   settle_chunk: Optional[Callable[[], None]] = None):
     """Segment mode's stage 2 and decode: for each chunk of stage-1 latents (1, C, t, h, w) from the
     iterator `latent_chunks`, yield `(chunks_consumed, frames)`, frames uint8 (F, H, W, 3) (possibly
     empty), refined by `stage` (`stage_two`'s result: a `RefinerStream` or a pass-through) and decoded
@@ -128,7 +129,11 @@ def refined_frames(stage, latent_chunks, decoder, device, overlap: Optional[bool
 
     hold(k): asked before taking chunk k+1 while chunk k's frames wait; True yields them first, before
     chunk k+1's stage 1 runs (a checkpoint after chunk k then sees the state after chunk k).
+    settle_chunk(): queues stage 1's work for the next chunk that chunk k's frames do not need (its cache
+    pass, `ChunkPlan.settle`), called once chunk k's refinement (and, in order, its decode) is queued and
+    before its frames are yielded.
     """
+    settle_chunk = settle_chunk or (lambda: None)
     if overlap is None:
         overlap = OVERLAP_STAGE_TWO and (isinstance(stage, RefinerStream) or torch.device(device).type == "cuda")
 
@@ -144,6 +149,7 @@ def refined_frames(stage, latent_chunks, decoder, device, overlap: Optional[bool
         for count, latents in enumerate(latent_chunks, start=1):
             frames = frames_of(stage.push(latents))
             stage.settle()  # the refiner's history pass, queued behind the decode: the frames do not wait for it
+            settle_chunk()  # and stage 1's cache pass
             frames = frames()
             if hold is not None:
                 hold(count)  # in order, the state after chunk k is what a checkpoint sees anyway
@@ -170,6 +176,8 @@ def refined_frames(stage, latent_chunks, decoder, device, overlap: Optional[bool
             with streams.on("refiner", latents):
                 refined = stage.push(latents)
                 stage.settle()  # before the decode waits on this stream, as the schedules were measured
+            with streams.on("stage_one"):
+                settle_chunk()  # stage 1's cache pass: after the refiner's wait, so the refiner does not wait for it
             with streams.on("decode", refined):
                 queued = frames_of(refined)
             if waiting is not None:

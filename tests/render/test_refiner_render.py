@@ -1,4 +1,5 @@
 """Stage 2 in a render: segment mode refines each finished segment; full mode the whole clip; the CLI's --refiner."""
+import re
 from pathlib import Path
 
 import numpy as np
@@ -217,3 +218,32 @@ def test_segment_mode_beside_the_refiner_keeps_no_key_slot(pipe, monkeypatch):
     monkeypatch.setattr(BlockCache, "keep_softmax", recorded)
     list(render_frames(pipe, request_for()))
     assert slots and not any(slots)
+
+
+def test_stage_one_cache_pass_waits_behind_the_frames_of_its_segment(pipe, monkeypatch):
+    """Stage 1's cache pass (timestep 0, it only writes the caches the next segment reads) is queued once the
+    segment's refinement and decode are (`ChunkPlan.settle`): in order, after the decode, so the live page's
+    frames do not wait for it; overlapped, after the refiner's passes, which no longer wait for it on the GPU.
+    Each still runs before the next segment's stage 1, and the frames are the same in both orders."""
+    from camrender.model.refiner.stream import RefinerStream
+    from camrender.render.denoise import Denoiser
+
+    predict, forward, decode = Denoiser.predict, RefinerStream._forward, CausalStreamDecoder.decode
+    order = []
+    monkeypatch.setattr(Denoiser, "predict", lambda self, *a, write=False, **k: (
+        order.append("c" if write else "s"), predict(self, *a, write=write, **k))[1])
+    monkeypatch.setattr(RefinerStream, "_forward", lambda self, block, sigma, rope, mode: (
+        order.append("h" if mode == "inject_and_capture_post_rope" else "p"), forward(self, block, sigma, rope, mode))[1])
+    monkeypatch.setattr(CausalStreamDecoder, "decode", lambda self, x: (order.append("d"), decode(self, x))[1])
+    videos, sequences = {}, {}
+    for low_latency in (True, False):
+        order.clear()
+        videos[low_latency] = np.concatenate(list(render_frames(pipe, request_for(), low_latency=low_latency)))
+        sequences[low_latency] = re.sub("d+", "d", "".join(order))  # one decode per latent frame, then the segment
+    # segments (0, 4), (4, 7), (7, 11): 4 denoising passes each; refiner: the sink's pass, blocks 1-3, 4-6, 7-9
+    # (3 passes, then the history pass), the clip's last block 10 from `finish`
+    assert sequences[True] == "sssspppp" "d" "h" "c" + "ssssppp" "d" "h" "c" + "ssssppp" "d" "h" "c" + "ppp" "d", \
+        sequences[True]
+    assert sequences[False] == "sssspppp" "h" "c" "d" + "ssssppp" "h" "c" "d" + "ssssppp" "h" "c" "d" + "ppp" "d", \
+        sequences[False]
+    assert np.array_equal(videos[True], videos[False])
