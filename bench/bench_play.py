@@ -176,6 +176,9 @@ async def fly(server: PlayServer, url: str, segments: int, key_every: float, fps
     arrival_latency = [arrivals[f] - presses[p] for p, f in reflected.items() if p in presses and f in arrivals]
     playback_latency = [shown[f] - presses[p] for p, f in reflected.items() if p in presses and f in shown]
     warm = segment_times[WARMUP_SEGMENTS - 1] if len(segment_times) > WARMUP_SEGMENTS else segment_times[0]
+    # each press's playback latency by the video frame that reflects it: which segments the slow ones fall in
+    per_press = sorted((f, round(shown[f] - presses[p], 3)) for p, f in reflected.items()
+                       if p in presses and f in shown)
     after = [index for index in arrivals if index >= warm[1] + warm[2]]
     span = max(arrivals[i] for i in after) - warm[0] if after else float("nan")
     segment_seconds = 24 / fps
@@ -192,6 +195,7 @@ async def fly(server: PlayServer, url: str, segments: int, key_every: float, fps
         "latency_playback_segments": {k: (None if v is None or k == "count" else round(v / segment_seconds, 2))
                                       for k, v in quantiles(playback_latency).items()},
         "presses": len(presses), "stall_s": round(stall_s, 3), "late_frames": late,
+        "playback_latency_by_frame": per_press,
     }
 
 
@@ -234,7 +238,8 @@ def main(argv=None) -> dict:
         torch.cuda.reset_peak_memory_stats()
     result = {"model": template.model, "device": torch.cuda.get_device_name() if not args.tiny else "cpu",
               "size": f"{template.width}x{template.height}", "refiner": template.refiner, "precision": args.precision,
-              "segments": args.segments, "key_every_s": args.key_every, "torch": torch.__version__, **asyncio.run(run(args, pipe, template))}
+              "segments": args.segments, "key_every_s": args.key_every, "torch": torch.__version__,
+              **asyncio.run(run(args, pipe, template))}
     if args.tiny:
         result["peak_rss_gib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)
     else:

@@ -171,12 +171,13 @@ def test_resume_from_a_checkpoint_equals_the_uninterrupted_render(pipe, tmp_path
 def test_overlapped_stage_two_equals_sequential(pipe):
     """Segment mode with the tiny refiner: the three-stream overlap of `refined_frames` (stage 1, the
     refiner and the decode queued on separate CUDA streams, each schedule) gives the frames of the
-    same stages run in order on one stream, bit for bit (a missing wait between streams would show here)."""
+    same stages run in order on one stream, bit for bit (a missing wait between streams would show here), also
+    with stage 1's cache pass held until the segment's refinement is queued (`HeldCacheWrite`, as renders run)."""
     from camrender.model.refiner.tiny import build_tiny_refiner
     from camrender.model.stage1.segments import SegmentOptions, segment_bounds
     from camrender.render.decode import CausalStreamDecoder
     from camrender.render.inputs import prepare_inputs
-    from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments
+    from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, HeldCacheWrite, sample_segments
     from camrender.render.stage_two import Schedule, attach_refiner, refined_frames, stage_two
 
     device = torch.device("cuda")
@@ -186,16 +187,19 @@ def test_overlapped_stage_two_equals_sequential(pipe):
     attach_refiner(pipe, build_tiny_refiner(seed=1).to(device))
     try:
         videos = {}
-        for name, overlap, schedule in [("in order", False, Schedule()), ("prioritised", True, Schedule()),
-                                        ("equal priorities", True, Schedule(stage_one_first=False)),
-                                        ("decode after refiner", True, Schedule(decode_apart=False))]:
+        for name, overlap, schedule, held in [
+                ("in order", False, Schedule(), None), ("in order, held", False, Schedule(), HeldCacheWrite()),
+                ("prioritised", True, Schedule(), HeldCacheWrite()),
+                ("equal priorities", True, Schedule(stage_one_first=False), HeldCacheWrite()),
+                ("decode after refiner", True, Schedule(decode_apart=False), HeldCacheWrite())]:
             with torch.no_grad():
                 chunks = (x for *_, x in sample_segments(pipe.transformer, inputs, bounds,
                                                          list(DEFAULT_SEGMENT_TIMESTEPS), SegmentOptions(), device,
-                                                         cuda_graphs=True))
+                                                         cuda_graphs=True, held=held))
                 frames = [f for _, f in refined_frames(stage_two(pipe, request, device), chunks,
                                                        CausalStreamDecoder(pipe.vae, device=device), device,
-                                                       overlap=overlap, schedule=schedule)]
+                                                       overlap=overlap, schedule=schedule,
+                                                       settle_chunk=None if held is None else held.flush)]
             videos[name] = np.concatenate([f for f in frames if len(f)])
     finally:
         attach_refiner(pipe, None)
