@@ -226,7 +226,9 @@ class GraphedForward:
         other = self.share_pool_with
         pool = other._replay.graph.pool() if other is not None and other._replay is not None \
             and other._replay.graph is not None else None
-        with torch.cuda.graph(graph, pool=pool):
+        # thread-local: a capture in a helper thread must not outlaw the render thread's wait for its frames
+        # (`camrender.render.stage_two._Beside`); nothing else queues work during a capture
+        with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
             output = self.forward(*self._arguments(inputs, static))
         self.stats["captures"] += 1
         return _Replay(static, graph, output)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import threading
 from typing import Callable, Optional
 
 import torch
@@ -145,15 +146,24 @@ def refined_frames(stage, latent_chunks, decoder, device, overlap: Optional[bool
         return lambda: (ready.synchronize() if ready is not None else None, host.numpy())[1]
 
     if not overlap:
-        count = 0
-        for count, latents in enumerate(latent_chunks, start=1):
-            frames = frames_of(stage.push(latents))
-            stage.settle()  # the refiner's history pass, queued behind the decode: the frames do not wait for it
-            settle_chunk()  # and stage 1's cache pass
-            frames = frames()
-            if hold is not None:
-                hold(count)  # in order, the state after chunk k is what a checkpoint sees anyway
-            yield count, frames
+        count, beside, chunks = 0, _Beside(device), iter(latent_chunks)
+        try:
+            while True:
+                beside.join()
+                latents = next(chunks, None)
+                if latents is None:
+                    break
+                count += 1
+                frames = frames_of(stage.push(latents))
+                # the refiner's history pass and stage 1's cache pass, queued behind the decode: the frames do
+                # not wait for them on the GPU, nor (on CUDA) for the host to queue them
+                beside.start(stage.settle, settle_chunk)
+                frames = frames()
+                if hold is not None and hold(count):
+                    beside.join()  # a checkpoint follows chunk k: the state after it, settled
+                yield count, frames
+        finally:
+            beside.join()
         last_block = stage.finish()
         if last_block.shape[2]:
             yield count, frames_of(last_block)()
@@ -193,6 +203,47 @@ def refined_frames(stage, latent_chunks, decoder, device, overlap: Optional[bool
             yield count, tail()
     finally:
         streams.join()
+
+
+class _Beside:
+    """Work a chunk's frames do not wait for, queued from a second host thread on CUDA while this one waits for
+    the frames; inline elsewhere. The refiner's history pass is about 0.13 s of host-bound launches at the
+    release size: queued inline, the frames (decoded on the GPU by then) waited for it on the host.
+    The thread queues on the caller's stream and device, without autograd, and must be joined (`join`, which
+    re-raises its error) before the stages it touched run again. Stage 1's cache pass may capture its CUDA
+    graph there (`camrender.model.graphs` captures in thread-local error mode, so this thread's wait for the
+    frames stays legal)."""
+
+    def __init__(self, device):
+        self.device = torch.device(device)
+        self._thread: Optional[threading.Thread] = None
+        self._error: Optional[BaseException] = None
+
+    def start(self, *work: Callable[[], None]) -> None:
+        if self.device.type != "cuda":
+            for step in work:
+                step()
+            return
+        stream = torch.cuda.current_stream(self.device)
+
+        def run():
+            try:
+                with torch.no_grad(), torch.cuda.device(self.device), torch.cuda.stream(stream):
+                    for step in work:
+                        step()
+            except BaseException as error:  # re-raised by join, in the render's thread
+                self._error = error
+
+        self._thread = threading.Thread(target=run, name="camrender-settle", daemon=True)
+        self._thread.start()
+
+    def join(self) -> None:
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join()
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
 
 
 class _StageStreams:
