@@ -64,6 +64,29 @@ def session_files(stem: Path) -> dict:
             "render": stem.with_name(stem.name + ".render.json")}
 
 
+class PlaybackClock:
+    """When a page that plays `fps` video frames per second, as they arrive, shows each frame: frame i at the
+    later of its arrival and frame i-1's turn + 1 / fps. A segment that arrives after its first frame's turn
+    stalls the page, and every later turn moves back by the stall: pacing against the turns of a page that
+    never stalled would keep that much more video buffered (and add it to every key's latency) for the rest of
+    the flight, as after a slow first segment (CUDA-graph captures)."""
+
+    def __init__(self, fps: float):
+        self.fps = float(fps)
+        self.start = None  # clock time of frame 0's turn, moved back by the stalls so far
+
+    def arrived(self, first: int, at: float) -> None:
+        """Frames from video frame `first` on reached the page at clock time `at`."""
+        if self.start is None:
+            self.start = at - first / self.fps
+        elif at > self.turn(first):
+            self.start += at - self.turn(first)
+
+    def turn(self, frame: int) -> float:
+        """Clock time the page shows video frame `frame` (of those arrived, or arriving in time)."""
+        return self.start + frame / self.fps
+
+
 class Flight:
     """One steered render of `template` (a segment-mode `RenderRequest` with `traj` None and `num_frames`
     the longest clip) with `seed`, saved as `stem` (`session_files`).
@@ -90,7 +113,7 @@ class Flight:
         self.path = SteeredPath(scheme, timeline, self.bounds, pinhole(self.request.width, self.request.height),
                                 self.request.width, self.request.height, stopping=self._stop.is_set)
         self.shown = 0  # video frames shown (and saved)
-        self._playback_start = None  # clock time the first segment was shown
+        self.playback = PlaybackClock(self.request.fps)  # when the page shows each frame
         self.segments = 0
         self.error: Optional[BaseException] = None
         self.saved: dict = {}
@@ -152,20 +175,18 @@ class Flight:
                 self.segments += 1
                 self._writes.put(frames)
                 self.on_segment(self, segment)
+                self.playback.arrived(first, now)
                 if self.pace:
                     took = now - self.path.decided_at[min(segment.index, len(self.path.decided_at) - 1)]
-                    self._wait_for_playback(now if self.segments == 1 else None, took)
+                    self._wait_for_playback(took)
         finally:
             chunks.close()
 
-    def _wait_for_playback(self, first_shown, render_seconds: float) -> None:
-        """Sleep (or until stopped) while the frames ahead of playback at `fps` (from the first frame shown)
-        are more than what rendering the next segment needs (`pace`)."""
-        if first_shown is not None:
-            self._playback_start = first_shown
+    def _wait_for_playback(self, render_seconds: float) -> None:
+        """Sleep (or until stopped) while the frames ahead of the page's playback (`playback`) are more than
+        what rendering the next segment needs (`pace`)."""
         ahead = max(self.lead, math.ceil(1.25 * render_seconds * self.request.fps))
-        due = self._playback_start + (self.shown - ahead) / self.request.fps
-        self._stop.wait(max(0.0, due - self.clock()))
+        self._stop.wait(max(0.0, self.playback.turn(self.shown - ahead) - self.clock()))
 
     def _write(self) -> None:
         """Append each shown segment to the video (a thread of its own: x264 stays off the render's path)."""
