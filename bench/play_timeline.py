@@ -58,40 +58,24 @@ class _Marks:
         return out
 
 
-class _TimedStage:
-    """The refiner stream (or pass-through) with its push and settle marked."""
+class _Marked:
+    """`target` with the methods named in `marks_of` ({method: mark name}) marking the current chunk's row after
+    they return; everything else passes through."""
 
-    def __init__(self, stage, marks: _Marks):
-        self._stage, self._marks = stage, marks
-
-    def __getattr__(self, name):
-        return getattr(self._stage, name)
-
-    def push(self, latents):
-        out = self._stage.push(latents)
-        self._marks.mark(self._marks.rows[-1], "refine")
-        return out
-
-    def settle(self):
-        self._stage.settle()
-        self._marks.mark(self._marks.rows[-1], "settle")
-
-    def finish(self):
-        return self._stage.finish()
-
-
-class _TimedDecoder:
-    def __init__(self, decoder, marks: _Marks):
-        self._decoder, self._marks = decoder, marks
+    def __init__(self, target, marks: _Marks, **marks_of):
+        self._target, self._marks, self._marks_of = target, marks, marks_of
 
     def __getattr__(self, name):
-        return getattr(self._decoder, name)
+        method = getattr(self._target, name)
+        if name not in self._marks_of:
+            return method
 
-    def decode(self, latents):
-        out = self._decoder.decode(latents)
-        if self._marks.rows:
-            self._marks.mark(self._marks.rows[-1], "decode")
-        return out
+        def marked(*args, **kwargs):
+            out = method(*args, **kwargs)
+            if self._marks.rows:
+                self._marks.mark(self._marks.rows[-1], self._marks_of[name])
+            return out
+        return marked
 
 
 def _timed_chunks(chunks, marks: _Marks):
@@ -117,8 +101,9 @@ def recording():
 
     def timed(stage, latent_chunks, decoder, device, **options):
         marks.start()
-        for count, frames in original(_TimedStage(stage, marks), _timed_chunks(latent_chunks, marks),
-                                      _TimedDecoder(decoder, marks), device, **options):
+        for count, frames in original(_Marked(stage, marks, push="refine", settle="settle"),
+                                      _timed_chunks(latent_chunks, marks), _Marked(decoder, marks, decode="decode"),
+                                      device, **options):
             if marks.rows:
                 marks.rows[min(count, len(marks.rows)) - 1]["host_frames"] = time.monotonic()
             yield count, frames

@@ -65,7 +65,8 @@ class HeldCacheWrite:
         self._write = None
 
     def hold(self, write) -> None:
-        self.flush()
+        if self._write is not None:  # flushed now it would write the caches after the next segment read them
+            raise RuntimeError("the previous segment's cache pass was not flushed before this segment was sampled")
         self._write = write
 
     def flush(self) -> None:

@@ -247,3 +247,19 @@ def test_stage_one_cache_pass_waits_behind_the_frames_of_its_segment(pipe, monke
     assert sequences[False] == "sssspppp" "h" "c" "d" + "ssssppp" "h" "c" "d" + "ssssppp" "h" "c" "d" + "ppp" "d", \
         sequences[False]
     assert np.array_equal(videos[True], videos[False])
+
+
+def test_a_held_cache_pass_must_be_flushed_before_the_next_is_held():
+    """Flushed late, a held cache pass would write the caches after the next segment had read them."""
+    from camrender.render.segments import HeldCacheWrite
+
+    ran = []
+    held = HeldCacheWrite()
+    held.hold(lambda: ran.append(1))
+    with pytest.raises(RuntimeError, match="not flushed"):
+        held.hold(lambda: ran.append(2))
+    held.flush()
+    held.flush()  # nothing held: nothing runs
+    held.hold(lambda: ran.append(3))
+    held.flush()
+    assert ran == [1, 3]
