@@ -52,6 +52,7 @@ import camrender.render.stage_two as stage_two_module  # noqa: E402
 from camrender.allocator import use_expandable_segments  # noqa: E402
 from camrender.cli.play import longest_clip  # noqa: E402
 from camrender.model.fp8 import quantize_blocks  # noqa: E402
+from camrender.model.refiner.stream import park_prompt_projections  # noqa: E402
 from camrender.play.server import PlayServer  # noqa: E402
 from camrender.render.pipeline import load_patched_pipeline  # noqa: E402
 from camrender.render.prompt_cache import refiner_key  # noqa: E402
@@ -119,6 +120,7 @@ def attach_random_refiner(pipe, template):
     setattr(refiner, stage_two_module._PROMPT_MEMO, (refiner_key(template), text.embeds, text.mask))
     if template.refiner_precision == "fp8":
         quantize_blocks(refiner.transformer.transformer_blocks, device=device)
+    park_prompt_projections(refiner.transformer)  # as load_stage_two
     stage_two_module.attach_refiner(pipe, refiner)
 
 

@@ -34,6 +34,7 @@ the whole document; `--out FILE` also writes it. About 3-5 minutes on one H200.
     python3 bench/bench_refiner.py --tiny                            # the script's logic on a CPU
     python3 bench/bench_refiner.py --setting bf16 --allocator default  # PyTorch's allocator, no expandable segments
     python3 bench/bench_refiner.py --setting bf16 --refiner-window-layout split  # the window without the block's slot
+    python3 bench/bench_refiner.py --setting bf16-40gib       # the bf16 default under a 40 GiB cap
     python3 bench/bench_refiner.py --setting bf16-48gb        # 12 of the refiner's blocks streamed, a 44 GiB cap
     python3 bench/bench_refiner.py --setting fp8-22gib-stream --refiner-offload 32  # another number of streamed blocks
 """

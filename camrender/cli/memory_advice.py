@@ -10,8 +10,8 @@ CACHED = " with the prompt encoded first (camrender encode-prompt)"
 # (smallest card memory in GiB, what fits it with the refiner at 704x1280), largest first; FP8 needs compute
 # capability 8.9 (Ada, Hopper)
 REFINER_SETTINGS = (
-    (44.0, "--refiner-offload 12 (bf16, 38.5 GiB) or --precision fp8 (29.9 GiB)"),
-    (20.0, "--precision fp8 --refiner-window 2 --refiner-offload 24 (18.5 GiB" + CACHED + ")"),
+    (44.0, "--refiner-offload 12 (bf16, 38.5 GiB) or --precision fp8 (27.7 GiB)"),
+    (20.0, "--precision fp8 --refiner-window 2 --refiner-offload 24 (17.1 GiB" + CACHED + ")"),
     (0.0, "--precision fp8 --refiner-window 2 --refiner-offload 32 (16.5 GiB" + CACHED + "), or no --refiner"),
 )
 REFINER_SETTINGS_BF16 = (

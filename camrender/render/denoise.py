@@ -21,7 +21,7 @@ from typing import Optional, Sequence
 import torch
 
 from camrender.model.graphs import GraphedForward, storage_layout
-from camrender.model.stage1.block import prepared_text
+from camrender.model.stage1.block import park_text_projections, prepared_text
 from camrender.model.stage1.segments import SegmentCache, SegmentConditioning, prepare_conditioning, segment_forward
 from camrender.model.stage1.state import SegmentOptions
 
@@ -94,6 +94,8 @@ class Denoiser:
                                             chunk_plucker=plucker, frame_start=start)
         if self.text_keys is None:  # the text is the render's: its keys are computed once
             self.text_keys = prepared_text(self.model, conditioning.text, conditioning.text_mask)
+            if not self.offloaded:  # CPU offload moves the whole model itself
+                park_text_projections(self.model, self.device)
         return conditioning
 
     @torch.no_grad()

@@ -8,6 +8,7 @@ from typing import Optional
 from camrender.errors import CamrenderError
 from camrender.model.fp8 import quantize_blocks
 from camrender.model.settings import RenderSettings, model_settings
+from camrender.model.stage1.block import park_text_projections
 from camrender.model.stage1.loading import load_pipeline
 from camrender.model.stage1.patch import patch_transformer
 from camrender.parallel.cfg import head_split
@@ -74,6 +75,8 @@ def load_patched_pipeline(request, log=None, settings: Optional[RenderSettings] 
         split_transformer(pipe.transformer, split)
         if log is not None:
             log(f"every block's heads split over {split.size} GPUs")
+    if not request.offload:
+        park_text_projections(pipe.transformer, settings.device)
     if request.refiner is not None:
         if log is not None:
             log(f"loading the refiner {request.refiner}")

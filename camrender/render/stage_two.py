@@ -17,7 +17,7 @@ import torch
 from camrender.errors import CamrenderError
 from camrender.model.fp8 import quantize_blocks
 from camrender.model.refiner.loading import load_refiner, place_refiner
-from camrender.model.refiner.stream import RefinerStream, RefinerText, encode_refiner_prompt
+from camrender.model.refiner.stream import RefinerStream, RefinerText, encode_refiner_prompt, park_prompt_projections
 from camrender.model.settings import RefinerSettings, RenderSettings
 from camrender.render.decode import to_uint8_frames_async
 from camrender.render.prompt_cache import cached_pair, refiner_key
@@ -338,4 +338,5 @@ def load_stage_two(pipe, request, text_encoder: bool = True, place: bool = True,
         device = None if request.refiner_offload == "layers" else pipe._execution_device
         quantize_blocks(refiner.transformer.transformer_blocks, device=device)
     place_refiner(refiner, pipe._execution_device, request.refiner_offload)
+    park_prompt_projections(refiner.transformer)
     attach_refiner(pipe, refiner)

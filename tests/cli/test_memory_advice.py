@@ -26,7 +26,7 @@ def test_out_of_memory_mid_render_is_one_line_with_what_fits(tmp_path, capsys, m
     lines = [line for line in err.splitlines() if line.strip() and not line.startswith("camrender: loading")]
     assert code == 2 and "Traceback" not in err, err
     assert lines[-1] == ("camrender: error: out of GPU memory on NVIDIA GeForce RTX 4090 (23.6 GiB): with the refiner "
-                         "try --precision fp8 --refiner-window 2 --refiner-offload 24 (18.5 GiB with the prompt encoded first "
+                         "try --precision fp8 --refiner-window 2 --refiner-offload 24 (17.1 GiB with the prompt encoded first "
                          "(camrender encode-prompt)); stage 1 alone: "
                          "--mode segments (flat in the path length) or --offload (README: Which setting for which GPU)")
     assert not list(tmp_path.iterdir())  # the video was being written to a temporary file: removed

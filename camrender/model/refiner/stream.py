@@ -16,7 +16,8 @@ stage-1 latents piecewise, encodes the prompt once per render, builds each block
 (not per step), gives the transformer one timestep per row instead of one per token (the same
 values, 2640x fewer adaLN rows at 704x1280), keeps the sigmas as Python numbers and builds RoPE
 and noise without host-device syncs, computes the prompt's cross-attention keys and values once
-per render (`_TextMemo`) and runs SDPA cuDNN-first on CUDA.
+per render (`_TextMemo`), keeping the projections that make them in CPU memory otherwise
+(`camrender.model.parking`), and runs SDPA cuDNN-first on CUDA.
 
 The refiner runs eagerly. Replaying its steady-state passes as CUDA graphs was tried and taken
 out: on an H200 a graphed render was no faster (the GPU, not the host, bounds the refiner) and,
@@ -35,6 +36,7 @@ from diffusers.pipelines.sana_wm.refiner import STAGE_2_DISTILLED_SIGMA_VALUES, 
 from diffusers.utils.torch_utils import randn_tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from camrender.model.parking import park_all
 from camrender.model.refiner.block import use_refiner_kernels
 from camrender.model.refiner.loading import is_layer_streamed
 from camrender.model.refiner.window import WindowKVCache
@@ -130,6 +132,7 @@ class RefinerStream:
         # registers) is an additive zero: leaving it out lets cross-attention use the fused SDPA kernels.
         self.text_mask = None if text.mask is None or bool(text.mask.all()) else text.mask
         self.text_memo = _TextMemo(self.transformer)
+        park_prompt_projections(self.transformer)
         self.call = _TransformerCall(self.transformer, self.text_memo, self.device)
         fused = use_refiner_kernels(self.transformer, kernels, kernel_backend)
         scale = float(self.transformer.config.timestep_scale_multiplier)
@@ -291,6 +294,14 @@ class RefinerStream:
             layer.store_history(key, value)
 
 
+def park_prompt_projections(transformer) -> None:
+    """Send the weights of the refiner's prompt-only projections (`_TextMemo`'s) to CPU memory where they lie
+    on a GPU (`camrender.model.parking`). Idempotent; the stream does it too, a loader does it first so that
+    the copy to page-locked memory is part of loading, not of the first render."""
+    if not is_layer_streamed(transformer):  # group offloading places these weights itself
+        _TextMemo(transformer).park()
+
+
 class _TransformerCall:
     """The refiner transformer on one block under the prompt memo and camrender's SDPA backends."""
 
@@ -314,43 +325,63 @@ def _attention_backends(device):
 
 
 class _TextMemo:
-    """While active, the modules that see only the prompt (the caption projection and every
-    cross-attention's key and value projections and key RMSNorm) return their previous output when called again on
-    the same, unmodified input: the prompt is fixed for a render, so its keys and values are computed
-    once instead of on every forward (about 3.7% of the refiner's FLOPs at the release shape).
+    """While active, the modules that see only the prompt (the caption projection and every cross-attention's
+    key and value projections and key RMSNorm) return their previous output when called again on the same,
+    unmodified input: the prompt is fixed for a render, so its keys and values are computed once instead of
+    on every forward (about 3.7% of the refiner's FLOPs at the release shape). Outside their first calls
+    those modules' weights wait in CPU memory (`camrender.model.parking`: 3.0 GiB of the bf16 refiner).
 
-    An input is "the same" when it has the same storage, layout and version counter as the one
-    remembered; the memo holds a reference to that input, so its memory cannot be reused meanwhile.
-    The modules' own forwards compute every value (nothing is re-implemented); the patch is removed
-    on exit, so the transformer is untouched outside the refiner's calls.
+    An input is "the same" when it has the same storage, layout and version counter as the one remembered;
+    the memo holds a reference to that input, so its memory cannot be reused meanwhile. The key projection's
+    output is only ever its RMSNorm's input: the memo runs the two together, remembers only the normed keys
+    (0.375 GiB less at the release shape), and the norm passes those through. The modules' own forwards
+    compute every value (nothing is re-implemented); the patch is removed on exit, so the transformer is
+    untouched outside the refiner's calls.
     """
 
     def __init__(self, transformer):
-        self.modules = [transformer.caption_projection]
-        for block in transformer.transformer_blocks:
-            self.modules += [block.attn2.to_k, block.attn2.norm_k, block.attn2.to_v]
+        self.modules = [transformer.caption_projection]  # remembered on their own
+        self.modules += [block.attn2.to_v for block in transformer.transformer_blocks]
+        self.keys = [(block.attn2.to_k, block.attn2.norm_k) for block in transformer.transformer_blocks]
         self.remembered = {}  # id(module) -> (input, its key, output)
+
+    def park(self) -> None:
+        """Send the weights of the memo's projections to CPU memory while they are not running (their
+        first call in a render brings them back for that call)."""
+        park_all(self.modules + [key for key, _ in self.keys])
 
     @staticmethod
     def _key(tensor):
         return (tensor.data_ptr(), tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype, tensor._version)
 
-    def _call(self, module, forward, tensor):
+    def _call(self, module, forward, tensor, norm=None):
+        """module(tensor) remembered; a key projection's (norm: its RMSNorm's forward) normed at once."""
         hit = self.remembered.get(id(module))
         if hit is not None and hit[1] == self._key(tensor):
             return hit[2]
-        output = forward(tensor)
+        output = forward(tensor) if norm is None else norm(forward(tensor))
         self.remembered[id(module)] = (tensor, self._key(tensor), output)
         return output
 
+    def _norm(self, key, forward, tensor):
+        """A key RMSNorm: the keys its projection `key` has just handed over are normed already."""
+        hit = self.remembered.get(id(key))
+        return tensor if hit is not None and hit[2] is tensor else forward(tensor)
+
+    def _patched(self) -> list:
+        return self.modules + [module for pair in self.keys for module in pair]
+
     def __enter__(self):
-        self.saved = [module.__dict__.get("forward") for module in self.modules]  # e.g. an offload hook's
+        self.saved = [module.__dict__.get("forward") for module in self._patched()]  # e.g. an offload hook's
         for module in self.modules:
             module.forward = functools.partial(self._call, module, module.forward)
+        for key, norm in self.keys:
+            key.forward = functools.partial(self._call, key, key.forward, norm=norm.forward)
+            norm.forward = functools.partial(self._norm, key, norm.forward)
         return self
 
     def __exit__(self, *exc):
-        for module, saved in zip(self.modules, self.saved):
+        for module, saved in zip(self._patched(), self.saved):
             if saved is None:
                 module.__dict__.pop("forward", None)
             else:

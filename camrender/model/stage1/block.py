@@ -40,6 +40,7 @@ from camrender.kernels._validate import use_triton
 from camrender.kernels.block_glue import ada_norm, gated_residual, merge_heads, residual_ada_norm
 from camrender.kernels.main_prep import main_prep
 from camrender.model.adopt import adopt_module
+from camrender.model.parking import park_all
 from camrender.model.settings import KernelSettings
 from camrender.model.stage1.ffn import ffn_parts
 from camrender.model.stage1.gdn_attention import norm_inv_rms
@@ -113,13 +114,25 @@ def prepared_text(transformer, text: torch.Tensor, mask: Optional[torch.Tensor])
     """Each block's `TextKeys` of the embedded text (B, 1, L, C) and its mask (B, L), or None for a block
     whose cross-attention computes them itself (not patched, or off the kernels); None if no block takes
     them. A render's calls then pass these instead of repeating the text GEMM and norm per block call."""
-    prepared = []
-    for block in transformer.blocks:
-        processor = getattr(block.cross_attn, "processor", None)
-        takes = isinstance(block, PatchedBlock) and isinstance(processor, FusedCrossAttnProcessor) \
-            and processor.fused(block.cross_attn, text)
-        prepared.append(processor.text_keys(block.cross_attn, text, mask) if takes else None)
+    prepared = [block.cross_attn.processor.text_keys(block.cross_attn, text, mask) if _takes_text_keys(block, text)
+                else None for block in transformer.blocks]
     return prepared if any(keys is not None for keys in prepared) else None
+
+
+def park_text_projections(transformer, device) -> None:
+    """Send to CPU memory (`camrender.model.parking`) the text projection of every block that takes prepared
+    keys (`prepared_text`) on `device`: a render's calls read those keys, and the projection runs once per
+    render, to make them. Idempotent; a loader does it first, so the copy to page-locked memory is part of
+    loading."""
+    like = torch.empty(0, device=device)
+    park_all([block.cross_attn.kv_linear for block in transformer.blocks if _takes_text_keys(block, like)])
+
+
+def _takes_text_keys(block, like: torch.Tensor) -> bool:
+    """Whether the block's cross-attention takes `TextKeys` on tensors like `like`."""
+    processor = getattr(block.cross_attn, "processor", None)
+    return isinstance(block, PatchedBlock) and isinstance(processor, FusedCrossAttnProcessor) \
+        and processor.fused(block.cross_attn, like)
 
 
 def modulation_rows(block, modulation: torch.Tensor) -> tuple:
