@@ -122,3 +122,26 @@ def test_stage_one_parks_its_text_projections(parking_on_cpu, monkeypatch):
         assert all(parking.is_parked(p) for p in projections)
         assert not parking.is_parked(pipe.transformer.blocks[0].cross_attn.q_linear)
         assert parking_on_cpu == ({id(p): 1 for p in projections} if visits else {})
+
+
+def test_the_loaders_park_what_the_renders_call_once(parking_on_cpu):
+    """`load_patched_pipeline` (stage 1 on the fused kernels) and its refiner's `load_stage_two` park the prompt's
+    projections at load, and only those."""
+    from camrender.render.pipeline import load_patched_pipeline
+    from camrender.render.request import RenderRequest
+    from camrender.render.stage_two import _ATTRIBUTE
+
+    frames = 9
+    traj = Trajectory(c2w=np.tile(np.eye(4), (frames, 1, 1)), intrinsics=np.tile([16.0, 16.0, 16.0, 16.0], (frames, 1)),
+                      width=32, height=32, fps=16)
+    request = RenderRequest(traj=traj, prompt=PROMPT, guidance=1.0, num_frames=frames, height=32, width=32,
+                            model="tiny", device="cpu", kernels="fused", mode="segments", refiner="tiny")
+    pipe = load_patched_pipeline(request)
+    stage_one = pipe.transformer.blocks[0].cross_attn
+    assert parking.is_parked(stage_one.kv_linear) and not parking.is_parked(stage_one.q_linear)
+    refiner = getattr(pipe, _ATTRIBUTE).transformer
+    attention = refiner.transformer_blocks[0].attn2
+    assert parking.is_parked(refiner.caption_projection)
+    assert parking.is_parked(attention.to_k) and parking.is_parked(attention.to_v)
+    assert not parking.is_parked(attention.to_q) and not parking.is_parked(refiner.transformer_blocks[0].attn1.to_k)
+    assert not parking_on_cpu  # nothing ran yet
