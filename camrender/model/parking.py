@@ -28,17 +28,13 @@ PARKED_DEVICE_TYPES = ("cuda",)
 _PARKED = "_camrender_parked_on"  # the device a parked module runs on
 
 
-def _tensor_places(module) -> list:
-    """(owner, name, tensor) of every parameter and buffer under `module`."""
-    places = []
-    for owner in module.modules():
-        for name, tensor in list(owner._parameters.items()) + list(owner._buffers.items()):
-            if tensor is not None:
-                places.append((owner, name, tensor))
-    return places
+def _tensors(module) -> list:
+    """Every parameter and buffer under `module` (each shared one once)."""
+    return [*module.parameters(), *module.buffers()]
 
 
 def is_parked(module) -> bool:
+    """Whether `park` has wrapped `module` (its weights may since have been brought back by `.to()`)."""
     return getattr(module, _PARKED, None) is not None
 
 
@@ -46,15 +42,15 @@ def park(module) -> bool:
     """Park `module` (module docstring) if all its parameters and buffers lie on one device of a type in
     `PARKED_DEVICE_TYPES`; True if it is parked now. Parking a parked module again parks what `.to()` brought
     back since."""
-    places = _tensor_places(module)
-    devices = {tensor.device for _, _, tensor in places}
+    tensors = _tensors(module)
+    devices = {tensor.device for tensor in tensors}
     if len(devices) != 1:  # nothing to park, or split across devices (a streamer's or offloader's business)
         return False
     device = devices.pop()
     if device.type not in PARKED_DEVICE_TYPES:
         return False
     pin = device.type == "cuda"
-    for _, _, tensor in places:
+    for tensor in tensors:
         home = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=pin)
         home.copy_(tensor.detach())
         tensor.data = home
@@ -76,7 +72,7 @@ def _visit(module, forward, *args, **kwargs):
     was parked from)."""
     inputs = [value for value in list(args) + list(kwargs.values()) if isinstance(value, torch.Tensor)]
     device = inputs[0].device if inputs else getattr(module, _PARKED)
-    visiting = [(tensor, tensor.data) for _, _, tensor in _tensor_places(module) if tensor.device != device]
+    visiting = [(tensor, tensor.data) for tensor in _tensors(module) if tensor.device != device]
     for tensor, home in visiting:
         tensor.data = home.to(device, non_blocking=True)
     try:

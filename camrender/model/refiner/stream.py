@@ -132,7 +132,7 @@ class RefinerStream:
         # registers) is an additive zero: leaving it out lets cross-attention use the fused SDPA kernels.
         self.text_mask = None if text.mask is None or bool(text.mask.all()) else text.mask
         self.text_memo = _TextMemo(self.transformer)
-        park_prompt_projections(self.transformer)
+        self.text_memo.park()  # a no-op after the loader's `park_prompt_projections`
         self.call = _TransformerCall(self.transformer, self.text_memo, self.device)
         fused = use_refiner_kernels(self.transformer, kernels, kernel_backend)
         scale = float(self.transformer.config.timestep_scale_multiplier)
@@ -298,8 +298,7 @@ def park_prompt_projections(transformer) -> None:
     """Send the weights of the refiner's prompt-only projections (`_TextMemo`'s) to CPU memory where they lie
     on a GPU (`camrender.model.parking`). Idempotent; the stream does it too, a loader does it first so that
     the copy to page-locked memory is part of loading, not of the first render."""
-    if not is_layer_streamed(transformer):  # group offloading places these weights itself
-        _TextMemo(transformer).park()
+    _TextMemo(transformer).park()
 
 
 class _TransformerCall:
@@ -340,6 +339,7 @@ class _TextMemo:
     """
 
     def __init__(self, transformer):
+        self.transformer = transformer
         self.modules = [transformer.caption_projection]  # remembered on their own
         self.modules += [block.attn2.to_v for block in transformer.transformer_blocks]
         self.keys = [(block.attn2.to_k, block.attn2.norm_k) for block in transformer.transformer_blocks]
@@ -347,8 +347,9 @@ class _TextMemo:
 
     def park(self) -> None:
         """Send the weights of the memo's projections to CPU memory while they are not running (their
-        first call in a render brings them back for that call)."""
-        park_all(self.modules + [key for key, _ in self.keys])
+        first call in a render brings them back for that call); not under group offloading, which places them."""
+        if not is_layer_streamed(self.transformer):
+            park_all(self.modules + [key for key, _ in self.keys])
 
     @staticmethod
     def _key(tensor):
