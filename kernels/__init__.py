@@ -18,15 +18,18 @@ Public names:
     cam_prep, cam_decode   standalone camera encode / decode kernels
     *_ref              their fp32 PyTorch references (kernels.<name>_reference)
 """
-from ._reference_parts import discount_beta_ref
-from .cam_decode import cam_decode
-from .cam_decode_reference import cam_decode_ref
-from .cam_prep import cam_prep
-from .cam_prep_reference import cam_prep_ref
-from .camera_branch import camera_branch
-from .camera_branch_reference import camera_branch_ref
-from .delta_scan import delta_scan
-from .delta_scan_reference import delta_scan_ref
+from ._top_level_name import handed_over
 
-__all__ = ["camera_branch", "delta_scan", "cam_prep", "cam_decode", "camera_branch_ref", "delta_scan_ref",
-           "cam_prep_ref", "cam_decode_ref", "discount_beta_ref"]
+if not handed_over(__name__):  # imported as camrender.kernels, or as a bare `kernels` with no such package
+    from ._reference_parts import discount_beta_ref
+    from .cam_decode import cam_decode
+    from .cam_decode_reference import cam_decode_ref
+    from .cam_prep import cam_prep
+    from .cam_prep_reference import cam_prep_ref
+    from .camera_branch import camera_branch
+    from .camera_branch_reference import camera_branch_ref
+    from .delta_scan import delta_scan
+    from .delta_scan_reference import delta_scan_ref
+
+    __all__ = ["camera_branch", "delta_scan", "cam_prep", "cam_decode", "camera_branch_ref", "delta_scan_ref",
+               "cam_prep_ref", "cam_decode_ref", "discount_beta_ref"]
