@@ -94,9 +94,31 @@ def _encoded(refiner, request, device, dtype) -> tuple:
 
 
 # On CUDA, a segment's refinement runs on its own stream while the next segment's stage 1 runs, and its
-# decode on a third. With the refiner this hides about 3 % of the stages' GPU time on an H200 (the refiner
+# decode on a third. With the refiner this hides 1-3 % of the stages' GPU time on an H200 (the refiner
 # keeps every SM busy, docs/performance.md, "Overlap schedules"); without it the decode runs beside stage 1.
 OVERLAP_STAGE_TWO = True
+
+# The streams' price in memory: PyTorch's caching allocator keeps the blocks a stream frees for that stream, so each
+# of the three streams holds its own peak of short-lived buffers (at the release shape 3.4 GiB more reserved than
+# on one stream with the bf16 refiner, 1.9 with FP8: docs/performance.md, "sixteenth session"). With a refiner on
+# CUDA the stages get their own streams only where the GPU has this much room at the render's start (its memory,
+# under the process's cap, less what is allocated), as on an 80 or 141 GB card; elsewhere they are queued in the
+# same order on the render's one stream (`Schedule(streams=False)`), so from one pool, and the host still runs a
+# segment ahead (1-2 % slower than the streams on an H200; yielding each segment's frames before the next is
+# queued, `overlap=False`, is 6-9 % slower).
+OVERLAP_MIN_ROOM_GIB = 32
+
+
+def room_for_overlap(device) -> bool:
+    """Whether `device` has `OVERLAP_MIN_ROOM_GIB` free for the render (always, off CUDA)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return True
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    total = torch.cuda.get_device_properties(index).total_memory
+    capped = getattr(torch.cuda, "get_per_process_memory_fraction", None)  # not in every PyTorch release
+    usable = total * (capped(index) if capped is not None else 1.0)
+    return usable - torch.cuda.memory_allocated(index) >= OVERLAP_MIN_ROOM_GIB * 2**30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,11 +129,15 @@ class Schedule:
         (the GPU's block scheduler starts their kernels first when both wait); else all streams equal.
     decode_apart: the decode on its own stream (it can overlap the next block's refinement); else on
         the refiner's, after each block.
-    The three schedules render at the same rate within 1 % on an H200 (bench/bench_refiner.py).
+    streams: False queues every stage, in the same order, on the render's own stream: the GPU runs them one
+        after another, from one allocator pool, while the host still queues chunk k+1 before it waits for
+        chunk k's frames (what keeps the GPU busy: the streams themselves hide about 1 % on an H200).
+    The three schedules with streams render at the same rate within 1 % on an H200 (bench/bench_refiner.py).
     """
 
     stage_one_first: bool = True
     decode_apart: bool = True
+    streams: bool = True
 
 
 def refined_frames(stage, latent_chunks, decoder, device, overlap: Optional[bool] = None,
@@ -125,8 +151,11 @@ def refined_frames(stage, latent_chunks, decoder, device, overlap: Optional[bool
     overlap (default: `OVERLAP_STAGE_TWO` with a refiner, and on CUDA without one): stage 1, the refiner
     and the decode are queued on three CUDA streams as `schedule` says, chunk k's frames yielded after
     chunk k+1's stage 1 (and refinement) have been queued (taking chunk k+1 from `latent_chunks` is what
-    queues its stage 1), so the stages of neighbouring chunks overlap on the GPU. Off CUDA the streams
-    are no-ops and the order is the same. The frames are the same either way.
+    queues its stage 1), so the stages of neighbouring chunks overlap on the GPU. By default a refined render
+    where the GPU lacks room for the streams' caches (`room_for_overlap`) keeps that order on one stream
+    (`Schedule(streams=False)`). Off CUDA the streams are no-ops and the order is the same. False: each chunk's
+    frames are yielded before the next chunk's stage 1 is queued (`camrender play`'s low-latency order). The
+    frames are the same either way.
 
     hold(k): asked before taking chunk k+1 while chunk k's frames wait; True yields them first, before
     chunk k+1's stage 1 runs (a checkpoint after chunk k then sees the state after chunk k).
@@ -136,7 +165,10 @@ def refined_frames(stage, latent_chunks, decoder, device, overlap: Optional[bool
     """
     settle_chunk = settle_chunk or (lambda: None)
     if overlap is None:
-        overlap = OVERLAP_STAGE_TWO and (isinstance(stage, RefinerStream) or torch.device(device).type == "cuda")
+        refined = isinstance(stage, RefinerStream)
+        overlap = OVERLAP_STAGE_TWO and (refined or torch.device(device).type == "cuda")
+        if overlap and refined and schedule.streams and not room_for_overlap(device):
+            schedule = dataclasses.replace(schedule, streams=False)
 
     def frames_of(latents):
         """Queue the decode of refined latents; returns a callable giving the numpy frames."""
@@ -246,8 +278,22 @@ class _Beside:
             raise error
 
 
+_STREAMS: dict = {}  # (device, stage, priority) -> the CUDA stream every render queues that stage on
+
+
+def _stream(device: torch.device, stage: str, priority: int) -> "torch.cuda.Stream":
+    """The process's one stream for `stage` on `device`. PyTorch's caching allocator keeps the blocks a stream
+    freed for that stream alone, so a second render on fresh streams (PyTorch hands them out round robin) could
+    not reuse what the first one's stages left cached, and reserved memory would grow render by render."""
+    key = (device.index if device.index is not None else torch.cuda.current_device(), stage, priority)
+    if key not in _STREAMS:
+        _STREAMS[key] = torch.cuda.Stream(device, priority=priority)
+    return _STREAMS[key]
+
+
 class _StageStreams:
-    """The three CUDA streams of `refined_frames`' overlap (no-ops off CUDA, where work runs in order).
+    """The three CUDA streams of `refined_frames`' overlap (no-ops off CUDA and under `Schedule(streams=False)`,
+    where work runs in order on the current stream).
 
     Each stage waits for the one before it on the GPU, never on the host: stage 1 for the work queued
     before the loop, the refiner for stage 1, the decode for the refiner. A tensor made on one stream
@@ -257,13 +303,13 @@ class _StageStreams:
     def __init__(self, device, schedule: Schedule):
         self.device = torch.device(device)
         self.streams, self.after = {}, {}
-        if self.device.type != "cuda":
+        if self.device.type != "cuda" or not schedule.streams:
             return
         low, high = torch.cuda.Stream.priority_range()  # numerically, the highest priority is the lowest
         first = high if schedule.stage_one_first else low
-        stage_one = torch.cuda.Stream(self.device, priority=first)
-        refiner = torch.cuda.Stream(self.device, priority=low)
-        decode = torch.cuda.Stream(self.device, priority=first) if schedule.decode_apart else refiner
+        stage_one = _stream(self.device, "stage_one", first)
+        refiner = _stream(self.device, "refiner", low)
+        decode = _stream(self.device, "decode", first) if schedule.decode_apart else refiner
         self.outer = torch.cuda.current_stream(self.device)
         self.streams = {"stage_one": stage_one, "refiner": refiner, "decode": decode}
         self.after = {"stage_one": self.outer, "refiner": stage_one, "decode": refiner}

@@ -191,7 +191,8 @@ def test_overlapped_stage_two_equals_sequential(pipe):
                 ("in order", False, Schedule(), None), ("in order, held", False, Schedule(), HeldCacheWrite()),
                 ("prioritised", True, Schedule(), HeldCacheWrite()),
                 ("equal priorities", True, Schedule(stage_one_first=False), HeldCacheWrite()),
-                ("decode after refiner", True, Schedule(decode_apart=False), HeldCacheWrite())]:
+                ("decode after refiner", True, Schedule(decode_apart=False), HeldCacheWrite()),
+                ("one stream", True, Schedule(streams=False), HeldCacheWrite())]:
             with torch.no_grad():
                 chunks = (x for *_, x in sample_segments(pipe.transformer, inputs, bounds,
                                                          list(DEFAULT_SEGMENT_TIMESTEPS), SegmentOptions(), device,
@@ -206,3 +207,37 @@ def test_overlapped_stage_two_equals_sequential(pipe):
     assert len(videos["in order"]) == 121
     for name, video in videos.items():
         assert np.array_equal(video, videos["in order"]), name
+
+
+def test_overlapped_renders_reuse_their_streams_cached_memory(pipe):
+    """Renders one after another in a process (the live page's restarts, a batch) queue their stages on the same
+    CUDA streams, so the memory a render's stages left cached serves the next one: the third of three equal renders
+    reserves no more than the second (on fresh streams each render would reserve its stages' buffers again)."""
+    from camrender.model.refiner.tiny import build_tiny_refiner
+    from camrender.model.stage1.segments import SegmentOptions, segment_bounds
+    from camrender.render.decode import CausalStreamDecoder
+    from camrender.render.inputs import prepare_inputs
+    from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments
+    from camrender.render.stage_two import attach_refiner, refined_frames, stage_two
+
+    device = torch.device("cuda")
+    request = dataclasses.replace(_request("segments", frames=121), refiner="tiny")
+    inputs = prepare_inputs(pipe, request, device)
+    bounds = segment_bounds(inputs.noise.shape[2], 3)
+    attach_refiner(pipe, build_tiny_refiner(seed=1).to(device))
+    reserved = []
+    try:
+        for _ in range(3):
+            with torch.no_grad():
+                chunks = (x for *_, x in sample_segments(pipe.transformer, inputs, bounds,
+                                                         list(DEFAULT_SEGMENT_TIMESTEPS), SegmentOptions(), device,
+                                                         cuda_graphs=False))
+                frames = [f for _, f in refined_frames(stage_two(pipe, request, device), chunks,
+                                                       CausalStreamDecoder(pipe.vae, device=device), device,
+                                                       overlap=True)]
+            torch.cuda.synchronize()
+            assert sum(len(f) for f in frames) == 121
+            reserved.append(torch.cuda.memory_reserved())
+    finally:
+        attach_refiner(pipe, None)
+    assert reserved[2] <= reserved[1], reserved
