@@ -54,6 +54,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import allocator_pools  # noqa: E402
 import bench_segments as stage_one  # noqa: E402
 import refiner_targets  # noqa: E402
 from camrender.allocator import ALLOC_CONF, use_expandable_segments  # noqa: E402
@@ -94,6 +95,14 @@ def parse_args(argv=None):
     parser.add_argument("--allocator", choices=("expandable", "default"), default="expandable",
                         help="PyTorch's CUDA allocator: expandable segments, as camrender's processes run (unless "
                              "PYTORCH_CUDA_ALLOC_CONF is set), or PyTorch's default, to compare")
+    parser.add_argument("--schedule", choices=tuple(refiner_targets.SCHEDULES), default="rendered",
+                        help="with --setting: how the stages are queued (refiner_targets.SCHEDULES)")
+    parser.add_argument("--memory-history", action="store_true",
+                        help="with --setting: record the allocator's events, so the pools say who allocated the "
+                             "largest free blocks (bench/allocator_pools.py)")
+    parser.add_argument("--trace-segments", type=int, default=0,
+                        help="with --setting: trace this many steady segments of the timed render on CUDA (GPU "
+                             "busy and idle per stream, host calls in the idle gaps: bench/pipeline_trace.py)")
     parser.add_argument("--out", default=None, help="also write the JSON document here")
     return parser.parse_args(argv)
 
@@ -151,14 +160,12 @@ def render_path(models, segments, refined, *, breakdown=False, overlap=None, sch
     if len(arrivals) >= 2:  # frames yielded after the first ones over the time they took
         (t0, f0), (t1, f1) = arrivals[0], arrivals[-1]
         result["video_fps_after_first_frames"] = round((f1 - f0) / (t1 - t0), 2) if t1 > t0 else None
-    if len(arrivals) >= 4:
-        # The steady rate: the median time between two segments' frames, leaving out the last segment's,
-        # which can arrive right after the one before (its work was queued before the host waited for
-        # those frames, and the GPU had nearly caught up with the queue).
-        gaps = sorted(b[0] - a[0] for a, b in zip(arrivals[:-2], arrivals[1:-1]))
-        segment_frames = arrivals[2][1] - arrivals[1][1]  # 24 video frames for 3 latent frames
-        result["s_per_segment_steady"] = round(gaps[len(gaps) // 2], 3)
-        result["video_fps_steady"] = round(segment_frames / gaps[len(gaps) // 2], 2)
+    # The steady rate: the median time between two segments' frames once the warm-up is over, leaving out the last
+    # segment's, which can arrive right after the one before (its work was queued before the host waited for
+    # those frames, and the GPU had nearly caught up with the queue).
+    result.update(refiner_targets.steady_rates(arrivals))
+    if "video_fps_steady" in result:
+        result["s_per_segment_steady"] = round((arrivals[2][1] - arrivals[1][1]) / result["video_fps_steady"], 3)
     if breakdown:
         result.update({f"{name}_s": round(value, 3) for name, value in times.items() if value})
         if refined:
@@ -372,6 +379,8 @@ def main(argv=None):
 
         if args.tiny:
             args.segments = min(args.segments, 4)
+        elif args.memory_history:
+            allocator_pools.record_history()
         emit(dict(refiner_targets.run_setting(args, args.setting), allocator=allocator,
                   refiner_window_layout=args.refiner_window_layout), args.out)
         return 0

@@ -25,6 +25,8 @@ from types import SimpleNamespace
 
 import torch
 
+import allocator_pools
+import pipeline_trace
 import refiner_common as base
 import bench_segments as stage_one
 from camrender.model.block_streaming import block_streamer, stream_blocks
@@ -35,8 +37,24 @@ from camrender.model.stage1.segments import SegmentCache, SegmentOptions, segmen
 from camrender.render.decode import REFINED_DECODE_MAX_FRAMES, CausalStreamDecoder
 from camrender.render.inputs import encode_first_frame
 from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments
-from camrender.render.stage_two import refined_frames
+from camrender.render.stage_two import Schedule, refined_frames, room_for_overlap
 from common import GIB, gib, sync
+
+# `--schedule`: (overlap, schedule) of `refined_frames`: as a render chooses (the streams where the GPU has room,
+# `stage_two.room_for_overlap`, else one stream), the streams, the decode queued on the refiner's stream after each
+# block, the streams' order on the render's one stream, or each chunk's frames before the next chunk is queued (the
+# live page's low-latency order)
+SCHEDULES = {"rendered": (None, Schedule()), "overlapped": (True, Schedule()),
+             "decode-on-refiner": (True, Schedule(decode_apart=False)), "one-stream": (True, Schedule(streams=False)),
+             "in-order": (False, Schedule())}
+
+# The steady rate is read from the gap after this segment's frames on: stage 1's CUDA graphs are captured by then
+# (the denoising passes' in segments 0-3, the cache pass's in segment 4: `camrender.model.graphs`) and the
+# refiner's window is full (sink + 10 frames from segment 4). Earlier gaps hold captures and a growing window.
+STEADY_FROM = 5
+
+# `--trace-segments`: the trace starts once this segment's frames are out (stage 1's graphs captured, the window full)
+TRACE_FROM = 3
 
 # stage 1's rules beside the refiner, as a render runs it (no key slot: `SegmentOptions.key_slot`)
 REFINED_OPTIONS = SegmentOptions(cached_segments=2, key_slot=False)
@@ -86,7 +104,7 @@ def breakdown(weights: dict, named: dict, device) -> dict:
     known = sum(weight_bytes.values()) + sum(named.values())
     return dict(weights={k: gib(v) for k, v in weight_bytes.items()}, **{k: gib(v) for k, v in named.items()},
                 other_allocated=gib(allocated - known), allocated=gib(allocated), allocator_slack=gib(reserved - allocated),
-                peak_allocated=gib(torch.cuda.max_memory_allocated()))
+                peak_allocated=gib(torch.cuda.max_memory_allocated()), pools=allocator_pools.pools())
 
 
 def encode_phase(args, device, dtype, weights) -> dict:
@@ -186,11 +204,12 @@ def run_setting(args, name: str) -> dict:
     results["render"] = render(args, transformer, vae, refiner_transformer, text, shape, device, stage_dtype,
                                setting, weights)
     results["total_wall_s"] = round(time.perf_counter() - began, 1)
-    timed = results["render"]["timed"]
+    timed = results["render"].get("timed") or results["render"].get("warmup")  # the warm-up when it ran out
     encode_peaks = [phase.get("peak_allocated") for phase in results["prompt_encoding"].values()] \
         if isinstance(results["prompt_encoding"], dict) else []
     peaks = [p for p in encode_peaks + [timed.get("peak_gib")] if p is not None]
-    results["summary"] = dict(setting=name, video_fps_steady=timed.get("video_fps_steady"),
+    ran_out = any("out_of_memory" in row for row in results["render"].values())
+    results["summary"] = dict(setting=name, out_of_memory=ran_out, video_fps_steady=timed.get("video_fps_steady"),
                               peak_gib=max(peaks) if peaks else None, render_peak_gib=timed.get("peak_gib"),
                               encode_peak_gib=max(encode_peaks) if encode_peaks and None not in encode_peaks else None)
     return results
@@ -228,26 +247,43 @@ def render(args, transformer, vae, refiner_transformer, text, shape, device, dty
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
         arrivals, frames, snapshots = [], 0, {}
+        trace = pipeline_trace.Trace()
+        tracing = label == "timed" and device.type == "cuda" and 0 < args.trace_segments <= segments - TRACE_FROM - 2
         began = time.perf_counter()
-        with torch.no_grad():
-            chunks = (x for *_, x in sample_segments(transformer, inputs, segment_bounds(latent_frames, 3),
-                                                     list(DEFAULT_SEGMENT_TIMESTEPS), REFINED_OPTIONS,
-                                                     device, cuda_graphs=device.type == "cuda", cache=cache))
-            for index, (_, chunk) in enumerate(refined_frames(stream, chunks, decoder, device)):
-                frames += len(chunk)
-                arrivals.append((time.perf_counter(), frames))
-                if label == "timed" and index in (0, segments - 2):
-                    named = dict(refiner_kv_window=window_bytes(stream), stage1_caches=cache.nbytes())
-                    streamer = block_streamer(refiner_transformer.transformer_blocks)
-                    if streamer is not None:
-                        named["refiner_staging_slots"] = streamer.slot_bytes * len(streamer.slots)
-                    snapshots["first_segment" if index == 0 else "steady_state"] = breakdown(weights, named, device)
+        try:
+            with torch.no_grad(), allocator_pools.name_streams():
+                chunks = (x for *_, x in sample_segments(transformer, inputs, segment_bounds(latent_frames, 3),
+                                                         list(DEFAULT_SEGMENT_TIMESTEPS), REFINED_OPTIONS,
+                                                         device, cuda_graphs=device.type == "cuda", cache=cache))
+                overlap, schedule = SCHEDULES[args.schedule]
+                streams = (room_for_overlap(device) if overlap is None else overlap) and schedule.streams
+                out.setdefault("stage_streams", {})[label] = streams
+                for index, (_, chunk) in enumerate(refined_frames(stream, chunks, decoder, device, overlap=overlap,
+                                                                  schedule=schedule)):
+                    frames += len(chunk)
+                    arrivals.append((time.perf_counter(), frames))
+                    if tracing and index == TRACE_FROM:
+                        trace.start()
+                    elif tracing and index == TRACE_FROM + args.trace_segments:
+                        trace.stop()
+                        wall = arrivals[-1][0] - arrivals[-1 - args.trace_segments][0]
+                        snapshots["trace"] = dict(trace.summary(), segments=args.trace_segments, wall_s=round(wall, 3))
+                    if label == "timed" and index in (0, segments - 2):
+                        named = dict(refiner_kv_window=window_bytes(stream), stage1_caches=cache.nbytes())
+                        streamer = block_streamer(refiner_transformer.transformer_blocks)
+                        if streamer is not None:
+                            named["refiner_staging_slots"] = streamer.slot_bytes * len(streamer.slots)
+                        snapshots["first_segment" if index == 0 else "steady_state"] = breakdown(weights, named,
+                                                                                                  device)
+        except torch.OutOfMemoryError as error:  # under a cap: where the reserved memory sat when it ran out
+            out[label] = dict(out_of_memory=str(error).splitlines()[0][:400], video_frames=frames,
+                              pools=allocator_pools.pools(), **snapshots)
+            note(label, out[label])
+            return out
         sync()
         total = time.perf_counter() - began
         row = dict(video_frames=frames, total_s=round(total, 3), video_fps=round(frames / total, 2))
-        if len(arrivals) >= 4:
-            gaps = sorted(b[0] - a[0] for a, b in zip(arrivals[:-2], arrivals[1:-1]))
-            row["video_fps_steady"] = round((arrivals[2][1] - arrivals[1][1]) / gaps[len(gaps) // 2], 2)
+        row.update(steady_rates(arrivals))
         if device.type == "cuda":
             row["peak_gib"] = gib(torch.cuda.max_memory_allocated())
         row.update(snapshots)
@@ -255,6 +291,25 @@ def render(args, transformer, vae, refiner_transformer, text, shape, device, dty
         note(label, row)
     out["decode_workspace"] = decode_workspace(vae, shape, device, dtype)
     return out
+
+
+def steady_rates(arrivals) -> dict:
+    """From (time, frames so far) at each yield of a render: the time between two segments' frames (the last
+    yield, the clip's last block, left out), and the video fps of their median over the steady segments:
+    from `STEADY_FROM` on, or over all of them (`video_fps_median_all_gaps`, as before the sixteenth session)
+    where the path is too short."""
+    if len(arrivals) < 4:
+        return {}
+    gaps = [b[0] - a[0] for a, b in zip(arrivals[:-2], arrivals[1:-1])]
+    frames = arrivals[2][1] - arrivals[1][1]  # 24 video frames for 3 latent frames
+
+    def fps(chosen):
+        return round(frames / sorted(chosen)[len(chosen) // 2], 2)
+
+    steady = gaps[STEADY_FROM:]
+    return dict(segment_gaps_s=[round(g, 3) for g in gaps], video_fps_median_all_gaps=fps(gaps),
+                video_fps_steady=fps(steady) if len(steady) >= 2 else fps(gaps),
+                steady_gaps=len(steady) if len(steady) >= 2 else len(gaps))
 
 
 def decode_workspace(vae, shape, device, dtype) -> dict:

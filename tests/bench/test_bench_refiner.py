@@ -83,3 +83,46 @@ def test_tiny_setting_reports_the_phases(tmp_path, monkeypatch):
         assert set(timed[phase]["weights"]) == {"stage1_dit", "vae", "refiner_dit"}
     assert set(result["render"]["decode_workspace"]) == {"block_per_call", "one_frame_per_call"}
     sys.modules.pop("bench_refiner", None)
+
+
+def test_the_steady_rate_leaves_out_the_warm_up_segments(monkeypatch):
+    """`video_fps_steady` is the median gap from `STEADY_FROM` on (stage 1's graph captures and the refiner's
+    filling window are earlier); the median of every gap, as before, is reported beside it."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import refiner_targets
+
+    gaps = [1.3, 1.2, 1.0, 1.1, 0.9] + [0.75, 0.8, 0.74, 0.76] + [0.1]  # warm-up, steady, the clip's last block
+    arrivals, now = [(0.0, 25)], 0.0
+    for gap in gaps:
+        now += gap
+        arrivals.append((now, arrivals[-1][1] + 24))
+    assert refiner_targets.STEADY_FROM == 5
+    rates = refiner_targets.steady_rates(arrivals)
+    assert rates["segment_gaps_s"] == pytest.approx(gaps[:-1])
+    assert rates["video_fps_steady"] == round(24 / 0.76, 2) and rates["steady_gaps"] == 4
+    assert rates["video_fps_median_all_gaps"] == round(24 / 0.9, 2)
+    short = refiner_targets.steady_rates(arrivals[:6])  # too few steady gaps: every gap
+    assert short["video_fps_steady"] == short["video_fps_median_all_gaps"] and short["steady_gaps"] == 4
+
+
+def test_the_pipeline_trace_adds_up_busy_and_idle_time_per_stream(monkeypatch):
+    """`pipeline_trace.Trace.summary` on a Chrome trace: the union of the streams' kernels, the idle gaps and the
+    host call in flight during the largest, per-stream busy time and launches, host time per thread and call."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import pipeline_trace
+
+    trace = pipeline_trace.Trace()
+    trace.events = [
+        dict(cat="kernel", name="a", ts=0, dur=1000, args=dict(stream=7)),
+        dict(cat="kernel", name="b", ts=500, dur=1000, args=dict(stream=13)),  # overlaps a: 1.5 ms busy together
+        dict(cat="gpu_memcpy", name="copy", ts=3500, dur=500, args=dict(stream=7)),  # after a 2 ms gap
+        dict(cat="cuda_runtime", name="cudaStreamSynchronize", ts=1400, dur=2000, tid=1),
+        dict(cat="cuda_runtime", name="cudaLaunchKernel", ts=100, dur=10, tid=2),
+        dict(cat="cpu_op", name="aten::mm", ts=0, dur=4000),  # not GPU activity
+    ]
+    summary = trace.summary()
+    assert summary["span_ms"] == 4.0 and summary["busy_ms"] == 2.0 and summary["idle_ms"] == 2.0
+    assert summary["gaps"]["count"] == 1 and summary["gaps"]["ms"] == 2.0
+    assert summary["gaps"]["largest"][0]["host"][0] == dict(call="cudaStreamSynchronize", thread=1, ms=1.9)
+    assert summary["streams"] == {"7": dict(busy_ms=1.5, launches=2), "13": dict(busy_ms=1.0, launches=1)}
+    assert summary["host"] == {"1": {"cudaStreamSynchronize": 2.0}, "2": {"cudaLaunchKernel": 0.01}}
