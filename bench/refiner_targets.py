@@ -53,8 +53,9 @@ SCHEDULES = {"rendered": (None, Schedule()), "overlapped": (True, Schedule()),
 # refiner's window is full (sink + 10 frames from segment 4). Earlier gaps hold captures and a growing window.
 STEADY_FROM = 5
 
-# `--trace-segments`: the trace starts once this segment's frames are out (stage 1's graphs captured, the window full)
-TRACE_FROM = 3
+# `--trace-segments`: the trace starts once this segment's frames are out, so it holds steady segments only (the
+# sixteenth session's trace started at segment 3 and held the cache pass's graph capture)
+TRACE_FROM = STEADY_FROM
 
 # stage 1's rules beside the refiner, as a render runs it (no key slot: `SegmentOptions.key_slot`)
 REFINED_OPTIONS = SegmentOptions(cached_segments=2, key_slot=False)
