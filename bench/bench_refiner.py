@@ -164,8 +164,6 @@ def render_path(models, segments, refined, *, breakdown=False, overlap=None, sch
     # segment's, which can arrive right after the one before (its work was queued before the host waited for
     # those frames, and the GPU had nearly caught up with the queue).
     result.update(refiner_targets.steady_rates(arrivals))
-    if "video_fps_steady" in result:
-        result["s_per_segment_steady"] = round((arrivals[2][1] - arrivals[1][1]) / result["video_fps_steady"], 3)
     if breakdown:
         result.update({f"{name}_s": round(value, 3) for name, value in times.items() if value})
         if refined:

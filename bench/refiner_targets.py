@@ -37,7 +37,7 @@ from camrender.model.stage1.segments import SegmentCache, SegmentOptions, segmen
 from camrender.render.decode import REFINED_DECODE_MAX_FRAMES, CausalStreamDecoder
 from camrender.render.inputs import encode_first_frame
 from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments
-from camrender.render.stage_two import Schedule, refined_frames, room_for_overlap
+from camrender.render.stage_two import Schedule, chosen_schedule, refined_frames
 from common import GIB, gib, sync
 
 # `--schedule`: (overlap, schedule) of `refined_frames`: as a render chooses (the streams where the GPU has room,
@@ -256,9 +256,8 @@ def render(args, transformer, vae, refiner_transformer, text, shape, device, dty
                 chunks = (x for *_, x in sample_segments(transformer, inputs, segment_bounds(latent_frames, 3),
                                                          list(DEFAULT_SEGMENT_TIMESTEPS), REFINED_OPTIONS,
                                                          device, cuda_graphs=device.type == "cuda", cache=cache))
-                overlap, schedule = SCHEDULES[args.schedule]
-                streams = (room_for_overlap(device) if overlap is None else overlap) and schedule.streams
-                out.setdefault("stage_streams", {})[label] = streams
+                overlap, schedule = chosen_schedule(stream, device, *SCHEDULES[args.schedule])
+                out.setdefault("stage_streams", {})[label] = overlap and schedule.streams and device.type == "cuda"
                 for index, (_, chunk) in enumerate(refined_frames(stream, chunks, decoder, device, overlap=overlap,
                                                                   schedule=schedule)):
                     frames += len(chunk)
@@ -307,10 +306,10 @@ def steady_rates(arrivals) -> dict:
     def fps(chosen):
         return round(frames / sorted(chosen)[len(chosen) // 2], 2)
 
-    steady = gaps[STEADY_FROM:]
+    steady = gaps[STEADY_FROM:] if len(gaps) >= STEADY_FROM + 2 else gaps
     return dict(segment_gaps_s=[round(g, 3) for g in gaps], video_fps_median_all_gaps=fps(gaps),
-                video_fps_steady=fps(steady) if len(steady) >= 2 else fps(gaps),
-                steady_gaps=len(steady) if len(steady) >= 2 else len(gaps))
+                s_per_segment_steady=round(sorted(steady)[len(steady) // 2], 3), video_fps_steady=fps(steady),
+                steady_gaps=len(steady))
 
 
 def decode_workspace(vae, shape, device, dtype) -> dict:

@@ -140,6 +140,19 @@ class Schedule:
     streams: bool = True
 
 
+def chosen_schedule(stage, device, overlap: Optional[bool], schedule: Schedule) -> tuple:
+    """(overlap, schedule) of `refined_frames` for `stage` on `device`: as given, or with `overlap` None the
+    default (`OVERLAP_STAGE_TWO` with a refiner, and on CUDA without one; a refined render without
+    `room_for_overlap` keeps the order on one stream)."""
+    if overlap is not None:
+        return overlap, schedule
+    refined = isinstance(stage, RefinerStream)
+    overlap = OVERLAP_STAGE_TWO and (refined or torch.device(device).type == "cuda")
+    if overlap and refined and schedule.streams and not room_for_overlap(device):
+        schedule = dataclasses.replace(schedule, streams=False)
+    return overlap, schedule
+
+
 def refined_frames(stage, latent_chunks, decoder, device, overlap: Optional[bool] = None,
                    schedule: Schedule = Schedule(), hold: Optional[Callable[[int], bool]] = None,
                    settle_chunk: Optional[Callable[[], None]] = None):
@@ -164,11 +177,7 @@ def refined_frames(stage, latent_chunks, decoder, device, overlap: Optional[bool
     before its frames are yielded.
     """
     settle_chunk = settle_chunk or (lambda: None)
-    if overlap is None:
-        refined = isinstance(stage, RefinerStream)
-        overlap = OVERLAP_STAGE_TWO and (refined or torch.device(device).type == "cuda")
-        if overlap and refined and schedule.streams and not room_for_overlap(device):
-            schedule = dataclasses.replace(schedule, streams=False)
+    overlap, schedule = chosen_schedule(stage, device, overlap, schedule)
 
     def frames_of(latents):
         """Queue the decode of refined latents; returns a callable giving the numpy frames."""

@@ -100,6 +100,7 @@ def test_the_steady_rate_leaves_out_the_warm_up_segments(monkeypatch):
     rates = refiner_targets.steady_rates(arrivals)
     assert rates["segment_gaps_s"] == pytest.approx(gaps[:-1])
     assert rates["video_fps_steady"] == round(24 / 0.76, 2) and rates["steady_gaps"] == 4
+    assert rates["s_per_segment_steady"] == 0.76
     assert rates["video_fps_median_all_gaps"] == round(24 / 0.9, 2)
     short = refiner_targets.steady_rates(arrivals[:6])  # too few steady gaps: every gap
     assert short["video_fps_steady"] == short["video_fps_median_all_gaps"] and short["steady_gaps"] == 4
