@@ -31,7 +31,7 @@ import triton.language as tl
 from ._rounding import cast_as, round_as
 from ._validate import check_choice, use_triton
 from .block_glue_reference import ada_norm_ref, gated_residual_ref, merge_heads_ref, silu_gate_ref
-from .fp8_quant import row_scale, to_e4m3
+from .fp8_quant import row_scales, to_e4m3
 
 
 # --------------------------------------------------------------------------- kernels
@@ -82,9 +82,9 @@ def _ada_norm_kernel(x_ptr, r_ptr, x_out_ptr, out_ptr, shift_ptr, scale_ptr, q_s
         out = normed
     if QUANTIZE:  # the next linear's row-wise e4m3 input, from the DT values the stock block would write
         out = tl.where(mask, round_as(out, DT), 0.0)
-        q_scale = row_scale(out, 1)[:, None]
-        tl.store(q_scale_ptr + row, q_scale, mask=row < n_rows)
-        tl.store(out_ptr + out_off, to_e4m3(out, q_scale), mask=mask)
+        q_scale, q_inverse = row_scales(out, 1)
+        tl.store(q_scale_ptr + row, q_scale[:, None], mask=row < n_rows)
+        tl.store(out_ptr + out_off, to_e4m3(out, q_inverse[:, None]), mask=mask)
     else:
         tl.store(out_ptr + out_off, cast_as(out, DT), mask=mask)
 

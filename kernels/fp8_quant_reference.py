@@ -13,10 +13,13 @@ TINY = 1e-12
 
 
 def quantize_rows_ref(x):
-    """The PyTorch reference: (q (M, K) e4m3, scale (M, 1) fp32)."""
+    """The PyTorch reference: (q (M, K) e4m3, scale (M, 1) fp32); x is multiplied by the row's 448 / amax (the
+    kernels' reciprocal), the scale amax / 448."""
     wide = x.float()
-    scale = wide.abs().amax(dim=-1, keepdim=True).clamp(min=TINY) / E4M3_MAX
-    return (wide / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), scale
+    amax = wide.abs().amax(dim=-1, keepdim=True).clamp(min=TINY)
+    limit = torch.full_like(amax, E4M3_MAX)  # tensor / tensor: PyTorch turns a division by a scalar into a product
+    q = (wide * (limit / amax)).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    return q, amax / limit
 
 
 def gelu_quantize_rows_ref(x):

@@ -47,14 +47,15 @@ _TINY = 1e-12  # floor of an amax, so an all-zero row quantizes to zeros (not Na
 def quantize(x: torch.Tensor, scaling: str = "row") -> tuple[torch.Tensor, torch.Tensor]:
     """x (M, K) -> (q (M, K) e4m3, scale fp32) with x ~= q * scale.
 
-    scaling "row": one scale per row, shape (M, 1) (amax of the row / 448); "tensor": one 0-dim scale.
+    scaling "row": one scale per row, shape (M, 1) (amax of the row / 448); "tensor": one 0-dim scale. x is
+    multiplied by 448 / amax, as `kernels.fp8_quant` does (row-wise: the same bits).
     """
     if scaling not in SCALINGS:
         raise ValueError(f"scaling must be one of {SCALINGS}, got {scaling!r}")
     wide = x.float()
-    amax = wide.abs().amax(dim=-1, keepdim=True) if scaling == "row" else wide.abs().amax()
-    scale = amax.clamp(min=_TINY) / E4M3_MAX
-    return (wide / scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3), scale
+    amax = (wide.abs().amax(dim=-1, keepdim=True) if scaling == "row" else wide.abs().amax()).clamp(min=_TINY)
+    limit = torch.full_like(amax, E4M3_MAX)  # divisions of tensors: PyTorch multiplies by a scalar's reciprocal
+    return (wide * (limit / amax)).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3), amax / limit
 
 
 def dequantize(q: torch.Tensor, scale: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
