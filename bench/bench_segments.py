@@ -37,6 +37,7 @@ from diffusers import AutoencoderKLLTX2Video, FlowMatchEulerDiscreteScheduler, S
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from camrender.model.fp8 import PRECISIONS, quantize_blocks  # noqa: E402
 from camrender.model.stage1.patch import patch_transformer  # noqa: E402
 from camrender.model.stage1.recipes import get_recipe  # noqa: E402
 from camrender.model.stage1.segments import SegmentOptions, segment_bounds  # noqa: E402
@@ -60,6 +61,9 @@ def parse_args(argv=None):
     parser.add_argument("--segments", default=None,
                         help="comma-separated path lengths in segments (default 3,10,30)")
     parser.add_argument("--kernels", default="fused", choices=["fused", "torch"], help="fused: Triton kernels on CUDA")
+    parser.add_argument("--stage1-precision", default="bf16", choices=PRECISIONS,
+                        help="stage 1's block linears (fp8: e4m3 W8A8, `camrender.model.fp8`, as a render's "
+                             "--stage1-precision fp8); the full-mode rows too")
     parser.add_argument("--skip-full", action="store_true", help="skip the full-mode measurements")
     parser.add_argument("--no-cuda-graphs", action="store_true",
                         help="segment mode without CUDA-graph replay (default: replay, plus one eager run timed beside it)")
@@ -95,6 +99,8 @@ def build_models(args, device, dtype):
         transformer = transformer.to(dtype).eval()
         vae = vae.to(dtype).eval()
     patch_transformer(transformer, kernels=args.kernels)
+    if getattr(args, "stage1_precision", "bf16") == "fp8":
+        quantize_blocks(transformer.blocks)  # as `camrender.render.pipeline` loads a render's stage 1
     return transformer, vae
 
 
@@ -300,7 +306,7 @@ def main(argv=None):
     options = SegmentOptions.for_recipe(recipe)
     results = dict(
         device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu", torch=torch.__version__,
-        quick=args.quick, kernels=args.kernels, height=height, width=width, dtype=str(dtype).replace("torch.", ""),
+        quick=args.quick, kernels=args.kernels, stage1_precision=args.stage1_precision, height=height, width=width, dtype=str(dtype).replace("torch.", ""),
         recipe=recipe.name, segment_timesteps=list(DEFAULT_SEGMENT_TIMESTEPS), cached_segments=options.cached_segments,
         decode_max_frames=DECODE_MAX_FRAMES,
         segments={}, errors={},

@@ -59,6 +59,7 @@ from diffusers.models.transformers.transformer_sana_wm import (
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from camrender.model.fp8 import quantize_blocks  # noqa: E402
 from camrender.model.stage1 import block as stage1_block  # noqa: E402
 from camrender.model.stage1 import gdn_attention  # noqa: E402
 from camrender.model.stage1.block import fixed_plucker  # noqa: E402
@@ -354,6 +355,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--precision", default="tf32", choices=["tf32", "ieee"])
+    parser.add_argument("--linear-precision", default="bf16", choices=("bf16", "fp8"),
+                        help="the patched step's block linears (fp8: e4m3 W8A8, as --stage1-precision fp8)")
     parser.add_argument("--no-fp32-reference", action="store_true",
                         help="skip the fp32 stock forward (the second reference of the agreement figures)")
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
@@ -376,6 +379,7 @@ def main(argv=None) -> dict:
         "shape": {"batch": 2, "frames": frames, "height": height, "width": width, "T": t, "h": h, "w": w,
                   "tokens": t * h * w},
         "precision": args.precision,
+        "linear_precision": args.linear_precision,
         "recipe": args.recipe,
     }
 
@@ -399,6 +403,8 @@ def main(argv=None) -> dict:
     failed = False
     try:
         patch_transformer(model, kernels="fused", precision=args.precision, recipe=args.recipe)
+        if args.linear_precision == "fp8":
+            quantize_blocks(model.blocks)  # as a render's --stage1-precision fp8 (the stock figures came first)
         log("patched forward")
         patched_times, patched_peak, patched_out = timed_steps(model, inputs, device, args.repeats, args.warmup)
         result["patched"] = {"ms_per_step": round(float(np.median(patched_times)), 2),

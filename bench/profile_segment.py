@@ -186,6 +186,33 @@ def profile_table(profiler, ranges: set) -> dict:
     )
 
 
+# PyTorch ops that only move or combine activations elementwise: where a fused kernel could take them over
+ELEMENTWISE_OPS = ("aten::copy_", "aten::add", "aten::add_", "aten::mul", "aten::mul_", "aten::div", "aten::cat",
+                   "aten::where", "aten::sub", "aten::fill_", "aten::zero_", "aten::index", "aten::index_put_")
+
+
+def copy_sites(profiler, top: int = 40) -> list:
+    """[(op, the camrender frames of its Python stack, innermost first, calls, device ms)] of the elementwise ops
+    (`ELEMENTWISE_OPS`), by GPU time (CPU time off CUDA): which line of the model launched each copy. Needs
+    `with_stack`."""
+    totals, calls = collections.defaultdict(float), collections.Counter()
+    for event in profiler.events():
+        if event.device_type != torch.autograd.DeviceType.CPU or event.name not in ELEMENTWISE_OPS:
+            continue
+        # older PyTorch lists the frames on the op (`stack`), newer as the op's Python-function parents
+        names, parent = list(event.stack or []), event.cpu_parent
+        while parent is not None and not event.stack:
+            names.append(parent.name)
+            parent = parent.cpu_parent
+        frames = [name.split("camrender/")[-1] for name in names if "camrender/" in name or "kernels/" in name][:4]
+        us = event.self_device_time_total if torch.cuda.is_available() else event.self_cpu_time_total
+        key = (event.name, tuple(frames))
+        totals[key] += us / 1e3
+        calls[key] += 1
+    rows = [(name, list(frames), calls[(name, frames)], round(ms, 3)) for (name, frames), ms in totals.items()]
+    return sorted(rows, key=lambda row: -row[3])[:top]
+
+
 def host_ms(profiler) -> dict:
     """Host (CPU) ms spent in each `pass.*` range: enqueueing, when the GPU runs behind."""
     totals = collections.defaultdict(float)
@@ -198,6 +225,12 @@ def host_ms(profiler) -> dict:
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--warm", type=int, default=4, help="segments rendered before the measured one")
+    parser.add_argument("--stage1-precision", default="bf16", choices=("bf16", "fp8"),
+                        help="stage 1's block linears, as bench_segments.py --stage1-precision")
+    parser.add_argument("--ops", type=int, default=60, help="rows of the op table (PyTorch ops and kernels)")
+    parser.add_argument("--stacks", action="store_true",
+                        help="also record Python stacks in the eager profile: `copy_sites`, the copies and elementwise "
+                             "ops by the camrender line that launched them")
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny models on the CPU (checks the script)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
@@ -206,7 +239,8 @@ def main(argv=None) -> dict:
         bench_segments.SPATIAL = 8
     else:
         device, dtype, height, width = torch.device("cuda"), torch.bfloat16, 704, 1280
-    build = argparse.Namespace(cpu_smoke=args.cpu_smoke, quick=False, kernels="fused")
+    build = argparse.Namespace(cpu_smoke=args.cpu_smoke, quick=False, kernels="fused",
+                               stage1_precision=args.stage1_precision)
     transformer, vae = build_models(build, device, dtype)
     options = SegmentOptions.for_recipe(get_recipe("streaming"))
     latent_frames = 1 + 3 * (args.warm + 4)
@@ -217,7 +251,8 @@ def main(argv=None) -> dict:
     denoiser = Denoiser(transformer, inputs, options, device, cuda_graphs=device.type == "cuda")
     decoder = CausalStreamDecoder(vae, device=device, max_frames=decode_max_frames(refined=False))  # as a render
     result = dict(device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu", torch=torch.__version__,
-                  height=height, width=width, segment_latent_frames=3, timesteps=timesteps)
+                  height=height, width=width, segment_latent_frames=3, timesteps=timesteps,
+                  stage1_precision=args.stage1_precision)
     with torch.no_grad():
         for start, stop in bounds[:args.warm]:
             decoder.decode(sample_segment(denoiser, start, stop, cache, timesteps))
@@ -232,13 +267,15 @@ def main(argv=None) -> dict:
         ranges |= {"pass.denoise", "pass.cache", "pass.decode"}
         start, stop = bounds[args.warm + 2]
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-        with profile(activities=activities, record_shapes=True) as profiler:
+        with profile(activities=activities, record_shapes=True, with_stack=args.stacks) as profiler:
             timed_segment(denoiser, cache, decoder, start, stop, timesteps, graphs=False)
             sync()
         for undo in handles:
             undo()
         result["profile"] = profile_table(profiler, ranges)
-        result["profile"]["ops"] = op_table(profiler, 60)
+        result["profile"]["ops"] = op_table(profiler, args.ops)
+        if args.stacks:
+            result["profile"]["copy_sites"] = copy_sites(profiler)
 
         start, stop = bounds[args.warm + 3]
         with profile(activities=activities) as profiler:
