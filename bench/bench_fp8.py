@@ -186,7 +186,8 @@ def main(argv=None):
     results = dict(device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu", torch=torch.__version__,
                    tiny=args.tiny, height=shape[0], width=shape[1], blocks=args.blocks, text_tokens=tokens,
                    layers=len(transformer.transformer_blocks), note=__doc__.splitlines()[0])
-    with torch.no_grad():
+    # nothing parked: each quantized copy is taken of the model as it stands, its prompt projections on the GPU
+    with torch.no_grad(), refiner_common.unparked():
         reference_blocks = []
         reference = refine(transformer, text, clip, device, block_outputs=reference_blocks)
         nudged_blocks = []

@@ -12,7 +12,6 @@ the script, without compiling.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import os
 import sys
@@ -25,7 +24,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import bench_segments as stage_one  # noqa: E402
 import refiner_common  # noqa: E402
-from camrender.model import parking  # noqa: E402
 from camrender.model.fp8 import Fp8Linear, quantize_blocks  # noqa: E402
 from camrender.model.refiner.stream import RefinerStream  # noqa: E402
 from common import emit, sync  # noqa: E402
@@ -59,17 +57,6 @@ def seconds_per_block(transformer, text, clip, device, kernels, blocks) -> dict:
     per_block = sorted(times)[len(times) // 2]
     return dict(s_per_block=round(per_block, 4), video_fps_refiner_alone=round(24 / per_block, 2),
                 warmup_s=round(warm, 1))
-
-
-@contextlib.contextmanager
-def unparked():
-    """Within: streams park nothing (`camrender.model.parking` parks on no device type)."""
-    kept = parking.PARKED_DEVICE_TYPES
-    parking.PARKED_DEVICE_TYPES = ()
-    try:
-        yield
-    finally:
-        parking.PARKED_DEVICE_TYPES = kept
 
 
 def main(argv=None):
@@ -117,7 +104,7 @@ def main(argv=None):
         def compiled():
             for block in official.transformer_blocks:
                 block.compile(mode=args.compile_mode)
-            with unparked():
+            with refiner_common.unparked():
                 return dict(mode=args.compile_mode,
                             **seconds_per_block(official, text, clip, device, "stock", args.blocks))
 

@@ -3,6 +3,7 @@ text-encoder shapes built with random weights, the refiner's prompt as random em
 kernel backend per device."""
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from types import SimpleNamespace
@@ -13,6 +14,7 @@ from diffusers.models.transformers.transformer_sana_wm_refiner import SanaWMLTX2
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from camrender.model import parking  # noqa: E402
 from camrender.model.refiner.loading import strip_audio  # noqa: E402
 from camrender.model.refiner.stream import RefinerText  # noqa: E402
 from camrender.model.refiner.tiny import build_tiny_refiner  # noqa: E402
@@ -85,3 +87,15 @@ def kernel_backend(device):
     return "auto" if device.type == "cuda" else "torch"
 
 
+
+
+@contextlib.contextmanager
+def unparked():
+    """Within: streams park nothing (`camrender.model.parking` parks on no device type), so a model copied or
+    quantized there holds all its weights where it runs."""
+    kept = parking.PARKED_DEVICE_TYPES
+    parking.PARKED_DEVICE_TYPES = ()
+    try:
+        yield
+    finally:
+        parking.PARKED_DEVICE_TYPES = kept
