@@ -306,7 +306,8 @@ def main(argv=None):
     options = SegmentOptions.for_recipe(recipe)
     results = dict(
         device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu", torch=torch.__version__,
-        quick=args.quick, kernels=args.kernels, stage1_precision=args.stage1_precision, height=height, width=width, dtype=str(dtype).replace("torch.", ""),
+        quick=args.quick, kernels=args.kernels, stage1_precision=args.stage1_precision, height=height, width=width,
+        dtype=str(dtype).replace("torch.", ""),
         recipe=recipe.name, segment_timesteps=list(DEFAULT_SEGMENT_TIMESTEPS), cached_segments=options.cached_segments,
         decode_max_frames=DECODE_MAX_FRAMES,
         segments={}, errors={},

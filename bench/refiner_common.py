@@ -87,8 +87,6 @@ def kernel_backend(device):
     return "auto" if device.type == "cuda" else "torch"
 
 
-
-
 @contextlib.contextmanager
 def unparked():
     """Within: streams park nothing (`camrender.model.parking` parks on no device type), so a model copied or
