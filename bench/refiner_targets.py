@@ -302,14 +302,10 @@ def steady_rates(arrivals) -> dict:
         return {}
     gaps = [b[0] - a[0] for a, b in zip(arrivals[:-2], arrivals[1:-1])]
     frames = arrivals[2][1] - arrivals[1][1]  # 24 video frames for 3 latent frames
-
-    def fps(chosen):
-        return round(frames / sorted(chosen)[len(chosen) // 2], 2)
-
     steady = gaps[STEADY_FROM:] if len(gaps) >= STEADY_FROM + 2 else gaps
-    return dict(segment_gaps_s=[round(g, 3) for g in gaps], video_fps_median_all_gaps=fps(gaps),
-                s_per_segment_steady=round(sorted(steady)[len(steady) // 2], 3), video_fps_steady=fps(steady),
-                steady_gaps=len(steady))
+    gap, all_gaps = (sorted(chosen)[len(chosen) // 2] for chosen in (steady, gaps))  # the medians
+    return dict(segment_gaps_s=[round(g, 3) for g in gaps], video_fps_median_all_gaps=round(frames / all_gaps, 2),
+                s_per_segment_steady=round(gap, 3), video_fps_steady=round(frames / gap, 2), steady_gaps=len(steady))
 
 
 def decode_workspace(vae, shape, device, dtype) -> dict:

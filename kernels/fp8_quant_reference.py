@@ -12,14 +12,17 @@ E4M3_MAX = 448.0
 TINY = 1e-12
 
 
-def quantize_rows_ref(x):
-    """The PyTorch reference: (q (M, K) e4m3, scale (M, 1) fp32); x is multiplied by the row's 448 / amax (the
-    kernels' reciprocal), the scale amax / 448."""
-    wide = x.float()
-    amax = wide.abs().amax(dim=-1, keepdim=True).clamp(min=TINY)
+def quantize_by_amax(wide, amax):
+    """fp32 values and their amax (already floored at `TINY`, broadcastable: per row or one for all) -> (q e4m3,
+    scale = amax / 448 fp32): the values multiplied by 448 / amax (the kernels' reciprocal), clamped, rounded."""
     limit = torch.full_like(amax, E4M3_MAX)  # tensor / tensor: PyTorch turns a division by a scalar into a product
-    q = (wide * (limit / amax)).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
-    return q, amax / limit
+    return (wide * (limit / amax)).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), amax / limit
+
+
+def quantize_rows_ref(x):
+    """The PyTorch reference: (q (M, K) e4m3, scale (M, 1) fp32), `quantize_by_amax` of each row."""
+    wide = x.float()
+    return quantize_by_amax(wide, wide.abs().amax(dim=-1, keepdim=True).clamp(min=TINY))
 
 
 def gelu_quantize_rows_ref(x):

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from camrender.kernels.fp8_quant import gelu_quantize_rows, quantize_rows
+from camrender.kernels.fp8_quant_reference import quantize_by_amax
 
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = float(torch.finfo(E4M3).max)  # 448
@@ -53,9 +54,8 @@ def quantize(x: torch.Tensor, scaling: str = "row") -> tuple[torch.Tensor, torch
     if scaling not in SCALINGS:
         raise ValueError(f"scaling must be one of {SCALINGS}, got {scaling!r}")
     wide = x.float()
-    amax = (wide.abs().amax(dim=-1, keepdim=True) if scaling == "row" else wide.abs().amax()).clamp(min=_TINY)
-    limit = torch.full_like(amax, E4M3_MAX)  # divisions of tensors: PyTorch multiplies by a scalar's reciprocal
-    return (wide * (limit / amax)).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3), amax / limit
+    amax = wide.abs().amax(dim=-1, keepdim=True) if scaling == "row" else wide.abs().amax()
+    return quantize_by_amax(wide, amax.clamp(min=_TINY))
 
 
 def dequantize(q: torch.Tensor, scale: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
