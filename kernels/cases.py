@@ -29,6 +29,8 @@ from . import _refiner_cases as _refiner
 from . import cam_decode, cam_decode_ref, cam_prep, cam_prep_ref, camera_branch, delta_scan, delta_scan_ref
 from ._random_inputs import Draw as _Draw
 from ._random_inputs import middle_segment_start as _middle_segment_start
+from .bias_residual import bias_residual
+from .bias_residual_reference import bias_residual_ref
 from .block_glue import gated_residual, residual_ada_norm, silu_gate
 from .block_glue_reference import gated_residual_ref, residual_ada_norm_ref, silu_gate_ref
 from .ffn_glu import glu_depthwise
@@ -328,6 +330,14 @@ def _rms_silu_inputs(s, device, dtype):
     return dict(x=x.contiguous(memory_format=torch.channels_last_3d))
 
 
+def _decoder_resnet_inputs(s, device, dtype):
+    """A conv's output without its bias (channels-last), the bias (C,) and a residual, as the decoder's resnets."""
+    d = _Draw(10, device, dtype)
+    shape = (s.batch, s.channels, s.frames, 3, s.spatial // 3)
+    return dict(x=d.randn(shape, 3.0).contiguous(memory_format=torch.channels_last_3d),
+                bias=d.randn((s.channels,), 0.5, activation=False), residual=d.randn(shape))
+
+
 def _rms_silu_label(s: Sizes) -> str:
     return f"B{s.batch} C{s.channels} T{s.frames} 3x{s.spatial // 3}"
 
@@ -375,6 +385,14 @@ CASES = (
                _glue_label, GLUE_SIZES),
     KernelCase("rms_silu", _rms_silu_inputs, lambda x, precision: rms_silu(x["x"], backend="triton"),
                lambda x: rms_silu_ref(x["x"].float()), _rms_silu_label, GLUE_SIZES),
+    KernelCase("rms_silu+bias", _decoder_resnet_inputs,
+               lambda x, precision: rms_silu(x["x"], bias=x["bias"], backend="triton"),
+               lambda x: rms_silu_ref(x["x"].float(), bias=x["bias"].float()), _rms_silu_label, GLUE_SIZES),
+    KernelCase("bias_residual", _decoder_resnet_inputs,
+               lambda x, precision: bias_residual(x["x"].clone(memory_format=torch.channels_last_3d), x["bias"],
+                                                  x["residual"], backend="triton"),
+               lambda x: bias_residual_ref(x["x"].float(), x["bias"].float(), x["residual"].float()),
+               _rms_silu_label, GLUE_SIZES),
     # on CUDA the GLU's silu runs on the hardware's approximate tanh (inline asm, relative error ~2^-11)
     KernelCase("glu_depthwise", _glu_inputs, _glu_fused, _glu_reference, _glu_label, GLUE_SIZES),
 )

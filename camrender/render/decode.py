@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from diffusers.models.autoencoders.autoencoder_kl_ltx2 import (LTX2VideoCausalConv3d, LTX2VideoResnetBlock3d,
                                                                LTX2VideoUpsampler3d, PerChannelRMSNorm)
 
+from camrender.kernels.bias_residual import bias_residual
 from camrender.kernels.rms_silu import rms_silu
 
 # Latent frames per VAE call of segment mode's streaming decode with a refiner. The decode's workspace grows
@@ -94,17 +95,25 @@ def reflect_padded(tail: torch.Tensor, x: torch.Tensor, pad_h: int, pad_w: int,
     context = tail.shape[2]
     out = torch.empty(batch, channels, context + frames, height + 2 * pad_h, width + 2 * pad_w,
                       dtype=x.dtype, device=x.device, memory_format=memory_format)
-    rows = slice(pad_h, pad_h + height)
-    columns = slice(pad_w, pad_w + width)
-    out[:, :, :context, rows, columns] = tail
-    out[:, :, context:, rows, columns] = x
-    for i in range(1, pad_h + 1):  # rows first (inside the interior columns), then whole columns
-        out[:, :, :, pad_h - i, columns] = out[:, :, :, pad_h + i, columns]
-        out[:, :, :, pad_h + height - 1 + i, columns] = out[:, :, :, pad_h + height - 1 - i, columns]
-    for j in range(1, pad_w + 1):
-        out[..., pad_w - j] = out[..., pad_w + j]
-        out[..., pad_w + width - 1 + j] = out[..., pad_w + width - 1 - j]
+    core = out[:, :, :, pad_h:pad_h + height, pad_w:pad_w + width]
+    core[:, :, :context] = tail
+    core[:, :, context:] = x
+    reflect_borders(out, pad_h, pad_w)
     return out
+
+
+def reflect_borders(padded: torch.Tensor, pad_h: int, pad_w: int) -> torch.Tensor:
+    """Fill the border of padded (B, C, T, H + 2 pad_h, W + 2 pad_w), in place, with the reflection of its
+    interior (what `F.pad(mode="reflect")` would put there); returns it."""
+    height, width = padded.shape[3] - 2 * pad_h, padded.shape[4] - 2 * pad_w
+    columns = slice(pad_w, pad_w + width)
+    for i in range(1, pad_h + 1):  # rows first (inside the interior columns), then whole columns
+        padded[:, :, :, pad_h - i, columns] = padded[:, :, :, pad_h + i, columns]
+        padded[:, :, :, pad_h + height - 1 + i, columns] = padded[:, :, :, pad_h + height - 1 - i, columns]
+    for j in range(1, pad_w + 1):
+        padded[..., pad_w - j] = padded[..., pad_w + j]
+        padded[..., pad_w + width - 1 + j] = padded[..., pad_w + width - 1 - j]
+    return padded
 
 
 class CausalStreamDecoder:
@@ -203,6 +212,7 @@ class CausalStreamDecoder:
                  if hasattr(vae, name)}
         first = self.latent_frames == 0
         head = [vae.decoder.norm_out, vae.decoder.conv_act] if self._fuse_head else []
+        fused = [m for m in self._fusable if not (m.dropout.training and m.dropout.p)]  # no dropout between
         try:
             for name in flags:
                 setattr(vae, name, False)
@@ -210,14 +220,14 @@ class CausalStreamDecoder:
                 conv.forward = functools.partial(self._conv_forward, conv)
             for upsampler in self._upsamplers:
                 upsampler.forward = functools.partial(self._upsampler_forward, upsampler, first)
-            for resnet in self._fusable:
+            for resnet in fused:
                 resnet.forward = functools.partial(self._resnet_forward, resnet)
             if head:  # the decoder's last norm -> SiLU: the norm's call does both, the SiLU's passes through
                 head[0].forward = functools.partial(_rms_silu_forward, head[0])
                 head[1].forward = _pass_through
             yield
         finally:
-            for module in self._convs + self._upsamplers + self._fusable + head:
+            for module in self._convs + self._upsamplers + fused + head:
                 module.__dict__.pop("forward", None)
             for name, value in flags.items():
                 setattr(vae, name, value)
@@ -243,16 +253,46 @@ class CausalStreamDecoder:
         self._tails[id(conv)] = core[:, :, core.shape[2] - context:].clone(memory_format=self.memory_format)
         return out
 
-    @staticmethod
-    def _resnet_forward(resnet, inputs: torch.Tensor, temb=None, generator=None, causal: bool = True):
-        """`LTX2VideoResnetBlock3d.forward` without timestep conditioning or noise, each norm -> SiLU fused."""
-        hidden_states = resnet.conv1(_rms_silu_forward(resnet.norm1, inputs), causal=causal)
-        hidden_states = resnet.conv2(resnet.dropout(_rms_silu_forward(resnet.norm2, hidden_states)), causal=causal)
+    def _resnet_forward(self, resnet, inputs: torch.Tensor, temb=None, generator=None, causal: bool = True):
+        """`LTX2VideoResnetBlock3d.forward` without timestep conditioning or noise (eval mode): each norm -> SiLU
+        fused and written into its conv's padded input (`_norm_conv`); the convs run without their biases, which
+        ride in the next norm and in the residual add (stock adds each in a pass of its own; the same roundings)."""
+        if not causal:
+            raise ValueError("streaming decode is causal only")
+        conv1, conv2 = resnet.conv1, resnet.conv2
+        hidden_states = self._norm_conv(conv1, resnet.norm1, inputs, None)
+        hidden_states = self._norm_conv(conv2, resnet.norm2, hidden_states, conv1.conv.bias)
         if resnet.norm3 is not None:
             inputs = resnet.norm3(inputs.movedim(1, -1)).movedim(-1, 1)
         if resnet.conv_shortcut is not None:
             inputs = resnet.conv_shortcut(inputs)
-        return hidden_states + inputs
+        if conv2.conv.bias is None:
+            return hidden_states.add_(inputs)
+        return bias_residual(hidden_states, conv2.conv.bias, inputs)
+
+    def _norm_conv(self, conv, norm: PerChannelRMSNorm, x: torch.Tensor, bias: Optional[torch.Tensor]):
+        """conv(silu(norm(x + bias))) without the conv's own bias, streamed (`_conv_forward`'s left context): the
+        fused norm writes straight into the conv's input buffer, after the previous chunk's frames and inside the
+        spatial padding, where `_conv_forward` would copy its input there."""
+        if norm.channel_dim != 1:
+            raise ValueError("the fused RMS norm + SiLU normalises over dim 1")
+        inner = conv.conv
+        context = conv.kernel_size[0] - 1
+        reflect = inner.padding_mode == "reflect"
+        pad_h, pad_w = inner.padding[1:] if reflect else (0, 0)
+        batch, channels, frames, height, width = x.shape
+        padded = torch.empty(batch, channels, context + frames, height + 2 * pad_h, width + 2 * pad_w,
+                             dtype=x.dtype, device=x.device, memory_format=self.memory_format)
+        core = padded[:, :, :, pad_h:pad_h + height, pad_w:pad_w + width]
+        rms_silu(x, norm.eps, bias=bias, out=core[:, :, context:])
+        tail = self._tails.get(id(conv))
+        # first chunk: the first frame repeated, as the whole-clip decode does
+        core[:, :, :context] = core[:, :, context:context + 1] if tail is None else tail
+        if reflect:
+            reflect_borders(padded, pad_h, pad_w)
+        self._tails[id(conv)] = core[:, :, core.shape[2] - context:].clone(memory_format=self.memory_format)
+        padding = 0 if reflect else inner.padding
+        return F.conv3d(padded, inner.weight, None, inner.stride, padding, inner.dilation, inner.groups)
 
     def _upsampler_forward(self, upsampler, first: bool, hidden_states: torch.Tensor, causal: bool = True):
         """`LTX2VideoUpsampler3d.forward` that drops its leading `stride_t - 1` frames on the first chunk only."""

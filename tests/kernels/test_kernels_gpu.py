@@ -119,3 +119,48 @@ def test_streaming_decode_cudnn_settings_agree():
     assert torch.equal(tuned, default)
     assert implied == torch.channels_last_3d
     assert (channels_last - default).abs().max().item() <= 0.1 * max(1.0, default.abs().max().item())
+
+
+def test_streaming_decode_fused_resnets_equal_separate_passes(monkeypatch):
+    """The decoder's resnets with each norm written into its conv's padded input and the conv biases taken by
+    the next norm and the residual add (`CausalStreamDecoder._resnet_forward`) give the frames of the separate
+    passes (norm -> SiLU, a conv with its bias, the residual add) bit for bit: cuDNN leaves a conv's bias to an
+    add of its own, whose rounding the fused kernels repeat."""
+    from diffusers import AutoencoderKLLTX2Video
+
+    from camrender.kernels.rms_silu import rms_silu
+    from camrender.model.stage1.segments import segment_bounds
+    from camrender.render.decode import CausalStreamDecoder
+
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        vae = AutoencoderKLLTX2Video(spatial_compression_ratio=32, temporal_compression_ratio=8)
+    vae = vae.to(torch.bfloat16).eval()
+    with torch.no_grad():  # make every conv bias count
+        for conv in vae.decoder.modules():
+            if isinstance(conv, torch.nn.Conv3d) and conv.bias is not None:
+                conv.bias.normal_(0, 0.05)
+    latents = torch.randn(1, vae.config.latent_channels, 1 + 3 * 2, 4, 6, device="cuda", dtype=torch.bfloat16)
+
+    def separate(self, resnet, inputs, temb=None, generator=None, causal=True):
+        hidden_states = resnet.conv1(rms_silu(inputs, resnet.norm1.eps), causal=causal)
+        hidden_states = resnet.conv2(rms_silu(hidden_states, resnet.norm2.eps), causal=causal)
+        if resnet.norm3 is not None:
+            inputs = resnet.norm3(inputs.movedim(1, -1)).movedim(-1, 1)
+        if resnet.conv_shortcut is not None:
+            inputs = resnet.conv_shortcut(inputs)
+        return hidden_states + inputs
+
+    def decode():
+        decoder, videos = CausalStreamDecoder(vae, channels_last=True), []
+        assert decoder._fusable
+        for start, stop in segment_bounds(latents.shape[2], 3):
+            videos.append(decoder.decode(latents[:, :, start:stop]))
+        return torch.cat(videos, dim=2)
+
+    with torch.no_grad():
+        fused = decode()
+        monkeypatch.setattr(CausalStreamDecoder, "_resnet_forward", separate)
+        passes = decode()
+    assert fused.shape[2] == 1 + 8 * 6 and torch.isfinite(fused).all()
+    assert torch.equal(fused, passes)

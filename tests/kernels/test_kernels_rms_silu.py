@@ -29,3 +29,46 @@ def test_rms_silu_equals_stock_norm_then_silu(dtype, layout):
 def test_rms_silu_rejects_other_shapes():
     with pytest.raises(ValueError, match="x must have shape"):
         rms_silu(torch.zeros(2, 3, 4), backend="triton")
+
+
+def test_rms_silu_adds_the_conv_bias_and_writes_into_a_padded_view():
+    """bias: the conv's bias that stock adds in a pass of its own (rounded), taken in the same pass; out: the
+    interior of a padded channels-last buffer, written there and nowhere else. The same bits as stock in bf16."""
+    generator = torch.Generator().manual_seed(2)
+    x = (torch.randn(1, 40, 3, 4, 5, generator=generator) * 3).bfloat16()
+    x = x.contiguous(memory_format=torch.channels_last_3d)
+    bias = torch.randn(40, generator=generator).bfloat16()
+    stock = F.silu(PerChannelRMSNorm()(x + bias.view(1, -1, 1, 1, 1)))
+    padded = torch.full((1, 40, 5, 6, 7), 7.0, dtype=torch.bfloat16).contiguous(memory_format=torch.channels_last_3d)
+    interior = padded[:, :, 2:, 1:5, 1:6]
+    returned = rms_silu(x, bias=bias, out=interior, backend="triton")
+    assert returned is interior and torch.equal(interior, stock)
+    untouched = torch.ones_like(padded, dtype=torch.bool)
+    untouched[:, :, 2:, 1:5, 1:6] = False
+    assert (padded[untouched] == 7.0).all()
+    assert not torch.equal(stock, F.silu(PerChannelRMSNorm()(x)))  # the bias did something
+    assert torch.equal(rms_silu(x, bias=bias, backend="torch"), stock)  # the reference
+
+
+def test_rms_silu_rejects_an_out_with_strided_channels():
+    x = torch.zeros(1, 4, 2, 3, 3)
+    with pytest.raises(ValueError, match="unit channel stride"):
+        rms_silu(x, out=torch.zeros(1, 4, 2, 3, 3), backend="triton")  # NCDHW: channels strided
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_bias_residual_equals_stock_bias_then_residual(dtype):
+    """The end of a decoder resnet: (conv output + bias) + residual in x's place, rounded as stock's two adds."""
+    from camrender.kernels.bias_residual import bias_residual
+
+    generator = torch.Generator().manual_seed(4)
+    x = torch.randn(1, 40, 3, 4, 5, generator=generator).to(dtype).contiguous(memory_format=torch.channels_last_3d)
+    bias = torch.randn(40, generator=generator).to(dtype)
+    residual = torch.randn(1, 40, 3, 4, 5, generator=generator).to(dtype)  # NCDHW: laid out channels-last first
+    stock = (x + bias.view(1, -1, 1, 1, 1)) + residual
+    for backend in ("triton", "torch"):
+        out = x.clone(memory_format=torch.channels_last_3d)
+        assert bias_residual(out, bias, residual, backend=backend) is out
+        assert torch.equal(out, stock), backend
+    with pytest.raises(ValueError, match="channels-last"):
+        bias_residual(x.contiguous(), bias, residual, backend="triton")
