@@ -17,7 +17,8 @@ writes its tensors in place (`camrender.model.stage1.state.store`, `BlockCache.w
 exists once, not once more as the graph's copy, and the steady-state segments keep replaying one graph.
 
 The first call with a new layout runs eagerly (it compiles the Triton kernels and warms up the
-libraries for those shapes); the second captures. Only the latest layout's graph is kept, so the
+libraries for those shapes); the second captures. A caller that has just run the forward itself on
+that layout says so (`warmed`), and the first call captures. Only the latest layout's graph is kept, so the
 graphs add a constant to the memory of a render: in segment mode, segments 0, 1 and 2 (a
 growing softmax context) and a longer last segment each get their own capture, and every other
 segment replays one graph. A failed capture switches the instance to eager calls for good.
@@ -179,7 +180,7 @@ class GraphedForward:
     def __call__(self, *inputs) -> torch.Tensor:
         if not self.enabled:
             return self._eager(inputs)
-        layout = tuple(_layout(arg, addresses=i in self.resident) for i, arg in enumerate(inputs))
+        layout = self._layout_of(inputs)
         if layout != self._layout:
             if layout not in self._seen:  # first sight: warm up eagerly
                 self._seen.add(layout)
@@ -205,6 +206,14 @@ class GraphedForward:
             output = self._replay.output
         self.stats["replays"] += 1
         return output.clone()
+
+    def warmed(self, *inputs) -> None:
+        """Say that `forward` has just run eagerly, outside this instance, on arguments of this layout (the
+        same resident tensors): the next call with this layout captures at once, without a warm-up call."""
+        self._seen.add(self._layout_of(inputs))
+
+    def _layout_of(self, inputs) -> tuple:
+        return tuple(_layout(arg, addresses=i in self.resident) for i, arg in enumerate(inputs))
 
     def _eager(self, inputs) -> torch.Tensor:
         self.stats["eager"] += 1

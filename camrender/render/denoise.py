@@ -141,6 +141,8 @@ class Denoiser:
         prediction = self._forward(x, timestep, conditioning, cache, self.text_keys, segments=None, write=True)
         if storage_layout(cache) == layout:
             self._in_place_writes.add((shapes, layout))
+            # this pass warmed the kernels for the next one: the write graph captures at its first call
+            self.write_graphs.warmed(x, timestep, conditioning, cache, self.text_keys)
         return prediction
 
 

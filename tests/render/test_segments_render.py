@@ -184,9 +184,9 @@ def test_graph_replay_path_gives_the_eager_latents(pipe, monkeypatch):
     graphs, write_graphs = made
     # first sight of each layout eager: segment 0, 1 and 2; segments 3 and 4 replay segment 2's layout
     assert graphs.stats == {"eager": 3, "captures": 0, "replays": len(bounds) * per_segment - 3}
-    # the cache passes: segments 0 and 1 grow the cache (eager, no graph), segment 2 writes it in place (eager,
-    # so its layout may replay), segment 3 is the graph's first sight of it (eager), segment 4 replays
-    assert write_graphs.stats == {"eager": 1, "captures": 0, "replays": 1}
+    # the cache passes: segments 0 and 1 grow the cache (eager, no graph), segment 2 writes it in place (eager:
+    # it warms the write graph's layout), segment 3 sets the graph up at once (no warm-up call), segment 4 replays
+    assert write_graphs.stats == {"eager": 0, "captures": 0, "replays": 2}
 
 
 def test_graph_replay_reads_resident_arguments_in_place():
@@ -212,6 +212,20 @@ def test_graph_replay_reads_resident_arguments_in_place():
     state["bias"] = torch.full((3,), 5.0)  # new storage: a new layout
     assert graphs(torch.ones(3), state).tolist() == [6.0] * 3
     assert graphs.stats["eager"] == 2
+
+
+def test_graph_replay_warmed_layout_sets_up_at_its_first_call():
+    """After `warmed` (the caller ran the forward on that layout itself) the first call sets the graph up
+    at once; another layout still runs eagerly first."""
+    from camrender.model.graphs import GraphedForward
+
+    graphs = GraphedForward(lambda x, state: x * state["scale"], capture=False, resident=(1,))
+    state = {"scale": torch.tensor(2.0)}
+    graphs.warmed(torch.zeros(3), state)
+    assert graphs(torch.ones(3), state).tolist() == [2.0] * 3
+    assert graphs.stats == {"eager": 0, "captures": 0, "replays": 1}
+    graphs(torch.ones(3), {"scale": torch.tensor(2.0)})  # the resident tensor in new storage: not warmed
+    assert graphs.stats["eager"] == 1
 
 
 def test_graph_replay_reuses_a_layout():
