@@ -43,7 +43,8 @@ from camrender.model.stage1.recipes import get_recipe  # noqa: E402
 from camrender.model.stage1.segments import SegmentOptions, segment_bounds  # noqa: E402
 from camrender.model.stage1.state import FULL_MODE  # noqa: E402
 from camrender.model.stage1.tiny import build_tiny_transformer, build_tiny_vae  # noqa: E402
-from camrender.render.decode import CausalStreamDecoder, decode_max_frames, to_uint8_frames  # noqa: E402
+from camrender.render.decode import (CausalStreamDecoder, decode_max_frames, to_uint8_frames,  # noqa: E402
+                                     video_frames_for_latents)
 from camrender.render.denoise import Denoiser, pin, pinned_frames  # noqa: E402
 from camrender.render.inputs import RenderInputs  # noqa: E402
 from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments  # noqa: E402
@@ -67,6 +68,9 @@ def parse_args(argv=None):
     parser.add_argument("--skip-full", action="store_true", help="skip the full-mode measurements")
     parser.add_argument("--no-cuda-graphs", action="store_true",
                         help="segment mode without CUDA-graph replay (default: replay, plus one eager run timed beside it)")
+    parser.add_argument("--capture-first-sight", action="store_true",
+                        help="experiment: CUDA graphs captured at a layout's first call, without the eager warm-up "
+                             "call (`camrender.model.graphs`); reports each graph instance's counts")
     parser.add_argument("--full-cfg-steps", type=int, default=2,
                         help="guided full-mode steps measured (extrapolated to 60)")
     parser.add_argument("--loop-segments", type=int, default=30,
@@ -140,12 +144,12 @@ def run_segment_path(transformer, vae, latent_frames, height, width, options, de
     reset_peak()
     base = allocated_bytes()
     frames = 0
-    per_segment_peak = []
+    per_segment_peak, stage1_ms = [], []
     with torch.no_grad():
         laps = Laps(device)
         for _, _, _, latents in sample_segments(transformer, inputs, bounds, list(DEFAULT_SEGMENT_TIMESTEPS),
                                                 options, device, cuda_graphs=cuda_graphs):
-            laps("stage1")
+            stage1_ms.append(round(laps("stage1") * 1e3, 1))
             frames += len(to_uint8_frames(decoder.decode(latents)))
             laps("decode")
             per_segment_peak.append(peak_bytes() / GIB)
@@ -158,7 +162,39 @@ def run_segment_path(transformer, vae, latent_frames, height, width, options, de
         peak_gib=round(peak_bytes() / GIB, 3),
         peak_above_weights_gib=round((peak_bytes() - base) / GIB, 3),
         peak_after_first_segment_gib=round(per_segment_peak[0], 3),
+        stage1_ms_per_segment=stage1_ms,  # the first segments set up CUDA graphs (camrender.model.graphs)
     )
+
+
+def run_stage1_alone(transformer, latent_frames, height, width, options, device, dtype, cuda_graphs=True):
+    """Stage 1 alone as a render runs it: the sampler's segments queued back to back, no decode and no wait
+    for the GPU between them (the host prepares a segment's conditioning while the GPU runs the one before;
+    `run_segment_path` waits after each segment to time the decode apart). Wall time to the last latents, and
+    each segment's GPU time from CUDA events."""
+    inputs = path_inputs(transformer, latent_frames, height, width, device, dtype)
+    bounds = segment_bounds(latent_frames, 3)
+    frames, marks = 0, []
+
+    def mark():
+        if device.type == "cuda":
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    with torch.no_grad():
+        sync()
+        began = time.perf_counter()
+        marks.append(mark())
+        for _, start, stop, _ in sample_segments(transformer, inputs, bounds, list(DEFAULT_SEGMENT_TIMESTEPS),
+                                                 options, device, cuda_graphs=cuda_graphs):
+            frames += video_frames_for_latents(start, stop)
+            marks.append(mark())
+        sync()
+        total = time.perf_counter() - began
+    laps = [(b.elapsed_time(a) if device.type == "cuda" else (b - a) * 1e3) for a, b in zip(marks, marks[1:])]
+    return dict(segments=len(bounds), video_frames=frames, stage1_s=round(total, 3),
+                stage1_fps=round(frames / total, 2), stage1_ms_per_segment=[round(ms, 1) for ms in laps])
 
 
 def run_segment_loop(transformer, vae, latent_frames, height, width, options, device, dtype, overlap,
@@ -184,6 +220,27 @@ def run_segment_loop(transformer, vae, latent_frames, height, width, options, de
     steady = steady_rate(arrivals, frames)
     return dict(segments=len(bounds), video_frames=frames, overlap=overlap, total_s=round(total, 3),
                 video_fps=round(frames / total, 2), video_fps_steady=steady, peak_gib=round(peak_bytes() / GIB, 3))
+
+
+def capture_at_first_sight() -> list:
+    """Make every `GraphedForward` capture at a layout's first call (no eager warm-up call: the experiment of
+    `--capture-first-sight`); returns the list of the instances made from now on."""
+    from camrender.model import graphs
+
+    class Everything(set):
+        def __contains__(self, layout):
+            return True
+
+    made = []
+    original = graphs.GraphedForward.__init__
+
+    def init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        self._seen = Everything()
+        made.append(self)
+
+    graphs.GraphedForward.__init__ = init
+    return made
 
 
 def steady_rate(arrivals, frames):
@@ -320,6 +377,7 @@ def main(argv=None):
     def record(name, fn):
         return measure(results["errors"], name, fn)
 
+    graphed = capture_at_first_sight() if args.capture_first_sight else None
     began = time.perf_counter()
     transformer, vae = build_models(args, device, dtype)
     results["weights_gib"] = round(allocated_bytes() / GIB, 3)
@@ -341,6 +399,10 @@ def main(argv=None):
                                                                      options, device, dtype, graphs))
         if value is not None:
             results["segments"][str(length)] = value
+        value = record(f"stage1_alone_{length}", lambda: run_stage1_alone(transformer, 1 + 3 * length, height, width,
+                                                                          options, device, dtype, graphs))
+        if value is not None:
+            results.setdefault("stage1_alone", {})[str(length)] = value
     peaks = [v["peak_gib"] for v in results["segments"].values()]
     if len(peaks) > 1 and min(peaks) > 0:
         results["peak_spread_pct"] = round(100 * (max(peaks) - min(peaks)) / min(peaks), 2)
@@ -375,6 +437,8 @@ def main(argv=None):
             "full_161_frames_60_steps_cfg",
             lambda: run_full(transformer, vae, 21, height, width, steps60, 5.0, device, dtype,
                              measure_steps=args.full_cfg_steps))
+    if graphed is not None:  # each instance's counts; a failed capture leaves it disabled (eager)
+        results["graph_stats"] = [dict(g.stats, enabled=g.enabled) for g in graphed]
     if args.official:
         del transformer, vae
         torch.cuda.empty_cache()

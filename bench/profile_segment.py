@@ -213,6 +213,30 @@ def copy_sites(profiler, top: int = 40) -> list:
     return sorted(rows, key=lambda row: -row[3])[:top]
 
 
+def ops_within(profiler, range_name: str, top: int = 25) -> list:
+    """[(op, input shapes, calls, device ms, host ms)] of the PyTorch ops called inside the CPU range
+    `range_name` (outermost ops only), by device time: what a pass outside the model's blocks launches."""
+    ranges = [e for e in profiler.events() if e.device_type == torch.autograd.DeviceType.CPU and e.name == range_name]
+    if not ranges:
+        return []
+    outer = ranges[0]
+    totals, calls, host = collections.defaultdict(float), collections.Counter(), collections.defaultdict(float)
+    for event in profiler.events():
+        if event.device_type != torch.autograd.DeviceType.CPU or event.name == range_name \
+                or not event.name.startswith("aten::") or event.cpu_parent is None \
+                or event.cpu_parent.name.startswith("aten::"):
+            continue
+        if not (outer.time_range.start <= event.time_range.start and event.time_range.end <= outer.time_range.end):
+            continue
+        key = (event.name, str(event.input_shapes)[:120])
+        totals[key] += device_ms(event)
+        host[key] += event.cpu_time_total / 1e3
+        calls[key] += 1
+    rows = [(name, shapes, calls[(name, shapes)], round(ms, 3), round(host[(name, shapes)], 3))
+            for (name, shapes), ms in totals.items()]
+    return sorted(rows, key=lambda row: -(row[3] + row[4]))[:top]
+
+
 def host_ms(profiler) -> dict:
     """Host (CPU) ms spent in each `pass.*` range: enqueueing, when the GPU runs behind."""
     totals = collections.defaultdict(float)
@@ -274,6 +298,7 @@ def main(argv=None) -> dict:
             undo()
         result["profile"] = profile_table(profiler, ranges)
         result["profile"]["ops"] = op_table(profiler, args.ops)
+        result["profile"]["conditioning_ops"] = ops_within(profiler, "pass.conditioning")
         if args.stacks:
             result["profile"]["copy_sites"] = copy_sites(profiler)
 
