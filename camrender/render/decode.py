@@ -137,7 +137,8 @@ class CausalStreamDecoder:
             3-d convs are channels-last kernels: on NCDHW activations each conv transposes its input and
             output. None: `CHANNELS_LAST_ON_CUDA` where the decoder runs on CUDA, else off. Channels-last
             also fuses each RMS norm over channels with the SiLU after it (`kernels.rms_silu`: one pass in
-            place of six, rounded where stock rounds).
+            place of six, rounded where stock rounds); in the resnets the norm writes into its conv's padded
+            input and takes the conv bias before it, and the residual add takes the last conv's bias.
     """
 
     def __init__(self, vae, *, device=None, max_frames=None, channels_last: Optional[bool] = None):
