@@ -1,28 +1,38 @@
 #!/usr/bin/env bash
-# Issue 24's GPU measurements on one H200 in one go (about 6-8 minutes): the target rows (steady video fps and
-# peak of bf16, fp8 and two 24 GB candidates under a 22 GiB cap, each with its memory breakdown) and FP8's
-# quality at the release size. Each setting runs in its own process (a memory cap stays with a process).
+# Issue 24's targets measured side by side in one run on one H200 (about 5 minutes): segment mode with the refiner,
+# 12 segments, for bf16, fp8 and the 24 GB setting (fp8-22gib-stream, under a 22 GiB cap), then the refiner alone
+# against the official script's stage 2 (diffusers' blocks under torch.compile, max-autotune-no-cudagraphs: the
+# compile takes about a minute). Each step runs in its own process (a memory cap stays with a process). The
+# results go into one document, $OUT/issue24.json, and the steps' stderr into $OUT/issue24.log: a device call
+# returns at most eight files.
 #   OUT=/some/folder bash bench/run_issue24.sh
-# OFFICIAL=1 adds the refiner alone: camrender's blocks (bf16, FP8) beside diffusers' under torch.compile
-# (max-autotune-no-cudagraphs, as NVlabs' script) - the compile and autotuning take minutes of their own.
+# QUALITY=1 adds FP8's quality at the release size (bench_fp8.py, about a minute).
 set -u
 OUT=${OUT:-bench/results}
 mkdir -p "$OUT"
-step() {  # step SECONDS NAME COMMAND...
+parts=$(mktemp -d)
+step() {  # step SECONDS NAME COMMAND... (the command writes its JSON to $parts/NAME.json)
   local limit=$1 name=$2
   shift 2
   local began=$SECONDS
-  timeout "$limit" "$@" > "$OUT/issue24_$name.log" 2>&1
+  echo "== $name" >> "$OUT/issue24.log"
+  timeout "$limit" "$@" > /dev/null 2>> "$OUT/issue24.log"
   echo "$name rc=$? $((SECONDS - began)) s"
-  tail -n 3 "$OUT/issue24_$name.log" | cut -c1-300
 }
-step 180 bf16 python3 bench/bench_refiner.py --setting bf16 --segments 8 --out "$OUT/issue24_bf16.json"
-step 100 fp8 python3 bench/bench_refiner.py --setting fp8 --segments 8 --out "$OUT/issue24_fp8.json"
-step 80 fp8_quality python3 bench/bench_fp8.py --out "$OUT/issue24_fp8_quality.json"
-step 60 fp8_22gib_window2 python3 bench/bench_refiner.py --setting fp8-22gib-window2 --segments 6 \
-  --out "$OUT/issue24_fp8_22gib_window2.json"
-step 55 fp8_22gib_layers python3 bench/bench_refiner.py --setting fp8-22gib-layers --segments 4 \
-  --out "$OUT/issue24_fp8_22gib_layers.json"
-if [ "${OFFICIAL:-0}" = 1 ]; then
-  step 420 official_stage2 python3 bench/bench_official_stage2.py --out "$OUT/issue24_official_stage2.json"
+for setting in bf16 fp8 fp8-22gib-stream; do
+  step 150 "$setting" python3 bench/bench_refiner.py --setting "$setting" --segments 12 --skip-layers \
+    --out "$parts/$setting.json"
+done
+step 240 official_stage2 python3 bench/bench_official_stage2.py --blocks 2 --out "$parts/official_stage2.json"
+if [ "${QUALITY:-0}" = 1 ]; then
+  step 120 fp8_quality python3 bench/bench_fp8.py --out "$parts/fp8_quality.json"
 fi
+python3 - "$parts" "$OUT/issue24.json" <<'PY'
+import json, pathlib, sys
+parts = {path.stem: json.loads(path.read_text()) for path in sorted(pathlib.Path(sys.argv[1]).glob("*.json"))}
+pathlib.Path(sys.argv[2]).write_text(json.dumps(parts, indent=1) + "\n")
+for name, part in parts.items():
+    summary = part.get("summary") or {k: v.get("s_per_block") for k, v in part.items() if isinstance(v, dict)}
+    print(name, json.dumps(summary))
+PY
+rm -rf "$parts"
