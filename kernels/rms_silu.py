@@ -24,8 +24,7 @@ from .rms_silu_reference import rms_silu_ref
 @triton.jit
 def _rms_silu_kernel(x_ptr, bias_ptr, out_ptr, rows, C, T, H, W, out_sb, out_st, out_sh, out_sw, inv_c, eps,
                      HAS_BIAS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, DT: tl.constexpr):
-    row32 = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # rows < 2^31 (checked): 32-bit division below
-    row = row32.to(tl.int64)
+    row = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     channel = tl.arange(0, BLOCK_C)
     mask = (row[:, None] < rows) & (channel[None, :] < C)
     x = tl.load(x_ptr + row[:, None] * C + channel[None, :], mask=mask, other=0.0).to(tl.float32)
@@ -36,11 +35,11 @@ def _rms_silu_kernel(x_ptr, bias_ptr, out_ptr, rows, C, T, H, W, out_sb, out_st,
     rms = round_as(tl.sqrt_rn(round_as(mean + eps, DT)), DT)
     y = round_as(tl.div_rn(x, rms[:, None]), DT)
     # the row's position (b, t, h, w) in out, which may be a strided view (the interior of a padded buffer)
-    w = row32 % W
-    h = (row32 // W) % H
-    t = (row32 // (W * H)) % T
-    b = row32 // (W * H * T)
-    out_row = b.to(tl.int64) * out_sb + t.to(tl.int64) * out_st + h.to(tl.int64) * out_sh + w.to(tl.int64) * out_sw
+    w = row % W
+    h = (row // W) % H
+    t = (row // (W * H)) % T
+    b = row // (W * H * T)
+    out_row = b * out_sb + t * out_st + h * out_sh + w * out_sw
     tl.store(out_ptr + out_row[:, None] + channel[None, :], cast_as(tl.div_rn(y, 1.0 + tl.exp(-y)), DT), mask=mask)
 
 
@@ -66,8 +65,6 @@ def rms_silu(x, eps=1e-8, *, bias=None, out=None, backend="auto"):
     if out is None:
         out = torch.empty_like(x, memory_format=torch.channels_last_3d)
     rows = x.numel() // channels if channels else 0
-    if rows >= 2 ** 31:
-        raise ValueError(f"x has {rows} positions; the kernel takes fewer than 2^31")
     if rows:
         block_c = triton.next_power_of_2(channels)
         block_r = max(1, min(64, 4096 // block_c))
