@@ -84,24 +84,6 @@ def to_uint8_frames_async(video: torch.Tensor):
     return host, ready
 
 
-def reflect_padded(tail: torch.Tensor, x: torch.Tensor, pad_h: int, pad_w: int,
-                   memory_format=torch.contiguous_format) -> torch.Tensor:
-    """[tail, x] along time (dim 2), reflect-padded by pad_h / pad_w in height / width, written into one
-    new (B, C, t_tail + t, H + 2 pad_h, W + 2 pad_w) tensor in `memory_format`: the input of a
-    `padding_mode="reflect"` Conv3d after its own `F.pad` (the same values), without the concatenation's
-    extra full copy and PyTorch's slow 3-d reflection-pad kernel. Needs pad_h < H and pad_w < W, as
-    `F.pad` does."""
-    batch, channels, frames, height, width = x.shape
-    context = tail.shape[2]
-    out = torch.empty(batch, channels, context + frames, height + 2 * pad_h, width + 2 * pad_w,
-                      dtype=x.dtype, device=x.device, memory_format=memory_format)
-    core = out[:, :, :, pad_h:pad_h + height, pad_w:pad_w + width]
-    core[:, :, :context] = tail
-    core[:, :, context:] = x
-    reflect_borders(out, pad_h, pad_w)
-    return out
-
-
 def reflect_borders(padded: torch.Tensor, pad_h: int, pad_w: int) -> torch.Tensor:
     """Fill the border of padded (B, C, T, H + 2 pad_h, W + 2 pad_w), in place, with the reflection of its
     interior (what `F.pad(mode="reflect")` would put there); returns it."""
@@ -237,22 +219,32 @@ class CausalStreamDecoder:
         """`LTX2VideoCausalConv3d.forward` (causal) with the previous chunk's frames as left padding."""
         if not causal:
             raise ValueError("streaming decode is causal only")
-        context = conv.kernel_size[0] - 1
-        tail = self._tails.get(id(conv))
-        if tail is None:  # first chunk: repeat the first frame, as the whole-clip decode does
-            tail = hidden_states[:, :, :1].expand(-1, -1, context, -1, -1)
+        return self._causal_conv(conv, hidden_states, lambda frames: frames.copy_(hidden_states), conv.conv.bias)
+
+    def _causal_conv(self, conv, x: torch.Tensor, write, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        """conv over a chunk of x's shape (B, C, t, H, W), streamed: its input is one new buffer (in the decoder's
+        memory format) of the previous chunk's last k - 1 input frames (the first chunk's first frame repeated,
+        as the whole-clip decode does), then the chunk's frames, which `write(view)` puts there, reflect-padded in
+        place for a reflect-mode conv (no concatenation, no 3-d reflection-pad kernel). bias: the conv's own, or
+        None where the caller adds it."""
         inner = conv.conv
-        if inner.padding_mode == "reflect":
-            padded = reflect_padded(tail, hidden_states, inner.padding[1], inner.padding[2], self.memory_format)
-            core = padded[:, :, :, inner.padding[1]:padded.shape[3] - inner.padding[1],
-                          inner.padding[2]:padded.shape[4] - inner.padding[2]]
-            out = F.conv3d(padded, inner.weight, inner.bias, inner.stride, 0, inner.dilation, inner.groups)
-        else:
-            core = padded = torch.cat([tail, hidden_states], dim=2).contiguous(memory_format=self.memory_format)
-            out = inner(padded)
+        context = conv.kernel_size[0] - 1
+        reflect = inner.padding_mode == "reflect"
+        pad_h, pad_w = inner.padding[1:] if reflect else (0, 0)
+        batch, channels, frames, height, width = x.shape
+        padded = torch.empty(batch, channels, context + frames, height + 2 * pad_h, width + 2 * pad_w,
+                             dtype=x.dtype, device=x.device, memory_format=self.memory_format)
+        core = padded[:, :, :, pad_h:pad_h + height, pad_w:pad_w + width]
+        write(core[:, :, context:])
+        tail = self._tails.get(id(conv))
+        core[:, :, :context] = core[:, :, context:context + 1] if tail is None else tail
+        if reflect:
+            reflect_borders(padded, pad_h, pad_w)
         # a copy, not a view: a view would keep this call's whole input alive until the next chunk
         self._tails[id(conv)] = core[:, :, core.shape[2] - context:].clone(memory_format=self.memory_format)
-        return out
+        if reflect:
+            return F.conv3d(padded, inner.weight, bias, inner.stride, 0, inner.dilation, inner.groups)
+        return inner._conv_forward(padded, inner.weight, bias)  # its own spatial padding mode
 
     def _resnet_forward(self, resnet, inputs: torch.Tensor, temb=None, generator=None, causal: bool = True):
         """`LTX2VideoResnetBlock3d.forward` without timestep conditioning or noise (eval mode): each norm -> SiLU
@@ -272,28 +264,11 @@ class CausalStreamDecoder:
         return bias_residual(hidden_states, conv2.conv.bias, inputs)
 
     def _norm_conv(self, conv, norm: PerChannelRMSNorm, x: torch.Tensor, bias: Optional[torch.Tensor]):
-        """conv(silu(norm(x + bias))) without the conv's own bias, streamed (`_conv_forward`'s left context): the
-        fused norm writes straight into the conv's input buffer, after the previous chunk's frames and inside the
-        spatial padding, where `_conv_forward` would copy its input there."""
+        """conv(silu(norm(x + bias))) without the conv's own bias, streamed (`_causal_conv`): the fused norm writes
+        straight into the conv's input buffer, where `_conv_forward` would copy its input."""
         if norm.channel_dim != 1:
             raise ValueError("the fused RMS norm + SiLU normalises over dim 1")
-        inner = conv.conv
-        context = conv.kernel_size[0] - 1
-        reflect = inner.padding_mode == "reflect"
-        pad_h, pad_w = inner.padding[1:] if reflect else (0, 0)
-        batch, channels, frames, height, width = x.shape
-        padded = torch.empty(batch, channels, context + frames, height + 2 * pad_h, width + 2 * pad_w,
-                             dtype=x.dtype, device=x.device, memory_format=self.memory_format)
-        core = padded[:, :, :, pad_h:pad_h + height, pad_w:pad_w + width]
-        rms_silu(x, norm.eps, bias=bias, out=core[:, :, context:])
-        tail = self._tails.get(id(conv))
-        # first chunk: the first frame repeated, as the whole-clip decode does
-        core[:, :, :context] = core[:, :, context:context + 1] if tail is None else tail
-        if reflect:
-            reflect_borders(padded, pad_h, pad_w)
-        self._tails[id(conv)] = core[:, :, core.shape[2] - context:].clone(memory_format=self.memory_format)
-        padding = 0 if reflect else inner.padding
-        return F.conv3d(padded, inner.weight, None, inner.stride, padding, inner.dilation, inner.groups)
+        return self._causal_conv(conv, x, lambda frames: rms_silu(x, norm.eps, bias=bias, out=frames), None)
 
     def _upsampler_forward(self, upsampler, first: bool, hidden_states: torch.Tensor, causal: bool = True):
         """`LTX2VideoUpsampler3d.forward` that drops its leading `stride_t - 1` frames on the first chunk only."""

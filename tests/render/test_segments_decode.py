@@ -41,6 +41,24 @@ def test_streamed_decode_equals_whole_clip_causal_decode(vae, clip, segment_fram
     assert all("forward" not in vars(m) for m in vae.decoder.modules())
 
 
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_streamed_decode_of_zero_padded_convs_equals_whole_clip(channels_last):
+    """The decoder's convs in another spatial padding mode (zeros; the LTX-2 decoder's own is reflect): each streamed
+    conv pads its input as the conv module does."""
+    vae = build_tiny_vae(latent_channels=8, seed=1)
+    for conv in vae.decoder.modules():
+        if isinstance(conv, torch.nn.Conv3d):
+            conv.padding_mode = "zeros"
+    latents = torch.randn(1, 8, 7, 2, 3, generator=torch.Generator().manual_seed(1))
+    mean, std = vae.latents_mean.view(1, -1, 1, 1, 1), vae.latents_std.view(1, -1, 1, 1, 1)
+    with torch.no_grad():
+        whole = vae.decode(latents / vae.config.scaling_factor * std + mean, causal=True, return_dict=False)[0]
+        decoder = CausalStreamDecoder(vae, channels_last=channels_last)
+        streamed = torch.cat([decoder.decode(latents[:, :, start:stop])
+                              for start, stop in segment_bounds(latents.shape[2], 3)], dim=2)
+    torch.testing.assert_close(streamed, whole, atol=1e-5, rtol=1e-5)
+
+
 def test_chunks_decoded_independently_differ(vae, clip):
     """Without the carried conv context the second chunk's frames are wrong (the test above can fail)."""
     latents, whole = clip
@@ -61,17 +79,21 @@ def test_uint8_frames_layout():
 
 
 @pytest.mark.parametrize("shape, pad", [((1, 3, 2, 5, 7), (1, 1)), ((2, 4, 3, 6, 4), (2, 1)), ((1, 2, 1, 3, 3), (1, 2))])
-def test_reflect_padded_equals_cat_then_reflect_pad(shape, pad):
-    """The streaming decoder's one-buffer input equals torch.cat along time then F.pad(mode="reflect")."""
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_reflect_borders_equal_reflect_pad(shape, pad, channels_last):
+    """The streaming decoder's conv input, its interior written and its borders reflected in place, equals
+    F.pad(mode="reflect") of the interior (what a reflect-mode Conv3d pads its input with)."""
     import torch.nn.functional as F
 
-    from camrender.render.decode import reflect_padded
+    from camrender.render.decode import reflect_borders
 
-    generator = torch.Generator().manual_seed(sum(shape))
-    x = torch.randn(shape, generator=generator)
-    tail = torch.randn(shape[0], shape[1], 2, *shape[3:], generator=generator)
-    expected = F.pad(torch.cat([tail, x], dim=2), (pad[1], pad[1], pad[0], pad[0], 0, 0), mode="reflect")
-    assert torch.equal(reflect_padded(tail, x, *pad), expected)
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(sum(shape)))
+    expected = F.pad(x, (pad[1], pad[1], pad[0], pad[0], 0, 0), mode="reflect")
+    layout = torch.channels_last_3d if channels_last else torch.contiguous_format
+    padded = torch.full(expected.shape, float("nan")).contiguous(memory_format=layout)
+    padded[..., pad[0]:pad[0] + shape[3], pad[1]:pad[1] + shape[4]] = x
+    assert reflect_borders(padded, *pad) is padded
+    assert torch.equal(padded, expected)
 
 
 def test_channels_last_decode_feeds_every_conv_channels_last(vae, clip, monkeypatch):
@@ -96,14 +118,3 @@ def test_channels_last_decode_feeds_every_conv_channels_last(vae, clip, monkeypa
     assert len(layouts) >= 2 * len(decoder._convs) and all(a and b for a, b in layouts), layouts
     assert decoder._fusable and decoder._fuse_head  # every norm -> SiLU of the tiny decoder ran fused
     assert all(t.is_contiguous(memory_format=torch.channels_last_3d) for t in decoder.state()["tails"])
-
-
-def test_reflect_padded_channels_last():
-    from camrender.render.decode import reflect_padded
-
-    generator = torch.Generator().manual_seed(3)
-    x = torch.randn(1, 4, 3, 5, 6, generator=generator).contiguous(memory_format=torch.channels_last_3d)
-    tail = torch.randn(1, 4, 2, 5, 6, generator=generator)
-    out = reflect_padded(tail, x, 1, 1, torch.channels_last_3d)
-    assert out.is_contiguous(memory_format=torch.channels_last_3d)
-    assert torch.equal(out, reflect_padded(tail, x, 1, 1))
