@@ -49,7 +49,7 @@ from camrender.render.denoise import Denoiser, pin, pinned_frames  # noqa: E402
 from camrender.render.inputs import RenderInputs  # noqa: E402
 from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments  # noqa: E402
 from camrender.render.stage_two import PassThrough, refined_frames  # noqa: E402
-from common import GIB, Laps, allocated_bytes, emit, measure, peak_bytes, reset_peak, sync  # noqa: E402
+from common import GIB, Events, Laps, allocated_bytes, emit, measure, peak_bytes, reset_peak, sync  # noqa: E402
 
 SPATIAL = 32  # VAE spatial stride (8 for the --cpu-smoke tiny VAE)
 DECODE_MAX_FRAMES = decode_max_frames(refined=False)  # latent frames per VAE call, as a render (--decode-max-frames)
@@ -173,28 +173,19 @@ def run_stage1_alone(transformer, latent_frames, height, width, options, device,
     each segment's GPU time from CUDA events."""
     inputs = path_inputs(transformer, latent_frames, height, width, device, dtype)
     bounds = segment_bounds(latent_frames, 3)
-    frames, marks = 0, []
-
-    def mark():
-        if device.type == "cuda":
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            return event
-        return time.perf_counter()
-
+    frames = 0
     with torch.no_grad():
         sync()
         began = time.perf_counter()
-        marks.append(mark())
-        for _, start, stop, _ in sample_segments(transformer, inputs, bounds, list(DEFAULT_SEGMENT_TIMESTEPS),
-                                                 options, device, cuda_graphs=cuda_graphs):
+        events = Events(device)
+        for index, start, stop, _ in sample_segments(transformer, inputs, bounds, list(DEFAULT_SEGMENT_TIMESTEPS),
+                                                     options, device, cuda_graphs=cuda_graphs):
             frames += video_frames_for_latents(start, stop)
-            marks.append(mark())
+            events.mark(str(index))
         sync()
         total = time.perf_counter() - began
-    laps = [(b.elapsed_time(a) if device.type == "cuda" else (b - a) * 1e3) for a, b in zip(marks, marks[1:])]
     return dict(segments=len(bounds), video_frames=frames, stage1_s=round(total, 3),
-                stage1_fps=round(frames / total, 2), stage1_ms_per_segment=[round(ms, 1) for ms in laps])
+                stage1_fps=round(frames / total, 2), stage1_ms_per_segment=[round(ms, 1) for _, ms in events.laps_ms()])
 
 
 def run_segment_loop(transformer, vae, latent_frames, height, width, options, device, dtype, overlap,

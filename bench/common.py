@@ -105,6 +105,32 @@ class Laps:
         return seconds
 
 
+class Events:
+    """CUDA-event laps on the current stream (host clock off CUDA): `mark(name)` ends a lap."""
+
+    def __init__(self, device):
+        self.cuda = device.type == "cuda"
+        self.marks = [("start", self._event())]
+
+    def _event(self):
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def mark(self, name: str) -> None:
+        self.marks.append((name, self._event()))
+
+    def laps_ms(self) -> list:
+        sync()
+        laps = []
+        for (_, before), (name, after) in zip(self.marks, self.marks[1:]):
+            ms = before.elapsed_time(after) if self.cuda else (after - before) * 1e3
+            laps.append((name, round(ms, 3)))
+        return laps
+
+
 def time_ms(fn: Callable, *, repeats: int, warmup: int = 3, device=None) -> list:
     """Milliseconds of each of `repeats` calls of fn() after `warmup` untimed ones: CUDA events
     around each call on CUDA, the synced host clock elsewhere."""

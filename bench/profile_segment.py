@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import collections
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -36,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_segments  # noqa: E402
 from bench_segments import build_models, path_inputs  # noqa: E402
-from common import emit, sync  # noqa: E402
+from common import Events, emit, sync  # noqa: E402
 from profile_step import idle_gaps, op_table  # noqa: E402
 import camrender.model.stage1.ffn as ffn_module  # noqa: E402
 from camrender.model.stage1.recipes import get_recipe  # noqa: E402
@@ -44,32 +43,6 @@ from camrender.model.stage1.segments import SegmentCache, SegmentOptions, segmen
 from camrender.render.decode import CausalStreamDecoder, decode_max_frames  # noqa: E402
 from camrender.render.denoise import Denoiser, pin, pinned_frames  # noqa: E402
 from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segment  # noqa: E402
-
-
-class Events:
-    """CUDA-event laps on the current stream (host clock off CUDA): `mark(name)` ends a lap."""
-
-    def __init__(self, device):
-        self.cuda = device.type == "cuda"
-        self.marks = [("start", self._event())]
-
-    def _event(self):
-        if not self.cuda:
-            return time.perf_counter()
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
-
-    def mark(self, name: str) -> None:
-        self.marks.append((name, self._event()))
-
-    def laps_ms(self) -> list:
-        sync()
-        laps = []
-        for (_, before), (name, after) in zip(self.marks, self.marks[1:]):
-            ms = before.elapsed_time(after) if self.cuda else (after - before) * 1e3
-            laps.append((name, round(ms, 3)))
-        return laps
 
 
 def timed_segment(denoiser, cache, decoder, start, stop, timesteps, *, graphs: bool) -> list:

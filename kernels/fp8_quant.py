@@ -21,7 +21,8 @@ clamp, the cast) makes about six passes over the activation in fp32; the kernel 
 writes the e4m3 bytes once. Both give the same bits: fp32 math, IEEE divisions (`div_rn`) for the row's two
 numbers, round to nearest even into e4m3 (finite values only: |x * 448 / amax| <= 448). Each value is multiplied
 by the row's reciprocal, not divided by its scale: a division per value made the kernel compute-bound (2640 x
-2240 bf16 rows on the H200: 25 us dividing, 11 us multiplying; 2-4 e4m3 values in 10^4 differ, by one step). This is what `camrender.model.fp8.Fp8Linear` runs before `torch._scaled_mm` on CUDA.
+2240 bf16 rows on the H200: 25 us dividing, 11 us multiplying; 2-4 e4m3 values in 10^4 differ, by one step).
+This is what `camrender.model.fp8.Fp8Linear` runs before `torch._scaled_mm` on CUDA.
 """
 import torch
 import triton
