@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Issue 25's targets measured side by side in one run on one H200 (about 8 minutes): segment mode at 30 segments
+# (stage 1 alone, stage 1 then decode, the render loop with the decode overlapped), stage 1 in FP8 and in bf16,
+# for this tree and, with OLD, the tree before the change; NVIDIA's released streaming sampler on the same path
+# lengths (the reference kit's bench_official_stage1.py, in its own process) when the kit is beside the checkout
+# (`bash bench/stage_device_kit.sh` here, then carry [".whl", ".kit"]). Each step runs in its own process; the
+# results go into one document, $OUT/issue25.json, and the steps' stderr into $OUT/issue25.log.
+#   OUT=/some/folder [OLD=.gpu_old] [KIT=.kit/nvlabs-sana-wm] [SEGMENTS=30] bash bench/run_issue25.sh
+# OLD: a folder holding the old tree's camrender/, kernels/ and bench/ (e.g. `git archive REV | tar -x -C .gpu_old`).
+# ARGS: more bench_segments arguments for every step (ARGS=--cpu-smoke checks the script on the CPU).
+# FULL=1 adds the full-clip step as rendered (the <= 420 ms target) for this tree, stage 1 in FP8.
+set -u
+OUT=${OUT:-bench/results}
+SEGMENTS=${SEGMENTS:-30}
+KIT=${KIT:-.kit/nvlabs-sana-wm}
+mkdir -p "$OUT"
+parts=$(mktemp -d)
+here=$PWD
+step() {  # step SECONDS NAME DIR ARGS... (bench_segments in DIR writes $parts/NAME.json)
+  local limit=$1 name=$2 dir=$3
+  shift 3
+  local began=$SECONDS
+  echo "== $name" >> "$OUT/issue25.log"
+  (cd "$dir" && PYTHONPATH="${SITE:-/tmp/site}:$PWD" timeout "$limit" python3 bench/bench_segments.py \
+     --segments "$SEGMENTS" --loop-segments "$SEGMENTS" "$@" ${ARGS:-} --out "$parts/$name.json" > /dev/null 2>> "$OUT/issue25.log")
+  echo "$name rc=$? $((SECONDS - began)) s"
+}
+official=()
+if [ -f "$KIT/bench_official_stage1.py" ]; then official=(--official "$here/$KIT" --official-timeout 200); fi
+step 330 new_fp8 . --skip-full --stage1-precision fp8 "${official[@]}"
+if [ -n "${OLD:-}" ]; then step 120 old_fp8 "$OLD" --skip-full --stage1-precision fp8; fi
+step 120 new_bf16 . --skip-full
+if [ -n "${OLD:-}" ]; then step 120 old_bf16 "$OLD" --skip-full; fi
+if [ "${FULL:-0}" = 1 ]; then
+  (SEGMENTS=3; step 200 new_fp8_full . --stage1-precision fp8 --loop-segments 0)
+fi
+python3 - "$parts" "$OUT/issue25.json" <<'PY'
+import json, pathlib, sys
+parts = {path.stem: json.loads(path.read_text()) for path in sorted(pathlib.Path(sys.argv[1]).glob("*.json"))}
+pathlib.Path(sys.argv[2]).write_text(json.dumps(parts, indent=1) + "\n")
+for name, part in parts.items():
+    loop = part.get("loop", {}).get("overlap", {})
+    alone = part.get("stage1_alone", {})
+    print(name, json.dumps({"segments": {k: v.get("stage1_fps") for k, v in part.get("segments", {}).items()},
+                            "stage1_alone": {k: v.get("stage1_fps") for k, v in alone.items()},
+                            "loop": {k: loop.get(k) for k in ("video_fps", "video_fps_steady")},
+                            "official": {k: v.get("stage1_fps") for k, v in part.get("official", {}).items()
+                                         if isinstance(v, dict)}}))
+PY
+rm -rf "$parts"
