@@ -106,9 +106,9 @@ def switches(model):
             return originals[0](block, x, mlp_in, grid, gate, backend, **kwargs)
         return gated_residual(x, GLUMBConvTemp.forward(block.mlp, mlp_in, grid), gate, backend=backend), None
 
-    def main_branch(attn, x, beta, decay, rotary_emb, call, block_state):
+    def main_branch(attn, x, beta, decay, rotary_emb, call, block_state, x_rows=None):
         if "gdn_main" in chosen["parts"]:
-            return originals[1](attn, x, beta, decay, rotary_emb, call, block_state)
+            return originals[1](attn, x, beta, decay, rotary_emb, call, block_state, x_rows)
         return attn._main_branch_stock(x, beta, decay, call.num_frames, rotary_emb)
 
     def camera_branch(attn, x, beta, decay, rays, call, block_state):
@@ -117,15 +117,15 @@ def switches(model):
         return stock_camera_branch(attn, x, beta, decay, call.grid, rays)
 
     def softmax(attn, x, *, rotary_emb=None, camera_conditions=None, ucpe_ray_transforms=None, state=None,
-                segment=None):
+                segment=None, x_rows=None):
         if "softmax" in chosen["parts"]:
             return originals[4](attn, x, rotary_emb=rotary_emb, camera_conditions=camera_conditions,
-                                ucpe_ray_transforms=ucpe_ray_transforms, state=state, segment=segment)
+                                ucpe_ray_transforms=ucpe_ray_transforms, state=state, segment=segment, x_rows=x_rows)
         return _SoftmaxUCPESinglePathLiteLA.forward(attn, x, None, segment.grid, rotary_emb, None, camera_conditions,
                                                     ucpe_ray_transforms=ucpe_ray_transforms)
 
-    def combine(attn, x, main, camera):
-        return combine_branches(attn, x, main, camera, "auto" if "glue" in chosen["parts"] else "torch")
+    def combine(attn, x, main, camera, x_rows=None):
+        return combine_branches(attn, x, main, camera, "auto" if "glue" in chosen["parts"] else "torch", x_rows)
 
     def select(parts):
         chosen["parts"] = set(parts)

@@ -15,6 +15,11 @@ LayerNorm's fp32 sum order:
     gated_residual(x, y, gate, y2=None, extra=None, extra_bias=None)
                                         x + gate[t] * (y + y2) + (extra + extra_bias)
     silu_gate(a, gate, b=None)          (a + b) * silu(gate), the attentions' output gate
+
+Where an FP8 linear reads the result, `quantize=True` writes its e4m3 rows and scales in the same pass (the bits
+of `kernels.fp8_quant.quantize_rows` on the result): in place of the result (ada_norm, silu_gate), beside it
+(gated_residual: the residual stream goes on), or both (ada_norm's `keep`: a block attention's input, which bf16
+linears read too).
     merge_heads(o)                      (B, N, H, D) attention output -> contiguous (B, N, H * D)
 
 The references (`<op>_ref`) are the stock block's own op sequence. Shapes: x, r, y, y2, extra (B, N, C) with
@@ -48,11 +53,12 @@ def _frame_offset(row, tokens, spatial, stride_b, stride_t):
 
 
 @triton.jit
-def _ada_norm_kernel(x_ptr, r_ptr, x_out_ptr, out_ptr, shift_ptr, scale_ptr, q_scale_ptr,
+def _ada_norm_kernel(x_ptr, r_ptr, x_out_ptr, out_ptr, shift_ptr, scale_ptr, q_scale_ptr, kept_ptr,
                      n_rows, tokens, spatial, channels, eps,
                      stride_xb, stride_xn, stride_rb, stride_rn, stride_sb, stride_st, stride_cb, stride_ct,
                      HAS_RESIDUAL: tl.constexpr, BLOCK_C: tl.constexpr, RMS: tl.constexpr = False,
-                     MODULATE: tl.constexpr = True, ROWS: tl.constexpr = 1, QUANTIZE: tl.constexpr = False):
+                     MODULATE: tl.constexpr = True, ROWS: tl.constexpr = 1, QUANTIZE: tl.constexpr = False,
+                     KEEP: tl.constexpr = False):
     # ROWS token rows per program (1 on the GPU; more under the interpreter, where programs run one by one)
     row = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[:, None]  # (ROWS, 1)
     c = tl.arange(0, BLOCK_C)[None, :]
@@ -85,15 +91,18 @@ def _ada_norm_kernel(x_ptr, r_ptr, x_out_ptr, out_ptr, shift_ptr, scale_ptr, q_s
         q_scale, q_inverse = row_scales(out, 1)
         tl.store(q_scale_ptr + row, q_scale[:, None], mask=row < n_rows)
         tl.store(out_ptr + out_off, to_e4m3(out, q_inverse[:, None]), mask=mask)
+        if KEEP:  # the DT rows too, for readers that are not FP8 linears
+            tl.store(kept_ptr + out_off, out.to(DT), mask=mask)
     else:
         tl.store(out_ptr + out_off, cast_as(out, DT), mask=mask)
 
 
 @triton.jit
-def _gated_residual_kernel(x_ptr, y_ptr, y2_ptr, e_ptr, eb_ptr, gate_ptr, out_ptr, n_rows, tokens, spatial,
-                           channels, stride_xb, stride_xn, stride_yb, stride_yn, stride_zb, stride_zn, stride_eb, stride_en,
-                           stride_gb, stride_gt, HAS_Y2: tl.constexpr, HAS_EXTRA: tl.constexpr,
-                           HAS_EXTRA_BIAS: tl.constexpr, BLOCK_C: tl.constexpr, ROWS: tl.constexpr = 1):
+def _gated_residual_kernel(x_ptr, y_ptr, y2_ptr, e_ptr, eb_ptr, gate_ptr, out_ptr, q_ptr, q_scale_ptr, n_rows, tokens,
+                           spatial, channels, stride_xb, stride_xn, stride_yb, stride_yn, stride_zb, stride_zn,
+                           stride_eb, stride_en, stride_gb, stride_gt, HAS_Y2: tl.constexpr, HAS_EXTRA: tl.constexpr,
+                           HAS_EXTRA_BIAS: tl.constexpr, BLOCK_C: tl.constexpr, ROWS: tl.constexpr = 1,
+                           QUANTIZE: tl.constexpr = False):
     DT: tl.constexpr = out_ptr.dtype.element_ty
     row = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[:, None]  # (ROWS, 1), as _ada_norm_kernel
     c = tl.arange(0, BLOCK_C)[None, :]
@@ -112,7 +121,13 @@ def _gated_residual_kernel(x_ptr, y_ptr, y2_ptr, e_ptr, eb_ptr, gate_ptr, out_pt
         if HAS_EXTRA_BIAS:
             extra = round_as(extra + tl.load(eb_ptr + c, mask=c < channels, other=0.0).to(tl.float32), DT)
         out = round_as(out, DT) + extra
-    tl.store(out_ptr + row.to(tl.int64) * channels + c, cast_as(out, DT), mask=mask)
+    out_off = row.to(tl.int64) * channels + c
+    tl.store(out_ptr + out_off, cast_as(out, DT), mask=mask)
+    if QUANTIZE:  # the next FP8 linear's rows, from the DT values written
+        out = tl.where(mask, round_as(out, DT), 0.0)
+        q_scale, q_inverse = row_scales(out, 1)
+        tl.store(q_scale_ptr + row, q_scale[:, None], mask=row < n_rows)
+        tl.store(q_ptr + out_off, to_e4m3(out, q_inverse[:, None]), mask=mask)
 
 
 @triton.jit
@@ -141,6 +156,25 @@ def _silu_gate_kernel(a_ptr, b_ptr, gate_ptr, out_ptr, numel, HAS_B: tl.constexp
     gate = tl.load(gate_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     silu = gate / (1.0 + tl.exp(-gate))  # fp32, as F.silu on the fp32 gate
     tl.store(out_ptr + offs, cast_as(total * silu, DT), mask=mask)
+
+
+@triton.jit
+def _silu_gate_rows_kernel(a_ptr, b_ptr, gate_ptr, q_ptr, q_scale_ptr, n_rows, channels, HAS_B: tl.constexpr,
+                           BLOCK_C: tl.constexpr, ROWS: tl.constexpr = 1):
+    """`_silu_gate_kernel`'s values by rows of contiguous (M, C) operands, written as the next FP8 linear's rows."""
+    row = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[:, None]
+    c = tl.arange(0, BLOCK_C)[None, :]
+    mask = (c < channels) & (row < n_rows)
+    offs = row.to(tl.int64) * channels + c
+    DT: tl.constexpr = a_ptr.dtype.element_ty
+    total = tl.load(a_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    if HAS_B:
+        total = round_as(total + tl.load(b_ptr + offs, mask=mask, other=0.0).to(tl.float32), DT)
+    gate = tl.load(gate_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    out = tl.where(mask, round_as(total * (gate / (1.0 + tl.exp(-gate))), DT), 0.0)
+    q_scale, q_inverse = row_scales(out, 1)
+    tl.store(q_scale_ptr + row, q_scale[:, None], mask=row < n_rows)
+    tl.store(q_ptr + offs, to_e4m3(out, q_inverse[:, None]), mask=mask)
 
 
 # --------------------------------------------------------------------------- entry points
@@ -176,7 +210,7 @@ def _launch_config(channels, num_warps=None):
 
 
 def ada_norm(x, shift, scale, *, eps=1e-6, residual=None, norm="layer", backend="auto", num_warps=None,
-             quantize=False):
+             quantize=False, keep=False):
     """norm(x [+ residual]) * (1 + scale) + shift, one pass.
 
     Args:
@@ -190,8 +224,11 @@ def ada_norm(x, shift, scale, *, eps=1e-6, residual=None, norm="layer", backend=
         quantize: return the normed rows as the next FP8 linear's input instead, quantized in the same pass:
             (q (B * N, C) float8_e4m3fn, scale (B * N, 1) fp32), the bits of `kernels.fp8_quant.quantize_rows`
             on the x.dtype result (no x.dtype tensor written).
+        keep: with `quantize`, write the x.dtype rows too and return (normed, (q, scale)): the input of a block
+            attention, which FP8 and bf16 linears both read.
     Returns:
-        (B, N, C) contiguous in x.dtype (or the (q, scale) pair); with `residual`, the pair (x + residual, normed).
+        (B, N, C) contiguous in x.dtype (or what `quantize` and `keep` say); with `residual`, the pair
+        (x + residual, normed).
     """
     check_choice("norm", norm, ("layer", "rms"))
     modulate = shift is not None
@@ -205,7 +242,9 @@ def ada_norm(x, shift, scale, *, eps=1e-6, residual=None, norm="layer", backend=
         shift = scale = x
     if not use_triton(x, backend):
         mods = (shift, scale) if modulate else (None, None)
-        return ada_norm_ref(x, *mods, eps=eps, residual=residual, norm=norm, quantize=quantize)
+        return ada_norm_ref(x, *mods, eps=eps, residual=residual, norm=norm, quantize=quantize, keep=keep)
+    keep = keep and quantize
+    kept = torch.empty(batch, tokens, channels, device=x.device, dtype=x.dtype) if keep else x
     if quantize:
         out = torch.empty(batch * tokens, channels, device=x.device, dtype=torch.float8_e4m3fn)
         q_scale = torch.empty(batch * tokens, 1, device=x.device, dtype=torch.float32)
@@ -219,24 +258,27 @@ def ada_norm(x, shift, scale, *, eps=1e-6, residual=None, norm="layer", backend=
     block_c, warps = _launch_config(channels, num_warps or (8 if quantize and channels >= 2048 else None))
     rows = _rows_per_program()
     _ada_norm_kernel[(triton.cdiv(batch * tokens, rows),)](
-        x, r, updated, out, shift, scale, q_scale, batch * tokens, tokens, spatial, channels, eps,
+        x, r, updated, out, shift, scale, q_scale, kept, batch * tokens, tokens, spatial, channels, eps,
         x.stride(0), x.stride(1), r.stride(0), r.stride(1), shift.stride(0), shift.stride(1),
         scale.stride(0), scale.stride(1), HAS_RESIDUAL=residual is not None, BLOCK_C=block_c,
-        RMS=norm == "rms", MODULATE=modulate, ROWS=rows, QUANTIZE=quantize, num_warps=warps,
+        RMS=norm == "rms", MODULATE=modulate, ROWS=rows, QUANTIZE=quantize, KEEP=keep, num_warps=warps,
     )
     if quantize:
-        out = (out, q_scale)
+        out = (kept, (out, q_scale)) if keep else (out, q_scale)
     return out if residual is None else (updated, out)
 
 
-def residual_ada_norm(x, residual, shift, scale, *, eps=1e-6, norm="layer", backend="auto", quantize=False):
+def residual_ada_norm(x, residual, shift, scale, *, eps=1e-6, norm="layer", backend="auto", quantize=False,
+                      keep=False):
     """x' = x + residual (rounded to x.dtype) and norm(x') * (1 + scale) + shift, one pass.
-    Shapes as `ada_norm`; returns (x', normed), both (B, N, C) contiguous in x.dtype (normed as (q, scale) with
-    `quantize`)."""
-    return ada_norm(x, shift, scale, eps=eps, residual=residual, norm=norm, backend=backend, quantize=quantize)
+    Shapes as `ada_norm`; returns (x', normed), both (B, N, C) contiguous in x.dtype (normed as `ada_norm`'s
+    `quantize` and `keep` say)."""
+    return ada_norm(x, shift, scale, eps=eps, residual=residual, norm=norm, backend=backend, quantize=quantize,
+                    keep=keep)
 
 
-def gated_residual(x, y, gate, *, y2=None, extra=None, extra_bias=None, backend="auto", num_warps=None):
+def gated_residual(x, y, gate, *, y2=None, extra=None, extra_bias=None, backend="auto", num_warps=None,
+                   quantize=False):
     """x + gate * (y + y2) + (extra + extra_bias), one pass.
 
     Args:
@@ -245,8 +287,10 @@ def gated_residual(x, y, gate, *, y2=None, extra=None, extra_bias=None, backend=
             post-attention Plucker projection, its GEMM output without bias); a (1, N, C) extra is
             broadcast over the batch. extra_bias: optional (C,) bias added to extra.
         num_warps: launch override.
+        quantize: also write the result as the next FP8 linear's input, in the same pass (the bits of
+            `kernels.fp8_quant.quantize_rows` on it), and return (out, (q (B * N, C) e4m3, scale (B * N, 1) fp32)).
     Returns:
-        (B, N, C) contiguous in x.dtype.
+        (B, N, C) contiguous in x.dtype (and its quantized rows with `quantize`).
     """
     if extra is not None and extra.shape[0] == 1:
         extra = extra.expand_as(x)
@@ -255,20 +299,25 @@ def gated_residual(x, y, gate, *, y2=None, extra=None, extra_bias=None, backend=
     others = (("y", y),) + (() if y2 is None else (("y2", y2),)) + (() if extra is None else (("extra", extra),))
     batch, tokens, channels, spatial = _check(x, (("gate", gate),), others)
     if not use_triton(x, backend):
-        return gated_residual_ref(x, y, gate, y2, extra, extra_bias)
+        return gated_residual_ref(x, y, gate, y2, extra, extra_bias, quantize=quantize)
     out = torch.empty(batch, tokens, channels, device=x.device, dtype=x.dtype)
+    if quantize:
+        q = torch.empty(batch * tokens, channels, device=x.device, dtype=torch.float8_e4m3fn)
+        q_scale = torch.empty(batch * tokens, 1, device=x.device, dtype=torch.float32)
+    else:
+        q = q_scale = out
     z = y2 if y2 is not None else y
     e = extra if extra is not None else y
     eb = extra_bias.contiguous() if extra_bias is not None else gate
     block_c, warps = _launch_config(channels, num_warps)
     rows = _rows_per_program()
     _gated_residual_kernel[(triton.cdiv(batch * tokens, rows),)](
-        x, y, z, e, eb, gate, out, batch * tokens, tokens, spatial, channels,
+        x, y, z, e, eb, gate, out, q, q_scale, batch * tokens, tokens, spatial, channels,
         x.stride(0), x.stride(1), y.stride(0), y.stride(1), z.stride(0), z.stride(1), e.stride(0), e.stride(1),
         gate.stride(0), gate.stride(1), HAS_Y2=y2 is not None, HAS_EXTRA=extra is not None,
-        HAS_EXTRA_BIAS=extra_bias is not None, BLOCK_C=block_c, ROWS=rows, num_warps=warps,
+        HAS_EXTRA_BIAS=extra_bias is not None, BLOCK_C=block_c, ROWS=rows, QUANTIZE=quantize, num_warps=warps,
     )
-    return out
+    return (out, (q, q_scale)) if quantize else out
 
 
 def merge_heads(o, *, backend="auto"):
@@ -287,21 +336,33 @@ def merge_heads(o, *, backend="auto"):
     return out
 
 
-def silu_gate(a, gate, *, b=None, backend="auto"):
+def silu_gate(a, gate, *, b=None, backend="auto", quantize=False):
     """(a + b) * silu(gate) in one pass, in a.dtype; a, b, gate of one shape.
 
     The attentions' output gate: `(main + camera) * silu(output_gate(x))` with stock's rounding
     (the sum in a.dtype, gate and product in fp32), written straight in the activations' dtype
-    instead of the stock fp32 intermediate.
+    instead of the stock fp32 intermediate. quantize: written instead as the output projection's FP8 input, the
+    rows (M, C) of the result (C its last dimension) as (q e4m3, scale (M, 1) fp32), the bits of
+    `kernels.fp8_quant.quantize_rows` on the a.dtype result.
     """
     for name, t in (("gate", gate),) + (() if b is None else (("b", b),)):
         if t.shape != a.shape:
             raise ValueError(f"{name} must have shape {tuple(a.shape)}, got {tuple(t.shape)}")
     if not use_triton(a, backend):
-        return silu_gate_ref(a, gate, b)
+        return silu_gate_ref(a, gate, b, quantize=quantize)
     has_b = b is not None
     a, gate = a.contiguous(), gate.contiguous()
     b = b.contiguous() if has_b else a
+    if quantize:
+        channels = a.shape[-1]
+        n_rows = a.numel() // channels
+        q = torch.empty(n_rows, channels, device=a.device, dtype=torch.float8_e4m3fn)
+        q_scale = torch.empty(n_rows, 1, device=a.device, dtype=torch.float32)
+        block_c, warps = _launch_config(channels)
+        rows = _rows_per_program()
+        _silu_gate_rows_kernel[(triton.cdiv(n_rows, rows),)](a, b, gate, q, q_scale, n_rows, channels, HAS_B=has_b,
+                                                             BLOCK_C=block_c, ROWS=rows, num_warps=warps)
+        return q, q_scale
     out = torch.empty_like(a)
     block = 2048
     _silu_gate_kernel[(triton.cdiv(a.numel(), block),)](a, b, gate, out, a.numel(), HAS_B=has_b, BLOCK=block,

@@ -19,42 +19,53 @@ def _norm_ref(x, eps, norm):
     return (x.float() * torch.rsqrt(squares + eps)).to(x.dtype)
 
 
-def ada_norm_ref(x, shift, scale, *, eps=1e-6, residual=None, norm="layer", quantize=False):
+def ada_norm_ref(x, shift, scale, *, eps=1e-6, residual=None, norm="layer", quantize=False, keep=False):
     """norm(x) * (1 + scale) + shift per frame, in x.dtype op by op as the stock block; (B, N, C).
     shift and scale None: norm(x) alone. residual: `residual_ada_norm_ref` (the pair (x + residual, normed)).
-    quantize: the normed rows (B * N, C) quantized for an FP8 linear, (q, scale) as `quantize_rows_ref`."""
+    quantize: the normed rows (B * N, C) quantized for an FP8 linear, (q, scale) as `quantize_rows_ref`; with
+    keep, (normed, (q, scale))."""
     if residual is not None:
-        return residual_ada_norm_ref(x, residual, shift, scale, eps=eps, norm=norm, quantize=quantize)
+        return residual_ada_norm_ref(x, residual, shift, scale, eps=eps, norm=norm, quantize=quantize, keep=keep)
     if shift is None:
         out = _norm_ref(x, eps, norm)
     else:
         frames = shift.shape[1]
         normed = _norm_ref(_per_frame(x, frames), eps, norm)
         out = (normed * (1 + scale.to(x.dtype)[:, :, None]) + shift.to(x.dtype)[:, :, None]).reshape(x.shape)
-    return quantize_rows_ref(out.reshape(-1, x.shape[-1])) if quantize else out
+    return _with_rows(out, quantize, keep)
 
 
-def residual_ada_norm_ref(x, residual, shift, scale, *, eps=1e-6, norm="layer", quantize=False):
+def _with_rows(out, quantize, keep):
+    """out, or its rows quantized (q, scale), or both (out, (q, scale))."""
+    if not quantize:
+        return out
+    rows = quantize_rows_ref(out.reshape(-1, out.shape[-1]))
+    return (out, rows) if keep else rows
+
+
+def residual_ada_norm_ref(x, residual, shift, scale, *, eps=1e-6, norm="layer", quantize=False, keep=False):
     """(x + residual in x.dtype, ada_norm of it)."""
     updated = x + residual.to(x.dtype)
-    return updated, ada_norm_ref(updated, shift, scale, eps=eps, norm=norm, quantize=quantize)
+    return updated, ada_norm_ref(updated, shift, scale, eps=eps, norm=norm, quantize=quantize, keep=keep)
 
 
-def gated_residual_ref(x, y, gate, y2=None, extra=None, extra_bias=None):
-    """x + gate * (y + y2) + (extra + extra_bias) per frame, in x.dtype op by op as the stock block."""
+def gated_residual_ref(x, y, gate, y2=None, extra=None, extra_bias=None, quantize=False):
+    """x + gate * (y + y2) + (extra + extra_bias) per frame, in x.dtype op by op as the stock block; with
+    quantize, (that, its rows quantized (q, scale))."""
     frames = gate.shape[1]
     update = y.to(x.dtype) if y2 is None else y.to(x.dtype) + y2.to(x.dtype)
     out = x + (gate.to(x.dtype)[:, :, None] * _per_frame(update, frames)).reshape(x.shape)
     if extra is not None:
         extra = extra.to(x.dtype)
         out = out + (extra if extra_bias is None else extra + extra_bias.to(x.dtype))
-    return out
+    return _with_rows(out, quantize, keep=True)
 
 
-def silu_gate_ref(a, gate, b=None):
-    """(a + b) * silu(gate) as the stock attentions: sum in a.dtype, gate and product in fp32, result in a.dtype."""
+def silu_gate_ref(a, gate, b=None, quantize=False):
+    """(a + b) * silu(gate) as the stock attentions: sum in a.dtype, gate and product in fp32, result in a.dtype;
+    with quantize, its rows quantized (q, scale) instead."""
     total = a if b is None else a + b.to(a.dtype)
-    return (total * torch.nn.functional.silu(gate.float())).to(a.dtype)
+    return _with_rows((total * torch.nn.functional.silu(gate.float())).to(a.dtype), quantize, keep=False)
 
 
 def merge_heads_ref(o):

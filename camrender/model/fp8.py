@@ -15,9 +15,9 @@ the conditioning outside the blocks (timestep, caption, patch embeddings), norms
 stage 1's per-head `beta_proj` / `gate_proj`).
 
 Where the kernel that writes an activation can quantize it as well (the refiner block's adaLN glue, its
-attentions' head merge: `camrender.model.refiner.block`), it hands the linear a `QuantizedRows` instead of the
-bf16 tensor, the same bits as quantizing that tensor; `takes_quantized` says when every reader of an
-activation would accept one.
+attentions' head merge: `camrender.model.refiner.block`; stage 1's adaLN glue, gated residual, output gate and
+head merge: `camrender.model.stage1.block`), it hands the linear a `QuantizedRows` instead of the bf16 tensor, the
+same bits as quantizing that tensor; `takes_quantized` says when every reader of an activation would accept one.
 
 `torch._scaled_mm` contract used here (torch 2.11 on CUDA and 2.13 on CPU): mat1 (M, K) row-major
 e4m3, mat2 (K, N) column-major e4m3 (the transposed view of the (N, K) weight), scale_a (M, 1) and
@@ -145,7 +145,7 @@ def takes_quantized(linears) -> bool:
     forward must see its bf16 input."""
     linears = list(linears)
     return bool(linears) and all(isinstance(linear, Fp8Linear) and linear.scaling == "row"
-                                 and linear.backend == linears[0].backend and not _hooked(linear)
+                                 and linear.backend == linears[0].backend and not has_hooks(linear)
                                  for linear in linears)
 
 
@@ -188,10 +188,10 @@ def _gelu_fusable(ff: torch.nn.Module) -> bool:
     return (type(act).__name__ == "GELU" and getattr(act, "approximate", None) == "tanh"
             and isinstance(out, Fp8Linear) and out.scaling == "row"
             and all(isinstance(m, torch.nn.Dropout) and (m.p == 0 or not m.training) for m in net[1::2])
-            and not any(_hooked(m) for m in (ff, act, out)))
+            and not any(has_hooks(m) for m in (ff, act, out)))
 
 
-def _hooked(module: torch.nn.Module) -> bool:
+def has_hooks(module: torch.nn.Module) -> bool:
     """Whether calling the module runs more than its forward: hooks, or a forward set on the instance (offloading
     wrappers)."""
     return bool(module._forward_hooks or module._forward_pre_hooks or "forward" in vars(module)

@@ -1,10 +1,11 @@
 """kernels/fp8_quant.py: the Triton per-row e4m3 quantization gives its PyTorch reference's bits; with the GELU
 inside, the reference's up to the GELU's fp32 rounding. The kernels that quantize the rows they write (the
-adaLN glue's `quantize=True`, the attention output's head merge) give the bits of quantizing their output."""
+adaLN glue's `quantize=True`, the gated residual's, the output gate's, the attention output's head merge) give the
+bits of quantizing their output."""
 import pytest
 import torch
 
-from camrender.kernels.block_glue import ada_norm, residual_ada_norm
+from camrender.kernels.block_glue import ada_norm, gated_residual, residual_ada_norm, silu_gate
 from camrender.kernels.fp8_quant import gelu_quantize_rows, merge_heads_quantize_rows, quantize_rows
 from camrender.kernels.fp8_quant_reference import (gelu_quantize_rows_ref, merge_heads_quantize_rows_ref,
                                                    quantize_rows_ref)
@@ -107,6 +108,44 @@ def test_ada_norm_quantized_in_the_pass_equals_quantizing_its_output(dtype, norm
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_ada_norm_keeps_its_rows_beside_the_quantized_ones(dtype):
+    """ada_norm(..., quantize=True, keep=True): a block attention's input, for its FP8 and its bf16 linears: the
+    x.dtype rows of the plain call and their quantization, in one pass."""
+    x, residual, shift, scale = glue_inputs(dtype, channels=40)  # 40: padded lanes in the kernel's rows
+    for backend in ("triton", "torch"):
+        plain = ada_norm(x, shift, scale, backend=backend)
+        kept, rows = ada_norm(x, shift, scale, backend=backend, quantize=True, keep=True)
+        assert torch.equal(kept, plain)
+        assert_same_quantization(rows, quantize_rows_ref(plain.reshape(-1, 40)))
+        updated, (kept, rows) = residual_ada_norm(x, residual, shift, scale, backend=backend, quantize=True,
+                                                  keep=True)
+        assert torch.equal(updated, x + residual)
+        assert torch.equal(kept, ada_norm(updated, shift, scale, backend=backend))
+        assert_same_quantization(rows, quantize_rows_ref(kept.reshape(-1, 40)))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_gated_residual_and_output_gate_quantize_what_they_write(dtype):
+    """gated_residual(..., quantize=True) writes the residual stream and its rows quantized for the next FP8
+    linear (the cross-attention's query); silu_gate(..., quantize=True) writes only the rows (the attention's
+    output projection reads nothing else): both the bits of quantizing the plain result."""
+    x, y, gate, _ = glue_inputs(dtype, channels=40)
+    generator = torch.Generator().manual_seed(8)
+    y2, extra = (torch.randn(2, 12, 40, generator=generator).to(dtype) for _ in range(2))
+    for backend in ("triton", "torch"):
+        plain = gated_residual(x, y, gate, y2=y2, extra=extra, backend=backend)
+        out, rows = gated_residual(x, y, gate, y2=y2, extra=extra, backend=backend, quantize=True)
+        assert torch.equal(out, plain)
+        assert_same_quantization(rows, quantize_rows_ref(plain.reshape(-1, 40)))
+        logits = y2 * 2
+        plain = silu_gate(x, logits, b=y, backend=backend)
+        assert_same_quantization(silu_gate(x, logits, b=y, backend=backend, quantize=True),
+                                 quantize_rows_ref(plain.reshape(-1, 40)))
+        assert_same_quantization(silu_gate(x, logits, backend=backend, quantize=True),
+                                 quantize_rows_ref(silu_gate(x, logits, backend=backend).reshape(-1, 40)))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_merge_heads_quantize_reads_the_transposed_attention_output(dtype):
     """An SDPA-layout output (B, H, N, D) seen as (B, N, H, D): merged and quantized in one pass, the bits of
     quantizing the merged rows; with LTX-2's output gate the reference's bits in bf16 (sigmoid rounded to bf16),
@@ -156,8 +195,9 @@ def test_compiled_kernel_and_fp8_linear_on_cuda():
 
 @pytest.mark.gpu
 def test_compiled_kernels_that_quantize_what_they_write():
-    """Compiled: the adaLN glue's quantize=True and the head merge's quantization give the bits of quantizing
-    their bf16 output (the reference's quantization on the CPU, as above)."""
+    """Compiled: the adaLN glue's quantize=True (with keep), the gated residual's and the output gate's, and the
+    head merge's quantization give the bits of quantizing their bf16 output (the reference's quantization on the
+    CPU, as above)."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     x, residual, shift, scale = glue_inputs(torch.bfloat16, "cuda", channels=4096)
@@ -169,3 +209,14 @@ def test_compiled_kernels_that_quantize_what_they_write():
     assert_same_quantization(got, quantize_rows_ref(plain.reshape(-1, 4096).cpu()))
     o = torch.randn(1, 32, 300, 128, device="cuda").to(torch.bfloat16).transpose(1, 2)
     assert_same_quantization(merge_heads_quantize_rows(o), quantize_rows_ref(o.reshape(300, 4096).cpu()))
+    # stage 1's (C = 2240, LayerNorm): the attention input kept beside its rows, the gated residual, the output gate
+    x, residual, shift, scale = glue_inputs(torch.bfloat16, "cuda", channels=2240)
+    kept, rows = ada_norm(x, shift, scale, quantize=True, keep=True)
+    assert torch.equal(kept, ada_norm(x, shift, scale))
+    assert_same_quantization(rows, quantize_rows_ref(kept.reshape(-1, 2240).cpu()))
+    out, rows = gated_residual(x, residual, shift, y2=scale.repeat_interleave(4, dim=1), quantize=True)
+    assert torch.equal(out, gated_residual(x, residual, shift, y2=scale.repeat_interleave(4, dim=1)))
+    assert_same_quantization(rows, quantize_rows_ref(out.reshape(-1, 2240).cpu()))
+    plain = silu_gate(x, residual * 3, b=x)
+    assert_same_quantization(silu_gate(x, residual * 3, b=x, quantize=True),
+                             quantize_rows_ref(plain.reshape(-1, 2240).cpu()))

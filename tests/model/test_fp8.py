@@ -174,6 +174,55 @@ def test_stage_one_block_keeps_the_camera_branch_and_stays_close():
         > 0.998
 
 
+def test_fp8_stage_one_blocks_quantize_each_activation_in_the_kernel_that_writes_it(monkeypatch):
+    """Under FP8 the fused stage-1 blocks hand their linears the inputs already quantized: the attention's input
+    by the adaLN glue (once for qkv and the output gate, the bf16 rows beside for the gates and the camera
+    branch), the cross-attention's query by the gated residual, the output projections' by the output gate and
+    the head merge, the FFN's by the second adaLN glue. Only the FFN's point conv and the text keys' projection
+    quantize their own input. The segment forward (GDN and softmax blocks, a cache written and read) gives the
+    bits of quantizing each bf16 tensor after it is written."""
+    import camrender.model.stage1.block as block_module
+    import camrender.model.stage1.gdn_attention as gdn_module
+    from camrender.model.stage1.recipes import get_recipe
+    from camrender.model.stage1.segments import SegmentCache, SegmentOptions, segment_forward
+    from camrender.model.stage1.tiny import build_tiny_transformer
+    from test_segments_forward import camera_inputs, model_inputs
+
+    model = patch_transformer(build_tiny_transformer(seed=3).to(torch.bfloat16), kernels="fused", recipe="streaming")
+    assert {type(block.attn).__name__ for block in model.blocks} == {"PatchedGDNAttention", "PatchedSoftmaxAttention"}
+    quantize_blocks(model.blocks)
+    options = SegmentOptions.for_recipe(get_recipe("streaming"))
+    latents, text, mask = model_inputs(1, 7, 2, 4)
+    cameras, plucker = camera_inputs(1, 7, 2, 4)
+
+    def two_segments():
+        cache, outputs = SegmentCache.empty(model), []
+        for start, stop in ((0, 4), (4, 7)):
+            for timestep, write in ((500.0, False), (0.0, True)):
+                outputs.append(segment_forward(
+                    model, latents[:, :, start:stop].bfloat16(), torch.full((1, 1, stop - start), timestep),
+                    text.bfloat16(), mask, camera_conditions=cameras[:, start:stop],
+                    chunk_plucker=plucker[:, :, start:stop].bfloat16(), frame_start=start, cache=cache,
+                    write_cache=write, options=options))
+        return outputs
+
+    calls = []
+    counted = fp8_module.quantize_rows
+    monkeypatch.setattr(fp8_module, "quantize_rows", lambda *a, **k: calls.append(1) or counted(*a, **k))
+    with torch.no_grad():
+        fused = two_segments()
+    forwards = 4
+    assert len(calls) == 2 * forwards * len(model.blocks)  # the text keys (each call here) and the point conv
+    calls.clear()
+    for module in (block_module, gdn_module):
+        monkeypatch.setattr(module, "takes_quantized", lambda linears: False)
+    with torch.no_grad():
+        apart = two_segments()
+    assert len(calls) == 8 * forwards * len(model.blocks)  # every FP8 linear (the output gate too) on its own
+    for a, b in zip(fused, apart):
+        assert torch.equal(a, b)
+
+
 def test_render_with_an_fp8_refiner_quantizes_at_load_and_stays_close(tmp_path, monkeypatch):
     """The library path (the CLI refuses FP8 on a CPU): `refiner_precision="fp8"` quantizes the refiner's block
     linears once at load; the video stays close to the bf16 render's."""

@@ -14,7 +14,9 @@ where the stock block writes its intermediate tensors, so the glue itself matche
 and the cross-attention's query RMSNorm runs as one kernel (`kernels.main_prep`) instead of five
 fp32 passes. The residual stream leaves every block contiguous: the stock model carries it in the
 patch embedder's transposed layout, which sends every later elementwise op down PyTorch's slow
-strided path. Settings backend "torch" runs the same structure on the kernels' PyTorch references; only
+strided path. Under FP8 (`camrender.model.fp8`) the glue kernels write the activations the block's FP8 linears
+read already quantized (`Fp8Inputs`), and so do the output gate and the head merge before the output projections:
+the FFN's point conv is the one linear left that quantizes its own input. Settings backend "torch" runs the same structure on the kernels' PyTorch references; only
 a padded-frame mask (training-time batching) runs the stock block forward.
 
 Segment mode is the same forward with a `segment` (`SegmentCall`) and the block's `state`
@@ -38,12 +40,15 @@ from diffusers.models.transformers.transformer_sana_wm import (
 
 from camrender.kernels._validate import use_triton
 from camrender.kernels.block_glue import ada_norm, gated_residual, merge_heads, residual_ada_norm
+from camrender.kernels.fp8_quant import merge_heads_quantize_rows
 from camrender.kernels.main_prep import main_prep
 from camrender.model.adopt import adopt_module
+from camrender.model.fp8 import QuantizedRows, has_hooks, takes_quantized
 from camrender.model.parking import park_all
 from camrender.model.settings import KernelSettings
-from camrender.model.stage1.ffn import ffn_parts
-from camrender.model.stage1.gdn_attention import norm_inv_rms
+from camrender.model.stage1.ffn import ffn_input_linear, ffn_parts
+from camrender.model.stage1.gdn_attention import PatchedGDNAttention, input_linears, norm_inv_rms
+from camrender.model.stage1.softmax_attention import PatchedSoftmaxAttention
 from camrender.model.stage1.state import BlockCache, SegmentCall
 
 
@@ -84,7 +89,13 @@ class FusedCrossAttnProcessor(SanaWMCrossAttnProcessor):
             attention_mask = attention_mask.bool()[:, None, None, :]
         return TextKeys(key, value, attention_mask)
 
-    def __call__(self, attn: MultiHeadCrossAttention, hidden_states, encoder_hidden_states, attention_mask=None):
+    def takes_query_rows(self, attn: MultiHeadCrossAttention, hidden_states) -> bool:
+        """Whether a fused call takes its query input quantized (`query_rows`): an FP8 `q_linear`."""
+        return self.fused(attn, hidden_states) and takes_quantized([attn.q_linear])
+
+    def __call__(self, attn: MultiHeadCrossAttention, hidden_states, encoder_hidden_states, attention_mask=None,
+                 query_rows: Optional[QuantizedRows] = None):
+        """query_rows: hidden_states quantized for an FP8 `q_linear` (`takes_query_rows`), or None."""
         fused = self.fused(attn, hidden_states)
         batch = hidden_states.shape[0]
         channels = attn.heads * attn.head_dim  # this rank's heads under the head split, else x's C
@@ -94,7 +105,7 @@ class FusedCrossAttnProcessor(SanaWMCrossAttnProcessor):
         if not fused and channels == hidden_states.shape[-1]:
             return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask)
 
-        query = attn.q_linear(hidden_states)
+        query = attn.q_linear(hidden_states if query_rows is None else query_rows)
         if fused:
             query = main_prep(query, attn.q_norm.weight, attn.heads, norm_eps=attn.q_norm.eps, relu=False,
                               inv_rms=norm_inv_rms(attn.q_norm, query))
@@ -105,6 +116,9 @@ class FusedCrossAttnProcessor(SanaWMCrossAttnProcessor):
         out = dispatch_attention_fn(query.view(batch, -1, attn.heads, attn.head_dim), text.key, text.value,
                                     attn_mask=text.mask, backend=self._attention_backend,
                                     parallel_config=self._parallel_config)
+        if fused and takes_quantized([attn.proj]):  # the head merge inside proj's input quantization
+            q, scale = merge_heads_quantize_rows(out.type_as(query), backend=self.backend)
+            return attn.proj(QuantizedRows(q, scale, tuple(out.shape[:2]), query.dtype))
         if fused:
             return attn.proj(merge_heads(out.type_as(query), backend=self.backend))
         return attn.proj(out.reshape(batch, -1, channels).type_as(query))
@@ -155,15 +169,15 @@ def plucker_projection(block, plucker_emb: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def attention_residual(block, x, attn_out, gate, plucker_emb, backend):
+def attention_residual(block, x, attn_out, gate, plucker_emb, backend, quantize=False):
     """x + gate * attn_out (+ plucker_proj(plucker_emb) if given and the block has one), one pass.
-    Inside `fixed_plucker` the block's projection computed there is used instead of plucker_emb's."""
+    Inside `fixed_plucker` the block's projection computed there is used instead of plucker_emb's.
+    quantize: also return the result's rows quantized for an FP8 linear, (out, (q, scale)) (`gated_residual`)."""
     projected = getattr(block, "fixed_plucker", None)
     if projected is None and plucker_emb is not None and hasattr(block, "plucker_proj"):
         projected = plucker_projection(block, plucker_emb)
-    if projected is None:
-        return gated_residual(x, attn_out, gate, backend=backend)
-    return gated_residual(x, attn_out, gate, extra=projected, extra_bias=block.plucker_proj.bias, backend=backend)
+    extra = {} if projected is None else {"extra": projected, "extra_bias": block.plucker_proj.bias}
+    return gated_residual(x, attn_out, gate, backend=backend, quantize=quantize, **extra)
 
 
 @contextlib.contextmanager
@@ -205,7 +219,7 @@ def ffn_residual(block, x, mlp_in, grid, gate, backend, *, left=None, segments=N
 
 def glue_forward(block, x, y, mask, modulation, grid, attend, plucker_emb, backend, *, left=None, segments=None):
     """A SANA-WM block's forward on the fused adaLN glue, with its self-attention given as
-    attend(h) -> (B, N, C) (`PatchedBlock.forward`).
+    attend(h, h_rows) -> (B, N, C) (`PatchedBlock.forward`; h_rows: h quantized for its FP8 linears, or None).
 
     x (B, N, C) (any layout with channel stride 1); y (B, 1, L, C) text, mask its padding mask (or y the
     block's `TextKeys`, which hold the mask);
@@ -215,11 +229,51 @@ def glue_forward(block, x, y, mask, modulation, grid, attend, plucker_emb, backe
     if x.stride(-1) != 1:
         x = x.contiguous()  # block 0 receives the patch embedder's transposed view
     shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = modulation_rows(block, modulation)
-    attn_out = attend(ada_norm(x, shift_msa, scale_msa, eps=block.norm1.eps, backend=backend))
-    x = attention_residual(block, x, attn_out, gate_msa, plucker_emb, backend)
-    x, mlp_in = residual_ada_norm(x, block.cross_attn(x, y, mask=mask), shift_mlp, scale_mlp,
-                                  eps=block.norm2.eps, backend=backend)
+    fp8 = fp8_inputs(block, x)
+    attn_in = ada_norm(x, shift_msa, scale_msa, eps=block.norm1.eps, backend=backend, quantize=fp8.attention,
+                       keep=True)
+    attn_in, attn_rows = attn_in if fp8.attention else (attn_in, None)
+    attn_out = attend(attn_in, _rows(attn_rows, x))
+    x = attention_residual(block, x, attn_out, gate_msa, plucker_emb, backend, quantize=fp8.cross_query)
+    if fp8.cross_query:  # the processor itself: the module's forward takes no query rows
+        x, query_rows = x
+        cross = block.cross_attn.processor(block.cross_attn, x, y, attention_mask=mask, query_rows=_rows(query_rows, x))
+    else:
+        cross = block.cross_attn(x, y, mask=mask)
+    x, mlp_in = residual_ada_norm(x, cross, shift_mlp, scale_mlp, eps=block.norm2.eps, backend=backend,
+                                  quantize=fp8.ffn)
+    mlp_in = _rows(mlp_in, x) if fp8.ffn else mlp_in
     return ffn_residual(block, x, mlp_in, grid, gate_mlp, backend, left=left, segments=segments)
+
+
+@dataclasses.dataclass(frozen=True)
+class Fp8Inputs:
+    """Which of a block's activations its glue kernels write quantized for the FP8 linears that read them (the
+    bits of quantizing the written tensor, `camrender.model.fp8.QuantizedRows`): the attention's input (written
+    in bf16 too: the camera branch and the GDN gates read it), the cross-attention's query input (the residual
+    stream, which goes on in bf16) and the FFN's input."""
+
+    attention: bool = False
+    cross_query: bool = False
+    ffn: bool = False
+
+
+def fp8_inputs(block, x) -> Fp8Inputs:
+    """The block's `Fp8Inputs` on activations like x: where every reader of an activation that may be FP8 is a
+    row-scaled `Fp8Linear` run as its own forward (`camrender.model.fp8.takes_quantized`). Blocks without FP8
+    linears: all False."""
+    attn, processor = block.attn, getattr(block.cross_attn, "processor", None)
+    attention = isinstance(attn, (PatchedGDNAttention, PatchedSoftmaxAttention)) and not has_hooks(attn) \
+        and takes_quantized(input_linears(attn))
+    cross = isinstance(processor, FusedCrossAttnProcessor) and not has_hooks(block.cross_attn) \
+        and processor.takes_query_rows(block.cross_attn, x)
+    ffn = ffn_input_linear(block.mlp)
+    return Fp8Inputs(attention, cross, ffn is not None and takes_quantized([ffn]))
+
+
+def _rows(quantized, like) -> Optional[QuantizedRows]:
+    """A glue kernel's (q, scale) of rows shaped and typed like `like` (B, N, C) as a `QuantizedRows`; None: None."""
+    return None if quantized is None else QuantizedRows(*quantized, tuple(like.shape[:-1]), like.dtype)
 
 
 class PatchedBlock(SanaVideoMSCamCtrlBlock):
@@ -255,9 +309,10 @@ class PatchedBlock(SanaVideoMSCamCtrlBlock):
         # diffusers' transformer forward calls a block with THW and no segment: one whole-clip segment
         call = segment if segment is not None else SegmentCall.whole(THW, self.attn.full_options)
 
-        def attend(attn_in):
+        def attend(attn_in, attn_rows=None):
+            rows = {} if attn_rows is None else {"x_rows": attn_rows}
             return self.attn(attn_in, rotary_emb=rotary_emb, camera_conditions=camera_conditions,
-                             ucpe_ray_transforms=ucpe_ray_transforms, state=state, segment=call)
+                             ucpe_ray_transforms=ucpe_ray_transforms, state=state, segment=call, **rows)
 
         text = y if text_keys is None else text_keys
         x, spatial = glue_forward(self, x, text, mask, t, call.grid, attend, plucker_emb, self.settings.backend,

@@ -44,6 +44,15 @@ def _fusable(mlp) -> bool:
     )
 
 
+def ffn_input_linear(mlp):
+    """The `Fp8Linear` that reads the FFN's input when the fused spatial path runs it (`ffn_parts`; the inverted
+    conv quantized by `camrender.model.fp8.quantize_blocks`), else None: `ffn_parts` then takes that input as a
+    `QuantizedRows`."""
+    if not isinstance(mlp, GLUMBConvTemp) or not _fusable(mlp):
+        return None
+    return getattr(mlp.inverted_conv.conv, "fp8", None)
+
+
 def _spatial_fused(mlp, x, frames, height, width, backend):
     """Inverted conv -> GLU depthwise -> point conv, token-major. x (B, N, C) -> y (B, T, S, C_out)."""
     batch, tokens, channels = x.shape
@@ -137,7 +146,8 @@ def ffn_parts(mlp, x: torch.Tensor, frames: int, height: int, width: int, *, lef
 
     Args:
         mlp: a `GLUMBConvTemp` (stock or patched); its parameters are read, never copied.
-        x: (B, N, C) input, N = frames * height * width (frame-major tokens).
+        x: (B, N, C) input, N = frames * height * width (frame-major tokens); a `QuantizedRows` of it where
+            `ffn_input_linear(mlp)` reads it.
         left: (B, 1, S, C) last frame of y before this call (segment mode) or None (zero).
         segments: (start, stop) frame ranges tiling [0, frames); the temporal conv sees zero after
             each range's end. None = one range, the whole call.

@@ -3,7 +3,8 @@
 `PatchedGDNAttention` adopts a stock module's parameters, buffers and sub-modules (no copies: the
 transformer's `state_dict()` is unchanged). Its forward is split into `gdn_gates` (shared by both
 branches), `_main_branch` (`kernels.short_conv` + `kernels.main_branch`), `_camera_branch`
-(`kernels.camera_branch`) and `combine_branches`.
+(`kernels.camera_branch`) and `combine_branches`. Under FP8 the input linears read x quantized once
+(`input_rows`; the block's adaLN glue hands the rows over), and the output gate writes `proj`'s input quantized.
 
 One forward for both modes (settings backend "torch": the kernels' PyTorch references):
 - full mode: one segment over the clip, no state (`SegmentCall.whole`, also when called without a
@@ -28,9 +29,11 @@ from diffusers.models.transformers.transformer_sana_wm import (
 
 from camrender.kernels.block_glue import silu_gate
 from camrender.kernels.camera_branch import camera_branch
+from camrender.kernels.fp8_quant import quantize_rows
 from camrender.kernels.main_branch import main_branch
 from camrender.kernels.short_conv import short_conv, short_conv_context
 from camrender.model.adopt import adopt_module
+from camrender.model.fp8 import QuantizedRows, takes_quantized
 from camrender.model.settings import KernelSettings
 from camrender.model.stage1.state import FULL_MODE, BlockCache, SegmentCall, SegmentOptions, store
 
@@ -51,17 +54,43 @@ def gdn_gates(attn, x: torch.Tensor, frames: int, spatial: int) -> tuple[torch.T
     return beta, decay
 
 
-def combine_branches(attn, x, main, camera, backend: str) -> torch.Tensor:
+def input_linears(attn) -> list:
+    """The linears of block attention `attn` that read its input and may run in FP8: qkv and the output gate.
+    (The per-head beta / gate projections and the camera branch's stay bf16: `camrender.model.fp8`.)"""
+    gated = attn.use_output_gate and attn.output_gate is not None
+    return [attn.qkv] + ([attn.output_gate] if gated else [])
+
+
+def combine_branches(attn, x, main, camera, backend: str, x_rows=None) -> torch.Tensor:
     """proj((main + camera) * silu(output_gate(x))) of block attention `attn`; camera is already
     through out_proj_cam (or None). backend "torch": the stock computation (bf16 sum, fp32 gate);
-    otherwise the sum and gate in one pass (`kernels.block_glue.silu_gate`, stock rounding, that backend)."""
+    otherwise the sum and gate in one pass (`kernels.block_glue.silu_gate`, stock rounding, that backend), which
+    writes the FP8 rows of an FP8 `proj` itself. x_rows: x as the output gate reads it (a `QuantizedRows` under
+    FP8, `input_rows`), else x."""
     gated = attn.use_output_gate and attn.output_gate is not None
+    x_rows = x if x_rows is None else x_rows
     if backend != "torch" and gated:
-        return attn.proj(silu_gate(main, attn.output_gate(x), b=camera, backend=backend))
+        if takes_quantized([attn.proj]):
+            q, scale = silu_gate(main, attn.output_gate(x_rows), b=camera, backend=backend, quantize=True)
+            return attn.proj(QuantizedRows(q, scale, tuple(main.shape[:-1]), main.dtype))
+        return attn.proj(silu_gate(main, attn.output_gate(x_rows), b=camera, backend=backend))
     out = main if camera is None else main + camera
     if gated:
-        out = out * F.silu(attn.output_gate(x).to(torch.float32))
+        out = out * F.silu(attn.output_gate(x_rows).to(torch.float32))
     return attn.proj(out.to(x.dtype))
+
+
+def input_rows(attn, x, x_rows=None):
+    """What block attention `attn`'s FP8-able input linears read: `x_rows` (the adaLN glue's quantized rows of x,
+    `camrender.model.stage1.block.glue_forward`) when given, else x quantized once for all of them when they all
+    take one (`camrender.model.fp8.takes_quantized`), else x itself."""
+    if x_rows is not None:
+        return x_rows
+    linears = input_linears(attn)
+    if len(linears) < 2 or not takes_quantized(linears):
+        return x
+    q, scale = quantize_rows(x.reshape(-1, x.shape[-1]), backend=linears[0].backend)
+    return QuantizedRows(q, scale, tuple(x.shape[:-1]), x.dtype)
 
 
 def norm_inv_rms(norm, x: torch.Tensor):
@@ -141,14 +170,16 @@ class PatchedGDNAttention(BidirectionalGDNUCPESinglePathLiteLA):
 
     def forward(self, x: torch.Tensor, mask=None, HW=None, rotary_emb=None, block_mask=None, camera_conditions=None,
                 chunk_size=None, *, frame_valid_mask=None, ucpe_ray_transforms=None,
-                state: Optional[BlockCache] = None, segment: Optional[SegmentCall] = None) -> torch.Tensor:
+                state: Optional[BlockCache] = None, segment: Optional[SegmentCall] = None,
+                x_rows: Optional[QuantizedRows] = None) -> torch.Tensor:
         if frame_valid_mask is not None:
             # Padded-frame masking is only used by training-time batching; keep diffusers' path for it.
             return super().forward(x, mask, HW, rotary_emb, block_mask, camera_conditions, chunk_size,
                                    frame_valid_mask=frame_valid_mask, ucpe_ray_transforms=ucpe_ray_transforms)
         call = segment if segment is not None else SegmentCall.whole(HW, self.full_options)
+        x_rows = input_rows(self, x, x_rows)  # x as qkv and the output gate read it
         beta, decay = gdn_gates(self, x, call.num_frames, call.spatial)
-        main = self._main_branch(x, beta, decay, rotary_emb, call, state)
+        main = self._main_branch(x, beta, decay, rotary_emb, call, state, x_rows)
         rays = ucpe_ray_transforms
         if rays is None and camera_conditions is not None:
             rays = _prepare_ucpe_ray_transforms(head_dim=self.cam_head_dim, camera_conditions=camera_conditions,
@@ -156,11 +187,11 @@ class PatchedGDNAttention(BidirectionalGDNUCPESinglePathLiteLA):
         camera = None
         if rays is not None:
             camera = self.out_proj_cam(self._camera_branch(x, beta, decay, rays, call, state))
-        return self._combine(x, main, camera)
+        return self._combine(x, main, camera, x_rows)
 
-    def _combine(self, x, main, camera) -> torch.Tensor:
+    def _combine(self, x, main, camera, x_rows=None) -> torch.Tensor:
         """proj((main + camera) * silu(output_gate(x))), camera through out_proj_cam; `combine_branches`."""
-        return combine_branches(self, x, main, camera, self.settings.backend)
+        return combine_branches(self, x, main, camera, self.settings.backend, x_rows)
 
     def _main_on_kernels(self, rotary_emb) -> bool:
         """Whether the kernels compute this block's main branch: RoPE, RMSNorm weights, no q / v
@@ -169,7 +200,7 @@ class PatchedGDNAttention(BidirectionalGDNUCPESinglePathLiteLA):
                 and getattr(self.q_norm, "weight", None) is not None
                 and getattr(self.k_norm, "weight", None) is not None)
 
-    def _main_branch(self, x, beta, decay, rotary_emb, call: SegmentCall, state) -> torch.Tensor:
+    def _main_branch(self, x, beta, decay, rotary_emb, call: SegmentCall, state, x_rows=None) -> torch.Tensor:
         """Main branch: qkv -> short conv on K -> RMSNorm -> ReLU -> bidirectional GDN; (B, N, C) in x's dtype.
 
         On the kernels: `kernels.short_conv` reads K in place from the qkv output (carrying the
@@ -185,7 +216,7 @@ class PatchedGDNAttention(BidirectionalGDNUCPESinglePathLiteLA):
                                       "weights (the released ones)")
         channels = self.heads * self.dim  # this rank's heads under the head split, else x's C
         backend = self.settings.backend
-        qkv = self.qkv(x)
+        qkv = self.qkv(x if x_rows is None else x_rows)
         query, key, value = qkv[..., :channels], qkv[..., channels:2 * channels], qkv[..., 2 * channels:]
         if self.conv_k is not None:
             key = carried_short_conv(self.conv_k, key, call, state, "key_tail", backend)

@@ -33,8 +33,9 @@ from camrender.kernels import softmax_cam, softmax_cam_reference
 from camrender.kernels.main_prep import main_prep
 from camrender.kernels.main_prep_reference import main_prep_ref
 from camrender.model.adopt import adopt_module
+from camrender.model.fp8 import QuantizedRows
 from camrender.model.settings import KernelSettings
-from camrender.model.stage1.gdn_attention import combine_branches, norm_inv_rms
+from camrender.model.stage1.gdn_attention import combine_branches, input_rows, norm_inv_rms
 from camrender.model.stage1.state import FULL_MODE, BlockCache, SegmentCall, SegmentOptions, SoftmaxKV
 
 # SDPA backends in priority order on CUDA (names of torch.nn.attention.SDPBackend), or None for
@@ -67,14 +68,15 @@ def sdpa_operand_dtype(dtype, override):
     return torch.bfloat16 if dtype == torch.float32 else dtype
 
 
-def softmax_qkv(attn, x, rope, attn_dtype, use_triton: bool):
+def softmax_qkv(attn, x, rope, attn_dtype, use_triton: bool, x_rows=None):
     """Main-branch q, k (full-C RMSNorm, RoPE) and v of softmax-block attention `attn`, each
     (B, H, N, D) in `attn_dtype`. x (B, N, C); rope: diffusers' complex table or None.
-    use_triton: `kernels.main_prep` writes q and k straight in `attn_dtype`, else its reference."""
+    use_triton: `kernels.main_prep` writes q and k straight in `attn_dtype`, else its reference.
+    x_rows: x as qkv reads it (`gdn_attention.input_rows`), or None (x)."""
     batch, tokens = x.shape[:2]
     heads, dim = attn.heads, attn.dim
     channels = heads * dim  # this rank's heads under the head split, else x's C
-    qkv = attn.qkv(x)
+    qkv = attn.qkv(x if x_rows is None else x_rows)
     prepped = []
     for raw, norm in ((qkv[..., :channels], attn.q_norm), (qkv[..., channels:2 * channels], attn.k_norm)):
         inv_rms = norm_inv_rms(norm, raw)
@@ -200,7 +202,8 @@ class PatchedSoftmaxAttention(_SoftmaxUCPESinglePathLiteLA):
 
     def forward(self, x, mask=None, HW=None, rotary_emb=None, block_mask=None, camera_conditions=None,
                 chunk_size=None, *, frame_valid_mask=None, ucpe_ray_transforms=None,
-                state: Optional[BlockCache] = None, segment: Optional[SegmentCall] = None):
+                state: Optional[BlockCache] = None, segment: Optional[SegmentCall] = None,
+                x_rows: Optional[QuantizedRows] = None):
         call = segment if segment is not None else SegmentCall.whole(HW, self.full_options)
         on_kernels = self._on_kernels()
         # padded-frame masks (training-time batching), and in a call without state a block layout the
@@ -228,7 +231,8 @@ class PatchedSoftmaxAttention(_SoftmaxUCPESinglePathLiteLA):
 
         # a single segment after cached ones attends over the cache's window (keys written into its slot)
         window = state.window_slot(x.shape[1]) if context and len(call.segments) == 1 else None
-        query, key, value = softmax_qkv(self, x, rotary_emb, attn_dtype, use_triton)
+        x_rows = input_rows(self, x, x_rows)  # x as qkv and the output gate read it
+        query, key, value = softmax_qkv(self, x, rotary_emb, attn_dtype, use_triton, x_rows)
         out = attend(query, key, value, [(kv.key, kv.value) for kv in context],
                      softmax_scale(self.dim, options.softmax_scale), attn_mask, prefixes, self.sdpa_backends,
                      window=None if window is None else (window.key, window.value))
@@ -246,4 +250,4 @@ class PatchedSoftmaxAttention(_SoftmaxUCPESinglePathLiteLA):
 
         if call.write:
             state.keep_softmax(SoftmaxKV(key, value, cam_key, cam_value), options.cached_segments, options.key_slot)
-        return combine_branches(self, x, out, camera, self.settings.backend if use_triton else "torch")
+        return combine_branches(self, x, out, camera, self.settings.backend if use_triton else "torch", x_rows)
