@@ -22,9 +22,11 @@ measurement as it finishes, then the whole document); `--out FILE` also writes t
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import math
 import os
+import pstats
 import subprocess
 import sys
 import tempfile
@@ -71,6 +73,9 @@ def parse_args(argv=None):
     parser.add_argument("--capture-first-sight", action="store_true",
                         help="experiment: CUDA graphs captured at a layout's first call, without the eager warm-up "
                              "call (`camrender.model.graphs`); reports each graph instance's counts")
+    parser.add_argument("--host-profile", action="store_true",
+                        help="also run stage 1 alone on the first path length once more with the warm-up's passes "
+                             "under cProfile (`warmup_host_profile`: where their host time goes)")
     parser.add_argument("--full-cfg-steps", type=int, default=2,
                         help="guided full-mode steps measured (extrapolated to 60)")
     parser.add_argument("--loop-segments", type=int, default=30,
@@ -166,15 +171,17 @@ def run_segment_path(transformer, vae, latent_frames, height, width, options, de
     )
 
 
-def run_stage1_alone(transformer, latent_frames, height, width, options, device, dtype, cuda_graphs=True):
+def run_stage1_alone(transformer, latent_frames, height, width, options, device, dtype, cuda_graphs=True,
+                     host_profile=False):
     """Stage 1 alone as a render runs it: the sampler's segments queued back to back, no decode and no wait
     for the GPU between them (the host prepares a segment's conditioning while the GPU runs the one before;
-    `run_segment_path` waits after each segment to time the decode apart). Wall time to the last latents, and
-    each segment's GPU time from CUDA events."""
+    `run_segment_path` waits after each segment to time the decode apart). Wall time to the last latents, each
+    segment's GPU time from CUDA events, and the warm-up's passes (`PassTimeline`, with `host_profile` its
+    profile of the host: then the row's times are not figures)."""
     inputs = path_inputs(transformer, latent_frames, height, width, device, dtype)
     bounds = segment_bounds(latent_frames, 3)
     frames = 0
-    with torch.no_grad():
+    with torch.no_grad(), PassTimeline(device, host_profile=host_profile) as timeline:
         sync()
         began = time.perf_counter()
         events = Events(device)
@@ -185,7 +192,85 @@ def run_stage1_alone(transformer, latent_frames, height, width, options, device,
         sync()
         total = time.perf_counter() - began
     return dict(segments=len(bounds), video_frames=frames, stage1_s=round(total, 3),
-                stage1_fps=round(frames / total, 2), stage1_ms_per_segment=[round(ms, 1) for _, ms in events.laps_ms()])
+                stage1_fps=round(frames / total, 2), stage1_ms_per_segment=[round(ms, 1) for _, ms in events.laps_ms()],
+                warmup_passes=timeline.rows(), **({"host_profile": timeline.host_profile()} if host_profile else {}))
+
+
+class PassTimeline:
+    """The model passes of a sampler's first `segments` segments (the warm-up, and one steady segment to compare),
+    one row each: the segment, whether the pass writes the cache, what the CUDA-graph path did with it ("eager",
+    "capture", "replay"; "plain" without graphs), the host's milliseconds in the call (an eager pass or a capture
+    runs the model's Python, a replay copies its inputs and launches) and the GPU's (CUDA events around it; the
+    host clock off CUDA). A context manager: it wraps `Denoiser.predict` while open.
+
+    host_profile: also run those passes under cProfile (which slows the host: not for the timed rows) and report
+    the functions with the most time of their own (`host_profile()`): where an eager pass or a capture spends it
+    (Python, a library's plan building inside a builtin call, Triton's compiler)."""
+
+    def __init__(self, device, segments: int = 5, host_profile: bool = False):
+        self.device, self.segments = device, segments
+        self.starts, self.records = [], []
+        self.profiler = cProfile.Profile() if host_profile else None
+
+    def __enter__(self):
+        self.original = Denoiser.predict
+        timeline = self
+
+        def predict(denoiser, latents, frame_timesteps, conditioning, **kwargs):
+            start = conditioning.frame_start
+            if start not in timeline.starts:
+                timeline.starts.append(start)
+            if len(timeline.starts) > timeline.segments:
+                return timeline.original(denoiser, latents, frame_timesteps, conditioning, **kwargs)
+            before = timeline._counts(denoiser)
+            events = Events(timeline.device)
+            host = time.perf_counter()
+            if timeline.profiler is not None:
+                timeline.profiler.enable()
+            prediction = timeline.original(denoiser, latents, frame_timesteps, conditioning, **kwargs)
+            if timeline.profiler is not None:
+                timeline.profiler.disable()
+            host = time.perf_counter() - host
+            events.mark("pass")
+            kind = timeline._kind(before, timeline._counts(denoiser), denoiser.graphs is not None)
+            timeline.records.append((timeline.starts.index(start), bool(kwargs.get("write")), kind, host * 1e3,
+                                     events))
+            return prediction
+
+        Denoiser.predict = predict
+        return self
+
+    def __exit__(self, *exc):
+        Denoiser.predict = self.original
+
+    @staticmethod
+    def _counts(denoiser) -> dict:
+        graphs = [g for g in (denoiser.graphs, denoiser.write_graphs) if g is not None]
+        return {kind: sum(g.stats[kind] for g in graphs) for kind in ("eager", "captures", "replays")}
+
+    @staticmethod
+    def _kind(before: dict, after: dict, graphs: bool) -> str:
+        """What the graph path did (a capture also counts its replay); a pass the graphs did not see (a cache pass
+        before its layout is warm) ran eagerly."""
+        grown = [kind for kind in after if after[kind] > before[kind]]
+        if grown:
+            return {"eager": "eager", "captures": "capture", "replays": "replay"}[grown[0]]
+        return "eager" if graphs else "plain"
+
+    def rows(self) -> list:
+        return [dict(segment=segment, write=write, kind=kind, host_ms=round(host_ms, 1),
+                     gpu_ms=round(events.laps_ms()[0][1], 1))
+                for segment, write, kind, host_ms, events in self.records]
+
+    def host_profile(self, top: int = 40) -> list:
+        """[(function, calls, own ms, cumulative ms)] of the profiled passes, most own time first."""
+        if self.profiler is None:
+            return []
+        stats = pstats.Stats(self.profiler).stats
+        rows = [(f"{Path(file).name}:{line}({name})" if line else name, calls, own * 1e3, cumulative * 1e3)
+                for (file, line, name), (_, calls, own, cumulative, _) in stats.items()]
+        rows.sort(key=lambda row: -row[2])
+        return [(name, calls, round(own, 2), round(cumulative, 2)) for name, calls, own, cumulative in rows[:top]]
 
 
 def run_segment_loop(transformer, vae, latent_frames, height, width, options, device, dtype, overlap,
@@ -394,6 +479,9 @@ def main(argv=None):
                                                                           options, device, dtype, graphs))
         if value is not None:
             results.setdefault("stage1_alone", {})[str(length)] = value
+    if args.host_profile:
+        results["warmup_host_profile"] = record("warmup_host_profile", lambda: run_stage1_alone(
+            transformer, 1 + 3 * lengths[0], height, width, options, device, dtype, graphs, host_profile=True))
     peaks = [v["peak_gib"] for v in results["segments"].values()]
     if len(peaks) > 1 and min(peaks) > 0:
         results["peak_spread_pct"] = round(100 * (max(peaks) - min(peaks)) / min(peaks), 2)

@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ._grid import cdiv, next_power_of_2
 from ._rounding import cast_as, round_as
 from ._validate import check_tensor, use_triton
 from .bias_residual_reference import bias_residual_ref
@@ -46,8 +47,8 @@ def bias_residual(x, bias, residual, *, backend="auto"):
     residual = residual.contiguous(memory_format=torch.channels_last_3d)
     rows = x.numel() // channels if channels else 0
     if rows:
-        block_c = triton.next_power_of_2(channels)
+        block_c = next_power_of_2(channels)
         block_r = max(1, min(64, 4096 // block_c))
-        _bias_residual_kernel[(triton.cdiv(rows, block_r),)](x, bias, residual, rows, channels, BLOCK_R=block_r,
+        _bias_residual_kernel[(cdiv(rows, block_r),)](x, bias, residual, rows, channels, BLOCK_R=block_r,
                                                             BLOCK_C=block_c, DT=_DTYPES[x.dtype], num_warps=4)
     return x

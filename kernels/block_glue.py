@@ -33,6 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ._grid import cdiv, next_power_of_2
 from ._rounding import cast_as, round_as
 from ._validate import check_choice, use_triton
 from .block_glue_reference import ada_norm_ref, gated_residual_ref, merge_heads_ref, silu_gate_ref
@@ -205,7 +206,7 @@ def _rows_per_program():
 def _launch_config(channels, num_warps=None):
     """(BLOCK_C, warps): one program per token row, the whole row in registers. 4 warps: fastest at
     C = 2240 on the H200 (bench/bench_glue.py: ada_norm 0.134 ms at 4 warps, 0.153 at 8, 0.213 at 16)."""
-    block_c = triton.next_power_of_2(channels)
+    block_c = next_power_of_2(channels)
     return block_c, num_warps or max(1, min(4, block_c // 256))
 
 
@@ -257,7 +258,7 @@ def ada_norm(x, shift, scale, *, eps=1e-6, residual=None, norm="layer", backend=
     # H200; a second, noisier call ranked them 70.9 against 66.1: bench/results/session13_glue*)
     block_c, warps = _launch_config(channels, num_warps or (8 if quantize and channels >= 2048 else None))
     rows = _rows_per_program()
-    _ada_norm_kernel[(triton.cdiv(batch * tokens, rows),)](
+    _ada_norm_kernel[(cdiv(batch * tokens, rows),)](
         x, r, updated, out, shift, scale, q_scale, kept, batch * tokens, tokens, spatial, channels, eps,
         x.stride(0), x.stride(1), r.stride(0), r.stride(1), shift.stride(0), shift.stride(1),
         scale.stride(0), scale.stride(1), HAS_RESIDUAL=residual is not None, BLOCK_C=block_c,
@@ -311,7 +312,7 @@ def gated_residual(x, y, gate, *, y2=None, extra=None, extra_bias=None, backend=
     eb = extra_bias.contiguous() if extra_bias is not None else gate
     block_c, warps = _launch_config(channels, num_warps)
     rows = _rows_per_program()
-    _gated_residual_kernel[(triton.cdiv(batch * tokens, rows),)](
+    _gated_residual_kernel[(cdiv(batch * tokens, rows),)](
         x, y, z, e, eb, gate, out, q, q_scale, batch * tokens, tokens, spatial, channels,
         x.stride(0), x.stride(1), y.stride(0), y.stride(1), z.stride(0), z.stride(1), e.stride(0), e.stride(1),
         gate.stride(0), gate.stride(1), HAS_Y2=y2 is not None, HAS_EXTRA=extra is not None,
@@ -329,8 +330,8 @@ def merge_heads(o, *, backend="auto"):
         return merge_heads_ref(o)
     out = torch.empty(batch, tokens, heads * dim, device=o.device, dtype=o.dtype)
     block_n = 64
-    _merge_heads_kernel[(triton.cdiv(tokens, block_n), batch * heads)](
-        o, out, tokens, o.stride(0), o.stride(2), o.stride(1), HEADS=heads, D=dim, DP=triton.next_power_of_2(dim),
+    _merge_heads_kernel[(cdiv(tokens, block_n), batch * heads)](
+        o, out, tokens, o.stride(0), o.stride(2), o.stride(1), HEADS=heads, D=dim, DP=next_power_of_2(dim),
         BLOCK_N=block_n, num_warps=4,
     )
     return out
@@ -360,11 +361,11 @@ def silu_gate(a, gate, *, b=None, backend="auto", quantize=False):
         q_scale = torch.empty(n_rows, 1, device=a.device, dtype=torch.float32)
         block_c, warps = _launch_config(channels)
         rows = _rows_per_program()
-        _silu_gate_rows_kernel[(triton.cdiv(n_rows, rows),)](a, b, gate, q, q_scale, n_rows, channels, HAS_B=has_b,
+        _silu_gate_rows_kernel[(cdiv(n_rows, rows),)](a, b, gate, q, q_scale, n_rows, channels, HAS_B=has_b,
                                                              BLOCK_C=block_c, ROWS=rows, num_warps=warps)
         return q, q_scale
     out = torch.empty_like(a)
     block = 2048
-    _silu_gate_kernel[(triton.cdiv(a.numel(), block),)](a, b, gate, out, a.numel(), HAS_B=has_b, BLOCK=block,
+    _silu_gate_kernel[(cdiv(a.numel(), block),)](a, b, gate, out, a.numel(), HAS_B=has_b, BLOCK=block,
                                                           num_warps=8)
     return out

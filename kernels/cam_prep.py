@@ -10,6 +10,7 @@ import triton
 import triton.language as tl
 
 from . import ucpe_tiles
+from ._grid import cdiv, next_power_of_2
 from ._validate import check_inv_rms, check_tensor
 
 
@@ -218,14 +219,14 @@ def cam_stage(q, k, v, views, *, num_frames, q_norm_weight, k_norm_weight, norm_
     beta_args = (beta, *beta.stride()) if beta is not None else (dummy, 0, 0, 0, 0)
     _, p_t, p_inv, rope = views
     given = given_inv_rms(q_inv_rms, k_inv_rms, q_norm_weight, k_norm_weight, batch, tokens, q.device)
-    _cam_encode_kernel[(triton.cdiv(tokens, block_s), batch)](
+    _cam_encode_kernel[(cdiv(tokens, block_s), batch)](
         q, k, v, *beta_args,
         q_norm_weight if q_norm_weight is not None else dummy,
         k_norm_weight if k_norm_weight is not None else dummy,
         *(given or (dummy, dummy)),
         p_t, *p_t.stride(), p_inv, *p_inv.stride(), rope if rope is not None else dummy,
         outs[0], outs[1], outs[2], infl, tokens, spatial, float(norm_eps), float(dim ** -0.5 * spatial ** -0.5),
-        H=heads, D=dim, GU=triton.next_power_of_2(dim // 8), BS=block_s, BC=256,
+        H=heads, D=dim, GU=next_power_of_2(dim // 8), BS=block_s, BC=256,
         HAS_QNORM=q_norm_weight is not None, HAS_KNORM=k_norm_weight is not None, GIVEN_RMS=given is not None,
         HAS_ROPE=rope is not None, DOWNSCALE=bool(downscale), FOLD_BETA=beta is not None, num_warps=num_warps,
         **(dict(maxnreg=maxnreg) if maxnreg else {}))

@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from . import ucpe_tiles
+from ._grid import cdiv, next_power_of_2
 from ._validate import check_choice, check_tensor, segment_starts_tensor
 
 PRECISIONS = ("tf32", "ieee")
@@ -290,7 +291,7 @@ def _output_kernel(q_ptr, st_ptr, out_ptr, sq_b, sq_h, sq_t, sq_s, so_b, so_h, s
 
 
 def padded(dim):
-    return max(16, triton.next_power_of_2(dim))
+    return max(16, next_power_of_2(dim))
 
 
 def run_scan(*, k, v, q, beta, decay, out, k_strides, v_strides, q_strides, out_strides,
@@ -317,7 +318,7 @@ def run_scan(*, k, v, q, beta, decay, out, k_strides, v_strides, q_strides, out_
     """
     device = k.device
     dkp, dvp = padded(dk), padded(dv)
-    bs = block_s or max(16, min(64 if f16_dot else 32, triton.next_power_of_2(spatial)))
+    bs = block_s or max(16, min(64 if f16_dot else 32, next_power_of_2(spatial)))
     bh = batch * heads
     w_buf = torch.empty(bh, frames, dkp, dkp, device=device, dtype=torch.float16 if (f16_dot and w_f16) else torch.float32)
     quads = padded(dv // 4)  # decode: groups of four, padded for tl.dot
@@ -351,9 +352,9 @@ def run_scan(*, k, v, q, beta, decay, out, k_strides, v_strides, q_strides, out_
         HAS_STARTS=starts is not None, PREC=precision, SW=st_width, PERM=decode is not None,
         F16_DOT=bool(f16_dot and rec_f16), num_warps=num_warps[1], num_stages=num_stages[1], **regs[1])
     bs = out_block_s or bs
-    split_s = s_split or max(1, min(triton.cdiv(spatial, bs), 4))
-    per_prog = triton.cdiv(triton.cdiv(spatial, split_s), bs) * bs
-    grid = (bh * frames, triton.cdiv(spatial, per_prog))
+    split_s = s_split or max(1, min(cdiv(spatial, bs), 4))
+    per_prog = cdiv(cdiv(spatial, split_s), bs) * bs
+    grid = (bh * frames, cdiv(spatial, per_prog))
     if decode is not None:
         p, rope = decode
         p = p.contiguous()

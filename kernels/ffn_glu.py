@@ -23,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ._grid import cdiv, next_power_of_2
 from ._validate import use_triton
 from .ffn_glu_reference import glu_depthwise_ref
 
@@ -160,8 +161,8 @@ def _glu_depthwise_kernel(
 
 def column_plan(width, lanes):
     """Split `width` columns into chunks that fit a lane group: (n_chunks, chunk_w, group = chunk_w + 2)."""
-    n_chunks = triton.cdiv(width, lanes - 2)
-    chunk_w = triton.cdiv(width, n_chunks)
+    n_chunks = cdiv(width, lanes - 2)
+    chunk_w = cdiv(width, n_chunks)
     return n_chunks, chunk_w, chunk_w + 2
 
 
@@ -210,13 +211,13 @@ def glu_depthwise(h, weight, bias, height, width, *, out=None, backend="auto", t
     settings = dict(DEFAULT_TUNING)
     if not h.is_cuda:
         # Triton interpreter: its cost is per program and op, not per element, so use few, wide programs.
-        settings["block_c"] = min(64, max(8, triton.next_power_of_2(hidden)))
+        settings["block_c"] = min(64, max(8, next_power_of_2(hidden)))
     settings.update(tuning or {})
     lanes = settings["lanes"]
     fast = h.is_cuda and torch.version.hip is None  # PTX approximations
     n_chunks, chunk_w, group = column_plan(width, lanes)
     tasks = frames * n_chunks
-    grid = (triton.cdiv(hidden, settings["block_c"]), triton.cdiv(tasks, lanes // group))
+    grid = (cdiv(hidden, settings["block_c"]), cdiv(tasks, lanes // group))
     _glu_depthwise_kernel[grid](
         h, weight, bias if bias is not None else weight, out,
         height, width, hidden, tasks, n_chunks, chunk_w,

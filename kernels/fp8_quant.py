@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ._grid import next_power_of_2
 from ._rounding import _INTERPRETED, round_as
 from ._validate import check_tensor, use_triton
 from .fp8_quant_reference import (E4M3_MAX, TINY, gelu_quantize_rows_ref, merge_heads_quantize_rows_ref,
@@ -165,7 +166,7 @@ def merge_heads_quantize_rows(o, gate_logits=None, *, backend="auto", num_warps=
     if batch * tokens:
         _merge_heads_quantize_kernel[(batch * tokens,)](
             o, gate, q, scale, tokens, o.stride(0), o.stride(1), o.stride(2), gate.stride(0), gate.stride(1),
-            HEADS=heads, D=dim, HP=triton.next_power_of_2(heads), DP=triton.next_power_of_2(dim),
+            HEADS=heads, D=dim, HP=next_power_of_2(heads), DP=next_power_of_2(dim),
             HAS_GATE=gate_logits is not None, num_warps=num_warps)
     return q, scale
 
@@ -181,7 +182,7 @@ def _quantize(x, backend, gelu: bool):
         # up to ONE_PASS_MAX wide (the refiner FFN's 16384) the row is read once, 16 values per thread at most
         # (32 warps: 126 us against 135 at 16 and 139 read twice, bench/bench_glue.py on the H200); wider rows
         # in 2048-wide chunks, twice
-        block = triton.next_power_of_2(max(width, 16))
+        block = next_power_of_2(max(width, 16))
         block = block if block <= ONE_PASS_MAX else 2048
         warps = max(4, min(32, block // 512))
         _quantize_rows_kernel[(rows,)](x, q, scale, width, x.stride(0), q.stride(0), BLOCK=block, GELU=gelu,

@@ -14,6 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ._grid import cdiv, next_power_of_2
 from ._validate import use_triton
 from .delta_scan import delta_scan
 from .main_prep import main_prep
@@ -61,9 +62,9 @@ def _chunkwise(qn, kn, q_rot, k_rot, v, beta, decay, out, *, eps, initial_state,
     den, z = delta_scan(heads_view(qn), heads_view(kn), ones, beta, decay, initial_state=init_z,
                         segment_starts=segment_starts, precision=precision, f16_operands=fast)
     bs = 32
-    _divide_heads_kernel[(frames * triton.cdiv(spatial, bs), batch * heads)](
+    _divide_heads_kernel[(frames * cdiv(spatial, bs), batch * heads)](
         num, den, out, *num.stride()[:4], *den.stride()[:4], frames, spatial, heads, head_dim, float(eps),
-        BS=bs, BD=max(16, triton.next_power_of_2(head_dim)), num_warps=4)
+        BS=bs, BD=max(16, next_power_of_2(head_dim)), num_warps=4)
     return (kv, z) if output_final_state else None
 
 

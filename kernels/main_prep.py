@@ -11,6 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ._grid import cdiv
 from ._rounding import cast_as, round_as
 from ._validate import check_inv_rms
 from ._reference_parts import rope_tables
@@ -110,7 +111,7 @@ def main_prep(x, weight, heads, *, norm_eps=1e-5, scale=1.0, relu=True, rope=Non
     if inv_rms is not None:
         inv_rms = check_inv_rms("inv_rms", inv_rms, batch, tokens, x.device)
     block_n, block_c = 4, 256
-    grid = (triton.cdiv(tokens, block_n), batch)
+    grid = (cdiv(tokens, block_n), batch)
     _main_prep_kernel[grid](
         x, weight, cos, sin, plain, rot, weight if inv_rms is None else inv_rms, x.stride(0), x.stride(1),
         tokens, channels, channels // heads, float(norm_eps), float(scale),

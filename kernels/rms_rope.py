@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ._grid import cdiv, next_power_of_2
 from ._rounding import cast_as, round_as
 from ._validate import check_choice, use_triton
 from .rms_rope_reference import ROPE_TYPES, rms_rope_qk_ref, rope_rows_ref
@@ -132,7 +133,7 @@ def _launch(block_c, rows):
     """(rows per program, warps): one row per program on the GPU (the row in registers); 64 rows under the
     Triton interpreter, which runs programs one after another."""
     per_program = 64 if os.environ.get("TRITON_INTERPRET") == "1" else 1
-    return per_program, triton.cdiv(rows, per_program), max(1, min(8, block_c // 512))
+    return per_program, cdiv(rows, per_program), max(1, min(8, block_c // 512))
 
 
 def rms_rope_qk(q, k, q_weight, k_weight, cos, sin, *, eps, head_dim, rope_type="interleaved", k_out=None,
@@ -169,7 +170,7 @@ def rms_rope_qk(q, k, q_weight, k_weight, cos, sin, *, eps, head_dim, rope_type=
     has_weight = q_weight is not None
     if has_weight != (k_weight is not None):
         raise ValueError("q_weight and k_weight must both be given or both be None")
-    block_c = triton.next_power_of_2(channels)
+    block_c = next_power_of_2(channels)
     per_program, programs, warps = _launch(block_c, batch * tokens)
     _rms_rope_kernel[(2 * programs,)](
         q, k, q_weight if has_weight else q, k_weight if has_weight else k, cos, sin, q_rot, k_rot, k_pre,
@@ -194,7 +195,7 @@ def rope_rows(x, cos, sin, *, head_dim, rope_type="interleaved", out=None, backe
         rotated = rope_rows_ref(x, cos, sin, rope_type=rope_type)
         return rotated if out is None else out.copy_(rotated)
     out = out if out is not None else torch.empty(batch, tokens, channels, device=x.device, dtype=x.dtype)
-    block_c = triton.next_power_of_2(channels)
+    block_c = next_power_of_2(channels)
     per_program, programs, warps = _launch(block_c, batch * tokens)
     _rms_rope_kernel[(programs,)](
         x, x, x, x, cos, sin, out, out, out, batch * tokens, tokens, channels, 0.0, 0, 0, x.stride(0), x.stride(1), 0, 0,

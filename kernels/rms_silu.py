@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ._grid import cdiv, next_power_of_2
 from ._rounding import cast_as, round_as
 from ._validate import check_tensor, use_triton
 from .rms_silu_reference import rms_silu_ref
@@ -66,11 +67,11 @@ def rms_silu(x, eps=1e-8, *, bias=None, out=None, backend="auto"):
         out = torch.empty_like(x, memory_format=torch.channels_last_3d)
     rows = x.numel() // channels if channels else 0
     if rows:
-        block_c = triton.next_power_of_2(channels)
+        block_c = next_power_of_2(channels)
         block_r = max(1, min(64, 4096 // block_c))
         _, _, frames, height, width = x.shape
         out_sb, _, out_st, out_sh, out_sw = out.stride()
-        _rms_silu_kernel[(triton.cdiv(rows, block_r),)](x, x if bias is None else bias, out, rows, channels, frames,
+        _rms_silu_kernel[(cdiv(rows, block_r),)](x, x if bias is None else bias, out, rows, channels, frames,
                                                        height, width, out_sb, out_st, out_sh, out_sw,
                                                        1.0 / channels, eps, HAS_BIAS=bias is not None,
                                                        BLOCK_R=block_r, BLOCK_C=block_c, DT=_DTYPES[x.dtype],

@@ -9,6 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ._grid import cdiv
 from ._validate import use_triton
 from .short_conv_reference import short_conv_ref
 
@@ -102,7 +103,7 @@ def short_conv(x, weight, num_frames, *, left_context=None, out=None, backend="a
     else:
         ctx, stride_cb, stride_cn, ctx_frames = x, 0, 0, 0
     block_s, block_c = 32, 128
-    grid = (num_frames * triton.cdiv(spatial, block_s), triton.cdiv(channels, block_c), batch)
+    grid = (num_frames * cdiv(spatial, block_s), cdiv(channels, block_c), batch)
     _short_conv_kernel[grid](
         x, w, ctx, out, x.stride(0), x.stride(1), stride_cb, stride_cn,
         num_frames, spatial, channels, ctx_frames,

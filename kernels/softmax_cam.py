@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from . import ucpe_tiles
+from ._grid import cdiv, next_power_of_2
 from .cam_prep import encode_halves, given_inv_rms, inverse_rms, ray_views
 
 # Launch parameters from the H200 sweep at the release shape (bench/bench_softmax_cam.py,
@@ -129,7 +130,7 @@ def _pad_dim(dim):
 
 def _half_groups(dim):
     """GU: groups of four per half head vector (D/8), padded to a power of two."""
-    return triton.next_power_of_2(dim // 8)
+    return next_power_of_2(dim // 8)
 
 
 def ray_inputs(ray_transforms, batch, tokens, dim, device):
@@ -160,15 +161,15 @@ def encode_launch(q, k, v, views, *, q_norm_weight, k_norm_weight, norm_eps, hea
     _, p_t, p_inv, rope = views
     dummy = outs[0]
     given = given_inv_rms(q_inv_rms, k_inv_rms, q_norm_weight, k_norm_weight, batch, tokens, q.device)
-    grid = (triton.cdiv(tokens, block_s), batch)
+    grid = (cdiv(tokens, block_s), batch)
     _encode_kernel[grid](
         q, k, v, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         q_norm_weight if q_norm_weight is not None else dummy, k_norm_weight if k_norm_weight is not None else dummy,
         *(given or (dummy, dummy)),
         p_t, *p_t.stride(), p_inv, *p_inv.stride(), rope if rope is not None else dummy,
         outs[0], outs[1], outs[2], tokens, float(norm_eps),
-        H=heads, D=dim, DPAD=dpad, GU=_half_groups(dim), PADW=triton.next_power_of_2(max(dpad - dim, 1)),
-        BS=block_s, BC=min(256, triton.next_power_of_2(channels)), HAS_QNORM=q_norm_weight is not None,
+        H=heads, D=dim, DPAD=dpad, GU=_half_groups(dim), PADW=next_power_of_2(max(dpad - dim, 1)),
+        BS=block_s, BC=min(256, next_power_of_2(channels)), HAS_QNORM=q_norm_weight is not None,
         HAS_KNORM=k_norm_weight is not None, GIVEN_RMS=given is not None, HAS_ROPE=rope is not None, DOWNSCALE=bool(downscale),
         num_warps=num_warps)
     return tuple(outs)
@@ -179,7 +180,7 @@ def decode_launch(o, views, *, dim, out_dtype, block_s, num_warps):
     batch, heads, tokens, _ = o.shape
     p, _, _, rope = views
     out = torch.empty(batch, tokens, heads * dim, device=o.device, dtype=out_dtype)
-    _decode_kernel[(triton.cdiv(tokens, block_s), batch)](
+    _decode_kernel[(cdiv(tokens, block_s), batch)](
         o, o.stride(0), o.stride(1), o.stride(2), p, *p.stride(), rope if rope is not None else out, out,
         tokens, H=heads, D=dim, GU=_half_groups(dim), BS=block_s, HAS_ROPE=rope is not None, num_warps=num_warps)
     return out

@@ -71,3 +71,36 @@ def test_stage1_alone_samples_every_segment_without_decoding(monkeypatch):
     assert alone["video_frames"] == decoded["video_frames"] == 49
     assert alone["stage1_fps"] > 0
     sys.modules.pop("bench_segments", None)
+
+
+def test_stage1_alone_lists_the_warm_up_passes(monkeypatch):
+    """Its `warmup_passes`: one row per model pass of the first segments, in order, with what the graph path did
+    (off CUDA the replay path runs on static copies: no capture to count) and the host's and GPU's milliseconds;
+    `Denoiser.predict` is itself again afterwards."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import bench_segments
+    from camrender.model.stage1.recipes import get_recipe
+    from camrender.model.stage1.segments import SegmentOptions
+    from camrender.render.denoise import Denoiser
+
+    predict = Denoiser.predict
+    monkeypatch.setattr(bench_segments, "SPATIAL", 8)
+    args = argparse.Namespace(cpu_smoke=True, quick=False, kernels="torch", stage1_precision="bf16")
+    transformer, _ = bench_segments.build_models(args, torch.device("cpu"), torch.float32)
+    options = SegmentOptions.for_recipe(get_recipe("streaming"))
+    cpu = torch.device("cpu")
+    for graphs, kinds in ((True, ["eager", "replay", "replay", "replay", "eager"]), (False, ["plain"] * 5)):
+        rows = bench_segments.run_stage1_alone(transformer, 7, 32, 32, options, cpu, torch.float32,
+                                               cuda_graphs=graphs)["warmup_passes"]
+        assert [row["segment"] for row in rows] == [0] * 5 + [1] * 5
+        assert [row["write"] for row in rows] == ([False] * 4 + [True]) * 2
+        assert [row["kind"] for row in rows[:5]] == kinds
+        assert all(row["host_ms"] > 0 and row["gpu_ms"] > 0 for row in rows)
+        assert Denoiser.predict is predict
+    profiled = bench_segments.run_stage1_alone(transformer, 7, 32, 32, options, cpu, torch.float32, cuda_graphs=True,
+                                               host_profile=True)["host_profile"]
+    assert profiled and all(len(row) == 4 for row in profiled)
+    names = [row[0] for row in profiled]
+    assert any("linear" in name for name in names)  # the model's own calls, most time of their own first
+    assert [row[2] for row in profiled] == sorted((row[2] for row in profiled), reverse=True)
+    sys.modules.pop("bench_segments", None)
