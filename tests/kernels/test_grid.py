@@ -1,0 +1,11 @@
+"""kernels/_grid.py: the host's launch arithmetic gives Triton's own values."""
+import triton
+
+from camrender.kernels._grid import cdiv, next_power_of_2
+
+
+def test_plain_grid_arithmetic_equals_tritons():
+    for n in list(range(0, 5000)) + [2 ** 20 - 1, 2 ** 20, 2 ** 20 + 1, 2640 * 2240]:
+        assert next_power_of_2(n) == triton.next_power_of_2(n)
+        for d in (1, 3, 16, 64, 640):
+            assert cdiv(n, d) == triton.cdiv(n, d)
