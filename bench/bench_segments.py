@@ -51,7 +51,8 @@ from camrender.render.denoise import Denoiser, pin, pinned_frames  # noqa: E402
 from camrender.render.inputs import RenderInputs  # noqa: E402
 from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments  # noqa: E402
 from camrender.render.stage_two import PassThrough, refined_frames  # noqa: E402
-from common import GIB, Events, Laps, allocated_bytes, emit, measure, peak_bytes, reset_peak, sync  # noqa: E402
+from common import (GIB, Events, Laps, allocated_bytes, emit, measure, peak_bytes, reset_peak,  # noqa: E402
+                    steady_rates, sync)
 
 SPATIAL = 32  # VAE spatial stride (8 for the --cpu-smoke tiny VAE)
 DECODE_MAX_FRAMES = decode_max_frames(refined=False)  # latent frames per VAE call, as a render (--decode-max-frames)
@@ -290,12 +291,11 @@ def run_segment_loop(transformer, vae, latent_frames, height, width, options, de
             transformer, inputs, bounds, list(DEFAULT_SEGMENT_TIMESTEPS), options, device, cuda_graphs=cuda_graphs))
         for _, chunk in refined_frames(PassThrough(), chunks, decoder, device, overlap=overlap):
             frames += len(chunk)
-            arrivals.append(time.perf_counter() - began)
+            arrivals.append((time.perf_counter() - began, frames))
         sync()
         total = time.perf_counter() - began
-    steady = steady_rate(arrivals, frames)
     return dict(segments=len(bounds), video_frames=frames, overlap=overlap, total_s=round(total, 3),
-                video_fps=round(frames / total, 2), video_fps_steady=steady, peak_gib=round(peak_bytes() / GIB, 3))
+                video_fps=round(frames / total, 2), peak_gib=round(peak_bytes() / GIB, 3), **steady_rates(arrivals))
 
 
 def capture_at_first_sight() -> list:
@@ -317,15 +317,6 @@ def capture_at_first_sight() -> list:
 
     graphs.GraphedForward.__init__ = init
     return made
-
-
-def steady_rate(arrivals, frames):
-    """Video fps between the arrival of the second segment's frames and the last's (warm-up and the
-    first segment's longer context left out), or None for fewer than 4 segments."""
-    if len(arrivals) < 4:
-        return None
-    per_segment = (frames - 1) // (len(arrivals) - 1) if len(arrivals) > 1 else frames
-    return round(per_segment * (len(arrivals) - 2) / (arrivals[-1] - arrivals[1]), 2)
 
 
 def official_rows(kit: str, lengths, timeout_s: int) -> dict:

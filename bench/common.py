@@ -208,3 +208,29 @@ def emit(result: dict, out=None, *, indent: int = 1, **dumps) -> str:
 
 if __name__ == "__main__":
     sys.exit("bench/common.py holds helpers of the bench scripts; run one of them")
+
+
+# The steady rate of a segment-mode render is read from the gap after this segment's frames on: stage 1's CUDA
+# graphs are captured by then (the denoising passes' in segments 0-2, the cache pass's in segment 3:
+# `camrender.model.graphs`) and the refiner's window is full (sink + 10 frames from segment 4). Earlier gaps hold
+# captures and a growing window.
+STEADY_FROM = 5
+
+
+def steady_rates(arrivals) -> dict:
+    """From (time, frames so far) at each yield of a segment-mode render: the time between two segments' frames
+    (the last yield, the clip's last block, left out: its work was queued before the host waited for the frames
+    before it) and the video fps of their median over the steady segments, from `STEADY_FROM` on, or over all of
+    them (`video_fps_median_all_gaps`) where the path is too short; beside it, the frames from the second segment's
+    to the last's over their time (`video_fps_from_second_segment`, what bench_segments called steady before the
+    nineteenth session: it holds the warm-up's later segments). {} for fewer than 4 yields."""
+    if len(arrivals) < 4:
+        return {}
+    gaps = [b[0] - a[0] for a, b in zip(arrivals[:-2], arrivals[1:-1])]
+    frames = arrivals[2][1] - arrivals[1][1]  # 24 video frames for 3 latent frames
+    steady = gaps[STEADY_FROM:] if len(gaps) >= STEADY_FROM + 2 else gaps
+    gap, all_gaps = (sorted(chosen)[len(chosen) // 2] for chosen in (steady, gaps))  # the medians
+    (t1, f1), (t_last, f_last) = arrivals[1], arrivals[-1]
+    return dict(segment_gaps_s=[round(g, 3) for g in gaps], video_fps_median_all_gaps=round(frames / all_gaps, 2),
+                s_per_segment_steady=round(gap, 3), video_fps_steady=round(frames / gap, 2), steady_gaps=len(steady),
+                video_fps_from_second_segment=round((f_last - f1) / (t_last - t1), 2))

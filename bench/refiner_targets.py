@@ -28,6 +28,7 @@ import torch
 import allocator_pools
 import pipeline_trace
 import refiner_common as base
+from common import STEADY_FROM, steady_rates
 import bench_segments as stage_one
 from camrender.model.block_streaming import block_streamer, stream_blocks
 from camrender.model.fp8 import Fp8Linear, quantize_blocks
@@ -47,11 +48,6 @@ from common import GIB, gib, sync
 SCHEDULES = {"rendered": (None, Schedule()), "overlapped": (True, Schedule()),
              "decode-on-refiner": (True, Schedule(decode_apart=False)), "one-stream": (True, Schedule(streams=False)),
              "in-order": (False, Schedule())}
-
-# The steady rate is read from the gap after this segment's frames on: stage 1's CUDA graphs are captured by then
-# (the denoising passes' in segments 0-3, the cache pass's in segment 4: `camrender.model.graphs`) and the
-# refiner's window is full (sink + 10 frames from segment 4). Earlier gaps hold captures and a growing window.
-STEADY_FROM = 5
 
 # `--trace-segments`: the trace starts once this segment's frames are out, so it holds steady segments only (the
 # sixteenth session's trace started at segment 3 and held the cache pass's graph capture)
@@ -291,21 +287,6 @@ def render(args, transformer, vae, refiner_transformer, text, shape, device, dty
         note(label, row)
     out["decode_workspace"] = decode_workspace(vae, shape, device, dtype)
     return out
-
-
-def steady_rates(arrivals) -> dict:
-    """From (time, frames so far) at each yield of a render: the time between two segments' frames (the last
-    yield, the clip's last block, left out), and the video fps of their median over the steady segments:
-    from `STEADY_FROM` on, or over all of them (`video_fps_median_all_gaps`, as before the sixteenth session)
-    where the path is too short."""
-    if len(arrivals) < 4:
-        return {}
-    gaps = [b[0] - a[0] for a, b in zip(arrivals[:-2], arrivals[1:-1])]
-    frames = arrivals[2][1] - arrivals[1][1]  # 24 video frames for 3 latent frames
-    steady = gaps[STEADY_FROM:] if len(gaps) >= STEADY_FROM + 2 else gaps
-    gap, all_gaps = (sorted(chosen)[len(chosen) // 2] for chosen in (steady, gaps))  # the medians
-    return dict(segment_gaps_s=[round(g, 3) for g in gaps], video_fps_median_all_gaps=round(frames / all_gaps, 2),
-                s_per_segment_steady=round(gap, 3), video_fps_steady=round(frames / gap, 2), steady_gaps=len(steady))
 
 
 def decode_workspace(vae, shape, device, dtype) -> dict:

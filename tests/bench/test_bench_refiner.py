@@ -87,10 +87,13 @@ def test_tiny_setting_reports_the_phases(tmp_path, monkeypatch):
 
 def test_the_steady_rate_leaves_out_the_warm_up_segments(monkeypatch):
     """`video_fps_steady` is the median gap from `STEADY_FROM` on (stage 1's graph captures and the refiner's
-    filling window are earlier); the median of every gap, as before, is reported beside it."""
+    filling window are earlier); the median of every gap, as before, is reported beside it, and bench_segments'
+    former figure (the frames from the second segment's on over their time)."""
     monkeypatch.syspath_prepend(str(BENCH))
+    import common
     import refiner_targets
 
+    assert refiner_targets.steady_rates is common.steady_rates  # the one definition, bench_segments' too
     gaps = [1.3, 1.2, 1.0, 1.1, 0.9] + [0.75, 0.8, 0.74, 0.76] + [0.1]  # warm-up, steady, the clip's last block
     arrivals, now = [(0.0, 25)], 0.0
     for gap in gaps:
@@ -102,6 +105,7 @@ def test_the_steady_rate_leaves_out_the_warm_up_segments(monkeypatch):
     assert rates["video_fps_steady"] == round(24 / 0.76, 2) and rates["steady_gaps"] == 4
     assert rates["s_per_segment_steady"] == 0.76
     assert rates["video_fps_median_all_gaps"] == round(24 / 0.9, 2)
+    assert rates["video_fps_from_second_segment"] == round(24 * 9 / (sum(gaps) - 1.3), 2)
     short = refiner_targets.steady_rates(arrivals[:6])  # too few steady gaps: every gap
     assert short["video_fps_steady"] == short["video_fps_median_all_gaps"] and short["steady_gaps"] == 4
 
