@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_segments  # noqa: E402
 from bench_segments import build_models, path_inputs  # noqa: E402
 from common import Events, emit, sync  # noqa: E402
-from profile_step import idle_gaps, op_table  # noqa: E402
+from profile_step import idle_gaps, op_table, union_gaps  # noqa: E402
 import camrender.model.stage1.ffn as ffn_module  # noqa: E402
 from camrender.model.stage1.recipes import get_recipe  # noqa: E402
 from camrender.model.stage1.segments import SegmentCache, SegmentOptions, segment_bounds  # noqa: E402
@@ -144,11 +144,7 @@ def profile_table(profiler, ranges: set) -> dict:
             kernel_calls[event.name] += 1
             spans.append((event.time_range.start, event.time_range.end))
     spans.sort()
-    idle, end = 0.0, None
-    for start, stop in spans:
-        if end is not None and start > end:
-            idle += (start - end) / 1e3
-        end = stop if end is None else max(end, stop)
+    idle = sum(ms for ms, _ in union_gaps(spans))
     top = sorted(kernels.items(), key=lambda item: -item[1])[:25]
     return dict(
         ranges_ms={name: round(ms, 3) for name, ms in sorted(per_range.items())},

@@ -84,17 +84,24 @@ def op_table(profiler, top: int) -> list:
     return sorted(rows, key=lambda row: -row[3])[:top]
 
 
+def union_gaps(spans) -> list:
+    """[(ms, i)] for (start, end) spans in microseconds sorted by start: each gap in their union on the clock, and
+    the index of the span that ends it (the GPU idle between kernels, when the spans are kernels)."""
+    gaps, end = [], None
+    for index, (start, stop) in enumerate(spans):
+        if end is not None and start > end:
+            gaps.append(((start - end) / 1e3, index))
+        end = stop if end is None else max(end, stop)
+    return gaps
+
+
 def idle_gaps(profiler, top: int = 15) -> dict:
     """GPU idle time between consecutive kernels: the total and the `top` largest gaps (ms) with the
     kernels on both sides."""
     kernels = sorted((e for e in profiler.events() if e.device_type == torch.autograd.DeviceType.CUDA),
                      key=lambda e: e.time_range.start)
-    gaps, end = [], None
-    for before, after in zip(kernels, kernels[1:]):
-        end = max(end or before.time_range.end, before.time_range.end)
-        gap = (after.time_range.start - end) / 1e3
-        if gap > 0:
-            gaps.append((round(gap, 3), before.name[:60], after.name[:60]))
+    gaps = [(round(ms, 3), kernels[index - 1].name[:60], kernels[index].name[:60])
+            for ms, index in union_gaps([(e.time_range.start, e.time_range.end) for e in kernels])]
     gaps.sort(key=lambda row: -row[0])
     return {"total_ms": round(sum(g[0] for g in gaps), 1), "largest": gaps[:top]}
 

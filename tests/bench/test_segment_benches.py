@@ -104,3 +104,15 @@ def test_stage1_alone_lists_the_warm_up_passes(monkeypatch):
     assert any("linear" in name for name in names)  # the model's own calls, most time of their own first
     assert [row[2] for row in profiled] == sorted((row[2] for row in profiled), reverse=True)
     sys.modules.pop("bench_segments", None)
+
+
+def test_union_gaps_are_the_idle_time_between_overlapping_spans(monkeypatch):
+    """profile_step.union_gaps, which both profiles' idle figures use: spans that overlap or touch leave no gap;
+    a span inside a longer one does not end the longer one."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import profile_step
+
+    spans = [(0, 1000), (200, 400), (1000, 1500), (2500, 3000), (2600, 2700), (3500, 4000)]
+    assert profile_step.union_gaps(spans) == [(1.0, 3), (0.5, 5)]
+    assert profile_step.union_gaps([]) == []
+    sys.modules.pop("profile_step", None)
