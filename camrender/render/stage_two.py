@@ -110,7 +110,9 @@ OVERLAP_MIN_ROOM_GIB = 32
 
 
 def room_for_overlap(device) -> bool:
-    """Whether `device` has `OVERLAP_MIN_ROOM_GIB` free for the render (always, off CUDA)."""
+    """Whether `device` has `OVERLAP_MIN_ROOM_GIB` free for the render (always, off CUDA): under the process's cap,
+    less what it has allocated, and no more than the card has free (other processes' memory counts against it)
+    plus what this process's allocator holds unallocated."""
     device = torch.device(device)
     if device.type != "cuda":
         return True
@@ -118,7 +120,10 @@ def room_for_overlap(device) -> bool:
     total = torch.cuda.get_device_properties(index).total_memory
     capped = getattr(torch.cuda, "get_per_process_memory_fraction", None)  # not in every PyTorch release
     usable = total * (capped(index) if capped is not None else 1.0)
-    return usable - torch.cuda.memory_allocated(index) >= OVERLAP_MIN_ROOM_GIB * 2**30
+    allocated = torch.cuda.memory_allocated(index)
+    free_on_card, _ = torch.cuda.mem_get_info(index)
+    cached = torch.cuda.memory_reserved(index) - allocated
+    return min(usable - allocated, free_on_card + cached) >= OVERLAP_MIN_ROOM_GIB * 2**30
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Whether a refined render gives its stages CUDA streams of their own: only where the GPU has room for the streams'
-own caches (`camrender.render.stage_two.room_for_overlap`), read from the device's memory, the process's cap and
-what is allocated; elsewhere the same order on one stream. CUDA's queries are replaced by a card's figures, so this
-runs on a CPU."""
+own caches (`camrender.render.stage_two.room_for_overlap`), read from the device's memory, the process's cap, what
+is allocated and what other processes hold; elsewhere the same order on one stream. CUDA's queries are replaced by
+a card's figures, so this runs on a CPU."""
 from types import SimpleNamespace
 
 import pytest
@@ -14,13 +14,17 @@ GIB = 2**30
 
 @pytest.fixture
 def card(monkeypatch):
-    """card(total_gib, allocated_gib, fraction): CUDA's memory queries answer with these figures (fraction None:
-    a PyTorch without `get_per_process_memory_fraction`)."""
-    def make(total_gib, allocated_gib, fraction=1.0):
+    """card(total_gib, allocated_gib, fraction, others_gib, cached_gib): CUDA's memory queries answer with these
+    figures (fraction None: a PyTorch without `get_per_process_memory_fraction`; others_gib: held by other
+    processes; cached_gib: this process's allocator holds it unallocated)."""
+    def make(total_gib, allocated_gib, fraction=1.0, others_gib=0.0, cached_gib=0.0):
         monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
         monkeypatch.setattr(torch.cuda, "get_device_properties",
                             lambda index: SimpleNamespace(total_memory=int(total_gib * GIB)))
         monkeypatch.setattr(torch.cuda, "memory_allocated", lambda index=None: int(allocated_gib * GIB))
+        monkeypatch.setattr(torch.cuda, "memory_reserved", lambda index=None: int((allocated_gib + cached_gib) * GIB))
+        free = total_gib - allocated_gib - cached_gib - others_gib
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda index=None: (int(free * GIB), int(total_gib * GIB)))
         if fraction is None:
             monkeypatch.delattr(torch.cuda, "get_per_process_memory_fraction", raising=False)
         else:
@@ -47,6 +51,15 @@ def test_the_threshold_is_the_room_left(card, monkeypatch):
     card(40.0, 30.5)
     assert not stage_two.room_for_overlap("cuda")
     card(40.0, 29.5)
+    assert stage_two.room_for_overlap("cuda")
+
+
+def test_other_processes_memory_counts_and_the_allocators_cache_does_not(card):
+    card(139.8, 27.0, others_gib=90.0)  # an H200 shared with another job
+    assert not stage_two.room_for_overlap("cuda")
+    card(139.8, 27.0, others_gib=70.0)
+    assert stage_two.room_for_overlap("cuda")
+    card(139.8, 27.0, cached_gib=80.0)  # this process's own cache is room for it
     assert stage_two.room_for_overlap("cuda")
 
 
