@@ -42,14 +42,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from camrender.model.fp8 import PRECISIONS, quantize_blocks  # noqa: E402
 from camrender.model.stage1.patch import patch_transformer  # noqa: E402
 from camrender.model.stage1.recipes import get_recipe  # noqa: E402
-from camrender.model.stage1.segments import SegmentOptions, segment_bounds  # noqa: E402
+from camrender.model.stage1.segments import segment_bounds  # noqa: E402
 from camrender.model.stage1.state import FULL_MODE  # noqa: E402
 from camrender.model.stage1.tiny import build_tiny_transformer, build_tiny_vae  # noqa: E402
 from camrender.render.decode import (CausalStreamDecoder, decode_max_frames, to_uint8_frames,  # noqa: E402
                                      video_frames_for_latents)
 from camrender.render.denoise import Denoiser, pin, pinned_frames  # noqa: E402
 from camrender.render.inputs import RenderInputs  # noqa: E402
-from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments  # noqa: E402
+from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments, segment_options  # noqa: E402
 from camrender.render.stage_two import PassThrough, refined_frames  # noqa: E402
 from common import (GIB, Events, Laps, allocated_bytes, emit, measure, peak_bytes, reset_peak,  # noqa: E402
                     steady_rates, sync)
@@ -427,7 +427,7 @@ def main(argv=None):
     default_lengths = [2, 4, 8] if args.quick else [3, 10, 30]
     lengths = [int(x) for x in args.segments.split(",")] if args.segments else default_lengths
     recipe = get_recipe("streaming")
-    options = SegmentOptions.for_recipe(recipe)
+    options = segment_options(recipe, recipe.recent_chunks)  # as a render without the refiner runs it
     results = dict(
         device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu", torch=torch.__version__,
         quick=args.quick, kernels=args.kernels, stage1_precision=args.stage1_precision, height=height, width=width,

@@ -39,10 +39,10 @@ from common import Events, emit, sync  # noqa: E402
 from profile_step import idle_gaps, op_table, union_gaps  # noqa: E402
 import camrender.model.stage1.ffn as ffn_module  # noqa: E402
 from camrender.model.stage1.recipes import get_recipe  # noqa: E402
-from camrender.model.stage1.segments import SegmentCache, SegmentOptions, segment_bounds  # noqa: E402
+from camrender.model.stage1.segments import SegmentCache, segment_bounds  # noqa: E402
 from camrender.render.decode import CausalStreamDecoder, decode_max_frames  # noqa: E402
 from camrender.render.denoise import Denoiser, pin, pinned_frames  # noqa: E402
-from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segment  # noqa: E402
+from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segment, segment_options  # noqa: E402
 
 
 def timed_segment(denoiser, cache, decoder, start, stop, timesteps, *, graphs: bool) -> list:
@@ -235,7 +235,8 @@ def main(argv=None) -> dict:
     build = argparse.Namespace(cpu_smoke=args.cpu_smoke, quick=False, kernels="fused",
                                stage1_precision=args.stage1_precision)
     transformer, vae = build_models(build, device, dtype)
-    options = SegmentOptions.for_recipe(get_recipe("streaming"))
+    recipe = get_recipe("streaming")
+    options = segment_options(recipe, recipe.recent_chunks)  # as a render without the refiner runs it
     latent_frames = 1 + 3 * (args.warm + 4)
     bounds = segment_bounds(latent_frames, 3)
     inputs = path_inputs(transformer, latent_frames, height, width, device, dtype)

@@ -6,8 +6,9 @@ at which timesteps and how to step them; the `Denoiser` runs the model on them: 
 transformer-level forward (`camrender.model.stage1.segments.segment_forward`) on the call's conditioning
 (`condition`), the guidance rows (both in one batch, or one per GPU of a video group and gathered,
 `camrender.parallel.cfg`), classifier-free guidance, CUDA-graph replay of the denoising passes and of the
-steady-state cache passes, the render's text keys computed once (`prepared_text`), and an offloaded model
-brought to the GPU before each call. Frame-0 pinning is `pinned_frames` /
+steady-state cache passes, the render's text keys computed once (`prepared_text`), the call's Plucker
+projections computed once for its passes (`SegmentOptions.plucker_once`), and an offloaded model brought to
+the GPU before each call. Frame-0 pinning is `pinned_frames` /
 `pin`: the image latent stays clean at timestep 0.
 
 Shapes: latents (1, C, t, h, w) of the call's latent frames, frame timesteps (t,) float32 in
@@ -22,7 +23,8 @@ import torch
 
 from camrender.model.graphs import GraphedForward, storage_layout
 from camrender.model.stage1.block import park_text_projections, prepared_text
-from camrender.model.stage1.segments import SegmentCache, SegmentConditioning, prepare_conditioning, segment_forward
+from camrender.model.stage1.segments import (SegmentCache, SegmentConditioning, plucker_projections,
+                                             prepare_conditioning, segment_forward)
 from camrender.model.stage1.state import SegmentOptions
 
 
@@ -66,16 +68,20 @@ class Denoiser:
         # outlive the render until the garbage collector happens to run.
         self._forward = functools.partial(_model_forward, model, options)
         self.text_keys = None  # each block's cross-attention keys of the text (`prepared_text`), at the first call
+        # with options.plucker_once: each block's Plucker projection of the latest `condition` call's frames
+        # (`plucker_projections`), kept in the same tensors from call to call while their shape holds
+        self.projected_plucker, self._projected_for = None, None
         self.graphs = self.write_graphs = None
         self._in_place_writes = set()  # storage layouts of caches a cache pass wrote in place
         if cuda_graphs and not self.offloaded:
             capture = self.device.type == "cuda"
             # the cache (argument 3) is read in place, not copied: the cache pass writes it in place; the text
-            # keys (argument 4) are the render's, read in place too
-            self.graphs = GraphedForward(self._forward, capture=capture, resident=(3, 4))
+            # keys (argument 4) are the render's and the Plucker projections (argument 5) the denoiser's, read in
+            # place too
+            self.graphs = GraphedForward(self._forward, capture=capture, resident=(3, 4, 5))
             # the cache passes replay between the denoising passes: either graph captures into the other's pool
             self.write_graphs = GraphedForward(functools.partial(_model_forward, model, options, write=True),
-                                               capture=capture, resident=(3, 4), share_pool_with=self.graphs)
+                                               capture=capture, resident=(3, 4, 5), share_pool_with=self.graphs)
             self.graphs.share_pool_with = self.write_graphs
 
     @torch.no_grad()
@@ -83,7 +89,9 @@ class Denoiser:
         """The conditioning of latent frames [start, stop), fixed over their denoising steps: RoPE rows,
         ray tables and embedded text / Plucker maps (`prepare_conditioning`). Pulls a camera stream. The first
         call also computes the text keys of every block (`prepared_text`): under the head split their norm is
-        a collective, so every rank of a video group makes its first call at the same point."""
+        a collective, so every rank of a video group makes its first call at the same point. With
+        `SegmentOptions.plucker_once` it projects the Plucker maps for every block too, for the passes on this
+        conditioning until the next call (passes on an earlier one project them in every block)."""
         bring_to_device(self.model)
         camera, plucker = self.inputs.camera(start, stop)
         p_t, p_h, p_w = self.model.patch_size
@@ -96,6 +104,9 @@ class Denoiser:
             self.text_keys = prepared_text(self.model, conditioning.text, conditioning.text_mask)
             if not self.offloaded:  # CPU offload moves the whole model itself
                 park_text_projections(self.model, self.device)
+        if self.options.plucker_once:
+            self.projected_plucker = plucker_projections(self.model, conditioning.plucker, out=self.projected_plucker)
+            self._projected_for = conditioning
         return conditioning
 
     @torch.no_grad()
@@ -112,12 +123,13 @@ class Denoiser:
         x = latents.expand(self.batch, -1, -1, -1, -1)
         timestep = frame_timesteps.to(self.device).view(1, 1, -1).expand(self.batch, 1, -1)
         keys = self.text_keys
+        projected = self.projected_plucker if self._projected_for is conditioning else None
         if self.graphs is not None and not write and segments is None:
-            prediction = self.graphs(x, timestep, conditioning, cache, keys)
+            prediction = self.graphs(x, timestep, conditioning, cache, keys, projected)
         elif self.write_graphs is not None and write and segments is None:
-            prediction = self._cache_pass(x, timestep, conditioning, cache)
+            prediction = self._cache_pass(x, timestep, conditioning, cache, projected)
         else:
-            prediction = self._forward(x, timestep, conditioning, cache, keys, segments, write)
+            prediction = self._forward(x, timestep, conditioning, cache, keys, projected, segments, write)
         if self.split is not None:
             prediction = self.split.gather(prediction)
         if self.upcast:
@@ -127,30 +139,33 @@ class Denoiser:
             prediction = uncond + self.inputs.guidance * (cond - uncond)
         return prediction
 
-    def _cache_pass(self, x, timestep, conditioning, cache) -> torch.Tensor:
+    def _cache_pass(self, x, timestep, conditioning, cache, projected) -> torch.Tensor:
         """The cache-writing forward, replayed as a CUDA graph once a cache pass on a cache of this storage
         layout, on a call of these shapes, has written it in place (the steady state: a graph only replays
         in-place writes); eager until then. A replay runs no Python, so the cache's next frame is set here."""
         # whether a write is in place depends on the cache and on the call's shapes (its tokens against the slot)
-        shapes = storage_layout((x, timestep, conditioning, self.text_keys), addresses=False)
+        shapes = storage_layout((x, timestep, conditioning, self.text_keys, projected), addresses=False)
         layout = storage_layout(cache)
         if (shapes, layout) in self._in_place_writes:
-            prediction = self.write_graphs(x, timestep, conditioning, cache, self.text_keys)
+            prediction = self.write_graphs(x, timestep, conditioning, cache, self.text_keys, projected)
             cache.next_frame = conditioning.frame_start + conditioning.num_frames
             return prediction
-        prediction = self._forward(x, timestep, conditioning, cache, self.text_keys, segments=None, write=True)
+        prediction = self._forward(x, timestep, conditioning, cache, self.text_keys, projected, segments=None,
+                                   write=True)
         if storage_layout(cache) == layout:
             self._in_place_writes.add((shapes, layout))
             # this pass warmed the kernels for the next one: the write graph captures at its first call
-            self.write_graphs.warmed(x, timestep, conditioning, cache, self.text_keys)
+            self.write_graphs.warmed(x, timestep, conditioning, cache, self.text_keys, projected)
         return prediction
 
 
-def _model_forward(model, options, x, timestep, conditioning, cache, text_keys=None, segments=None, write=False):
-    """One unguided forward of the model on prepared conditioning and text keys (`segment_forward`)."""
+def _model_forward(model, options, x, timestep, conditioning, cache, text_keys=None, projected=None, segments=None,
+                   write=False):
+    """One unguided forward of the model on prepared conditioning, text keys and Plucker projections
+    (`segment_forward`)."""
     return segment_forward(model, x, timestep, frame_start=conditioning.frame_start, cache=cache,
                            write_cache=write, segments=segments, options=options, conditioning=conditioning,
-                           text_keys=text_keys)
+                           text_keys=text_keys, projected_plucker=projected)
 
 
 def pinned_frames(inputs, start: int, stop: int, device) -> torch.Tensor:

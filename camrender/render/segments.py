@@ -149,6 +149,16 @@ SEGMENT_SAMPLERS = {
 }
 
 
+def segment_options(recipe, cached_segments: Optional[int], *, refined: bool = False,
+                    teacher: bool = False) -> SegmentOptions:
+    """The `SegmentOptions` a segment-mode render runs `recipe` with (cached_segments: the window, None for all).
+    The softmax blocks' slot for a call's keys and the Plucker maps projected once per segment cost memory
+    (0.24 GiB each at the release size): not beside the refiner, where memory is short, nor for the teacher (its
+    calls hold several chunks, which never read through the slot, and its in-flight window changes every step)."""
+    roomy = not (refined or teacher)
+    return SegmentOptions.for_recipe(recipe, cached_segments=cached_segments, key_slot=roomy, plucker_once=roomy)
+
+
 def segment_plan(pipe, request, device, settings: RenderSettings, checkpoints=None) -> ChunkPlan:
     """Segment mode's `camrender.render.loop.ChunkPlan`: one chunk per segment from the recipe's sampler
     (sampled as the loop pulls it), refined block by block (`stage_two`) and decoded by the streaming
@@ -174,9 +184,7 @@ def segment_plan(pipe, request, device, settings: RenderSettings, checkpoints=No
                              field="frames")
     refined = has_refiner(pipe)
     teacher = recipe.sampler == "chunk-flow-euler"
-    # the softmax blocks' slot for a call's keys: not beside the refiner (memory is short), nor for the teacher
-    # (its calls hold several chunks, which never read through the slot)
-    options = SegmentOptions.for_recipe(recipe, cached_segments=cached_segments, key_slot=not (refined or teacher))
+    options = segment_options(recipe, cached_segments, refined=refined, teacher=teacher)
     inputs = prepare_inputs(pipe, request, device)
     if teacher:  # the teacher's own layout and staggered schedule
         bounds = teacher_chunk_bounds(inputs.noise.shape[2], segment_frames)

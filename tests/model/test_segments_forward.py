@@ -245,14 +245,15 @@ def test_full_mode_is_one_segment_without_state():
 
 @pytest.mark.parametrize("cached_segments, frames", [(1, 13), (2, 16), (None, 16)])
 def test_window_slot_and_prepared_text_keep_every_bit(monkeypatch, cached_segments, frames):
-    """Two shortcuts of the fused path change no bit: softmax blocks attend over the cache's window with the
-    call's keys written into its slot (not a concatenation of the cached keys with them on every call), and
-    each block's text keys are computed once for the render (`prepared_text`, not in every cross-attention),
-    against neither (no slot, `key_slot=False`, as beside the refiner). Triton kernels, interpreted; 4 or 5
+    """Three shortcuts of the fused path change no bit: softmax blocks attend over the cache's window with the
+    call's keys written into its slot (not a concatenation of the cached keys with them on every call), each
+    block's text keys are computed once for the render (`prepared_text`, not in every cross-attention), and
+    each block's Plucker projection once for the call (`plucker_projections`), against none of them (no slot,
+    `key_slot=False`, as beside the refiner). Triton kernels, interpreted; 4 or 5
     segments, so the recent window fills and slides in place (1 and 2 recent segments) or keeps growing
     (None)."""
     from camrender.model.stage1.block import prepared_text
-    from camrender.model.stage1.segments import prepare_conditioning
+    from camrender.model.stage1.segments import plucker_projections, prepare_conditioning
     from camrender.model.stage1.state import BlockCache
 
     batch, height, width = 1, 2, 3
@@ -271,10 +272,11 @@ def test_window_slot_and_prepared_text_keep_every_bit(monkeypatch, cached_segmen
                                                 camera_conditions=conditions[:, start:stop],
                                                 chunk_plucker=plucker[:, :, start:stop], frame_start=start)
             keys = prepared_text(patched, conditioning.text, conditioning.text_mask) if shortcuts else None
-            assert (keys is not None) == shortcuts
+            projected = plucker_projections(patched, conditioning.plucker) if shortcuts else None
+            assert (keys is not None) == shortcuts and (projected is not None) == shortcuts
             outputs.append(segment_forward(patched, latents[:, :, start:stop], timestep, frame_start=start,
                                            cache=cache, write_cache=not last, options=options,
-                                           conditioning=conditioning, text_keys=keys))
+                                           conditioning=conditioning, text_keys=keys, projected_plucker=projected))
         return torch.cat(outputs, dim=2), cache
 
     slots = []

@@ -152,10 +152,11 @@ def test_graph_replay_path_gives_the_eager_latents(pipe, monkeypatch):
 
     model_forward = denoise._model_forward
 
-    def recording(model, options, x, timestep, conditioning, cache, text_keys=None, segments=None, write=False):
+    def recording(model, options, x, timestep, conditioning, cache, text_keys=None, projected=None, segments=None,
+                  write=False):
         if not write:
             reads.append((cache, cache_tensors(cache)))
-        return model_forward(model, options, x, timestep, conditioning, cache, text_keys, segments, write)
+        return model_forward(model, options, x, timestep, conditioning, cache, text_keys, projected, segments, write)
 
     monkeypatch.setattr(denoise, "GraphedForward", Recorded)
     monkeypatch.setattr(denoise, "_model_forward", recording)
@@ -187,6 +188,45 @@ def test_graph_replay_path_gives_the_eager_latents(pipe, monkeypatch):
     # the cache passes: segments 0 and 1 grow the cache (eager, no graph), segment 2 writes it in place (eager:
     # it warms the write graph's layout), segment 3 sets the graph up at once (no warm-up call), segment 4 replays
     assert write_graphs.stats == {"eager": 0, "captures": 0, "replays": 2}
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_plucker_maps_projected_once_per_segment_give_the_same_latents(pipe, monkeypatch, graphs):
+    """`SegmentOptions.plucker_once`: the denoiser projects a segment's Plucker maps for every block once, for all
+    of the segment's passes, into the same tensors from segment to segment while their shape holds (the graphs
+    read them where they are): the latents of every block projecting them in every pass, bit for bit."""
+    import camrender.model.stage1.block as block_module
+    import camrender.model.stage1.segments as segments_module
+
+    request = request_for(frames=121)  # 16 latent frames: segments (0, 4), (4, 7), ..., (13, 16)
+    inputs = prepare_inputs(pipe, request, torch.device("cpu"))
+    bounds = segment_bounds(inputs.noise.shape[2])
+    timesteps = [1000.0, 800.0, 500.0]
+    projecting = sum(hasattr(block, "plucker_proj") for block in pipe.transformer.blocks)
+    assert projecting > 0
+    calls = []
+    projection = block_module.plucker_projection
+
+    def counted(block, plucker, out=None):
+        made = projection(block, plucker, out=out)
+        calls.append(made.data_ptr())
+        return made
+
+    for module in (block_module, segments_module):
+        monkeypatch.setattr(module, "plucker_projection", counted)
+    runs = {}
+    with torch.no_grad():
+        for once in (False, True):
+            calls.clear()
+            runs[once] = torch.cat([x for *_, x in sample_segments(
+                pipe.transformer, inputs, bounds, timesteps, SegmentOptions(plucker_once=once), torch.device("cpu"),
+                cuda_graphs=graphs)], dim=2)
+            passes = len(timesteps) + 1  # the denoising passes and the cache pass
+            assert len(calls) == projecting * len(bounds) * (1 if once else passes)
+            if once:  # segment 0 (4 frames) has its own tensors; segments 1-4 (3 frames) share theirs
+                per_segment = [calls[i * projecting:(i + 1) * projecting] for i in range(len(bounds))]
+                assert per_segment[1] == per_segment[2] == per_segment[3] == per_segment[4] != per_segment[0]
+    assert torch.equal(runs[True], runs[False])
 
 
 def test_graph_replay_reads_resident_arguments_in_place():

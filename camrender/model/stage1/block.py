@@ -157,23 +157,25 @@ def modulation_rows(block, modulation: torch.Tensor) -> tuple:
     return rows.unbind(2)
 
 
-def plucker_projection(block, plucker_emb: torch.Tensor) -> torch.Tensor:
-    """plucker_emb @ block.plucker_proj.weight^T (no bias) -> (B, N, C) contiguous. The embedder hands
-    over a transposed (B, N, C) view; one GEMM per batch item reads it in place. The bias is left to
-    `attention_residual`, which adds it as the stock Linear does on that view (a separate add on the
-    rounded GEMM output)."""
+def plucker_projection(block, plucker_emb: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """plucker_emb @ block.plucker_proj.weight^T (no bias) -> (B, N, C) contiguous (written into `out` when
+    given). The embedder hands over a transposed (B, N, C) view; one GEMM per batch item reads it in place. The
+    bias is left to `attention_residual`, which adds it as the stock Linear does on that view (a separate add on
+    the rounded GEMM output)."""
     weight = block.plucker_proj.weight
-    out = plucker_emb.new_empty(*plucker_emb.shape[:2], weight.shape[0])
+    if out is None:
+        out = plucker_emb.new_empty(*plucker_emb.shape[:2], weight.shape[0])
     for index in range(plucker_emb.shape[0]):
         torch.mm(plucker_emb[index], weight.t(), out=out[index])
     return out
 
 
-def attention_residual(block, x, attn_out, gate, plucker_emb, backend, quantize=False):
+def attention_residual(block, x, attn_out, gate, plucker_emb, backend, quantize=False, projected=None):
     """x + gate * attn_out (+ plucker_proj(plucker_emb) if given and the block has one), one pass.
-    Inside `fixed_plucker` the block's projection computed there is used instead of plucker_emb's.
+    Inside `fixed_plucker` the block's projection computed there is used instead of plucker_emb's, and so is
+    `projected` (the call's, `camrender.model.stage1.segments.plucker_projections`) when given.
     quantize: also return the result's rows quantized for an FP8 linear, (out, (q, scale)) (`gated_residual`)."""
-    projected = getattr(block, "fixed_plucker", None)
+    projected = getattr(block, "fixed_plucker", None) if projected is None else projected
     if projected is None and plucker_emb is not None and hasattr(block, "plucker_proj"):
         projected = plucker_projection(block, plucker_emb)
     extra = {} if projected is None else {"extra": projected, "extra_bias": block.plucker_proj.bias}
@@ -217,14 +219,16 @@ def ffn_residual(block, x, mlp_in, grid, gate, backend, *, left=None, segments=N
     return gated_residual(x, block.mlp(mlp_in), gate, backend=backend), None
 
 
-def glue_forward(block, x, y, mask, modulation, grid, attend, plucker_emb, backend, *, left=None, segments=None):
+def glue_forward(block, x, y, mask, modulation, grid, attend, plucker_emb, backend, *, left=None, segments=None,
+                 projected_plucker=None):
     """A SANA-WM block's forward on the fused adaLN glue, with its self-attention given as
     attend(h, h_rows) -> (B, N, C) (`PatchedBlock.forward`; h_rows: h quantized for its FP8 linears, or None).
 
     x (B, N, C) (any layout with channel stride 1); y (B, 1, L, C) text, mask its padding mask (or y the
     block's `TextKeys`, which hold the mask);
     modulation (B, 1, T, 6C); grid (T, h, w); left / segments: the FFN's segment-mode inputs (see
-    `ffn_residual`). Returns (x', y_ffn) as `ffn_residual`.
+    `ffn_residual`); projected_plucker: the block's projection of plucker_emb, if made already
+    (`attention_residual`). Returns (x', y_ffn) as `ffn_residual`.
     """
     if x.stride(-1) != 1:
         x = x.contiguous()  # block 0 receives the patch embedder's transposed view
@@ -234,7 +238,8 @@ def glue_forward(block, x, y, mask, modulation, grid, attend, plucker_emb, backe
                        keep=True)
     attn_in, attn_rows = attn_in if fp8.attention else (attn_in, None)
     attn_out = attend(attn_in, _rows(attn_rows, x))
-    x = attention_residual(block, x, attn_out, gate_msa, plucker_emb, backend, quantize=fp8.cross_query)
+    x = attention_residual(block, x, attn_out, gate_msa, plucker_emb, backend, quantize=fp8.cross_query,
+                           projected=projected_plucker)
     if fp8.cross_query:  # the processor itself: the module's forward takes no query rows
         x, query_rows = x
         cross = block.cross_attn.processor(block.cross_attn, x, y, attention_mask=mask, query_rows=_rows(query_rows, x))
@@ -283,7 +288,9 @@ class PatchedBlock(SanaVideoMSCamCtrlBlock):
     Segment mode adds `state` (this block's `BlockCache`, or None) and `segment` (the call's
     `SegmentCall`; THW is then not read); without a segment the call is one whole-clip segment under
     the attention's `full_options` (how diffusers' transformer forward calls it). `text_keys`: this
-    block's `TextKeys` of y (`prepared_text`; y and mask are then not read by the cross-attention).
+    block's `TextKeys` of y (`prepared_text`; y and mask are then not read by the cross-attention);
+    `projected_plucker`: this block's projection of plucker_emb, made once for the call's passes
+    (`camrender.model.stage1.segments.plucker_projections`).
     block_mask and chunk_size are not read.
     """
 
@@ -301,7 +308,7 @@ class PatchedBlock(SanaVideoMSCamCtrlBlock):
     def forward(self, x, y, t, mask=None, THW=None, rotary_emb=None, block_mask=None, camera_conditions=None,
                 ucpe_ray_transforms=None, plucker_emb=None, frame_valid_mask=None, chunk_size=None, *,
                 state: Optional[BlockCache] = None, segment: Optional[SegmentCall] = None,
-                text_keys: Optional[TextKeys] = None):
+                text_keys: Optional[TextKeys] = None, projected_plucker: Optional[torch.Tensor] = None):
         if frame_valid_mask is not None:
             # padded-frame masking belongs to training-time batching: diffusers' block code computes it
             return super().forward(x, y, t, mask, THW, rotary_emb, block_mask, camera_conditions,
@@ -316,7 +323,8 @@ class PatchedBlock(SanaVideoMSCamCtrlBlock):
 
         text = y if text_keys is None else text_keys
         x, spatial = glue_forward(self, x, text, mask, t, call.grid, attend, plucker_emb, self.settings.backend,
-                                  left=None if state is None else state.ffn_tail, segments=call.segments)
+                                  left=None if state is None else state.ffn_tail, segments=call.segments,
+                                  projected_plucker=projected_plucker)
         if call.write:
             state.keep_ffn_tail(spatial, call)
         return x

@@ -26,7 +26,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from camrender.model.stage1.block import PatchedBlock
+from camrender.model.stage1.block import PatchedBlock, plucker_projection
 from camrender.model.stage1.conditioning import ray_transforms
 from camrender.model.stage1.recipes import segment_bounds
 from camrender.model.stage1.state import BlockCache, SegmentCache, SegmentCall, SegmentOptions, SoftmaxKV
@@ -39,6 +39,7 @@ __all__ = [
     "segment_bounds",
     "segment_forward",
     "prepare_conditioning",
+    "plucker_projections",
     "SegmentConditioning",
     "dense_reference_forward",
 ]
@@ -128,6 +129,26 @@ def prepare_conditioning(
     return SegmentConditioning(frame_start, frames, rope, rays, raymap, plucker, plucker_input, text, text_mask)
 
 
+def plucker_projections(model, plucker: Optional[torch.Tensor], out: Optional[list] = None) -> Optional[list]:
+    """Every block's post-attention Plucker projection of a call, without bias (`block.plucker_projection`):
+    a list with a (B_p, N, C) tensor for each block that has one (None for the others), or None when the call
+    has no Plucker maps. plucker: the call's embedded maps (B_p, N, C) (`SegmentConditioning.plucker`).
+    out: a list this function returned before: its tensors are written in place where their shapes still fit
+    (stable addresses for a CUDA graph that reads them where they are)."""
+    if plucker is None:
+        return None
+    projections = []
+    for index, block in enumerate(model.blocks):
+        if not (isinstance(block, PatchedBlock) and hasattr(block, "plucker_proj")):
+            projections.append(None)
+            continue
+        shape = (*plucker.shape[:2], block.plucker_proj.weight.shape[0])
+        held = out[index] if out is not None and len(out) == len(model.blocks) else None
+        fits = held is not None and held.shape == shape and held.dtype == plucker.dtype and held.device == plucker.device
+        projections.append(plucker_projection(block, plucker, out=held if fits else None))
+    return projections
+
+
 def segment_forward(
     model,
     hidden_states: torch.Tensor,
@@ -144,6 +165,7 @@ def segment_forward(
     options: SegmentOptions = SegmentOptions(),
     conditioning: Optional[SegmentConditioning] = None,
     text_keys: Optional[list] = None,
+    projected_plucker: Optional[list] = None,
 ) -> torch.Tensor:
     """Run `model` (a `SanaWMTransformer3DModel`) on latent frames [frame_start, frame_start + T).
 
@@ -166,6 +188,8 @@ def segment_forward(
         text_keys: each block's cross-attention keys of the conditioning's text
             (`camrender.model.stage1.block.prepared_text`, None for a block that computes its own), reused
             over a render; None: every block computes them from the text.
+        projected_plucker: each block's Plucker projection of the conditioning's maps (`plucker_projections`),
+            reused over the passes on the same frames; None: every block projects them itself.
 
     Returns:
         (B, C_lat, T, h, w) model output (flow prediction), in the model's dtype.
@@ -210,10 +234,12 @@ def segment_forward(
     t = t.unflatten(0, timestep.shape)
 
     text_keys = text_keys or [None] * len(model.blocks)
-    for block, block_cache, keys in zip(model.blocks, block_caches, text_keys, strict=True):
+    projected_plucker = projected_plucker or [None] * len(model.blocks)
+    for block, block_cache, keys, projected in zip(model.blocks, block_caches, text_keys, projected_plucker,
+                                                   strict=True):
         x = block(x, conditioning.text, modulation, conditioning.text_mask, rotary_emb=conditioning.rope,
                   ucpe_ray_transforms=conditioning.rays, plucker_emb=conditioning.plucker,
-                  state=block_cache, segment=call, text_keys=keys)
+                  state=block_cache, segment=call, text_keys=keys, projected_plucker=projected)
 
     x = model.final_layer(x, t)
     if write_cache:

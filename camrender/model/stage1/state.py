@@ -43,6 +43,11 @@ class SegmentOptions:
             a call copies its keys there instead of concatenating all of them, for one segment's keys
             more in the cache (0.24 GiB at the release size). The same results either way; renders beside
             the refiner, where memory is short, go without.
+        plucker_once: a sampler projects a call's post-attention Plucker maps for every block once
+            (`camrender.model.stage1.segments.plucker_projections`, kept by `camrender.render.denoise.Denoiser`
+            for all the passes over those frames) instead of every block in every pass: 20 of a segment's 100
+            (N x C) @ (C x C) GEMMs, for one (B, N, C) tensor per block (0.24 GiB at the release size). The same
+            results either way; renders beside the refiner go without, as without the key slot.
     """
 
     cached_segments: Optional[int] = 1
@@ -51,6 +56,7 @@ class SegmentOptions:
     softmax_camera_downscale: bool = False
     sdpa_dtype: Optional[torch.dtype] = None
     key_slot: bool = True
+    plucker_once: bool = False
 
     def __post_init__(self):
         if self.softmax_scale not in SOFTMAX_SCALES:
