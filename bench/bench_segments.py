@@ -49,10 +49,18 @@ from camrender.render.decode import (CausalStreamDecoder, decode_max_frames, to_
                                      video_frames_for_latents)
 from camrender.render.denoise import Denoiser, pin, pinned_frames  # noqa: E402
 from camrender.render.inputs import RenderInputs  # noqa: E402
-from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments, segment_options  # noqa: E402
+from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments  # noqa: E402
 from camrender.render.stage_two import PassThrough, refined_frames  # noqa: E402
 from common import (GIB, Events, Laps, allocated_bytes, emit, measure, peak_bytes, reset_peak,  # noqa: E402
                     steady_rates, sync)
+
+try:
+    from camrender.render.segments import segment_options
+except ImportError:  # a tree from before it, measured by these scripts beside this one (bench/run_issue25.sh's OLD)
+    from camrender.model.stage1.state import SegmentOptions
+
+    def segment_options(recipe, cached_segments):
+        return SegmentOptions.for_recipe(recipe, cached_segments=cached_segments)
 
 SPATIAL = 32  # VAE spatial stride (8 for the --cpu-smoke tiny VAE)
 DECODE_MAX_FRAMES = decode_max_frames(refined=False)  # latent frames per VAE call, as a render (--decode-max-frames)

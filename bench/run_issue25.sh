@@ -6,7 +6,8 @@
 # (`bash bench/stage_device_kit.sh` here, then carry [".whl", ".kit"]). Each step runs in its own process; the
 # results go into one document, $OUT/issue25.json, and the steps' stderr into $OUT/issue25.log.
 #   OUT=/some/folder [OLD=.gpu_old] [KIT=.kit/nvlabs-sana-wm] [SEGMENTS=30] bash bench/run_issue25.sh
-# OLD: a folder holding the old tree's camrender/, kernels/ and bench/ (e.g. `git archive REV | tar -x -C .gpu_old`).
+# OLD: a folder holding the old tree's camrender/ and kernels/ (e.g. `git archive REV | tar -x -C .gpu_old`); it runs
+# this tree's bench scripts (copied over its own), so both trees are measured by the same code.
 # ARGS: more bench_segments arguments for every step (ARGS=--cpu-smoke checks the script on the CPU).
 # FULL=1 adds the full-clip step as rendered (the <= 420 ms target) for this tree, stage 1 in FP8.
 set -u
@@ -25,6 +26,7 @@ step() {  # step SECONDS NAME DIR ARGS... (bench_segments in DIR writes $parts/N
      --segments "$SEGMENTS" --loop-segments "$SEGMENTS" "$@" ${ARGS:-} --out "$parts/$name.json" > /dev/null 2>> "$OUT/issue25.log")
   echo "$name rc=$? $((SECONDS - began)) s"
 }
+if [ -n "${OLD:-}" ]; then mkdir -p "$OLD/bench" && cp bench/*.py "$OLD/bench/"; fi
 official=()
 if [ -f "$KIT/bench_official_stage1.py" ]; then official=(--official "$here/$KIT" --official-timeout 200); fi
 step 330 new_fp8 . --skip-full --stage1-precision fp8 "${official[@]}"
