@@ -78,7 +78,8 @@ def timed_segment(denoiser, cache, decoder, start, stop, timesteps, *, graphs: b
 def annotate(model) -> list:
     """Put a `record_function` range around every block and its self-attention, cross-attention and FFN;
     returns the undo callables. The FFN is not called as a module (the block runs its parts,
-    `ffn_parts`), so that function is wrapped where the block module finds it."""
+    `ffn_parts`), so that function is wrapped where the block module finds it, and the cross-attention's
+    processor class is wrapped for the same reason."""
     handles = []
     kinds = {}
 
@@ -93,6 +94,18 @@ def annotate(model) -> list:
         if getattr(module, "ffn_parts", None) is original:
             setattr(module, "ffn_parts", ffn_parts)
             handles.append(lambda module=module: setattr(module, "ffn_parts", original))
+
+    # the cross-attention's processor, not the module: under FP8 the block calls the processor itself (with the
+    # query's quantized rows), and would not while the module had hooks
+    processor_class = block_module.FusedCrossAttnProcessor
+    called = processor_class.__call__
+
+    def cross_attention(processor, attn, *args, **kwargs):
+        with record_function(f"cross_attn.{kinds.get(id(attn), 'gdn')}"):
+            return called(processor, attn, *args, **kwargs)
+
+    processor_class.__call__ = cross_attention
+    handles.append(lambda: setattr(processor_class, "__call__", called))
 
     def ranged(module, name):
         state = {}
@@ -111,8 +124,7 @@ def annotate(model) -> list:
         kind = "gdn" if "GDN" in type(block.attn).__name__ else "softmax"
         ranged(block, f"block.{kind}")
         ranged(block.attn, f"attn.{kind}")
-        ranged(block.cross_attn, f"cross_attn.{kind}")
-        kinds[id(block.mlp)] = kind
+        kinds[id(block.mlp)] = kinds[id(block.cross_attn)] = kind
     return handles
 
 

@@ -15,12 +15,12 @@ LayerNorm's fp32 sum order:
     gated_residual(x, y, gate, y2=None, extra=None, extra_bias=None)
                                         x + gate[t] * (y + y2) + (extra + extra_bias)
     silu_gate(a, gate, b=None)          (a + b) * silu(gate), the attentions' output gate
+    merge_heads(o)                      (B, N, H, D) attention output -> contiguous (B, N, H * D)
 
 Where an FP8 linear reads the result, `quantize=True` writes its e4m3 rows and scales in the same pass (the bits
 of `kernels.fp8_quant.quantize_rows` on the result): in place of the result (ada_norm, silu_gate), beside it
 (gated_residual: the residual stream goes on), or both (ada_norm's `keep`: a block attention's input, which bf16
 linears read too).
-    merge_heads(o)                      (B, N, H, D) attention output -> contiguous (B, N, H * D)
 
 The references (`<op>_ref`) are the stock block's own op sequence. Shapes: x, r, y, y2, extra (B, N, C) with
 N = T * S tokens frame-major (channel stride 1, any batch / token strides); shift, scale, gate

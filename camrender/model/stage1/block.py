@@ -266,9 +266,10 @@ class Fp8Inputs:
 def fp8_inputs(block, x) -> Fp8Inputs:
     """The block's `Fp8Inputs` on activations like x: where every reader of an activation that may be FP8 is a
     row-scaled `Fp8Linear` run as its own forward (`camrender.model.fp8.takes_quantized`). Blocks without FP8
-    linears: all False."""
+    linears: all False. The query rows go to the cross-attention's processor itself, past the module's call, so
+    not where that call would run hooks."""
     attn, processor = block.attn, getattr(block.cross_attn, "processor", None)
-    attention = isinstance(attn, (PatchedGDNAttention, PatchedSoftmaxAttention)) and not has_hooks(attn) \
+    attention = isinstance(attn, (PatchedGDNAttention, PatchedSoftmaxAttention)) \
         and takes_quantized(input_linears(attn))
     cross = isinstance(processor, FusedCrossAttnProcessor) and not has_hooks(block.cross_attn) \
         and processor.takes_query_rows(block.cross_attn, x)
