@@ -206,9 +206,6 @@ def emit(result: dict, out=None, *, indent: int = 1, **dumps) -> str:
     return text
 
 
-if __name__ == "__main__":
-    sys.exit("bench/common.py holds helpers of the bench scripts; run one of them")
-
 
 # The steady rate of a segment-mode render is read from the gap after this segment's frames on: stage 1's CUDA
 # graphs are captured by then (the denoising passes' in segments 0-2, the cache pass's in segment 3:
@@ -234,3 +231,7 @@ def steady_rates(arrivals) -> dict:
     return dict(segment_gaps_s=[round(g, 3) for g in gaps], video_fps_median_all_gaps=round(frames / all_gaps, 2),
                 s_per_segment_steady=round(gap, 3), video_fps_steady=round(frames / gap, 2), steady_gaps=len(steady),
                 video_fps_from_second_segment=round((f_last - f1) / (t_last - t1), 2))
+
+
+if __name__ == "__main__":
+    sys.exit("bench/common.py holds helpers of the bench scripts; run one of them")
