@@ -206,7 +206,6 @@ def emit(result: dict, out=None, *, indent: int = 1, **dumps) -> str:
     return text
 
 
-
 # The steady rate of a segment-mode render is read from the gap after this segment's frames on: stage 1's CUDA
 # graphs are captured by then (the denoising passes' in segments 0-2, the cache pass's in segment 3:
 # `camrender.model.graphs`) and the refiner's window is full (sink + 10 frames from segment 4). Earlier gaps hold
