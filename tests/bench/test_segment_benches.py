@@ -116,3 +116,33 @@ def test_union_gaps_are_the_idle_time_between_overlapping_spans(monkeypatch):
     assert profile_step.union_gaps(spans) == [(1.0, 3), (0.5, 5)]
     assert profile_step.union_gaps([]) == []
     sys.modules.pop("profile_step", None)
+
+
+def test_official_rows_run_the_kit_script_in_its_own_process(monkeypatch, tmp_path):
+    """bench_segments --official KIT: the kit's `bench_official_stage1.py` runs in its own process on the paths'
+    latent frames (1 + 3 per segment), without TRITON_INTERPRET, and its result lines come back keyed by segments;
+    a script that gives no result comes back as its last error line. A stand-in kit script records its call."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import json
+
+    import bench_segments
+
+    script = tmp_path / "bench_official_stage1.py"
+    script.write_text(
+        "import json, os, sys\n"
+        "args = sys.argv[1:]\n"
+        "frames = [int(f) for f in args[args.index('--latent-frames') + 1].split(',')]\n"
+        "if 'TRITON_INTERPRET' in os.environ or 31 not in frames:\n"
+        "    sys.exit('bad call: ' + ' '.join(args))\n"
+        "with open(args[args.index('--out') + 1], 'w') as out:\n"
+        "    out.write(json.dumps({'kind': 'setup', 'kit': args[args.index('--kit') + 1]}) + '\\n')\n"
+        "    for f in frames:\n"
+        "        out.write(json.dumps({'kind': 'result', 'latent_frames': f, 'stage1_fps': 20.0 + f}) + '\\n')\n")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    rows = bench_segments.official_rows(str(tmp_path), [10, 30], timeout_s=60)
+    assert rows == {"10": {"kind": "result", "latent_frames": 31, "stage1_fps": 51.0},
+                    "30": {"kind": "result", "latent_frames": 91, "stage1_fps": 111.0}}
+    failed = bench_segments.official_rows(str(tmp_path), [3], timeout_s=60)
+    assert list(failed) == ["error"] and failed["error"].startswith("bad call: --kit")
+    assert json.dumps(failed)  # a JSON document's row
+    sys.modules.pop("bench_segments", None)
