@@ -181,6 +181,20 @@ def test_fp8_stage_one_blocks_quantize_each_activation_in_the_kernel_that_writes
     the head merge, the FFN's by the second adaLN glue. Only the FFN's point conv and the text keys' projection
     quantize their own input. The segment forward (GDN and softmax blocks, a cache written and read) gives the
     bits of quantizing each bf16 tensor after it is written."""
+    fused_against_apart(monkeypatch, torch.device("cpu"))
+
+
+@pytest.mark.gpu
+def test_fp8_stage_one_quantizing_kernels_compiled(monkeypatch):
+    """The same on the GPU, the kernels compiled and `torch._scaled_mm` on FP8 tensor cores."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("needs a CUDA GPU with FP8 tensor cores")
+    fused_against_apart(monkeypatch, torch.device("cuda"))
+
+
+def fused_against_apart(monkeypatch, device):
+    """Two segments' passes of a tiny FP8 stage 1 on `device`, with the quantizing kernels and with every FP8
+    linear quantizing its own input: the same bits, and the passes each way counted."""
     import camrender.model.stage1.block as block_module
     import camrender.model.stage1.gdn_attention as gdn_module
     from camrender.model.stage1.recipes import get_recipe
@@ -188,19 +202,21 @@ def test_fp8_stage_one_blocks_quantize_each_activation_in_the_kernel_that_writes
     from camrender.model.stage1.tiny import build_tiny_transformer
     from test_segments_forward import camera_inputs, model_inputs
 
-    model = patch_transformer(build_tiny_transformer(seed=3).to(torch.bfloat16), kernels="fused", recipe="streaming")
+    model = patch_transformer(build_tiny_transformer(seed=3).to(device, torch.bfloat16), kernels="fused",
+                              recipe="streaming")
     assert {type(block.attn).__name__ for block in model.blocks} == {"PatchedGDNAttention", "PatchedSoftmaxAttention"}
     quantize_blocks(model.blocks)
     options = SegmentOptions.for_recipe(get_recipe("streaming"))
-    latents, text, mask = model_inputs(1, 7, 2, 4)
-    cameras, plucker = camera_inputs(1, 7, 2, 4)
+    latents, text, mask = (t.to(device) for t in model_inputs(1, 7, 2, 4))
+    cameras, plucker = (t.to(device) for t in camera_inputs(1, 7, 2, 4))
 
     def two_segments():
         cache, outputs = SegmentCache.empty(model), []
         for start, stop in ((0, 4), (4, 7)):
             for timestep, write in ((500.0, False), (0.0, True)):
                 outputs.append(segment_forward(
-                    model, latents[:, :, start:stop].bfloat16(), torch.full((1, 1, stop - start), timestep),
+                    model, latents[:, :, start:stop].bfloat16(), torch.full((1, 1, stop - start), timestep,
+                                                                            device=device),
                     text.bfloat16(), mask, camera_conditions=cameras[:, start:stop],
                     chunk_plucker=plucker[:, :, start:stop].bfloat16(), frame_start=start, cache=cache,
                     write_cache=write, options=options))

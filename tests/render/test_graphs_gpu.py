@@ -106,7 +106,9 @@ def test_render_with_graphs_equals_eager(mode, graph_log):
 def test_segment_sampler_latents_with_graphs_equal_eager(pipe, graph_log):
     """Stage-1 latents of segment mode, graphed and eager (bench_segments' former graph check), over 7
     segments: the cache passes of segments 4 to 6 replay their graph (segment 2 writes in place first, eagerly,
-    which warms the graph's layout; 3 captures)."""
+    which warms the graph's layout; 3 captures). The graphed run projects each segment's Plucker maps once
+    (`SegmentOptions.plucker_once`, as a render without the refiner), the eager one in every pass: the graphs
+    read the projections in place, and the latents are the same bits."""
     from camrender.model.stage1.segments import SegmentOptions, segment_bounds
     from camrender.render.inputs import prepare_inputs
     from camrender.render.segments import sample_segments
@@ -119,13 +121,14 @@ def test_segment_sampler_latents_with_graphs_equal_eager(pipe, graph_log):
     with torch.no_grad():
         for graphs in (False, True):
             latents[graphs] = torch.cat([x for *_, x in sample_segments(
-                pipe.transformer, inputs, bounds, [1000.0, 800.0, 500.0], SegmentOptions(), device,
-                cuda_graphs=graphs)], dim=2)
+                pipe.transformer, inputs, bounds, [1000.0, 800.0, 500.0], SegmentOptions(plucker_once=graphs),
+                device, cuda_graphs=graphs)], dim=2)
     assert torch.equal(latents[True], latents[False])
     denoising, cache_passes = graph_log
     assert denoising.stats["captures"] >= 1 and all(g.enabled for g in graph_log)
     assert cache_passes.stats == {"eager": 0, "captures": 1, "replays": 4}
-    assert all(g._replay.inputs[3] is None for g in graph_log)  # the graphs read the cache in place, no copy
+    # the graphs read the cache and the Plucker projections in place, no copy
+    assert all(g._replay.inputs[3] is None and g._replay.inputs[5] is None for g in graph_log)
 
 
 def test_resume_from_a_checkpoint_equals_the_uninterrupted_render(pipe, tmp_path):
