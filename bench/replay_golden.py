@@ -100,7 +100,9 @@ def _replay(golden_path: str, kernels: str, recipe, chunks, **overrides) -> dict
     model.to(device)
     inputs = inputs_on(inputs, device)
     patch_transformer(model, settings=KernelSettings("triton" if kernels == "fused" else "torch", "ieee"))
-    options = segments_module.SegmentOptions.for_recipe(recipe, sdpa_dtype=torch.float32, **overrides)
+    # a render's options without the refiner (the key slot, the Plucker projections once per segment)
+    options = segments_module.SegmentOptions.for_recipe(recipe, sdpa_dtype=torch.float32,
+                                                        **{"plucker_once": True, **overrides})
     timesteps = segment_timesteps(None, None, recipe)
 
     predictions = []  # (frame_start, write, prediction) of every model call
