@@ -249,9 +249,8 @@ def test_window_slot_and_prepared_text_keep_every_bit(monkeypatch, cached_segmen
     call's keys written into its slot (not a concatenation of the cached keys with them on every call), each
     block's text keys are computed once for the render (`prepared_text`, not in every cross-attention), and
     each block's Plucker projection once for the call (`plucker_projections`), against none of them (no slot,
-    `key_slot=False`, as beside the refiner). Triton kernels, interpreted; 4 or 5
-    segments, so the recent window fills and slides in place (1 and 2 recent segments) or keeps growing
-    (None)."""
+    `key_slot=False`, as beside the refiner). Triton kernels, interpreted; 4 or 5 segments, so the recent window
+    fills and slides in place (1 and 2 recent segments) or keeps growing (None)."""
     from camrender.model.stage1.block import prepared_text
     from camrender.model.stage1.segments import plucker_projections, prepare_conditioning
     from camrender.model.stage1.state import BlockCache
