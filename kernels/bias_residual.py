@@ -12,17 +12,14 @@ import torch
 import triton
 import triton.language as tl
 
-from ._grid import cdiv, next_power_of_2
+from ._grid import cdiv, channel_rows
 from ._rounding import cast_as, round_as
 from ._validate import check_tensor, use_triton
 from .bias_residual_reference import bias_residual_ref
 
-_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
-
-
 @triton.jit
-def _bias_residual_kernel(x_ptr, bias_ptr, residual_ptr, rows, C, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
-                          DT: tl.constexpr):
+def _bias_residual_kernel(x_ptr, bias_ptr, residual_ptr, rows, C, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    DT: tl.constexpr = x_ptr.dtype.element_ty
     row = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     channel = tl.arange(0, BLOCK_C)
     mask = (row[:, None] < rows) & (channel[None, :] < C)
@@ -47,8 +44,7 @@ def bias_residual(x, bias, residual, *, backend="auto"):
     residual = residual.contiguous(memory_format=torch.channels_last_3d)
     rows = x.numel() // channels if channels else 0
     if rows:
-        block_c = next_power_of_2(channels)
-        block_r = max(1, min(64, 4096 // block_c))
+        block_r, block_c = channel_rows(channels)
         _bias_residual_kernel[(cdiv(rows, block_r),)](x, bias, residual, rows, channels, BLOCK_R=block_r,
-                                                            BLOCK_C=block_c, DT=_DTYPES[x.dtype], num_warps=4)
+                                                      BLOCK_C=block_c, num_warps=4)
     return x

@@ -54,6 +54,28 @@ def _frame_offset(row, tokens, spatial, stride_b, stride_t):
 
 
 @triton.jit
+def _store_quantized(values, mask, row, n_rows, offsets, q_ptr, q_scale_ptr, DT: tl.constexpr):
+    """Store fp32 rows (ROWS, BLOCK_C), rounded to DT as the stock op writes them, as the next FP8 linear's input:
+    e4m3 at q_ptr + offsets, a scale per row at q_scale_ptr + row (`kernels.fp8_quant.quantize_rows`' bits).
+    Returns the DT-rounded rows (padding lanes 0)."""
+    values = tl.where(mask, round_as(values, DT), 0.0)
+    q_scale, q_inverse = row_scales(values, 1)
+    tl.store(q_scale_ptr + row, q_scale[:, None], mask=row < n_rows)
+    tl.store(q_ptr + offsets, to_e4m3(values, q_inverse[:, None]), mask=mask)
+    return values
+
+
+@triton.jit
+def _silu_gated(a_ptr, b_ptr, gate_ptr, offsets, mask, HAS_B: tl.constexpr, DT: tl.constexpr):
+    """(a + b) * silu(gate) at `offsets`, fp32: the sum rounded to DT (stock writes it), the SiLU of the fp32 gate."""
+    total = tl.load(a_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    if HAS_B:  # stock: main + camera -> tensor
+        total = round_as(total + tl.load(b_ptr + offsets, mask=mask, other=0.0).to(tl.float32), DT)
+    gate = tl.load(gate_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    return total * (gate / (1.0 + tl.exp(-gate)))  # fp32, as F.silu on the fp32 gate
+
+
+@triton.jit
 def _ada_norm_kernel(x_ptr, r_ptr, x_out_ptr, out_ptr, shift_ptr, scale_ptr, q_scale_ptr, kept_ptr,
                      n_rows, tokens, spatial, channels, eps,
                      stride_xb, stride_xn, stride_rb, stride_rn, stride_sb, stride_st, stride_cb, stride_ct,
@@ -88,10 +110,7 @@ def _ada_norm_kernel(x_ptr, r_ptr, x_out_ptr, out_ptr, shift_ptr, scale_ptr, q_s
     else:
         out = normed
     if QUANTIZE:  # the next linear's row-wise e4m3 input, from the DT values the stock block would write
-        out = tl.where(mask, round_as(out, DT), 0.0)
-        q_scale, q_inverse = row_scales(out, 1)
-        tl.store(q_scale_ptr + row, q_scale[:, None], mask=row < n_rows)
-        tl.store(out_ptr + out_off, to_e4m3(out, q_inverse[:, None]), mask=mask)
+        out = _store_quantized(out, mask, row, n_rows, out_off, out_ptr, q_scale_ptr, DT)
         if KEEP:  # the DT rows too, for readers that are not FP8 linears
             tl.store(kept_ptr + out_off, out.to(DT), mask=mask)
     else:
@@ -125,10 +144,7 @@ def _gated_residual_kernel(x_ptr, y_ptr, y2_ptr, e_ptr, eb_ptr, gate_ptr, out_pt
     out_off = row.to(tl.int64) * channels + c
     tl.store(out_ptr + out_off, cast_as(out, DT), mask=mask)
     if QUANTIZE:  # the next FP8 linear's rows, from the DT values written
-        out = tl.where(mask, round_as(out, DT), 0.0)
-        q_scale, q_inverse = row_scales(out, 1)
-        tl.store(q_scale_ptr + row, q_scale[:, None], mask=row < n_rows)
-        tl.store(q_ptr + out_off, to_e4m3(out, q_inverse[:, None]), mask=mask)
+        _store_quantized(out, mask, row, n_rows, out_off, q_ptr, q_scale_ptr, DT)
 
 
 @triton.jit
@@ -151,12 +167,7 @@ def _silu_gate_kernel(a_ptr, b_ptr, gate_ptr, out_ptr, numel, HAS_B: tl.constexp
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < numel
     DT: tl.constexpr = out_ptr.dtype.element_ty
-    total = tl.load(a_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    if HAS_B:  # stock: main + camera -> tensor
-        total = round_as(total + tl.load(b_ptr + offs, mask=mask, other=0.0).to(tl.float32), DT)
-    gate = tl.load(gate_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    silu = gate / (1.0 + tl.exp(-gate))  # fp32, as F.silu on the fp32 gate
-    tl.store(out_ptr + offs, cast_as(total * silu, DT), mask=mask)
+    tl.store(out_ptr + offs, cast_as(_silu_gated(a_ptr, b_ptr, gate_ptr, offs, mask, HAS_B, DT), DT), mask=mask)
 
 
 @triton.jit
@@ -168,14 +179,8 @@ def _silu_gate_rows_kernel(a_ptr, b_ptr, gate_ptr, q_ptr, q_scale_ptr, n_rows, c
     mask = (c < channels) & (row < n_rows)
     offs = row.to(tl.int64) * channels + c
     DT: tl.constexpr = a_ptr.dtype.element_ty
-    total = tl.load(a_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    if HAS_B:
-        total = round_as(total + tl.load(b_ptr + offs, mask=mask, other=0.0).to(tl.float32), DT)
-    gate = tl.load(gate_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    out = tl.where(mask, round_as(total * (gate / (1.0 + tl.exp(-gate))), DT), 0.0)
-    q_scale, q_inverse = row_scales(out, 1)
-    tl.store(q_scale_ptr + row, q_scale[:, None], mask=row < n_rows)
-    tl.store(q_ptr + offs, to_e4m3(out, q_inverse[:, None]), mask=mask)
+    gated = _silu_gated(a_ptr, b_ptr, gate_ptr, offs, mask, HAS_B, DT)
+    _store_quantized(gated, mask, row, n_rows, offs, q_ptr, q_scale_ptr, DT)
 
 
 # --------------------------------------------------------------------------- entry points

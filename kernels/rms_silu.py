@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._grid import cdiv, next_power_of_2
+from ._grid import cdiv, channel_rows
 from ._rounding import cast_as, round_as
 from ._validate import check_tensor, use_triton
 from .rms_silu_reference import rms_silu_ref
@@ -24,7 +24,8 @@ from .rms_silu_reference import rms_silu_ref
 
 @triton.jit
 def _rms_silu_kernel(x_ptr, bias_ptr, out_ptr, rows, C, T, H, W, out_sb, out_st, out_sh, out_sw, inv_c, eps,
-                     HAS_BIAS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, DT: tl.constexpr):
+                     HAS_BIAS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    DT: tl.constexpr = x_ptr.dtype.element_ty
     row = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     channel = tl.arange(0, BLOCK_C)
     mask = (row[:, None] < rows) & (channel[None, :] < C)
@@ -42,9 +43,6 @@ def _rms_silu_kernel(x_ptr, bias_ptr, out_ptr, rows, C, T, H, W, out_sb, out_st,
     b = row // (W * H * T)
     out_row = b * out_sb + t * out_st + h * out_sh + w * out_sw
     tl.store(out_ptr + out_row[:, None] + channel[None, :], cast_as(tl.div_rn(y, 1.0 + tl.exp(-y)), DT), mask=mask)
-
-
-_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 
 def rms_silu(x, eps=1e-8, *, bias=None, out=None, backend="auto"):
@@ -67,13 +65,11 @@ def rms_silu(x, eps=1e-8, *, bias=None, out=None, backend="auto"):
         out = torch.empty_like(x, memory_format=torch.channels_last_3d)
     rows = x.numel() // channels if channels else 0
     if rows:
-        block_c = next_power_of_2(channels)
-        block_r = max(1, min(64, 4096 // block_c))
+        block_r, block_c = channel_rows(channels)
         _, _, frames, height, width = x.shape
         out_sb, _, out_st, out_sh, out_sw = out.stride()
         _rms_silu_kernel[(cdiv(rows, block_r),)](x, x if bias is None else bias, out, rows, channels, frames,
-                                                       height, width, out_sb, out_st, out_sh, out_sw,
-                                                       1.0 / channels, eps, HAS_BIAS=bias is not None,
-                                                       BLOCK_R=block_r, BLOCK_C=block_c, DT=_DTYPES[x.dtype],
-                                                       num_warps=4)
+                                                 height, width, out_sb, out_st, out_sh, out_sw, 1.0 / channels, eps,
+                                                 HAS_BIAS=bias is not None, BLOCK_R=block_r, BLOCK_C=block_c,
+                                                 num_warps=4)
     return out

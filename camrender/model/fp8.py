@@ -149,17 +149,24 @@ def takes_quantized(linears) -> bool:
                                  for linear in linears)
 
 
+def shared_input(x, linears):
+    """What `linears`, which all read x, are to be called on: x quantized once, a `QuantizedRows` with the bits each
+    of them would make, when there are two or more and `takes_quantized(linears)`; else x itself (also when x is a
+    `QuantizedRows` already)."""
+    linears = list(linears)
+    if isinstance(x, QuantizedRows) or len(linears) < 2 or not takes_quantized(linears):
+        return x
+    q, scale = quantize_rows(x.reshape(-1, x.shape[-1]), backend=linears[0].backend)
+    return QuantizedRows(q, scale, tuple(x.shape[:-1]), x.dtype)
+
+
 def one_input_linears(x, linears) -> list:
-    """[linear(x) for linear in linears], the same bits, with x quantized once when `takes_quantized(linears)`
-    (a self-attention's q, k, v and gate projections read one input). x: a tensor, or a `QuantizedRows` when
+    """[linear(x) for linear in linears], the same bits, with x quantized once (`shared_input`: a self-attention's
+    q, k, v and gate projections read one input). x: a tensor, or a `QuantizedRows` when
     `takes_quantized(linears)`."""
     linears = list(linears)
-    if isinstance(x, QuantizedRows):
-        return [linear.matmul(x.q, x.scale, x.lead, x.dtype) for linear in linears]
-    if len(linears) < 2 or not takes_quantized(linears):
-        return [linear(x) for linear in linears]
-    q, scale = quantize_rows(x.reshape(-1, x.shape[-1]), backend=linears[0].backend)
-    return [linear.matmul(q, scale, x.shape[:-1], x.dtype) for linear in linears]
+    x = shared_input(x, linears)
+    return [linear(x) for linear in linears]
 
 
 def feed_forward(ff: torch.nn.Module, x) -> torch.Tensor:

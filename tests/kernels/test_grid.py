@@ -9,3 +9,12 @@ def test_plain_grid_arithmetic_equals_tritons():
         assert next_power_of_2(n) == triton.next_power_of_2(n)
         for d in (1, 3, 16, 64, 640):
             assert cdiv(n, d) == triton.cdiv(n, d)
+
+
+def test_channel_rows_hold_whole_rows_of_about_4096_values():
+    from camrender.kernels._grid import channel_rows
+
+    assert channel_rows(128) == (32, 128)
+    assert channel_rows(48) == (64, 64)  # at most 64 rows
+    assert channel_rows(2240) == (1, 4096)  # a row wider than 4096 values' worth still gets its program
+    assert channel_rows(8192) == (1, 8192)

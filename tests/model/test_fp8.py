@@ -230,7 +230,7 @@ def fused_against_apart(monkeypatch, device):
     forwards = 4
     assert len(calls) == 2 * forwards * len(model.blocks)  # the text keys (each call here) and the point conv
     calls.clear()
-    for module in (block_module, gdn_module):
+    for module in (block_module, gdn_module, fp8_module):
         monkeypatch.setattr(module, "takes_quantized", lambda linears: False)
     with torch.no_grad():
         apart = two_segments()

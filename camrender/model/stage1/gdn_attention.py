@@ -29,11 +29,10 @@ from diffusers.models.transformers.transformer_sana_wm import (
 
 from camrender.kernels.block_glue import silu_gate
 from camrender.kernels.camera_branch import camera_branch
-from camrender.kernels.fp8_quant import quantize_rows
 from camrender.kernels.main_branch import main_branch
 from camrender.kernels.short_conv import short_conv, short_conv_context
 from camrender.model.adopt import adopt_module
-from camrender.model.fp8 import QuantizedRows, takes_quantized
+from camrender.model.fp8 import QuantizedRows, shared_input, takes_quantized
 from camrender.model.settings import KernelSettings
 from camrender.model.stage1.state import FULL_MODE, BlockCache, SegmentCall, SegmentOptions, store
 
@@ -82,15 +81,9 @@ def combine_branches(attn, x, main, camera, backend: str, x_rows=None) -> torch.
 
 def input_rows(attn, x, x_rows=None):
     """What block attention `attn`'s FP8-able input linears read: `x_rows` (the adaLN glue's quantized rows of x,
-    `camrender.model.stage1.block.glue_forward`) when given, else x quantized once for all of them when they all
-    take one (`camrender.model.fp8.takes_quantized`), else x itself."""
-    if x_rows is not None:
-        return x_rows
-    linears = input_linears(attn)
-    if len(linears) < 2 or not takes_quantized(linears):
-        return x
-    q, scale = quantize_rows(x.reshape(-1, x.shape[-1]), backend=linears[0].backend)
-    return QuantizedRows(q, scale, tuple(x.shape[:-1]), x.dtype)
+    `camrender.model.stage1.block.glue_forward`) when given, else x as `camrender.model.fp8.shared_input` gives
+    it to them (quantized once under FP8)."""
+    return x_rows if x_rows is not None else shared_input(x, input_linears(attn))
 
 
 def norm_inv_rms(norm, x: torch.Tensor):
