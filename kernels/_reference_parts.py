@@ -1,7 +1,7 @@
 """Plain PyTorch (fp32) building blocks of the references: RMSNorm, the rotation of interleaved pairs,
 the per-token UCPE transform, the RMS downscale and the camera branch's beta discount (steps that
-run inside other kernels, no op of their own); and `rope_tables`, the conversion of a rotary table
-to (cos, sin) that the kernels read too.
+run inside other kernels, no op of their own); and `rope_tables` / `rope_pairs`, the conversions of a
+rotary table to (cos, sin) that the references and the kernels read.
 
 Layouts: B batch, H heads, N tokens, D head dim, C = H * D channels.
 """
@@ -33,6 +33,25 @@ def rope_tables(rope):
         return cos.float().reshape(-1, cos.shape[-1]).contiguous(), sin.float().reshape(-1, sin.shape[-1]).contiguous()
     rope = rope.reshape(-1, rope.shape[-1])
     return rope.real.float().contiguous(), rope.imag.float().contiguous()
+
+
+def rope_pairs(rope, device=None):
+    """The rotary table as the kernels read it: fp32 (N, P, 2) contiguous, [..., 0] cos and [..., 1] sin.
+
+    `rope`: diffusers' complex table (1, 1, N, P) / (N, P), a (cos, sin) pair of (N, P), or such an (N, P, 2)
+    table already (returned as it is). A complex64 table is read where it lies (`torch.view_as_real`, no copy:
+    a render's calls pass one table to every block and pass); other inputs are converted.
+    """
+    if isinstance(rope, (tuple, list)):
+        pairs = torch.stack(rope_tables(rope), dim=-1)
+    elif rope.is_complex():
+        rope = rope.reshape(-1, rope.shape[-1])
+        pairs = torch.view_as_real(rope if rope.dtype == torch.complex64 else rope.to(torch.complex64))
+    elif rope.dim() == 3 and rope.shape[-1] == 2:
+        pairs = rope
+    else:
+        raise ValueError(f"a rotary table must be complex, a (cos, sin) pair or (N, P, 2), got {tuple(rope.shape)}")
+    return pairs.to(device=device if device is not None else pairs.device, dtype=torch.float32).contiguous()
 
 
 def downscale_ref(x, y):

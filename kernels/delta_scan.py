@@ -205,7 +205,7 @@ def _recurrence_kernel(w_ptr, u_ptr, st_ptr, init_ptr, final_ptr, starts_ptr, H,
 
 @triton.jit
 def _output_kernel(q_ptr, st_ptr, out_ptr, sq_b, sq_h, sq_t, sq_s, so_b, so_h, so_t, so_s,
-                   p_ptr, cos_ptr, sin_ptr, H, T, S, BH, S_PER_PROG,
+                   p_ptr, rope_ptr, H, T, S, BH, S_PER_PROG,
                    DK: tl.constexpr, DV: tl.constexpr, DKP: tl.constexpr, DVP: tl.constexpr,
                    BS: tl.constexpr, G: tl.constexpr, NGU: tl.constexpr, DECODE: tl.constexpr,
                    HAS_ROPE: tl.constexpr, REVERSE: tl.constexpr, F16_DOT: tl.constexpr, PREC: tl.constexpr,
@@ -275,8 +275,8 @@ def _output_kernel(q_ptr, st_ptr, out_ptr, sq_b, sq_h, sq_t, sq_s, so_b, so_h, s
                 o2 = tl.dot(qt, s2_, input_precision=PREC)
                 o3 = tl.dot(qt, s3_, input_precision=PREC)
             n = t * S + s
-            o0, o1, o2, o3 = ucpe_tiles.ucpe_rope_quads(o0, o1, o2, o3, p_ptr, b * T * S + n, cos_ptr, sin_ptr,
-                                                        n, smask, G, NGU, HAS_ROPE, True)
+            o0, o1, o2, o3 = ucpe_tiles.ucpe_rope_quads(o0, o1, o2, o3, p_ptr, b * T * S + n, rope_ptr, n,
+                                                        smask, G, NGU, HAS_ROPE, True)
             oc = tl.arange(0, 4 * G)
             o = ucpe_tiles.join_quads(o0, o1, o2, o3, BS, G)
             tl.store(o_base + s[:, None] * so_s + oc[None, :], o.to(out_ptr.dtype.element_ty),
@@ -358,14 +358,14 @@ def run_scan(*, k, v, q, beta, decay, out, k_strides, v_strides, q_strides, out_
     if decode is not None:
         p, rope = decode
         p = p.contiguous()
-        cos, sin = (rope[..., 0].contiguous(), rope[..., 1].contiguous()) if rope is not None else (None, None)
+        rope = rope.contiguous() if rope is not None else None  # (N, Dv/4, 2): ray_views' is already
     else:
-        p, cos, sin = dummy, None, None
+        p, rope = dummy, None
     _output_kernel[grid](
-        q, st_buf, out, *q_strides, *out_strides, p, cos if cos is not None else dummy,
-        sin if sin is not None else dummy, heads, frames, spatial, bh, per_prog,
+        q, st_buf, out, *q_strides, *out_strides, p, rope if rope is not None else dummy,
+        heads, frames, spatial, bh, per_prog,
         DK=dk, DV=dv, DKP=dkp, DVP=dvp, BS=bs, G=quads, NGU=max(dv // 8, 1), DECODE=decode is not None,
-        HAS_ROPE=cos is not None, REVERSE=bool(reverse), F16_DOT=bool(f16_dot), PREC=precision,
+        HAS_ROPE=rope is not None, REVERSE=bool(reverse), F16_DOT=bool(f16_dot), PREC=precision,
         SW=st_width, num_warps=num_warps[2], num_stages=num_stages[2], **regs[2])
     return final
 

@@ -18,7 +18,7 @@ from ._grid import cdiv, next_power_of_2
 from ._validate import use_triton
 from .delta_scan import delta_scan
 from .main_prep import main_prep
-from ._reference_parts import rope_tables
+from ._reference_parts import rope_pairs
 from .main_branch_reference import main_branch_ref
 
 
@@ -100,8 +100,7 @@ def main_branch(q, k, v, beta, decay, rope, *, q_norm_weight, k_norm_weight, nor
     heads, spatial = beta.shape[1], beta.shape[3]
     head_dim = channels // heads
     q, k, v = (x.reshape(batch, tokens, channels) for x in (q, k, v))
-    cos, sin = rope_tables(rope)
-    rope = (cos.to(v.device), sin.to(v.device))
+    rope = rope_pairs(rope, v.device)  # one (N, D/2, 2) table for both preps (diffusers' read in place)
     k_scale = head_dim ** -0.5 * spatial ** -0.5
     qn, q_rot = main_prep(q, q_norm_weight, heads, norm_eps=norm_eps, rope=rope, keep_unrotated=True,
                           inv_rms=q_inv_rms)

@@ -14,7 +14,7 @@ import triton.language as tl
 from ._grid import cdiv
 from ._rounding import cast_as, round_as
 from ._validate import check_inv_rms
-from ._reference_parts import rope_tables
+from ._reference_parts import rope_pairs
 
 
 @triton.jit
@@ -29,8 +29,8 @@ def _normed(x, w, rstd, scale, RELU: tl.constexpr, DT: tl.constexpr):
 
 @triton.jit
 def _main_prep_kernel(
-    x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, rot_ptr, rstd_ptr,
-    stride_xb, stride_xn,
+    x_ptr, w_ptr, rope_ptr, out_ptr, rot_ptr, rstd_ptr,
+    stride_xb, stride_xn, stride_ob, stride_on, stride_oh,
     N, C, D, norm_eps, scale,
     RELU: tl.constexpr, ROPE: tl.constexpr, WRITE_PLAIN: tl.constexpr, GIVEN_RSTD: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
@@ -51,16 +51,17 @@ def _main_prep_kernel(
             x = tl.load(row + c_offs[None, :], mask=m, other=0.0).to(tl.float32)
             sumsq += tl.sum(x * x, axis=1)
         rstd = 1.0 / tl.sqrt(sumsq / C + norm_eps)
-    out_row = (b.to(tl.int64) * N + n_offs.to(tl.int64))[:, None] * C
+    out_row = b.to(tl.int64) * stride_ob + n_offs.to(tl.int64)[:, None] * stride_on
     for c0 in range(0, C, BLOCK_C):
         c_offs = c0 + tl.arange(0, BLOCK_C)
         c_mask = c_offs < C
+        out_col = (c_offs // D) * stride_oh + c_offs % D  # head, then channel of the head
         m = n_mask[:, None] & c_mask[None, :]
         x = tl.load(row + c_offs[None, :], mask=m, other=0.0).to(tl.float32)
         w = tl.load(w_ptr + c_offs, mask=c_mask, other=0.0).to(tl.float32)
         y = _normed(x, w, rstd, scale, RELU, DT)
         if WRITE_PLAIN:
-            tl.store(out_ptr + out_row + c_offs[None, :], cast_as(y, out_ptr.dtype.element_ty), mask=m)
+            tl.store(out_ptr + out_row + out_col[None, :], cast_as(y, out_ptr.dtype.element_ty), mask=m)
         if ROPE:
             # the pair partner of channel c is c ^ 1 (heads start at even channels)
             partner = c_offs ^ 1
@@ -69,12 +70,22 @@ def _main_prep_kernel(
             yp = _normed(xp, wp, rstd, scale, RELU, DT)
             half = D // 2
             pair = (c_offs % D) // 2
-            tab = n_offs.to(tl.int64)[:, None] * half + pair[None, :]
-            cos = tl.load(cos_ptr + tab, mask=m, other=1.0)
-            sin = tl.load(sin_ptr + tab, mask=m, other=0.0)
+            tab = (n_offs.to(tl.int64)[:, None] * half + pair[None, :]) * 2  # (cos, sin) of the pair
+            cos = tl.load(rope_ptr + tab, mask=m, other=1.0)
+            sin = tl.load(rope_ptr + tab + 1, mask=m, other=0.0)
             sign = tl.where((c_offs % 2) == 0, -1.0, 1.0)
             y = round_as(y * cos + yp * sin * sign[None, :], DT)
-            tl.store(rot_ptr + out_row + c_offs[None, :], cast_as(y, rot_ptr.dtype.element_ty), mask=m)
+            tl.store(rot_ptr + out_row + out_col[None, :], cast_as(y, rot_ptr.dtype.element_ty), mask=m)
+
+
+def _out_strides(out, batch, tokens, heads, head_dim) -> tuple:
+    """(batch, token, head) element strides of main_prep's `out`; checks its shape and unit channel stride."""
+    if out.dim() == 3 and tuple(out.shape) == (batch, tokens, heads * head_dim) and out.is_contiguous():
+        return out.stride(0), out.stride(1), head_dim
+    if out.dim() == 4 and tuple(out.shape) == (batch, tokens, heads, head_dim) and out.stride(-1) == 1:
+        return out.stride(0), out.stride(1), out.stride(2)
+    raise ValueError(f"out must be a contiguous ({batch}, {tokens}, {heads * head_dim}) tensor or a ({batch}, {tokens}, "
+                     f"{heads}, {head_dim}) view with unit channel stride, got {tuple(out.shape)} strides {out.stride()}")
 
 
 def main_prep(x, weight, heads, *, norm_eps=1e-5, scale=1.0, relu=True, rope=None, out=None,
@@ -84,37 +95,40 @@ def main_prep(x, weight, heads, *, norm_eps=1e-5, scale=1.0, relu=True, rope=Non
     Args:
         x: (B, N, C) raw projection; channel stride must be 1 (a slice of the qkv output is fine).
         weight: (C,) RMSNorm weight. heads: H.
-        rope: None, diffusers' complex table (1, 1, N, D/2), or (cos, sin) of (N, D/2).
-        out: optional contiguous (B, N, C) buffer for the result (the rotated one when rope is given).
+        rope: None, diffusers' complex table (1, 1, N, D/2) (read in place when complex64, `rope_pairs`),
+            (cos, sin) of (N, D/2), or `rope_pairs`' (N, D/2, 2) fp32 table.
+        out: optional buffer for the result (the rotated one when rope is given): (B, N, C) contiguous, or a
+            (B, N, H, D) view with unit stride along D (a softmax window's key slot, (B, H, n, D) transposed), which
+            is written in place and returned as it is (without keep_unrotated).
         keep_unrotated: with rope, also write the un-rotated result (one pass over x for both).
         inv_rms: optional (B, N) fp32 1 / RMS per token, used instead of the one over x's C channels
             (the head split: x holds some heads of a norm over all of them; see
             `camrender.parallel.heads.SplitRMSNorm.inv_rms`).
 
     Returns:
-        (B, N, C) contiguous, x.dtype; with rope and keep_unrotated, (unrotated, rotated).
+        (B, N, C) contiguous (or `out`), x.dtype; with rope and keep_unrotated, (unrotated, rotated).
     """
     batch, tokens, channels = x.shape
+    head_dim = channels // heads
     if x.stride(-1) != 1:
         x = x.contiguous()
     if out is None:
         out = torch.empty(batch, tokens, channels, device=x.device, dtype=x.dtype)
+    out_strides = _out_strides(out, batch, tokens, heads, head_dim)
     write_plain = rope is None or keep_unrotated
     plain = rot = out
     if rope is not None and keep_unrotated:
+        if out.dim() != 3 or not out.is_contiguous():
+            raise ValueError("keep_unrotated writes into a contiguous (B, N, C) out only")
         plain = torch.empty_like(out)
-    if rope is not None:
-        cos, sin = rope_tables(rope)
-        cos, sin = cos.to(x.device), sin.to(x.device)
-    else:
-        cos = sin = weight
+    table = weight if rope is None else rope_pairs(rope, x.device)
     if inv_rms is not None:
         inv_rms = check_inv_rms("inv_rms", inv_rms, batch, tokens, x.device)
     block_n, block_c = 4, 256
     grid = (cdiv(tokens, block_n), batch)
     _main_prep_kernel[grid](
-        x, weight, cos, sin, plain, rot, weight if inv_rms is None else inv_rms, x.stride(0), x.stride(1),
-        tokens, channels, channels // heads, float(norm_eps), float(scale),
+        x, weight, table, plain, rot, weight if inv_rms is None else inv_rms, x.stride(0), x.stride(1), *out_strides,
+        tokens, channels, head_dim, float(norm_eps), float(scale),
         RELU=relu, ROPE=rope is not None, WRITE_PLAIN=write_plain, GIVEN_RSTD=inv_rms is not None,
         BLOCK_N=block_n, BLOCK_C=block_c, num_warps=4,
     )

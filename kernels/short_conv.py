@@ -37,12 +37,12 @@ def _short_conv_kernel(
     tile_mask = s_mask[:, None] & c_mask[None, :]
     x_base = x_ptr + b.to(tl.int64) * stride_xb + c_offs[None, :]
 
-    w_last = tl.load(w_ptr + c_offs * K + (K - 1), mask=c_mask, other=0.0)
+    w_last = tl.load(w_ptr + c_offs * K + (K - 1), mask=c_mask, other=0.0).to(tl.float32)
     row = (t * S + s_offs).to(tl.int64)
     centre = tl.load(x_base + row[:, None] * stride_xn, mask=tile_mask, other=0.0).to(tl.float32)
     acc = centre * w_last[None, :]
     for j in tl.static_range(K - 1):
-        w_j = tl.load(w_ptr + c_offs * K + j, mask=c_mask, other=0.0)
+        w_j = tl.load(w_ptr + c_offs * K + j, mask=c_mask, other=0.0).to(tl.float32)
         # causal tap: frame t - (K-1) + j; before frame 0 it reads the cached left context
         tc = t - (K - 1) + j
         rows_c = (tc * S + s_offs).to(tl.int64)
@@ -87,7 +87,7 @@ def short_conv(x, weight, num_frames, *, left_context=None, out=None, backend="a
     if x.stride(-1) != 1:
         x = x.contiguous()
     spatial = tokens // num_frames
-    w = weight.reshape(channels, -1).float().contiguous()
+    w = weight.reshape(channels, -1).contiguous()  # the module's weight, read in place and widened in the kernel
     ksize = w.shape[1]
     if out is None:
         out = torch.empty(batch, tokens, channels, device=x.device, dtype=x.dtype)

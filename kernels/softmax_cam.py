@@ -55,14 +55,15 @@ def _encode_head(src, dst, tmask, pad_dst, pad_mask, w_ptr, inv_rms, m, c0, s0, 
 @triton.jit
 def _encode_kernel(q_ptr, k_ptr, v_ptr, sqb, sqn, skb, skn, svb, svn, qw_ptr, kw_ptr, qr_ptr, kr_ptr,
                    pt_ptr, spt_b, spt_n, spt_i, spt_j, pinv_ptr, spi_b, spi_n, spi_i, spi_j, rope_ptr,
-                   q_out, k_out, v_out, N, norm_eps,
+                   q_out, k_out, v_out, sob, son, soh, skvb, skvn, skvh, N, norm_eps,
                    H: tl.constexpr, D: tl.constexpr, DPAD: tl.constexpr, GU: tl.constexpr, PADW: tl.constexpr,
                    BS: tl.constexpr, BC: tl.constexpr, HAS_QNORM: tl.constexpr, HAS_KNORM: tl.constexpr,
                    GIVEN_RMS: tl.constexpr, HAS_ROPE: tl.constexpr, DOWNSCALE: tl.constexpr):
     """One program per (block of BS tokens, b): q, k and v of every head of those tokens.
 
-    Inputs (B, N, H*D) with channel stride 1 (row strides s*b, s*n); outputs (B, N, H, DPAD)
-    contiguous. The full-C inverse RMS of q and k comes from a first pass over the rows.
+    Inputs (B, N, H*D) with channel stride 1 (row strides s*b, s*n); outputs (B, N, H, DPAD) with channel
+    stride 1, q's (batch, token, head) strides so*, k's and v's skv*. The full-C inverse RMS of q and k comes from
+    a first pass over the rows.
     """
     b = tl.program_id(1).to(tl.int64)
     n = tl.program_id(0) * BS + tl.arange(0, BS)
@@ -82,18 +83,19 @@ def _encode_kernel(q_ptr, k_ptr, v_ptr, sqb, sqn, skb, skn, svb, svn, qw_ptr, kw
     tmask = nmask[:, None] & cmask[None, :]
     pad = D + tl.arange(0, PADW)
     pad_mask = nmask[:, None] & (pad < DPAD)[None, :]
-    out_rows = ((b * N + n) * H)[:, None] * DPAD
+    q_rows_out = (b * sob + n.to(tl.int64) * son)[:, None]
+    kv_rows_out = (b * skvb + n.to(tl.int64) * skvn)[:, None]
     for h in range(H):
         src = h * D + ch[None, :]
-        dst = out_rows + h * DPAD
-        pad_dst = dst + pad[None, :]
-        dst = dst + ch[None, :]
-        _encode_head(q_rows + src, q_out + dst, tmask, q_out + pad_dst, pad_mask, qw_ptr + h * D, q_rms, m_q,
-                     c0, s0, c1, s1, one, ch, cmask, BS, GU, D, DPAD, HAS_QNORM, HAS_ROPE, DOWNSCALE)
-        _encode_head(k_rows + src, k_out + dst, tmask, k_out + pad_dst, pad_mask, kw_ptr + h * D, k_rms, m_k,
-                     c0, s0, c1, s1, one, ch, cmask, BS, GU, D, DPAD, HAS_KNORM, HAS_ROPE, DOWNSCALE)
-        _encode_head(v_rows + src, v_out + dst, tmask, v_out + pad_dst, pad_mask, kw_ptr, k_rms, m_k,
-                     c0, s0, c1, s1, one, ch, cmask, BS, GU, D, DPAD, False, HAS_ROPE, DOWNSCALE)
+        q_dst = q_out + q_rows_out + h * soh
+        kv_dst = kv_rows_out + h * skvh
+        _encode_head(q_rows + src, q_dst + ch[None, :], tmask, q_dst + pad[None, :], pad_mask, qw_ptr + h * D,
+                     q_rms, m_q, c0, s0, c1, s1, one, ch, cmask, BS, GU, D, DPAD, HAS_QNORM, HAS_ROPE, DOWNSCALE)
+        _encode_head(k_rows + src, k_out + kv_dst + ch[None, :], tmask, k_out + kv_dst + pad[None, :], pad_mask,
+                     kw_ptr + h * D, k_rms, m_k, c0, s0, c1, s1, one, ch, cmask, BS, GU, D, DPAD, HAS_KNORM,
+                     HAS_ROPE, DOWNSCALE)
+        _encode_head(v_rows + src, v_out + kv_dst + ch[None, :], tmask, v_out + kv_dst + pad[None, :], pad_mask,
+                     kw_ptr, k_rms, m_k, c0, s0, c1, s1, one, ch, cmask, BS, GU, D, DPAD, False, HAS_ROPE, DOWNSCALE)
 
 
 @triton.jit
@@ -151,13 +153,31 @@ def _check_dim(dim):
         raise ValueError(f"camera head dim must be a positive multiple of 8, got {dim}")
 
 
+def _kv_slots(kv_out, shape, dtype) -> list:
+    """Checked (k, v) output views of cam_softmax_encode's `kv_out`: shape (B, N, H, DPAD), `dtype`, unit channel
+    stride and one layout for both (the kernel takes one set of strides for the two)."""
+    k_out, v_out = kv_out
+    for name, t in (("k", k_out), ("v", v_out)):
+        if tuple(t.shape) != shape or t.dtype != dtype or t.stride(-1) != 1:
+            raise ValueError(f"{name} out must be a {shape} {dtype} view with unit channel stride, got "
+                             f"{tuple(t.shape)} {t.dtype} strides {t.stride()}")
+    if k_out.stride() != v_out.stride():
+        raise ValueError(f"k and v outs must share their strides, got {k_out.stride()} and {v_out.stride()}")
+    return [k_out, v_out]
+
+
 def encode_launch(q, k, v, views, *, q_norm_weight, k_norm_weight, norm_eps, heads, downscale, out_dtype,
-                  block_s, num_warps, q_inv_rms=None, k_inv_rms=None):
+                  block_s, num_warps, q_inv_rms=None, k_inv_rms=None, kv_out=None):
     """Launch _encode_kernel on validated inputs (views = ray_inputs(...)); see cam_softmax_encode."""
     batch, tokens, channels = q.shape
     dim = channels // heads
     dpad = _pad_dim(dim)
-    outs = [torch.empty(batch, tokens, heads, dpad, device=q.device, dtype=out_dtype) for _ in range(3)]
+    shape = (batch, tokens, heads, dpad)
+    outs = [torch.empty(shape, device=q.device, dtype=out_dtype)]
+    if kv_out is None:
+        outs += [torch.empty(shape, device=q.device, dtype=out_dtype) for _ in range(2)]
+    else:
+        outs += _kv_slots(kv_out, shape, out_dtype)
     _, p_t, p_inv, rope = views
     dummy = outs[0]
     given = given_inv_rms(q_inv_rms, k_inv_rms, q_norm_weight, k_norm_weight, batch, tokens, q.device)
@@ -167,7 +187,7 @@ def encode_launch(q, k, v, views, *, q_norm_weight, k_norm_weight, norm_eps, hea
         q_norm_weight if q_norm_weight is not None else dummy, k_norm_weight if k_norm_weight is not None else dummy,
         *(given or (dummy, dummy)),
         p_t, *p_t.stride(), p_inv, *p_inv.stride(), rope if rope is not None else dummy,
-        outs[0], outs[1], outs[2], tokens, float(norm_eps),
+        outs[0], outs[1], outs[2], *outs[0].stride()[:3], *outs[1].stride()[:3], tokens, float(norm_eps),
         H=heads, D=dim, DPAD=dpad, GU=_half_groups(dim), PADW=next_power_of_2(max(dpad - dim, 1)),
         BS=block_s, BC=min(256, next_power_of_2(channels)), HAS_QNORM=q_norm_weight is not None,
         HAS_KNORM=k_norm_weight is not None, GIVEN_RMS=given is not None, HAS_ROPE=rope is not None, DOWNSCALE=bool(downscale),
@@ -187,7 +207,7 @@ def decode_launch(o, views, *, dim, out_dtype, block_s, num_warps):
 
 
 def cam_softmax_encode(q, k, v, ray_transforms, *, q_norm_weight=None, k_norm_weight=None, norm_eps=1e-5,
-                       heads, downscale=True, out_dtype=None, q_inv_rms=None, k_inv_rms=None):
+                       heads, downscale=True, out_dtype=None, q_inv_rms=None, k_inv_rms=None, kv_out=None):
     """Encode raw camera projections for SDPA.
 
     Args:
@@ -198,9 +218,12 @@ def cam_softmax_encode(q, k, v, ray_transforms, *, q_norm_weight=None, k_norm_we
         heads: H (head dim D = C / H, D % 8 == 0). out_dtype: storage dtype (default q.dtype).
         q_inv_rms, k_inv_rms: optional (B, N) fp32 1 / RMS per token of q and k, used instead of the
             one over these C channels (head split); both or neither.
+        kv_out: optional (k_out, v_out) views to write k_enc and v_enc into, (B, N, H, DPAD) in out_dtype with unit
+            channel stride and one layout (a softmax window's slots, (B, H, n, DPAD) transposed).
 
     Returns:
-        (q_enc, k_enc, v_enc), each (B, N, H, DPAD) contiguous, zero past D.
+        (q_enc, k_enc, v_enc), each (B, N, H, DPAD), zero past D: q_enc contiguous, k_enc and v_enc contiguous or
+        `kv_out`'s views.
     """
     batch, tokens, channels = q.shape
     if k.shape != q.shape or v.shape != q.shape:
@@ -214,7 +237,7 @@ def cam_softmax_encode(q, k, v, ray_transforms, *, q_norm_weight=None, k_norm_we
     views = ray_inputs(ray_transforms, batch, tokens, dim, q.device)
     return encode_launch(q, k, v, views, q_norm_weight=q_norm_weight, k_norm_weight=k_norm_weight,
                          norm_eps=norm_eps, heads=heads, downscale=downscale, out_dtype=out_dtype or q.dtype,
-                         q_inv_rms=q_inv_rms, k_inv_rms=k_inv_rms, **ENCODE_LAUNCH)
+                         q_inv_rms=q_inv_rms, k_inv_rms=k_inv_rms, kv_out=kv_out, **ENCODE_LAUNCH)
 
 
 def cam_softmax_decode(o, ray_transforms, *, dim, out_dtype=None):

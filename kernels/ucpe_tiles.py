@@ -32,9 +32,10 @@ def inflation_sq(pre_sq, post_sq, tok_mask):
 
 
 @triton.jit
-def ucpe_rope_quads(x0, x1, x2, x3, mat_ptr, tok, cos_ptr, sin_ptr, pos, tok_mask,
+def ucpe_rope_quads(x0, x1, x2, x3, mat_ptr, tok, rope_ptr, pos, tok_mask,
                     G: tl.constexpr, NGU: tl.constexpr, HAS_ROPE: tl.constexpr, INV_ROPE: tl.constexpr):
-    """UCPE (y = M x per UCPE group, M = the token's matrix) and RoPE (per RoPE group) on quads."""
+    """UCPE (y = M x per UCPE group, M = the token's matrix) and RoPE (per RoPE group) on quads; rope_ptr: the
+    interleaved (N, 2 NGU, 2) (cos, sin) table (`rope_pairs`), read at the tokens' positions pos."""
     a0, a1, a2, a3 = _mat_row(mat_ptr, tok, tok_mask, 0)
     u0 = a0 * x0 + a1 * x1 + a2 * x2 + a3 * x3
     a0, a1, a2, a3 = _mat_row(mat_ptr, tok, tok_mask, 1)
@@ -47,11 +48,11 @@ def ucpe_rope_quads(x0, x1, x2, x3, mat_ptr, tok, cos_ptr, sin_ptr, pos, tok_mas
     is_ucpe = g < NGU
     if HAS_ROPE:
         in_rope = (g >= NGU) & (g < 2 * NGU) & tok_mask[:, None]
-        off = pos.to(tl.int32)[:, None] * (2 * NGU) + 2 * (g - NGU)
-        c0 = tl.load(cos_ptr + off, mask=in_rope, other=0.0)
-        s0 = tl.load(sin_ptr + off, mask=in_rope, other=0.0)
-        c1 = tl.load(cos_ptr + off + 1, mask=in_rope, other=0.0)
-        s1 = tl.load(sin_ptr + off + 1, mask=in_rope, other=0.0)
+        off = (pos.to(tl.int32)[:, None] * (2 * NGU) + 2 * (g - NGU)) * 2  # pairs 2(g - NGU) and the next
+        c0 = tl.load(rope_ptr + off, mask=in_rope, other=0.0)
+        s0 = tl.load(rope_ptr + off + 1, mask=in_rope, other=0.0)
+        c1 = tl.load(rope_ptr + off + 2, mask=in_rope, other=0.0)
+        s1 = tl.load(rope_ptr + off + 3, mask=in_rope, other=0.0)
         if INV_ROPE:
             s0 = -s0
             s1 = -s1

@@ -124,3 +124,39 @@ def test_main_branch_tf32_runs_on_fp16_operands():
     exact, _ = main_branch(q, k, v, beta, decay, rope, precision="ieee", **kw)
     assert rel(fast, ref) < 3e-3
     assert rel(exact, ref) < 1e-5 and rel(fast, exact) > 1e-6
+
+
+def test_rope_pairs_reads_diffusers_table_in_place_and_every_form_alike():
+    """The kernels read one (N, P, 2) fp32 table: diffusers' complex64 table is viewed, not copied (a render passes
+    it to every block and pass), and main_prep gives the same bits from each form of the table."""
+    from camrender.kernels._reference_parts import rope_pairs, rope_tables
+
+    q, _, _, _, _, rope, (w, _) = _inputs(3, heads=2, head_dim=16)
+    assert rope.dtype == torch.complex64
+    pairs = rope_pairs(rope)
+    assert pairs.dtype == torch.float32 and pairs.shape == (q.shape[1], 8, 2)
+    assert pairs.data_ptr() == rope.data_ptr()  # a view of the complex table
+    cos, sin = rope_tables(rope)
+    assert torch.equal(pairs[..., 0], cos) and torch.equal(pairs[..., 1], sin)
+    assert rope_pairs(pairs) is pairs
+    assert torch.equal(rope_pairs((cos, sin)), pairs)
+    assert torch.equal(rope_pairs(rope.to(torch.complex128)), pairs)  # widened tables are narrowed as before
+    with torch.no_grad():
+        want = main_prep(q, w, 2, relu=False, rope=(cos, sin))
+        for form in (rope, pairs):
+            assert torch.equal(main_prep(q, w, 2, relu=False, rope=form), want)
+
+
+def test_main_prep_writes_a_head_major_slot():
+    """out may be a (B, N, H, D) view with unit channel stride (a softmax window's key slot, transposed): the same
+    bits as the contiguous result, the tokens before the slot untouched."""
+    q, _, _, _, _, rope, (w, _) = _inputs(5, heads=2, head_dim=16)
+    batch, tokens, _ = q.shape
+    window = torch.randn(batch, 2, 7 + tokens, 16)
+    before = window[:, :, :7].clone()
+    slot = window[:, :, 7:].transpose(1, 2)
+    with torch.no_grad():
+        want = main_prep(q, w, 2, relu=False, rope=rope)
+        got = main_prep(q, w, 2, relu=False, rope=rope, out=slot)
+    assert got is slot and torch.equal(got.reshape(want.shape), want)
+    assert torch.equal(window[:, :, :7], before)

@@ -69,3 +69,14 @@ def test_cached_causal_form_matches_dense_segment_rule():
             assert rel(ref, want) < 1e-6, (start, stop)
             previous = short_conv_context(seg, count, previous)
             assert previous.shape[1] == min(3, stop) * spatial
+
+
+def test_bf16_weight_is_widened_in_the_kernel():
+    """The kernel reads the module's bf16 weight in place and widens it itself: the same bits as an fp32 copy."""
+    module = _module(24, 3)
+    weight = module.weight.detach().bfloat16()
+    x = torch.randn(1, 5 * 6, 24).bfloat16()
+    left = torch.randn(1, 2 * 6, 24).bfloat16()
+    got = short_conv(x, weight, 5, left_context=left)
+    want = short_conv(x, weight.float(), 5, left_context=left)
+    assert torch.equal(got, want)

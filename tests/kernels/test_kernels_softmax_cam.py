@@ -113,3 +113,27 @@ def test_bad_shapes_raise_value_error():
         cam_softmax_decode(torch.randn(1, 2, 6, 128), _rays(1, 6, 32, gen), dim=16)
     with pytest.raises(ValueError, match="at least dim"):
         cam_softmax_decode(torch.randn(1, 2, 6, 8), _rays(1, 6, 16, gen), dim=16)
+
+
+def test_encode_writes_keys_and_values_into_window_slots():
+    """kv_out: k and v go straight into a softmax window's slots ((B, H, c + n, DPAD) buffers, their last n
+    tokens, transposed), with the bits of the contiguous outputs; the cached tokens before the slot stay."""
+    batch, tokens, heads, dim, cached = 2, 13, 2, 24, 5
+    gen = torch.Generator().manual_seed(7)
+    channels = heads * dim
+    q, k, v = (torch.randn(batch, tokens, channels, generator=gen) for _ in range(3))
+    rays = _rays(batch, tokens, dim, gen)
+    kw = dict(heads=heads, q_norm_weight=0.5 + torch.rand(channels, generator=gen),
+              k_norm_weight=0.5 + torch.rand(channels, generator=gen))
+    want = cam_softmax_encode(q, k, v, rays, **kw)
+    windows = [torch.randn(batch, heads, cached + tokens, 128, generator=gen) for _ in range(2)]
+    before = [w[:, :, :cached].clone() for w in windows]
+    slots = tuple(w[:, :, cached:].transpose(1, 2) for w in windows)
+    got = cam_softmax_encode(q, k, v, rays, kv_out=slots, **kw)
+    assert got[1] is slots[0] and got[2] is slots[1]
+    for i in range(3):
+        assert torch.equal(got[i], want[i])
+    for w, b in zip(windows, before):
+        assert torch.equal(w[:, :, :cached], b)
+    with pytest.raises(ValueError, match="share their strides"):
+        cam_softmax_encode(q, k, v, rays, kv_out=(slots[0], want[2]), **kw)

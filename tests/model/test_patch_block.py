@@ -42,3 +42,42 @@ def test_combine_branches_fused_equals_stock():
             stock = combine_branches(attn, x, main, cam, "torch")
             fused = combine_branches(attn, x, main, cam, "auto")
             torch.testing.assert_close(fused, stock, rtol=1e-5, atol=1e-5)
+
+
+def test_decay_constants_are_made_once_per_parameter_version():
+    """The GDN gates' constants, -exp(A_log) and dt_bias in fp32, are kept on the module and made again only
+    when a parameter changes (in place: a new version)."""
+    from camrender.model.stage1.gdn_attention import decay_constants, gdn_gates
+
+    attn = next(block.attn for block in build_tiny_transformer(seed=3).blocks if hasattr(block.attn, "A_log"))
+    first = decay_constants(attn)
+    assert decay_constants(attn)[0] is first[0]
+    torch.testing.assert_close(first[0], -attn.A_log.float().exp().view(1, 1, -1), rtol=0, atol=0)
+    with torch.no_grad():
+        attn.A_log.add_(0.5)
+    again = decay_constants(attn)
+    assert again[0] is not first[0]
+    torch.testing.assert_close(again[0], -attn.A_log.float().exp().view(1, 1, -1), rtol=0, atol=0)
+    x = torch.randn(1, 3 * 8, 32)
+    with torch.no_grad():
+        _, decay = gdn_gates(attn, x, 3, 8)
+        gate = attn.gate_proj(x.reshape(1, 3, 8, 32).mean(dim=2)).float()
+        rate = attn.A_log.float().exp().view(1, 1, -1)
+        want = (-rate * torch.nn.functional.softplus(gate + attn.dt_bias.float().view(1, 1, -1))).exp().transpose(1, 2)
+    torch.testing.assert_close(decay, want, rtol=0, atol=0)
+
+
+def test_ray_matrices_are_widened_once_and_narrowed_back_for_stock_code():
+    from camrender.model.stage1.conditioning import stock_rays, widened_rays
+
+    p = torch.randn(1, 6, 4, 4).bfloat16()
+    p_inv = torch.randn(1, 6, 4, 4).bfloat16()
+    rope_cam = torch.randn(1, 1, 6, 2, dtype=torch.complex64)
+    widened = widened_rays((p, p.transpose(-1, -2), p_inv, rope_cam))
+    assert all(m.dtype == torch.float32 for m in widened[:3]) and widened[3] is rope_cam
+    assert widened[1].data_ptr() == widened[0].data_ptr()  # P_T: a view of P, as diffusers gives it
+    assert torch.equal(widened[1], p.float().transpose(-1, -2))
+    back = stock_rays(widened, torch.bfloat16)
+    assert torch.equal(back[0], p) and torch.equal(back[1], p.transpose(-1, -2)) and torch.equal(back[2], p_inv)
+    full = (p.float(), p.float().transpose(-1, -2), p_inv.float(), None)
+    assert all(a is b for a, b in zip(widened_rays(full)[::2], full[::2]))  # fp32 stays as it is

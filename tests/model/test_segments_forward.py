@@ -250,7 +250,9 @@ def test_window_slot_and_prepared_text_keep_every_bit(monkeypatch, cached_segmen
     block's text keys are computed once for the render (`prepared_text`, not in every cross-attention), and
     each block's Plucker projection once for the call (`plucker_projections`), against none of them (no slot,
     `key_slot=False`, as beside the refiner). Triton kernels, interpreted; 4 or 5 segments, so the recent window
-    fills and slides in place (1 and 2 recent segments) or keeps growing (None)."""
+    fills and slides in place (1 and 2 recent segments) or keeps growing (None). With a slot, the kernels write
+    the keys and the camera values there themselves: only the main values are copied in."""
+    from camrender.model.stage1 import softmax_attention
     from camrender.model.stage1.block import prepared_text
     from camrender.model.stage1.segments import plucker_projections, prepare_conditioning
     from camrender.model.stage1.state import BlockCache
@@ -285,11 +287,21 @@ def test_window_slot_and_prepared_text_keep_every_bit(monkeypatch, cached_segmen
         slots.append(window_slot(self, tokens))
         return slots[-1]
 
+    in_place = []  # per slot write: whether a kernel had written it already
+    same_view = softmax_attention._same_view
+
+    def written(slot, tensor):
+        in_place.append(same_view(slot, tensor))
+        return in_place[-1]
+
     monkeypatch.setattr(BlockCache, "window_slot", counted)
+    monkeypatch.setattr(softmax_attention, "_same_view", written)
     with torch.no_grad():
         shortcut, cache = render(shortcuts=True)
         softmax = cache.blocks[1]
-        assert softmax.window is not None and sum(slot is not None for slot in slots) == len(bounds) - 2
+        windowed = sum(slot is not None for slot in slots)
+        assert softmax.window is not None and windowed == len(bounds) - 2
+        assert in_place.count(True) == 3 * windowed and in_place.count(False) == windowed  # key, cam key, cam value
         for view in [softmax.sink.key] + [kv.key for kv in softmax.recent]:  # the context lives in the window
             assert view.untyped_storage().data_ptr() == softmax.window.key.untyped_storage().data_ptr()
         slots.clear()

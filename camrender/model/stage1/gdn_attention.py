@@ -34,6 +34,7 @@ from camrender.kernels.short_conv import short_conv, short_conv_context
 from camrender.model.adopt import adopt_module
 from camrender.model.fp8 import QuantizedRows, shared_input, takes_quantized
 from camrender.model.settings import KernelSettings
+from camrender.model.stage1.conditioning import stock_rays
 from camrender.model.stage1.state import FULL_MODE, BlockCache, SegmentCall, SegmentOptions, store
 
 
@@ -48,9 +49,27 @@ def gdn_gates(attn, x: torch.Tensor, frames: int, spatial: int) -> tuple[torch.T
     beta = attn.beta_proj(x).sigmoid().reshape(batch, frames, spatial, attn.heads).permute(0, 3, 1, 2)
     frame_mean = x.reshape(batch, frames, spatial, channels).mean(dim=2)
     gate = attn.gate_proj(frame_mean).float()
-    rate = attn.A_log.float().exp().view(1, 1, -1)
-    decay = (-rate * F.softplus(gate + attn.dt_bias.float().view(1, 1, -1))).exp().transpose(1, 2)
+    negative_rate, dt_bias = decay_constants(attn)
+    decay = (negative_rate * F.softplus(gate + dt_bias)).exp().transpose(1, 2)
     return beta, decay
+
+
+def decay_constants(attn) -> tuple:
+    """(-exp(A_log), dt_bias) of block attention `attn`, fp32 (1, 1, H) each, as `gdn_gates` computes with them:
+    made once per version of the two parameters (kept on the module, out of its state dict), not in every pass.
+    Parameters made under inference mode keep no version, and a CUDA-graph capture only records the ops (their
+    results exist once it replays): those calls make their own."""
+    try:
+        key = tuple((p.device, p.data_ptr(), p._version) for p in (attn.A_log, attn.dt_bias))
+    except RuntimeError:  # inference tensors
+        key = None
+    held = attn.__dict__.get("_decay_constants")
+    if key is not None and held is not None and held[0] == key:
+        return held[1:]
+    constants = (-attn.A_log.float().exp().view(1, 1, -1), attn.dt_bias.float().view(1, 1, -1))
+    if key is not None and not (attn.A_log.is_cuda and torch.cuda.is_current_stream_capturing()):
+        attn.__dict__["_decay_constants"] = (key, *constants)
+    return constants
 
 
 def input_linears(attn) -> list:
@@ -168,7 +187,8 @@ class PatchedGDNAttention(BidirectionalGDNUCPESinglePathLiteLA):
         if frame_valid_mask is not None:
             # Padded-frame masking is only used by training-time batching; keep diffusers' path for it.
             return super().forward(x, mask, HW, rotary_emb, block_mask, camera_conditions, chunk_size,
-                                   frame_valid_mask=frame_valid_mask, ucpe_ray_transforms=ucpe_ray_transforms)
+                                   frame_valid_mask=frame_valid_mask,
+                                   ucpe_ray_transforms=stock_rays(ucpe_ray_transforms, x.dtype))
         call = segment if segment is not None else SegmentCall.whole(HW, self.full_options)
         x_rows = input_rows(self, x, x_rows)  # x as qkv and the output gate read it
         beta, decay = gdn_gates(self, x, call.num_frames, call.spatial)

@@ -35,6 +35,7 @@ from camrender.kernels.main_prep_reference import main_prep_ref
 from camrender.model.adopt import adopt_module
 from camrender.model.fp8 import QuantizedRows
 from camrender.model.settings import KernelSettings
+from camrender.model.stage1.conditioning import stock_rays
 from camrender.model.stage1.gdn_attention import combine_branches, input_rows, norm_inv_rms
 from camrender.model.stage1.state import FULL_MODE, BlockCache, SegmentCall, SegmentOptions, SoftmaxKV
 
@@ -68,20 +69,23 @@ def sdpa_operand_dtype(dtype, override):
     return torch.bfloat16 if dtype == torch.float32 else dtype
 
 
-def softmax_qkv(attn, x, rope, attn_dtype, use_triton: bool, x_rows=None):
+def softmax_qkv(attn, x, rope, attn_dtype, use_triton: bool, x_rows=None, key_out=None):
     """Main-branch q, k (full-C RMSNorm, RoPE) and v of softmax-block attention `attn`, each
     (B, H, N, D) in `attn_dtype`. x (B, N, C); rope: diffusers' complex table or None.
     use_triton: `kernels.main_prep` writes q and k straight in `attn_dtype`, else its reference.
-    x_rows: x as qkv reads it (`gdn_attention.input_rows`), or None (x)."""
+    x_rows: x as qkv reads it (`gdn_attention.input_rows`), or None (x). key_out: a (B, H, N, D) view (a window's
+    slot, `window_slots`) the kernel writes k into, returned as k; ignored by the reference."""
     batch, tokens = x.shape[:2]
     heads, dim = attn.heads, attn.dim
     channels = heads * dim  # this rank's heads under the head split, else x's C
     qkv = attn.qkv(x if x_rows is None else x_rows)
     prepped = []
-    for raw, norm in ((qkv[..., :channels], attn.q_norm), (qkv[..., channels:2 * channels], attn.k_norm)):
+    for raw, norm, into in ((qkv[..., :channels], attn.q_norm, None),
+                            (qkv[..., channels:2 * channels], attn.k_norm, key_out)):
         inv_rms = norm_inv_rms(norm, raw)
         if use_triton:
-            out = torch.empty(batch, tokens, channels, device=x.device, dtype=attn_dtype)
+            out = torch.empty(batch, tokens, channels, device=x.device, dtype=attn_dtype) if into is None \
+                else into.transpose(1, 2)
             prepped.append(main_prep(raw, norm.weight, heads, norm_eps=norm.eps, relu=False, rope=rope, out=out,
                                      inv_rms=inv_rms))
         else:
@@ -91,20 +95,22 @@ def softmax_qkv(attn, x, rope, attn_dtype, use_triton: bool, x_rows=None):
     return tuple(t.reshape(batch, tokens, heads, dim).transpose(1, 2) for t in (*prepped, value))
 
 
-def camera_encode(attn, x, ray_transforms, attn_dtype, use_triton: bool, downscale: bool = True):
+def camera_encode(attn, x, ray_transforms, attn_dtype, use_triton: bool, downscale: bool = True, kv_out=None):
     """Camera q, k, v of softmax-block attention `attn` after RMSNorm, UCPE and (`downscale`:
     diffusers, NVlabs 40151c8; not NVlabs today) RMS downscale, each (B, H, N, DPAD) in `attn_dtype` (head dim
-    zero-padded, `kernels.softmax_cam`)."""
+    zero-padded, `kernels.softmax_cam`). kv_out: (B, H, N, DPAD) views (a window's slots, `window_slots`) the
+    kernel writes k and v into, returned as k and v; ignored by the reference."""
     if use_triton:
         cam_softmax_encode = softmax_cam.cam_softmax_encode
     else:
         cam_softmax_encode = softmax_cam_reference.cam_softmax_encode_ref
     query, key = attn.q_proj_cam(x), attn.k_proj_cam(x)
+    into = {} if kv_out is None or not use_triton else {"kv_out": tuple(t.transpose(1, 2) for t in kv_out)}
     encoded = cam_softmax_encode(
         query, key, attn.v_proj_cam(x), ray_transforms,
         q_norm_weight=attn.q_norm_cam.weight, k_norm_weight=attn.k_norm_cam.weight,
         norm_eps=attn.q_norm_cam.eps, heads=attn.cam_heads, downscale=downscale, out_dtype=attn_dtype,
-        q_inv_rms=norm_inv_rms(attn.q_norm_cam, query), k_inv_rms=norm_inv_rms(attn.k_norm_cam, key))
+        q_inv_rms=norm_inv_rms(attn.q_norm_cam, query), k_inv_rms=norm_inv_rms(attn.k_norm_cam, key), **into)
     return tuple(t.transpose(1, 2) for t in encoded)
 
 
@@ -149,6 +155,19 @@ def prefix_rows(call: SegmentCall, context: list) -> Optional[list]:
     return [(a * call.spatial, b * call.spatial, cached_tokens + b * call.spatial) for a, b in call.segments]
 
 
+def window_slots(window: SoftmaxKV, tokens: int) -> SoftmaxKV:
+    """The slots of a window (`BlockCache.window_slot`) for a call of `tokens` tokens: its buffers' last `tokens`
+    tokens, (B, H, tokens, D) views (None where the window has no such buffer)."""
+    return SoftmaxKV(*(None if buffer is None else buffer[:, :, buffer.shape[2] - tokens:]
+                       for buffer in (window.key, window.value, window.cam_key, window.cam_value)))
+
+
+def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors are the same view of the same memory (the strides of size-1 dims aside)."""
+    return a.data_ptr() == b.data_ptr() and a.shape == b.shape and all(
+        size == 1 or sa == sb for size, sa, sb in zip(a.shape, a.stride(), b.stride()))
+
+
 def attend(query, key, value, cached: list, scale, mask, prefixes=None, backends=SDPA_BACKENDS,
            window: Optional[tuple] = None) -> torch.Tensor:
     """SDPA of the call's queries (B, H, n, D) over the cached (key, value) pairs of earlier
@@ -156,14 +175,15 @@ def attend(query, key, value, cached: list, scale, mask, prefixes=None, backends
     query row range attends to a prefix of those keys instead (no mask).
 
     window: (keys, values) buffers (B, H, c + n, D) holding the c cached tokens then a slot for the
-    call's n (`BlockCache.window_slot`): the call's keys are written into the slot and the buffers
-    attended as they are, in place of concatenating `cached` with them."""
+    call's n (`BlockCache.window_slot`): the call's keys are written into the slot (unless a kernel wrote them
+    there already: `window_slots`) and the buffers attended as they are, in place of concatenating `cached` with
+    them."""
     if window is not None:
-        key_buffer, value_buffer = window
-        start = key_buffer.shape[2] - key.shape[2]
-        key_buffer[:, :, start:].copy_(key)
-        value_buffer[:, :, start:].copy_(value)
-        key, value = key_buffer, value_buffer
+        for buffer, written in zip(window, (key, value)):
+            slot = buffer[:, :, buffer.shape[2] - written.shape[2]:]
+            if not _same_view(slot, written):
+                slot.copy_(written)
+        key, value = window
     elif cached:
         key = torch.cat([k for k, _ in cached] + [key], dim=2)
         value = torch.cat([v for _, v in cached] + [value], dim=2)
@@ -211,7 +231,8 @@ class PatchedSoftmaxAttention(_SoftmaxUCPESinglePathLiteLA):
         if frame_valid_mask is not None or (not on_kernels and call.stateless(state) and self.sdpa_dtype is None
                                             and call.options.softmax_as_diffusers and call.options.sdpa_dtype is None):
             return super().forward(x, mask, call.grid, rotary_emb, block_mask, camera_conditions, chunk_size,
-                                   frame_valid_mask=frame_valid_mask, ucpe_ray_transforms=ucpe_ray_transforms)
+                                   frame_valid_mask=frame_valid_mask,
+                                   ucpe_ray_transforms=stock_rays(ucpe_ray_transforms, x.dtype))
         if not on_kernels:
             raise NotImplementedError("segment mode and recipes other than diffusers' support softmax blocks with "
                                       "RMSNorm weights (the released ones)")
@@ -231,8 +252,10 @@ class PatchedSoftmaxAttention(_SoftmaxUCPESinglePathLiteLA):
 
         # a single segment after cached ones attends over the cache's window (keys written into its slot)
         window = state.window_slot(x.shape[1]) if context and len(call.segments) == 1 else None
+        slots = None if window is None else window_slots(window, x.shape[1])  # the kernels write keys there
         x_rows = input_rows(self, x, x_rows)  # x as qkv and the output gate read it
-        query, key, value = softmax_qkv(self, x, rotary_emb, attn_dtype, use_triton, x_rows)
+        query, key, value = softmax_qkv(self, x, rotary_emb, attn_dtype, use_triton, x_rows,
+                                        key_out=None if slots is None else slots.key)
         out = attend(query, key, value, [(kv.key, kv.value) for kv in context],
                      softmax_scale(self.dim, options.softmax_scale), attn_mask, prefixes, self.sdpa_backends,
                      window=None if window is None else (window.key, window.value))
@@ -240,8 +263,9 @@ class PatchedSoftmaxAttention(_SoftmaxUCPESinglePathLiteLA):
 
         camera = cam_key = cam_value = None
         if rays is not None:
+            cam_slots = None if slots is None or slots.cam_key is None else (slots.cam_key, slots.cam_value)
             cam_query, cam_key, cam_value = camera_encode(self, x, rays, attn_dtype, use_triton,
-                                                          options.softmax_camera_downscale)
+                                                          options.softmax_camera_downscale, kv_out=cam_slots)
             cam_window = None if window is None or window.cam_key is None else (window.cam_key, window.cam_value)
             cam_out = attend(cam_query, cam_key, cam_value, [(kv.cam_key, kv.cam_value) for kv in context],
                              softmax_scale(self.cam_head_dim, options.softmax_scale, camera=True), attn_mask,
