@@ -1,7 +1,8 @@
 """Launch arithmetic on the host as plain integer functions: `cdiv` and `next_power_of_2`, the values of
 `triton.cdiv` and `triton.next_power_of_2` (newer Triton makes those constexpr functions, which cost a few
-microseconds per call from Python; a forward computes a few hundred grids), and `channel_rows`, the tiles of the
-kernels that read whole channel rows of channels-last activations."""
+microseconds per call from Python; a forward computes a few hundred grids), `channel_rows`, the tiles of the
+kernels that read whole channel rows of channels-last activations, and `filling_tile`, a token tile small enough
+for a segment's few thousand tokens to fill the GPU."""
 
 
 def cdiv(numerator: int, denominator: int) -> int:
@@ -19,3 +20,13 @@ def channel_rows(channels: int) -> tuple:
     registers: about 4096 values a program, at most 64 rows."""
     block_c = next_power_of_2(channels)
     return max(1, min(64, 4096 // block_c)), block_c
+
+
+def filling_tile(tokens: int, batch: int, tile: int, processors: int, smallest: int = 4) -> int:
+    """`tile` (a power of two: tokens per program) halved, down to `smallest`, while a grid of cdiv(tokens, tile)
+    programs per batch item gives fewer than two per streaming multiprocessor (`processors`; 0 off a GPU: `tile`).
+    A launch tuned on a whole clip's tens of thousands of tokens then still fills the GPU on a segment's 2640
+    (165 programs of 16 tokens for 132 multiprocessors: most of them would hold one program of four warps)."""
+    while tile > smallest and cdiv(tokens, tile) * batch < 2 * processors:
+        tile //= 2
+    return tile

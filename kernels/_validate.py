@@ -24,6 +24,14 @@ def check_tensor(name, x, shape, *, floating=True, contiguous=True, last_dim_con
                          f"{tuple(x.stride())} for shape {tuple(x.shape)})")
 
 
+def multiprocessors(device) -> int:
+    """The streaming multiprocessors of `device`'s GPU; 0 off CUDA (the Triton interpreter)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return 0
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def check_choice(name, value, choices):
     if value not in choices:
         raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")

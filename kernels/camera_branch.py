@@ -8,12 +8,14 @@ discounting, forward (inclusive) + reverse (exclusive) numerator-only delta rule
 import torch
 
 from . import camera_branch_reference
-from ._validate import check_choice, check_tensor, segment_starts_tensor, use_triton
+from ._grid import filling_tile
+from ._validate import check_choice, check_tensor, multiprocessors, segment_starts_tensor, use_triton
 from .cam_prep import cam_stage, check_norm_weight, check_projections, given_inv_rms, ray_views
 from .delta_scan import PRECISIONS, run_scan
 
 # Launch defaults: the fastest measured on the H200 (docs/performance.md, 16:31 UTC run): 4-warp
-# output kernel, fp16 recurrence products.
+# output kernel, fp16 recurrence products. The stage's 16 tokens a program are halved on a segment's few tokens,
+# as far as the GPU needs to be filled (`_grid.filling_tile`), unless `tuning` sets them.
 SCAN_TUNING = {"rec_f16": True, "num_warps": (8, 4, 4)}
 STAGE_TUNING = {"stage_block_s": 16, "stage_num_warps": 4, "stage_maxnreg": None}
 
@@ -76,8 +78,11 @@ def camera_branch(q, k, v, beta, decay, ray_transforms, *, q_norm_weight, k_norm
             output_final_state=output_final_state, q_inv_rms=q_inv_rms, k_inv_rms=k_inv_rms)
 
     # Stage: encode q, k, v once (beta folded into k and v), fp16 for tf32 (same mantissa), fp32 for ieee.
-    tuning = {**SCAN_TUNING, **STAGE_TUNING, **(tuning or {})}
+    chosen = tuning or {}
+    tuning = {**SCAN_TUNING, **STAGE_TUNING, **chosen}
     stage = {key: tuning.pop(key) for key in STAGE_TUNING}
+    if "stage_block_s" not in chosen:
+        stage["stage_block_s"] = filling_tile(tokens, batch, stage["stage_block_s"], multiprocessors(q.device))
     stage_dtype = torch.float16 if precision == "tf32" else torch.float32
     k_scale = dim ** -0.5 * spatial ** -0.5
     q_enc, k_enc, v_enc, infl = cam_stage(

@@ -31,9 +31,9 @@ def _normed(x, w, rstd, scale, RELU: tl.constexpr, DT: tl.constexpr):
 def _main_prep_kernel(
     x_ptr, w_ptr, rope_ptr, out_ptr, rot_ptr, rstd_ptr,
     stride_xb, stride_xn, stride_ob, stride_on, stride_oh,
-    N, C, D, norm_eps, scale,
+    N, C, norm_eps, scale, D: tl.constexpr,
     RELU: tl.constexpr, ROPE: tl.constexpr, WRITE_PLAIN: tl.constexpr, GIVEN_RSTD: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
+    HEAD_MAJOR: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     DT: tl.constexpr = w_ptr.dtype.element_ty  # diffusers' RMSNorm returns the weight's dtype
     pid_n = tl.program_id(0)
@@ -55,7 +55,10 @@ def _main_prep_kernel(
     for c0 in range(0, C, BLOCK_C):
         c_offs = c0 + tl.arange(0, BLOCK_C)
         c_mask = c_offs < C
-        out_col = (c_offs // D) * stride_oh + c_offs % D  # head, then channel of the head
+        if HEAD_MAJOR:  # heads apart in memory (a window's slot): head, then channel of the head
+            out_col = (c_offs // D) * stride_oh + c_offs % D
+        else:
+            out_col = c_offs
         m = n_mask[:, None] & c_mask[None, :]
         x = tl.load(row + c_offs[None, :], mask=m, other=0.0).to(tl.float32)
         w = tl.load(w_ptr + c_offs, mask=c_mask, other=0.0).to(tl.float32)
@@ -84,8 +87,9 @@ def _out_strides(out, batch, tokens, heads, head_dim) -> tuple:
         return out.stride(0), out.stride(1), head_dim
     if out.dim() == 4 and tuple(out.shape) == (batch, tokens, heads, head_dim) and out.stride(-1) == 1:
         return out.stride(0), out.stride(1), out.stride(2)
-    raise ValueError(f"out must be a contiguous ({batch}, {tokens}, {heads * head_dim}) tensor or a ({batch}, {tokens}, "
-                     f"{heads}, {head_dim}) view with unit channel stride, got {tuple(out.shape)} strides {out.stride()}")
+    raise ValueError(f"out must be a contiguous ({batch}, {tokens}, {heads * head_dim}) tensor or a ({batch}, "
+                     f"{tokens}, {heads}, {head_dim}) view with unit channel stride, got {tuple(out.shape)} strides "
+                     f"{out.stride()}")
 
 
 def main_prep(x, weight, heads, *, norm_eps=1e-5, scale=1.0, relu=True, rope=None, out=None,
@@ -128,8 +132,9 @@ def main_prep(x, weight, heads, *, norm_eps=1e-5, scale=1.0, relu=True, rope=Non
     grid = (cdiv(tokens, block_n), batch)
     _main_prep_kernel[grid](
         x, weight, table, plain, rot, weight if inv_rms is None else inv_rms, x.stride(0), x.stride(1), *out_strides,
-        tokens, channels, head_dim, float(norm_eps), float(scale),
+        tokens, channels, float(norm_eps), float(scale), D=head_dim,
         RELU=relu, ROPE=rope is not None, WRITE_PLAIN=write_plain, GIVEN_RSTD=inv_rms is not None,
+        HEAD_MAJOR=out_strides[2] != head_dim,
         BLOCK_N=block_n, BLOCK_C=block_c, num_warps=4,
     )
     if rope is not None and keep_unrotated:

@@ -20,11 +20,13 @@ import triton
 import triton.language as tl
 
 from . import ucpe_tiles
-from ._grid import cdiv, next_power_of_2
+from ._grid import cdiv, filling_tile, next_power_of_2
+from ._validate import multiprocessors
 from .cam_prep import encode_halves, given_inv_rms, inverse_rms, ray_views
 
 # Launch parameters from the H200 sweep at the release shape (bench/bench_softmax_cam.py,
-# bench/results/bench_softmax_cam_h200.json); neighbouring settings differ by about 0.01 ms.
+# bench/results/bench_softmax_cam_h200.json); neighbouring settings differ by about 0.01 ms. Their 16 tokens a
+# program are halved on a segment's few tokens, as far as the GPU needs to be filled (`_grid.filling_tile`).
 ENCODE_LAUNCH = dict(block_s=16, num_warps=4)
 DECODE_LAUNCH = dict(block_s=16, num_warps=2)
 
@@ -128,6 +130,11 @@ def _decode_kernel(o_ptr, sob, soh, son, p_ptr, sp_b, sp_n, sp_i, sp_j, rope_ptr
 
 def _pad_dim(dim):
     return 128 if dim <= 128 else 256
+
+
+def _filled(launch: dict, tokens: int, batch: int, like) -> dict:
+    """`launch` with its block of tokens cut for a grid that fills the GPU (`_grid.filling_tile`)."""
+    return dict(launch, block_s=filling_tile(tokens, batch, launch["block_s"], multiprocessors(like.device)))
 
 
 def _half_groups(dim):
@@ -237,7 +244,8 @@ def cam_softmax_encode(q, k, v, ray_transforms, *, q_norm_weight=None, k_norm_we
     views = ray_inputs(ray_transforms, batch, tokens, dim, q.device)
     return encode_launch(q, k, v, views, q_norm_weight=q_norm_weight, k_norm_weight=k_norm_weight,
                          norm_eps=norm_eps, heads=heads, downscale=downscale, out_dtype=out_dtype or q.dtype,
-                         q_inv_rms=q_inv_rms, k_inv_rms=k_inv_rms, kv_out=kv_out, **ENCODE_LAUNCH)
+                         q_inv_rms=q_inv_rms, k_inv_rms=k_inv_rms, kv_out=kv_out,
+                         **_filled(ENCODE_LAUNCH, tokens, batch, q))
 
 
 def cam_softmax_decode(o, ray_transforms, *, dim, out_dtype=None):
@@ -257,4 +265,4 @@ def cam_softmax_decode(o, ray_transforms, *, dim, out_dtype=None):
     if o.stride(-1) != 1:
         o = o.contiguous()
     views = ray_inputs(ray_transforms, batch, tokens, dim, o.device)
-    return decode_launch(o, views, dim=dim, out_dtype=out_dtype or o.dtype, **DECODE_LAUNCH)
+    return decode_launch(o, views, dim=dim, out_dtype=out_dtype or o.dtype, **_filled(DECODE_LAUNCH, tokens, batch, o))

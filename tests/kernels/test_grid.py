@@ -18,3 +18,13 @@ def test_channel_rows_hold_whole_rows_of_about_4096_values():
     assert channel_rows(48) == (64, 64)  # at most 64 rows
     assert channel_rows(2240) == (1, 4096)  # a row wider than 4096 values' worth still gets its program
     assert channel_rows(8192) == (1, 8192)
+
+
+def test_filling_tile_halves_the_tile_for_a_segments_few_tokens():
+    from camrender.kernels._grid import filling_tile
+
+    assert filling_tile(2 * 21 * 880, 1, 16, 132) == 16  # a whole clip fills an H200 at 16 tokens a program
+    assert filling_tile(2640, 1, 16, 132) == 8  # a segment: 165 programs -> 330
+    assert filling_tile(2640, 2, 16, 132) == 16  # two guidance rows: 330 programs already
+    assert filling_tile(100, 1, 16, 132, smallest=4) == 4
+    assert filling_tile(2640, 1, 16, 0) == 16  # off a GPU

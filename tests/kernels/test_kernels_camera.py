@@ -165,3 +165,12 @@ def test_camera_branch_rejects_bad_arguments():
     bad = branch_inputs(frames=2, spatial=3, dim=12, seed=19)  # D/2 = 6 is not divisible by 4
     with pytest.raises(ValueError, match=r"D/2 divisible by 4.*\(B, N, H, D\)"):
         run_branch(bad)
+
+
+def test_stage_token_tiles_change_no_bit():
+    """`_grid.filling_tile` halves the stage's tokens a program on a segment: the branch's bits stay (interpreted;
+    compiled, a row's sum of squares may be reduced in another order)."""
+    x = branch_inputs(frames=3, spatial=7, dim=16, seed=29)
+    want = run_branch(x, backend="triton", tuning=dict(stage_block_s=16))[0]
+    for block_s in (8, 4):
+        assert torch.equal(run_branch(x, backend="triton", tuning=dict(stage_block_s=block_s))[0], want)

@@ -137,3 +137,25 @@ def test_encode_writes_keys_and_values_into_window_slots():
         assert torch.equal(w[:, :, :cached], b)
     with pytest.raises(ValueError, match="share their strides"):
         cam_softmax_encode(q, k, v, rays, kv_out=(slots[0], want[2]), **kw)
+
+
+def test_token_tiles_change_no_bit():
+    """`_grid.filling_tile` cuts the tokens a program takes on a segment: every tile gives the same bits
+    (interpreted; compiled, a row's sum of squares may be reduced in another order)."""
+    from camrender.kernels.softmax_cam import decode_launch, encode_launch, ray_inputs
+
+    batch, tokens, heads, dim = 1, 37, 2, 24
+    gen = torch.Generator().manual_seed(11)
+    channels = heads * dim
+    q, k, v = (torch.randn(batch, tokens, channels, generator=gen) for _ in range(3))
+    views = ray_inputs(_rays(batch, tokens, dim, gen), batch, tokens, dim, q.device)
+    kw = dict(q_norm_weight=0.5 + torch.rand(channels, generator=gen),
+              k_norm_weight=0.5 + torch.rand(channels, generator=gen), norm_eps=1e-5, heads=heads, downscale=True,
+              out_dtype=torch.float32, num_warps=4)
+    want = encode_launch(q, k, v, views, block_s=16, **kw)
+    o = torch.randn(batch, heads, tokens, 32, generator=gen)
+    want_dec = decode_launch(o, views, dim=dim, out_dtype=torch.float32, block_s=16, num_warps=2)
+    for block_s in (8, 4):
+        assert all(torch.equal(a, b) for a, b in zip(encode_launch(q, k, v, views, block_s=block_s, **kw), want))
+        assert torch.equal(decode_launch(o, views, dim=dim, out_dtype=torch.float32, block_s=block_s,
+                                         num_warps=2), want_dec)

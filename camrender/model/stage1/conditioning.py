@@ -2,7 +2,6 @@
 `camrender.model.stage1.segments.prepare_conditioning` and reused over its denoising steps."""
 from __future__ import annotations
 
-import torch
 from diffusers.models.transformers.transformer_sana_wm import (
     _prepare_ucpe_ray_transforms,
     _process_camera_conditions_ucpe,
