@@ -37,7 +37,7 @@ from diffusers.models.transformers.transformer_sana_wm import (
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from camrender import kernels  # noqa: E402
-from camrender.kernels._reference_parts import rope_tables  # noqa: E402
+from camrender.kernels._reference_parts import rope_pairs  # noqa: E402
 from camrender.kernels.main_branch import _chunkwise, main_branch  # noqa: E402
 from camrender.kernels.main_prep import main_prep  # noqa: E402
 from camrender.kernels.short_conv import short_conv  # noqa: E402
@@ -136,13 +136,13 @@ def bench_main(args, res):
         t["part_short_conv"] = _bench(lambda: short_conv(key_raw, conv16.weight, T), args.quick)
         t["stock_short_conv"] = _bench(lambda: conv16(key_raw, T), args.quick)
         k_conv = short_conv(key_raw, conv16.weight, T)
-        cos, sin = rope_tables(rope)
+        pairs = rope_pairs(rope)  # the table the kernels read (main_branch makes it once for both preps)
         t["part_prep_q_and_k_with_rotated_copies"] = _bench(lambda: (
-            main_prep(qkv[..., :C], qn16.weight, H, rope=(cos, sin), keep_unrotated=True),
-            main_prep(k_conv, kn16.weight, H, scale=D ** -0.5 * S ** -0.5, rope=(cos, sin), keep_unrotated=True)),
+            main_prep(qkv[..., :C], qn16.weight, H, rope=pairs, keep_unrotated=True),
+            main_prep(k_conv, kn16.weight, H, scale=D ** -0.5 * S ** -0.5, rope=pairs, keep_unrotated=True)),
             args.quick)
-        qn, qr = main_prep(qkv[..., :C], qn16.weight, H, rope=(cos, sin), keep_unrotated=True)
-        kn, kr = main_prep(k_conv, kn16.weight, H, scale=D ** -0.5 * S ** -0.5, rope=(cos, sin), keep_unrotated=True)
+        qn, qr = main_prep(qkv[..., :C], qn16.weight, H, rope=pairs, keep_unrotated=True)
+        kn, kr = main_prep(k_conv, kn16.weight, H, scale=D ** -0.5 * S ** -0.5, rope=pairs, keep_unrotated=True)
         v = qkv[..., 2 * C:]
         out_buf = torch.empty(B, N, C, device=dev, dtype=torch.bfloat16)
         t["part_scans_chunkwise_kv_z_divide"] = _bench(lambda: _chunkwise(

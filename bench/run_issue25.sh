@@ -8,7 +8,8 @@
 #   OUT=/some/folder [OLD=.gpu_old] [KIT=.kit/nvlabs-sana-wm] [SEGMENTS=30] bash bench/run_issue25.sh
 # OLD: a folder holding the old tree's camrender/ and kernels/ (e.g. `git archive REV | tar -x -C .gpu_old`); it runs
 # this tree's bench scripts (copied over its own), so both trees are measured by the same code.
-# ARGS: more bench_segments arguments for every step (ARGS=--cpu-smoke checks the script on the CPU).
+# ARGS: more bench_segments arguments for every step (ARGS=--cpu-smoke checks the script on the CPU; PROFILE_ARGS
+# the same for the last step, profile_segment.py, which runs only if a minute is left before the deadline).
 # FULL=1 adds the full-clip step as rendered (the <= 420 ms target) for this tree, stage 1 in FP8.
 # DEADLINE (seconds, default 540): a step that would start later is skipped, and each step's limit is cut to what
 # is left, so a device call's time limit never takes the document: issue25.json is rewritten after every step.
@@ -57,6 +58,18 @@ step 120 new_bf16 . --skip-full
 if [ -n "${OLD:-}" ]; then step 120 old_bf16 "$OLD" --skip-full; fi
 # where the warm-up's host time goes: 5 segments, their passes under cProfile (`warmup_host_profile`)
 step 150 new_fp8_host_profile . --skip-full --stage1-precision fp8 --segments 5 --loop-segments 0 --host-profile
+# one steady segment of this tree by kernel (profile_segment.py), if time is left: which kernels the changes moved
+left=$((DEADLINE - SECONDS))
+if [ "$left" -ge 60 ]; then
+  echo "== new_fp8_profile" >> "$OUT/issue25.log"
+  began=$SECONDS
+  PYTHONPATH="${SITE:-/tmp/site}:$PWD" timeout "$left" python3 bench/profile_segment.py --stage1-precision fp8 \
+    --ops 100 ${PROFILE_ARGS:-} --out "$parts/new_fp8_profile.json" > /dev/null 2>> "$OUT/issue25.log"
+  echo "new_fp8_profile rc=$? $((SECONDS - began)) s"
+  merge
+else
+  echo "new_fp8_profile skipped: the deadline"
+fi
 if [ "${FULL:-0}" = 1 ]; then
   (SEGMENTS=3; step 200 new_fp8_full . --stage1-precision fp8 --loop-segments 0)
 fi

@@ -1,10 +1,12 @@
-"""Launch-parameter sweep of the fused camera branch at the release shape, with errors.
+"""Launch-parameter sweep of the fused camera branch at the release shape (or a segment's, --shape stream), with
+errors.
 
 Times the stage (encode) kernel alone for each launch setting, and the whole branch for each
 scan/output configuration; checks every configuration's output against the fp32 ieee
 reference; prints a table and writes JSON to --out.
 
     python bench/tune_cam_branch.py --out tune.json
+    python bench/tune_cam_branch.py --shape stream --out tune_stream.json   # a segment: B=1, 3 frames, a state
 """
 import argparse
 import importlib
@@ -22,7 +24,9 @@ from camrender.kernels.camera_branch_reference import camera_branch_ref  # noqa:
 
 cam_prep = importlib.import_module("camrender.kernels.cam_prep")
 
-STAGE = [(16, 4, None), (16, 8, None), (8, 4, None), (8, 4, 168)]  # (tokens, warps, register cap)
+# (tokens, warps, register cap); a segment's 2640 tokens give 165 programs of 16 tokens on 132 SMs: smaller tiles
+# fill the GPU there
+STAGE = [(16, 4, None), (16, 8, None), (8, 4, None), (8, 4, 168), (4, 4, None)]
 # Per-kernel alternatives to kernels.camera_branch's defaults: (name, kernel, settings); kernel 0 =
 # transition, 1 = recurrence, 2 = output (index into num_warps / num_stages), None = stage.
 SCAN = [  # most promising first (--budget cuts the tail)
@@ -64,19 +68,20 @@ def main():
     parser.add_argument("--stage", default=None, help="comma list of indices into STAGE")
     parser.add_argument("--scan", default=None, help="comma list of SCAN names")
     parser.add_argument("--smoke", action="store_true", help="tiny shape on CPU (TRITON_INTERPRET=1), one call each")
+    parser.add_argument("--shape", default="release", choices=("release", "stream"), help="bench_cam_branch.SHAPES")
     args = parser.parse_args()
     device = "cpu" if args.smoke else "cuda"
     if args.smoke:
         bcb.bench_ms = lambda fn, rep=0: (fn(), 0.0)[1]
     t0 = time.time()
-    res = dict(stage_ms={}, branch={}, errors={})
+    res = dict(shape=args.shape, stage_ms={}, branch={}, errors={})
 
     def save():
         if args.out:
             with open(args.out, "w") as fh:
                 json.dump(res, fh, indent=1)
 
-    shape = bcb.SHAPES["tiny" if args.smoke else "release"]
+    shape = bcb.SHAPES["tiny" if args.smoke else args.shape]
     x = bcb.make_inputs(shape, 0, device)
     xb = dict(x, **{k: x[k].to(torch.bfloat16).float() for k in ("q", "k", "v", "beta")})
     torch.backends.cuda.matmul.allow_tf32 = False
