@@ -1,8 +1,8 @@
 """Launch arithmetic on the host as plain integer functions: `cdiv` and `next_power_of_2`, the values of
 `triton.cdiv` and `triton.next_power_of_2` (newer Triton makes those constexpr functions, which cost a few
 microseconds per call from Python; a forward computes a few hundred grids), `channel_rows`, the tiles of the
-kernels that read whole channel rows of channels-last activations, and `filling_tile`, a token tile small enough
-for a segment's few thousand tokens to fill the GPU."""
+kernels that read whole channel rows of channels-last activations, and `filling_tile` / `filling_blocks`, a token
+tile small enough, or enough blocks of columns, for a segment's few thousand tokens to fill the GPU."""
 
 
 def cdiv(numerator: int, denominator: int) -> int:
@@ -30,3 +30,13 @@ def filling_tile(tokens: int, batch: int, tile: int, processors: int, smallest: 
     while tile > smallest and cdiv(tokens, tile) * batch < 2 * processors:
         tile //= 2
     return tile
+
+
+def filling_blocks(programs: int, processors: int, most: int) -> int:
+    """How many blocks of its columns each of `programs` programs is cut into (a power of two, at most `most`): the
+    fewest that give two programs per streaming multiprocessor (`processors`; 0 off a GPU: 1). The scan's
+    transitions, one program per head and frame, are 1680 on a whole clip and 120 on a segment."""
+    blocks = 1
+    while blocks < most and programs * blocks < 2 * processors:
+        blocks *= 2
+    return blocks

@@ -2,7 +2,8 @@
 
 Three launches, the same for the plain scan and the fused camera branch:
 
-1. transitions, one program per (b, h, t) (two with `split`: one for W, one for U):
+1. transitions, one program per (b, h, t) (two with `split`: one for W, one for U; times `col_split`
+   blocks of their columns):
    A_t = K_t^T diag(beta_t) K_t and U_t = K_t^T diag(beta_t) V_t as tl.dot GEMMs over the
    frame's S tokens; W_t = g_t (I - A_t). In camera mode k and v come from the prep kernel
    with beta folded in, and the beta discount 1 / max(1, mean inflation) -- a per-frame scalar
@@ -24,33 +25,41 @@ import triton
 import triton.language as tl
 
 from . import ucpe_tiles
-from ._grid import cdiv, next_power_of_2
-from ._validate import check_choice, check_tensor, segment_starts_tensor
+from ._grid import cdiv, filling_blocks, next_power_of_2
+from ._validate import check_choice, check_tensor, multiprocessors, segment_starts_tensor
 
 PRECISIONS = ("tf32", "ieee")
 
 
 @triton.jit
 def _frame_transition(k_base, v_base, beta_base, infl_base, sk_s, sv_s, sb_s, g, scale_a, scale_u,
-                      w_out, u_out, S,
+                      w_out, u_out, S, col,
                       DK: tl.constexpr, DV: tl.constexpr, DKP: tl.constexpr, DVP: tl.constexpr,
                       BS: tl.constexpr, HAS_BETA: tl.constexpr, HAS_INFL: tl.constexpr,
                       F16_DOT: tl.constexpr, PREC: tl.constexpr, WANT_W: tl.constexpr, WANT_U: tl.constexpr,
-                      US: tl.constexpr, UPERM: tl.constexpr):
-    """Accumulate one frame's Gram products over its S tokens; store W_t and/or U_t (padded)."""
+                      US: tl.constexpr, UPERM: tl.constexpr, WCOLS: tl.constexpr, UCOLS: tl.constexpr):
+    """Accumulate one frame's Gram products over its S tokens; store W_t and/or U_t (padded): the columns of
+    block `col`, WCOLS of W_t's DKP and UCOLS of U_t's DVP (all of them with one block)."""
     dk = tl.arange(0, DKP)
-    dv = tl.arange(0, DVP)
+    cw = col * WCOLS + tl.arange(0, WCOLS)
+    cu = col * UCOLS + tl.arange(0, UCOLS)
     if WANT_W:
-        acc_a = tl.zeros((DKP, DKP), dtype=tl.float32)
+        acc_a = tl.zeros((DKP, WCOLS), dtype=tl.float32)
     if WANT_U:
-        acc_u = tl.zeros((DKP, DVP), dtype=tl.float32)
+        acc_u = tl.zeros((DKP, UCOLS), dtype=tl.float32)
     infl = tl.zeros((BS,), dtype=tl.float32)
     for s0 in range(0, S, BS):
         s = s0 + tl.arange(0, BS)
         smask = s < S
         kt = tl.load(k_base + s[:, None] * sk_s + dk[None, :], mask=smask[:, None] & (dk[None, :] < DK), other=0.0)
+        if WANT_W:
+            if WCOLS == DKP:
+                kc = kt
+            else:  # this block's columns of K_t (the rows of kb^T are all of them)
+                kc = tl.load(k_base + s[:, None] * sk_s + cw[None, :], mask=smask[:, None] & (cw[None, :] < DK),
+                             other=0.0)
         if WANT_U:
-            vt = tl.load(v_base + s[:, None] * sv_s + dv[None, :], mask=smask[:, None] & (dv[None, :] < DV),
+            vt = tl.load(v_base + s[:, None] * sv_s + cu[None, :], mask=smask[:, None] & (cu[None, :] < DV),
                          other=0.0)
         if HAS_BETA:
             bt = tl.load(beta_base + s * sb_s, mask=smask, other=0.0).to(tl.float32)
@@ -62,13 +71,13 @@ def _frame_transition(k_base, v_base, beta_base, infl_base, sk_s, sv_s, sb_s, g,
         if F16_DOT:
             kb = tl.trans(kb.to(tl.float16))
             if WANT_W:
-                acc_a = tl.dot(kb, kt.to(tl.float16), acc_a)
+                acc_a = tl.dot(kb, kc.to(tl.float16), acc_a)
             if WANT_U:
                 acc_u = tl.dot(kb, vt.to(tl.float16), acc_u)
         else:
             kb = tl.trans(kb.to(tl.float32))
             if WANT_W:
-                acc_a = tl.dot(kb, kt.to(tl.float32), acc_a, input_precision=PREC)
+                acc_a = tl.dot(kb, kc.to(tl.float32), acc_a, input_precision=PREC)
             if WANT_U:
                 acc_u = tl.dot(kb, vt.to(tl.float32), acc_u, input_precision=PREC)
     # Beta discount (camera): a per-frame scalar, so it scales the products after the fact.
@@ -76,19 +85,19 @@ def _frame_transition(k_base, v_base, beta_base, infl_base, sk_s, sv_s, sb_s, g,
     if HAS_INFL:
         discount = 1.0 / tl.maximum(tl.sum(infl, axis=0) / S, 1.0)
     if WANT_W:
-        eye = ((dk[:, None] == dk[None, :]) & (dk[:, None] < DK)).to(tl.float32)
+        eye = ((dk[:, None] == cw[None, :]) & (dk[:, None] < DK)).to(tl.float32)
         w = g * (eye - acc_a * (scale_a * discount))
-        tl.store(w_out + dk[:, None] * DKP + dk[None, :], w.to(w_out.dtype.element_ty))
+        tl.store(w_out + dk[:, None] * DKP + cw[None, :], w.to(w_out.dtype.element_ty))
     if WANT_U:
         acc_u = acc_u * (scale_u * discount)
         if UPERM:  # column 4g + j at j * (US / 4) + g (see _recurrence_kernel)
-            if DVP == US:
+            if DVP == US and UCOLS == DVP:
                 acc_u = tl.reshape(tl.permute(tl.reshape(acc_u, (DKP, DVP // 4, 4)), (0, 2, 1)), (DKP, DVP))
-                tl.store(u_out + dk[:, None] * US + dv[None, :], acc_u)
-            else:  # tiny Dv: scattered store into a zeroed, wider buffer
-                tl.store(u_out + dk[:, None] * US + ((dv % 4) * (US // 4) + dv // 4)[None, :], acc_u)
+                tl.store(u_out + dk[:, None] * US + cu[None, :], acc_u)
+            else:  # tiny Dv (a zeroed, wider buffer) or a block of the columns: scattered
+                tl.store(u_out + dk[:, None] * US + ((cu % 4) * (US // 4) + cu // 4)[None, :], acc_u)
         else:
-            tl.store(u_out + dk[:, None] * US + dv[None, :], acc_u)
+            tl.store(u_out + dk[:, None] * US + cu[None, :], acc_u)
 
 
 @triton.jit
@@ -99,14 +108,17 @@ def _transition_kernel(k_ptr, v_ptr, beta_ptr, decay_ptr, infl_ptr, w_ptr, u_ptr
                        DK: tl.constexpr, DV: tl.constexpr, DKP: tl.constexpr, DVP: tl.constexpr,
                        BS: tl.constexpr, HAS_BETA: tl.constexpr, HAS_INFL: tl.constexpr,
                        F16_DOT: tl.constexpr, PREC: tl.constexpr, SPLIT: tl.constexpr,
-                       US: tl.constexpr, UPERM: tl.constexpr):
-    """One program per (b, h, t) (x2 when SPLIT: program_id(1) 0 builds W_t, 1 builds U_t).
+                       US: tl.constexpr, UPERM: tl.constexpr, WCOLS: tl.constexpr, UCOLS: tl.constexpr,
+                       U_BLOCKS: tl.constexpr):
+    """One program per (b, h, t) (x2 when SPLIT: program_id(1) 0 builds W_t, 1 builds U_t; x the column blocks,
+    program_id(2): W_t's DKP / WCOLS, of which the first U_BLOCKS also build U_t's UCOLS columns).
 
     W_t = g_t (I - scale_a * disc * sum_s beta k k^T), U_t = scale_u * disc * sum_s beta k v^T,
     disc = 1 / max(1, mean inflation of the frame) when HAS_INFL (infl_ptr (B, H, T, S)
     contiguous), else 1; without HAS_BETA the beta is already folded into k and v.
     """
     pid = tl.program_id(0)
+    col = tl.program_id(2)
     t = pid % T
     bh = pid // T
     b = (bh // H).to(tl.int64)
@@ -122,16 +134,20 @@ def _transition_kernel(k_ptr, v_ptr, beta_ptr, decay_ptr, infl_ptr, w_ptr, u_ptr
     if SPLIT:
         if tl.program_id(1) == 0:
             _frame_transition(k_base, v_base, beta_base, infl_base, sk_s, sv_s, sb_s, g, scale_a, scale_u,
-                              w_out, u_out, S, DK, DV, DKP, DVP, BS, HAS_BETA, HAS_INFL, F16_DOT, PREC,
-                              True, False, US, UPERM)
-        else:
+                              w_out, u_out, S, col, DK, DV, DKP, DVP, BS, HAS_BETA, HAS_INFL, F16_DOT, PREC,
+                              True, False, US, UPERM, WCOLS, UCOLS)
+        elif col < U_BLOCKS:
             _frame_transition(k_base, v_base, beta_base, infl_base, sk_s, sv_s, sb_s, g, scale_a, scale_u,
-                              w_out, u_out, S, DK, DV, DKP, DVP, BS, HAS_BETA, HAS_INFL, F16_DOT, PREC,
-                              False, True, US, UPERM)
+                              w_out, u_out, S, col, DK, DV, DKP, DVP, BS, HAS_BETA, HAS_INFL, F16_DOT, PREC,
+                              False, True, US, UPERM, WCOLS, UCOLS)
+    elif col < U_BLOCKS:
+        _frame_transition(k_base, v_base, beta_base, infl_base, sk_s, sv_s, sb_s, g, scale_a, scale_u,
+                          w_out, u_out, S, col, DK, DV, DKP, DVP, BS, HAS_BETA, HAS_INFL, F16_DOT, PREC,
+                          True, True, US, UPERM, WCOLS, UCOLS)
     else:
         _frame_transition(k_base, v_base, beta_base, infl_base, sk_s, sv_s, sb_s, g, scale_a, scale_u,
-                          w_out, u_out, S, DK, DV, DKP, DVP, BS, HAS_BETA, HAS_INFL, F16_DOT, PREC,
-                          True, True, US, UPERM)
+                          w_out, u_out, S, col, DK, DV, DKP, DVP, BS, HAS_BETA, HAS_INFL, F16_DOT, PREC,
+                          True, False, US, UPERM, WCOLS, UCOLS)
 
 
 @triton.jit
@@ -298,7 +314,7 @@ def run_scan(*, k, v, q, beta, decay, out, k_strides, v_strides, q_strides, out_
              batch, heads, frames, spatial, dk, dv, initial_state, starts, reverse, precision,
              infl=None, scale_a=1.0, scale_u=1.0, decode=None, f16_dot=False,
              block_s=None, s_split=None, block_v=None, num_warps=(8, 4, 8), split=True, out_block_s=None,
-             num_stages=(3, 3, 3), rec_f16=False, w_f16=True, maxnreg=(None, None, None)):
+             num_stages=(3, 3, 3), rec_f16=False, w_f16=True, maxnreg=(None, None, None), col_split=None):
     """Launch the transition, recurrence and output kernels.
 
     Strides are the (b, h, t, s) element strides of each tensor viewed as (B, H, T, S, D) with
@@ -312,7 +328,10 @@ def run_scan(*, k, v, q, beta, decay, out, k_strides, v_strides, q_strides, out_
     (transition, recurrence, output) kernels (None: the compiler's choice).
     num_stages: software-pipelining depth of the (transition, recurrence, output) kernels.
     block_s: tokens per tile of the transition kernel (and of the output kernel unless
-    out_block_s); s_split: output programs per frame.
+    out_block_s); s_split: output programs per frame. col_split: the transition kernel's programs per frame and
+    product, each building a block of W_t's and U_t's columns (a power of two; U_t's blocks keep 16 columns at
+    least): more programs for a segment's few frames and heads, each loading all of K_t. None: as many as fill the
+    GPU (`_grid.filling_blocks`, blocks of 32 columns at the least; one on a whole clip).
 
     Returns the final forward state (B, H, Dk, Dv) fp32.
     """
@@ -332,12 +351,17 @@ def run_scan(*, k, v, q, beta, decay, out, k_strides, v_strides, q_strides, out_
     dummy = final
     regs = [dict(maxnreg=r) if r else {} for r in maxnreg]
     beta_args = (beta, *beta.stride()) if beta is not None else (dummy, 0, 0, 0, 0)
-    _transition_kernel[(bh * frames, 2 if split else 1)](
+    if col_split is None:
+        col_split = filling_blocks(bh * frames * (2 if split else 1), multiprocessors(device), max(1, dkp // 32))
+    if col_split < 1 or col_split & (col_split - 1) or dkp // col_split < 16:
+        raise ValueError(f"col_split must be a power of two leaving 16 columns of W_t at least, got {col_split}")
+    u_blocks = max(1, min(col_split, dvp // 16))
+    _transition_kernel[(bh * frames, 2 if split else 1, col_split)](
         k, v, beta_args[0], decay, infl if infl is not None else dummy, w_buf, u_buf,
         *k_strides, *v_strides, *beta_args[1:], *decay.stride(), float(scale_a), float(scale_u),
         heads, frames, spatial, DK=dk, DV=dv, DKP=dkp, DVP=dvp, BS=bs, HAS_BETA=beta is not None,
         HAS_INFL=infl is not None, F16_DOT=bool(f16_dot), PREC=precision, SPLIT=bool(split),
-        US=st_width, UPERM=decode is not None,
+        US=st_width, UPERM=decode is not None, WCOLS=dkp // col_split, UCOLS=dvp // u_blocks, U_BLOCKS=u_blocks,
         num_warps=num_warps[0], num_stages=num_stages[0], **regs[0])
     if decode is not None:  # whole quads per program (see _recurrence_kernel)
         bv = min(max(block_v or quads, quads), st_width)
@@ -371,7 +395,7 @@ def run_scan(*, k, v, q, beta, decay, out, k_strides, v_strides, q_strides, out_
 
 
 def delta_scan(q, k, v, beta, decay, *, initial_state=None, segment_starts=None, reverse=True,
-               precision="tf32", f16_operands=False):
+               precision="tf32", f16_operands=False, col_split=None):
     """Triton delta-rule scan with delta_scan_ref's signature and semantics.
 
     q, k: (B, H, T, S, Dk); v: (B, H, T, S, Dv); beta (B, H, T, S); decay (B, H, T);
@@ -380,7 +404,7 @@ def delta_scan(q, k, v, beta, decay, *, initial_state=None, segment_starts=None,
     `precision`: "tf32" (default, fast) or "ieee" (exact fp32 products).
     `f16_operands` (with "tf32"): the products take fp16 operands (the 10-bit mantissa tf32 keeps,
     at twice the tensor-core rate) and W_t is stored in fp16, as the camera branch does; q, k, v
-    and the states must stay within fp16 range. Accumulation stays fp32.
+    and the states must stay within fp16 range. Accumulation stays fp32. `col_split`: see `run_scan`.
 
     Returns (out (B, H, T, S, Dv) fp32, final_state (B, H, Dk, Dv) fp32).
     """
@@ -402,5 +426,5 @@ def delta_scan(q, k, v, beta, decay, *, initial_state=None, segment_starts=None,
                      out_strides=out.stride()[:4], batch=batch, heads=heads, frames=frames,
                      spatial=spatial, dk=dk, dv=dv, initial_state=initial_state, starts=starts,
                      reverse=reverse, precision=precision,
-                     f16_dot=f16_operands and precision == "tf32", rec_f16=f16_operands)
+                     f16_dot=f16_operands and precision == "tf32", rec_f16=f16_operands, col_split=col_split)
     return out, final

@@ -96,3 +96,20 @@ def test_delta_scan_rejects_bad_arguments():
         delta_scan(q, k, v, beta, decay, segment_starts=torch.zeros(4, dtype=torch.bool))
     with pytest.raises(ValueError, match="precision"):
         delta_scan(q, k, v, beta, decay, precision="fp8")
+
+
+@pytest.mark.parametrize("dk,dv", [(32, 32), (32, 1), (64, 48)])
+def test_transition_column_blocks_keep_the_scan(dk, dv):
+    """col_split: the transition kernel's programs each build a block of W_t's and U_t's columns (U_t's blocks
+    keep 16 columns: a one-column value, the GDN's Z stream, has one block). The scan is the reference's, and
+    interpreted its bits are the unsplit kernel's."""
+    q, k, v, beta, decay, state = scan_inputs(frames=3, spatial=5, dk=dk, dv=dv, seed=dk + dv)
+    kwargs = dict(initial_state=state, precision="ieee")
+    want, want_final = delta_scan(q, k, v, beta, decay, **kwargs)
+    ref_out, ref_final = delta_scan_ref(q, k, v, beta, decay, initial_state=state)
+    for col_split in (2, 4) if dk // 4 >= 16 else (2,):
+        out, final = delta_scan(q, k, v, beta, decay, col_split=col_split, **kwargs)
+        assert rel(out, ref_out) < 1e-5 and rel(final, ref_final) < 1e-5
+        assert torch.equal(out, want) and torch.equal(final, want_final)
+    with pytest.raises(ValueError, match="col_split"):
+        delta_scan(q, k, v, beta, decay, col_split=3, **kwargs)

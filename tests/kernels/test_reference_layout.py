@@ -12,7 +12,7 @@ import pytest
 KERNELS = Path(__file__).resolve().parents[2] / "kernels"
 # the fast path's knobs a reference does without (launch and layout choices, output buffers)
 KNOBS = {"backend", "precision", "out", "tuning", "num_warps", "f16_operands", "k_out", "kv_out", "return_k_pre",
-         "keep_unrotated", "head_dim", "out_dtype"}
+         "keep_unrotated", "head_dim", "out_dtype", "col_split"}
 
 
 def launches_a_kernel(path: Path) -> bool:
