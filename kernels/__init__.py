@@ -10,7 +10,7 @@ rounded where the stock diffusers code rounds. An op runs its reference when its
 resolves to PyTorch (a CPU without TRITON_INTERPRET=1, or backend "torch"); `camrender selftest`
 and tests/kernels compare op and reference on the table of `kernels.cases`. A reference module
 imports no Triton and not its op's module; pieces several references share sit in
-`kernels._reference_parts` (RMSNorm, pair rotation, the UCPE transform, `rope_tables`).
+`kernels._reference_parts` (RMSNorm, pair rotation, the UCPE transform, `rope_tables`, `rope_pairs`).
 
 Public names:
     camera_branch      the whole camera branch of a GDN block (prep + fwd/rev scan + decode)
