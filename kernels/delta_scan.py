@@ -25,8 +25,8 @@ import triton
 import triton.language as tl
 
 from . import ucpe_tiles
-from ._scan_transition import _transition_kernel
 from ._grid import cdiv, filling_blocks, next_power_of_2
+from ._scan_transition import _transition_kernel
 from ._validate import check_choice, check_tensor, multiprocessors, segment_starts_tensor
 
 PRECISIONS = ("tf32", "ieee")
