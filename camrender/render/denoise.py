@@ -104,7 +104,7 @@ class Denoiser:
             self.text_keys = prepared_text(self.model, conditioning.text, conditioning.text_mask)
             if not self.offloaded:  # CPU offload moves the whole model itself
                 park_text_projections(self.model, self.device)
-        if self.options.plucker_once:
+        if self.options.plucker_once and not self.offloaded:  # under CPU offload, memory comes first
             self.projected_plucker = plucker_projections(self.model, conditioning.plucker, out=self.projected_plucker)
             self._projected_for = conditioning
         return conditioning

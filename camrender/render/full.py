@@ -5,6 +5,7 @@ The whole clip is one chunk of `camrender.render.loop`: denoised at once, refine
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 import torch
@@ -12,7 +13,6 @@ from diffusers import FlowMatchEulerDiscreteScheduler
 
 from camrender.errors import CamrenderError
 from camrender.model.settings import RefinerSettings, RenderSettings
-from camrender.model.stage1.block import fixed_plucker
 from camrender.model.stage1.patch import set_full_options
 from camrender.model.stage1.recipes import get_recipe
 from camrender.model.stage1.state import FULL_MODE, SegmentOptions
@@ -114,6 +114,7 @@ def denoise_clip(transformer, scheduler, latents, text, text_mask, camera: dict,
     device, dtype = latents.device, transformer.dtype
     if options is None:
         options = getattr(transformer.blocks[0].attn, "full_options", FULL_MODE)
+    options = dataclasses.replace(options, plucker_once=True)  # the clip's Plucker projections, once per block
     inputs = RenderInputs(text=text, text_mask=text_mask, camera_conditions=camera.get("camera_conditions"),
                           chunk_plucker=camera.get("chunk_plucker"), first_latent=latents[:, :, :1], noise=latents,
                           guidance=float(guidance or 1.0))
@@ -124,23 +125,22 @@ def denoise_clip(transformer, scheduler, latents, text, text_mask, camera: dict,
         timesteps = scheduler.timesteps
         pinned = pinned_frames(inputs, 0, frames, device)  # the conditioning frame is pinned clean
         token_is_noisy = (~pinned)[:, None].expand(frames, h * w).reshape(1, -1).float()
-        # the RoPE rows, ray tables, text and Plucker embeddings of the whole clip, once
+        # the RoPE rows, ray tables, text and Plucker embeddings of the whole clip, and (`plucker_once`) the
+        # Plucker maps' projection for every block, once
         conditioning = denoiser.condition(0, frames)
-        # the Plucker maps' per-block projections, once (not under offload: it is there to save memory)
-        with fixed_plucker(transformer, None if denoiser.offloaded else inputs.chunk_plucker):
-            for index, t in enumerate(timesteps):
-                prediction = denoiser.predict(latents, pin(pinned, t.float()), conditioning)
-                stepped = scheduler.step(
-                    -prediction.reshape(1, channels, -1).transpose(1, 2),
-                    t,
-                    latents.reshape(1, channels, -1).transpose(1, 2),
-                    per_token_timesteps=t.float() * token_is_noisy,
-                    return_dict=False,
-                )[0]
-                stepped = stepped.transpose(1, 2).reshape(latents.shape)
-                latents = torch.where(pinned[None, None, :, None, None], latents, stepped).to(dtype)
-                if progress is not None:
-                    progress(index + 1, len(timesteps), "", stage="stage 1", unit="step")
+        for index, t in enumerate(timesteps):
+            prediction = denoiser.predict(latents, pin(pinned, t.float()), conditioning)
+            stepped = scheduler.step(
+                -prediction.reshape(1, channels, -1).transpose(1, 2),
+                t,
+                latents.reshape(1, channels, -1).transpose(1, 2),
+                per_token_timesteps=t.float() * token_is_noisy,
+                return_dict=False,
+            )[0]
+            stepped = stepped.transpose(1, 2).reshape(latents.shape)
+            latents = torch.where(pinned[None, None, :, None, None], latents, stepped).to(dtype)
+            if progress is not None:
+                progress(index + 1, len(timesteps), "", stage="stage 1", unit="step")
     return latents
 
 

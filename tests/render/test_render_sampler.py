@@ -148,3 +148,22 @@ def test_dropping_text_padding_changes_nothing(pipe):
         dropped = transformer(latents, timestep, trimmed, mask=trimmed_mask, return_dict=False)[0]
     torch.testing.assert_close(dropped, full, rtol=1e-4, atol=1e-4)  # fp32 sums of other lengths
     assert drop_text_padding(text, torch.zeros_like(mask))[1].shape == (2, 1)  # nothing attended: one column
+
+
+def test_full_mode_projects_the_plucker_maps_once(pipe, monkeypatch):
+    """The whole clip's Plucker maps are projected once per block for all the steps (the denoiser's
+    `plucker_once`), not by every block at every step."""
+    from camrender.model.stage1 import block as block_module
+    from camrender.render.full import sample_latents
+
+    calls = []
+    projection = block_module.plucker_projection
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return projection(*args, **kwargs)
+
+    monkeypatch.setattr(block_module, "plucker_projection", counted)
+    sample_latents(pipe, request(dolly_zoom(), steps=3))
+    with_projection = sum(hasattr(b, "plucker_proj") for b in pipe.transformer.blocks)
+    assert with_projection > 0 and len(calls) == with_projection

@@ -170,6 +170,26 @@ def plucker_projection(block, plucker_emb: torch.Tensor, out: Optional[torch.Ten
     return out
 
 
+def plucker_projections(model, plucker: Optional[torch.Tensor], out: Optional[list] = None) -> Optional[list]:
+    """Every block's post-attention Plucker projection of a call, without bias (`plucker_projection`):
+    a list with a (B_p, N, C) tensor for each block that has one (None for the others), or None when the call
+    has no Plucker maps. plucker: the call's embedded maps (B_p, N, C) (`SegmentConditioning.plucker`).
+    out: a list this function returned before: its tensors are written in place where their shapes still fit
+    (stable addresses for a CUDA graph that reads them where they are)."""
+    if plucker is None:
+        return None
+    projections = []
+    for index, block in enumerate(model.blocks):
+        if not (isinstance(block, PatchedBlock) and hasattr(block, "plucker_proj")):
+            projections.append(None)
+            continue
+        shape = (*plucker.shape[:2], block.plucker_proj.weight.shape[0])
+        held = out[index] if out is not None and len(out) == len(model.blocks) else None
+        fits = held is not None and held.shape == shape and held.dtype == plucker.dtype and held.device == plucker.device
+        projections.append(plucker_projection(block, plucker, out=held if fits else None))
+    return projections
+
+
 def attention_residual(block, x, attn_out, gate, plucker_emb, backend, quantize=False, projected=None):
     """x + gate * attn_out (+ plucker_proj(plucker_emb) if given and the block has one), one pass.
     Inside `fixed_plucker` the block's projection computed there is used instead of plucker_emb's, and so is
@@ -184,27 +204,29 @@ def attention_residual(block, x, attn_out, gate, plucker_emb, backend, quantize=
 
 @contextlib.contextmanager
 def fixed_plucker(transformer, chunk_plucker):
-    """Project the post-attention Plucker embedding of `chunk_plucker` once for every patched block,
-    and have those blocks add that projection on every call inside the context.
+    """Project the post-attention Plucker embedding of `chunk_plucker` once for every patched block
+    (`plucker_projections`), and have those blocks add that projection on every call inside the context.
 
-    For a render's denoising steps, whose camera path (so Plucker maps) never changes: the blocks
-    otherwise repeat one (N x C) @ (C x C) GEMM each per step. Every call inside the context must
-    pass this `chunk_plucker`. Memory: one (B_p, N, C) tensor per block (B_p = chunk_plucker's batch,
-    1 for a render: the guidance rows share it). No-op without Plucker inputs.
+    For calls through diffusers' own transformer forward, which hands each block the embedding: the blocks
+    otherwise repeat one (N x C) @ (C x C) GEMM each per step (camrender's samplers pass the projections to
+    `segment_forward` instead, `SegmentOptions.plucker_once`). Every call inside the context must pass this
+    `chunk_plucker`. Memory: one (B_p, N, C) tensor per block (B_p = chunk_plucker's batch, 1 for a render: the
+    guidance rows share it). No-op without Plucker inputs.
     """
-    blocks = [block for block in transformer.blocks if isinstance(block, PatchedBlock) and hasattr(block, "plucker_proj")]
-    if chunk_plucker is None or not getattr(transformer, "use_chunk_plucker_post_attn", False) or not blocks:
+    if chunk_plucker is None or not getattr(transformer, "use_chunk_plucker_post_attn", False):
         yield
         return
     with torch.no_grad():
         embedded = transformer.plucker_embedder(chunk_plucker.to(transformer.dtype))
-        for block in blocks:
-            block.fixed_plucker = plucker_projection(block, embedded)
-    del embedded
+        held = [(block, projected) for block, projected in zip(transformer.blocks,
+                                                                plucker_projections(transformer, embedded))
+                if projected is not None]
+    for block, projected in held:
+        block.fixed_plucker = projected
     try:
         yield
     finally:
-        for block in blocks:
+        for block, _ in held:
             block.fixed_plucker = None
 
 

@@ -26,7 +26,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from camrender.model.stage1.block import PatchedBlock, plucker_projection
+from camrender.model.stage1.block import PatchedBlock, plucker_projections
 from camrender.model.stage1.conditioning import ray_transforms
 from camrender.model.stage1.recipes import segment_bounds
 from camrender.model.stage1.state import BlockCache, SegmentCache, SegmentCall, SegmentOptions, SoftmaxKV
@@ -127,26 +127,6 @@ def prepare_conditioning(
         text_mask = text_mask.repeat(text.shape[0] // text_mask.shape[0], 1)
     text_mask = text_mask.squeeze(1).squeeze(1)
     return SegmentConditioning(frame_start, frames, rope, rays, raymap, plucker, plucker_input, text, text_mask)
-
-
-def plucker_projections(model, plucker: Optional[torch.Tensor], out: Optional[list] = None) -> Optional[list]:
-    """Every block's post-attention Plucker projection of a call, without bias (`block.plucker_projection`):
-    a list with a (B_p, N, C) tensor for each block that has one (None for the others), or None when the call
-    has no Plucker maps. plucker: the call's embedded maps (B_p, N, C) (`SegmentConditioning.plucker`).
-    out: a list this function returned before: its tensors are written in place where their shapes still fit
-    (stable addresses for a CUDA graph that reads them where they are)."""
-    if plucker is None:
-        return None
-    projections = []
-    for index, block in enumerate(model.blocks):
-        if not (isinstance(block, PatchedBlock) and hasattr(block, "plucker_proj")):
-            projections.append(None)
-            continue
-        shape = (*plucker.shape[:2], block.plucker_proj.weight.shape[0])
-        held = out[index] if out is not None and len(out) == len(model.blocks) else None
-        fits = held is not None and held.shape == shape and held.dtype == plucker.dtype and held.device == plucker.device
-        projections.append(plucker_projection(block, plucker, out=held if fits else None))
-    return projections
 
 
 def segment_forward(

@@ -47,7 +47,8 @@ class SegmentOptions:
             (`camrender.model.stage1.segments.plucker_projections`, kept by `camrender.render.denoise.Denoiser`
             for all the passes over those frames) instead of every block in every pass: 20 of a segment's 100
             (N x C) @ (C x C) GEMMs, for one (B, N, C) tensor per block (0.24 GiB at the release size). The same
-            results either way; renders beside the refiner go without, as without the key slot.
+            results either way; segment-mode renders beside the refiner go without, as without the key slot, and
+            so does any render under model CPU offload.
     """
 
     cached_segments: Optional[int] = 1
