@@ -22,21 +22,18 @@ def channel_rows(channels: int) -> tuple:
     return max(1, min(64, 4096 // block_c)), block_c
 
 
-def filling_tile(tokens: int, batch: int, tile: int, processors: int, smallest: int = 4) -> int:
-    """`tile` (a power of two: tokens per program) halved, down to `smallest`, while a grid of cdiv(tokens, tile)
-    programs per batch item gives fewer than two per streaming multiprocessor (`processors`; 0 off a GPU: `tile`).
-    A launch tuned on a whole clip's tens of thousands of tokens then still fills the GPU on a segment's 2640
-    (165 programs of 16 tokens for 132 multiprocessors: most of them would hold one program of four warps)."""
-    while tile > smallest and cdiv(tokens, tile) * batch < 2 * processors:
-        tile //= 2
-    return tile
-
-
 def filling_blocks(programs: int, processors: int, most: int) -> int:
-    """How many blocks of its columns each of `programs` programs is cut into (a power of two, at most `most`): the
-    fewest that give two programs per streaming multiprocessor (`processors`; 0 off a GPU: 1). The scan's
-    transitions, one program per head and frame, are 1680 on a whole clip and 120 on a segment."""
+    """How many blocks each of `programs` programs is cut into (a power of two, at most `most`): the fewest that
+    give two programs per streaming multiprocessor (`processors`; 0 off a GPU: 1). Launches tuned on a whole clip's
+    tens of thousands of tokens then still fill the GPU on a segment's 2640: the scan's transitions, one program per
+    head and frame, are 1680 on a whole clip and 120 on a segment."""
     blocks = 1
     while blocks < most and programs * blocks < 2 * processors:
         blocks *= 2
     return blocks
+
+
+def filling_tile(tokens: int, batch: int, tile: int, processors: int, smallest: int = 4) -> int:
+    """`tile` (a power of two: tokens per program) cut by `filling_blocks`, down to `smallest`: on a segment, 165
+    programs of 16 tokens for 132 multiprocessors (most of them holding one program of four warps) become 330 of 8."""
+    return tile // filling_blocks(cdiv(tokens, tile) * batch, processors, max(1, tile // smallest))

@@ -17,6 +17,7 @@ from ._rounding import cast_as, round_as
 from ._validate import check_tensor, use_triton
 from .bias_residual_reference import bias_residual_ref
 
+
 @triton.jit
 def _bias_residual_kernel(x_ptr, bias_ptr, residual_ptr, rows, C, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     DT: tl.constexpr = x_ptr.dtype.element_ty

@@ -1,7 +1,6 @@
 """Plain PyTorch reference of `kernels.bias_residual.bias_residual`: the end of an LTX-2 decoder resnet, its second
 conv's bias and the residual added as stock adds them (two tensors written, each rounded to the input's dtype).
 """
-import torch
 
 
 def bias_residual_ref(x, bias, residual):
