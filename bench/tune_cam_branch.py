@@ -30,9 +30,10 @@ STAGE = [(16, 4, None), (16, 8, None), (8, 4, None), (8, 4, 168), (4, 4, None)]
 # Per-kernel alternatives to kernels.camera_branch's defaults: (name, kernel, settings); kernel 0 =
 # transition, 1 = recurrence, 2 = output (index into num_warps / num_stages), None = stage.
 SCAN = [  # most promising first (--budget cuts the tail)
-    # the launches tuned on a whole clip, against the defaults that fill the GPU on a segment (equal on a whole clip)
-    ("trans_cols1", 0, dict(col_split=1)),
+    # the transitions in column blocks (whole programs are the default), and the stage's whole-clip tile against
+    # the default that fills the GPU on a segment (equal on a whole clip)
     ("trans_cols2", 0, dict(col_split=2)),
+    ("trans_cols4", 0, dict(col_split=4)),
     ("stage_bs16", None, dict(stage_block_s=16)),
     ("rec_tf32", 1, dict(rec_f16=False)),
     ("rec_tf32_w32", 1, dict(rec_f16=False, w_f16=False)),

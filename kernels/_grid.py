@@ -24,9 +24,9 @@ def channel_rows(channels: int) -> tuple:
 
 def filling_blocks(programs: int, processors: int, most: int) -> int:
     """How many blocks each of `programs` programs is cut into (a power of two, at most `most`): the fewest that
-    give two programs per streaming multiprocessor (`processors`; 0 off a GPU: 1). Launches tuned on a whole clip's
-    tens of thousands of tokens then still fill the GPU on a segment's 2640: the scan's transitions, one program per
-    head and frame, are 1680 on a whole clip and 120 on a segment."""
+    give two programs per streaming multiprocessor (`processors`; 0 off a GPU: 1), so that launches tuned on a
+    whole clip's tens of thousands of tokens still fill the GPU on a segment's 2640. Whether that pays is the
+    kernel's own matter: it did for the camera stage, not for the scan's transitions (docs/performance.md)."""
     blocks = 1
     while blocks < most and programs * blocks < 2 * processors:
         blocks *= 2

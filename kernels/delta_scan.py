@@ -25,9 +25,9 @@ import triton
 import triton.language as tl
 
 from . import ucpe_tiles
-from ._grid import cdiv, filling_blocks, next_power_of_2
+from ._grid import cdiv, next_power_of_2
 from ._scan_transition import _transition_kernel
-from ._validate import check_choice, check_tensor, multiprocessors, segment_starts_tensor
+from ._validate import check_choice, check_tensor, segment_starts_tensor
 
 PRECISIONS = ("tf32", "ieee")
 
@@ -196,7 +196,7 @@ def run_scan(*, k, v, q, beta, decay, out, k_strides, v_strides, q_strides, out_
              batch, heads, frames, spatial, dk, dv, initial_state, starts, reverse, precision,
              infl=None, scale_a=1.0, scale_u=1.0, decode=None, f16_dot=False,
              block_s=None, s_split=None, block_v=None, num_warps=(8, 4, 8), split=True, out_block_s=None,
-             num_stages=(3, 3, 3), rec_f16=False, w_f16=True, maxnreg=(None, None, None), col_split=None):
+             num_stages=(3, 3, 3), rec_f16=False, w_f16=True, maxnreg=(None, None, None), col_split=1):
     """Launch the transition, recurrence and output kernels.
 
     Strides are the (b, h, t, s) element strides of each tensor viewed as (B, H, T, S, D) with
@@ -212,8 +212,9 @@ def run_scan(*, k, v, q, beta, decay, out, k_strides, v_strides, q_strides, out_
     block_s: tokens per tile of the transition kernel (and of the output kernel unless
     out_block_s); s_split: output programs per frame. col_split: the transition kernel's programs per frame and
     product, each building a block of W_t's and U_t's columns (a power of two; U_t's blocks keep 16 columns at
-    least): more programs for a segment's few frames and heads, each loading all of K_t. None: as many as fill the
-    GPU (`_grid.filling_blocks`, blocks of 32 columns at the least; one on a whole clip).
+    least): more programs for a segment's few frames and heads, each loading all of K_t. Default 1: on an H200, four
+    blocks of 32 columns on a segment's 120 programs took 9.4 ms a segment against 5.4 for whole programs (each
+    block loads all of K_t again; docs/performance.md, twenty-first session).
 
     Returns the final forward state (B, H, Dk, Dv) fp32.
     """
@@ -233,8 +234,6 @@ def run_scan(*, k, v, q, beta, decay, out, k_strides, v_strides, q_strides, out_
     dummy = final
     regs = [dict(maxnreg=r) if r else {} for r in maxnreg]
     beta_args = (beta, *beta.stride()) if beta is not None else (dummy, 0, 0, 0, 0)
-    if col_split is None:
-        col_split = filling_blocks(bh * frames * (2 if split else 1), multiprocessors(device), max(1, dkp // 32))
     if col_split < 1 or col_split & (col_split - 1) or dkp // col_split < 16:
         raise ValueError(f"col_split must be a power of two leaving 16 columns of W_t at least, got {col_split}")
     u_blocks = max(1, min(col_split, dvp // 16))
@@ -277,7 +276,7 @@ def run_scan(*, k, v, q, beta, decay, out, k_strides, v_strides, q_strides, out_
 
 
 def delta_scan(q, k, v, beta, decay, *, initial_state=None, segment_starts=None, reverse=True,
-               precision="tf32", f16_operands=False, col_split=None):
+               precision="tf32", f16_operands=False, col_split=1):
     """Triton delta-rule scan with delta_scan_ref's signature and semantics.
 
     q, k: (B, H, T, S, Dk); v: (B, H, T, S, Dv); beta (B, H, T, S); decay (B, H, T);

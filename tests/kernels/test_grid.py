@@ -30,10 +30,10 @@ def test_filling_tile_halves_the_tile_for_a_segments_few_tokens():
     assert filling_tile(2640, 1, 16, 0) == 16  # off a GPU
 
 
-def test_filling_blocks_cut_a_segments_transitions_into_column_blocks():
+def test_filling_blocks_give_two_programs_per_multiprocessor():
     from camrender.kernels._grid import filling_blocks
 
-    assert filling_blocks(2 * 20 * 21 * 2, 132, 4) == 1  # a whole clip: 1680 transition programs
-    assert filling_blocks(20 * 3 * 2, 132, 4) == 4  # a segment: 120 -> 480
+    assert filling_blocks(2 * 20 * 21 * 2, 132, 4) == 1  # 1680 programs fill an H200
+    assert filling_blocks(20 * 3 * 2, 132, 4) == 4  # 120 -> 480
     assert filling_blocks(20 * 3 * 2, 132, 2) == 2  # at most `most`
     assert filling_blocks(120, 0, 4) == 1  # off a GPU

@@ -177,8 +177,9 @@ def test_stage_token_tiles_change_no_bit():
 
 
 def test_transition_column_blocks_change_no_bit():
-    """The camera scan's transition in column blocks (`run_scan` col_split): U_t's blocks go to the permuted,
-    quad-major columns the decode reads; interpreted, the bits are the unsplit kernel's."""
+    """The camera scan's transition in column blocks (`run_scan` col_split, an option: whole programs are the
+    default): U_t's blocks go to the permuted, quad-major columns the decode reads; interpreted, the bits are the
+    unsplit kernel's."""
     x = branch_inputs(frames=3, spatial=7, dim=32, seed=31)
     want = run_branch(x, backend="triton")[0]
     for tuning in (dict(col_split=2), dict(col_split=2, split=False)):

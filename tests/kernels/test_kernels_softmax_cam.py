@@ -140,8 +140,9 @@ def test_encode_writes_keys_and_values_into_window_slots():
 
 
 def test_token_tiles_change_no_bit():
-    """`_grid.filling_tile` cuts the tokens a program takes on a segment: every tile gives the same bits
-    (interpreted; compiled, a row's sum of squares may be reduced in another order)."""
+    """`_grid.filling_tile` cuts the tokens an encode program takes on a segment: every tile of the encode and
+    the decode gives the same bits (interpreted; compiled, a row's sum of squares may be reduced in another
+    order)."""
     from camrender.kernels.softmax_cam import decode_launch, encode_launch, ray_inputs
 
     batch, tokens, heads, dim = 1, 37, 2, 24
