@@ -1,5 +1,6 @@
 """Argument checks shared by the kernel entry points: each failure is a ValueError naming the
 argument and the expected shape."""
+import functools
 import os
 
 import torch
@@ -25,11 +26,17 @@ def check_tensor(name, x, shape, *, floating=True, contiguous=True, last_dim_con
 
 
 def multiprocessors(device) -> int:
-    """The streaming multiprocessors of `device`'s GPU; 0 off CUDA (the Triton interpreter)."""
+    """The streaming multiprocessors of `device`'s GPU; 0 off CUDA (the Triton interpreter). Read once per GPU:
+    the launch heuristics ask on every kernel call."""
     device = torch.device(device)
     if device.type != "cuda":
         return 0
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    return _multiprocessor_count(torch.cuda.current_device() if device.index is None else device.index)
+
+
+@functools.lru_cache(maxsize=None)
+def _multiprocessor_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def check_choice(name, value, choices):
