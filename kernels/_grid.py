@@ -1,8 +1,8 @@
 """Launch arithmetic on the host as plain integer functions: `cdiv` and `next_power_of_2`, the values of
 `triton.cdiv` and `triton.next_power_of_2` (newer Triton makes those constexpr functions, which cost a few
 microseconds per call from Python; a forward computes a few hundred grids), `channel_rows`, the tiles of the
-kernels that read whole channel rows of channels-last activations, and `filling_tile` / `filling_blocks`, a token
-tile small enough, or enough blocks of columns, for a segment's few thousand tokens to fill the GPU."""
+kernels that read whole channel rows of channels-last activations, and `filling_tile`, a token tile small
+enough for a segment's few thousand tokens to fill the GPU."""
 
 
 def cdiv(numerator: int, denominator: int) -> int:
@@ -22,18 +22,12 @@ def channel_rows(channels: int) -> tuple:
     return max(1, min(64, 4096 // block_c)), block_c
 
 
-def filling_blocks(programs: int, processors: int, most: int) -> int:
-    """How many blocks each of `programs` programs is cut into (a power of two, at most `most`): the fewest that
-    give two programs per streaming multiprocessor (`processors`; 0 off a GPU: 1), so that launches tuned on a
-    whole clip's tens of thousands of tokens still fill the GPU on a segment's 2640. Whether that pays is the
-    kernel's own matter: it did for the camera stage, not for the scan's transitions (docs/performance.md)."""
-    blocks = 1
-    while blocks < most and programs * blocks < 2 * processors:
-        blocks *= 2
-    return blocks
-
-
 def filling_tile(tokens: int, batch: int, tile: int, processors: int, smallest: int = 4) -> int:
-    """`tile` (a power of two: tokens per program) cut by `filling_blocks`, down to `smallest`: on a segment, 165
-    programs of 16 tokens for 132 multiprocessors (most of them holding one program of four warps) become 330 of 8."""
-    return tile // filling_blocks(cdiv(tokens, tile) * batch, processors, max(1, tile // smallest))
+    """`tile` (a power of two: tokens per program) halved, down to `smallest`, while the grid holds fewer than two
+    programs per streaming multiprocessor (`processors`; 0 off a GPU: `tile` as given), so that launches tuned on a
+    whole clip's tens of thousands of tokens still fill the GPU on a segment's 2640: 165 programs of 16 tokens for
+    132 multiprocessors (most of them holding one program of four warps) become 330 of 8. Whether that pays is the
+    kernel's own matter: it did for the camera encodes, not for the softmax camera decode (docs/performance.md)."""
+    while tile > smallest and cdiv(tokens, tile) * batch < 2 * processors:
+        tile //= 2
+    return tile

@@ -27,13 +27,5 @@ def test_filling_tile_halves_the_tile_for_a_segments_few_tokens():
     assert filling_tile(2640, 1, 16, 132) == 8  # a segment: 165 programs -> 330
     assert filling_tile(2640, 2, 16, 132) == 16  # two guidance rows: 330 programs already
     assert filling_tile(100, 1, 16, 132, smallest=4) == 4
+    assert filling_tile(2640, 1, 16, 132, smallest=16) == 16  # never below `smallest`
     assert filling_tile(2640, 1, 16, 0) == 16  # off a GPU
-
-
-def test_filling_blocks_give_two_programs_per_multiprocessor():
-    from camrender.kernels._grid import filling_blocks
-
-    assert filling_blocks(2 * 20 * 21 * 2, 132, 4) == 1  # 1680 programs fill an H200
-    assert filling_blocks(20 * 3 * 2, 132, 4) == 4  # 120 -> 480
-    assert filling_blocks(20 * 3 * 2, 132, 2) == 2  # at most `most`
-    assert filling_blocks(120, 0, 4) == 1  # off a GPU
