@@ -45,7 +45,6 @@ import json
 import os
 import sys
 import time
-import warnings
 from types import SimpleNamespace
 
 import torch
@@ -65,7 +64,7 @@ from camrender.model.stage1.segments import segment_bounds  # noqa: E402
 from camrender.render.decode import REFINED_DECODE_MAX_FRAMES, CausalStreamDecoder, to_uint8_frames  # noqa: E402
 from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments  # noqa: E402
 from camrender.render.stage_two import PassThrough, Schedule, refined_frames  # noqa: E402
-from common import GIB, Laps, emit, measure, gib, peak_bytes, reset_peak, sync  # noqa: E402
+from common import GIB, HostSyncs, Laps, emit, measure, gib, peak_bytes, reset_peak, sync  # noqa: E402
 from refiner_common import (GEMMA2_2B, GEMMA3_12B_TEXT, VIDEO_FPS, as_refiner, build_refiner_transformer,  # noqa: E402,F401
                             build_text_model, default_dtype, kernel_backend, refiner_text)
 
@@ -218,20 +217,10 @@ def refiner_steady_state(refiner_transformer, text, shape, device, dtype, blocks
         sync()
         gpu.append(time.perf_counter() - began)
     start = 1 + 3 * (warm_blocks + blocks)
-    syncs = 0
-    if device.type == "cuda":
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            torch.cuda.set_sync_debug_mode("warn")
-            try:
-                stream.push(clip[:, :, start:start + 3])
-                stream.settle()
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
-        syncs = sum("synchroniz" in str(item.message) for item in caught)
-    else:
+    with HostSyncs(device) as host_syncs:
         stream.push(clip[:, :, start:start + 3])
         stream.settle()
+    syncs = host_syncs.count
     history_frames = stream.history_frames
     counter = FlopCounterMode(display=False)
     with counter:

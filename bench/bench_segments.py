@@ -51,8 +51,8 @@ from camrender.render.denoise import Denoiser, pin, pinned_frames  # noqa: E402
 from camrender.render.inputs import RenderInputs  # noqa: E402
 from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments  # noqa: E402
 from camrender.render.stage_two import PassThrough, refined_frames  # noqa: E402
-from common import (GIB, Events, Laps, allocated_bytes, emit, measure, peak_bytes, reset_peak,  # noqa: E402
-                    steady_rates, sync)
+from common import (GIB, Events, HostSyncs, Laps, allocated_bytes, emit, measure, peak_bytes,  # noqa: E402
+                    reset_peak, steady_rates, sync)
 
 try:
     from camrender.render.segments import segment_options
@@ -203,6 +203,18 @@ def run_stage1_alone(transformer, latent_frames, height, width, options, device,
     return dict(segments=len(bounds), video_frames=frames, stage1_s=round(total, 3),
                 stage1_fps=round(frames / total, 2), stage1_ms_per_segment=[round(ms, 1) for _, ms in events.laps_ms()],
                 warmup_passes=timeline.rows(), **({"host_profile": timeline.host_profile()} if host_profile else {}))
+
+
+def count_host_syncs(transformer, latent_frames, height, width, options, device, dtype, cuda_graphs=True) -> dict:
+    """Stage 1's host-device syncs in each segment of a path (`HostSyncs`; none off CUDA), and the lines making
+    them: a sync at a segment's start leaves the GPU idle while the host prepares the segment's conditioning."""
+    inputs = path_inputs(transformer, latent_frames, height, width, device, dtype)
+    per_segment = []
+    with torch.no_grad(), HostSyncs(device) as syncs:
+        for _ in sample_segments(transformer, inputs, segment_bounds(latent_frames, 3), list(DEFAULT_SEGMENT_TIMESTEPS),
+                                 options, device, cuda_graphs=cuda_graphs):
+            per_segment.append(syncs.count - sum(per_segment))
+    return dict(segments=len(per_segment), syncs_per_segment=per_segment, sites=syncs.sites())
 
 
 class PassTimeline:
@@ -469,6 +481,8 @@ def main(argv=None):
         patch_transformer(transformer, kernels="torch")
         results["segment_backend_fallback"] = "torch"
         record("warmup_torch", lambda: run_segment_path(transformer, vae, 22, height, width, options, device, dtype))
+    results["host_syncs"] = record("host_syncs", lambda: count_host_syncs(transformer, 19, height, width, options, device,
+                                                                         dtype, graphs))
     for length in lengths:
         value = record(f"segments_{length}", lambda: run_segment_path(transformer, vae, 1 + 3 * length, height, width,
                                                                      options, device, dtype, graphs))

@@ -13,6 +13,8 @@ import statistics
 import sys
 import time
 import traceback
+import warnings
+from collections import Counter
 from pathlib import Path
 from typing import Callable
 
@@ -31,6 +33,40 @@ def sync(device=None) -> None:
     """Wait for the GPU's queued work (a no-op off CUDA)."""
     if on_cuda(device):
         torch.cuda.synchronize()
+
+
+class HostSyncs:
+    """Counts the host-device syncs PyTorch makes while open, with PyTorch's sync debug mode (none off CUDA): at a
+    sync the host waits for the GPU's queue to drain, and the GPU then waits for the host's next launches.
+    `count` is how many so far; `sites()` where they came from."""
+
+    def __init__(self, device=None):
+        self.cuda = on_cuda(device)
+        self.records = []
+
+    def __enter__(self):
+        self._catching = warnings.catch_warnings(record=True)
+        self.records = self._catching.__enter__()
+        warnings.simplefilter("always")
+        if self.cuda:
+            torch.cuda.set_sync_debug_mode("warn")
+        return self
+
+    def __exit__(self, *exc):
+        if self.cuda:
+            torch.cuda.set_sync_debug_mode("default")
+        self._catching.__exit__(*exc)
+
+    @property
+    def count(self) -> int:
+        return len(self._syncs())
+
+    def sites(self) -> dict:
+        """{"file:line": syncs} of the Python lines that made them, most first."""
+        return dict(Counter(f"{Path(r.filename).name}:{r.lineno}" for r in self._syncs()).most_common())
+
+    def _syncs(self) -> list:
+        return [record for record in self.records if "synchroniz" in str(record.message)]
 
 
 def gib(n_bytes, digits: int = 3):

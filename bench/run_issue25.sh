@@ -34,7 +34,8 @@ for name, part in parts.items() if sys.argv[3] == "print" else ():
                             "stage1_alone": {k: v.get("stage1_fps") for k, v in alone.items()},
                             "loop": {k: loop.get(k) for k in ("video_fps", "video_fps_steady")},
                             "official": {k: v.get("stage1_fps") for k, v in part.get("official", {}).items()
-                                         if isinstance(v, dict)}}))
+                                         if isinstance(v, dict)},
+                            "host_syncs": (part.get("host_syncs") or {}).get("syncs_per_segment")}))
 PY
 }
 step() {  # step SECONDS NAME DIR ARGS... (bench_segments in DIR writes $parts/NAME.json)

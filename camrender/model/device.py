@@ -1,4 +1,5 @@
-"""The `--device` and `--dtype` words as torch objects, and whether a device runs FP8 (`check_fp8`).
+"""The `--device` and `--dtype` words as torch objects, whether a device runs FP8 (`check_fp8`), and a host
+tensor's copy to the GPU that does not wait for the GPU (`to_device`).
 
 torch is imported inside the functions: `camrender.model.stage1.loading` imports this module, and the
 CLI imports that one at its top for `DEFAULT_MODEL`, so `camrender --help` stays free of torch.
@@ -57,3 +58,22 @@ def check_fp8(device, option: str = "precision") -> None:
         name = torch.cuda.get_device_name(resolved)
         raise CamrenderError(f"fp8 needs compute capability 8.9+ (Ada, Hopper); {name} is "
                              f"{capability[0]}.{capability[1]}: use bf16", field=option)
+
+
+def to_device(tensor, device, dtype=None):
+    """`tensor.to(device, dtype)`, the same values, without making the host wait for the GPU.
+
+    A plain copy from pageable host memory to a CUDA device synchronizes the stream. In segment mode the host
+    would then wait, at every segment's start, for the previous segment's queued passes, and the GPU would sit
+    idle while the host prepared the next segment's conditioning. A CPU tensor bound for CUDA therefore goes
+    through page-locked memory and is copied asynchronously on the current stream. PyTorch keeps the
+    page-locked block until the copy has run. Any dtype conversion happens on the GPU, with the same rounding
+    as on the CPU. Other moves are plain `.to`.
+    """
+    # lazy: keeps `camrender --help` free of torch
+    import torch
+
+    device = torch.device(device)
+    if tensor.device.type != "cpu" or device.type != "cuda":
+        return tensor.to(device=device, dtype=dtype)
+    return tensor.contiguous().pin_memory().to(device=device, dtype=dtype, non_blocking=True)

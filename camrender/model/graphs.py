@@ -19,19 +19,23 @@ exists once, not once more as the graph's copy, and the steady-state segments ke
 The first call with a new layout runs eagerly (it compiles the Triton kernels and warms up the
 libraries for those shapes); the second captures. A caller that has just run the forward itself on
 that layout says so (`warmed`), and the first call captures. Only the latest layout's graph is kept, so the
-graphs add a constant to the memory of a render: in segment mode, segments 0, 1 and 2 (a
+graphs add a constant to the memory allocated by a render: in segment mode, segments 0, 1 and 2 (a
 growing softmax context) and a longer last segment each get their own capture, and every other
-segment replays one graph. A failed capture switches the instance to eager calls for good.
+segment replays one graph. A failed capture switches the instance to eager calls for good. Captures do not
+wait for the GPU (`_capturing`): a dropped graph's memory stays reserved by PyTorch's allocator, unallocated,
+until the allocator empties its cache (which it does itself before failing an allocation).
 
 With `capture=False` the same static-copy path runs without a graph (CPU tests check the
 bookkeeping: replaying on copies gives the eager result).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import sys
 import weakref
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 import torch
 
@@ -125,6 +129,32 @@ def _unchanged(stamp, tensor) -> bool:
     if stamp is None or stamp[1] is None or stamp[0]() is not tensor:
         return False
     return _stamp(tensor)[1] == stamp[1]
+
+
+@functools.lru_cache(maxsize=None)
+def _capture_stream(device_index: int) -> "torch.cuda.Stream":
+    """The side stream captures run on, one per GPU (a capture cannot run on the default stream)."""
+    return torch.cuda.Stream(device=device_index)
+
+
+@contextlib.contextmanager
+def _capturing(graph: "torch.cuda.CUDAGraph", pool) -> Iterator[None]:
+    """Capture the CUDA work queued inside the block into `graph` (into `pool`, a memory pool handle, or a pool of
+    its own), as `torch.cuda.graph` does but without what it does first: synchronize the device and empty the
+    allocator's caches (on the GPU and of page-locked memory). The GPU would then sit idle for the whole capture,
+    the host running a forward's Python without launching anything (70-130 ms at the release size), and the next
+    eager pass would allocate its memory from the driver again. Here the work queued before the capture keeps
+    running while the host captures. A dropped graph's pool is returned to the driver when the allocator next
+    empties its cache (on its own when an allocation would not fit otherwise).
+
+    Thread-local capture mode: a capture in a helper thread must not outlaw the render thread's wait for its frames
+    (`camrender.render.stage_two._Beside`); nothing else queues work during a capture."""
+    with torch.cuda.stream(_capture_stream(torch.cuda.current_device())):
+        graph.capture_begin(pool=pool, capture_error_mode="thread_local")
+        try:
+            yield
+        finally:
+            graph.capture_end()
 
 
 @dataclasses.dataclass
@@ -235,9 +265,7 @@ class GraphedForward:
         other = self.share_pool_with
         pool = other._replay.graph.pool() if other is not None and other._replay is not None \
             and other._replay.graph is not None else None
-        # thread-local: a capture in a helper thread must not outlaw the render thread's wait for its frames
-        # (`camrender.render.stage_two._Beside`); nothing else queues work during a capture
-        with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+        with _capturing(graph, pool):
             output = self.forward(*self._arguments(inputs, static))
         self.stats["captures"] += 1
         return _Replay(static, graph, output)

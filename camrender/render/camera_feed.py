@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from camrender.errors import CamrenderError
+from camrender.model.device import to_device
 from camrender.render.camera import latent_camera_rows, to_latent_grid
 from camrender.trajectory.crop import crop_intrinsics
 from camrender.trajectory.model import Trajectory, validate_intrinsics, validate_pose
@@ -108,11 +109,12 @@ class CameraFeed:
         poses, intrinsics = np.concatenate(self._poses), np.concatenate(self._intrinsics)
         conditions, plucker = latent_camera_rows(poses, intrinsics, range(start, stop), self.num_frames,
                                                  self.latent_h, self.latent_w, self.time_stride)
-        # float64 -> float32 on the CPU, then the model's dtype on its device: as the whole-path tensors
+        # float64 -> float32 on the CPU, then the model's dtype on its device: as the whole-path tensors (copied
+        # without waiting for the GPU's queue: the previous segment's passes may still be running)
         conditions = torch.from_numpy(np.ascontiguousarray(conditions)).float()[None]
         plucker = torch.from_numpy(np.ascontiguousarray(plucker)).float()[None]
-        return (conditions.to(self.device, self.dtype).repeat(self.batch, 1, 1),
-                plucker.to(self.device, self.dtype))
+        return (to_device(conditions, self.device, self.dtype).repeat(self.batch, 1, 1),
+                to_device(plucker, self.device, self.dtype))
 
     def _pull_until(self, frame: int) -> None:
         """Pull items until video frame `frame` (absolute index) has arrived."""

@@ -24,6 +24,7 @@ from typing import Iterator, Optional
 import torch
 
 from camrender.errors import CamrenderError
+from camrender.model.device import to_device
 from camrender.model.settings import RenderSettings
 from camrender.model.stage1.recipes import STREAMING_TIMESTEPS as DEFAULT_SEGMENT_TIMESTEPS
 from camrender.model.stage1.recipes import get_recipe
@@ -86,7 +87,7 @@ def sample_segment(denoiser: Denoiser, start: int, stop: int, cache, timesteps,
     """
     inputs, device = denoiser.inputs, denoiser.device
     # The latents stay float32 between steps, as in the official sampler (the model casts its input).
-    latents = inputs.noise[:, :, start:stop].to(device=device, dtype=torch.float32).clone()
+    latents = to_device(inputs.noise[:, :, start:stop], device, torch.float32).clone()
     pinned = pinned_frames(inputs, start, stop, device)
     if start == 0 and inputs.first_latent is not None:  # pinned[0], known without waiting for the GPU
         latents[:, :, :1] = inputs.first_latent.to(device=device, dtype=torch.float32)

@@ -146,3 +146,30 @@ def test_official_rows_run_the_kit_script_in_its_own_process(monkeypatch, tmp_pa
     assert list(failed) == ["error"] and failed["error"].startswith("bad call: --kit")
     assert json.dumps(failed)  # a JSON document's row
     sys.modules.pop("bench_segments", None)
+
+
+def test_host_syncs_count_the_sync_warnings_by_the_line_that_made_them(monkeypatch):
+    """bench/common.HostSyncs counts PyTorch's sync debug warnings (raised by hand here: no GPU), not other
+    warnings, and names the lines; bench_segments' per-segment row has one count per segment (none on the CPU)."""
+    import warnings
+
+    monkeypatch.syspath_prepend(str(BENCH))
+    import bench_segments
+    from camrender.model.stage1.recipes import get_recipe
+    from camrender.model.stage1.segments import SegmentOptions
+    from common import HostSyncs
+
+    with HostSyncs(torch.device("cpu")) as syncs:
+        for _ in range(2):
+            warnings.warn("called a synchronizing CUDA operation")  # the same line twice
+        warnings.warn("something else")
+    line = f"{Path(__file__).name}:"
+    assert syncs.count == 2 and list(syncs.sites().values()) == [2] and next(iter(syncs.sites())).startswith(line)
+
+    monkeypatch.setattr(bench_segments, "SPATIAL", 8)
+    args = argparse.Namespace(cpu_smoke=True, quick=False, kernels="torch", stage1_precision="bf16")
+    transformer, _ = bench_segments.build_models(args, torch.device("cpu"), torch.float32)
+    options = SegmentOptions.for_recipe(get_recipe("streaming"))
+    row = bench_segments.count_host_syncs(transformer, 7, 32, 32, options, torch.device("cpu"), torch.float32)
+    assert row == {"segments": 2, "syncs_per_segment": [0, 0], "sites": {}}
+    sys.modules.pop("bench_segments", None)

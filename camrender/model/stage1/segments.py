@@ -26,6 +26,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from camrender.model.device import to_device
 from camrender.model.stage1.block import PatchedBlock, plucker_projections
 from camrender.model.stage1.conditioning import ray_transforms
 from camrender.model.stage1.recipes import segment_bounds
@@ -54,7 +55,7 @@ def _rope_for_frames(rope_module, frame_start: int, num_frames: int, height: int
             f"latent frame {frame_start + num_frames - 1} is past the model's RoPE table "
             f"({rope_module.max_seq_len} frames)"
         )
-    freqs_t, freqs_h, freqs_w = rope_module.freqs.to(device).split_with_sizes(
+    freqs_t, freqs_h, freqs_w = _freqs_on(rope_module, device).split_with_sizes(
         [head_dim // 2 - 2 * (head_dim // 6), head_dim // 6, head_dim // 6], dim=1
     )
     shape = (num_frames, height, width)
@@ -67,6 +68,21 @@ def _rope_for_frames(rope_module, frame_start: int, num_frames: int, height: int
         dim=-1,
     )
     return freqs.reshape(1, 1, num_frames * height * width, -1)
+
+
+def _freqs_on(rope_module, device) -> torch.Tensor:
+    """The RoPE module's frequency table (a plain attribute, which diffusers leaves on the CPU when the model
+    moves) on `device`, copied once per device and kept on the module (`to_device`: the copy does not wait for
+    the GPU's queue)."""
+    device = torch.device(device)
+    freqs = rope_module.freqs
+    if freqs.device == device:
+        return freqs
+    held = getattr(rope_module, "_camrender_freqs", None)  # (source table, device, copy)
+    if held is None or held[0] is not freqs or held[1] != device:
+        held = (freqs, device, to_device(freqs, device))
+        rope_module._camrender_freqs = held
+    return held[2]
 
 
 @dataclasses.dataclass
@@ -111,8 +127,9 @@ def prepare_conditioning(
     rope = _rope_for_frames(model.rope, frame_start, frames, height, width, device) if model.use_pe else None
     rays = raymap = plucker = plucker_input = None
     if camera_conditions is not None:
-        rays, absmap = ray_transforms(model, camera_conditions, grid, rope)
-        if not (model.use_chunk_plucker_input or model.use_chunk_plucker_post_attn):
+        embeds_absmap = not (model.use_chunk_plucker_input or model.use_chunk_plucker_post_attn)
+        rays, absmap = ray_transforms(model, camera_conditions, grid, rope, absmap=embeds_absmap)
+        if embeds_absmap:
             raymap = model.raymap_embedder(absmap.permute(0, 4, 1, 2, 3).to(dtype))
     if chunk_plucker is not None and (model.use_chunk_plucker_input or model.use_chunk_plucker_post_attn):
         embedded = model.plucker_embedder(chunk_plucker.to(dtype))
