@@ -80,8 +80,9 @@ def parse_args(argv=None):
     parser.add_argument("--no-cuda-graphs", action="store_true",
                         help="segment mode without CUDA-graph replay (default: replay, plus one eager run timed beside it)")
     parser.add_argument("--capture-first-sight", action="store_true",
-                        help="experiment: CUDA graphs captured at a layout's first call, without the eager warm-up "
-                             "call (`camrender.model.graphs`); reports each graph instance's counts")
+                        help="experiment: every CUDA graph captured at its layout's first call, the first layout's "
+                             "too (a render warms that one up eagerly; `camrender.model.graphs`); reports each graph "
+                             "instance's counts")
     parser.add_argument("--host-profile", action="store_true",
                         help="also run stage 1 alone on the first path length once more with the warm-up's passes "
                              "under cProfile (`warmup_host_profile`: where their host time goes)")
@@ -319,8 +320,8 @@ def run_segment_loop(transformer, vae, latent_frames, height, width, options, de
 
 
 def capture_at_first_sight() -> list:
-    """Make every `GraphedForward` capture at a layout's first call (no eager warm-up call: the experiment of
-    `--capture-first-sight`); returns the list of the instances made from now on."""
+    """Make every `GraphedForward` capture at a layout's first call, its first layout's too (no eager warm-up call
+    at all: the experiment of `--capture-first-sight`); returns the list of the instances made from now on."""
     from camrender.model import graphs
 
     class Everything(set):

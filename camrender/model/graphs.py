@@ -18,12 +18,18 @@ exists once, not once more as the graph's copy, and the steady-state segments ke
 
 The first call with a new layout runs eagerly (it compiles the Triton kernels and warms up the
 libraries for those shapes); the second captures. A caller that has just run the forward itself on
-that layout says so (`warmed`), and the first call captures. Only the latest layout's graph is kept, so the
-graphs add a constant to the memory allocated by a render: in segment mode, segments 0, 1 and 2 (a
-growing softmax context) and a longer last segment each get their own capture, and every other
-segment replays one graph. A failed capture switches the instance to eager calls for good. Captures do not
-wait for the GPU (`_capturing`): a dropped graph's memory stays reserved by PyTorch's allocator, unallocated,
-until the allocator empties its cache (which it does itself before failing an allocation).
+that layout says so (`warmed`), and the first call captures. With `capture_new_layouts`, only the instance's
+first layout runs eagerly, and a later one captures at its first call. That saves one eager pass per layout;
+at the release size an eager pass costs the host about twice a replay's GPU time. A kernel the new layout needs for
+the first time is compiled during the capture, such as the state-reading kernels of segment mode's second segment.
+`bench/bench_segments.py --capture-first-sight` captured every layout of segment mode at first sight on an H200,
+and no capture failed.
+
+Only the latest layout's graph is kept, so the graphs add a constant to the memory allocated by a render. In segment
+mode, segments 0, 1 and 2 (a growing softmax context) and a longer last segment each get their own capture, and
+every other segment replays one graph. A failed capture switches the instance to eager calls for good. Captures do
+not wait for the GPU (`_capturing`). A dropped graph's memory stays reserved by PyTorch's allocator, unallocated,
+until the allocator empties its cache; the allocator does that itself before it would fail an allocation.
 
 With `capture=False` the same static-copy path runs without a graph (CPU tests check the
 bookkeeping: replaying on copies gives the eager result).
@@ -179,6 +185,8 @@ class GraphedForward:
         capture: record CUDA graphs (needs CUDA); False replays on static copies without a graph.
         resident: positions of the arguments read in place, never copied (module docstring): between
             calls their tensors may change values in place, not storage (new storage recaptures).
+        capture_new_layouts: a layout met after the first one captures at its first call (module docstring),
+            instead of running eagerly first.
         share_pool_with: another instance whose graphs replay one after another with these on the same
             stream: a capture here goes into the memory pool of its live graph, if it has one (their temporaries
             then share memory), else into a pool of its own. (A pool handle outliving its last graph cannot
@@ -187,9 +195,10 @@ class GraphedForward:
     """
 
     def __init__(self, forward: Callable[..., torch.Tensor], *, capture: bool = True, resident: tuple = (),
-                 share_pool_with: Optional["GraphedForward"] = None):
+                 capture_new_layouts: bool = False, share_pool_with: Optional["GraphedForward"] = None):
         self.forward = forward
         self.capture = capture
+        self.capture_new_layouts = capture_new_layouts
         self._share_pool_with = None
         self.share_pool_with = share_pool_with
         self.resident = frozenset(resident)
@@ -212,7 +221,7 @@ class GraphedForward:
             return self._eager(inputs)
         layout = self._layout_of(inputs)
         if layout != self._layout:
-            if layout not in self._seen:  # first sight: warm up eagerly
+            if layout not in self._seen and not (self.capture_new_layouts and self._seen):  # warm up eagerly
                 self._seen.add(layout)
                 return self._eager(inputs)
             self._replay = None  # free the previous graph and its memory before capturing

@@ -77,8 +77,10 @@ class Denoiser:
             capture = self.device.type == "cuda"
             # the cache (argument 3) is read in place, not copied: the cache pass writes it in place; the text
             # keys (argument 4) are the render's and the Plucker projections (argument 5) the denoiser's, read in
-            # place too
-            self.graphs = GraphedForward(self._forward, capture=capture, resident=(3, 4, 5))
+            # place too. Only the first layout warms up eagerly: segment mode's next ones (segments 1 and 2, whose
+            # softmax context grows, and a longer last segment) capture at once.
+            self.graphs = GraphedForward(self._forward, capture=capture, resident=(3, 4, 5),
+                                         capture_new_layouts=True)
             # the cache passes replay between the denoising passes: either graph captures into the other's pool
             self.write_graphs = GraphedForward(functools.partial(_model_forward, model, options, write=True),
                                                capture=capture, resident=(3, 4, 5), share_pool_with=self.graphs)
