@@ -224,7 +224,7 @@ class GraphedForward:
             if layout not in self._seen and not (self.capture_new_layouts and self._seen):  # warm up eagerly
                 self._seen.add(layout)
                 return self._eager(inputs)
-            self._replay = None  # free the previous graph and its memory before capturing
+            self._replay = None  # drop the previous graph before capturing (module docstring: its memory)
             try:
                 self._replay = self._record(inputs)
             except Exception as error:  # keep rendering without graphs rather than fail the render
