@@ -68,7 +68,9 @@ def to_device(tensor, device, dtype=None):
     idle while the host prepared the next segment's conditioning. A CPU tensor bound for CUDA therefore goes
     through page-locked memory and is copied asynchronously on the current stream. PyTorch keeps the
     page-locked block until the copy has run. Any dtype conversion happens on the GPU, with the same rounding
-    as on the CPU. Other moves are plain `.to`.
+    as on the CPU. Other moves are plain `.to`. The copy reads a page-locked copy of the tensor, which the caller
+    may then change, except a tensor already contiguous in page-locked memory: that one is read where it is, so
+    it must not be written until the copy has run.
     """
     # lazy: keeps `camrender --help` free of torch
     import torch

@@ -27,9 +27,11 @@ and no capture failed.
 
 Only the latest layout's graph is kept, so the graphs add a constant to the memory allocated by a render. In segment
 mode, segments 0, 1 and 2 (a growing softmax context) and a longer last segment each get their own capture, and
-every other segment replays one graph. A failed capture switches the instance to eager calls for good. Captures do
-not wait for the GPU (`_capturing`). A dropped graph's memory stays reserved by PyTorch's allocator, unallocated,
-until the allocator empties its cache; the allocator does that itself before it would fail an allocation.
+every other segment replays one graph. Captures do not wait for the GPU (`_capturing`), so they do not empty the
+allocator's cache either: a dropped graph's memory, and what eager passes left cached, stay reserved by PyTorch's
+allocator, unallocated. Outside a capture the allocator returns them to the driver itself before it would fail an
+allocation; during a capture it does not, so a capture that runs out of memory empties the cache and is tried once
+more. A capture that fails otherwise, or again, switches the instance to eager calls for good.
 
 With `capture=False` the same static-copy path runs without a graph (CPU tests check the
 bookkeeping: replaying on copies gives the eager result).
@@ -148,10 +150,9 @@ def _capturing(graph: "torch.cuda.CUDAGraph", pool) -> Iterator[None]:
     """Capture the CUDA work queued inside the block into `graph` (into `pool`, a memory pool handle, or a pool of
     its own), as `torch.cuda.graph` does but without what it does first: synchronize the device and empty the
     allocator's caches (on the GPU and of page-locked memory). The GPU would then sit idle for the whole capture,
-    the host running a forward's Python without launching anything (70-130 ms at the release size), and the next
+    the host running a forward's Python without launching anything (65-135 ms at the release size), and the next
     eager pass would allocate its memory from the driver again. Here the work queued before the capture keeps
-    running while the host captures. A dropped graph's pool is returned to the driver when the allocator next
-    empties its cache (on its own when an allocation would not fit otherwise).
+    running while the host captures (what the cache keeps: the module docstring).
 
     Thread-local capture mode: a capture in a helper thread must not outlaw the render thread's wait for its frames
     (`camrender.render.stage_two._Beside`); nothing else queues work during a capture."""
@@ -226,7 +227,7 @@ class GraphedForward:
                 return self._eager(inputs)
             self._replay = None  # drop the previous graph before capturing (module docstring: its memory)
             try:
-                self._replay = self._record(inputs)
+                self._replay = self._record_within_memory(inputs)
             except Exception as error:  # keep rendering without graphs rather than fail the render
                 reason = (str(error).splitlines() or [""])[0]
                 print(f"camrender: CUDA graph capture failed, running eagerly ({type(error).__name__}: {reason})",
@@ -265,6 +266,15 @@ class GraphedForward:
     def _arguments(self, inputs, static) -> tuple:
         """The forward's arguments: the static copies, and the resident arguments of `inputs` themselves."""
         return tuple(arg if i in self.resident else copy for i, (arg, copy) in enumerate(zip(inputs, static)))
+
+    def _record_within_memory(self, inputs) -> _Replay:
+        """`_record`, tried once more after emptying the allocator's cache if it runs out of memory (during a
+        capture the allocator does not return its cached blocks to the driver itself)."""
+        try:
+            return self._record(inputs)
+        except torch.cuda.OutOfMemoryError:
+            torch.cuda.empty_cache()
+            return self._record(inputs)
 
     def _record(self, inputs) -> _Replay:
         static = _clone(self._copied_part(inputs))

@@ -3,8 +3,10 @@
 
 A sync at a segment's start (a copy from pageable host memory, boolean indexing, a tensor built from Python
 numbers on the GPU) drains the GPU's queue and leaves the GPU idle while the host prepares the segment's
-conditioning; a capture that synchronizes leaves it idle for the whole capture. PyTorch's sync debug mode
-raises at any sync PyTorch makes, so these tests fail at the line that made one.
+conditioning; a capture that synchronizes leaves it idle for the whole capture. `no_syncs` raises at the syncs
+PyTorch's sync debug mode sees (copies, `nonzero`, `item`), and at `torch.cuda.synchronize` and
+`torch.cuda.empty_cache`, which that mode does not see (`torch.cuda.graph` calls both before a capture).
+`gpu_kept_busy` checks the host directly: work queued before it is still running after it.
 """
 import contextlib
 
@@ -12,33 +14,57 @@ import numpy as np
 import pytest
 import torch
 
+import camrender.render.denoise
+
 pytestmark = pytest.mark.gpu
 
 
 @contextlib.contextmanager
-def no_syncs():
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        yield
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+def no_syncs(monkeypatch):
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the host waited for the GPU")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(torch.cuda, "synchronize", forbidden)
+        patched.setattr(torch.cuda, "empty_cache", forbidden)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            yield
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
 
 
+@contextlib.contextmanager
+def gpu_kept_busy(seconds: float = 2.0):
+    """Queue `seconds` of GPU work, run the block, then check that the work is still running: the block never
+    waited for the GPU (keep the block's own launches few: a full launch queue makes the host wait too)."""
+    clock_khz = getattr(torch.cuda.get_device_properties(0), "clock_rate", 2_000_000)  # not in every release
+    cycles = int(clock_khz * 1e3 * seconds)
+    torch.cuda._sleep(cycles)
+    queued = torch.cuda.Event()
+    queued.record()
+    yield
+    still_running = not queued.query()
+    torch.cuda.synchronize()
+    assert still_running, "the host waited for the GPU's queued work"
+
+
+@pytest.mark.parametrize("contiguous", [True, False])
 @pytest.mark.parametrize("source, dtype", [(torch.float32, torch.bfloat16), (torch.float32, None),
                                            (torch.complex64, None)])
-def test_to_device_copies_without_a_sync_and_keeps_the_values(source, dtype):
+def test_to_device_copies_without_a_sync_and_keeps_the_values(monkeypatch, source, dtype, contiguous):
     from camrender.model.device import to_device
 
-    host = torch.randn(3, 40, 17, dtype=source)[:, 5:]  # not contiguous
-    expected = host.to("cuda", dtype)  # the plain copy (it syncs)
-    torch.cuda._sleep(50_000_000)  # a busy queue: a sync would wait for it
-    with no_syncs():
+    host = torch.randn(3, 40, 17, dtype=source)
+    host = host if contiguous else host[:, 5:]
+    expected = host.to(device="cuda", dtype=dtype)  # the plain copy (it syncs)
+    with gpu_kept_busy(), no_syncs(monkeypatch):
         moved = to_device(host, "cuda", dtype)
-    host.zero_()  # before the queued copy ran: it reads page-locked memory of its own
+        host.zero_()  # before the queued copy has run: it reads a page-locked copy of its own
     assert moved.dtype == expected.dtype and torch.equal(moved, expected)
 
 
-def test_graphed_forward_captures_without_waiting_for_the_gpu():
+def test_graphed_forward_captures_without_waiting_for_the_gpu(monkeypatch):
     from camrender.model.graphs import GraphedForward
 
     weight = torch.randn(64, 64, device="cuda")
@@ -49,16 +75,17 @@ def test_graphed_forward_captures_without_waiting_for_the_gpu():
     graphs = GraphedForward(forward)
     x = torch.randn(8, 64, device="cuda")
     eager = graphs(x)  # first sight: eager
-    with no_syncs():
+    with gpu_kept_busy(), no_syncs(monkeypatch):
         captured = graphs(x.clone())  # captures, then replays
     assert graphs.stats == {"eager": 1, "captures": 1, "replays": 1} and graphs.enabled
     assert torch.equal(captured, eager)
 
 
-def test_segment_mode_stage_one_makes_no_sync_after_its_first_segment():
+def test_segment_mode_stage_one_makes_no_sync_after_its_first_segment(monkeypatch):
     """Seven segments of the tiny model's streaming render, CUDA graphs on, cameras from the render's feed: after
-    the first segment (the kernels' compilation, the text's keys) nothing syncs, the captures of segments 1 to 3
-    included. The latents equal those of the same render without the sync check."""
+    the first segment (the kernels' compilation, the text's keys) nothing syncs, the captures of segments 1 and 2
+    (at first sight) and of segment 3's cache pass included, and every graph stays on. The latents equal those of
+    the same render without the check."""
     from camrender.model.stage1.loading import load_pipeline
     from camrender.model.stage1.patch import patch_transformer
     from camrender.model.stage1.segments import SegmentOptions, segment_bounds
@@ -67,6 +94,14 @@ def test_segment_mode_stage_one_makes_no_sync_after_its_first_segment():
     from camrender.render.segments import sample_segments
     from camrender.trajectory import Trajectory
 
+    made = []
+
+    class Recorded(camrender.render.denoise.GraphedForward):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(camrender.render.denoise, "GraphedForward", Recorded)
     pipe = load_pipeline("tiny", device="cuda")
     patch_transformer(pipe.transformer, kernels="fused")
     frames = 169  # 22 latent frames: 7 segments
@@ -78,6 +113,7 @@ def test_segment_mode_stage_one_makes_no_sync_after_its_first_segment():
     device = torch.device("cuda")
     latents = {}
     for checked in (False, True):
+        made.clear()
         inputs = prepare_inputs(pipe, request, device)  # a fresh camera feed
         bounds = segment_bounds(inputs.noise.shape[2])
         assert len(bounds) == 7
@@ -86,7 +122,11 @@ def test_segment_mode_stage_one_makes_no_sync_after_its_first_segment():
             sampled = sample_segments(pipe.transformer, inputs, bounds, [1000.0, 800.0, 500.0],
                                       SegmentOptions(plucker_once=True), device, cuda_graphs=True)
             chunks.append(next(sampled)[3].clone())
-            with no_syncs() if checked else contextlib.nullcontext():
+            with no_syncs(monkeypatch) if checked else contextlib.nullcontext():
                 chunks += [x.clone() for *_, x in sampled]
         latents[checked] = torch.cat(chunks, dim=2)
+        denoising, cache_passes = made
+        assert denoising.enabled and cache_passes.enabled
+        assert denoising.stats["eager"] == 1 and denoising.stats["captures"] == 3  # segments 0 (second pass), 1, 2
+        assert cache_passes.stats == {"eager": 0, "captures": 1, "replays": 3}
     assert torch.equal(latents[True], latents[False])

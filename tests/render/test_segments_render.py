@@ -279,6 +279,32 @@ def test_graph_replay_sets_new_layouts_up_at_once_when_asked():
         assert graphs.stats == {"eager": eager, "captures": 0, "replays": 5 - eager}
 
 
+@pytest.mark.parametrize("failures, enabled", [(1, True), (2, False)])
+def test_a_capture_out_of_memory_empties_the_cache_and_is_tried_once_more(monkeypatch, failures, enabled):
+    """During a capture PyTorch's allocator does not return its cached blocks to the driver: a capture that runs out
+    of memory empties the cache and is tried once more, the graphs staying on; out of memory again, the instance
+    runs eagerly for good. The results are the forward's either way."""
+    from camrender.model.graphs import GraphedForward
+
+    emptied, record = [], GraphedForward._record
+    left = [failures]
+
+    def running_out(self, inputs):
+        if left[0]:
+            left[0] -= 1
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+        return record(self, inputs)
+
+    monkeypatch.setattr(GraphedForward, "_record", running_out)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(True))
+    graphs = GraphedForward(lambda x: x + 1.0, capture=False)
+    results = [graphs(torch.full((3,), float(i))).tolist() for i in range(3)]
+    assert results == [[1.0] * 3, [2.0] * 3, [3.0] * 3]
+    assert graphs.enabled == enabled and emptied == [True]
+    assert graphs.stats == ({"eager": 1, "captures": 0, "replays": 2} if enabled else
+                            {"eager": 3, "captures": 0, "replays": 0})
+
+
 def test_graph_replay_reuses_a_layout():
     from camrender.model.graphs import GraphedForward
 
