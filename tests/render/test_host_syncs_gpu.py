@@ -14,8 +14,6 @@ import numpy as np
 import pytest
 import torch
 
-import camrender.render.denoise
-
 pytestmark = pytest.mark.gpu
 
 
@@ -81,7 +79,7 @@ def test_graphed_forward_captures_without_waiting_for_the_gpu(monkeypatch):
     assert torch.equal(captured, eager)
 
 
-def test_segment_mode_stage_one_makes_no_sync_after_its_first_segment(monkeypatch):
+def test_segment_mode_stage_one_makes_no_sync_after_its_first_segment(monkeypatch, graph_log):
     """Seven segments of the tiny model's streaming render, CUDA graphs on, cameras from the render's feed: after
     the first segment (the kernels' compilation, the text's keys) nothing syncs, the captures of segments 1 and 2
     (at first sight) and of segment 3's cache pass included, and every graph stays on. The latents equal those of
@@ -94,14 +92,6 @@ def test_segment_mode_stage_one_makes_no_sync_after_its_first_segment(monkeypatc
     from camrender.render.segments import sample_segments
     from camrender.trajectory import Trajectory
 
-    made = []
-
-    class Recorded(camrender.render.denoise.GraphedForward):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            made.append(self)
-
-    monkeypatch.setattr(camrender.render.denoise, "GraphedForward", Recorded)
     pipe = load_pipeline("tiny", device="cuda")
     patch_transformer(pipe.transformer, kernels="fused")
     frames = 169  # 22 latent frames: 7 segments
@@ -113,7 +103,7 @@ def test_segment_mode_stage_one_makes_no_sync_after_its_first_segment(monkeypatc
     device = torch.device("cuda")
     latents = {}
     for checked in (False, True):
-        made.clear()
+        graph_log.clear()
         inputs = prepare_inputs(pipe, request, device)  # a fresh camera feed
         bounds = segment_bounds(inputs.noise.shape[2])
         assert len(bounds) == 7
@@ -125,7 +115,7 @@ def test_segment_mode_stage_one_makes_no_sync_after_its_first_segment(monkeypatc
             with no_syncs(monkeypatch) if checked else contextlib.nullcontext():
                 chunks += [x.clone() for *_, x in sampled]
         latents[checked] = torch.cat(chunks, dim=2)
-        denoising, cache_passes = made
+        denoising, cache_passes = graph_log
         assert denoising.enabled and cache_passes.enabled
         assert denoising.stats["eager"] == 1 and denoising.stats["captures"] == 3  # segments 0 (second pass), 1, 2
         assert cache_passes.stats == {"eager": 0, "captures": 1, "replays": 3}
