@@ -84,3 +84,14 @@ def test_to_device_on_the_cpu_is_a_plain_move(dtype):
     moved = to_device(tensor, "cpu", dtype)
     assert torch.equal(moved, tensor.to(dtype=dtype)) and moved.dtype == (dtype or torch.float32)
 
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_ray_matrices_equal_diffusers_bit_for_bit_on_the_gpu(dtype):
+    """The same kernels as diffusers' on CUDA, in the model's dtype too (bf16 has no CPU path in diffusers)."""
+    grid, patch = (3, 5, 7), (1, 2, 2)
+    conditions = camera_conditions(2, 3, 14, 10, seed=5, dtype=dtype).cuda()
+    conditions[1, 2, 16] = float("nan")
+    expected, _ = _process_camera_conditions_ucpe(conditions, 2, grid, patch)
+    assert same_bits(camera_ray_matrices(conditions, grid, patch), expected)
