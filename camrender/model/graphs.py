@@ -273,8 +273,9 @@ class GraphedForward:
         try:
             return self._record(inputs)
         except torch.cuda.OutOfMemoryError:
-            torch.cuda.empty_cache()
-            return self._record(inputs)
+            pass  # leaving the handler drops the traceback, and with it the failed capture's graph and tensors
+        torch.cuda.empty_cache()
+        return self._record(inputs)
 
     def _record(self, inputs) -> _Replay:
         static = _clone(self._copied_part(inputs))
