@@ -36,6 +36,7 @@ from diffusers.pipelines.sana_wm.refiner import STAGE_2_DISTILLED_SIGMA_VALUES, 
 from diffusers.utils.torch_utils import randn_tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from camrender.model.device import to_device
 from camrender.model.parking import park_all
 from camrender.model.refiner.block import use_refiner_kernels
 from camrender.model.refiner.loading import is_layer_streamed
@@ -265,12 +266,11 @@ class RefinerStream:
 
     def _noise(self, shape) -> torch.Tensor:
         """`randn_tensor(shape, generator, device, dtype)`, the same numbers; a CPU generator's draw for a GPU
-        goes through page-locked memory, so the copy does not make the host wait for the GPU's queue."""
+        goes to it without making the host wait for the GPU's queue (`to_device`)."""
         cpu_draw = self.generator is not None and self.generator.device.type == "cpu" and self.device.type == "cuda"
         if not cpu_draw:
             return randn_tensor(shape, generator=self.generator, device=self.device, dtype=self.dtype)
-        noise = torch.randn(shape, generator=self.generator, dtype=self.dtype)
-        return noise.pin_memory().to(self.device, non_blocking=True)
+        return to_device(torch.randn(shape, generator=self.generator, dtype=self.dtype), self.device)
 
     def _append_history(self, frames: int) -> None:
         """Append the block's post-RoPE K/V to every layer's history; keep the last `max_history` frames."""
