@@ -10,11 +10,12 @@ object (also written to --out):
     inverted_gemm / glu_depthwise / point_gemm / temporal_conv: the patched parts alone
     glu_depthwise_ref: the PyTorch reference of the GLU stage
     segment_*:    ffn_parts on a segment-mode call (T = --segment-frames, cached left frame)
-                  against the stock forward on the same frames
+                  against the stock forward on the same frames; segment_temporal_conv / _gemms: its
+                  temporal conv alone, as a convolution (cuDNN) and as GEMMs per tap (`ffn._temporal`)
 - glu_depthwise_gbps: bytes moved at the floor (h read once, g written once) over its time;
 - peak_gib: peak memory of one stock / one patched forward (above the inputs and weights);
-- agreement: cosine and max relative error (max |a-b| / max |b|) of the patched output and of the
-  GLU kernel against fp32 references.
+- agreement: cosine and max relative error (max |a-b| / max |b|) of the patched output, of the
+  GLU kernel and of the segment call's temporal conv (both ways) against fp32 references.
 
     python3 bench/bench_ffn.py [--repeats 20] [--tuning '{"block_c": 16, "num_warps": 8}'] [--sweep]
 
@@ -25,6 +26,7 @@ prefetch 1/2 (~1 min on an H200).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -39,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from camrender.kernels.ffn_glu import glu_depthwise  # noqa: E402
 from camrender.kernels.ffn_glu_reference import glu_depthwise_ref  # noqa: E402
 from camrender.model.settings import KernelSettings  # noqa: E402
+from camrender.model.stage1 import ffn  # noqa: E402
 from camrender.model.stage1.ffn import PatchedGLUMBConvTemp, _conv_frames, ffn_parts  # noqa: E402
 
 from bench_transformer import agreement  # noqa: E402  (cosine, max |a - b| / max |b|)
@@ -48,6 +51,17 @@ from common import add_latent_args, emit, gib, median_ms, peak_of  # noqa: E402
 def timed(fn, repeats):
     """Median ms of fn() over `repeats` calls after 3 warm-up calls (common.median_ms)."""
     return median_ms(fn, repeats=repeats)
+
+
+@contextlib.contextmanager
+def temporal_path(gemm_frames: int):
+    """The temporal conv as GEMMs per tap on calls of at most `gemm_frames` frames (0: always the convolution)."""
+    kept = ffn.TEMPORAL_GEMM_MAX_FRAMES
+    ffn.TEMPORAL_GEMM_MAX_FRAMES = gemm_frames
+    try:
+        yield
+    finally:
+        ffn.TEMPORAL_GEMM_MAX_FRAMES = kept
 
 
 def peak_gib(fn):
@@ -128,6 +142,14 @@ def main():
         ms["segment_ffn_parts"] = timed(
             lambda: ffn_parts(patched, x_seg, seg_frames, height, width, left=left), args.repeats)
         ms["segment_stock_forward"] = timed(lambda: stock(x_seg, HW=(seg_frames, height, width)), args.repeats)
+        # the temporal conv of a segment call with its cached left frame, both ways (`ffn._temporal`)
+        y_seg = y[:, :seg_frames].contiguous()
+        segment_z = {}
+        for path, gemm_frames in (("conv", 0), ("gemms", seg_frames)):
+            with temporal_path(gemm_frames):
+                ms[f"segment_temporal_{path}"] = timed(lambda: ffn._temporal(patched, y_seg, left, [(0, seg_frames)]),
+                                                       args.repeats)
+                segment_z[path] = ffn._temporal(patched, y_seg, left, [(0, seg_frames)])
 
         results["peak_gib"] = {"stock": peak_gib(lambda: stock(x, HW=hw)),
                                "patched": peak_gib(lambda: patched(x, HW=hw))}
@@ -136,6 +158,8 @@ def main():
         tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
         reference = stock.float()(x.float(), HW=hw)  # fp32 stock, TF32 off
+        with temporal_path(0):
+            segment_reference = ffn._temporal(stock, y_seg.float(), left.float(), [(0, seg_frames)])
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
         stock.to(dtype)
         results["agreement"] = {
@@ -143,6 +167,7 @@ def main():
             "stock_bf16_vs_fp32_stock": agreement(stock(x, HW=hw), reference),
             "glu_depthwise_vs_fp32_ref": agreement(
                 g, glu_depthwise_ref(h.float(), depth.weight.float(), depth.bias.float(), height, width)),
+            **{f"segment_temporal_{path}_vs_fp32": agreement(z, segment_reference) for path, z in segment_z.items()},
         }
     emit(results, args.out)
 

@@ -6,6 +6,17 @@ def rel(a, b) -> float:
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
+def temporal_conv_exact(weight, y, left):
+    """The (3, 1) temporal conv of a one-segment call in float64: weight (C_out, C_in, 3, 1), y (B, T, S, C_in), the
+    cached left frame (B, 1, S, C_in); zero after the last frame. -> (B, T, S, C_out)."""
+    import torch
+
+    taps = weight.double()[:, :, :, 0]
+    frames = torch.cat([left, y, torch.zeros_like(left)], dim=1).double()
+    count = y.shape[1]
+    return sum(frames[:, k:k + count] @ taps[:, :, k].T for k in range(3))
+
+
 def run_cli(argv, capsys):
     """(exit code, stdout, stderr) of an in-process `camrender` run."""
     import pytest

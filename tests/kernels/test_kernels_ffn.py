@@ -13,8 +13,9 @@ from diffusers.models.transformers.transformer_sana_wm import GLUMBConvTemp
 from camrender.kernels.ffn_glu import glu_depthwise
 from camrender.kernels.ffn_glu_reference import glu_depthwise_ref
 from camrender.model.settings import KernelSettings
+from camrender.model.stage1 import ffn
 from camrender.model.stage1.ffn import PatchedGLUMBConvTemp, ffn_parts, patch_ffn
-from helpers import rel
+from helpers import rel, temporal_conv_exact
 
 
 def _mlp(seed, channels=8, hidden=12, use_bias=(True, True, True), act=("silu", "silu", None)):
@@ -138,11 +139,14 @@ def _chunk_causal_temporal(mlp, y, left, segments):
     return z
 
 
+@pytest.mark.parametrize("gemm_frames", [0, 8], ids=["conv", "gemms"])
 @pytest.mark.parametrize(
     "segments, with_left",
     [([(0, 2), (2, 3), (3, 5)], True), ([(0, 5)], True), ([(0, 1), (1, 5)], False), ([(0, 5)], False)],
 )
-def test_ffn_parts_follows_the_segment_rule(segments, with_left):
+def test_ffn_parts_follows_the_segment_rule(segments, with_left, gemm_frames, monkeypatch):
+    """Both temporal paths: the convolution (longer calls) and the GEMMs per tap (calls of a few frames)."""
+    monkeypatch.setattr(ffn, "TEMPORAL_GEMM_MAX_FRAMES", gemm_frames)
     mlp = _mlp(3)
     batch, frames, height, width = 2, 5, 2, 3
     gen = torch.Generator().manual_seed(7)
@@ -154,6 +158,26 @@ def test_ffn_parts_follows_the_segment_rule(segments, with_left):
         z_ref = _chunk_causal_temporal(mlp, y_ref, left, segments)
     torch.testing.assert_close(y, y_ref.reshape(y.shape), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(z, z_ref.reshape(z.shape), rtol=1e-5, atol=1e-5)
+
+
+def test_temporal_gemms_round_bf16_near_a_single_rounding(monkeypatch):
+    """In bf16 the GEMMs per tap round z after each product (cuBLAS sums each in fp32): on a segment call with a
+    cached left frame, z stays within 1.6x (RMS) of one rounding of the exact result, as the convolution does."""
+    channels, spatial = 128, 48
+    gen = torch.Generator().manual_seed(11)
+    mlp = _mlp(12, channels=channels, hidden=16)
+    with torch.no_grad():
+        mlp.t_conv.weight.mul_(1 / (3 * channels) ** 0.5)
+    ffn.channels_last_kernel(mlp.bfloat16())
+    y = torch.randn(1, 3, spatial, channels, generator=gen).bfloat16()
+    left = torch.randn(1, 1, spatial, channels, generator=gen).bfloat16()
+    exact = temporal_conv_exact(mlp.t_conv.weight, y, left)
+    floor = (exact.bfloat16().double() - exact).norm() / exact.norm()
+    for gemm_frames in (0, 8):
+        monkeypatch.setattr(ffn, "TEMPORAL_GEMM_MAX_FRAMES", gemm_frames)
+        z = ffn._temporal(mlp, y, left, [(0, 3)])
+        assert z.dtype == torch.bfloat16
+        assert (z.double() - exact).norm() / exact.norm() < 1.6 * floor
 
 
 def test_segment_ffn_carries_the_last_frame():

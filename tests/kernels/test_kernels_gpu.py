@@ -9,7 +9,7 @@ tests/kernels/test_kernel_cases.py.
 import pytest
 import torch
 
-from helpers import rel
+from helpers import rel, temporal_conv_exact
 
 pytestmark = pytest.mark.gpu
 
@@ -164,3 +164,39 @@ def test_streaming_decode_fused_resnets_equal_separate_passes(monkeypatch):
         passes = decode()
     assert fused.shape[2] == 1 + 8 * 6 and torch.isfinite(fused).all()
     assert torch.equal(fused, passes)
+
+
+def test_temporal_conv_as_gemms_on_cublas(monkeypatch):
+    """A segment call's temporal conv (3 frames of 880 tokens, a cached left frame, the release's 2240 channels) as
+    GEMMs per tap on cuBLAS against cuDNN's convolution: in float32 (TF32 off) the same values to float32 rounding;
+    in bf16 both within 1.6x (RMS) of one rounding of the float64 result."""
+    from camrender.model.stage1 import ffn
+
+    gen = torch.Generator().manual_seed(3)
+    channels, spatial = 2240, 880
+    conv = torch.nn.Conv2d(channels, channels, (3, 1), padding=(1, 0), bias=False)
+    with torch.no_grad():
+        conv.weight.copy_(torch.randn(conv.weight.shape, generator=gen) / (3 * channels) ** 0.5)
+    mlp = torch.nn.Module()
+    mlp.t_conv = conv.cuda()
+    ffn.channels_last_kernel(mlp)
+    y = torch.randn(1, 3, spatial, channels, generator=gen).cuda()
+    left = torch.randn(1, 1, spatial, channels, generator=gen).cuda()
+    exact = temporal_conv_exact(mlp.t_conv.weight, y, left)
+    tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        for gemm_frames in (0, 8):
+            monkeypatch.setattr(ffn, "TEMPORAL_GEMM_MAX_FRAMES", gemm_frames)
+            assert rel(ffn._temporal(mlp, y, left, [(0, 3)]).double(), exact) < 1e-6
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
+    mlp.bfloat16()
+    ffn.channels_last_kernel(mlp)
+    y, left = y.bfloat16(), left.bfloat16()
+    exact = temporal_conv_exact(mlp.t_conv.weight, y, left)
+    floor = (exact.bfloat16().double() - exact).norm() / exact.norm()
+    for gemm_frames in (0, 8):
+        monkeypatch.setattr(ffn, "TEMPORAL_GEMM_MAX_FRAMES", gemm_frames)
+        z = ffn._temporal(mlp, y, left, [(0, 3)])
+        assert z.dtype == torch.bfloat16 and (z.double() - exact).norm() / exact.norm() < 1.6 * floor, gemm_frames

@@ -6,7 +6,8 @@ back, and runs the temporal conv on non-contiguous views. Here everything stays 
     h = x @ W_inv^T + b_inv                          (B*T, S, 2Hd)   cuBLAS
     g = kernels.ffn_glu.glu_depthwise(h, ...)        (B*T, S, Hd)    silu, 3x3 depthwise, GLU
     y = point_act(g @ W_point^T (+ b_point))         (B, T, S, C)    cuBLAS
-    z = temporal conv of y over frames (kernel 3)    (B, T, S, C)    cuDNN, channels-last in place
+    z = temporal conv of y over frames (kernel 3)    (B, T, S, C)    cuDNN, channels-last in place; on a
+                                                                     segment-mode call, cuBLAS GEMMs per tap
     out = y + z
 
 `ffn_parts` returns y and z separately (the block's fused residual computes x + gate * (y + z)) and
@@ -29,6 +30,11 @@ from camrender.model.settings import KernelSettings
 
 # PyTorch's conv kernels index with 32 bits; keep one temporal conv call under this many elements.
 _CONV_ELEMENTS_LIMIT = 1 << 30
+
+# Calls of at most this many frames run the temporal conv as one GEMM per tap (`_temporal_gemms`). A convolution
+# also multiplies the zero padding: 2 of its 3 T tap-frames hold no data, 22 % of the work at a segment's 3 frames
+# (8 % at 8), and segment mode's cached left frame is one more GEMM on top. Longer calls (full mode) keep cuDNN.
+TEMPORAL_GEMM_MAX_FRAMES = 8
 
 
 def _fusable(mlp) -> bool:
@@ -113,6 +119,8 @@ def _temporal(mlp, y, left, segments):
     zero) before frame 0; later ranges see the previous frame of the call.
     """
     t_conv = mlp.t_conv
+    if t_conv.weight.shape[2] == 3 and t_conv.bias is None and y.shape[1] <= TEMPORAL_GEMM_MAX_FRAMES:
+        return _temporal_gemms(t_conv.weight, y, left, segments)
     # a no-op on a kernel laid out channels-last at adoption (`channels_last_kernel`)
     weight = t_conv.weight.to(y.dtype).contiguous(memory_format=torch.channels_last)  # (C, C, k, 1)
     bias = None if t_conv.bias is None else t_conv.bias.to(y.dtype)
@@ -130,13 +138,45 @@ def _temporal(mlp, y, left, segments):
             part = _conv_frames(y[:, first:stop], weight, bias)
             z[:, start:stop] = part[:, start - first:]
     if left is not None:
-        # frame 0's left tap: z[0] += W[:, :, 0] @ left, added in place (cuBLAS accumulates in fp32). The
-        # (C_in, C_out) operand is read where the channels-last kernel holds it (a column-major view with a
-        # leading dimension of 3 C_in): a contiguous copy cost 3.8 ms a segment at the release size
-        tap = t_conv.weight[:, :, 0, 0].t().to(y.dtype)
-        left = left.to(y.dtype)
-        for b in range(y.shape[0]):
-            z[b, 0].addmm_(left[b, 0], tap)
+        _add_left_tap(z, _tap(t_conv.weight, 0, y.dtype), left)
+    return z
+
+
+def _tap(weight, k: int, dtype) -> torch.Tensor:
+    """Tap k of the (C_out, C_in, 3, 1) temporal kernel as the (C_in, C_out) right operand of a token-row GEMM.
+    On the channels-last kernel (`channels_last_kernel`) it is a column-major view with a leading dimension of
+    3 C_in, which cuBLAS reads in place (a contiguous copy cost 3.8 ms a segment at the release size)."""
+    return weight[:, :, k, 0].t().to(dtype)
+
+
+def _add_left_tap(z, tap0, left) -> None:
+    """Frame 0's left tap, z[:, 0] += left[:, 0] @ tap0, in place (cuBLAS accumulates in fp32)."""
+    left = left.to(z.dtype)
+    for b in range(z.shape[0]):
+        z[b, 0].addmm_(left[b, 0], tap0)
+
+
+def _temporal_gemms(weight, y, left, segments):
+    """`_temporal` of a kernel-3 conv without bias as GEMMs on token rows: z (B, T, S, C) of y (B, T, S, C).
+
+    z[t] = y[t - 1] @ tap0 + y[t] @ tap1 + y[t + 1] @ tap2 (`_tap`). Frames are S contiguous token rows, so each
+    tap is one GEMM per batch row on a contiguous run of rows, accumulated into z in place: the same-frame tap
+    over every frame; the previous-frame tap over frames 1.. (segments see the previous frame of the call) and
+    `left` at frame 0; the next-frame tap within each segment, up to its last frame. cuBLAS sums each product in
+    fp32 and rounds z to y's dtype after each one."""
+    batch, frames, spatial, channels = y.shape
+    rows = y.view(batch, frames * spatial, channels)
+    z = torch.mm(rows.view(-1, channels), _tap(weight, 1, y.dtype)).view(batch, frames * spatial, -1)
+    tap0, tap2 = _tap(weight, 0, y.dtype), _tap(weight, 2, y.dtype)
+    for b in range(batch):
+        if frames > 1:
+            z[b, spatial:].addmm_(rows[b, :-spatial], tap0)
+        for start, stop in segments:
+            if stop - start > 1:
+                z[b, start * spatial:(stop - 1) * spatial].addmm_(rows[b, (start + 1) * spatial:stop * spatial], tap2)
+    z = z.view(batch, frames, spatial, -1)
+    if left is not None:
+        _add_left_tap(z, tap0, left)
     return z
 
 
