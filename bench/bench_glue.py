@@ -7,7 +7,8 @@ fused kernel at several warp counts, and a device copy of the same bytes (the fl
 JSON (also written to --out): medians of `triton.testing.do_bench` in ms, and the max |error| of
 the kernel against its fp32 reference.
 
-Also the refiner's (LTX-2) self-attention prep and adaLN at its release shape (`refiner_*` rows), and its FP8
+Also a GDN block's gates against kernels.gdn_gates, on a segment and on the full clip (`gdn_gates_*` rows), and
+the refiner's (LTX-2) self-attention prep and adaLN at its release shape (`refiner_*` rows), and its FP8
 activations' quantization, in its own pass against inside the kernel that writes them (`refiner_fp8_*`).
 
     python3 bench/bench_glue.py --out glue.json
@@ -19,6 +20,7 @@ import sys
 from pathlib import Path
 
 import torch
+import triton
 from diffusers.models.normalization import RMSNorm
 from diffusers.models.transformers.transformer_sana_wm_refiner import apply_interleaved_rotary_emb
 
@@ -26,6 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from camrender.kernels import block_glue as glue  # noqa: E402
 from camrender.kernels import fp8_quant  # noqa: E402
 from camrender.kernels.fp8_quant import gelu_quantize_rows, merge_heads_quantize_rows, quantize_rows  # noqa: E402
+from camrender.kernels.gdn_gates import gdn_gates  # noqa: E402
+from camrender.kernels.gdn_gates_reference import gdn_gates_ref  # noqa: E402
 from camrender.kernels.rms_rope import rms_rope_qk  # noqa: E402
 
 from common import emit, kernel_ms  # noqa: E402
@@ -75,6 +79,7 @@ def main(argv=None) -> dict:
         ms[f"gated_residual_y2_w{warps}"] = bench(lambda: glue.gated_residual(x, y, rows_gate, y2=z, num_warps=warps))
     ms["silu_gate"] = bench(lambda: glue.silu_gate(x, y, b=z))
     refiner_rows(ms, rows, bench, randn)
+    gate_rows(ms, rows, randn)
     errors = rows["max_error"]
     errors["ada_norm"] = float((glue.ada_norm(x, rows_shift, rows_scale).float()
                                 - glue.ada_norm_ref(x, rows_shift, rows_scale).float()).abs().max())
@@ -83,6 +88,25 @@ def main(argv=None) -> dict:
     rows["ms"] = {k: round(v, 4) for k, v in ms.items()}
     emit(rows, args.out)
     return rows
+
+
+@torch.no_grad()
+def gate_rows(ms, rows, randn):
+    """A GDN block's gates (beta and decay, 20 heads of 2240 channels) on a segment (3 frames) and on the full clip
+    (B=2, 21 frames): diffusers' ops against kernels.gdn_gates, each replayed as a CUDA graph (as a render runs
+    them: the stock path's seven small launches cost no host time there), and the fused outputs' max |error|."""
+    heads, channels = 20, 2240
+    weights = [randn(heads, channels) * channels ** -0.5 for _ in range(2)]
+    biases = [randn(heads) for _ in range(2)]
+    rate = -torch.rand(heads, device="cuda") * 3
+    dt_bias = torch.randn(heads, device="cuda")
+    for name, batch, frames in (("segment", 1, 3), ("full", 2, 21)):
+        x = randn(batch, frames * 880, channels)
+        args = (x, frames, weights[0], biases[0], weights[1], biases[1], rate, dt_bias)
+        ms[f"gdn_gates_stock_{name}"] = triton.testing.do_bench_cudagraph(lambda: gdn_gates_ref(*args))
+        ms[f"gdn_gates_{name}"] = triton.testing.do_bench_cudagraph(lambda: gdn_gates(*args))
+        for part, got, want in zip(("beta", "decay"), gdn_gates(*args), gdn_gates_ref(*args)):
+            rows["max_error"][f"gdn_gates_{name}_{part}"] = float((got.float() - want.float()).abs().max())
 
 
 @torch.no_grad()

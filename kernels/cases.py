@@ -34,6 +34,8 @@ from .bias_residual_reference import bias_residual_ref
 from .block_glue import gated_residual, residual_ada_norm, silu_gate
 from .block_glue_reference import gated_residual_ref, residual_ada_norm_ref, silu_gate_ref
 from .ffn_glu import glu_depthwise
+from .gdn_gates import gdn_gates
+from .gdn_gates_reference import gdn_gates_ref
 from .ffn_glu_reference import glu_depthwise_ref
 from .main_branch import main_branch
 from .main_branch_reference import main_branch_ref
@@ -338,6 +340,29 @@ def _decoder_resnet_inputs(s, device, dtype):
                 bias=d.randn((s.channels,), 0.5, activation=False), residual=d.randn(shape))
 
 
+def _gates_inputs(s, device, dtype):
+    """A GDN block's input (B, N, C), its per-head projections (H, C) and the decay's constants (H,)."""
+    d = _Draw(9, device, dtype)
+    heads, channels = (s.heads,), (s.heads, s.channels)
+    return dict(x=d.randn((s.batch, s.tokens, s.channels)), frames=s.frames,
+                beta_weight=d.randn(channels, s.channels ** -0.5, activation=False),
+                beta_bias=d.randn(heads, activation=False),
+                gate_weight=d.randn(channels, 4 * s.channels ** -0.5, activation=False),
+                gate_bias=d.randn(heads, activation=False), negative_rate=-d.rand(heads, 0.1, 3.0, activation=False),
+                dt_bias=d.randn(heads, activation=False))
+
+
+_GATE_ARGS = ("beta_weight", "beta_bias", "gate_weight", "gate_bias", "negative_rate", "dt_bias")
+
+
+def _gates_fused(x, precision):
+    return gdn_gates(x["x"], x["frames"], *(x[name] for name in _GATE_ARGS), backend="triton", precision=precision)
+
+
+def _gates_reference(x):
+    return gdn_gates_ref(x["x"].float(), x["frames"], *(x[name] for name in _GATE_ARGS))
+
+
 def _rms_silu_label(s: Sizes) -> str:
     return f"B{s.batch} C{s.channels} T{s.frames} 3x{s.spatial // 3}"
 
@@ -393,6 +418,8 @@ CASES = (
                                                   x["residual"], backend="triton"),
                lambda x: bias_residual_ref(x["x"].float(), x["bias"].float(), x["residual"].float()),
                _rms_silu_label, GLUE_SIZES),
+    KernelCase("gdn_gates", _gates_inputs, _gates_fused, _gates_reference, _glue_label, GLUE_SIZES,
+               tf32_tolerance=1e-2),
     # on CUDA the GLU's silu runs on the hardware's approximate tanh (inline asm, relative error ~2^-11)
     KernelCase("glu_depthwise", _glu_inputs, _glu_fused, _glu_reference, _glu_label, GLUE_SIZES),
 )

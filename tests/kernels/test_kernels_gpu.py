@@ -200,3 +200,36 @@ def test_temporal_conv_as_gemms_on_cublas(monkeypatch):
         monkeypatch.setattr(ffn, "TEMPORAL_GEMM_MAX_FRAMES", gemm_frames)
         z = ffn._temporal(mlp, y, left, [(0, 3)])
         assert z.dtype == torch.bfloat16 and (z.double() - exact).norm() / exact.norm() < 1.6 * floor, gemm_frames
+
+
+def test_gdn_gates_at_the_release_size():
+    """`kernels.gdn_gates` compiled, on a segment of the release (3 frames of 880 tokens, 2240 channels, 20 heads)
+    against diffusers' ops: float32 (ieee) to float32 rounding; in bf16, beta within one bf16 step (the tile products
+    sum in another order than cuBLAS', so a logit may round the other way), the decay to 1e-3 on average (a flip of
+    the gate's bf16 rounding moves one value by up to a few percent)."""
+    from camrender.kernels.gdn_gates import gdn_gates
+    from camrender.kernels.gdn_gates_reference import gdn_gates_ref
+
+    gen = torch.Generator().manual_seed(4)
+    heads, channels, frames = 20, 2240, 3
+    x = torch.randn(1, frames * 880, channels, generator=gen)
+    weights = [torch.randn(heads, channels, generator=gen) * scale * channels ** -0.5 for scale in (1, 4)]
+    biases = [torch.randn(heads, generator=gen) for _ in range(2)]
+    rate, dt_bias = (-3 * torch.rand(heads, generator=gen)).cuda(), torch.randn(heads, generator=gen).cuda()
+    for dtype in (torch.float32, torch.bfloat16):
+        args = (x.to("cuda", dtype), frames, weights[0].to("cuda", dtype), biases[0].to("cuda", dtype),
+                weights[1].to("cuda", dtype), biases[1].to("cuda", dtype), rate, dt_bias)
+        tf32 = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = False
+        try:
+            want_beta, want_decay = gdn_gates_ref(*args)
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = tf32
+        beta, decay = gdn_gates(*args, backend="triton", precision="ieee")
+        if dtype == torch.float32:
+            torch.testing.assert_close(beta, want_beta, rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(decay, want_decay, rtol=1e-5, atol=1e-6)
+        else:
+            assert (beta.float() - want_beta.float()).abs().max() <= 2.0 ** -8
+            assert ((decay - want_decay).abs() / want_decay).mean() < 1e-3
+            torch.testing.assert_close(decay, want_decay, rtol=5e-2, atol=0)

@@ -64,7 +64,7 @@ def test_decay_constants_are_made_once_per_parameter_version():
         gate = attn.gate_proj(x.reshape(1, 3, 8, 32).mean(dim=2)).float()
         rate = attn.A_log.float().exp().view(1, 1, -1)
         want = (-rate * torch.nn.functional.softplus(gate + attn.dt_bias.float().view(1, 1, -1))).exp().transpose(1, 2)
-    torch.testing.assert_close(decay, want, rtol=0, atol=0)
+    torch.testing.assert_close(decay, want, rtol=1e-5, atol=1e-6)  # the fused kernel sums the frame in tiles
 
 
 def test_ray_matrices_are_widened_once_and_narrowed_back_for_stock_code():

@@ -29,6 +29,7 @@ from diffusers.models.transformers.transformer_sana_wm import (
 
 from camrender.kernels.block_glue import silu_gate
 from camrender.kernels.camera_branch import camera_branch
+from camrender.kernels.gdn_gates import gdn_gates as fused_gdn_gates
 from camrender.kernels.main_branch import main_branch
 from camrender.kernels.short_conv import short_conv, short_conv_context
 from camrender.model.adopt import adopt_module
@@ -39,19 +40,18 @@ from camrender.model.stage1.state import FULL_MODE, BlockCache, SegmentCall, Seg
 
 
 def gdn_gates(attn, x: torch.Tensor, frames: int, spatial: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The GDN gates of block attention `attn`, shared by its main and camera branches.
+    """The GDN gates of block attention `attn`, shared by its main and camera branches (`kernels.gdn_gates`, on
+    `attn.settings`' backend and precision; a stock module's `KernelSettings()` otherwise).
 
     x (B, N, C), N = frames * spatial. Returns beta (B, H, T, S) = sigmoid(beta_proj(x)) in x's
     dtype, and the per-frame decay (B, H, T) fp32 =
     exp(-exp(A_log) * softplus(gate_proj(mean_s x) + dt_bias)).
     """
-    batch, _, channels = x.shape
-    beta = attn.beta_proj(x).sigmoid().reshape(batch, frames, spatial, attn.heads).permute(0, 3, 1, 2)
-    frame_mean = x.reshape(batch, frames, spatial, channels).mean(dim=2)
-    gate = attn.gate_proj(frame_mean).float()
+    settings = getattr(attn, "settings", KernelSettings())
     negative_rate, dt_bias = decay_constants(attn)
-    decay = (negative_rate * F.softplus(gate + dt_bias)).exp().transpose(1, 2)
-    return beta, decay
+    return fused_gdn_gates(x, frames, attn.beta_proj.weight, attn.beta_proj.bias, attn.gate_proj.weight,
+                           attn.gate_proj.bias, negative_rate.view(-1), dt_bias.view(-1), backend=settings.backend,
+                           precision=settings.precision)
 
 
 def decay_constants(attn) -> tuple:
