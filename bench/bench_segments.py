@@ -48,7 +48,7 @@ from camrender.model.stage1.tiny import build_tiny_transformer, build_tiny_vae  
 from camrender.render.decode import (CausalStreamDecoder, decode_max_frames, to_uint8_frames,  # noqa: E402
                                      video_frames_for_latents)
 from camrender.render.denoise import Denoiser, pin, pinned_frames  # noqa: E402
-from camrender.render.inputs import RenderInputs  # noqa: E402
+from camrender.render.inputs import RenderInputs, drop_text_padding  # noqa: E402
 from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments  # noqa: E402
 from camrender.render.stage_two import PassThrough, refined_frames  # noqa: E402
 from common import (GIB, Events, HostSyncs, Laps, allocated_bytes, emit, measure, peak_bytes,  # noqa: E402
@@ -140,7 +140,8 @@ def path_inputs(transformer, latent_frames, height, width, device, dtype, guidan
     plucker = torch.randn(1, 48, latent_frames, h, w, generator=generator).expand(batch, -1, -1, -1, -1)
     text = torch.randn(batch, 1, 300, transformer.config.caption_channels, generator=generator)
     mask = torch.zeros(batch, 300, dtype=torch.long)
-    mask[:, :120] = 1
+    mask[:, :120] = 1  # a prompt of 120 tokens, padded to 300 and its padding dropped, as a render's is
+    text, mask = drop_text_padding(text, mask)
     channels = transformer.config.in_channels
     return RenderInputs(
         text=text.to(device, dtype), text_mask=mask.to(device), camera_conditions=conditions,

@@ -341,26 +341,14 @@ def _decoder_resnet_inputs(s, device, dtype):
 
 
 def _gates_inputs(s, device, dtype):
-    """A GDN block's input (B, N, C), its per-head projections (H, C) and the decay's constants (H,)."""
+    """A GDN block's input (B, N, C), its per-head projections (H, C) and the decay's constants (H,), in the order of
+    `gdn_gates`' arguments after x and the frame count."""
     d = _Draw(9, device, dtype)
     heads, channels = (s.heads,), (s.heads, s.channels)
-    return dict(x=d.randn((s.batch, s.tokens, s.channels)), frames=s.frames,
-                beta_weight=d.randn(channels, s.channels ** -0.5, activation=False),
-                beta_bias=d.randn(heads, activation=False),
-                gate_weight=d.randn(channels, 4 * s.channels ** -0.5, activation=False),
-                gate_bias=d.randn(heads, activation=False), negative_rate=-d.rand(heads, 0.1, 3.0, activation=False),
-                dt_bias=d.randn(heads, activation=False))
-
-
-_GATE_ARGS = ("beta_weight", "beta_bias", "gate_weight", "gate_bias", "negative_rate", "dt_bias")
-
-
-def _gates_fused(x, precision):
-    return gdn_gates(x["x"], x["frames"], *(x[name] for name in _GATE_ARGS), backend="triton", precision=precision)
-
-
-def _gates_reference(x):
-    return gdn_gates_ref(x["x"].float(), x["frames"], *(x[name] for name in _GATE_ARGS))
+    gates = (d.randn(channels, s.channels ** -0.5, activation=False), d.randn(heads, activation=False),
+             d.randn(channels, 4 * s.channels ** -0.5, activation=False), d.randn(heads, activation=False),
+             -d.rand(heads, 0.1, 3.0, activation=False), d.randn(heads, activation=False))
+    return dict(x=d.randn((s.batch, s.tokens, s.channels)), frames=s.frames, gates=gates)
 
 
 def _rms_silu_label(s: Sizes) -> str:
@@ -418,7 +406,9 @@ CASES = (
                                                   x["residual"], backend="triton"),
                lambda x: bias_residual_ref(x["x"].float(), x["bias"].float(), x["residual"].float()),
                _rms_silu_label, GLUE_SIZES),
-    KernelCase("gdn_gates", _gates_inputs, _gates_fused, _gates_reference, _glue_label, GLUE_SIZES,
+    KernelCase("gdn_gates", _gates_inputs,
+               lambda x, precision: gdn_gates(x["x"], x["frames"], *x["gates"], backend="triton", precision=precision),
+               lambda x: gdn_gates_ref(x["x"].float(), x["frames"], *x["gates"]), _glue_label, GLUE_SIZES,
                tf32_tolerance=1e-2),
     # on CUDA the GLU's silu runs on the hardware's approximate tanh (inline asm, relative error ~2^-11)
     KernelCase("glu_depthwise", _glu_inputs, _glu_fused, _glu_reference, _glu_label, GLUE_SIZES),

@@ -148,7 +148,9 @@ class CausalStreamDecoder:
         for conv in self._convs:
             if conv.conv.stride[0] != 1 or conv.conv.dilation[0] != 1:
                 raise NotImplementedError("streaming decode needs temporal stride and dilation 1")
-        self._tails: dict[int, torch.Tensor] = {}  # id(conv) -> its last k - 1 input frames
+        # id(conv) -> its last k - 1 input frames, as whole frames of its padded input: with the reflected border
+        # (`_border`), a channels-last tail is one contiguous block, copied out and back at the memory's pace
+        self._tails: dict[int, torch.Tensor] = {}
         self.latent_frames = 0  # latent frames decoded so far
 
     @torch.no_grad()
@@ -171,7 +173,8 @@ class CausalStreamDecoder:
     def state(self) -> dict:
         """What the next chunk depends on: {"latent_frames": int, "tails": per causal conv (in module
         order) its last k - 1 input frames (1, C, k - 1, h, w), or None before the first chunk}."""
-        return {"latent_frames": self.latent_frames, "tails": [self._tails.get(id(conv)) for conv in self._convs]}
+        return {"latent_frames": self.latent_frames, "tails": [_interior(self._tails.get(id(conv)), conv)
+                                                               for conv in self._convs]}
 
     def load_state(self, state: dict) -> None:
         """Continue from `state()` of a decoder over the same VAE (e.g. after a resume)."""
@@ -179,8 +182,15 @@ class CausalStreamDecoder:
         if len(tails) != len(self._convs):
             raise ValueError(f"decoder state has {len(tails)} convolution tails, this VAE {len(self._convs)}")
         device = self._device()
-        self._tails = {id(conv): tail.to(device) for conv, tail in zip(self._convs, tails) if tail is not None}
+        self._tails = {id(conv): self._bordered(tail.to(device), conv) for conv, tail in zip(self._convs, tails)
+                       if tail is not None}
         self.latent_frames = int(state["latent_frames"])
+
+    def _bordered(self, tail: torch.Tensor, conv) -> torch.Tensor:
+        """A tail of `state()` (frames alone) as the decoder keeps it: in a zero border of `conv`'s input's padding
+        (a streamed call reflects the border anew once the tail is in place) and the decoder's memory format."""
+        pad_h, pad_w = _border(conv)
+        return F.pad(tail, (pad_w, pad_w, pad_h, pad_h)).contiguous(memory_format=self.memory_format)
 
     def _device(self) -> torch.device:
         return torch.device(self.device) if self.device is not None else next(self.vae.decoder.parameters()).device
@@ -230,18 +240,21 @@ class CausalStreamDecoder:
         inner = conv.conv
         context = conv.kernel_size[0] - 1
         reflect = inner.padding_mode == "reflect"
-        pad_h, pad_w = inner.padding[1:] if reflect else (0, 0)
+        pad_h, pad_w = _border(conv)
         batch, channels, frames, height, width = x.shape
         padded = torch.empty(batch, channels, context + frames, height + 2 * pad_h, width + 2 * pad_w,
                              dtype=x.dtype, device=x.device, memory_format=self.memory_format)
         core = padded[:, :, :, pad_h:pad_h + height, pad_w:pad_w + width]
         write(core[:, :, context:])
         tail = self._tails.get(id(conv))
-        core[:, :, :context] = core[:, :, context:context + 1] if tail is None else tail
+        if tail is None:
+            core[:, :, :context] = core[:, :, context:context + 1]
+        else:
+            padded[:, :, :context] = tail
         if reflect:
             reflect_borders(padded, pad_h, pad_w)
         # a copy, not a view: a view would keep this call's whole input alive until the next chunk
-        self._tails[id(conv)] = core[:, :, core.shape[2] - context:].clone(memory_format=self.memory_format)
+        self._tails[id(conv)] = padded[:, :, padded.shape[2] - context:].clone(memory_format=self.memory_format)
         if reflect:
             return F.conv3d(padded, inner.weight, bias, inner.stride, 0, inner.dilation, inner.groups)
         return inner._conv_forward(padded, inner.weight, bias)  # its own spatial padding mode
@@ -291,6 +304,20 @@ class CausalStreamDecoder:
             repeats = (stride_t * stride_h * stride_w) // upsampler.upscale_factor
             out.unflatten(1, (repeats, -1)).add_(depth_to_space(hidden_states).unsqueeze(1))
         return out
+
+
+def _border(conv) -> tuple:
+    """(rows, columns) of reflected border around a frame of `conv`'s streamed input: its spatial padding for a
+    reflect-mode conv; none otherwise (the conv pads itself)."""
+    return tuple(conv.conv.padding[1:]) if conv.conv.padding_mode == "reflect" else (0, 0)
+
+
+def _interior(tail: Optional[torch.Tensor], conv) -> Optional[torch.Tensor]:
+    """A conv's tail as `state()` gives it, (1, C, k - 1, h, w): the decoder's, without the border (`_border`)."""
+    pad_h, pad_w = _border(conv)
+    if tail is None or (pad_h == 0 and pad_w == 0):
+        return tail
+    return tail[:, :, :, pad_h:tail.shape[3] - pad_h, pad_w:tail.shape[4] - pad_w].clone()  # in tail's layout
 
 
 def _rms_silu_forward(norm: PerChannelRMSNorm, x: torch.Tensor, channel_dim=None) -> torch.Tensor:

@@ -310,3 +310,27 @@ def test_window_slot_and_prepared_text_keep_every_bit(monkeypatch, cached_segmen
         window = cache.blocks[1].window  # the context only (a growing one is no single buffer)
         assert window is None if cached_segments is None else window.key.shape[2] == cache.blocks[1].context_tokens()
     assert torch.equal(shortcut, plain)
+
+
+def test_prepared_text_of_unpadded_text_skips_the_mask():
+    """A render's text has its padding dropped (`drop_text_padding`); its prepared keys then carry no mask, so the
+    cross-attentions run without one, and a segment gives what the padded text and its mask give."""
+    from camrender.model.stage1.block import prepared_text
+    from camrender.model.stage1.segments import prepare_conditioning
+    from camrender.render.inputs import drop_text_padding
+
+    batch, frames, height, width = 2, 4, 2, 3
+    latents, text, mask = model_inputs(batch, frames, height, width, seed=8)
+    conditions, plucker = camera_inputs(batch, frames, height, width, seed=8)
+    patched = patch_transformer(build_tiny_transformer(seed=2), settings=KernelSettings("triton", "ieee"))
+    timestep = torch.full((batch, 1, frames), 500.0)
+    outputs = []
+    with torch.no_grad():
+        for words, attended in (drop_text_padding(text, mask), (text, mask)):
+            conditioning = prepare_conditioning(patched, (frames, height, width), words, attended,
+                                                camera_conditions=conditions, chunk_plucker=plucker, frame_start=0)
+            keys = prepared_text(patched, conditioning.text, conditioning.text_mask)
+            assert all((k.mask is None) == (words.shape[2] == 4) for k in keys)  # 4 of 6 tokens kept: no mask
+            outputs.append(segment_forward(patched, latents, timestep, frame_start=0, options=SegmentOptions(),
+                                           conditioning=conditioning, text_keys=keys))
+    torch.testing.assert_close(outputs[0], outputs[1], rtol=1e-5, atol=1e-5)

@@ -42,6 +42,24 @@ def test_streamed_decode_equals_whole_clip_causal_decode(vae, clip, segment_fram
 
 
 @pytest.mark.parametrize("channels_last", [False, True])
+def test_decoder_state_continues_the_stream(vae, clip, channels_last):
+    """`state()` after a chunk holds each conv's last input frames without the reflected borders the decoder keeps
+    with them; a fresh decoder that loads it decodes the next chunks as the first one goes on to."""
+    latents, _ = clip
+    going = CausalStreamDecoder(vae, channels_last=channels_last)
+    going.decode(latents[:, :, :4])
+    state = going.state()
+    for conv, tail in zip(going._convs, state["tails"]):
+        assert tail.shape[2] == conv.kernel_size[0] - 1
+    assert {tuple(t.shape[3:]) for t in state["tails"]} == {(2, 3), (4, 6), (8, 12), (16, 24)}  # frames, no border
+    resumed = CausalStreamDecoder(vae, channels_last=channels_last)
+    resumed.load_state(state)
+    assert all(torch.equal(a, b) for a, b in zip(resumed.state()["tails"], state["tails"]))  # saved again as loaded
+    for start, stop in ((4, 6), (6, 8)):
+        assert torch.equal(resumed.decode(latents[:, :, start:stop]), going.decode(latents[:, :, start:stop]))
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
 def test_streamed_decode_of_zero_padded_convs_equals_whole_clip(channels_last):
     """The decoder's convs in another spatial padding mode (zeros; the LTX-2 decoder's own is reflect): each streamed
     conv pads its input as the conv module does."""

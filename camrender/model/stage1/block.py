@@ -127,7 +127,13 @@ class FusedCrossAttnProcessor(SanaWMCrossAttnProcessor):
 def prepared_text(transformer, text: torch.Tensor, mask: Optional[torch.Tensor]) -> Optional[list]:
     """Each block's `TextKeys` of the embedded text (B, 1, L, C) and its mask (B, L), or None for a block
     whose cross-attention computes them itself (not patched, or off the kernels); None if no block takes
-    them. A render's calls then pass these instead of repeating the text GEMM and norm per block call."""
+    them. A render's calls then pass these instead of repeating the text GEMM and norm per block call.
+
+    A mask that attends to every token is left out (the keys' mask is None): the attention then skips the mask.
+    A render's text has no all-masked columns at its end (`camrender.render.inputs.drop_text_padding`), so with one
+    prompt, or two of one length, this is the common case. Asking costs one wait for the GPU, once per render."""
+    if mask is not None and bool(mask.bool().all()):
+        mask = None
     prepared = [block.cross_attn.processor.text_keys(block.cross_attn, text, mask) if _takes_text_keys(block, text)
                 else None for block in transformer.blocks]
     return prepared if any(keys is not None for keys in prepared) else None
