@@ -16,6 +16,7 @@ activations' quantization, in its own pass against inside the kernel that writes
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 from pathlib import Path
 
@@ -94,19 +95,28 @@ def main(argv=None) -> dict:
 def gate_rows(ms, rows, randn):
     """A GDN block's gates (beta and decay, 20 heads of 2240 channels) on a segment (3 frames) and on the full clip
     (B=2, 21 frames): diffusers' ops against kernels.gdn_gates, each replayed as a CUDA graph (as a render runs
-    them: the stock path's seven small launches cost no host time there), and the fused outputs' max |error|."""
+    them: the stock path's seven small launches cost no host time there), the fused outputs' max |error|, and a sweep
+    of the beta kernel's launch on the segment (`gdn_gates_sweep`)."""
     heads, channels = 20, 2240
     weights = [randn(heads, channels) * channels ** -0.5 for _ in range(2)]
     biases = [randn(heads) for _ in range(2)]
     rate = -torch.rand(heads, device="cuda") * 3
     dt_bias = torch.randn(heads, device="cuda")
+    segment = None
     for name, batch, frames in (("segment", 1, 3), ("full", 2, 21)):
         x = randn(batch, frames * 880, channels)
         args = (x, frames, weights[0], biases[0], weights[1], biases[1], rate, dt_bias)
+        segment = segment or args
         ms[f"gdn_gates_stock_{name}"] = triton.testing.do_bench_cudagraph(lambda: gdn_gates_ref(*args))
         ms[f"gdn_gates_{name}"] = triton.testing.do_bench_cudagraph(lambda: gdn_gates(*args))
         for part, got, want in zip(("beta", "decay"), gdn_gates(*args), gdn_gates_ref(*args)):
             rows["max_error"][f"gdn_gates_{name}_{part}"] = float((got.float() - want.float()).abs().max())
+    # the beta kernel's launch on the segment (`gdn_gates.DEFAULT_TUNING` is a guess until this runs)
+    rows["gdn_gates_sweep"] = []
+    for block_s, block_k, num_warps, num_stages in itertools.product((16, 32), (128, 256, 512), (4, 8), (1, 3)):
+        tuning = dict(block_s=block_s, block_k=block_k, num_warps=num_warps, num_stages=num_stages)
+        took = triton.testing.do_bench_cudagraph(lambda: gdn_gates(*segment, tuning=tuning))
+        rows["gdn_gates_sweep"].append({**tuning, "ms": round(took, 4)})
 
 
 @torch.no_grad()

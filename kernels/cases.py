@@ -34,9 +34,9 @@ from .bias_residual_reference import bias_residual_ref
 from .block_glue import gated_residual, residual_ada_norm, silu_gate
 from .block_glue_reference import gated_residual_ref, residual_ada_norm_ref, silu_gate_ref
 from .ffn_glu import glu_depthwise
+from .ffn_glu_reference import glu_depthwise_ref
 from .gdn_gates import gdn_gates
 from .gdn_gates_reference import gdn_gates_ref
-from .ffn_glu_reference import glu_depthwise_ref
 from .main_branch import main_branch
 from .main_branch_reference import main_branch_ref
 from .main_prep import main_prep
@@ -344,10 +344,10 @@ def _gates_inputs(s, device, dtype):
     """A GDN block's input (B, N, C), its per-head projections (H, C) and the decay's constants (H,), in the order of
     `gdn_gates`' arguments after x and the frame count."""
     d = _Draw(9, device, dtype)
-    heads, channels = (s.heads,), (s.heads, s.channels)
-    gates = (d.randn(channels, s.channels ** -0.5, activation=False), d.randn(heads, activation=False),
-             d.randn(channels, 4 * s.channels ** -0.5, activation=False), d.randn(heads, activation=False),
-             -d.rand(heads, 0.1, 3.0, activation=False), d.randn(heads, activation=False))
+    per_head, weight = (s.heads,), (s.heads, s.channels)
+    gates = (d.randn(weight, s.channels ** -0.5, activation=False), d.randn(per_head, activation=False),
+             d.randn(weight, 4 * s.channels ** -0.5, activation=False), d.randn(per_head, activation=False),
+             -d.rand(per_head, 0.1, 3.0, activation=False), d.randn(per_head, activation=False))
     return dict(x=d.randn((s.batch, s.tokens, s.channels)), frames=s.frames, gates=gates)
 
 

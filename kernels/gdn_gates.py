@@ -1,17 +1,19 @@
-"""The gates of a GDN block in two kernels (reference: `kernels.gdn_gates_reference`).
+"""The gates of a GDN block in three kernels (reference: `kernels.gdn_gates_reference`).
 
     gdn_gates(x, frames, beta_weight, beta_bias, gate_weight, gate_bias, negative_rate, dt_bias)
         x (B, N, C), N = T * S  ->  beta (B, H, T, S) in x's dtype, decay (B, H, T) float32
 
 Stock computes them in seven launches: the per-token projection to H heads (a cuBLAS GEMM whose N = H = 20 leaves it
 at a third of the memory's pace), its sigmoid, the frame means (a strided reduction), the projection of the means
-and four small element-wise ops. Here `_beta_kernel` reads x once for the first four: each program takes a tile of
-one frame's tokens, multiplies it into the heads and writes their sigmoid, and writes the tile's column sums. Then
-`_gate_kernel` (a block of channels of a frame) adds the tiles' sums into the frame's mean and multiplies it into
-the gate's heads, and `_decay_kernel` (a frame) adds the blocks' products and writes the decay. Every sum runs in a
-fixed order, so the results do not depend on scheduling. The linears' outputs are rounded to x's dtype where stock's
-are.
+and small element-wise ops. Here `_beta_kernel` reads x once for the projection, its sigmoid and the frame sums: each
+program takes a tile of one frame's tokens, multiplies it into the heads, writes their sigmoid, and writes the
+tile's column sums. Then `_gate_kernel` (a block of channels of a frame) adds the tiles' sums into the frame's mean
+and multiplies it into the gate's heads, and `_decay_kernel` (a frame) adds the blocks' products and writes the
+decay. Every sum runs in a fixed order, so the results do not depend on scheduling. The linears' outputs are rounded
+to x's dtype where stock's are.
 """
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -24,7 +26,7 @@ from .gdn_gates_reference import gdn_gates_ref
 
 @triton.jit
 def _beta_kernel(x_ptr, wb_ptr, bb_ptr, beta_ptr, sums_ptr, spatial, channels, heads, PREC: tl.constexpr,
-                 BLOCK_S: tl.constexpr, BLOCK_K: tl.constexpr, HP: tl.constexpr):
+                 NATIVE_DOT: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_K: tl.constexpr, HP: tl.constexpr):
     DT: tl.constexpr = x_ptr.dtype.element_ty
     tile, frame, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     tiles, frames = tl.num_programs(0), tl.num_programs(1)
@@ -36,12 +38,14 @@ def _beta_kernel(x_ptr, wb_ptr, bb_ptr, beta_ptr, sums_ptr, spatial, channels, h
     for k0 in range(0, channels, BLOCK_K):
         c = k0 + tl.arange(0, BLOCK_K)
         xt = tl.load(x_ptr + row[:, None] * channels + c[None, :],
-                     mask=(s[:, None] < spatial) & (c[None, :] < channels), other=0.0).to(tl.float32)
+                     mask=(s[:, None] < spatial) & (c[None, :] < channels), other=0.0)
         w = tl.load(wb_ptr + h[None, :] * channels + c[:, None], mask=(h[None, :] < heads) & (c[:, None] < channels),
-                    other=0.0).to(tl.float32)  # (BLOCK_K, HP): beta_weight^T
-        # fp32 operands: bf16 and fp16 values are exact in tf32 (and the interpreter's dot takes no bf16)
-        acc = tl.dot(xt, w, acc, input_precision=PREC)
-        tl.store(sums_ptr + sums_row + c, tl.sum(xt, axis=0), mask=c < channels)
+                    other=0.0)  # (BLOCK_K, HP): beta_weight^T
+        if NATIVE_DOT:  # bf16 / fp16 operands on the tensor cores, summed in fp32
+            acc = tl.dot(xt, w, acc)
+        else:  # fp32 operands (bf16 and fp16 values are exact in tf32; the interpreter's dot takes neither)
+            acc = tl.dot(xt.to(tl.float32), w.to(tl.float32), acc, input_precision=PREC)
+        tl.store(sums_ptr + sums_row + c, tl.sum(xt.to(tl.float32), axis=0), mask=c < channels)
     logit = round_as(acc + tl.load(bb_ptr + h, mask=h < heads, other=0.0).to(tl.float32)[None, :], DT)
     beta = 1.0 / (1.0 + tl.exp(-logit))
     tl.store(beta_ptr + row[:, None] * heads + h[None, :], cast_as(beta, DT),
@@ -84,17 +88,28 @@ def _decay_kernel(partial_ptr, gb_ptr, rate_ptr, dt_bias_ptr, decay_ptr, like_pt
     head = h < heads
     gate = round_as(tl.sum(parts, axis=0) + tl.load(gb_ptr + h, mask=head, other=0.0).to(tl.float32), DT)
     z = gate + tl.load(dt_bias_ptr + h, mask=head, other=0.0)
-    softplus = tl.where(z > 20.0, z, tl.log(1.0 + tl.exp(z)))  # torch's softplus, threshold 20
+    # torch's softplus: z above 20, else log1p(exp(z)) (log1p as log(w) u / (w - 1), w = 1 + u: exact for small u)
+    u = tl.exp(z)
+    w = 1.0 + u
+    softplus = tl.where(z > 20.0, z, tl.where(w == 1.0, u, tl.log(w) * (u / (w - 1.0))))
     decay = tl.exp(tl.load(rate_ptr + h, mask=head, other=0.0) * softplus)
     tl.store(decay_ptr + (b * heads + h).to(tl.int64) * frames + frame, decay, mask=head)
 
 
+# `_beta_kernel`'s launch: tokens and channels of a tile, warps, pipeline stages of its channel loop. Not yet tuned on a
+# GPU (`bench/bench_glue.py` sweeps them). A segment has 165 tiles of 16 tokens, about one program per multiprocessor,
+# and the sm_90 code of the bf16 loop does not prefetch: each step's x tile (8 KB at 256 channels) is what a program
+# has in flight, so wider tiles keep more of the memory busy.
+DEFAULT_TUNING = {"block_s": 16, "block_k": 256, "num_warps": 4, "num_stages": 3}
+
+
 def gdn_gates(x, frames, beta_weight, beta_bias, gate_weight, gate_bias, negative_rate, dt_bias, *, backend="auto",
-              precision="ieee"):
+              precision="ieee", tuning=None):
     """Beta and decay of a GDN block (see `kernels.gdn_gates_reference.gdn_gates_ref` for the arguments; a bias
     may be None).
 
     precision: the tile products' precision for float32 x ("ieee" or "tf32"; bf16 and fp16 are exact either way).
+    tuning: overrides of DEFAULT_TUNING (powers of two: block_s >= 16, block_k >= 16).
     Returns beta (B, H, T, S) (a view of a contiguous (B, T, S, H) tensor) and decay (B, H, T) float32, contiguous.
     """
     check_tensor("x", x, (None, None, None), contiguous=False)
@@ -112,16 +127,20 @@ def gdn_gates(x, frames, beta_weight, beta_bias, gate_weight, gate_bias, negativ
     zeros = None if beta_bias is not None and gate_bias is not None else x.new_zeros(heads)
     beta_bias, gate_bias = (zeros if bias is None else bias for bias in (beta_bias, gate_bias))
     x = x.contiguous()
+    launch = {**DEFAULT_TUNING, **(tuning or {})}
     spatial = tokens // frames
-    block_s, block_k, hp = 16, 64, max(16, next_power_of_2(heads))
+    block_s, block_k, hp = launch["block_s"], 64, max(16, next_power_of_2(heads))
     tiles, blocks = cdiv(spatial, block_s), cdiv(channels, block_k)
     beta = torch.empty(batch, tokens, heads, device=x.device, dtype=x.dtype)
     sums = torch.empty(batch, frames, tiles, channels, device=x.device, dtype=torch.float32)
     partial = torch.empty(batch, frames, blocks, hp, device=x.device, dtype=torch.float32)
     decay = torch.empty(batch, heads, frames, device=x.device, dtype=torch.float32)
     prec = precision if x.dtype == torch.float32 else "tf32"
+    native = x.dtype in (torch.bfloat16, torch.float16) and beta_weight.dtype == x.dtype \
+        and os.environ.get("TRITON_INTERPRET") != "1"
     _beta_kernel[(tiles, frames, batch)](x, beta_weight, beta_bias, beta, sums, spatial, channels, heads, PREC=prec,
-                                         BLOCK_S=block_s, BLOCK_K=2 * block_k, HP=hp, num_warps=4)
+                                         NATIVE_DOT=native, BLOCK_S=block_s, BLOCK_K=launch["block_k"], HP=hp,
+                                         num_warps=launch["num_warps"], num_stages=launch["num_stages"])
     _gate_kernel[(blocks, frames, batch)](sums, gate_weight, partial, x, spatial, channels, heads, tiles,
                                           BLOCK_T=min(64, next_power_of_2(tiles)), BLOCK_K=block_k, HP=hp, num_warps=4)
     _decay_kernel[(frames, batch)](partial, gate_bias, negative_rate.float(), dt_bias.float(), decay, x, heads, blocks,

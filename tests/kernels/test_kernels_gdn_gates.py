@@ -28,8 +28,10 @@ def test_gates_match_the_reference(batch, frames, spatial, channels, heads, dtyp
     want_beta, want_decay = gdn_gates_ref(*args)
     assert beta.shape == want_beta.shape == (batch, heads, frames, spatial) and beta.dtype == dtype
     assert decay.shape == want_decay.shape == (batch, heads, frames) and decay.dtype == torch.float32
-    if dtype == torch.bfloat16:
-        assert torch.equal(beta, want_beta)  # the logits rounded to bf16, then their sigmoid, as stock
+    if dtype == torch.bfloat16:  # the logits rounded to bf16, then their sigmoid, as stock: a logit summed in
+        # another order may round the other way, one bf16 step of beta at most
+        assert (beta.float() - want_beta.float()).abs().max() <= 2.0 ** -8
+        assert (beta != want_beta).float().mean() < 0.01
     else:
         torch.testing.assert_close(beta, want_beta, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(decay, want_decay, rtol=1e-5, atol=1e-6)

@@ -60,7 +60,7 @@ def test_decay_constants_are_made_once_per_parameter_version():
     torch.testing.assert_close(again[0], -attn.A_log.float().exp().view(1, 1, -1), rtol=0, atol=0)
     x = torch.randn(1, 3 * 8, 32)
     with torch.no_grad():
-        _, decay = gdn_gates(attn, x, 3, 8)
+        _, decay = gdn_gates(attn, x, 3)
         gate = attn.gate_proj(x.reshape(1, 3, 8, 32).mean(dim=2)).float()
         rate = attn.A_log.float().exp().view(1, 1, -1)
         want = (-rate * torch.nn.functional.softplus(gate + attn.dt_bias.float().view(1, 1, -1))).exp().transpose(1, 2)

@@ -131,12 +131,15 @@ def prepared_text(transformer, text: torch.Tensor, mask: Optional[torch.Tensor])
 
     A mask that attends to every token is left out (the keys' mask is None): the attention then skips the mask.
     A render's text has no all-masked columns at its end (`camrender.render.inputs.drop_text_padding`), so with one
-    prompt, or two of one length, this is the common case. Asking costs one wait for the GPU, once per render."""
+    prompt, or two of one length, this is the common case. Asking costs one wait for the GPU, once per render (a
+    sampler keeps the keys), and only when some block takes them."""
+    takes = [_takes_text_keys(block, text) for block in transformer.blocks]
+    if not any(takes):
+        return None
     if mask is not None and bool(mask.bool().all()):
         mask = None
-    prepared = [block.cross_attn.processor.text_keys(block.cross_attn, text, mask) if _takes_text_keys(block, text)
-                else None for block in transformer.blocks]
-    return prepared if any(keys is not None for keys in prepared) else None
+    return [block.cross_attn.processor.text_keys(block.cross_attn, text, mask) if taken else None
+            for block, taken in zip(transformer.blocks, takes)]
 
 
 def park_text_projections(transformer, device) -> None:

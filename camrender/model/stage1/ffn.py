@@ -31,7 +31,8 @@ from camrender.model.settings import KernelSettings
 # PyTorch's conv kernels index with 32 bits; keep one temporal conv call under this many elements.
 _CONV_ELEMENTS_LIMIT = 1 << 30
 
-# Calls of at most this many frames run the temporal conv as one GEMM per tap (`_temporal_gemms`). A convolution
+# Calls of at most this many frames (in bf16 or fp16 on a GPU; any dtype on a CPU) run the temporal conv as one GEMM
+# per tap (`_temporal_gemms`). Only 3 frames are measured (`bench/bench_ffn.py`'s segment call). A convolution
 # also multiplies the zero padding: 2 of its 3 T tap-frames hold no data, 22 % of the work at a segment's 3 frames
 # (8 % at 8), and segment mode's cached left frame is one more GEMM on top. Longer calls (full mode) keep cuDNN.
 TEMPORAL_GEMM_MAX_FRAMES = 8
@@ -116,10 +117,13 @@ def _temporal(mlp, y, left, segments):
     """z = t_conv(y) over frames with the chunk-causal rule; y (B, T, S, C) contiguous.
 
     Each (start, stop) range sees zero after `stop`; the first range sees `left` (B, 1, S, C) (or
-    zero) before frame 0; later ranges see the previous frame of the call.
+    zero) before frame 0; later ranges see the previous frame of the call. A call of a few frames runs as GEMMs
+    per tap (`_temporal_gemms`, see TEMPORAL_GEMM_MAX_FRAMES), a longer one as cuDNN convolutions.
     """
     t_conv = mlp.t_conv
-    if t_conv.weight.shape[2] == 3 and t_conv.bias is None and y.shape[1] <= TEMPORAL_GEMM_MAX_FRAMES:
+    # float32 on a GPU keeps cuDNN: its convolutions run in TF32 by default (as stock's), cuBLAS's GEMMs do not
+    if t_conv.weight.shape[2] == 3 and t_conv.bias is None and y.shape[1] <= TEMPORAL_GEMM_MAX_FRAMES \
+            and not (y.is_cuda and y.dtype == torch.float32):
         return _temporal_gemms(t_conv.weight, y, left, segments)
     # a no-op on a kernel laid out channels-last at adoption (`channels_last_kernel`)
     weight = t_conv.weight.to(y.dtype).contiguous(memory_format=torch.channels_last)  # (C, C, k, 1)
@@ -159,11 +163,11 @@ def _add_left_tap(z, tap0, left) -> None:
 def _temporal_gemms(weight, y, left, segments):
     """`_temporal` of a kernel-3 conv without bias as GEMMs on token rows: z (B, T, S, C) of y (B, T, S, C).
 
-    z[t] = y[t - 1] @ tap0 + y[t] @ tap1 + y[t + 1] @ tap2 (`_tap`). Frames are S contiguous token rows, so each
-    tap is one GEMM per batch row on a contiguous run of rows, accumulated into z in place: the same-frame tap
-    over every frame; the previous-frame tap over frames 1.. (segments see the previous frame of the call) and
-    `left` at frame 0; the next-frame tap within each segment, up to its last frame. cuBLAS sums each product in
-    fp32 and rounds z to y's dtype after each one."""
+    z[t] = y[t - 1] @ tap0 + y[t] @ tap1 + y[t + 1] @ tap2 (`_tap`). Frames are S contiguous token rows, so a tap
+    is a GEMM on a contiguous run of rows, accumulated into z in place: the same-frame tap over every frame (one
+    GEMM); per batch row, the previous-frame tap over frames 1.. (segments see the previous frame of the call) and
+    `left` at frame 0, and the next-frame tap within each segment, up to its last frame. cuBLAS sums each product
+    in fp32 and rounds z to y's dtype after each one."""
     batch, frames, spatial, channels = y.shape
     rows = y.view(batch, frames * spatial, channels)
     z = torch.mm(rows.view(-1, channels), _tap(weight, 1, y.dtype)).view(batch, frames * spatial, -1)

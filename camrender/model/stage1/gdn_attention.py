@@ -39,11 +39,11 @@ from camrender.model.stage1.conditioning import stock_rays
 from camrender.model.stage1.state import FULL_MODE, BlockCache, SegmentCall, SegmentOptions, store
 
 
-def gdn_gates(attn, x: torch.Tensor, frames: int, spatial: int) -> tuple[torch.Tensor, torch.Tensor]:
+def gdn_gates(attn, x: torch.Tensor, frames: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The GDN gates of block attention `attn`, shared by its main and camera branches (`kernels.gdn_gates`, on
     `attn.settings`' backend and precision; a stock module's `KernelSettings()` otherwise).
 
-    x (B, N, C), N = frames * spatial. Returns beta (B, H, T, S) = sigmoid(beta_proj(x)) in x's
+    x (B, N, C), N = frames * S. Returns beta (B, H, T, S) = sigmoid(beta_proj(x)) in x's
     dtype, and the per-frame decay (B, H, T) fp32 =
     exp(-exp(A_log) * softplus(gate_proj(mean_s x) + dt_bias)).
     """
@@ -191,7 +191,7 @@ class PatchedGDNAttention(BidirectionalGDNUCPESinglePathLiteLA):
                                    ucpe_ray_transforms=stock_rays(ucpe_ray_transforms, x.dtype))
         call = segment if segment is not None else SegmentCall.whole(HW, self.full_options)
         x_rows = input_rows(self, x, x_rows)  # x as qkv and the output gate read it
-        beta, decay = gdn_gates(self, x, call.num_frames, call.spatial)
+        beta, decay = gdn_gates(self, x, call.num_frames)
         main = self._main_branch(x, beta, decay, rotary_emb, call, state, x_rows)
         rays = ucpe_ray_transforms
         if rays is None and camera_conditions is not None:
