@@ -141,6 +141,8 @@ def path_inputs(transformer, latent_frames, height, width, device, dtype, guidan
     text = torch.randn(batch, 1, 300, transformer.config.caption_channels, generator=generator)
     mask = torch.zeros(batch, 300, dtype=torch.long)
     mask[:, :120] = 1  # a prompt of 120 tokens, padded to 300 and its padding dropped, as a render's is
+    if batch == 2:
+        mask[0, 1:] = 0  # under guidance the first row is the default negative prompt, "": its BOS token alone
     text, mask = drop_text_padding(text, mask)
     channels = transformer.config.in_channels
     return RenderInputs(
