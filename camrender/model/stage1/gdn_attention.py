@@ -61,7 +61,6 @@ def gdn_gates(attn, x: torch.Tensor, frames: int) -> tuple[torch.Tensor, torch.T
                            precision=settings.precision)
 
 
-
 def decay_constants(attn) -> tuple:
     """(-exp(A_log), dt_bias) of block attention `attn`, fp32 (1, 1, H) each, as `gdn_gates` computes with them:
     made once per version of the two parameters (kept on the module, out of its state dict), not in every pass.
