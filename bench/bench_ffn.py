@@ -21,7 +21,8 @@ object (also written to --out):
 
 --sweep adds glu_depthwise_sweep: time and bandwidth of the GLU kernel for lanes 64/128/256 with the
 exp silu and 64/128 with the tanh silu x (block_c, num_warps) in (8,4), (16,8), (8,8), (16,4) x
-prefetch 1/2 (~1 min on an H200).
+prefetch 1/2 (~1 min on an H200), and glu_depthwise_segment_sweep: the same on one segment call
+(--segment-frames frames of batch 1).
 """
 from __future__ import annotations
 
@@ -62,6 +63,22 @@ def temporal_path(gemm_frames: int):
         yield
     finally:
         ffn.TEMPORAL_GEMM_MAX_FRAMES = kept
+
+
+def glu_sweep(h, depth, height, width, repeats) -> list:
+    """Time and bandwidth of the GLU kernel on `h` for 40 launch configurations."""
+    rows = []
+    floor_bytes = h.numel() * h.element_size() * 3 // 2  # h read once, g (half its channels) written once
+    for lanes, silu in ((64, "exp"), (128, "exp"), (256, "exp"), (128, "tanh"), (64, "tanh")):
+        for block_c, num_warps in ((8, 4), (16, 8), (8, 8), (16, 4)):
+            for prefetch in (1, 2):
+                tuning = {"lanes": lanes, "block_c": block_c, "num_warps": num_warps, "prefetch": prefetch,
+                          "silu": silu}
+                trial = glu_depthwise(h, depth.weight, depth.bias, height, width, tuning=tuning)
+                took = timed(lambda: glu_depthwise(h, depth.weight, depth.bias, height, width, out=trial,
+                                                   tuning=tuning), repeats)
+                rows.append({**tuning, "ms": took, "gbps": floor_bytes / (took * 1e-3) / 1e9})
+    return rows
 
 
 def peak_gib(fn):
@@ -123,18 +140,10 @@ def main():
 
         if args.sweep:
             # every launch configuration's time (their outputs equal the default launch's:
-            # tests/kernels/test_kernels_gpu.py)
-            results["glu_depthwise_sweep"] = []
-            for lanes, silu in ((64, "exp"), (128, "exp"), (256, "exp"), (128, "tanh"), (64, "tanh")):
-                for block_c, num_warps in ((8, 4), (16, 8), (8, 8), (16, 4)):
-                    for prefetch in (1, 2):
-                        tuning = {"lanes": lanes, "block_c": block_c, "num_warps": num_warps, "prefetch": prefetch,
-                                  "silu": silu}
-                        trial = glu_depthwise(h, depth.weight, depth.bias, height, width, tuning=tuning)
-                        took = timed(lambda: glu_depthwise(h, depth.weight, depth.bias, height, width, out=trial,
-                                                           tuning=tuning), args.repeats)
-                        results["glu_depthwise_sweep"].append(
-                            {**tuning, "ms": took, "gbps": floor_bytes / (took * 1e-3) / 1e9})
+            # tests/kernels/test_kernels_gpu.py), on the whole clip and on one segment call (batch 1)
+            segment_h = h[:args.segment_frames].contiguous()
+            for key, sample in (("glu_depthwise_sweep", h), ("glu_depthwise_segment_sweep", segment_h)):
+                results[key] = glu_sweep(sample, depth, height, width, args.repeats)
 
         seg_frames = args.segment_frames
         x_seg = x[:, :seg_frames * spatial].contiguous()

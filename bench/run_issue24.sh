@@ -4,20 +4,37 @@
 # against the official script's stage 2 (diffusers' blocks under torch.compile, max-autotune-no-cudagraphs: the
 # compile takes about a minute). Each step runs in its own process (a memory cap stays with a process). The
 # results go into one document, $OUT/issue24.json, and the steps' stderr into $OUT/issue24.log: a device call
-# returns at most eight files.
-#   OUT=/some/folder bash bench/run_issue24.sh
+# returns at most eight files. The document is rewritten after every step, and a step that would start after
+# DEADLINE seconds (default 580) is skipped, each step's limit cut to what is left: a device call's limit never
+# takes the document.
+#   OUT=/some/folder [DEADLINE=580] bash bench/run_issue24.sh
 # QUALITY=1 adds FP8's quality at the release size (bench_fp8.py, about a minute).
 set -u
 OUT=${OUT:-bench/results}
+DEADLINE=${DEADLINE:-580}
 mkdir -p "$OUT"
 parts=$(mktemp -d)
+merge() {  # every step's JSON so far into $OUT/issue24.json; with "print", a line of figures per step
+  python3 - "$parts" "$OUT/issue24.json" "${1:-}" <<'PY'
+import json, pathlib, sys
+parts = {path.stem: json.loads(path.read_text()) for path in sorted(pathlib.Path(sys.argv[1]).glob("*.json"))}
+pathlib.Path(sys.argv[2]).write_text(json.dumps(parts, indent=1) + "\n")
+for name, part in parts.items() if sys.argv[3] == "print" else ():
+    summary = part.get("summary") or {k: v.get("s_per_block") for k, v in part.items() if isinstance(v, dict)}
+    print(name, json.dumps(summary))
+PY
+}
 step() {  # step SECONDS NAME COMMAND... (the command writes its JSON to $parts/NAME.json)
   local limit=$1 name=$2
   shift 2
+  local left=$((DEADLINE - SECONDS))
+  if [ "$left" -lt 30 ]; then echo "$name skipped: the deadline"; return; fi
+  if [ "$limit" -gt "$left" ]; then limit=$left; fi
   local began=$SECONDS
   echo "== $name" >> "$OUT/issue24.log"
   timeout "$limit" "$@" > /dev/null 2>> "$OUT/issue24.log"
   echo "$name rc=$? $((SECONDS - began)) s"
+  merge
 }
 for setting in bf16 fp8 fp8-22gib-stream; do
   step 150 "$setting" python3 bench/bench_refiner.py --setting "$setting" --segments 12 --skip-layers \
@@ -27,12 +44,5 @@ step 240 official_stage2 python3 bench/bench_official_stage2.py --blocks 2 --out
 if [ "${QUALITY:-0}" = 1 ]; then
   step 120 fp8_quality python3 bench/bench_fp8.py --out "$parts/fp8_quality.json"
 fi
-python3 - "$parts" "$OUT/issue24.json" <<'PY'
-import json, pathlib, sys
-parts = {path.stem: json.loads(path.read_text()) for path in sorted(pathlib.Path(sys.argv[1]).glob("*.json"))}
-pathlib.Path(sys.argv[2]).write_text(json.dumps(parts, indent=1) + "\n")
-for name, part in parts.items():
-    summary = part.get("summary") or {k: v.get("s_per_block") for k, v in part.items() if isinstance(v, dict)}
-    print(name, json.dumps(summary))
-PY
+merge print
 rm -rf "$parts"

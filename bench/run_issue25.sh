@@ -9,9 +9,12 @@
 # OLD: a folder holding the old tree's camrender/ and kernels/ (e.g. `git archive REV | tar -x -C .gpu_old`); it runs
 # this tree's bench scripts (copied over its own), so both trees are measured by the same code.
 # ARGS: more bench_segments arguments for every step (ARGS=--cpu-smoke checks the script on the CPU; PROFILE_ARGS
-# the same for the last step, profile_segment.py, which runs only if a minute is left before the deadline).
-# FULL=1 adds the full-clip step as rendered (the <= 420 ms target) for this tree, stage 1 in FP8.
-# Order: the FP8 rows (the official sampler beside them), the two profiles, then the bf16 rows.
+# the same for profile_segment.py's step, which runs only if a minute is left before the deadline).
+# FULL=1 adds the full-clip step as rendered (the <= 420 ms target; bench_transformer.py, FULL_ARGS for more of its
+# arguments) for this tree, stage 1 in FP8, before the kernel profile.
+# ROWS: the steps to run, by name (default all): e.g. ROWS="new_fp8 old_fp8 new_fp8_profile new_fp8_full_step".
+# Order: the FP8 rows (the official sampler beside them), the host profile, the full-clip step (FULL=1), the kernel
+# profile, then the bf16 rows.
 # DEADLINE (seconds, default 540): a step that would start later is skipped, and each step's limit is cut to what
 # is left, so a device call's time limit never takes the document: issue25.json is rewritten after every step.
 set -u
@@ -28,19 +31,29 @@ import json, pathlib, sys
 parts = {path.stem: json.loads(path.read_text()) for path in sorted(pathlib.Path(sys.argv[1]).glob("*.json"))}
 pathlib.Path(sys.argv[2]).write_text(json.dumps(parts, indent=1) + "\n")
 for name, part in parts.items() if sys.argv[3] == "print" else ():
+    if "stock" in part:  # bench_transformer's full-clip step
+        print(name, json.dumps({"stock_ms": part["stock"].get("ms_per_step"),
+                                "graphed_ms": part.get("patched", {}).get("cuda_graph", {}).get("ms_per_step")}))
+        continue
     loop = part.get("loop", {}).get("overlap", {})
+    behind = part.get("loop", {}).get("overlap_decode_behind", {})
     alone = part.get("stage1_alone", {})
     print(name, json.dumps({"segments": {k: v.get("stage1_fps") for k, v in part.get("segments", {}).items()},
                             "stage1_alone": {k: v.get("stage1_fps") for k, v in alone.items()},
                             "loop": {k: loop.get(k) for k in ("video_fps", "video_fps_steady")},
+                            "loop_decode_behind": {k: behind.get(k) for k in ("video_fps", "video_fps_steady")},
                             "official": {k: v.get("stage1_fps") for k, v in part.get("official", {}).items()
                                          if isinstance(v, dict)},
                             "host_syncs": (part.get("host_syncs") or {}).get("syncs_per_segment")}))
 PY
 }
+wanted() {  # wanted NAME: is the step in ROWS (or ROWS unset)?
+  [ -z "${ROWS:-}" ] || [[ " $ROWS " == *" $1 "* ]]
+}
 step() {  # step SECONDS NAME DIR ARGS... (bench_segments in DIR writes $parts/NAME.json)
   local limit=$1 name=$2 dir=$3
   shift 3
+  if ! wanted "$name"; then return; fi
   local left=$((DEADLINE - SECONDS))
   if [ "$left" -lt 30 ]; then echo "$name skipped: the deadline"; return; fi
   if [ "$limit" -gt "$left" ]; then limit=$left; fi
@@ -58,9 +71,27 @@ step 330 new_fp8 . --skip-full --stage1-precision fp8 "${official[@]}"
 if [ -n "${OLD:-}" ]; then step 120 old_fp8 "$OLD" --skip-full --stage1-precision fp8; fi
 # where the warm-up's host time goes: 5 segments, their passes under cProfile (`warmup_host_profile`)
 step 150 new_fp8_host_profile . --skip-full --stage1-precision fp8 --segments 5 --loop-segments 0 --host-profile
+# the full-clip step as a full-mode render replays it (a CUDA graph; B=2, 161 frames), stage 1 in FP8, beside stock
+# diffusers' step (bench_transformer.py, without its float32 reference)
+left=$((DEADLINE - SECONDS))
+if [ "${FULL:-0}" != 1 ] || ! wanted new_fp8_full_step; then
+  :
+elif [ "$left" -ge 90 ]; then
+  echo "== new_fp8_full_step" >> "$OUT/issue25.log"
+  began=$SECONDS
+  if [ "$left" -gt 200 ]; then left=200; fi
+  PYTHONPATH="${SITE:-/tmp/site}:$PWD" timeout "$left" python3 bench/bench_transformer.py --linear-precision fp8 \
+    --no-fp32-reference ${FULL_ARGS:-} --out "$parts/new_fp8_full_step.json" > /dev/null 2>> "$OUT/issue25.log"
+  echo "new_fp8_full_step rc=$? $((SECONDS - began)) s"
+  merge
+else
+  echo "new_fp8_full_step skipped: the deadline"
+fi
 # one steady segment of this tree by kernel (profile_segment.py), if time is left: which kernels the changes moved
 left=$((DEADLINE - SECONDS))
-if [ "$left" -ge 60 ]; then
+if ! wanted new_fp8_profile; then
+  :
+elif [ "$left" -ge 60 ]; then
   echo "== new_fp8_profile" >> "$OUT/issue25.log"
   began=$SECONDS
   if [ "$left" -gt 120 ]; then left=120; fi
@@ -74,8 +105,5 @@ fi
 # stage 1 in bf16 last: the FP8 rows and the profiles are what the targets and the next changes need
 step 120 new_bf16 . --skip-full
 if [ -n "${OLD:-}" ]; then step 120 old_bf16 "$OLD" --skip-full; fi
-if [ "${FULL:-0}" = 1 ]; then
-  (SEGMENTS=3; step 200 new_fp8_full . --stage1-precision fp8 --loop-segments 0)
-fi
 merge print
 rm -rf "$parts"
