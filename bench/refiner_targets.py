@@ -70,6 +70,8 @@ SETTINGS = {
     # a 48 GB card in bf16 (44 GiB usable; 12 of 48 blocks: 5 GiB less), a 24 GB card in fp8 with the short window
     "bf16-48gb": dict(precision="bf16", window=11, offload="12", cap_gib=44),
     "fp8-22gib-stream": dict(precision="fp8", window=2, offload="24", cap_gib=22),
+    # a 24 GB card at the default window (11 frames): every block streamed, about 11 GiB over PCIe a pass
+    "fp8-22gib-stream-window11": dict(precision="fp8", window=11, offload="48", cap_gib=22),
 }
 
 

@@ -8,6 +8,7 @@
 # DEADLINE seconds (default 580) is skipped, each step's limit cut to what is left: a device call's limit never
 # takes the document.
 #   OUT=/some/folder [DEADLINE=580] bash bench/run_issue24.sh
+# EXTRA_SETTINGS: more bench_refiner settings after those three (e.g. fp8-22gib-stream-window11).
 # QUALITY=1 adds FP8's quality at the release size (bench_fp8.py, about a minute).
 set -u
 OUT=${OUT:-bench/results}
@@ -36,7 +37,7 @@ step() {  # step SECONDS NAME COMMAND... (the command writes its JSON to $parts/
   echo "$name rc=$? $((SECONDS - began)) s"
   merge
 }
-for setting in bf16 fp8 fp8-22gib-stream; do
+for setting in bf16 fp8 fp8-22gib-stream ${EXTRA_SETTINGS:-}; do
   step 150 "$setting" python3 bench/bench_refiner.py --setting "$setting" --segments 12 --skip-layers \
     --out "$parts/$setting.json"
 done
