@@ -50,7 +50,7 @@ from camrender.render.decode import (CausalStreamDecoder, decode_max_frames, to_
 from camrender.render.denoise import Denoiser, pin, pinned_frames  # noqa: E402
 from camrender.render.inputs import RenderInputs, drop_text_padding  # noqa: E402
 from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments  # noqa: E402
-from camrender.render.stage_two import PassThrough, Schedule, refined_frames  # noqa: E402
+from camrender.render.stage_two import PassThrough, refined_frames  # noqa: E402
 from common import (GIB, Events, HostSyncs, Laps, allocated_bytes, emit, measure, peak_bytes,  # noqa: E402
                     reset_peak, steady_rates, sync)
 
@@ -299,11 +299,10 @@ class PassTimeline:
 
 
 def run_segment_loop(transformer, vae, latent_frames, height, width, options, device, dtype, overlap,
-                     cuda_graphs=True, schedule=Schedule()):
+                     cuda_graphs=True):
     """Segment mode as a render runs it: the library's loop (`refined_frames` with no refiner) from the
     sampler's chunks to uint8 frames on the host; `overlap`: the decode on its own CUDA stream beside the
-    next segment's stage 1 (the render's default on CUDA), else in line; `schedule`: the streams' priorities
-    (`stage_two.Schedule`). Wall time end to end."""
+    next segment's stage 1 (the render's default on CUDA), else in line. Wall time end to end."""
     inputs = path_inputs(transformer, latent_frames, height, width, device, dtype)
     bounds = segment_bounds(latent_frames, 3)
     decoder = CausalStreamDecoder(vae, max_frames=DECODE_MAX_FRAMES)
@@ -314,14 +313,12 @@ def run_segment_loop(transformer, vae, latent_frames, height, width, options, de
         began = time.perf_counter()
         chunks = (latents for *_, latents in sample_segments(
             transformer, inputs, bounds, list(DEFAULT_SEGMENT_TIMESTEPS), options, device, cuda_graphs=cuda_graphs))
-        for _, chunk in refined_frames(PassThrough(), chunks, decoder, device, overlap=overlap, schedule=schedule):
+        for _, chunk in refined_frames(PassThrough(), chunks, decoder, device, overlap=overlap):
             frames += len(chunk)
             arrivals.append((time.perf_counter() - began, frames))
         sync()
         total = time.perf_counter() - began
-    return dict(segments=len(bounds), video_frames=frames, overlap=overlap,
-                decode_behind=getattr(schedule, "decode_behind", False),
-                total_s=round(total, 3),
+    return dict(segments=len(bounds), video_frames=frames, overlap=overlap, total_s=round(total, 3),
                 video_fps=round(frames / total, 2), peak_gib=round(peak_bytes() / GIB, 3), **steady_rates(arrivals))
 
 
@@ -359,12 +356,17 @@ def official_rows(kit: str, lengths, timeout_s: int) -> dict:
         env.setdefault("SANA_WM_SITE", env.get("PYTHONPATH", "").split(os.pathsep)[0])
         try:
             done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            return {"error": f"timed out after {timeout_s} s"}
+            error = None
+        except subprocess.TimeoutExpired as expired:
+            done, error = expired, f"timed out after {timeout_s} s"
         lines = [json.loads(line) for line in out.read_text().splitlines() if line.strip()] if out.exists() else []
     rows = {str((line["latent_frames"] - 1) // 3): line for line in lines if line.get("kind") == "result"}
     if not rows:
-        rows["error"] = (done.stderr.strip().splitlines() or ["no result"])[-1][:300]
+        stderr = done.stderr if isinstance(done.stderr, str) else (done.stderr or b"").decode(errors="replace")
+        rows["error"] = error or (stderr.strip().splitlines() or ["no result"])[-1][:300]
+        # how far it got (setup, the warm-ups' seconds, timed runs), so a timeout says where the time went
+        rows["lines"] = [{k: v for k, v in line.items() if k in ("kind", "latent_frames", "seconds", "stage1_s")}
+                         for line in lines]
     return rows
 
 
@@ -508,16 +510,11 @@ def main(argv=None):
 
     if args.loop_segments:
         results["loop"] = {}
-        # the decode overlapped at stage 1's stream priority (the default), overlapped behind it, and in line
-        variants = [("overlap", True, Schedule()), ("inline", False, Schedule())]
-        if "decode_behind" in Schedule.__dataclass_fields__:  # not in trees before session 24 (run_issue25.sh's OLD)
-            variants.insert(1, ("overlap_decode_behind", True, Schedule(decode_behind=True)))
-        for name, overlap, schedule in variants:
-            value = record(f"loop_{name}", lambda: run_segment_loop(
-                transformer, vae, 1 + 3 * args.loop_segments, height, width, options, device, dtype, overlap, graphs,
-                schedule))
+        for overlap in (True, False):
+            value = record(f"loop_{'overlap' if overlap else 'inline'}", lambda: run_segment_loop(
+                transformer, vae, 1 + 3 * args.loop_segments, height, width, options, device, dtype, overlap, graphs))
             if value is not None:
-                results["loop"][name] = value
+                results["loop"]["overlap" if overlap else "inline"] = value
     # The 161-frame path: 21 latent frames (segments (0,3), (3,6), ..., (18,21): F mod 3 = 0).
     results["segments_161_frames"] = record(
         "segments_161_frames", lambda: run_segment_path(transformer, vae, 21, height, width, options, device, dtype,

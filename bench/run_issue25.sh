@@ -36,12 +36,10 @@ for name, part in parts.items() if sys.argv[3] == "print" else ():
                                 "graphed_ms": part.get("patched", {}).get("cuda_graph", {}).get("ms_per_step")}))
         continue
     loop = part.get("loop", {}).get("overlap", {})
-    behind = part.get("loop", {}).get("overlap_decode_behind", {})
     alone = part.get("stage1_alone", {})
     print(name, json.dumps({"segments": {k: v.get("stage1_fps") for k, v in part.get("segments", {}).items()},
                             "stage1_alone": {k: v.get("stage1_fps") for k, v in alone.items()},
                             "loop": {k: loop.get(k) for k in ("video_fps", "video_fps_steady")},
-                            "loop_decode_behind": {k: behind.get(k) for k in ("video_fps", "video_fps_steady")},
                             "official": {k: v.get("stage1_fps") for k, v in part.get("official", {}).items()
                                          if isinstance(v, dict)},
                             "host_syncs": (part.get("host_syncs") or {}).get("syncs_per_segment")}))
@@ -66,8 +64,8 @@ step() {  # step SECONDS NAME DIR ARGS... (bench_segments in DIR writes $parts/N
 }
 if [ -n "${OLD:-}" ]; then mkdir -p "$OLD/bench" && cp bench/*.py "$OLD/bench/"; fi
 official=()
-if [ -f "$KIT/bench_official_stage1.py" ]; then official=(--official "$here/$KIT" --official-timeout 200); fi
-step 330 new_fp8 . --skip-full --stage1-precision fp8 "${official[@]}"
+if [ -f "$KIT/bench_official_stage1.py" ]; then official=(--official "$here/$KIT" --official-timeout 260); fi
+step 390 new_fp8 . --skip-full --stage1-precision fp8 "${official[@]}"
 if [ -n "${OLD:-}" ]; then step 120 old_fp8 "$OLD" --skip-full --stage1-precision fp8; fi
 # where the warm-up's host time goes: 5 segments, their passes under cProfile (`warmup_host_profile`)
 step 150 new_fp8_host_profile . --skip-full --stage1-precision fp8 --segments 5 --loop-segments 0 --host-profile

@@ -134,9 +134,6 @@ class Schedule:
         (the GPU's block scheduler starts their kernels first when both wait); else all streams equal.
     decode_apart: the decode on its own stream (it can overlap the next block's refinement); else on
         the refiner's, after each block.
-    decode_behind: the decode's own stream at low priority, so stage 1's kernels start first whenever both wait
-        and the decode fills the SMs stage 1 leaves idle (segment mode without a refiner: `bench_segments.py`'s
-        loop rows time both).
     streams: False queues every stage, in the same order, on the render's own stream: the GPU runs them one
         after another, from one allocator pool, while the host still queues chunk k+1 before it waits for
         chunk k's frames (what keeps the GPU busy: the streams themselves hide about 1 % on an H200).
@@ -145,7 +142,6 @@ class Schedule:
 
     stage_one_first: bool = True
     decode_apart: bool = True
-    decode_behind: bool = False
     streams: bool = True
 
 
@@ -327,8 +323,7 @@ class _StageStreams:
         first = high if schedule.stage_one_first else low
         stage_one = _stream(self.device, "stage_one", first)
         refiner = _stream(self.device, "refiner", low)
-        decode = _stream(self.device, "decode", low if schedule.decode_behind else first) if schedule.decode_apart \
-            else refiner
+        decode = _stream(self.device, "decode", first) if schedule.decode_apart else refiner
         self.outer = torch.cuda.current_stream(self.device)
         self.streams = {"stage_one": stage_one, "refiner": refiner, "decode": decode}
         self.after = {"stage_one": self.outer, "refiner": stage_one, "decode": refiner}
