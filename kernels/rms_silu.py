@@ -26,10 +26,12 @@ from .rms_silu_reference import rms_silu_ref
 def _rms_silu_kernel(x_ptr, bias_ptr, out_ptr, rows, C, T, H, W, out_sb, out_st, out_sh, out_sw, inv_c, eps,
                      HAS_BIAS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     DT: tl.constexpr = x_ptr.dtype.element_ty
-    row = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    # rows < 2**31 (checked at launch): the row's position below is taken apart in int32, a few instructions a
+    # division where int64 ones call a software routine; only the addresses are int64
+    row = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     channel = tl.arange(0, BLOCK_C)
     mask = (row[:, None] < rows) & (channel[None, :] < C)
-    x = tl.load(x_ptr + row[:, None] * C + channel[None, :], mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + row.to(tl.int64)[:, None] * C + channel[None, :], mask=mask, other=0.0).to(tl.float32)
     if HAS_BIAS:  # stock adds the conv's bias as a tensor of its own: rounded
         bias = tl.load(bias_ptr + channel, mask=channel < C, other=0.0).to(tl.float32)
         x = round_as(x + bias[None, :], DT)
@@ -38,10 +40,13 @@ def _rms_silu_kernel(x_ptr, bias_ptr, out_ptr, rows, C, T, H, W, out_sb, out_st,
     y = round_as(tl.div_rn(x, rms[:, None]), DT)
     # the row's position (b, t, h, w) in out, which may be a strided view (the interior of a padded buffer)
     w = row % W
-    h = (row // W) % H
-    t = (row // (W * H)) % T
-    b = row // (W * H * T)
-    out_row = b * out_sb + t * out_st + h * out_sh + w * out_sw
+    image_row = row // W
+    h = image_row % H
+    frame = image_row // H
+    t = frame % T
+    b = frame // T
+    out_row = (b.to(tl.int64) * out_sb + t.to(tl.int64) * out_st + h.to(tl.int64) * out_sh
+               + w.to(tl.int64) * out_sw)
     tl.store(out_ptr + out_row[:, None] + channel[None, :], cast_as(tl.div_rn(y, 1.0 + tl.exp(-y)), DT), mask=mask)
 
 
@@ -64,6 +69,8 @@ def rms_silu(x, eps=1e-8, *, bias=None, out=None, backend="auto"):
     if out is None:
         out = torch.empty_like(x, memory_format=torch.channels_last_3d)
     rows = x.numel() // channels if channels else 0
+    if rows >= 2**31:
+        raise ValueError(f"x has {rows} positions; the kernel takes fewer than 2**31")
     if rows:
         block_r, block_c = channel_rows(channels)
         _, _, frames, height, width = x.shape

@@ -31,15 +31,18 @@ def test_rms_silu_rejects_other_shapes():
         rms_silu(torch.zeros(2, 3, 4), backend="triton")
 
 
-def test_rms_silu_adds_the_conv_bias_and_writes_into_a_padded_view():
+@pytest.mark.parametrize("batch", [1, 2])
+def test_rms_silu_adds_the_conv_bias_and_writes_into_a_padded_view(batch):
     """bias: the conv's bias that stock adds in a pass of its own (rounded), taken in the same pass; out: the
-    interior of a padded channels-last buffer, written there and nowhere else. The same bits as stock in bf16."""
+    interior of a padded channels-last buffer, written there and nowhere else (each position's place in it taken
+    apart from the row index, batch included). The same bits as stock in bf16."""
     generator = torch.Generator().manual_seed(2)
-    x = (torch.randn(1, 40, 3, 4, 5, generator=generator) * 3).bfloat16()
+    x = (torch.randn(batch, 40, 3, 4, 5, generator=generator) * 3).bfloat16()
     x = x.contiguous(memory_format=torch.channels_last_3d)
     bias = torch.randn(40, generator=generator).bfloat16()
     stock = F.silu(PerChannelRMSNorm()(x + bias.view(1, -1, 1, 1, 1)))
-    padded = torch.full((1, 40, 5, 6, 7), 7.0, dtype=torch.bfloat16).contiguous(memory_format=torch.channels_last_3d)
+    padded = torch.full((batch, 40, 5, 6, 7), 7.0, dtype=torch.bfloat16)
+    padded = padded.contiguous(memory_format=torch.channels_last_3d)
     interior = padded[:, :, 2:, 1:5, 1:6]
     returned = rms_silu(x, bias=bias, out=interior, backend="triton")
     assert returned is interior and torch.equal(interior, stock)
