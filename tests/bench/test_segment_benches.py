@@ -121,7 +121,8 @@ def test_union_gaps_are_the_idle_time_between_overlapping_spans(monkeypatch):
 def test_official_rows_run_the_kit_script_in_its_own_process(monkeypatch, tmp_path):
     """bench_segments --official KIT: the kit's `bench_official_stage1.py` runs in its own process on the paths'
     latent frames (1 + 3 per segment), without TRITON_INTERPRET, and its result lines come back keyed by segments;
-    a script that gives no result comes back as its last error line. A stand-in kit script records its call."""
+    a script that gives no result comes back as its last error line, one that runs out of time as the lines it wrote
+    (where the time went). A stand-in kit script records its call."""
     monkeypatch.syspath_prepend(str(BENCH))
     import json
 
@@ -132,10 +133,14 @@ def test_official_rows_run_the_kit_script_in_its_own_process(monkeypatch, tmp_pa
         "import json, os, sys\n"
         "args = sys.argv[1:]\n"
         "frames = [int(f) for f in args[args.index('--latent-frames') + 1].split(',')]\n"
-        "if 'TRITON_INTERPRET' in os.environ or 31 not in frames:\n"
+        "if 'TRITON_INTERPRET' in os.environ or (31 not in frames and 7 not in frames):\n"
         "    sys.exit('bad call: ' + ' '.join(args))\n"
         "with open(args[args.index('--out') + 1], 'w') as out:\n"
         "    out.write(json.dumps({'kind': 'setup', 'kit': args[args.index('--kit') + 1]}) + '\\n')\n"
+        "    if 7 in frames:  # a warm-up that outlasts the caller's limit\n"
+        "        out.write(json.dumps({'kind': 'warmup', 'latent_frames': 7, 'seconds': 12.5, 'probe': {}}) + '\\n')\n"
+        "        out.flush()\n"
+        "        import time; time.sleep(60)\n"
         "    for f in frames:\n"
         "        out.write(json.dumps({'kind': 'result', 'latent_frames': f, 'stage1_fps': 20.0 + f}) + '\\n')\n")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
@@ -143,8 +148,11 @@ def test_official_rows_run_the_kit_script_in_its_own_process(monkeypatch, tmp_pa
     assert rows == {"10": {"kind": "result", "latent_frames": 31, "stage1_fps": 51.0},
                     "30": {"kind": "result", "latent_frames": 91, "stage1_fps": 111.0}}
     failed = bench_segments.official_rows(str(tmp_path), [3], timeout_s=60)
-    assert list(failed) == ["error"] and failed["error"].startswith("bad call: --kit")
+    assert failed["error"].startswith("bad call: --kit") and failed["lines"] == []
     assert json.dumps(failed)  # a JSON document's row
+    late = bench_segments.official_rows(str(tmp_path), [2], timeout_s=5)
+    assert late == {"error": "timed out after 5 s",
+                    "lines": [{"kind": "setup"}, {"kind": "warmup", "latent_frames": 7, "seconds": 12.5}]}
     sys.modules.pop("bench_segments", None)
 
 
