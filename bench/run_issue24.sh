@@ -14,6 +14,7 @@ set -u
 OUT=${OUT:-bench/results}
 DEADLINE=${DEADLINE:-580}
 mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
 parts=$(mktemp -d)
 merge() {  # every step's JSON so far into $OUT/issue24.json; with "print", a line of figures per step
   python3 - "$parts" "$OUT/issue24.json" "${1:-}" <<'PY'

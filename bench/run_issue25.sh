@@ -23,6 +23,7 @@ SEGMENTS=${SEGMENTS:-30}
 KIT=${KIT:-.kit/nvlabs-sana-wm}
 DEADLINE=${DEADLINE:-540}
 mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)  # absolute: the old tree's steps run from its folder
 parts=$(mktemp -d)
 here=$PWD
 merge() {  # every step's JSON so far into $OUT/issue25.json; with "print", a line of figures per step

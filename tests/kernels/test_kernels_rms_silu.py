@@ -53,6 +53,14 @@ def test_rms_silu_adds_the_conv_bias_and_writes_into_a_padded_view(batch):
     assert torch.equal(rms_silu(x, bias=bias, backend="torch"), stock)  # the reference
 
 
+def test_rms_silu_refuses_2_to_the_31_positions_before_copying_anything():
+    """The kernel takes a position's place apart in int32: 2**31 positions (here on the meta device, no memory)
+    are refused with one line before any layout copy or launch."""
+    x = torch.empty(1, 8, 2**15, 2**8, 2**8, device="meta", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="2147483648 positions"):
+        rms_silu(x, backend="triton")
+
+
 def test_rms_silu_rejects_an_out_with_strided_channels():
     x = torch.zeros(1, 4, 2, 3, 3)
     with pytest.raises(ValueError, match="unit channel stride"):
