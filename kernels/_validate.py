@@ -57,12 +57,17 @@ def segment_starts_tensor(segment_starts, batch, frames, device):
     return starts.expand(batch, frames).to(torch.int32).contiguous()
 
 
+def triton_interpreted() -> bool:
+    """Whether Triton kernels run in its interpreter (TRITON_INTERPRET=1): on the CPU, one program after another."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
 def use_triton(x, backend="auto"):
     """Whether to run the Triton kernels on tensor x: backend "triton", or "auto" on CUDA or under
     TRITON_INTERPRET=1 ("torch": the PyTorch references)."""
     check_choice("backend", backend, BACKENDS)
     if backend == "auto":
-        return x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+        return x.is_cuda or triton_interpreted()
     return backend == "triton"
 
 

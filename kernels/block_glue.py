@@ -27,15 +27,13 @@ N = T * S tokens frame-major (channel stride 1, any batch / token strides); shif
 (B, T, C) per-frame rows (channel stride 1; e.g. views into the block's (B, T, 6, C) modulation
 tensor). LayerNorm has no affine parameters (SANA-WM's).
 """
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from ._grid import cdiv, next_power_of_2
 from ._rounding import cast_as, round_as
-from ._validate import check_choice, use_triton
+from ._validate import check_choice, triton_interpreted, use_triton
 from .block_glue_reference import ada_norm_ref, gated_residual_ref, merge_heads_ref, silu_gate_ref
 from .fp8_quant import row_scales, to_e4m3
 
@@ -205,7 +203,7 @@ def _check(x, modulations, others=()):
 def _rows_per_program():
     """Token rows per program: 1 on the GPU (the tuned launch); 64 under the Triton interpreter, which runs
     programs one after another, so the CPU tests take a fraction of the time."""
-    return 64 if os.environ.get("TRITON_INTERPRET") == "1" else 1
+    return 64 if triton_interpreted() else 1
 
 
 def _launch_config(channels, num_warps=None):

@@ -12,15 +12,13 @@ and multiplies it into the gate's heads, and `_decay_kernel` (a frame) adds the 
 decay. Every sum runs in a fixed order, so the results do not depend on scheduling. The linears' outputs are rounded
 to x's dtype where stock's are.
 """
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from ._grid import cdiv, next_power_of_2
 from ._rounding import cast_as, round_as
-from ._validate import check_tensor, use_triton
+from ._validate import check_tensor, triton_interpreted, use_triton
 from .gdn_gates_reference import gdn_gates_ref
 
 
@@ -129,20 +127,20 @@ def gdn_gates(x, frames, beta_weight, beta_bias, gate_weight, gate_bias, negativ
     x = x.contiguous()
     launch = {**DEFAULT_TUNING, **(tuning or {})}
     spatial = tokens // frames
-    block_s, block_k, hp = launch["block_s"], 64, max(16, next_power_of_2(heads))
-    tiles, blocks = cdiv(spatial, block_s), cdiv(channels, block_k)
+    block_s, gate_block_k, hp = launch["block_s"], 64, max(16, next_power_of_2(heads))
+    tiles, blocks = cdiv(spatial, block_s), cdiv(channels, gate_block_k)
     beta = torch.empty(batch, tokens, heads, device=x.device, dtype=x.dtype)
     sums = torch.empty(batch, frames, tiles, channels, device=x.device, dtype=torch.float32)
     partial = torch.empty(batch, frames, blocks, hp, device=x.device, dtype=torch.float32)
     decay = torch.empty(batch, heads, frames, device=x.device, dtype=torch.float32)
     prec = precision if x.dtype == torch.float32 else "tf32"
-    native = x.dtype in (torch.bfloat16, torch.float16) and beta_weight.dtype == x.dtype \
-        and os.environ.get("TRITON_INTERPRET") != "1"
+    native = x.dtype in (torch.bfloat16, torch.float16) and beta_weight.dtype == x.dtype and not triton_interpreted()
     _beta_kernel[(tiles, frames, batch)](x, beta_weight, beta_bias, beta, sums, spatial, channels, heads, PREC=prec,
                                          NATIVE_DOT=native, BLOCK_S=block_s, BLOCK_K=launch["block_k"], HP=hp,
                                          num_warps=launch["num_warps"], num_stages=launch["num_stages"])
     _gate_kernel[(blocks, frames, batch)](sums, gate_weight, partial, x, spatial, channels, heads, tiles,
-                                          BLOCK_T=min(64, next_power_of_2(tiles)), BLOCK_K=block_k, HP=hp, num_warps=4)
+                                          BLOCK_T=min(64, next_power_of_2(tiles)), BLOCK_K=gate_block_k, HP=hp,
+                                          num_warps=4)
     _decay_kernel[(frames, batch)](partial, gate_bias, negative_rate.float(), dt_bias.float(), decay, x, heads, blocks,
                                    BLOCK_B=next_power_of_2(blocks), HP=hp, num_warps=4)
     return beta.view(batch, frames, spatial, heads).permute(0, 3, 1, 2), decay

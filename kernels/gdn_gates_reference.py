@@ -1,6 +1,5 @@
 """Plain PyTorch reference of `kernels.gdn_gates.gdn_gates`: the gates of a GDN block as diffusers' block computes
 them, each linear in the activations' dtype (its output rounded there), the decay in float32."""
-import torch
 import torch.nn.functional as F
 
 

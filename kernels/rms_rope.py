@@ -22,15 +22,13 @@ RoPE layouts (diffusers' `rope_type`):
     "split":       cos, sin (B, H, N, D/2) (any strides, last dim contiguous); within each head of
                    size D, channel j < D/2 rotates with j + D/2.
 """
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from ._grid import cdiv, next_power_of_2
 from ._rounding import cast_as, round_as
-from ._validate import check_choice, use_triton
+from ._validate import check_choice, triton_interpreted, use_triton
 from .rms_rope_reference import ROPE_TYPES, rms_rope_qk_ref, rope_rows_ref
 
 
@@ -132,7 +130,7 @@ def _check_rows(name, t, batch, tokens, channels):
 def _launch(block_c, rows):
     """(rows per program, warps): one row per program on the GPU (the row in registers); 64 rows under the
     Triton interpreter, which runs programs one after another."""
-    per_program = 64 if os.environ.get("TRITON_INTERPRET") == "1" else 1
+    per_program = 64 if triton_interpreted() else 1
     return per_program, cdiv(rows, per_program), max(1, min(8, block_c // 512))
 
 
