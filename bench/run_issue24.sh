@@ -8,8 +8,9 @@
 # DEADLINE seconds (default 580) is skipped, each step's limit cut to what is left: a device call's limit never
 # takes the document.
 #   OUT=/some/folder [DEADLINE=580] bash bench/run_issue24.sh
-# EXTRA_SETTINGS: more bench_refiner settings after those three (e.g. fp8-22gib-stream-window11).
-# QUALITY=1 adds FP8's quality at the release size (bench_fp8.py, about a minute).
+# SETTINGS: the bench_refiner settings in place of those three; EXTRA_SETTINGS: more after them (e.g.
+# fp8-22gib-stream-window11).
+# SKIP_OFFICIAL=1 leaves out the official stage 2. QUALITY=1 adds FP8's quality at the release size (bench_fp8.py, about a minute).
 set -u
 OUT=${OUT:-bench/results}
 DEADLINE=${DEADLINE:-580}
@@ -38,11 +39,11 @@ step() {  # step SECONDS NAME COMMAND... (the command writes its JSON to $parts/
   echo "$name rc=$? $((SECONDS - began)) s"
   merge
 }
-for setting in bf16 fp8 fp8-22gib-stream ${EXTRA_SETTINGS:-}; do
+for setting in ${SETTINGS:-bf16 fp8 fp8-22gib-stream} ${EXTRA_SETTINGS:-}; do
   step 150 "$setting" python3 bench/bench_refiner.py --setting "$setting" --segments 12 --skip-layers \
     --out "$parts/$setting.json"
 done
-step 240 official_stage2 python3 bench/bench_official_stage2.py --blocks 2 --out "$parts/official_stage2.json"
+[ "${SKIP_OFFICIAL:-0}" = 1 ] || step 240 official_stage2 python3 bench/bench_official_stage2.py --blocks 2 --out "$parts/official_stage2.json"
 if [ "${QUALITY:-0}" = 1 ]; then
   step 120 fp8_quality python3 bench/bench_fp8.py --out "$parts/fp8_quality.json"
 fi

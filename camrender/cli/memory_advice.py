@@ -11,8 +11,10 @@ CACHED = " with the prompt encoded first (camrender encode-prompt)"
 # capability 8.9 (Ada, Hopper)
 REFINER_SETTINGS = (
     (44.0, "--refiner-offload 12 (bf16, 38.5 GiB) or --precision fp8 (27.7 GiB)"),
-    (20.0, "--precision fp8 --refiner-window 2 --refiner-offload 24 (17.1 GiB" + CACHED + ")"),
-    (0.0, "--precision fp8 --refiner-window 2 --refiner-offload 32 (16.5 GiB" + CACHED + "), or no --refiner"),
+    (29.0, "--precision fp8 --refiner-offload 12 (25.4 GiB" + CACHED + ")"),
+    (22.0, "--precision fp8 --refiner-offload 36 (20.1 GiB" + CACHED + ")"),
+    (0.0, "--precision fp8 --refiner-offload 48 (17.5 GiB" + CACHED + "; --refiner-window 2: 5.8 GiB less, "
+          "lower quality), or no --refiner"),
 )
 REFINER_SETTINGS_BF16 = (
     (44.0, "--refiner-offload 12 (38.5 GiB)"),

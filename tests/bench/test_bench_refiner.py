@@ -131,3 +131,29 @@ def test_the_pipeline_trace_adds_up_busy_and_idle_time_per_stream(monkeypatch):
     assert summary["gaps"]["largest"][0]["host"][0] == dict(call="cudaStreamSynchronize", thread=1, ms=1.9)
     assert summary["streams"] == {"7": dict(busy_ms=1.5, launches=2), "13": dict(busy_ms=1.0, launches=1)}
     assert summary["host"] == {"1": {"cudaStreamSynchronize": 2.0}, "2": {"cudaLaunchKernel": 0.01}}
+
+
+def test_the_decode_probe_records_running_out_of_memory(monkeypatch):
+    """Under a card's cap the probe's whole-block VAE call may not fit (a render decodes a frame per call): the
+    probe records it for that row and still measures the other, so the setting's render figures are kept."""
+    import torch
+
+    monkeypatch.syspath_prepend(str(BENCH))
+    import refiner_targets
+    from camrender.render.decode import CausalStreamDecoder
+
+    calls = []
+
+    def decode(self, latents):
+        calls.append((self.max_frames, latents.shape[2]))
+        if self.max_frames is None and latents.shape[2] > 1:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 330.00 MiB.\nmore")
+
+    monkeypatch.setattr(CausalStreamDecoder, "decode", decode)
+    vae = torch.nn.Module()  # only what the probe reads: the latent channels and the decoder's device
+    vae.config = type("Config", (), {"latent_channels": 4})()
+    vae.decoder = torch.nn.Linear(1, 1)
+    result = refiner_targets.decode_workspace(vae, (64, 64), torch.device("cpu"), torch.float32)
+    assert result["block_per_call"] == {"out_of_memory": "CUDA out of memory. Tried to allocate 330.00 MiB."}
+    assert set(result["one_frame_per_call"]) == {"s"} and result["one_frame_per_call"]["s"] >= 0
+    assert calls == [(None, 1), (None, 3), (1, 1), (1, 3)]

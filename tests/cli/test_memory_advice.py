@@ -26,7 +26,7 @@ def test_out_of_memory_mid_render_is_one_line_with_what_fits(tmp_path, capsys, m
     lines = [line for line in err.splitlines() if line.strip() and not line.startswith("camrender: loading")]
     assert code == 2 and "Traceback" not in err, err
     assert lines[-1] == ("camrender: error: out of GPU memory on NVIDIA GeForce RTX 4090 (23.6 GiB): with the refiner "
-                         "try --precision fp8 --refiner-window 2 --refiner-offload 24 (17.1 GiB with the prompt encoded first "
+                         "try --precision fp8 --refiner-offload 36 (20.1 GiB with the prompt encoded first "
                          "(camrender encode-prompt)); stage 1 alone: "
                          "--mode segments (flat in the path length) or --offload (README: Which setting for which GPU)")
     assert not list(tmp_path.iterdir())  # the video was being written to a temporary file: removed
@@ -34,8 +34,12 @@ def test_out_of_memory_mid_render_is_one_line_with_what_fits(tmp_path, capsys, m
 
 def test_the_advice_follows_the_card_size():
     assert refiner_setting(139.8).startswith("--refiner-offload 12") and refiner_setting(44.4).startswith("--refiner")
-    assert "--refiner-offload 24" in refiner_setting(31.4) and "--refiner-offload 32" in refiner_setting(15.6)
-    assert "--refiner-offload 32" in refiner_setting(None)
+    # a 32 GB card (an RTX 5090: 31.4 GiB), a 24 GB one, a 20 GB one and a 16 GB one: the default window throughout
+    assert refiner_setting(31.4).startswith("--precision fp8 --refiner-offload 12 ")
+    assert refiner_setting(23.6).startswith("--precision fp8 --refiner-offload 36 ")
+    for total_gib in (19.7, 14.6):
+        assert refiner_setting(total_gib).startswith("--precision fp8 --refiner-offload 48 ")
+    assert "--refiner-offload 48" in refiner_setting(None)
     # no FP8 tensor cores (an A100, an RTX 3090): bf16 settings only
     assert refiner_setting(79.2, fp8=False) == "--refiner-offload 12 (38.5 GiB)"
     assert "fp8" not in refiner_setting(23.6, fp8=False) and "layers" in refiner_setting(23.6, fp8=False)
