@@ -74,7 +74,8 @@ SETTINGS = {
     "fp8-22gib-stream-window11": dict(precision="fp8", window=11, offload="48", cap_gib=22),
     # the same with 36 of the 48 blocks streamed: a quarter fewer copies a pass, about 2.6 GiB more resident
     "fp8-22gib-stream36-window11": dict(precision="fp8", window=11, offload="36", cap_gib=22),
-    # a 32 GB card (29.8 GiB; 28 usable as 22 of a 24 GB card's 23.6) at the default window: 12 or 24 blocks streamed
+    # a 32 GB card (an RTX 5090 has 31.4 GiB; the cap leaves room for the CUDA context and a display) at the default
+    # window: 12 or 24 blocks streamed
     "fp8-28gib-stream12-window11": dict(precision="fp8", window=11, offload="12", cap_gib=28),
     "fp8-28gib-stream24-window11": dict(precision="fp8", window=11, offload="24", cap_gib=28),
 }
