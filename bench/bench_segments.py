@@ -357,13 +357,12 @@ def official_rows(kit: str, lengths, timeout_s: int) -> dict:
         try:
             done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout_s)
             error = None
-        except subprocess.TimeoutExpired as expired:
-            done, error = expired, f"timed out after {timeout_s} s"
+        except subprocess.TimeoutExpired:
+            error = f"timed out after {timeout_s} s"
         lines = [json.loads(line) for line in out.read_text().splitlines() if line.strip()] if out.exists() else []
     rows = {str((line["latent_frames"] - 1) // 3): line for line in lines if line.get("kind") == "result"}
-    if error or not rows:  # timed out (perhaps after some lengths' results), or no result at all
-        stderr = done.stderr if isinstance(done.stderr, str) else (done.stderr or b"").decode(errors="replace")
-        rows["error"] = error or (stderr.strip().splitlines() or ["no result"])[-1][:300]
+    if error or not rows:  # timed out (perhaps after some lengths' results), or no result: its last error line
+        rows["error"] = error or (done.stderr.strip().splitlines() or ["no result"])[-1][:300]
         # how far it got (setup, the warm-ups' seconds, timed runs), so a timeout says where the time went
         rows["lines"] = [{k: v for k, v in line.items() if k in ("kind", "latent_frames", "seconds", "stage1_s")}
                          for line in lines]

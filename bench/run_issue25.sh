@@ -49,19 +49,25 @@ PY
 wanted() {  # wanted NAME: is the step in ROWS (or ROWS unset)?
   [ -z "${ROWS:-}" ] || [[ " $ROWS " == *" $1 "* ]]
 }
-step() {  # step SECONDS NAME DIR ARGS... (bench_segments in DIR writes $parts/NAME.json)
-  local limit=$1 name=$2 dir=$3
-  shift 3
+run_script() {  # run_script NAME LEAST LIMIT DIR SCRIPT ARGS...: python3 SCRIPT in DIR, writing $parts/NAME.json, if the step is
+  # wanted and LEAST seconds are left before the deadline; its limit is LIMIT seconds or what is left
+  local name=$1 least=$2 limit=$3 dir=$4 script=$5
+  shift 5
   if ! wanted "$name"; then return; fi
   local left=$((DEADLINE - SECONDS))
-  if [ "$left" -lt 30 ]; then echo "$name skipped: the deadline"; return; fi
+  if [ "$left" -lt "$least" ]; then echo "$name skipped: the deadline"; return; fi
   if [ "$limit" -gt "$left" ]; then limit=$left; fi
   local began=$SECONDS
   echo "== $name" >> "$OUT/issue25.log"
-  (cd "$dir" && PYTHONPATH="${SITE:-/tmp/site}:$PWD" timeout "$limit" python3 bench/bench_segments.py \
-     --segments "$SEGMENTS" --loop-segments "$SEGMENTS" "$@" ${ARGS:-} --out "$parts/$name.json" > /dev/null 2>> "$OUT/issue25.log")
+  (cd "$dir" && PYTHONPATH="${SITE:-/tmp/site}:$PWD" timeout "$limit" python3 "$script" "$@" \
+     --out "$parts/$name.json" > /dev/null 2>> "$OUT/issue25.log")
   echo "$name rc=$? $((SECONDS - began)) s"
   merge
+}
+step() {  # step SECONDS NAME DIR ARGS...: bench_segments in DIR
+  local limit=$1 name=$2 dir=$3
+  shift 3
+  run_script "$name" 30 "$limit" "$dir" bench/bench_segments.py --segments "$SEGMENTS" --loop-segments "$SEGMENTS" "$@" ${ARGS:-}
 }
 if [ -n "${OLD:-}" ]; then mkdir -p "$OLD/bench" && cp bench/*.py "$OLD/bench/"; fi
 official=()
@@ -72,35 +78,11 @@ if [ -n "${OLD:-}" ]; then step 120 old_fp8 "$OLD" --skip-full --stage1-precisio
 step 150 new_fp8_host_profile . --skip-full --stage1-precision fp8 --segments 5 --loop-segments 0 --host-profile
 # the full-clip step as a full-mode render replays it (a CUDA graph; B=2, 161 frames), stage 1 in FP8, beside stock
 # diffusers' step (bench_transformer.py, without its float32 reference)
-left=$((DEADLINE - SECONDS))
-if [ "${FULL:-0}" != 1 ] || ! wanted new_fp8_full_step; then
-  :
-elif [ "$left" -ge 90 ]; then
-  echo "== new_fp8_full_step" >> "$OUT/issue25.log"
-  began=$SECONDS
-  if [ "$left" -gt 200 ]; then left=200; fi
-  PYTHONPATH="${SITE:-/tmp/site}:$PWD" timeout "$left" python3 bench/bench_transformer.py --linear-precision fp8 \
-    --no-fp32-reference ${FULL_ARGS:-} --out "$parts/new_fp8_full_step.json" > /dev/null 2>> "$OUT/issue25.log"
-  echo "new_fp8_full_step rc=$? $((SECONDS - began)) s"
-  merge
-else
-  echo "new_fp8_full_step skipped: the deadline"
+if [ "${FULL:-0}" = 1 ]; then
+  run_script new_fp8_full_step 90 200 . bench/bench_transformer.py --linear-precision fp8 --no-fp32-reference ${FULL_ARGS:-}
 fi
 # one steady segment of this tree by kernel (profile_segment.py), if time is left: which kernels the changes moved
-left=$((DEADLINE - SECONDS))
-if ! wanted new_fp8_profile; then
-  :
-elif [ "$left" -ge 60 ]; then
-  echo "== new_fp8_profile" >> "$OUT/issue25.log"
-  began=$SECONDS
-  if [ "$left" -gt 120 ]; then left=120; fi
-  PYTHONPATH="${SITE:-/tmp/site}:$PWD" timeout "$left" python3 bench/profile_segment.py --stage1-precision fp8 \
-    --ops 100 ${PROFILE_ARGS:-} --out "$parts/new_fp8_profile.json" > /dev/null 2>> "$OUT/issue25.log"
-  echo "new_fp8_profile rc=$? $((SECONDS - began)) s"
-  merge
-else
-  echo "new_fp8_profile skipped: the deadline"
-fi
+run_script new_fp8_profile 60 120 . bench/profile_segment.py --stage1-precision fp8 --ops 100 ${PROFILE_ARGS:-}
 # stage 1 in bf16 last: the FP8 rows and the profiles are what the targets and the next changes need
 step 120 new_bf16 . --skip-full
 if [ -n "${OLD:-}" ]; then step 120 old_bf16 "$OLD" --skip-full; fi

@@ -65,8 +65,9 @@ def rms_silu(x, eps=1e-8, *, bias=None, out=None, backend="auto"):
     if not use_triton(x, backend):
         result = rms_silu_ref(x, eps, bias=bias)
         return result if out is None else out.copy_(result)
-    if x.numel() // max(channels, 1) >= 2**31:
-        raise ValueError(f"x has {x.numel() // channels} positions; the kernel takes fewer than 2**31")
+    positions = x.numel() // max(channels, 1)
+    if positions >= 2**31:
+        raise ValueError(f"x has {positions} positions; the kernel takes fewer than 2**31")
     x = x.contiguous(memory_format=torch.channels_last_3d)
     if out is None:
         out = torch.empty_like(x, memory_format=torch.channels_last_3d)
