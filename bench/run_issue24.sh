@@ -10,7 +10,8 @@
 #   OUT=/some/folder [DEADLINE=580] bash bench/run_issue24.sh
 # SETTINGS: the bench_refiner settings in place of those three; EXTRA_SETTINGS: more after them (e.g.
 # fp8-22gib-stream-window11).
-# SKIP_OFFICIAL=1 leaves out the official stage 2. QUALITY=1 adds FP8's quality at the release size (bench_fp8.py, about a minute).
+# SKIP_OFFICIAL=1 leaves out the official stage 2. QUALITY=1 adds FP8's quality at the release size (bench_fp8.py,
+# about a minute).
 set -u
 OUT=${OUT:-bench/results}
 DEADLINE=${DEADLINE:-580}
@@ -43,7 +44,9 @@ for setting in ${SETTINGS:-bf16 fp8 fp8-22gib-stream} ${EXTRA_SETTINGS:-}; do
   step 150 "$setting" python3 bench/bench_refiner.py --setting "$setting" --segments 12 --skip-layers \
     --out "$parts/$setting.json"
 done
-[ "${SKIP_OFFICIAL:-0}" = 1 ] || step 240 official_stage2 python3 bench/bench_official_stage2.py --blocks 2 --out "$parts/official_stage2.json"
+if [ "${SKIP_OFFICIAL:-0}" != 1 ]; then
+  step 240 official_stage2 python3 bench/bench_official_stage2.py --blocks 2 --out "$parts/official_stage2.json"
+fi
 if [ "${QUALITY:-0}" = 1 ]; then
   step 120 fp8_quality python3 bench/bench_fp8.py --out "$parts/fp8_quality.json"
 fi

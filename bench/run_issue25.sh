@@ -49,8 +49,8 @@ PY
 wanted() {  # wanted NAME: is the step in ROWS (or ROWS unset)?
   [ -z "${ROWS:-}" ] || [[ " $ROWS " == *" $1 "* ]]
 }
-run_script() {  # run_script NAME LEAST LIMIT DIR SCRIPT ARGS...: python3 SCRIPT in DIR, writing $parts/NAME.json, if the step is
-  # wanted and LEAST seconds are left before the deadline; its limit is LIMIT seconds or what is left
+run_script() {  # run_script NAME LEAST LIMIT DIR SCRIPT ARGS...: python3 SCRIPT in DIR, writing $parts/NAME.json,
+  # if the step is wanted and LEAST seconds are left before the deadline; its limit is LIMIT seconds or what is left
   local name=$1 least=$2 limit=$3 dir=$4 script=$5
   shift 5
   if ! wanted "$name"; then return; fi
@@ -67,7 +67,8 @@ run_script() {  # run_script NAME LEAST LIMIT DIR SCRIPT ARGS...: python3 SCRIPT
 step() {  # step SECONDS NAME DIR ARGS...: bench_segments in DIR
   local limit=$1 name=$2 dir=$3
   shift 3
-  run_script "$name" 30 "$limit" "$dir" bench/bench_segments.py --segments "$SEGMENTS" --loop-segments "$SEGMENTS" "$@" ${ARGS:-}
+  run_script "$name" 30 "$limit" "$dir" bench/bench_segments.py --segments "$SEGMENTS" --loop-segments "$SEGMENTS" \
+    "$@" ${ARGS:-}
 }
 if [ -n "${OLD:-}" ]; then mkdir -p "$OLD/bench" && cp bench/*.py "$OLD/bench/"; fi
 official=()
@@ -79,7 +80,8 @@ step 150 new_fp8_host_profile . --skip-full --stage1-precision fp8 --segments 5 
 # the full-clip step as a full-mode render replays it (a CUDA graph; B=2, 161 frames), stage 1 in FP8, beside stock
 # diffusers' step (bench_transformer.py, without its float32 reference)
 if [ "${FULL:-0}" = 1 ]; then
-  run_script new_fp8_full_step 90 200 . bench/bench_transformer.py --linear-precision fp8 --no-fp32-reference ${FULL_ARGS:-}
+  run_script new_fp8_full_step 90 200 . bench/bench_transformer.py --linear-precision fp8 --no-fp32-reference \
+    ${FULL_ARGS:-}
 fi
 # one steady segment of this tree by kernel (profile_segment.py), if time is left: which kernels the changes moved
 run_script new_fp8_profile 60 120 . bench/profile_segment.py --stage1-precision fp8 --ops 100 ${PROFILE_ARGS:-}
