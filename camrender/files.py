@@ -6,9 +6,21 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import tempfile
 from pathlib import Path
 
 from camrender.errors import CamrenderError
+
+VIDEO_SUFFIXES = (".mp4",)
+
+
+def check_suffix(path, suffixes, what: str) -> None:
+    """CamrenderError unless `path` ends with one of `suffixes` (lower case, with the dot)."""
+    suffix = Path(path).suffix.lower()
+    if suffix not in suffixes:
+        raise CamrenderError(f"{what} must end with {' or '.join(suffixes)}, got {suffix or 'no suffix'!r}",
+                             path=path)
+
 
 def check_output_path(path) -> Path:
     """Raise `CamrenderError` unless a file can be written at `path`; return it as a `Path`.
@@ -25,6 +37,18 @@ def check_output_path(path) -> Path:
     if not os.access(parent, os.W_OK | os.X_OK):
         raise CamrenderError(f"output folder {str(parent)!r} is not writable", path=path)
     return path
+
+
+def probe_writable(path) -> None:
+    """Create and delete a file next to `path`: some folders pass the permission bits and still refuse new files
+    (/sys, read-only mounts), which would only show after the model has loaded."""
+    parent = Path(path).parent if str(Path(path).parent) else Path(".")
+    try:
+        handle, name = tempfile.mkstemp(dir=parent, prefix=f".{Path(path).name}.", suffix=".probe")
+    except OSError as error:
+        raise CamrenderError(f"cannot create a file in {str(parent)!r}: {error.strerror or error}", path=path) from None
+    os.close(handle)
+    os.unlink(name)
 
 
 def temp_beside(path, suffix: str = "", prefix: str = ".tmp-") -> str:

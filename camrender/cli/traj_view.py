@@ -9,10 +9,9 @@ import time
 import click
 
 from camrender.cli import path_options
-from camrender.cli.preflight import VIDEO_SUFFIXES, check_suffix
 from camrender.cli.progress import count
 from camrender.errors import CamrenderError
-from camrender.files import check_output_path
+from camrender.files import VIDEO_SUFFIXES, check_output_path, check_suffix
 from camrender.trajectory import load
 from camrender.trajectory.edit import concat, retime
 from camrender.trajectory.formats import export_file

@@ -31,7 +31,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from camrender.model.stage1.recipes import get_recipe, segment_bounds
+from camrender.model.stage1.recipes import segment_bounds
 from camrender.output.segment_video import SegmentVideoWriter
 from camrender.play.steering import KeyTimeline, SteeredPath, Stopped, pinhole
 from camrender.render.loop import render_frames
@@ -106,7 +106,7 @@ class Flight:
         self.pipe, self.seed, self.stem = pipe, int(seed), Path(stem)
         self.request = dataclasses.replace(template, seed=self.seed, traj=None, noise_frames=None)
         self.timeline, self.on_segment, self.on_end, self.log, self.clock = timeline, on_segment, on_end, log, clock
-        recipe = get_recipe(self.request.recipe)
+        recipe = self.request.recipe
         chunk = recipe.chunk_frames if self.request.segment_frames is None else self.request.segment_frames
         self.bounds = segment_bounds(latent_frames(self.request), chunk)
         self._stop = threading.Event()

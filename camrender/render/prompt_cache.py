@@ -27,6 +27,7 @@ from safetensors import safe_open
 from camrender.model.device import resolve_device, resolve_dtype
 from camrender.model.refiner.loading import STREAMING_GEMMA, _refiner_root, _text_encoder_folder
 from camrender.render.request import MAX_SEQUENCE_LENGTH
+from camrender.vocabulary import TINY
 
 LAYOUT_VERSION = 1
 ENV_VAR = "CAMRENDER_CACHE"
@@ -75,7 +76,7 @@ def _hub_revision(hub_id: str) -> Optional[str]:
 def encoder_identity(source: str, parts: tuple) -> dict:
     """What identifies the encoder(s) under model `source` ("tiny", a folder or a hub id): `parts` are its
     subfolders (e.g. ("text_encoder", "tokenizer")); tiny models are identified by their build."""
-    if source == "tiny":
+    if source == TINY:
         # the label of the tiny encoders' build (camrender.model.stage1.tiny, seed 0) is part of the cache key:
         # kept as first written, so caches filled before the module moved stay valid
         return {"tiny": list(parts), "build": "camrender.model.tiny seed 0"}
@@ -146,7 +147,8 @@ def _canonical(key: dict) -> str:
 
 # ------------------------------------------------------------------ the two stages' keys and lookups
 def _dtype_name(request) -> str:
-    return str(resolve_dtype(request.dtype, resolve_device(request.device))).replace("torch.", "")
+    load = request.settings
+    return str(resolve_dtype(load.dtype, resolve_device(load.device))).replace("torch.", "")
 
 
 def stage_one_key(request, guidance: bool) -> dict:
@@ -154,20 +156,20 @@ def stage_one_key(request, guidance: bool) -> dict:
     return {"stage": "stage1", "version": LAYOUT_VERSION, "prompt": request.prompt or "",
             "negative_prompt": (request.negative_prompt or "") if guidance else None,
             "max_sequence_length": MAX_SEQUENCE_LENGTH, "dtype": _dtype_name(request),
-            "encoder": encoder_identity(request.model, ("text_encoder", "tokenizer"))}
+            "encoder": encoder_identity(request.settings.model, ("text_encoder", "tokenizer"))}
 
 
 def refiner_key(request) -> dict:
     """The refiner's Gemma-3 + connectors embeddings of the request's prompt."""
     return {"stage": "refiner", "version": LAYOUT_VERSION, "prompt": request.prompt or "",
             "dtype": _dtype_name(request),
-            "encoder": _refiner_identity(request.refiner)}
+            "encoder": _refiner_identity(request.settings.refiner)}
 
 
 def _refiner_identity(spec: str) -> dict:
     """The refiner's connectors and tokenizer folders and its Gemma-3 folder (inside or beside it)."""
     folder = Path(spec).expanduser()
-    if spec == "tiny" or not folder.is_dir():
+    if spec == TINY or not folder.is_dir():
         return encoder_identity(spec, ("text_encoder", "connectors", "tokenizer"))
 
     root = _refiner_root(folder)
@@ -202,11 +204,12 @@ def cached_pair(request, key: dict, compute: Callable[[], tuple], device) -> tup
     return found["embeds"].to(device), None if mask is None else mask.to(device)
 
 
-def cached_stages(request, guidance: bool) -> dict:
+def cached_stages(request) -> dict:
     """{"stage1": bool, "refiner": bool}: whether each stage's prompt is in the request's cache (readable, same
     key), so its encoder need not load."""
+    guidance = request.guidance is not None and request.guidance > 1.0
     cache = cache_of(request, quiet=True)  # the render's own lookup notes a bad entry
     if cache is None:
         return {"stage1": False, "refiner": False}
     return {"stage1": cache.get(stage_one_key(request, guidance)) is not None,
-            "refiner": request.refiner is not None and cache.get(refiner_key(request)) is not None}
+            "refiner": request.settings.refiner is not None and cache.get(refiner_key(request)) is not None}

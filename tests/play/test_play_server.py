@@ -16,13 +16,13 @@ from camrender import trajectory
 from camrender.cli.play import longest_clip
 from camrender.play.server import MAX_MESSAGE, PlayServer, is_loopback, page_url, serve
 from camrender.render.pipeline import load_patched_pipeline
-from camrender.render.request import RenderRequest
+from helpers import render_request
 from camrender.trajectory.controls import make_scheme
 
 
 @pytest.fixture(scope="module")
 def template():
-    return RenderRequest(traj=None, prompt="a street", steps=None, guidance=None, seed=5,
+    return render_request(traj=None, prompt="a street", steps=None, guidance=None, seed=5,
                          num_frames=longest_clip(4.0, 16.0, 3), height=32, width=48, model="tiny", device="cpu",
                          mode="segments", recipe="streaming")
 
@@ -32,7 +32,7 @@ def pipe(template):
     """The tiny pipeline, run on one torch thread here (the flight thread, JPEG and x264 share the cores)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    yield load_patched_pipeline(template)
+    yield load_patched_pipeline(template.settings)
     torch.set_num_threads(threads)
 
 

@@ -94,7 +94,7 @@ def test_segment_mode_stage_one_makes_no_sync_after_its_first_segment(monkeypatc
     from camrender.model.stage1.patch import patch_transformer
     from camrender.model.stage1.segments import SegmentOptions, segment_bounds
     from camrender.render.inputs import prepare_inputs
-    from camrender.render.request import RenderRequest
+    from helpers import render_request
     from camrender.render.segments import sample_segments
     from camrender.trajectory import Trajectory
 
@@ -104,7 +104,7 @@ def test_segment_mode_stage_one_makes_no_sync_after_its_first_segment(monkeypatc
     c2w = np.tile(np.eye(4), (frames, 1, 1))
     c2w[:, 0, 3] = np.linspace(0.0, 1.0, frames)
     traj = Trajectory(c2w=c2w, intrinsics=np.tile([56.0, 56.0, 56.0, 32.0], (frames, 1)), width=112, height=64, fps=16)
-    request = RenderRequest(traj=traj, prompt="a quiet street", guidance=5.0, num_frames=frames, height=64, width=112,
+    request = render_request(traj=traj, prompt="a quiet street", guidance=5.0, num_frames=frames, height=64, width=112,
                             model="tiny", device="cuda", kernels="fused", mode="segments", recipe="streaming")
     device = torch.device("cuda")
     latents = {}

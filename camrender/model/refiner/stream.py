@@ -106,7 +106,7 @@ class RefinerStream:
         device: where the transformer runs (default: its parameters' device).
         sigmas: the Euler sigma list ending in 0 (default: diffusers' 3-step distilled list).
         kernels: "fused" (default): the blocks run `camrender.model.refiner.block`'s fused path and a
-            `WindowKVCache` (no per-pass concatenation); "stock": diffusers' block forward and processor.
+            `WindowKVCache` (no per-pass concatenation); "torch": diffusers' block forward and processor.
             Either way the setting stays on the transformer until another stream changes it.
         kernel_backend: the fused path's kernels: "auto" (Triton on CUDA or under TRITON_INTERPRET=1),
             "triton" or "torch" (their PyTorch references).

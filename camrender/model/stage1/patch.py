@@ -20,7 +20,7 @@ from diffusers.models.transformers.transformer_sana_wm import (
     _SoftmaxUCPESinglePathLiteLA,
 )
 
-from camrender.model.settings import KERNEL_CHOICES, PRECISION_CHOICES, KernelSettings
+from camrender.model.settings import PRECISION_CHOICES, KernelSettings
 from camrender.model.stage1.block import patch_block
 from camrender.model.stage1.ffn import patch_ffn
 from camrender.model.stage1.gdn_attention import PatchedGDNAttention
@@ -28,7 +28,7 @@ from camrender.model.stage1.recipes import get_recipe
 from camrender.model.stage1.softmax_attention import PatchedSoftmaxAttention
 from camrender.model.stage1.state import SegmentOptions
 
-__all__ = ["patch_transformer", "patch_attention", "set_full_options", "KernelSettings", "KERNEL_CHOICES",
+__all__ = ["patch_transformer", "patch_attention", "set_full_options", "KernelSettings",
            "PRECISION_CHOICES"]
 
 
