@@ -1,6 +1,6 @@
 """Kernel settings of a patched transformer, resolved once by `camrender.model.stage1.patch.patch_transformer`.
 
-The `--kernels` word ("fused" / "torch") and `--precision` become one frozen `KernelSettings`,
+The `--kernels` word ("fused" / "torch") and the kernels' matmul precision become one frozen `KernelSettings`,
 stored on every patched module (blocks, attentions, FFNs, the cross-attention processor). Full
 mode and segment mode both read it from there; nothing maps the word again.
 """
@@ -11,13 +11,11 @@ from typing import Optional
 
 import torch
 
-from camrender.kernels._validate import use_triton
+from camrender.kernels._validate import BACKENDS, MATMUL_PRECISIONS, use_triton
 from camrender.model.device import resolve_device, resolve_dtype
 
 KERNEL_CHOICES = ("fused", "torch")
-PRECISION_CHOICES = ("tf32", "ieee")
 LINEAR_PRECISIONS = ("bf16", "fp8")  # the blocks' linear layers: the model's dtype, or e4m3 W8A8 (model/fp8.py)
-BACKENDS = ("auto", "triton", "torch")
 
 # `kernels` word -> the kernels' `backend` argument. "auto" runs Triton on CUDA and under
 # TRITON_INTERPRET=1, and the PyTorch references otherwise (the CPU rendering path).
@@ -38,27 +36,28 @@ class KernelSettings:
         backend: the kernels' `backend` argument: "auto" (Triton on CUDA and under
             TRITON_INTERPRET=1, the PyTorch references otherwise), "triton", or "torch" (the
             PyTorch references in every mode).
-        precision: matrix-product precision inside the Triton kernels, "tf32" or "ieee" (exact fp32).
+        matmul_precision: matrix-product precision inside the Triton kernels, "tf32" or "ieee" (exact fp32).
         linear_precision: the blocks' linear layers, "bf16" (the model's dtype) or "fp8" (e4m3 weights and
             activations, `camrender.model.fp8`; `--stage1-precision`).
     """
 
     backend: str = "auto"
-    precision: str = "tf32"
+    matmul_precision: str = "tf32"
     linear_precision: str = "bf16"
 
     def __post_init__(self):
         _check_choice("backend", self.backend, BACKENDS)
-        _check_choice("precision", self.precision, PRECISION_CHOICES)
+        _check_choice("matmul precision", self.matmul_precision, MATMUL_PRECISIONS)
         _check_choice("linear precision", self.linear_precision, LINEAR_PRECISIONS)
 
     @classmethod
-    def from_kernels(cls, kernels: str = "fused", precision: str = "tf32",
+    def from_kernels(cls, kernels: str = "fused", matmul_precision: str = "tf32",
                      linear_precision: str = "bf16") -> "KernelSettings":
-        """The settings of a `--kernels` word ("fused" or "torch"), a precision and a linear precision."""
+        """The settings of a `--kernels` word ("fused" or "torch"), a matmul precision and a linear precision."""
         if kernels not in KERNEL_CHOICES:
             raise ValueError(f"kernels must be one of {KERNEL_CHOICES}, got {kernels!r}")
-        return cls(backend=_BACKEND_OF_KERNELS[kernels], precision=precision, linear_precision=linear_precision)
+        return cls(backend=_BACKEND_OF_KERNELS[kernels], matmul_precision=matmul_precision,
+                   linear_precision=linear_precision)
 
     @property
     def fused(self) -> bool:
@@ -115,19 +114,19 @@ class RenderSettings:
     cuda_graphs: bool = False
 
     @classmethod
-    def decide(cls, *, kernels: str = "fused", precision: str = "tf32", dtype="auto", device=None,
+    def decide(cls, *, kernels: str = "fused", matmul_precision: str = "tf32", dtype="auto", device=None,
                offload: bool = False, cuda_graphs: bool = True, stage_one: Optional[KernelSettings] = None,
                stage1_precision: str = "bf16", refiner_precision: str = "bf16",
                refiner_window: int = 11) -> "RenderSettings":
         """The settings of the `--kernels` word ("fused": Triton kernels, PyTorch references on a CPU;
-        "torch": the PyTorch references, and diffusers' own refiner blocks), `--precision`, `--dtype` ("auto": bfloat16 on CUDA, float32
+        "torch": the PyTorch references, and diffusers' own refiner blocks), the kernels' matmul precision, `--dtype` ("auto": bfloat16 on CUDA, float32
         elsewhere), `--device` (None: CUDA when available), `--offload` and `--cuda-graphs` (CUDA only,
         not under offload: the weights move), `--stage1-precision` / `--refiner-precision` ("bf16" / "fp8")
-        and `--refiner-window`; stage_one: these kernel settings instead of `kernels`, `precision` and
+        and `--refiner-window`; stage_one: these kernel settings instead of `kernels`, `matmul_precision` and
         `stage1_precision` (a transformer patched already)."""
         resolved = resolve_device(device)
         if stage_one is None:
-            stage_one = KernelSettings.from_kernels(kernels, precision, stage1_precision)
+            stage_one = KernelSettings.from_kernels(kernels, matmul_precision, stage1_precision)
         # stage 2 follows stage 1's word; on a CPU the fused path runs its PyTorch references, never
         # the Triton interpreter (tests run stage 1 there)
         refiner = RefinerSettings(path="fused" if stage_one.fused else "stock",
