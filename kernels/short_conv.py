@@ -86,26 +86,26 @@ def short_conv(x, weight, num_frames, *, initial_state=None, output_final_state=
         (out (B, N, C) contiguous in x.dtype, final_state (B, F'*S, C) contiguous or None unless
         output_final_state).
     """
+    batch, tokens, channels = x.shape
+    spatial = tokens // num_frames
+    w = weight.reshape(channels, -1)
+    ksize = w.shape[1]
+    has_ctx = initial_state is not None and initial_state.shape[1] > 0
+    if has_ctx and (initial_state.shape[1] > (ksize - 1) * spatial or initial_state.shape[1] % spatial):
+        raise ValueError(f"initial_state must hold at most {ksize - 1} whole frames of {spatial} tokens, "
+                         f"got {initial_state.shape[1]} tokens")
     if not use_triton(x, backend):
         y, final = short_conv_ref(x, weight, num_frames, initial_state=initial_state,
                                   output_final_state=output_final_state)
         return (y if out is None else out.copy_(y)), final
-    batch, tokens, channels = x.shape
     if x.stride(-1) != 1:
         x = x.contiguous()
-    spatial = tokens // num_frames
-    w = weight.reshape(channels, -1).contiguous()  # the module's weight, read in place and widened in the kernel
-    ksize = w.shape[1]
+    w = w.contiguous()  # the module's weight, read in place and widened in the kernel
     if out is None:
         out = torch.empty(batch, tokens, channels, device=x.device, dtype=x.dtype)
-    has_ctx = initial_state is not None and initial_state.shape[1] > 0
     if has_ctx:
         ctx = initial_state if initial_state.stride(-1) == 1 else initial_state.contiguous()
-        ctx_frames = ctx.shape[1] // spatial
-        if ctx_frames > ksize - 1 or ctx_frames * spatial != ctx.shape[1]:
-            raise ValueError(f"initial_state must hold at most {ksize - 1} whole frames of {spatial} tokens, "
-                             f"got {ctx.shape[1]} tokens")
-        stride_cb, stride_cn = ctx.stride(0), ctx.stride(1)
+        ctx_frames, stride_cb, stride_cn = ctx.shape[1] // spatial, ctx.stride(0), ctx.stride(1)
     else:
         ctx, stride_cb, stride_cn, ctx_frames = x, 0, 0, 0
     block_s, block_c = 32, 128

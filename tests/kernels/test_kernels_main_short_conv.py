@@ -1,4 +1,5 @@
 """Fused temporal short convolution (kernels.short_conv) against diffusers' module (CPU interpreter)."""
+import pytest
 import torch
 from diffusers.models.transformers.transformer_sana_wm import SanaWMTemporalShortConvolution
 
@@ -85,3 +86,12 @@ def test_bf16_weight_is_widened_in_the_kernel():
     got, _ = short_conv(x, weight, 5, initial_state=left)
     want, _ = short_conv(x, weight.float(), 5, initial_state=left)
     assert torch.equal(got, want)
+
+
+def test_an_initial_state_of_more_frames_than_the_causal_half_reads_is_refused():
+    module = _module(8, 4)  # K = 4: the causal half reads 3 frames before x
+    x = torch.randn(1, 2 * 5, 8)
+    for backend in ("triton", "torch"):
+        for tokens in (4 * 5, 2 * 5 + 1):  # four frames; a frame and a part
+            with pytest.raises(ValueError, match="at most 3 whole frames of 5 tokens"):
+                short_conv(x, module.weight, 2, initial_state=torch.randn(1, tokens, 8), backend=backend)
