@@ -238,7 +238,7 @@ def main(argv=None) -> dict:
     if torch.cuda.is_available() and not args.tiny:
         torch.cuda.reset_peak_memory_stats()
     result = {"model": template.model, "device": torch.cuda.get_device_name() if not args.tiny else "cpu",
-              "size": f"{template.width}x{template.height}", "refiner": template.refiner, "precision": args.precision,
+              "size": f"{template.width}x{template.height}", "refiner": template.settings.refiner, "precision": args.precision,
               "segments": args.segments, "key_every_s": args.key_every, "torch": torch.__version__,
               **asyncio.run(run(args, pipe, template))}
     if args.tiny:

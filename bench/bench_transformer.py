@@ -63,7 +63,7 @@ from camrender.model.fp8 import quantize_blocks  # noqa: E402
 from camrender.model.stage1 import block as stage1_block  # noqa: E402
 from camrender.model.stage1 import gdn_attention  # noqa: E402
 from camrender.model.stage1.block import fixed_plucker  # noqa: E402
-from camrender.model.stage1.patch import patch_transformer  # noqa: E402
+from camrender.model.stage1.patch import MATMUL_PRECISIONS, patch_transformer  # noqa: E402
 from camrender.model.stage1.state import FULL_MODE  # noqa: E402
 from camrender.render.camera import build_camera_inputs  # noqa: E402
 from camrender.render.denoise import Denoiser  # noqa: E402
@@ -354,7 +354,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--frames", type=int, default=None, help="video frames, 8k+1 (default 161)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--precision", default="tf32", choices=["tf32", "ieee"])
+    parser.add_argument("--matmul-precision", default="tf32", choices=MATMUL_PRECISIONS,
+                        help="the kernels' matrix products: tf32 (10-bit mantissa operands) or ieee (exact fp32)")
     parser.add_argument("--linear-precision", default="bf16", choices=("bf16", "fp8"),
                         help="the patched step's block linears (fp8: e4m3 W8A8, as --stage1-precision fp8)")
     parser.add_argument("--no-fp32-reference", action="store_true",
@@ -378,7 +379,7 @@ def main(argv=None) -> dict:
         "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in config.items()},
         "shape": {"batch": 2, "frames": frames, "height": height, "width": width, "T": t, "h": h, "w": w,
                   "tokens": t * h * w},
-        "precision": args.precision,
+        "matmul_precision": args.matmul_precision,
         "linear_precision": args.linear_precision,
         "recipe": args.recipe,
     }
@@ -402,7 +403,7 @@ def main(argv=None) -> dict:
 
     failed = False
     try:
-        patch_transformer(model, kernels="fused", precision=args.precision, recipe=args.recipe)
+        patch_transformer(model, kernels="fused", matmul_precision=args.matmul_precision, recipe=args.recipe)
         if args.linear_precision == "fp8":
             quantize_blocks(model.blocks)  # as a render's --stage1-precision fp8 (the stock figures came first)
         log("patched forward")

@@ -37,6 +37,8 @@ from ._validate import check_choice, triton_interpreted, use_triton
 from .block_glue_reference import ada_norm_ref, gated_residual_ref, merge_heads_ref, silu_gate_ref
 from .fp8_quant import row_scales, to_e4m3
 
+__all__ = ["ada_norm", "residual_ada_norm", "gated_residual", "merge_heads", "silu_gate"]
+
 
 # --------------------------------------------------------------------------- kernels
 @triton.jit
@@ -329,7 +331,7 @@ def merge_heads(o, *, backend="auto"):
     out (B, H, N, D)) -> contiguous (B, N, H * D), one tiled pass (PyTorch's generic strided copy
     runs this transpose at a fraction of the bandwidth)."""
     batch, tokens, heads, dim = o.shape
-    if o.is_contiguous() or not use_triton(o, backend) or o.stride(-1) != 1:
+    if not use_triton(o, backend) or o.is_contiguous() or o.stride(-1) != 1:
         return merge_heads_ref(o)
     out = torch.empty(batch, tokens, heads * dim, device=o.device, dtype=o.dtype)
     block_n = 64

@@ -11,11 +11,10 @@ from typing import Any, Optional
 
 import torch
 
-from camrender.kernels._validate import BACKENDS, use_triton
+from camrender.kernels._validate import BACKENDS, MATMUL_PRECISIONS, use_triton
 from camrender.model.device import resolve_device, resolve_dtype
 from camrender.vocabulary import KERNELS, PRECISION, REFINER_WINDOW
 
-PRECISION_CHOICES = ("tf32", "ieee")
 LINEAR_PRECISIONS = PRECISION.values  # the blocks' linear layers: the model's dtype, or e4m3 W8A8 (model/fp8.py)
 
 # `kernels` word -> the kernels' `backend` argument. "auto" runs Triton on CUDA and under
@@ -37,26 +36,27 @@ class KernelSettings:
         backend: the kernels' `backend` argument: "auto" (Triton on CUDA and under
             TRITON_INTERPRET=1, the PyTorch references otherwise), "triton", or "torch" (the
             PyTorch references in every mode).
-        precision: matrix-product precision inside the Triton kernels, "tf32" or "ieee" (exact fp32).
+        matmul_precision: matrix-product precision inside the Triton kernels, "tf32" or "ieee" (exact fp32).
         linear_precision: the blocks' linear layers, "bf16" (the model's dtype) or "fp8" (e4m3 weights and
             activations, `camrender.model.fp8`; `--stage1-precision`).
     """
 
     backend: str = "auto"
-    precision: str = "tf32"
+    matmul_precision: str = "tf32"
     linear_precision: str = "bf16"
 
     def __post_init__(self):
         _check_choice("backend", self.backend, BACKENDS)
-        _check_choice("precision", self.precision, PRECISION_CHOICES)
+        _check_choice("matmul precision", self.matmul_precision, MATMUL_PRECISIONS)
         _check_choice("linear precision", self.linear_precision, LINEAR_PRECISIONS)
 
     @classmethod
-    def from_kernels(cls, kernels: str = "fused", precision: str = "tf32",
+    def from_kernels(cls, kernels: str = "fused", matmul_precision: str = "tf32",
                      linear_precision: str = "bf16") -> "KernelSettings":
-        """The settings of a `--kernels` word ("fused" or "torch"), a precision and a linear precision."""
+        """The settings of a `--kernels` word ("fused" or "torch"), a matmul precision and a linear precision."""
         _check_choice("kernels", kernels, KERNELS.values)
-        return cls(backend=_BACKEND_OF_KERNELS[kernels], precision=precision, linear_precision=linear_precision)
+        return cls(backend=_BACKEND_OF_KERNELS[kernels], matmul_precision=matmul_precision,
+                   linear_precision=linear_precision)
 
     @property
     def fused(self) -> bool:
@@ -112,16 +112,16 @@ class RenderSettings:
 
     @classmethod
     def decide(cls, load, *, stage_one: Optional[KernelSettings] = None, ranks=None,
-               precision: str = "tf32") -> "RenderSettings":
+               matmul_precision: str = "tf32") -> "RenderSettings":
         """The settings of a `camrender.render.load_settings.LoadSettings`: `kernels`
         ("fused": Triton kernels, PyTorch references on a CPU; "torch": the PyTorch references, and diffusers'
         own refiner blocks), `dtype` ("auto": bfloat16 on CUDA, float32 elsewhere), `device` (None: CUDA when
         available), CUDA graphs (CUDA only, not under offload: the weights move), each stage's precision and
         the refiner's window. stage_one: these kernel settings instead of the load settings' (a transformer
-        patched already); precision: the kernels' matmul precision."""
+        patched already); matmul_precision: the kernels' ("tf32" or "ieee")."""
         resolved = resolve_device(load.device)
         if stage_one is None:
-            stage_one = KernelSettings.from_kernels(load.kernels, precision, load.stage1_precision)
+            stage_one = KernelSettings.from_kernels(load.kernels, matmul_precision, load.stage1_precision)
         # stage 2 follows stage 1's word; on a CPU the fused path runs its PyTorch references, never
         # the Triton interpreter (tests run stage 1 there)
         refiner = RefinerSettings(kernels="fused" if stage_one.fused else "torch",

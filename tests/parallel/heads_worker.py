@@ -66,7 +66,7 @@ def modules(out):
 
     torch.set_num_threads(1)
     ranks = distributed.start("cpu")
-    model = patch_transformer(build_tiny_transformer(seed=0, **TINY_HEADS), kernels="fused", precision="ieee")
+    model = patch_transformer(build_tiny_transformer(seed=0, **TINY_HEADS), kernels="fused", matmul_precision="ieee")
     inputs = transformer_inputs(model)
     records, handles = record_calls(named_parts(model))
     with torch.no_grad():
