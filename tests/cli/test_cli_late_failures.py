@@ -1,5 +1,5 @@
-"""Issue #23's list, one case each: inputs that used to pass the checks and fail late (or with a
-traceback), one seed range everywhere, the side files of a finished render, clearer messages."""
+"""Inputs that once passed the checks and failed late (or with a traceback), one case each; one seed range
+everywhere, the side files of a finished render, clearer messages."""
 import copy
 import json
 import os
