@@ -260,7 +260,7 @@ def ada_norm(x, shift, scale, *, eps=1e-6, residual=None, norm="layer", backend=
         updated = torch.empty_like(out) if residual is not None else out
     r = residual if residual is not None else x
     # quantizing, a second row reduction: 8 warps (25.4 us against 27.4 at 4 at the refiner's 2640 x 4096 on the
-    # H200; a second, noisier call ranked them 70.9 against 66.1: bench/results/session13_glue*)
+    # H200; a second, noisier call ranked them 70.9 against 66.1: bench/results/2026-12-03_block_glue_fp8_quantizing*)
     block_c, warps = _launch_config(channels, num_warps or (8 if quantize and channels >= 2048 else None))
     rows = _rows_per_program()
     _ada_norm_kernel[(cdiv(batch * tokens, rows),)](

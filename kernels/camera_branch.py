@@ -15,10 +15,11 @@ from .delta_scan import run_scan
 
 __all__ = ["camera_branch"]
 
-# Launch defaults: the fastest measured on the H200 (docs/performance.md, 16:31 UTC run): 4-warp
-# output kernel, fp16 recurrence products. The stage's 16 tokens a program are halved on a segment's few tokens,
-# as far as the GPU needs to be filled (`_grid.filling_tile`), unless `tuning` sets them: 2.7 ms a segment
-# against 5.1 (twenty-first session). The transitions stay whole (`delta_scan.run_scan` col_split).
+# Launch defaults: the fastest measured on the H200 (bench/results/2026-11-29_camera_branch_tuning_h200.json):
+# 4-warp output kernel, fp16 recurrence products. The stage's 16 tokens a program are halved on a segment's few
+# tokens, as far as the GPU needs to be filled (`_grid.filling_tile`), unless `tuning` sets them: 2.7 ms a segment
+# against 5.1 (H200, bench/results/2026-12-05_segment_targets_75df780_h200.json). The transitions stay whole
+# (`delta_scan.run_scan` col_split).
 SCAN_TUNING = {"rec_f16": True, "num_warps": (8, 4, 4)}
 STAGE_TUNING = {"stage_block_s": 16, "stage_num_warps": 4, "stage_maxnreg": None}
 

@@ -215,7 +215,7 @@ def run_scan(*, k, v, q, beta, decay, out, k_strides, v_strides, q_strides, out_
     product, each building a block of W_t's and U_t's columns (a power of two; U_t's blocks keep 16 columns at
     least): more programs for a segment's few frames and heads, each loading all of K_t. Default 1: on an H200, four
     blocks of 32 columns on a segment's 120 programs took 9.4 ms a segment against 5.4 for whole programs (each
-    block loads all of K_t again; docs/performance.md, twenty-first session).
+    block loads all of K_t again; bench/results/2026-12-05_segment_targets_75df780_h200.json).
 
     Returns the final forward state (B, H, Dk, Dv) fp32.
     """

@@ -97,9 +97,9 @@ def _decay_kernel(partial_ptr, gb_ptr, rate_ptr, dt_bias_ptr, decay_ptr, like_pt
 
 
 # `_beta_kernel`'s launch: tokens and channels of a tile, warps, pipeline stages of its channel loop. The fastest of
-# `bench/bench_glue.py`'s sweep on a segment (H100, session 23: 18.6 µs for the three kernels against stock's 51.9;
-# the first guess, 16 tokens and 256 channels a step, took 57.3): the sm_90 code of the bf16 loop does not prefetch,
-# so wide steps keep more of the memory busy.
+# `bench/bench_glue.py`'s sweep on a segment (H100, bench/results/2026-12-05_block_glue_gdn_gates_sweep_h100.json:
+# 18.6 µs for the three kernels against stock's 51.9; the first guess, 16 tokens and 256 channels a step, took
+# 57.3): the sm_90 code of the bf16 loop does not prefetch, so wide steps keep more of the memory busy.
 DEFAULT_TUNING = {"block_s": 32, "block_k": 512, "num_warps": 4, "num_stages": 1}
 
 

@@ -28,8 +28,8 @@ from .softmax_cam_reference import cam_softmax_decode_ref, cam_softmax_encode_re
 __all__ = ["cam_softmax_encode", "cam_softmax_decode"]
 
 # Launch parameters from the H200 sweep at the release shape (bench/bench_softmax_cam.py,
-# bench/results/bench_softmax_cam_h200.json); neighbouring settings differ by about 0.01 ms. The encode's 16 tokens
-# a program are halved on a segment's few tokens, as far as the GPU needs to be filled (`_grid.filling_tile`):
+# bench/results/2026-11-29_softmax_camera_h200.json); neighbouring settings differ by about 0.01 ms. The encode's 16
+# tokens a program are halved on a segment's few tokens, as far as the GPU needs to be filled (`_grid.filling_tile`):
 # 1.15 ms a segment against 1.33 on an H200. The decode's are not: halved, it took 0.51 ms against 0.37.
 ENCODE_LAUNCH = dict(block_s=16, num_warps=4)
 DECODE_LAUNCH = dict(block_s=16, num_warps=2)

@@ -95,17 +95,18 @@ def _encoded(refiner, request, device, dtype) -> tuple:
 
 # On CUDA, a segment's refinement runs on its own stream while the next segment's stage 1 runs, and its
 # decode on a third. With the refiner this hides 1-3 % of the stages' GPU time on an H200 (the refiner
-# keeps every SM busy, docs/performance.md, "Overlap schedules"); without it the decode runs beside stage 1.
+# keeps every SM busy: bench/results/2026-12-04_refined_segments_stream_traces_h200.json); without it the decode
+# runs beside stage 1.
 OVERLAP_STAGE_TWO = True
 
-# The streams' price in memory: PyTorch's caching allocator keeps the blocks a stream frees for that stream, so each
-# of the three streams holds its own peak of short-lived buffers (at the release shape 3.4 GiB more reserved than
-# on one stream with the bf16 refiner, 1.9 with FP8: docs/performance.md, "sixteenth session"). With a refiner on
-# CUDA the stages get their own streams only where the GPU has this much room at the render's start (its memory,
-# under the process's cap, less what is allocated), as on an 80 or 141 GB card; elsewhere they are queued in the
-# same order on the render's one stream (`Schedule(streams=False)`), so from one pool, and the host still runs a
-# segment ahead (1-2 % slower than the streams on an H200; yielding each segment's frames before the next is
-# queued, `overlap=False`, is 6-9 % slower).
+# The streams' price in memory: PyTorch's caching allocator keeps the blocks a stream frees for that stream, so each of
+# the three streams holds its own peak of short-lived buffers (at the release shape 3.4 GiB more reserved than on one
+# stream with the bf16 refiner, 1.9 with FP8: bench/results/2026-12-04_refined_segments_one_stream_h200.json). With a
+# refiner on CUDA the stages get their own streams only where the GPU has this much room at the render's start (its
+# memory, under the process's cap, less what is allocated), as on an 80 or 141 GB card; elsewhere they are queued in the
+# same order on the render's one stream (`Schedule(streams=False)`), so from one pool, and the host still runs a segment
+# ahead (1-2 % slower than the streams on an H200; yielding each segment's frames before the next is queued,
+# `overlap=False`, is 6-9 % slower).
 OVERLAP_MIN_ROOM_GIB = 32
 
 

@@ -1,4 +1,4 @@
-"""Issue 22 on the command line: the official inputs as they are (action scheme options, pose and
+"""NVlabs' official inputs on the command line, as they are (action scheme options, pose and
 intrinsics .npy, prompt files, frame snapping), resolved into a request without loading a model."""
 import json
 import os

@@ -1,4 +1,4 @@
-"""The render options of each stage: --precision fp8 refused before any model loads where there are no FP8 tensor
+"""The per-stage render options: --precision fp8 refused before any model loads where there are no FP8 tensor
 cores; --refiner-window reaches the refiner's stream."""
 from pathlib import Path
 

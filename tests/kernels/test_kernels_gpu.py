@@ -169,7 +169,7 @@ def test_streaming_decode_fused_resnets_equal_separate_passes(monkeypatch):
 def test_temporal_conv_as_gemms_on_cublas(monkeypatch):
     """A segment call's temporal conv (3 frames of 880 tokens, a cached left frame, the release's 2240 channels) as
     GEMMs per tap on cuBLAS and as cuDNN's convolution: in float32 (TF32 off) both to float32 rounding of the float64
-    result; in bf16 both within 2x (RMS) of one rounding of it (H100, session 23: GEMMs 1.62x, the conv below 1.6x)."""
+    result; in bf16 both within 2x (RMS) of one rounding of it (an H100 measured GEMMs 1.62x, the conv below 1.6x)."""
     from camrender.model.stage1 import ffn
 
     gen = torch.Generator().manual_seed(3)

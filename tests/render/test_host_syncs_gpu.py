@@ -56,7 +56,7 @@ def test_to_device_copies_without_a_sync_and_keeps_the_values(monkeypatch, sourc
     host = torch.randn(3, 40, 17, dtype=source)
     host = host if contiguous else host[:, 5:]
     expected = host.to(device="cuda", dtype=dtype)  # the plain copy (it syncs)
-    # the first page-locked block of a size waits for the GPU (cudaHostAlloc; seen on an H100, session 23): a render
+    # the first page-locked block of a size waits for the GPU (cudaHostAlloc; seen on an H100): a render
     # makes its blocks in its first segment, and later ones reuse them from the allocator's cache
     to_device(host, "cuda", dtype)
     with gpu_kept_busy(), no_syncs(monkeypatch):
@@ -77,7 +77,7 @@ def test_graphed_forward_captures_without_waiting_for_the_gpu(monkeypatch):
     x = torch.randn(8, 64, device="cuda")
     eager = graphs(x)  # first sight: eager
     # no PyTorch sync, no synchronize or empty_cache. (`gpu_kept_busy` saw the host wait during this first capture
-    # on an H100 in session 23, below PyTorch: a new private pool's allocation or the graph's instantiation; not
+    # on an H100, below PyTorch: a new private pool's allocation or the graph's instantiation; not
     # asserted here until its cause is known)
     with no_syncs(monkeypatch):
         captured = graphs(x.clone())  # captures, then replays

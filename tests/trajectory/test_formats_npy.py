@@ -1,6 +1,6 @@
 """NVlabs' NAME_pose.npy / NAME_intrinsics.npy (camrender.trajectory.formats.npy) on files written here:
 every intrinsics shape, fitting in time, the resize-to-cover + crop map against NVlabs' definition,
-round trips, and the bad files of issue 22."""
+round trips, and bad files."""
 import os
 
 import numpy as np

@@ -40,8 +40,9 @@ from camrender.model.stage1.state import FULL_MODE, BlockCache, SegmentCall, Seg
 
 
 # Calls of at most this many frames compute the gates on `kernels.gdn_gates`; longer ones on stock's ops. Measured
-# (H100, session 23): a 3-frame segment 18.6 µs against stock's 51.9; the full clip (B=2, 21 frames) was slower on the
-# kernels' first launch (451 µs against 192) and the tuned launch is not yet timed there.
+# on an H100 (bench/results/2026-12-05_block_glue_gdn_gates_sweep_h100.json): a 3-frame segment 18.6 µs against
+# stock's 51.9; the full clip (B=2, 21 frames) was slower on the kernels' first launch (451 µs against 192) and the
+# tuned launch is not yet timed there.
 FUSED_GATES_MAX_FRAMES = 8
 
 
