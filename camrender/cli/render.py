@@ -71,9 +71,9 @@ def _resolve_request(options: dict, notes: list | None = None):
         cuda_graphs=options["cuda_graphs"], refiner_offload=options["refiner_offload"], controls=controls, out=out,
         noise_frames=options["noise_frames"], **resolve_stage_options(options, options["device"]))
     check_noise_frames(request.noise_frames, request.num_frames)
-    if request.num_frames != loaded.num_frames:
-        note = (f"{trajectory.resample.frames_note(loaded.num_frames, request.num_frames, options['frames'])} "
-                f"({recipe.frame_stride}k+1, the {recipe.name} recipe's frame counts)")
+    note = trajectory.resample.frames_note(loaded.num_frames, request.num_frames, options["frames"],
+                                           recipe.frame_stride, recipe.name)
+    if note:
         if notes is None:
             click.echo(f"camrender: {note}", err=True)
         else:
