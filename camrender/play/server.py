@@ -19,7 +19,8 @@ Anything else (bad JSON, unknown type or key, oversized, binary, from a watcher)
 
 Server -> page: text JSON {"type": "hello" | "started" | "status" | "segment" | "ended", ...} and, per frame, a binary
 message: 8 bytes (uint32 flight number, uint32 video frame index, little endian) then the frame as JPEG.
-The steering page's flight starts when it connects and stops (saved) when it leaves or presses Stop.
+The steering page's flight starts when it connects and stops (saved) when it presses Stop or has been gone for
+`reload_grace` seconds.
 """
 from __future__ import annotations
 
@@ -161,11 +162,12 @@ class PlayServer:
     def _page_left(self) -> None:
         if not self._flying():
             return
-        self.flight.pause()
+        flight = self.flight
+        flight.pause()
 
         def give_up():
             self._page_gone = None
-            self.flight.ask_stop()  # at once: a page arriving now starts a new flight
+            flight.ask_stop()  # at once: a page arriving from now on gets a new flight
             self._giving_up = asyncio.ensure_future(self._stop_flight())
 
         self._page_gone = asyncio.get_running_loop().call_later(self.reload_grace, give_up)

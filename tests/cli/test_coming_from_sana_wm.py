@@ -98,7 +98,8 @@ def test_every_camrender_option_named_exists():
                 command = re.match(r"camrender ((?:traj )?[a-z-]+)", span)
                 known = options[command.group(1)] if command else everywhere
                 # NVlabs' own spellings (underscores) may be quoted in a note
-                missing += [(script, nvlabs, flag) for flag in FLAG.findall(span) if flag not in known and "_" not in flag]
+                missing += [(script, nvlabs, flag) for flag in FLAG.findall(span)
+                            if flag not in known and "_" not in flag]
     assert not missing, f"options named in {PAGE.name} that camrender lacks: {missing}"
 
 
