@@ -149,7 +149,7 @@ def check_partials(request, resume: bool, log) -> Optional[dict]:
                              f"{partial_advice(info, folder, 'add --resume')}", path=out)
     if info is None:  # killed before its first checkpoint: nothing would be lost by starting over
         shutil.rmtree(folder)
-        log(f"nothing to resume in {folder} ({where}): removed it, rendering from the start")
+        log(f"--resume: {folder} ({where}): removed it, rendering from the start")
         return None
     current = checkpoint_settings(request)
     differ = settings_differences(info["settings"], current)
