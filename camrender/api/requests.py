@@ -115,9 +115,9 @@ def plan_request(load: LoadSettings, trajectory=None, *, image=None, prompt: Opt
     if traj is not None:
         loaded = traj
         traj = to_model_frames(traj, frames, stride=recipe.frame_stride)
-        note = frames_note(loaded.num_frames, traj.num_frames, frames)
+        note = frames_note(loaded.num_frames, traj.num_frames, frames, recipe.frame_stride, recipe.name)
         if note:
-            said.append(f"{note} ({recipe.frame_stride}k+1, the {recipe.name} recipe's frame counts)")
+            said.append(note)
         frames = traj.num_frames
     elif cameras is None or frames is None:
         raise CamrenderError("give a trajectory, or a camera stream and its number of frames", field="frames")

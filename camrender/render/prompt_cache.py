@@ -32,6 +32,7 @@ from camrender.vocabulary import TINY
 LAYOUT_VERSION = 1
 ENV_VAR = "CAMRENDER_CACHE"
 OFF = "off"
+DTYPES = ("bfloat16", "float16", "float32")  # what renders run in (`_dtype_name`)
 
 
 def resolve_cache_dir(value: Optional[str]) -> Optional[str]:
@@ -115,6 +116,13 @@ class PromptCache:
             self.log(f"prompt cache entry {path} is unreadable ({text}); encoding again")
             return None
 
+    def other_dtypes(self, key: dict) -> list:
+        """The dtypes other than `key`'s in which the cache holds an entry of `key` (by name only: a damaged one
+        is found when it is read)."""
+        if self.path(key).is_file():
+            return []
+        return [dtype for dtype in DTYPES if dtype != key["dtype"] and self.path({**key, "dtype": dtype}).is_file()]
+
     def put(self, key: dict, tensors: dict) -> Path:
         """Store `tensors` under `key` (temporary file + rename: never a partial entry)."""
         # lazy: keeps `camrender --help` free of torch (safetensors.torch imports it)
@@ -129,10 +137,17 @@ class PromptCache:
         return path
 
     def fetch(self, key: dict, compute: Callable[[], dict]) -> dict:
-        """The entry under `key`, else `compute()` stored there and returned."""
+        """The entry under `key`, else `compute()` stored there and returned (noted when the prompt is cached
+        in another dtype only)."""
         found = self.get(key)
         if found is not None:
             return found
+        others = self.other_dtypes(key)
+        if others:
+            what = "stage 1's prompt" if key["stage"] == "stage1" else "the refiner's prompt"
+            self.log(f"the prompt cache holds {what} in {' and '.join(others)}, but this render runs in "
+                     f"{key['dtype']}: encoding again (`camrender encode-prompt --dtype {key['dtype']}` caches it "
+                     f"for such renders)")
         tensors = compute()
         try:
             self.put(key, tensors)

@@ -41,6 +41,19 @@ def test_action_scheme_options_prompt_file_and_the_render_json(tmp_path):
     assert request.controls == make_scheme("sana-wm", smooth=False).to_dict() and request.num_frames == 17
 
 
+def test_a_path_shorter_than_frames_is_noted_also_when_it_renders_whole(tmp_path):
+    """--frames N with a shorter path: always one note, whether the path is cut to 8k+1 or already is."""
+    whole, notes = resolve(["--traj", "w-40", "--model", "tiny", "--out", tmp_path / "v.mp4", "--frames", "81"])
+    assert whole.num_frames == 41 and len(notes) == 1 and "fewer than the 81 asked: rendering all 41" in notes[0]
+    cut, notes = resolve(["--traj", "w-44", "--model", "tiny", "--out", tmp_path / "v.mp4", "--frames", "81"])
+    assert cut.num_frames == 41 and len(notes) == 1 and "fewer than the 81 asked: rendering its first 41" in notes[0]
+    same, notes = resolve(["--traj", "w-40", "--model", "tiny", "--out", tmp_path / "v.mp4"])
+    assert same.num_frames == 41 and notes == []
+    timed, notes = resolve(["--traj", "w-44", "--model", "tiny", "--out", tmp_path / "v.mp4"])
+    assert timed.num_frames == 49 and notes == ["the path is re-timed to 49 frames (8k+1, the bidirectional recipe's "
+                                                "frame counts)"]
+
+
 def test_pose_npy_with_an_image_is_mapped_as_the_official_cli(tmp_path):
     PIL.Image.new("RGB", (1000, 600)).save(tmp_path / "first.png")
     c2w = rollout(make_scheme(), [{"w", "d"}] * 40)

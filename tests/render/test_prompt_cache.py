@@ -87,6 +87,22 @@ def test_bad_entries_are_noted_and_recomputed(tmp_path, capsys, damage):
     assert PromptCache(cache).get(stage_one_key(request, False)) is not None  # rewritten
 
 
+def test_an_entry_of_another_dtype_is_noted_and_encoded_again(tmp_path):
+    """encode-prompt's default bfloat16 entry does not serve a float32 (CPU) render: one line says so."""
+    notes, computed = [], []
+    store = PromptCache(tmp_path, log=notes.append)
+    bf16 = stage_one_key(request_for(tmp_path, dtype="bfloat16"), False)
+    fp32 = stage_one_key(request_for(tmp_path, dtype="float32"), False)
+    assert bf16["dtype"] == "bfloat16" and fp32["dtype"] == "float32"
+    store.put(bf16, {"embeds": torch.zeros(1, 2, 4, dtype=torch.bfloat16)})
+    found = store.fetch(fp32, lambda: computed.append(1) or {"embeds": torch.ones(1, 2, 4)})
+    assert computed == [1] and torch.equal(found["embeds"], torch.ones(1, 2, 4))
+    assert notes == ["the prompt cache holds stage 1's prompt in bfloat16, but this render runs in float32: encoding "
+                     "again (`camrender encode-prompt --dtype float32` caches it for such renders)"]
+    store.fetch(fp32, lambda: computed.append(2))  # now cached in float32 too: found, nothing said
+    assert computed == [1] and len(notes) == 1 and store.other_dtypes(fp32) == []
+
+
 def test_cache_folder_convention(monkeypatch, tmp_path):
     monkeypatch.delenv("CAMRENDER_CACHE", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
