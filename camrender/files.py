@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
 import tempfile
 from pathlib import Path
@@ -62,7 +63,28 @@ def temp_name_beside(path, suffix: str = "", prefix: str = ".tmp-") -> str:
     """A fresh random name for a temporary file in `path`'s folder; nothing is created (`create_new` does).
     A writer that holds the name before the file exists can remove the file whenever an interrupt lands."""
     folder = os.path.dirname(os.path.abspath(path))
-    return os.path.join(folder, f"{prefix}{secrets.token_hex(6)}{suffix}")
+    return os.path.join(folder, f"{prefix}{secrets.token_hex(_TOKEN_BYTES)}{suffix}")
+
+
+_TOKEN_BYTES = 6  # the random part of a temporary name: 12 hex digits
+
+
+def temporaries_of(path) -> list:
+    """The temporary files made for `path` that are still beside it: what a writer killed before it renamed or
+    removed them leaves. `.NAME.<random>...` (the video writers' names, a segment listing) and
+    `.tmp-<random>NAME` (`atomic_output`'s, whose name keeps only NAME's last 32 characters: a longer NAME is left
+    out, as its temporaries cannot be told from those of a file whose name ends the same)."""
+    path = Path(path)
+    name, folder = path.name, path.parent if str(path.parent) else Path(".")
+    token = f"[0-9a-f]{{{2 * _TOKEN_BYTES}}}"
+    patterns = [re.compile(rf"\.{re.escape(name)}\.{token}\..+")]
+    if len(name) <= 32:
+        patterns.append(re.compile(rf"\.tmp-{token}{re.escape(name)}"))
+    try:
+        entries = sorted(folder.iterdir())
+    except OSError:
+        return []
+    return [entry for entry in entries if any(pattern.fullmatch(entry.name) for pattern in patterns)]
 
 
 def create_new(temp, path) -> None:

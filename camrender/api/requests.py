@@ -221,6 +221,18 @@ class PreparedOutput:
     checkpoint_every: float
 
 
+def resume_refusal(request) -> Optional[str]:
+    """Why `request` cannot continue from a checkpoint (None: it can, in segment mode)."""
+    if request.settings.refiner is not None:
+        return "--resume does not work with --refiner yet (the refiner's state is not checkpointed)"
+    if request.recipe.sampler == "chunk-flow-euler":
+        return "--resume does not work with the chunk-causal recipe (several chunks are in flight at every boundary)"
+    if request.mode == "segments" and request.settings.head_split > 1:
+        return ("--resume does not work with several GPUs per video in segment mode yet (each GPU holds its own "
+                "heads' state; split renders keep no checkpoint)")
+    return None
+
+
 def prepare_output(request, *, resume: bool = False, checkpoint_every: float = DEFAULT_CHECKPOINT_EVERY,
                    log=None, leader: bool = True) -> PreparedOutput:
     """Check how `request` is written and what earlier runs left at its output, before anything loads:
@@ -231,15 +243,9 @@ def prepare_output(request, *, resume: bool = False, checkpoint_every: float = D
     if math.isnan(checkpoint_every) or checkpoint_every < 0:
         raise CamrenderError(f"must be a number of seconds (0: every segment), got {checkpoint_every}",
                              field="checkpoint-every")
-    if resume and request.settings.refiner is not None:
-        raise CamrenderError("--resume does not work with --refiner yet (the refiner's state is not checkpointed)",
-                             field="resume")
-    if resume and request.recipe.sampler == "chunk-flow-euler":
-        raise CamrenderError("--resume does not work with the chunk-causal recipe (several chunks are in flight at "
-                             "every boundary)", field="resume")
-    if resume and request.mode == "segments" and request.settings.head_split > 1:
-        raise CamrenderError("--resume does not work with several GPUs per video in segment mode yet (each GPU "
-                             "holds its own heads' state; split renders keep no checkpoint)", field="resume")
+    refusal = resume_refusal(request) if resume else None
+    if refusal is not None:
+        raise CamrenderError(refusal, field="resume")
     # the refiner's window is not part of a checkpoint, nor the other ranks' heads of a split segment render:
     # with either, the render keeps none
     keeps = request.settings.refiner is None and not (request.mode == "segments" and request.settings.head_split > 1)
