@@ -315,7 +315,7 @@ def batch_worker(args) -> dict:
         planned = distributed.broadcast_object(planned, ranks)
         dist.barrier(group=ranks.control_group)
         started = time.perf_counter()
-        ran = executor.run([job for job in planned if job.status == "render"], lambda: runner)
+        ran = executor.run([job for job in planned if job.status == "render"], lambda ranks: runner)
         dist.barrier(group=ranks.control_group)
         return planned, ran, time.perf_counter() - started
 

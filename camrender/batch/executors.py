@@ -3,11 +3,14 @@ with a `JobRunner` (one loaded pipeline kept from job to job) and returns their 
 
     results, loads = executor.run(jobs, make_runner)   # on the process that reports; None elsewhere
 
-- `InProcessExecutor`: this process renders every job, in order.
-- `TorchrunExecutor`: the ranks of a torchrun run (`camrender.parallel.distributed.Ranks`, passed explicitly),
-  the jobs dealt round-robin to its video groups (one GPU each, or `--gpus-per-video` GPUs); rank 0 gathers.
+make_runner(ranks) -> JobRunner: the runner of one worker, `ranks` its video group
+(`camrender.parallel.distributed.Ranks`, passed explicitly) or None on one process.
 
-Another engine is one more module with a `run` of the same shape.
+- `InProcessExecutor`: this process renders every job, in order.
+- `TorchrunExecutor`: the ranks of a torchrun run, the jobs dealt round-robin to its video groups (one GPU each, or
+  `--gpus-per-video` GPUs); rank 0 gathers.
+- `camrender.batch.ray_executor.RayExecutor`: the actors of a Ray cluster, each taking the next job from one queue
+  as it frees up; a lost worker's job is rendered again.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from typing import Callable, Optional, Protocol
 
 from camrender.api.requests import for_ranks
 from camrender.batch.pipelines import PipelineCache
+from camrender.batch.progress import JobLines, outcome
 from camrender.errors import CamrenderError
 from camrender.parallel import distributed
 
@@ -53,12 +57,17 @@ class JobRunner:
         return result
 
 
-def outcome(result: dict) -> str:
-    """A job's result in words: "done in 3.2 s (17 frames)" or "failed: ..."."""
-    if result["status"] == "done":
-        frames = result["frames"]
-        return f"done in {result['seconds']:.1f} s ({frames} frame{'' if frames == 1 else 's'})"
-    return f"failed: {result['reason'].split(': ', 1)[-1]}"
+def render_on(runner: JobRunner, job, ranks=None) -> dict:
+    """`runner.render(job)` on a video group's rank (`ranks`; None: one process): the job's request given the
+    rank's device and the group's head split first; a layout the group cannot split fails the job."""
+    if ranks is None:
+        return runner.render(job)
+    try:
+        job.request = for_ranks(job.request, ranks)
+    except CamrenderError as error:
+        return {"index": job.index, "where": job.where, "out": job.out, "status": "failed",
+                "reason": f"{job.where}: {error}"}
+    return runner.render(job)
 
 
 class Executor(Protocol):
@@ -67,7 +76,7 @@ class Executor(Protocol):
     workers: int
     per_video: int
 
-    def run(self, jobs: list, make_runner: Callable[[], JobRunner]) -> Optional[tuple]:
+    def run(self, jobs: list, make_runner: Callable[..., JobRunner]) -> Optional[tuple]:
         """Render `jobs` (planned, status "render"): (every job's result, each worker's model loads) on the
         process that reports, None on the others."""
 
@@ -81,11 +90,11 @@ class InProcessExecutor:
     def __init__(self, log: Callable[[str], None]):
         self.log = log
 
-    def run(self, jobs: list, make_runner: Callable[[], JobRunner]) -> tuple:
-        runner, results = make_runner(), []
-        for position, job in enumerate(jobs):
+    def run(self, jobs: list, make_runner: Callable[..., JobRunner]) -> tuple:
+        runner, results, lines = make_runner(None), [], JobLines(len(jobs), self.log)
+        for job in jobs:
             results.append(runner.render(job))
-            self.log(f"job {position + 1}/{len(jobs)} {job.out}: {outcome(results[-1])}")
+            lines(results[-1])
         return results, [runner.loads]
 
 
@@ -97,18 +106,13 @@ class TorchrunExecutor:
         self.ranks, self.log = ranks, log
         self.workers, self.per_video = ranks.num_videos, ranks.per_video
 
-    def run(self, jobs: list, make_runner: Callable[[], JobRunner]) -> Optional[tuple]:
+    def run(self, jobs: list, make_runner: Callable[..., JobRunner]) -> Optional[tuple]:
         ranks = self.ranks
-        runner, results = make_runner(), []
+        runner, results = make_runner(ranks), []
         for position, job in enumerate(jobs):
             if position % ranks.num_videos != ranks.video_index:
                 continue
-            try:
-                job.request = for_ranks(job.request, ranks)
-                result = runner.render(job)
-            except CamrenderError as error:  # a layout the video group cannot split
-                result = {"index": job.index, "where": job.where, "out": job.out, "status": "failed",
-                          "reason": f"{job.where}: {error}"}
+            result = render_on(runner, job, ranks)
             if ranks.is_leader:
                 results.append({**result, "rank": ranks.rank})
                 self.log(f"[rank {ranks.rank}] job {position + 1}/{len(jobs)} {job.out}: {outcome(result)}")

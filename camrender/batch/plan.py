@@ -6,6 +6,7 @@ import dataclasses
 from pathlib import Path
 from typing import Callable, Optional
 
+from camrender.batch.shards import Shard
 from camrender.errors import CamrenderError
 from camrender.render.request import RenderRequest
 from camrender.render.resume import DEFAULT_CHECKPOINT_EVERY, partial_folder
@@ -27,13 +28,18 @@ class Planned:
     checkpoint_every: float = DEFAULT_CHECKPOINT_EVERY
 
 
-def plan_jobs(jobs: list, resolve: Callable, created: Optional[list] = None) -> list:
+def plan_jobs(jobs: list, resolve: Callable, created: Optional[list] = None,
+              shard: Optional[Shard] = None) -> list:
     """Plan `jobs` (`camrender.batch.jobs.Job`s): `resolve(job) -> (RenderRequest, {"resume", "checkpoint_every"})`
     checks a job's values (raising CamrenderError); a job whose output exists is skipped, one whose output another
-    job already has, or that an interrupted render's checkpoint holds (unless it resumes), fails. Output folders made for the jobs are appended to `created`
-    (when given), deepest first, so that a refused batch can take them away again (`remove_created`)."""
+    job already has, or that an interrupted render's checkpoint holds (unless it resumes), fails. Output folders made
+    for the jobs are appended to `created` (when given), deepest first, so that a refused batch can take them away
+    again (`remove_created`). shard: every job is checked (a jobs file with errors is refused whole in every shard),
+    those of other shards that pass are left out of the plan (their interrupted renders unchecked: another process
+    may be rendering them now)."""
     planned, outputs = [], {}
     for index, job in enumerate(jobs):
+        mine = shard is None or shard.holds(index, len(jobs))
         out = str(job.values.get("out", ""))
         if job.error:
             planned.append(Planned(index, job.where, out, "failed", job.error))
@@ -45,13 +51,16 @@ def plan_jobs(jobs: list, resolve: Callable, created: Optional[list] = None) -> 
                     raise CamrenderError(f"same output as {outputs[out]}", path=job.where, field="output")
                 outputs[out] = job.where
                 if Path(out).exists():
-                    planned.append(Planned(index, job.where, out, "skipped", "output exists"))
+                    if mine:
+                        planned.append(Planned(index, job.where, out, "skipped", "output exists"))
                     continue
                 missing = [folder for folder in [Path(out).parent, *Path(out).parent.parents] if not folder.exists()]
                 Path(out).parent.mkdir(parents=True, exist_ok=True)
                 if created is not None:
                     created.extend(missing)
             request, writing = resolve(job)
+            if not mine:
+                continue
             if partial_folder(out).exists() and not writing["resume"]:  # an interrupted render: never overwritten
                 raise CamrenderError(f"{partial_folder(out)} holds an interrupted render: continue it with "
                                      f"`camrender render ... --resume` or remove it", path=job.where, field="output")

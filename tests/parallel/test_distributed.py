@@ -274,7 +274,7 @@ def test_the_torchrun_executor_deals_to_video_groups_and_only_leaders_report(mon
     written = []
 
     def runner(write, strict):
-        return lambda: JobRunner(lambda settings: "pipe", write, strict=strict)
+        return lambda ranks: JobRunner(lambda settings: "pipe", write, strict=strict)
 
     write = lambda pipe, job: written.append(job.request) or 17  # noqa: E731
     # rank 3 of 4: video group 1 of 2, second rank of its group (not the leader)
