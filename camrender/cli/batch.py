@@ -1,8 +1,9 @@
 """`camrender batch JOBS`: many renders, each job's options parsed as `camrender render` parses its own and
-planned through the API (`camrender.batch`), then rendered by an executor: this process, or the ranks of a
-torchrun run."""
+planned through the API (`camrender.batch`), then rendered by an executor: this process, the ranks of a
+torchrun run, or the workers of a Ray cluster."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import sys
@@ -14,6 +15,8 @@ import click
 from camrender.batch.executors import InProcessExecutor, JobRunner, TorchrunExecutor
 from camrender.batch.jobs import read_jobs
 from camrender.batch.plan import plan_jobs, refuse_bad_jobs, remove_created
+from camrender.batch.ray_executor import RayExecutor, import_ray, ray_cluster
+from camrender.batch.shards import choose_shard
 from camrender.batch.summary import summarize, summary_lines
 from camrender.cli import launch as cli_launch
 from camrender.cli.launch import options_to_argv
@@ -77,7 +80,23 @@ def resolver(defaults: dict, log=None):
               help="Also write the summary as JSON to this file.")
 @click.option("--skip-bad-jobs", is_flag=True,
               help="Render the good jobs of a jobs file with errors and report the rest (default: refuse it whole).")
-def batch(jobs, out_dir, gpus, gpus_per_video, summary_path, skip_bad_jobs, **defaults):
+@click.option("--shard", default=None, metavar="K/N",
+              help="Render the K-th (from 0) of N slices of the jobs, each a run of consecutive jobs (default in a "
+                   "Slurm job array: the task's place in the array, SLURM_ARRAY_TASK_ID of SLURM_ARRAY_TASK_COUNT).")
+@click.option("--executor", default="local", show_default=True, type=click.Choice(["local", "ray"]),
+              help="local: this process, or the ranks of --gpus / torchrun; ray: the workers of a Ray cluster (one "
+                   "per GPU, or per --gpus-per-video GPUs), each taking the next job as it frees up (needs the ray "
+                   "extra).")
+@click.option("--address", default=None,
+              help="Ray: the cluster to join (auto: the one `ray start` made here, or RAY_ADDRESS; or HOST:PORT). "
+                   "Default: a Ray instance on this machine for this batch, listening on 127.0.0.1 only.")
+@click.option("--workers", default=None, type=click.IntRange(min=1),
+              help="Ray: at most N workers (default: one per GPU of the cluster; per CPU for CPU renders).")
+@click.option("--retries", default=2, show_default=True, type=click.IntRange(min=0),
+              help="Ray: times a job whose worker was lost (killed, out of memory, its node gone) renders again, "
+                   "segment mode from its checkpoint.")
+def batch(jobs, out_dir, gpus, gpus_per_video, summary_path, skip_bad_jobs, shard, executor, address, workers,
+          retries, **defaults):
     """Render many videos: JOBS is a JSON-lines file (one render per line) or a folder of trajectories.
 
     \b
@@ -91,6 +110,11 @@ def batch(jobs, out_dir, gpus, gpus_per_video, summary_path, skip_bad_jobs, **de
     output exists is skipped (a re-run resumes); a job that fails while rendering is reported and the
     rest go on; a summary follows (exit code 3 when a job failed). Options given here apply to every job.
     """
+    if executor == "ray":
+        import_ray()  # the extra to install, before anything else
+        if gpus is not None or distributed.world_size() > 1:
+            raise CamrenderError("--executor ray starts its own workers: without --gpus or torchrun", field="executor")
+    shard = choose_shard(shard)
     ctx = click.get_current_context()
     given = {name: value for name, value in defaults.items()
              if ctx.get_parameter_source(name) != click.core.ParameterSource.DEFAULT}
@@ -105,7 +129,7 @@ def batch(jobs, out_dir, gpus, gpus_per_video, summary_path, skip_bad_jobs, **de
         if not skip_bad_jobs:  # a bad jobs file is refused here, before any worker starts (they plan again)
             created = []
             with cli_launch.quiet_checks(gpus):
-                planned = plan_jobs(job_list, resolve, created)
+                planned = plan_jobs(job_list, resolve, created, shard)
             remove_created(created)
             refuse_bad_jobs(planned, jobs, lambda line: click.echo(f"camrender: {line}", err=True))
         if gpus % gpus_per_video:
@@ -114,7 +138,7 @@ def batch(jobs, out_dir, gpus, gpus_per_video, summary_path, skip_bad_jobs, **de
     ranks = None
     if distributed.world_size() > 1:
         ranks = distributed.start(defaults["device"], per_video=gpus_per_video)
-    elif gpus_per_video > 1:
+    elif gpus_per_video > 1 and executor != "ray":
         raise CamrenderError(f"{gpus_per_video} GPUs per video need that many processes (--gpus or torchrun)",
                              field="gpus-per-video")
     try:
@@ -123,21 +147,25 @@ def batch(jobs, out_dir, gpus, gpus_per_video, summary_path, skip_bad_jobs, **de
         main = ranks is None or ranks.is_main
         planned, created = None, []
         if main:
-            planned = plan_jobs(job_list, resolve, created)
+            planned = plan_jobs(job_list, resolve, created, shard)
         planned = distributed.broadcast_object(planned, ranks)
         if not skip_bad_jobs and any(job.status == "failed" for job in planned):
             remove_created(created)
             refuse_bad_jobs(planned, jobs, log if main else lambda line: None)
-        executor = InProcessExecutor(log) if ranks is None else TorchrunExecutor(ranks, log)
+        planned = [job for job in planned if shard is None or shard.holds(job.index, len(job_list))]
         pending = [job for job in planned if job.status == "render"]
-        if main:
-            log(f"batch: {count(len(planned), 'job')}, {len(pending)} to render on "
-                f"{count(executor.workers, 'group')} of {count(executor.per_video, _unit(defaults['device']))}")
-        ran = executor.run(pending, lambda: _runner(ranks, progress_style, quiet))
+        # a Ray worker's own progress reaches this terminal as Ray's log lines: only when lines were asked for
+        style = progress_style if executor != "ray" or progress_style == "lines" else "none"
+        with _executor(executor, pending, ranks, log, address=address, workers=workers, per_video=gpus_per_video,
+                       retries=retries) as chosen:
+            if main:
+                unit = getattr(chosen, "unit", None) or _unit(defaults["device"])  # a Ray cluster's: its workers'
+                log(f"batch{'' if shard is None else f' (shard {shard})'}: {count(len(planned), 'job')}, "
+                    f"{len(pending)} to render on {count(chosen.workers, 'group')} of {count(chosen.per_video, unit)}")
+            ran = chosen.run(pending, lambda group: _runner(group, style, quiet))
         if ran is None:
             return
-        summary = summarize(planned, ran[0], time.perf_counter() - started, executor.workers, executor.per_video,
-                            ran[1])
+        summary = summarize(planned, ran[0], time.perf_counter() - started, chosen.workers, chosen.per_video, ran[1])
     finally:
         distributed.stop()
     for line in summary_lines(summary):
@@ -146,6 +174,17 @@ def batch(jobs, out_dir, gpus, gpus_per_video, summary_path, skip_bad_jobs, **de
         atomic_write_text(summary_path, json.dumps(summary, indent=1) + "\n")
     if summary["failed"]:
         sys.exit(distributed.FAILED_JOBS_EXIT_CODE)
+
+
+@contextlib.contextmanager
+def _executor(name: str, pending: list, ranks, log, *, address, workers, per_video: int, retries: int):
+    """The executor of `--executor`: this process or the torchrun ranks ("local"), or a Ray cluster's workers for
+    the duration of the block (none started for a batch with nothing to render)."""
+    if name != "ray" or not pending:
+        yield InProcessExecutor(log) if ranks is None else TorchrunExecutor(ranks, log)
+        return
+    with ray_cluster(address):
+        yield RayExecutor(pending, log, per_video=per_video, workers=workers, retries=retries)
 
 
 def _unit(device) -> str:

@@ -1,0 +1,133 @@
+"""`camrender batch --executor ray`: the batch's jobs on a Ray cluster (`RayExecutor`, the `Executor` protocol's
+`run(jobs, make_runner)` over `camrender.batch.ray_workers.RayWorkers`), and Ray itself for the run
+(`ray_cluster`: a cluster joined at `--address`, or a local instance started on this machine).
+
+Ray is an optional extra (`pip install "camrender[ray]"`); this module imports without it.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import threading
+from typing import Callable, Optional
+
+from camrender.batch.progress import JobLines
+from camrender.batch.ray_workers import RayWorkers
+from camrender.errors import CamrenderError
+
+EXTRA = 'pip install "camrender[ray]"'
+OBJECT_STORE_BYTES = 200 * 2**20  # jobs and results are small: the object store only passes them
+CONNECT_TIMEOUT_S = 10.0  # reaching --address (the whole refusal stays well under 30 s)
+
+
+def import_ray():
+    """The `ray` module; CamrenderError (exit 2) naming the extra to install when Ray is missing."""
+    try:
+        import ray
+    except ImportError:
+        raise CamrenderError(f"--executor ray needs Ray: {EXTRA}", field="executor") from None
+    return ray
+
+
+@contextlib.contextmanager
+def ray_cluster(address: Optional[str] = None, *, num_cpus: Optional[int] = None, num_gpus: Optional[int] = None):
+    """Ray for one run: the cluster at `address` ("auto": the one `ray start` made on this machine, or RAY_ADDRESS;
+    HOST:PORT), or without it a local instance on this machine's CPUs (`num_cpus`, default all) and GPUs
+    (`num_gpus`, default all), listening on 127.0.0.1 only; shut down at the end. A program that initialized Ray
+    already keeps its own (used as it is, left running). An address that cannot be reached: CamrenderError."""
+    ray = import_ray()
+    if ray.is_initialized():
+        yield ray
+        return
+    with _sigterm_kept():  # ray.init replaces the handler; the CLI's turns SIGTERM into a clean stop
+        if address is None:
+            _start_local(ray, num_cpus, num_gpus)
+        else:
+            _join(ray, address)
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+def _start_local(ray, num_cpus: Optional[int], num_gpus: Optional[int]) -> None:
+    # lazy: Ray's own constant, only where Ray is installed
+    from ray._private import ray_constants
+
+    # Ray's single-machine mode (its default on macOS and Windows): the node keeps the address 127.0.0.1, which a
+    # Linux Ray swaps for the host's public one, and every Ray server then listens on loopback only.
+    cluster_mode = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), num_gpus=num_gpus, include_dashboard=False,
+                 _node_ip_address="127.0.0.1", object_store_memory=OBJECT_STORE_BYTES, logging_level=logging.WARNING)
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = cluster_mode
+
+
+def _join(ray, address: str) -> None:
+    """Connect to the cluster at `address`; HOST:PORT is reached first (refused, unknown or silent hosts fail in
+    seconds, where Ray itself waits a minute)."""
+    target = (os.environ.get("RAY_ADDRESS") or address) if address == "auto" else address
+    if target != "auto":
+        host, _, port = target.split("://")[-1].rpartition(":")
+        if not host or not port.isdigit():
+            raise CamrenderError(f"{address!r} is not auto or HOST:PORT", field="address")
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S).close()
+        except OSError as error:
+            raise CamrenderError(f"cannot reach the Ray cluster at {target}: {error.strerror or error}",
+                                 field="address") from None
+    try:
+        ray.init(address=address, logging_level=logging.WARNING)
+    except Exception as error:  # noqa: BLE001 - Ray raises ConnectionError, RuntimeError, ValueError, ...
+        lines = str(error).strip().splitlines()
+        raise CamrenderError(f"cannot join the Ray cluster at {target}: {lines[0] if lines else type(error).__name__}",
+                             field="address") from None
+
+
+@contextlib.contextmanager
+def _sigterm_kept():
+    main = threading.current_thread() is threading.main_thread()
+    handler = signal.getsignal(signal.SIGTERM) if main else None
+    try:
+        yield
+    finally:
+        if main and handler is not None:
+            signal.signal(signal.SIGTERM, handler)
+
+
+class RayExecutor:
+    """The actors of the Ray cluster this process is connected to (`ray_cluster`): one worker per GPU, or per
+    `per_video` GPUs rendering each video together; on the cluster's CPUs when every job renders on the CPU or the
+    cluster has no GPUs. `workers`: at most this many (default: as many as the cluster holds); never more than
+    jobs. retries: how many times a job whose worker was lost is rendered again. log: one line per finished job."""
+
+    def __init__(self, jobs: list, log: Callable[[str], None], *, per_video: int = 1, workers: Optional[int] = None,
+                 retries: int = 2):
+        ray = import_ray()
+        resources = ray.cluster_resources()
+        self.gpus = (resources.get("GPU", 0) >= per_video
+                     and any(job.request.settings.device != "cpu" for job in jobs))
+        self.unit = "GPU" if self.gpus else "CPU"
+        capacity = int(resources.get(self.unit, 0)) // per_video
+        if capacity < 1:
+            raise CamrenderError(f"the Ray cluster has no {per_video} {self.unit}(s) for a worker",
+                                 field="gpus-per-video" if per_video > 1 else "executor")
+        self.workers = max(1, min(capacity, workers or capacity, len(jobs)))
+        self.per_video, self.retries, self.log = per_video, retries, log
+
+    def run(self, jobs: list, make_runner: Callable) -> tuple:
+        """Render `jobs` (planned, status "render"): (every job's result, each worker's model loads)."""
+        lines, results = JobLines(len(jobs), self.log), []
+        with RayWorkers(make_runner, self.workers, per_video=self.per_video, gpus=self.gpus, retries=self.retries,
+                        log=self.log) as pool:
+            for job in jobs:
+                pool.submit(job)
+            for result in pool.results():
+                results.append(result)
+                lines(result)
+            return results, list(pool.loads.values())

@@ -1,0 +1,289 @@
+"""A pool of render workers on a Ray cluster fed from one queue (`RayWorkers`), usable without the CLI:
+
+    with RayWorkers(make_runner, workers=4) as pool:      # Ray initialized already (ray.init / ray_cluster)
+        pool.submit(job)                                  # a planned job (`camrender.batch.plan.Planned`), any time
+        for result in pool.results(): ...                 # each job's result as it finishes
+
+A worker is one actor (`camrender.batch.ray_actor.RenderWorker`: one GPU, or one CPU) or a video group of
+`per_video` actors packed on one node. A worker that frees up takes the first queued job of the load settings it
+has loaded (its pipeline is kept), else the queue's first. A worker lost while rendering (its process killed, out of
+memory, its node gone) costs only that job: what the killed render left is removed
+(`camrender.api.output.clear_killed_render`), the job goes back to the front of the queue (a segment-mode job
+resuming from its checkpoint) at most `retries` times, then it fails; the worker is replaced. Every lost attempt is
+named in the job's result ("retries").
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional
+
+from camrender.batch.ray_actor import RenderWorker
+
+CLOSE_WAIT_S = 10.0  # how long `close` waits for killed actors' calls to end before clearing their jobs' files
+
+
+@dataclasses.dataclass
+class _Worker:
+    """The driver's view of one worker: its actors (rank 0 writes), the calls in flight ({ref: rank}), its stage
+    ("placing" -> "starting" -> "ready" <-> "busy"), the job it renders and the load settings it has loaded."""
+
+    name: str
+    actors: list
+    group: Any = None  # the placement group of a video group of several actors
+    stage: str = "placing"
+    calls: dict = dataclasses.field(default_factory=dict)
+    places: dict = dataclasses.field(default_factory=dict)
+    job: Any = None
+    result: Optional[dict] = None
+    settings: Any = None
+    dispatched: float = 0.0
+
+
+class RayWorkers:
+    """Render workers on the Ray cluster this process is connected to (call from one thread).
+
+    make_runner(ranks) -> `camrender.batch.executors.JobRunner`, pickled to and called in each actor; workers: how
+    many; per_video: actors (GPUs) rendering each video together; gpus: one GPU per actor (else one CPU); retries:
+    how many times a job whose worker was lost is rendered again; log: a callable taking one line (lost workers).
+    `loads` maps each worker's name to its model loads so far."""
+
+    def __init__(self, make_runner: Callable, workers: int, *, per_video: int = 1, gpus: bool = False,
+                 retries: int = 2, log: Callable[[str], None] = lambda line: None):
+        # lazy: Ray is an optional extra
+        import ray
+
+        self.ray, self.make_runner, self.per_video, self.gpus = ray, make_runner, per_video, gpus
+        self.retries, self.log = retries, log
+        self.actor = ray.remote(RenderWorker)
+        self.resources = {"num_cpus": 1, "num_gpus": 1 if gpus else 0, "max_restarts": 0}
+        self.queue, self.finished = collections.deque(), collections.deque()
+        self.lost = {}  # job index -> its lost attempts
+        self.workers, self.loads, self.last_loss = [], {}, ""
+        self.made = 0
+        for _ in range(workers):
+            self._add_worker()
+
+    # ----------------------------------------------------------------------------- the queue
+    def submit(self, job) -> None:
+        """Queue a planned job (status "render"); it renders when a worker frees up."""
+        self.queue.append(job)
+
+    @property
+    def pending(self) -> int:
+        """Jobs queued, rendering, or finished and not handed out yet."""
+        return len(self.queue) + sum(worker.job is not None for worker in self.workers) + len(self.finished)
+
+    def results(self) -> Iterator[dict]:
+        """Each job's result as it finishes, until nothing is queued or rendering."""
+        while (result := self.next_result()) is not None:
+            yield result
+
+    def next_result(self, timeout: Optional[float] = None) -> Optional[dict]:
+        """The next finished job's result: `JobRunner.render`'s dict with "worker" (its name) and "retries" (the
+        lost attempts: worker, reason, seconds); None when nothing is queued or rendering, or after `timeout`
+        seconds without a result."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.finished:
+            self._dispatch()
+            if not self.queue and not any(worker.job is not None for worker in self.workers):
+                return None
+            calls = [ref for worker in self.workers for ref in worker.calls]
+            if not calls:  # jobs queued and no worker left
+                self._fail_queue(f"no worker left to render it ({self.last_loss or 'none could start'})")
+                continue
+            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready, _ = self.ray.wait(calls, num_returns=1, timeout=wait)
+            if not ready:
+                return None
+            self._settle(ready[0])
+        return self.finished.popleft()
+
+    def close(self) -> None:
+        """Stop every worker; a job in flight is dropped and what its render left is removed."""
+        calls = [ref for worker in self.workers for ref in worker.calls]
+        jobs = [worker.job for worker in self.workers if worker.job is not None]
+        for worker in list(self.workers):
+            self._remove(worker)
+        if calls:  # the killed actors' calls end once their processes are gone
+            self.ray.wait(calls, num_returns=len(calls), timeout=CLOSE_WAIT_S)
+        for job in jobs:
+            clear_killed_render(job, self.per_video)
+
+    def __enter__(self) -> "RayWorkers":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ----------------------------------------------------------------------------- workers
+    def _add_worker(self) -> None:
+        """Start one more worker: its actors placed (a video group packed on one node), then started."""
+        self.made += 1
+        group, options = None, []
+        if self.per_video > 1:
+            # lazy: Ray is an optional extra
+            from ray.util import placement_group
+            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+            bundle = {"CPU": 1, **({"GPU": 1} if self.gpus else {})}
+            group = placement_group([bundle] * self.per_video, strategy="STRICT_PACK")
+            options = [{"scheduling_strategy": PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=i)}
+                       for i in range(self.per_video)]
+        actors = [self.actor.options(**self.resources, **(options[rank] if options else {})).remote(self.make_runner)
+                  for rank in range(self.per_video)]
+        worker = _Worker(f"w{self.made}", actors, group)
+        worker.calls = {actor.place.remote(): rank for rank, actor in enumerate(actors)}
+        self.workers.append(worker)
+        self.loads[worker.name] = 0
+
+    def _dispatch(self) -> None:
+        """Hand queued jobs to ready workers, each preferring a job of the load settings it has loaded."""
+        for worker in self.workers:
+            if not self.queue:
+                return
+            if worker.stage != "ready":
+                continue
+            job = next((job for job in self.queue if job.request.settings == worker.settings), self.queue[0])
+            self.queue.remove(job)
+            worker.job, worker.result, worker.settings = job, None, job.request.settings
+            worker.dispatched, worker.stage = time.monotonic(), "busy"
+            worker.calls = {actor.render.remote(job): rank for rank, actor in enumerate(worker.actors)}
+
+    def _settle(self, ref) -> None:
+        """One call of a worker has ended: move the worker on, or handle its loss."""
+        worker = next(worker for worker in self.workers if ref in worker.calls)
+        rank = worker.calls.pop(ref)
+        try:
+            value = self.ray.get(ref)
+        except self.ray.exceptions.RayTaskError as error:  # raised inside the actor: the job's, not a loss
+            self._broken(worker, _first_line(error.cause if error.cause is not None else error))
+            return
+        except self.ray.exceptions.RayError as error:  # the actor's process or node is gone
+            self._lose(worker, _loss_reason(error))
+            return
+        if worker.stage == "placing":
+            worker.places[rank] = value
+            if not worker.calls:
+                self._start(worker)
+        elif worker.stage == "starting":
+            if not worker.calls:
+                worker.stage = "ready"
+        elif worker.stage == "busy":
+            if value is not None:
+                worker.result = value
+            if not worker.calls:
+                self._finish(worker)
+
+    def _start(self, worker: _Worker) -> None:
+        leader = worker.places[0]
+        master = (leader["ip"], leader["port"])
+        gpus = sorted({gpu for place in worker.places.values() for gpu in place["gpus"]}, key=str)
+        device = "cuda" if self.gpus else "cpu"
+        worker.stage = "starting"
+        worker.calls = {actor.start.remote(rank, self.per_video, master, gpus, device): rank
+                        for rank, actor in enumerate(worker.actors)}
+
+    def _finish(self, worker: _Worker) -> None:
+        result, job = worker.result, worker.job
+        self.loads[worker.name] = result.pop("loads")
+        self.finished.append({**result, "worker": worker.name, "retries": self.lost.get(job.index, [])})
+        worker.job, worker.result, worker.stage = None, None, "ready"
+
+    def _broken(self, worker: _Worker, reason: str) -> None:
+        """A call raised inside the worker: its job failed (not rendered again); the worker, whose video group's
+        ranks may be waiting in a collective, is replaced."""
+        job, started = worker.job, worker.stage in ("ready", "busy")
+        self._remove(worker)
+        if job is not None:
+            clear_killed_render(job, self.per_video)
+            self._failed(job, worker.name, reason)
+        if started:
+            self._add_worker()
+        else:
+            self.last_loss = f"{worker.name} could not start: {reason}"
+            self.log(self.last_loss)
+
+    def _lose(self, worker: _Worker, reason: str) -> None:
+        """The worker's process (or node) is gone: its job is rendered again elsewhere; a worker that had started
+        is replaced (one that never started is not: it would likely fail again)."""
+        job, started = worker.job, worker.stage in ("ready", "busy")
+        self._remove(worker)
+        self.last_loss = f"{worker.name} lost: {reason}"
+        if job is not None:
+            self._render_again(job, worker, reason)
+        else:
+            self.log(self.last_loss)
+        if started:
+            self._add_worker()
+
+    def _remove(self, worker: _Worker) -> None:
+        for actor in worker.actors:
+            self.ray.kill(actor)
+        if worker.group is not None:
+            # lazy: Ray is an optional extra
+            from ray.util import remove_placement_group
+
+            remove_placement_group(worker.group)
+        self.workers.remove(worker)
+
+    # ----------------------------------------------------------------------------- a lost job
+    def _render_again(self, job, worker: _Worker, reason: str) -> None:
+        """Queue a lost worker's job again (at the front), or fail it after `retries` retries; a video the lost
+        attempt finished is kept (never written twice)."""
+        resumable = clear_killed_render(job, self.per_video)
+        attempts = self.lost.setdefault(job.index, [])
+        seconds = time.monotonic() - worker.dispatched
+        attempts.append({"worker": worker.name, "reason": reason, "seconds": round(seconds, 3)})
+        if Path(job.out).exists():
+            self.log(f"job {job.out} on {worker.name}: worker lost ({reason}) after writing the video")
+            self.finished.append({"index": job.index, "where": job.where, "out": job.out, "status": "done",
+                                  "frames": job.request.num_frames, "seconds": round(seconds, 3),
+                                  "worker": worker.name, "retries": attempts})
+        elif len(attempts) > self.retries:
+            self._failed(job, worker.name, f"its worker was lost {len(attempts)} times (last: {reason})")
+        else:
+            job.resume = job.resume or resumable  # from the checkpoint the lost attempt left
+            self.queue.appendleft(job)
+            self.log(f"job {job.out} on {worker.name}: worker lost ({reason}); rendering it again "
+                     f"(retry {len(attempts)} of {self.retries})")
+
+    def _failed(self, job, worker_name: str, reason: str) -> None:
+        self.finished.append({"index": job.index, "where": job.where, "out": job.out, "status": "failed",
+                              "reason": f"{job.where}: {reason}", "worker": worker_name,
+                              "retries": self.lost.get(job.index, [])})
+
+    def _fail_queue(self, reason: str) -> None:
+        while self.queue:
+            job = self.queue.popleft()
+            self._failed(job, "", reason)
+
+
+def clear_killed_render(job, per_video: int) -> bool:
+    """`camrender.api.output.clear_killed_render` for `job`'s request as a video group of `per_video` renders it:
+    whether a checkpoint to resume from is kept."""
+    # lazy: keeps `camrender --help` free of torch
+    from camrender.api import output
+    from camrender.api.requests import on_video_group
+    from camrender.errors import CamrenderError
+
+    try:
+        request = on_video_group(job.request, per_video) if per_video > 1 else job.request
+    except CamrenderError:  # a layout the group cannot split: the job never rendered
+        request = job.request
+    return output.clear_killed_render(request)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"[:300]
+
+
+def _loss_reason(error: BaseException) -> str:
+    """A lost actor in a few words: Ray's error type and the first line that says why."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    why = next((line for line in lines if "killed" in line or "memory" in line or "died" in line.lower()),
+               lines[0] if lines else "")
+    return f"{type(error).__name__}: {why}"[:300]
