@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator, Optional
 
 from camrender.batch.ray_actor import RenderWorker
 
-CLOSE_WAIT_S = 10.0  # how long `close` waits for killed actors' calls to end before clearing their jobs' files
+CLOSE_WAIT_S = 10.0  # how long a killed worker's calls in flight may take to end (its processes to be gone)
 
 
 @dataclasses.dataclass
@@ -68,7 +68,8 @@ class RayWorkers:
 
     # ----------------------------------------------------------------------------- the queue
     def submit(self, job) -> None:
-        """Queue a planned job (status "render"); it renders when a worker frees up."""
+        """Queue a planned job (status "render"); it renders when a worker frees up. Its `index` names it in its
+        result and must differ from those of the other jobs submitted."""
         self.queue.append(job)
 
     @property
@@ -101,16 +102,26 @@ class RayWorkers:
             self._settle(ready[0])
         return self.finished.popleft()
 
+    def wait_started(self, timeout: Optional[float] = None) -> int:
+        """Wait until every worker has started (its runner made; a model loads with its first job), at most
+        `timeout` seconds; how many have."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while starting := [ref for worker in self.workers if worker.stage in ("placing", "starting")
+                           for ref in worker.calls]:
+            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready, _ = self.ray.wait(starting, num_returns=1, timeout=wait)
+            if not ready:
+                break
+            self._settle(ready[0])
+        return sum(worker.stage in ("ready", "busy") for worker in self.workers)
+
     def close(self) -> None:
-        """Stop every worker; a job in flight is dropped and what its render left is removed."""
-        calls = [ref for worker in self.workers for ref in worker.calls]
-        jobs = [worker.job for worker in self.workers if worker.job is not None]
+        """Stop every worker: the jobs queued or in flight are dropped (what a render in flight left is removed)."""
+        self.queue.clear()
         for worker in list(self.workers):
             self._remove(worker)
-        if calls:  # the killed actors' calls end once their processes are gone
-            self.ray.wait(calls, num_returns=len(calls), timeout=CLOSE_WAIT_S)
-        for job in jobs:
-            clear_killed_render(job, self.per_video)
+            if worker.job is not None:
+                clear_killed_render(worker.job, self.per_video)
 
     def __enter__(self) -> "RayWorkers":
         return self
@@ -162,7 +173,7 @@ class RayWorkers:
             self._broken(worker, _first_line(error.cause if error.cause is not None else error))
             return
         except self.ray.exceptions.RayError as error:  # the actor's process or node is gone
-            self._lose(worker, _loss_reason(error))
+            self._lose(worker, _first_line(error))
             return
         if worker.stage == "placing":
             worker.places[rank] = value
@@ -220,8 +231,12 @@ class RayWorkers:
             self._add_worker()
 
     def _remove(self, worker: _Worker) -> None:
+        """Kill the worker's actors and wait (at most CLOSE_WAIT_S) until their calls in flight have ended: a rank of
+        a video group still alive could otherwise write after its job's files were cleared or its job queued again."""
         for actor in worker.actors:
             self.ray.kill(actor)
+        if worker.calls:
+            self.ray.wait(list(worker.calls), num_returns=len(worker.calls), timeout=CLOSE_WAIT_S)
         if worker.group is not None:
             # lazy: Ray is an optional extra
             from ray.util import remove_placement_group
@@ -277,13 +292,9 @@ def clear_killed_render(job, per_video: int) -> bool:
 
 
 def _first_line(error: BaseException) -> str:
+    """An error in a few words: its type and its message's first line (Ray's go on for many)."""
     text = str(error).strip().splitlines()
     return f"{type(error).__name__}: {text[0] if text else ''}"[:300]
 
 
-def _loss_reason(error: BaseException) -> str:
-    """A lost actor in a few words: Ray's error type and the first line that says why."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    why = next((line for line in lines if "killed" in line or "memory" in line or "died" in line.lower()),
-               lines[0] if lines else "")
-    return f"{type(error).__name__}: {why}"[:300]
+

@@ -110,12 +110,15 @@ def batch(jobs, out_dir, gpus, gpus_per_video, summary_path, skip_bad_jobs, shar
     output exists is skipped (a re-run resumes); a job that fails while rendering is reported and the
     rest go on; a summary follows (exit code 3 when a job failed). Options given here apply to every job.
     """
+    ctx = click.get_current_context()
     if executor == "ray":
         import_ray()  # the extra to install, before anything else
         if gpus is not None or distributed.world_size() > 1:
             raise CamrenderError("--executor ray starts its own workers: without --gpus or torchrun", field="executor")
+    for name in ("address", "workers", "retries"):
+        if executor != "ray" and ctx.get_parameter_source(name) != click.core.ParameterSource.DEFAULT:
+            raise CamrenderError(f"--{name} is for the Ray executor: add --executor ray", field=name)
     shard = choose_shard(shard)
-    ctx = click.get_current_context()
     given = {name: value for name, value in defaults.items()
              if ctx.get_parameter_source(name) != click.core.ParameterSource.DEFAULT}
     progress_style, quiet = defaults.pop("progress"), defaults.pop("quiet")
