@@ -1,0 +1,173 @@
+"""`camrender batch --executor ray` on a real local Ray started once for this module (127.0.0.1, two worker
+processes of one CPU each) with the tiny model: every video is the one the same render gives alone, byte for byte;
+a worker whose process is SIGKILLed in the middle of a job costs a retry of that job only (resumed from its
+checkpoint), with nothing partial left; a job whose worker keeps dying fails after its retries while the others
+render; the pool works from Python without the CLI."""
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import run_cli
+
+ray = pytest.importorskip("ray")
+
+BASE = ["--model", "tiny", "--device", "cpu", "--height", "32", "--width", "32", "--prompt-cache", "off"]
+GROUPS = ({}, {"kernels": "torch"})  # two load settings: each worker keeps a pipeline per group
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from camrender.batch.ray_executor import ray_cluster
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TRITON_INTERPRET", "0")  # the workers render on the PyTorch references, as a user's CPU does
+        with ray_cluster(num_cpus=2) as started:
+            yield started
+    assert not ray.is_initialized()
+
+
+def options_argv(options: dict) -> list:
+    return [part for name, value in options.items() for part in (f"--{name.replace('_', '-')}", str(value))]
+
+
+def write_jobs(folder: Path, jobs: list, extra_lines=()) -> Path:
+    lines = [json.dumps({"trajectory": traj, "output": f"out/{name}.mp4", "options": options})
+             for name, traj, options in jobs]
+    (folder / "jobs.jsonl").write_text("\n".join([*lines, *extra_lines]) + "\n")
+    return folder / "jobs.jsonl"
+
+
+def assert_same_as_alone(tmp_path, capsys, jobs):
+    """Each job rendered alone by `camrender render` in this process gives the batch's video, byte for byte."""
+    (tmp_path / "alone").mkdir()
+    for name, traj, options in jobs:
+        code, _, err = run_cli(["--traj", traj, "--out", tmp_path / "alone" / f"{name}.mp4", *BASE,
+                                *options_argv(options), "--progress", "none"], capsys)
+        assert code == 0, err[-2000:]
+        assert (tmp_path / "out" / f"{name}.mp4").read_bytes() == (tmp_path / "alone" / f"{name}.mp4").read_bytes(), name
+
+
+def assert_nothing_partial(folder: Path, names):
+    """Only finished videos and their side files: no temporary file, no partial folder."""
+    expected = {f"{name}{suffix}" for name in names for suffix in (".mp4", ".traj.json", ".render.json", ".path.png")}
+    assert {path.name for path in folder.iterdir()} == expected
+
+
+def test_every_video_is_the_render_alone_and_bad_lines_are_reported(cluster, tmp_path, capsys):
+    jobs = [(f"{group}{index}", "w-16,dw-16", {"seed": index, "frames": (9, 17)[index % 2],
+                                                 "steps": (1, 2)[index // 2], **options})
+            for group, options in zip("ab", GROUPS) for index in range(3)]
+    jobs_file = write_jobs(tmp_path, jobs, ['{"trajectory": "w-16", "output": "out/bad.mp4", "seed": -1}'])
+    code, _, err = run_cli(["batch", jobs_file, *BASE, "--executor", "ray", "--skip-bad-jobs", "--progress", "lines",
+                            "--summary", tmp_path / "summary.json"], capsys)
+    assert code == 3, err[-3000:]  # the bad line failed, the others rendered on the cluster
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert (summary["done"], summary["failed"], summary["retries"]) == (6, 1, [])
+    assert "jobs.jsonl line 7" in summary["failures"][0]["reason"] and "seed" in summary["failures"][0]["reason"]
+    assert {result["worker"] for result in summary["results"] if result["status"] == "done"} == {"w1", "w2"}
+    assert 2 <= sum(summary["model_loads_per_rank"]) <= 4 and summary["ranks"] == 2  # a pipeline kept per group
+    finished = [line for line in err.splitlines() if line.startswith("camrender: job ")]
+    assert len(finished) == 6 and "; 5 left, ETA " in finished[0] and " on w" in finished[0], err[-3000:]
+    assert_nothing_partial(tmp_path / "out", [name for name, _, _ in jobs])
+    assert_same_as_alone(tmp_path, capsys, jobs)
+
+
+def kill_at_first_checkpoint(folder: Path, killed: list, stop: threading.Event) -> None:
+    """SIGKILL the process rendering the first segment-mode job that writes a checkpoint (its owner.json)."""
+    while not stop.is_set():
+        for checkpoint in folder.glob(".*.mp4.partial/checkpoint.safetensors"):
+            try:
+                owner = json.loads((checkpoint.parent / "owner.json").read_text())
+            except (OSError, ValueError):
+                continue
+            assert owner["pid"] != os.getpid()  # a Ray worker's process, never this one
+            os.kill(owner["pid"], signal.SIGKILL)
+            killed.append((checkpoint.parent.name[1:-len(".partial")], owner["pid"]))
+            return
+        time.sleep(0.02)
+
+
+def test_a_worker_killed_in_the_middle_of_a_job_costs_one_retry(cluster, tmp_path, capsys):
+    segments = {"mode": "segments", "frames": 41, "segment_frames": 1, "checkpoint_every": 0, "steps": 2}
+    jobs = [(f"{group}{index}", "w-40,dw-40", {"seed": index, **segments, **options})
+            for group, options in zip("ab", GROUPS) for index in range(2)]
+    jobs_file = write_jobs(tmp_path, jobs)
+    (tmp_path / "out").mkdir()
+    killed, stop = [], threading.Event()
+    killer = threading.Thread(target=kill_at_first_checkpoint, args=(tmp_path / "out", killed, stop), daemon=True)
+    killer.start()
+    try:
+        code, _, err = run_cli(["batch", jobs_file, *BASE, "--executor", "ray", "--progress", "none",
+                                "--summary", tmp_path / "summary.json"], capsys)
+    finally:
+        stop.set()
+        killer.join()
+    assert code == 0 and len(killed) == 1, err[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["done"] == 4 and summary["failed"] == 0
+    [retry] = summary["retries"]
+    assert Path(retry["out"]).name == killed[0][0] and "ActorDiedError" in retry["reason"]
+    assert f"retried: {retry['where']}" in err and "rendering it again (retry 1 of 2)" in err
+    retried = next(result for result in summary["results"] if result["out"] == retry["out"])
+    assert retried["worker"] != retry["worker"]
+    assert [{**attempt, "where": retry["where"], "out": retry["out"]} for attempt in retried["retries"]] == [retry]
+    assert_nothing_partial(tmp_path / "out", [name for name, _, _ in jobs])
+    assert_same_as_alone(tmp_path, capsys, jobs)  # resumed from the checkpoint: the same bytes
+
+
+def test_a_video_group_of_two_workers_renders_each_video_as_one_process(cluster, tmp_path, capsys):
+    from test_render_cli import read_video
+
+    jobs = [(f"g{index}", "w-16,dw-16", {"seed": index, "frames": 9, "steps": 1, "guidance": 5.0}) for index in range(2)]
+    code, _, err = run_cli(["batch", write_jobs(tmp_path, jobs), *BASE, "--executor", "ray", "--gpus-per-video", "2",
+                            "--progress", "none", "--summary", tmp_path / "summary.json"], capsys)
+    assert code == 0, err[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert (summary["done"], summary["ranks"], summary["gpus_per_video"], summary["model_loads_per_rank"]) == (2, 2, 2, [1])
+    assert "2 to render on 1 group of 2 CPUs" in err
+    assert_nothing_partial(tmp_path / "out", ["g0", "g1"])
+    (tmp_path / "alone").mkdir()
+    for name, traj, options in jobs:  # the guidance branches on two processes (gloo): the same frames within fp32
+        code, _, err = run_cli(["--traj", traj, "--out", tmp_path / "alone" / f"{name}.mp4", *BASE,
+                                *options_argv(options), "--progress", "none"], capsys)
+        assert code == 0, err[-2000:]
+        together, alone = (read_video(tmp_path / folder / f"{name}.mp4")[0].astype(float) for folder in ("out", "alone"))
+        assert together.shape == alone.shape and abs(together - alone).mean() < 1.0, name
+
+
+def test_a_job_whose_worker_keeps_dying_fails_after_its_retries(cluster, tmp_path):
+    from camrender.api.requests import plan_request
+    from camrender.batch.plan import Planned
+    from camrender.batch.ray_workers import RayWorkers
+    from camrender.render.load_settings import LoadSettings
+
+    def planned(index: int) -> Planned:
+        request = plan_request(LoadSettings(model="tiny", device="cpu"), "w-8", out=tmp_path / f"{index}.mp4")
+        return Planned(index, f"job {index}", str(tmp_path / f"{index}.mp4"), "render", request=request)
+
+    def make_dying_runner(ranks):  # pickled by value to the workers: no model; job 1's process dies (SIGKILL)
+        from camrender.batch.executors import JobRunner
+
+        def write(pipe, job):
+            if job.index == 1:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return 7
+
+        return JobRunner(lambda settings: "pipeline", write)
+
+    with RayWorkers(make_dying_runner, workers=2, retries=1, log=lambda line: None) as pool:
+        assert pool.next_result(timeout=0.1) is None and pool.pending == 0  # nothing submitted
+        for index in range(3):
+            pool.submit(planned(index))
+        assert pool.pending == 3
+        results = {result["index"]: result for result in pool.results()}
+        assert pool.pending == 0
+    assert [results[index]["status"] for index in range(3)] == ["done", "failed", "done"]
+    assert [result["frames"] for result in (results[0], results[2])] == [7, 7]
+    assert "its worker was lost 2 times" in results[1]["reason"] and len(results[1]["retries"]) == 2
+    assert len({attempt["worker"] for attempt in results[1]["retries"]}) == 2  # each time on another worker
