@@ -21,6 +21,7 @@ from camrender import trajectory as trajectories
 from camrender.api.output import write_video
 from camrender.api.requests import build_request, check_refiner_options, checked_refiner, stage_precisions
 from camrender.errors import CamrenderError
+from camrender.limits import check_latent_frames
 from camrender.model.refiner.loading import check_refiner_offload
 from camrender.model.refiner.stream import KV_MAX_FRAMES as DEFAULT_REFINER_WINDOW
 from camrender.model.stage1.loading import DEFAULT_MODEL
@@ -74,8 +75,7 @@ class CamrenderPipeline:
                                             ("refiner_precision", refiner_precision is not None),
                                             ("refiner_window", refiner_window != DEFAULT_REFINER_WINDOW)) if changed}
         check_refiner_options(refiner, given)
-        if int(refiner_window) < 1:
-            raise CamrenderError(f"must be at least 1 latent frame, got {refiner_window}", field="refiner_window")
+        check_latent_frames(int(refiner_window), "refiner_window")
         precisions = stage_precisions(precision, stage1_precision, refiner_precision, device)
         settings = dict(model=model, dtype=dtype, device=device, offload=offload,
                         transformer_weights=transformer_weights, vae=vae, kernels=kernels,

@@ -17,7 +17,7 @@ from camrender.cli.preflight import check_render_options, probe_writable
 from camrender.cli.render import _quiet_libraries, given_on_command_line
 from camrender.cli.stage_options import cli_spelling, refiner_offload_option, resolve_stage_options, stage_options
 from camrender.errors import CamrenderError
-from camrender.limits import ROPE_LATENT_FRAMES, TIME_STRIDE
+from camrender.limits import ROPE_LATENT_FRAMES, TIME_STRIDE, check_finite
 from camrender.model.stage1.loading import DEFAULT_MODEL
 from camrender.model.stage1.recipes import get_recipe, resolve_recipe
 from camrender.trajectory.controls import make_scheme
@@ -37,6 +37,7 @@ def longest_clip(seconds: float, fps: float, segment_frames: int) -> int:
 def resolve_template(options: dict):
     """(the segment-mode `RenderRequest` every flight starts from, with no path yet: the flight steers it;
     the session stem)."""
+    check_finite(options["max_seconds"], "max-seconds", minimum=1)
     stem = options["out"] or Path(time.strftime("play-%Y%m%d-%H%M%S"))
     check_refiner_options(options.get("refiner"), given_on_command_line(options), spell=cli_spelling)
     check_render_options({**options, "out": stem.with_name(stem.name + ".mp4"), "fps": None, "offload": False})
@@ -115,9 +116,11 @@ def play(**options):
     # lazy: keeps `camrender --help` free of torch, diffusers and asyncio (30 ms)
     import asyncio
 
+    from camrender.play.listen import check_listen
     from camrender.play.server import PlayServer, is_loopback, serve
     from camrender.render.pipeline import load_patched_pipeline
 
+    check_listen(options["host"], options["port"])
     template, stem = resolve_template(options)
     token = None if is_loopback(options["host"]) else secrets.token_urlsafe(16)
     log = lambda line: click.echo(f"camrender: {line}", err=True)  # noqa: E731

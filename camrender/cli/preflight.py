@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 from camrender.errors import CamrenderError
-from camrender.limits import MAX_STEPS, TIME_STRIDE, check_finite, check_fps, check_seed
+from camrender.limits import MAX_STEPS, TIME_STRIDE, check_finite, check_fps, check_latent_frames, check_seed
 from camrender.model.device import resolve_device
 from camrender.model.stage1.recipes import WEIGHT_SUFFIXES
 
@@ -103,4 +103,4 @@ def check_noise_frames(drawn, frames: int):
     latent = (frames - 1) // TIME_STRIDE + 1
     if drawn is not None and drawn < latent:
         raise CamrenderError(f"must be at least the clip's {latent} latent frames, got {drawn}", field="noise-frames")
-    return drawn
+    return check_latent_frames(drawn, "noise-frames")

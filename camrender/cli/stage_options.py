@@ -12,6 +12,7 @@ import click
 
 from camrender.api.requests import PRECISIONS, stage_precisions
 from camrender.errors import CamrenderError
+from camrender.limits import check_latent_frames
 from camrender.model.refiner.loading import check_refiner_offload
 from camrender.render.prompt_cache import resolve_cache_dir
 
@@ -62,7 +63,8 @@ def resolve_stage_options(options: dict, device) -> dict:
     before any model loads (`camrender.api.requests.stage_precisions`: the option that asked for it named)."""
     precisions = stage_precisions(options.pop("precision", "bf16"), options.pop("stage1_precision", None),
                                   options.pop("refiner_precision", None), device, spell=cli_spelling)
-    return dict(**precisions, refiner_window=int(options.pop("refiner_window", DEFAULT_REFINER_WINDOW)),
+    window = check_latent_frames(int(options.pop("refiner_window", DEFAULT_REFINER_WINDOW)), "refiner-window")
+    return dict(**precisions, refiner_window=window,
                 prompt_cache=resolve_cache_dir(options.pop("prompt_cache", None)))
 
 

@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 
 from camrender.errors import CamrenderError
+from camrender.files import open_regular
+from camrender.limits import check_latent_frames
 from camrender.render.prompt_cache import cached_pair, stage_one_key
 from camrender.render.request import MAX_SEQUENCE_LENGTH, RenderRequest, latent_shape
 
@@ -33,7 +35,7 @@ def open_image(image):
     if path.is_dir():
         raise CamrenderError("first-frame image is a directory", path=path, field="image")
     try:
-        with PIL.Image.open(path) as handle:
+        with open_regular(path, "first-frame image") as file, PIL.Image.open(file) as handle:
             handle.load()
             return handle.convert("RGB")
     except (OSError, ValueError, PIL.Image.DecompressionBombError) as error:
@@ -210,7 +212,7 @@ def initial_latents(first_latent, num_latent_frames: int, height: int, width: in
     # lazy: keeps `camrender --help` free of torch
     import torch
 
-    drawn = num_latent_frames if drawn_frames is None else int(drawn_frames)
+    drawn = num_latent_frames if drawn_frames is None else check_latent_frames(int(drawn_frames), "noise_frames")
     if drawn < num_latent_frames:
         raise CamrenderError(f"the noise draw of {drawn} latent frames is shorter than the clip's {num_latent_frames}",
                              field="noise_frames")
