@@ -4,22 +4,18 @@ from __future__ import annotations
 
 import itertools
 import sys
-from pathlib import Path
 from typing import Callable, Optional
 
 from camrender import trajectory
+from camrender.errors import CamrenderError
 from camrender.parallel import distributed
 from camrender.render.loop import render_frames
 from camrender.render.request import check_request
 from camrender.render.resume import DEFAULT_CHECKPOINT_EVERY, Checkpointer, partial_folder
 from camrender.output.segment_video import SegmentVideoWriter
+from camrender.output.targets import claim_output, companion_path  # noqa: F401 (companion_path: named here too)
 from camrender.render.settings_file import checkpoint_settings, write_render_json
 from camrender.output.video import VideoWriter
-
-
-def companion_path(video: Path, suffix: str) -> Path:
-    """`out/orbit.mp4` -> `out/orbit<suffix>` (e.g. ".traj.json", ".path.png")."""
-    return video.with_name(video.stem + suffix) if video.suffix else video.with_name(video.name + suffix)
 
 
 def write_companions(request) -> list:
@@ -27,8 +23,11 @@ def write_companions(request) -> list:
     `--from-render` renders the same video) and `VIDEO.path.png` (a plot that fails is a warning on
     stderr, not a failed render); returns the paths written."""
     written = [companion_path(request.out, ".traj.json"), companion_path(request.out, ".render.json")]
-    trajectory.save(request.traj, written[0])
-    write_render_json(request, written[1])
+    try:
+        trajectory.save(request.traj, written[0])
+        write_render_json(request, written[1])
+    except CamrenderError as error:  # (a full disk) the video is whole: say so, and what is missing
+        raise CamrenderError(f"wrote the video, but not its side files: {error}", path=request.out) from None
     try:  # lazy: matplotlib is optional, and the plot module imports it at its top
         from camrender.views.plot import plot_trajectory
     except ImportError:
@@ -57,6 +56,13 @@ def write_video(pipe, request, progress=None, *, resume_info=None, checkpoint_ev
         for _ in render_frames(pipe, request, progress):
             pass
         return 0, []
+    with claim_output(request.out):  # a second render of this output refuses (the CLI's claim, made before
+        # the model loaded, nests)
+        return _write_as_leader(pipe, request, progress, resume_info, checkpoint_every, log, side_files, check)
+
+
+def _write_as_leader(pipe, request, progress, resume_info, checkpoint_every, log, side_files, check) -> tuple:
+    """`write_video`'s work on the rank that writes the files."""
     # the refiner's window is not part of a checkpoint, nor the other ranks' heads of a split segment
     # render: with either, the render keeps none
     keeps = request.refiner is None and not (request.mode == "segments" and distributed.shares_video())

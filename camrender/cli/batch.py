@@ -17,6 +17,7 @@ from camrender.cli.render import _quiet_libraries, _resolve_request, render
 from camrender.cli.signals import raise_if_signalled
 from camrender.errors import CamrenderError
 from camrender.files import atomic_write_text, check_output_path
+from camrender.output.targets import check_summary_target
 from camrender.parallel import distributed
 
 _RUN_OPTIONS = {"traj", "out", "gpus"}  # render options a batch does not take as defaults
@@ -68,6 +69,7 @@ def batch(jobs, out_dir, gpus, gpus_per_video, summary_path, skip_bad_jobs, **de
     if summary_path is not None:  # before any job: a summary that cannot be written used to fail after them all
         probe_writable(check_output_path(summary_path))
     job_list = batching.read_jobs(jobs, render, out_dir)
+    check_summary_target(summary_path, jobs, [{**given, **job.values} for job in job_list])
     if cli_launch.wants_launch(gpus):
         if not skip_bad_jobs:  # a bad jobs file is refused here, before any worker starts (they plan again)
             created = []

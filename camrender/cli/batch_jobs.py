@@ -31,9 +31,10 @@ from camrender.cli.progress import count
 from camrender.errors import CamrenderError
 from camrender.parallel import distributed
 from camrender.parallel.cfg import check_split, head_split_size
+from camrender.output.targets import check_batch_output
 from camrender.render.resume import partial_folder
 from camrender.trajectory.formats import FORMAT_MODULES, looks_like_actions
-from camrender.trajectory.formats.fileio import read_text
+from camrender.trajectory.formats.fileio import json_lines, read_text
 
 ALIASES = {"trajectory": "traj", "output": "out"}
 NOT_JOB_OPTIONS = {"gpus", "progress", "quiet"}  # options of the run, not of one render
@@ -70,9 +71,9 @@ def read_jobs(source: Path, command: click.Command, out_dir: Optional[Path] = No
                              path=source, field="out-dir")
     names = {param.name: param for param in command.params}
     jobs = []
-    text = read_text(source)
+    text = read_text(source, what="a jobs file")
     _refuse_one_document(text, source)
-    for number, line in enumerate(text.splitlines(), start=1):
+    for number, line in enumerate(json_lines(text), start=1):
         if not line.strip():
             continue
         where = f"{source} line {number}"
@@ -88,7 +89,7 @@ def _refuse_one_document(text: str, source: Path) -> None:
     if text.count("\n") < 2 or text.lstrip()[:1] not in "{[":
         return
     try:
-        json.loads(text.splitlines()[0])
+        json.loads(json_lines(text)[0])
     except ValueError:
         try:
             json.loads(text)
@@ -176,9 +177,7 @@ def plan_jobs(jobs: list, command: click.Command, defaults: dict, resolve: Calla
         try:
             params = job_params(job, command, defaults)
             out = str(Path(params["out"]).resolve())
-            if out in outputs:
-                raise CamrenderError(f"same output as {outputs[out]}", path=job.where, field="output")
-            outputs[out] = job.where
+            check_batch_output(out, outputs, job.where)
             if Path(out).exists():
                 planned.append(Planned(index, job.where, out, "skipped", "output exists"))
                 continue

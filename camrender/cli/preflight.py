@@ -6,11 +6,10 @@ Each check raises `CamrenderError` (one line, exit code 2) naming the option.
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 from pathlib import Path
 
 from camrender.errors import CamrenderError
+from camrender.files import remove_quietly, temp_beside
 from camrender.limits import MAX_STEPS, TIME_STRIDE, check_finite, check_fps, check_latent_frames, check_seed
 from camrender.model.device import resolve_device
 from camrender.model.stage1.recipes import WEIGHT_SUFFIXES
@@ -60,13 +59,7 @@ def check_checkpoint_every(seconds: float) -> None:
 def probe_writable(path) -> None:
     """Create and delete a file next to `path`: some folders pass the permission bits and still
     refuse new files (/sys, read-only mounts), which would only show after the model has loaded."""
-    parent = Path(path).parent if str(Path(path).parent) else Path(".")
-    try:
-        handle, name = tempfile.mkstemp(dir=parent, prefix=f".{Path(path).name}.", suffix=".probe")
-    except OSError as error:
-        raise CamrenderError(f"cannot create a file in {str(parent)!r}: {error.strerror or error}", path=path) from None
-    os.close(handle)
-    os.unlink(name)
+    remove_quietly(temp_beside(path, ".probe", prefix=f".{Path(path).name}."))  # (a name that fits the folder)
 
 
 HALF_DTYPES = ("float16", "bfloat16")

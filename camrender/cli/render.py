@@ -22,13 +22,15 @@ from camrender.cli.stage_options import cli_spelling, refiner_offload_option, re
 from camrender.errors import CamrenderError
 from camrender.files import check_output_path
 from camrender.limits import check_frames
+from camrender.output.targets import check_output_names, claim_output
 from camrender.model.stage1.loading import DEFAULT_MODEL
 from camrender.model.stage1.recipes import (RECIPES, guidance_words, per_recipe, recent_words, resolve_recipe,
                                             steps_words)
 from camrender.parallel import distributed
 from camrender.parallel.cfg import check_split
 from camrender.render.inputs import open_image
-from camrender.render.resume import DEFAULT_CHECKPOINT_EVERY, check_partials
+from camrender.output.resume_check import check_resume
+from camrender.render.resume import DEFAULT_CHECKPOINT_EVERY
 from camrender.render.settings_file import read_render_json
 
 
@@ -44,6 +46,7 @@ def _resolve_request(options: dict, notes: list | None = None):
     path_options.resolve_prompt(options)
     check_render_options(options)
     out = check_output_path(options["out"])
+    check_output_names(out)
     probe_writable(out)
     recipe = resolve_recipe(options["recipe"], options["transformer_weights"], options["model"])
     if options["mode"] is None:
@@ -232,8 +235,10 @@ def render(**options):
         sys.exit(cli_launch.relaunch(gpus, request.device))
     ranks = cli_launch.join_render(request)  # under torchrun: this rank's group and GPU; None on one process
     leader = ranks is None or ranks.is_leader
+    if leader:  # held until the command ends: a second render of this output refuses before anything loads
+        click.get_current_context().with_resource(claim_output(request.out))
     log = lambda line: click.echo(f"camrender: {line}", err=True) if leader and not quiet else None  # noqa: E731
-    resume_info = check_partials(request, resume, log) if leader else None  # before the model loads
+    resume_info = check_resume(request, resume, log) if leader else None  # before the model loads
     for note in notes:
         log(note)
     unit = "step" if request.mode == "full" else "segment"

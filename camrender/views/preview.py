@@ -121,7 +121,7 @@ def write_preview(traj, path, *, width: int | None = None, height: int | None = 
     # x264's default ("medium") costs more than the rendering itself.
     # points at or behind a camera plane divide by ~0: the scene clips them; numpy's warnings are noise here
     with VideoWriter(path, traj.fps, preset=PREVIEW_X264_PRESET) as writer, np.errstate(all="ignore"):
-        if progress:
+        if progress and sys.stderr.isatty():  # a bar; off a terminal it would be a lone "preview" line
             with click.progressbar(frames, length=traj.num_frames, label="preview", file=sys.stderr) as bar:
                 for image in bar:
                     writer.append(image[None])

@@ -36,6 +36,12 @@ def read_text(path, max_bytes: int = MAX_FILE_BYTES, what: str = "a trajectory f
         raise CamrenderError(f"not UTF-8 text (byte {error.start})", path=path) from None
 
 
+def json_lines(text: str) -> list:
+    """The lines of a JSON-lines text: split at "\n" alone ("\r\n" too), never inside a JSON string, where
+    str.splitlines would also split at U+2028, U+0085, form feeds and the like."""
+    return [line.removesuffix("\r") for line in text.split("\n")]
+
+
 def parse_json(text: str, path) -> object:
     """Parse JSON text; errors name the line and column."""
     try:
