@@ -32,7 +32,8 @@ def check_names_fit(path, names=()) -> None:
     for name in (path.name, *names):
         size = len(os.fsencode(name))
         if size > limit:
-            what = "the file name" if name == path.name else f"the name of {name[:24]}... beside it"
+            shown = name if len(name) <= 40 else f"{name[:12]}...{name[-24:]}"
+            what = "the file name" if name == path.name else f"the name of {shown} beside it"
             raise CamrenderError(f"{what} is {size} bytes, longer than the {limit} the folder allows (use a shorter "
                                  f"name)", path=path)
 
@@ -87,9 +88,9 @@ def check_output_path(path) -> Path:
     writable.
     """
     path = Path(path)
+    check_names_fit(path)
     if path.is_dir():
         raise CamrenderError("output path is a directory, expected a file name", path=path)
-    check_names_fit(path)
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
         raise CamrenderError(f"output folder does not exist: {str(parent)!r}", path=path)

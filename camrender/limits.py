@@ -17,6 +17,9 @@ ROPE_LATENT_FRAMES = 1024  # rows of SANA-WM's RoPE table (the released and the 
 RELEASE_SPATIAL_MULTIPLE = 32  # LTX-2 VAE spatial stride 32 x transformer patch 1
 TINY_SPATIAL_MULTIPLE = 8  # the tiny model's VAE compresses 8x
 MAX_VIDEO_SIDE = 4096  # pixels; the released model was trained at 704 x 1280
+# Fewest latent pixels a side may have: the VAE's convolutions pad by reflection, which needs two (a
+# tiny-model render of 8 x 8 pixels, one latent pixel, failed inside the decoder).
+MIN_LATENT_SIDE = 2
 MAX_PREVIEW_SIDE = 4096  # pixels, `traj preview` (its frames are drawn on the CPU)
 # Most denoising steps a render takes (the released recipes use 4 to 60): more only allocates schedules
 # that cannot finish (10**12 steps asked numpy for a 7 TiB timestep array after the model loaded).
@@ -68,11 +71,14 @@ def spatial_multiple(model: str) -> int:
 
 def check_size(height: int, width: int, model: str) -> None:
     """CamrenderError unless height x width is a size `model` renders (even, a multiple of its
-    spatial stride, at most MAX_VIDEO_SIDE)."""
+    spatial stride, from MIN_LATENT_SIDE strides to MAX_VIDEO_SIDE)."""
     step = spatial_multiple(model)
     for name, size in (("height", height), ("width", width)):
         if size > MAX_VIDEO_SIDE:
             raise CamrenderError(f"must be at most {MAX_VIDEO_SIDE}, got {size}", field=name)
+        if size < MIN_LATENT_SIDE * step:
+            raise CamrenderError(f"must be at least {MIN_LATENT_SIDE * step} for this model ({MIN_LATENT_SIDE} latent "
+                                 f"pixels), got {size}", field=name)
         if size % step:
             lower, upper = max(step, size - size % step), size - size % step + step
             raise CamrenderError(f"must be a multiple of {step} for this model, got {size} "

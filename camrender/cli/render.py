@@ -100,6 +100,8 @@ def _apply_render_file(options: dict) -> None:
         return
     ctx = click.get_current_context()
     given = given_on_command_line(options)
+    if "prompt_file" in given:  # the file's prompt given here wins over the render file's, as --prompt would
+        given.add("prompt")
     if "traj" in given:
         raise CamrenderError("--traj and --from-render exclude each other (the render file holds the path)",
                              field="traj")

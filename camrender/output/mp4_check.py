@@ -34,6 +34,11 @@ class Mp4Summary:
     fragmented: bool
 
 
+def _name(kind: bytes) -> str:
+    """A box type as text: its four letters, or hex when they are not printable (a garbage file)."""
+    return repr(kind.decode("ascii")) if kind.isascii() and kind.decode("ascii").isprintable() else kind.hex()
+
+
 def _boxes(data: bytes, start: int, end: int):
     """(type, payload start, payload end) of the boxes tiling data[start:end]; Mp4Error when one overruns."""
     at = start
@@ -49,7 +54,7 @@ def _boxes(data: bytes, start: int, end: int):
         elif size == 0:
             size = end - at  # "to the end": only the last box may say so
         if size < header or at + size > end:
-            raise Mp4Error(f"box {kind.decode('latin-1')!r} at offset {at} claims {size} bytes, "
+            raise Mp4Error(f"box {_name(kind)} at offset {at} claims {size} bytes, "
                            f"{end - at} are left")
         yield kind, at + header, at + size
         at += size
@@ -70,7 +75,7 @@ def _top_level(handle, length: int):
         elif size == 0:
             size = length - at
         if size < header or at + size > length:
-            raise Mp4Error(f"cut short: box {kind.decode('latin-1')!r} at offset {at} claims {size} bytes, "
+            raise Mp4Error(f"cut short: box {_name(kind)} at offset {at} claims {size} bytes, "
                            f"{length - at} are left")
         yield kind, at + header, at + size
         at += size

@@ -135,9 +135,6 @@ def check_tree(path) -> dict:
         _tensor_nodes(skeleton, recorded)
     except (OSError, ValueError, KeyError, TypeError, RecursionError) as error:
         raise CamrenderError(f"not a whole checkpoint ({type(error).__name__}: {error})", path=path) from None
-    if metadata.get(LAYOUT_KEY) != layout_fingerprint(layout):
-        raise CamrenderError("its tensors do not match its recorded layout (no fingerprint, or another one)",
-                             path=path)
     for name, entry in recorded.items():
         if name not in layout:
             raise CamrenderError(f"tensor {name} is missing", path=path)
@@ -147,6 +144,8 @@ def check_tree(path) -> dict:
     extra = sorted(set(layout) - set(recorded))
     if extra:
         raise CamrenderError(f"tensor {extra[0]} is not part of the tree", path=path)
+    if metadata.get(LAYOUT_KEY) != layout_fingerprint(layout):
+        raise CamrenderError("its tensors do not match its layout fingerprint", path=path)
     return skeleton
 
 

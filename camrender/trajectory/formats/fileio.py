@@ -64,16 +64,16 @@ def _file_key(path) -> tuple:
     return os.path.realpath(path), stat.st_size, stat.st_mtime_ns
 
 
-def read_json(path, *, keep: bool = False) -> object:
-    """The parsed JSON of the file `path` (CamrenderError naming it otherwise). keep: also hold the
-    document for the next read_json of the same unchanged file (which takes it)."""
+def read_json(path, *, keep: bool = False, what: str = "a trajectory file") -> object:
+    """The parsed JSON of the file `path` (`what` it is; CamrenderError naming it otherwise). keep: also hold
+    the document for the next read_json of the same unchanged file (which takes it)."""
     try:
         key = _file_key(path)
     except OSError:
         key = None  # read_text says what is wrong
     if key is not None and key in _SNIFFED:
         return _SNIFFED.pop(key)
-    doc = parse_json(read_text(path), os.fspath(path))
+    doc = parse_json(read_text(path, what=what), os.fspath(path))
     if keep and key is not None:
         _SNIFFED.clear()
         _SNIFFED[key] = doc
