@@ -15,6 +15,7 @@ import os
 import struct
 
 from camrender.errors import CamrenderError
+from camrender.files import open_regular
 
 MAX_INDEX_BYTES = 64 * 2**20  # a moov of 8185 frames' tables is a few hundred KB; past this it is not ours
 
@@ -116,8 +117,13 @@ def _video_track(moov: bytes):
 
 
 def read_summary(path) -> Mp4Summary:
-    """The `Mp4Summary` of the mp4 at `path`; Mp4Error when it is not whole (OSError when it cannot be read)."""
-    with open(path, "rb") as handle:
+    """The `Mp4Summary` of the mp4 at `path`; Mp4Error when it is not whole or not a regular file (OSError when
+    it cannot be read)."""
+    try:
+        handle = open_regular(path, "video file")
+    except CamrenderError as error:
+        raise Mp4Error(error.detail) from None
+    with handle:
         length = os.fstat(handle.fileno()).st_size
         if length == 0:
             raise Mp4Error("empty file")

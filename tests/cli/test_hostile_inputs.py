@@ -215,6 +215,8 @@ def test_preset_blocks_take_any_key_as_a_parameter_name(tmp_path, capsys):
      "refiner-window"),
     (["play", "--model", "tiny", "--max-seconds", "inf", "--port", "0"], "max-seconds"),
     (["play", "--model", "tiny", "--max-seconds", "nan", "--port", "0"], "max-seconds"),
+    (["traj", "check", "w-10", "--translation-speed", "1e308"], "translation-speed"),
+    (["traj", "check", "d-10", "--rotation-speed", "1e308"], "rotation-speed"),
     (["--traj", ORBIT, "--out", "{tmp}/v.mp4", *TINY, "--height", "8", "--width", "8"], "height"),
     (["--traj", ORBIT, "--out", "{tmp}/v.mp4", *TINY, "--height", "64", "--width", "8"], "width"),
 ])

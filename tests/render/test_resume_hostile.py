@@ -109,6 +109,10 @@ DAMAGE = {
         "float64"),
     "a checkpoint of another fingerprint": (lambda f: rewrite_checkpoint(
         f / "checkpoint.safetensors", metadata={"camrender.layout_sha256": "0" * 64}), "fingerprint"),
+    "a checkpoint that is a FIFO": (lambda f: ((f / "checkpoint.safetensors").unlink(),
+                                               os.mkfifo(f / "checkpoint.safetensors")), "not a regular file"),
+    "a segment that is a FIFO": (lambda f: ((f / "segment-00001.mp4").unlink(), os.mkfifo(f / "segment-00001.mp4")),
+                                 "not a regular file"),
     "a checkpoint cut short": (lambda f: _truncate(f, "checkpoint.safetensors", 0.9), "unreadable checkpoint"),
     "a checkpoint of garbage": (
         lambda f: (f / "checkpoint.safetensors").write_bytes(os.urandom(5000)), "unreadable checkpoint"),

@@ -171,6 +171,8 @@ def read_cameras(path) -> dict[int, tuple[str, int, int, np.ndarray, int]]:
         if any(abs(k) > 0 for k in distortion):
             distorted.append(camera_id)
         cameras[camera_id] = (model, width, height, np.array([fx, fy, cx, cy]), number)
+        if len(cameras) > MAX_FRAMES:  # (one camera per image at most is of use)
+            check_count(len(cameras), MAX_FRAMES, "cameras", path=path, field=f"line {number}")
     if not cameras:
         raise CamrenderError("no cameras found", path=path)
     if distorted:
