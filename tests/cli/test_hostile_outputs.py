@@ -73,11 +73,12 @@ def one_error(result, *names):
 
 def test_a_full_disk_never_leaves_a_partial_file_or_exits_0(tmp_path):
     """Every writer under a file-size limit: the full-mode mp4, the segment files, their join, a checkpoint,
-    `traj preview`, `encode-prompt`, text and binary trajectory files; a prompt-cache entry is a note."""
+    `traj preview`, `traj plot`, `encode-prompt`, text, binary and two-file trajectory formats; a prompt-cache
+    entry is a note."""
     render = ["--traj", ORBIT, *TINY, "--frames", "65", "--height", "32", "--width", "32"]
     segments = [*render, "--mode", "segments", "--segment-frames", "1"]
-    folders = {name: tmp_path / name for name in ("full", "seg", "join", "ckpt", "preview", "text", "npy", "cache",
-                                                 "encode", "measure")}
+    folders = {name: tmp_path / name for name in ("full", "seg", "join", "ckpt", "preview", "text", "npy", "colmap",
+                                                 "plot", "cache", "encode", "measure")}
     for folder in folders.values():
         folder.mkdir()
     measured = folders["measure"] / "v.mp4"
@@ -90,11 +91,13 @@ def test_a_full_disk_never_leaves_a_partial_file_or_exits_0(tmp_path):
         {"limit": 2000, "argv": ["traj", "preview", ORBIT, "-o", folders["preview"] / "p.mp4", "--width", "64"]},
         {"limit": 300, "argv": ["traj", "new", "orbit", "-o", folders["text"] / "n.json"]},
         {"limit": 3000, "argv": ["traj", "convert", ORBIT, "-o", folders["npy"] / "n_pose.npy"]},
+        {"limit": 3000, "argv": ["traj", "convert", ORBIT, "-o", folders["colmap"] / "images.txt"]},
+        {"limit": 3000, "argv": ["traj", "plot", ORBIT, "-o", folders["plot"] / "p.png"]},
         {"limit": 1000, "cache": folders["cache"]},
         {"limit": 1000, "argv": ["encode-prompt", "--prompt", "a long enough prompt " * 20, "--model", "tiny",
                                  "--device", "cpu", "--prompt-cache", folders["encode"]]},
     ]
-    full, seg, _, join, ckpt, preview, text, npy, cache, encode = run_limited(cases)
+    full, seg, _, join, ckpt, preview, text, npy, colmap, plot, cache, encode = run_limited(cases)
     one_error(full, "v.mp4", "writing the video failed")
     one_error(seg, "segment-00000.mp4", "writing the video failed")
     one_error(join, "v.mp4", "joining the segments failed")
@@ -102,7 +105,9 @@ def test_a_full_disk_never_leaves_a_partial_file_or_exits_0(tmp_path):
     one_error(preview, "p.mp4")
     one_error(text, "n.json", "cannot write")
     one_error(npy, "cannot write")  # (the pose file or the intrinsics beside it: neither is left)
-    for name in ("full", "seg", "join", "ckpt", "preview", "text", "npy"):
+    one_error(colmap, "cannot write")  # (images.txt or cameras.txt: neither is left)
+    one_error(plot, "p.png", "cannot write")
+    for name in ("full", "seg", "join", "ckpt", "preview", "text", "npy", "colmap", "plot"):
         assert os.listdir(folders[name]) == [], (name, os.listdir(folders[name]))
     # the cache entry that could not be stored is a note; the tensors come back, no temporary file stays
     assert cache["code"] == 1024 and len(cache["notes"]) == 1 and "continuing" in cache["notes"][0], cache

@@ -31,7 +31,7 @@ import click
 import numpy as np
 
 from camrender.errors import CamrenderError
-from camrender.trajectory.formats.fileio import MAX_COLMAP_BYTES, atomic_write_text, read_text
+from camrender.trajectory.formats.fileio import MAX_COLMAP_BYTES, atomic_output, read_text
 from camrender.trajectory import rotations
 from camrender.limits import check_count, check_image_side
 from camrender.trajectory.model import DEFAULT_FPS, MAX_FRAMES, Trajectory
@@ -269,6 +269,8 @@ def write(traj: Trajectory, path) -> list:
         image_lines.append(f"{frame + 1} " + " ".join(repr(float(v)) for v in values)
                            + f" {camera_ids[key]} frame_{frame:05d}.png")
         image_lines.append("")
-    atomic_write_text(cameras_path, "\n".join(camera_lines) + "\n")
-    atomic_write_text(images_path, "\n".join(image_lines) + "\n")
+    # both from temporary files, renamed once both are written: a full disk leaves neither, not half a model
+    with atomic_output(images_path) as images, atomic_output(cameras_path) as cameras:
+        cameras.write("\n".join(camera_lines) + "\n")
+        images.write("\n".join(image_lines) + "\n")
     return [images_path, cameras_path]
