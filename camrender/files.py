@@ -45,7 +45,8 @@ def open_regular(path, kind: str = "file"):
     shown = os.fspath(path)
     if not shown:
         raise CamrenderError("no file given (the path is an empty string)")
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0) \
+        | getattr(os, "O_BINARY", 0)
     try:
         descriptor = os.open(shown, flags)
     except FileNotFoundError:
@@ -80,6 +81,7 @@ def read_bounded(path, max_bytes: int, what: str = "a file") -> bytes:
 
 def _size_words(size: int) -> str:
     return f"{size / 2**20:.0f} MiB" if size >= 2**20 else f"{size} bytes"
+
 
 def check_output_path(path) -> Path:
     """Raise `CamrenderError` unless a file can be written at `path`; return it as a `Path`.

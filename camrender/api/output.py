@@ -13,7 +13,7 @@ from camrender.render.loop import render_frames
 from camrender.render.request import check_request
 from camrender.render.resume import DEFAULT_CHECKPOINT_EVERY, Checkpointer, partial_folder
 from camrender.output.segment_video import SegmentVideoWriter
-from camrender.output.targets import claim_output, companion_path  # noqa: F401 (companion_path: named here too)
+from camrender.output.targets import claim_output, companion_path
 from camrender.render.settings_file import checkpoint_settings, write_render_json
 from camrender.output.video import VideoWriter
 

@@ -18,6 +18,7 @@ from camrender.errors import CamrenderError
 from camrender.files import open_regular
 
 MAX_INDEX_BYTES = 64 * 2**20  # a moov of 8185 frames' tables is a few hundred KB; past this it is not ours
+MAX_TOP_BOXES = 1000  # ftyp, moov, mdat (and free) in ours; a file of millions of tiny boxes is not one
 
 
 class Mp4Error(ValueError):
@@ -50,7 +51,7 @@ def _boxes(data: bytes, start: int, end: int):
         header = 8
         if size == 1:
             if end - at < 16:
-                raise Mp4Error(f"box {kind!r} cut short at offset {at}")
+                raise Mp4Error(f"box {_name(kind)} cut short at offset {at}")
             size, header = struct.unpack_from(">Q", data, at + 8)[0], 16
         elif size == 0:
             size = end - at  # "to the end": only the last box may say so
@@ -63,8 +64,11 @@ def _boxes(data: bytes, start: int, end: int):
 
 def _top_level(handle, length: int):
     """(type, payload start, payload end) of the file's top-level boxes, reading only their headers."""
-    at = 0
+    at, count = 0, 0
     while at < length:
+        count += 1
+        if count > MAX_TOP_BOXES:
+            raise Mp4Error(f"more than {MAX_TOP_BOXES} top-level boxes")
         handle.seek(at)
         head = handle.read(16)
         if len(head) < 8:
@@ -140,7 +144,10 @@ def read_summary(path) -> Mp4Summary:
             raise Mp4Error(f"a movie index of {end - start} bytes")
         handle.seek(start)
         moov = handle.read(end - start)
-    frames, width, height, sample_bytes = _video_track(moov)
+    try:
+        frames, width, height, sample_bytes = _video_track(moov)
+    except struct.error as error:  # a box too short for what its type holds
+        raise Mp4Error(f"a damaged movie index ({error})") from None
     media = sum(end - start for kind, start, end in top if kind == b"mdat")
     if sample_bytes > media:
         raise Mp4Error(f"the index holds {sample_bytes} bytes of frames, the media data {media}: cut short")

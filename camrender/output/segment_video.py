@@ -123,7 +123,6 @@ def join_segments(parts: list, path: Path, frames: int | None = None) -> None:
         remove_quietly(listing)
 
 
-
 def remove_entry(path: Path) -> None:
     """Remove a file, a link or a folder (a stale entry of the partial folder, whatever it became)."""
     if path.is_dir() and not path.is_symlink():

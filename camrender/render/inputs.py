@@ -34,8 +34,9 @@ def open_image(image):
         raise CamrenderError("first-frame image not found", path=path, field="image")
     if path.is_dir():
         raise CamrenderError("first-frame image is a directory", path=path, field="image")
+    open_regular(path, "first-frame image").close()  # a FIFO or a device: refused before PIL waits on it
     try:
-        with open_regular(path, "first-frame image") as file, PIL.Image.open(file) as handle:
+        with PIL.Image.open(path) as handle:
             handle.load()
             return handle.convert("RGB")
     except (OSError, ValueError, PIL.Image.DecompressionBombError) as error:
