@@ -41,15 +41,12 @@ def planned_bounds(request) -> list:
     return [list(bound) for bound in segment_bounds(latent_frames, chunk)]
 
 
-def segment_frame_count(start: int, stop: int) -> int:
-    """Video frames of the segment of latent frames [start, stop) (the first latent frame is one video frame)."""
-    return TIME_STRIDE * (stop - start) - (TIME_STRIDE - 1 if start == 0 else 0)
-
-
 def resume_problem(folder: Path, checkpoint: Path, info: dict, request) -> Optional[str]:
     """Why the checkpoint `checkpoint` (its metadata `info`) and the segment files in `folder` cannot continue
     `request`, or None when every piece verifies."""
-    # lazy: the checks of a checkpoint's tree live with the code that writes it (it imports torch)
+    # lazy: the checks of a checkpoint's tree live with the code that writes it, the frame counts with the
+    # decoder that makes them (both import torch)
+    from camrender.render.decode import video_frames_for_latents
     from camrender.render.state_io import check_tree, skeleton_value
 
     try:
@@ -57,18 +54,19 @@ def resume_problem(folder: Path, checkpoint: Path, info: dict, request) -> Optio
         position, bounds = skeleton_value(skeleton, "next_segment"), skeleton_value(skeleton, "bounds")
     except (CamrenderError, KeyError, TypeError, ValueError) as error:
         return getattr(error, "detail", None) or f"{type(error).__name__}: {error}"
-    if position != info["next_segment"] or len(bounds) != info["segments"]:
-        return "its tree and its metadata disagree on the position"
     if bounds != planned_bounds(request):
         return "it was made with another segment layout"
+    if position != info["next_segment"] or len(bounds) != info["segments"]:
+        return "its tree and its metadata disagree on the position"
     if not 0 < position < len(bounds):
         return f"it is at segment {position} of {len(bounds)}"
     frames = 0
     for index in range(position):
-        problem = _segment_problem(segment_path(folder, index), segment_frame_count(*bounds[index]), request)
+        expected = video_frames_for_latents(*bounds[index], TIME_STRIDE)
+        problem = _segment_problem(segment_path(folder, index), expected, request)
         if problem:
             return f"segment file {index}: {problem}"
-        frames += segment_frame_count(*bounds[index])
+        frames += expected
     if frames != info["frames_written"]:
         return f"its segments hold {frames} frames, its metadata says {info['frames_written']}"
     return None

@@ -155,7 +155,7 @@ def start_over(folder: Path, reason: str, log) -> None:
     """--resume found an interrupted render in `folder` it cannot continue (`reason`): say so and remove it,
     so that the render starts from the beginning."""
     log(f"cannot resume from {folder} ({reason}): rendering from the start")
-    shutil.rmtree(folder)
+    shutil.rmtree(folder, ignore_errors=True)  # (what stays is replaced as the render writes it again)
 
 
 class Checkpointer:

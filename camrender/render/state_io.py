@@ -133,7 +133,7 @@ def check_tree(path) -> dict:
         skeleton = json.loads(metadata[_SKELETON_KEY])
         recorded = {}
         _tensor_nodes(skeleton, recorded)
-    except (OSError, ValueError, KeyError, TypeError, RecursionError) as error:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as error:
         raise CamrenderError(f"not a whole checkpoint ({type(error).__name__}: {error})", path=path) from None
     for name, entry in recorded.items():
         if name not in layout:
