@@ -14,6 +14,7 @@ so they share the lock too. A batch checks its outputs as a set before any job r
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 from camrender.errors import CamrenderError
@@ -54,10 +55,11 @@ def check_output_names(out) -> None:
 
 class OutputLock:
     """A held claim on an output (`claim_output`); `release` (or leaving its `with`) gives it back. Claims of
-    one output in one process nest (the CLI claims before loading, the writer again): the last release frees it."""
+    one output in one thread nest (the CLI claims before loading, the writer again): the last release frees it."""
 
     def __init__(self, path: str, descriptor):
         self.path, self.descriptor, self.count = path, descriptor, 1
+        self.thread = threading.get_ident()
 
     def release(self) -> None:
         self.count -= 1
@@ -87,6 +89,9 @@ def claim_output(out) -> OutputLock:
     pid) when another process holds it."""
     path = os.path.abspath(lock_path(out))
     held = _HELD.get(path)
+    if held is not None and held.thread != threading.get_ident():
+        raise CamrenderError("another render of this process is writing this video (or one sharing its side "
+                             "files)", path=out)
     if held is not None:
         held.count += 1
         return held
