@@ -96,7 +96,8 @@ def check_partials(request, resume: bool, log) -> Optional[dict]:
 
     Returns the checkpoint info to resume from (with `resume` and a checkpoint whose settings
     match), else None (start from the beginning). Raises CamrenderError (one line, with the
-    commands to run) when a partial folder is in the way or does not match.
+    commands to run) when a partial folder is in the way or does not match. The caller holds the output's
+    claim (`camrender.output.targets.claim_output`): no other render writes the folder meanwhile.
     """
     out = Path(request.out)
     for leftover in leftover_part_files(out):
@@ -118,9 +119,8 @@ def check_partials(request, resume: bool, log) -> Optional[dict]:
         raise CamrenderError(f"{folder} is {kind}, where this video's segment-mode work goes; remove it: "
                              f"rm -- {shlex.quote(str(folder))}", path=out)
     remove = f"rm -r -- {shlex.quote(str(folder))}"
-    pid = _owner_alive(folder)
-    if pid is not None:
-        raise CamrenderError(f"another camrender (pid {pid}) is rendering this video in {folder}", path=out)
+    # (no other render writes it: the caller holds the output's claim, `camrender.output.targets`; the pid in
+    # its owner.json may be a dead render's, reused since by another program)
     checkpoint = folder / CHECKPOINT_NAME
     try:
         info = read_checkpoint_info(checkpoint) if os.path.lexists(checkpoint) else None

@@ -138,8 +138,13 @@ def test_what_does_not_verify_is_rendered_again_with_a_note(tmp_path, capsys, re
 
 
 def test_an_intact_folder_still_resumes(tmp_path, capsys, renders):
+    """(its owner.json naming a live process, as a pid reused after a kill does: the output's lock says no
+    render holds it)"""
+    import socket
+
     whole, partial = renders
     shutil.copytree(partial, tmp_path / ".v.mp4.partial")
+    (tmp_path / ".v.mp4.partial" / "owner.json").write_text(json.dumps({"pid": 1, "host": socket.gethostname()}))
     code, _, err = run_cli(ARGS + ["--out", tmp_path / "v.mp4", "--resume"], capsys)
     assert code == 0 and "cannot resume" not in err, err
     assert np.array_equal(frames_of(tmp_path / "v.mp4"), frames_of(whole))
