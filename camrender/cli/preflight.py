@@ -40,7 +40,8 @@ def check_render_options(options: dict) -> None:
     check_device(options["device"], options["offload"], options["dtype"])
     weights = options["transformer_weights"]
     if weights is not None and not Path(weights).is_file():
-        problem = "is a directory, expected a .safetensors or .pt file" if Path(weights).is_dir() else "file not found"
+        problem = ("is a directory, expected a .safetensors or .pt file" if Path(weights).is_dir() else
+                   "is not a regular file (a FIFO, device or socket)" if Path(weights).exists() else "file not found")
         raise CamrenderError(problem, path=weights, field="transformer-weights")
     if weights is not None:
         check_suffix(weights, WEIGHT_SUFFIXES, "--transformer-weights (original-format DiT weights)")

@@ -86,7 +86,8 @@ def _metadata(doc: dict, where: Where) -> dict:
         except ValueError as error:  # e.g. an embedded NUL byte
             raise where.at("image").error(f"invalid path: {error}") from None
         if not os.path.isfile(image):
-            raise where.at("image").error(f"file not found: {image}")
+            problem = "not a regular file" if os.path.exists(image) else "file not found"
+            raise where.at("image").error(f"{problem}: {image}")
         out["image"] = image
     if "seed" in doc:
         out["seed"] = integer(doc["seed"], where.at("seed"), minimum=MIN_SEED, maximum=MAX_SEED)
