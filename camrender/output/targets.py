@@ -118,8 +118,11 @@ def claim_output(out) -> OutputLock:
         except FileNotFoundError:
             same = False
         if same:
-            os.ftruncate(descriptor, 0)
-            os.write(descriptor, f"{os.getpid()}\n".encode())
+            try:  # the holder's pid, for the message of a render refused; a full disk goes without it
+                os.ftruncate(descriptor, 0)
+                os.write(descriptor, f"{os.getpid()}\n".encode())
+            except OSError:
+                pass
             _HELD[path] = lock = OutputLock(path, descriptor)
             return lock
         os.close(descriptor)
