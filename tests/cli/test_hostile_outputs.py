@@ -77,13 +77,14 @@ def test_a_full_disk_never_leaves_a_partial_file_or_exits_0(tmp_path):
     entry is a note."""
     render = ["--traj", ORBIT, *TINY, "--frames", "65", "--height", "32", "--width", "32"]
     segments = [*render, "--mode", "segments", "--segment-frames", "1"]
-    folders = {name: tmp_path / name for name in ("full", "seg", "join", "ckpt", "preview", "text", "npy", "colmap",
+    folders = {name: tmp_path / name for name in ("full", "empty", "seg", "join", "ckpt", "preview", "text", "npy", "colmap",
                                                  "plot", "cache", "encode", "measure")}
     for folder in folders.values():
         folder.mkdir()
     measured = folders["measure"] / "v.mp4"
     cases = [
         {"limit": 3000, "argv": [*render, "--out", folders["full"] / "v.mp4"]},
+        {"limit": 0, "argv": [*render, "--out", folders["empty"] / "v.mp4"]},  # not a byte more: the lock too
         {"limit": 1000, "argv": [*segments, "--out", folders["seg"] / "v.mp4"]},
         {"limit": None, "argv": [*segments, "--out", measured]},  # its size: the join's limit below is half of it
         {"limit": f"half:{measured}", "argv": [*segments, "--out", folders["join"] / "v.mp4"]},
@@ -97,8 +98,9 @@ def test_a_full_disk_never_leaves_a_partial_file_or_exits_0(tmp_path):
         {"limit": 1000, "argv": ["encode-prompt", "--prompt", "a long enough prompt " * 20, "--model", "tiny",
                                  "--device", "cpu", "--prompt-cache", folders["encode"]]},
     ]
-    full, seg, _, join, ckpt, preview, text, npy, colmap, plot, cache, encode = run_limited(cases)
+    full, empty, seg, _, join, ckpt, preview, text, npy, colmap, plot, cache, encode = run_limited(cases)
     one_error(full, "v.mp4", "writing the video failed")
+    one_error(empty, "v.mp4", "writing the video failed")
     one_error(seg, "segment-00000.mp4", "writing the video failed")
     one_error(join, "v.mp4", "joining the segments failed")
     one_error(ckpt, "checkpoint.safetensors", "cannot write the checkpoint")
@@ -107,7 +109,7 @@ def test_a_full_disk_never_leaves_a_partial_file_or_exits_0(tmp_path):
     one_error(npy, "cannot write")  # (the pose file or the intrinsics beside it: neither is left)
     one_error(colmap, "cannot write")  # (images.txt or cameras.txt: neither is left)
     one_error(plot, "p.png", "cannot write")
-    for name in ("full", "seg", "join", "ckpt", "preview", "text", "npy", "colmap", "plot"):
+    for name in ("full", "empty", "seg", "join", "ckpt", "preview", "text", "npy", "colmap", "plot"):
         assert os.listdir(folders[name]) == [], (name, os.listdir(folders[name]))
     # the cache entry that could not be stored is a note; the tensors come back, no temporary file stays
     assert cache["code"] == 1024 and len(cache["notes"]) == 1 and "continuing" in cache["notes"][0], cache
