@@ -121,13 +121,9 @@ def _video_track(moov: bytes):
 
 
 def read_summary(path) -> Mp4Summary:
-    """The `Mp4Summary` of the mp4 at `path`; Mp4Error when it is not whole or not a regular file (OSError when
-    it cannot be read)."""
-    try:
-        handle = open_regular(path, "video file")
-    except CamrenderError as error:
-        raise Mp4Error(error.detail) from None
-    with handle:
+    """The `Mp4Summary` of the mp4 at `path`; Mp4Error when it is not whole (CamrenderError when it is missing
+    or not a regular file, OSError when it cannot be read)."""
+    with open_regular(path, "video file") as handle:
         length = os.fstat(handle.fileno()).st_size
         if length == 0:
             raise Mp4Error("empty file")
@@ -159,8 +155,9 @@ def check_whole(video, frames: int | None, shown, size: tuple | None = None) -> 
     when given, holds `frames` frames of `size` (height, width): a writer's last check before the rename."""
     try:
         summary = read_summary(video)
-    except (Mp4Error, OSError) as error:
-        raise CamrenderError(f"the written video is not whole ({error}); is the disk full?", path=shown) from None
+    except (Mp4Error, OSError, CamrenderError) as error:
+        reason = getattr(error, "detail", error)
+        raise CamrenderError(f"the written video is not whole ({reason}); is the disk full?", path=shown) from None
     if (frames is not None and summary.frames != frames) or (size is not None and
                                                               (summary.height, summary.width) != tuple(size)):
         raise CamrenderError(f"the written video holds {summary.frames} frames of {summary.width}x{summary.height}, "

@@ -80,8 +80,8 @@ def _segment_problem(path: Path, frames: int, request) -> Optional[str]:
         summary = read_summary(path)
     except FileNotFoundError:
         return "missing"
-    except (OSError, Mp4Error) as error:
-        return str(error)
+    except (OSError, Mp4Error, CamrenderError) as error:
+        return getattr(error, "detail", None) or str(error)
     if summary.fragmented or summary.frames != frames:
         return f"{summary.frames} frames, its segment has {frames}"
     if (summary.height, summary.width) != (request.height, request.width):

@@ -87,7 +87,7 @@ def read_checkpoint_info(path: Path) -> dict:
                 raise TypeError(f"{key} is not {'an integer' if kind is int else 'an object'}")
         return info
     except Exception as error:  # a torn or foreign file: report it, never load it
-        reason = " ".join(str(error).split())[:120]
+        reason = " ".join(str(getattr(error, "detail", error)).split())[:120]
         raise CamrenderError(f"unreadable checkpoint ({type(error).__name__}: {reason})", path=path) from None
 
 

@@ -14,7 +14,6 @@ import math
 import os
 import struct
 
-from camrender.errors import CamrenderError
 from camrender.files import open_regular
 
 MAX_HEADER_BYTES = 100 * 2**20  # safetensors' own limit
@@ -27,13 +26,9 @@ DTYPES = {"F64": ("float64", 8), "F32": ("float32", 4), "F16": ("float16", 2), "
 
 def read_header(path) -> tuple:
     """({tensor name: (dtype name as torch spells it, shape list)}, metadata dict) of the safetensors file at
-    `path`; ValueError saying what is wrong when the file is not whole or not a regular file (OSError when it
-    cannot be read)."""
-    try:
-        handle = open_regular(path, "safetensors file")
-    except CamrenderError as error:
-        raise ValueError(error.detail) from None
-    with handle:
+    `path`; ValueError saying what is wrong when the file is not whole (CamrenderError when it is missing or not a
+    regular file, OSError when it cannot be read)."""
+    with open_regular(path, "safetensors file") as handle:
         length = os.fstat(handle.fileno()).st_size
         head = handle.read(8)
         if len(head) < 8:
