@@ -174,7 +174,8 @@ def main(argv=None) -> dict:
               "torch": torch.__version__, "frames": frames, "layers": config["num_layers"], "configs": {}}
     if fp32 is not None:
         result["stock_vs_fp32"] = {**agreement(stock, fp32), "spread": spread(stock, fp32)}
-    patch_transformer(model, kernels="fused")
+    # diffusers' rules: a distance from stock is a parity figure only there (`bidirectional` computes NVIDIA's model)
+    patch_transformer(model, kernels="fused", recipe="bidirectional-diffusers")
     with switches(model) as select:
         for name in args.configs.split(","):
             parts = {"none": (), "nudged": (), "tf32": (), "all": PARTS}.get(name, tuple(name.split("+")))

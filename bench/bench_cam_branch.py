@@ -71,11 +71,12 @@ def make_inputs(shape, seed, device):
 BASE_TUNING = {}  # --tuning / --tuning-from: applied under every configuration
 
 
-def ours(x, dtype, precision="tf32", tuning=None):
+def ours(x, dtype, matmul_precision="tf32", tuning=None):
     cast = (lambda a: a.to(dtype))
     out, _ = kernels.camera_branch(cast(x["q"]), cast(x["k"]), cast(x["v"]), cast(x["beta"]), x["decay"], x["rays"],
                                    q_norm_weight=x["qw"], k_norm_weight=x["kw"], initial_state=x["state"],
-                                   precision=precision, backend="triton", tuning={**BASE_TUNING, **(tuning or {})})
+                                   matmul_precision=matmul_precision, backend="triton",
+                                   tuning={**BASE_TUNING, **(tuning or {})})
     return out
 
 

@@ -111,7 +111,7 @@ def gate_rows(ms, rows, randn):
         ms[f"gdn_gates_{name}"] = triton.testing.do_bench_cudagraph(lambda: gdn_gates(*args))
         for part, got, want in zip(("beta", "decay"), gdn_gates(*args), gdn_gates_ref(*args)):
             rows["max_error"][f"gdn_gates_{name}_{part}"] = float((got.float() - want.float()).abs().max())
-    # the beta kernel's launch on the segment (where `gdn_gates.DEFAULT_TUNING` came from: session 23's H100 sweep)
+    # the beta kernel's launch on the segment (where `gdn_gates.DEFAULT_TUNING` came from: an H100 sweep)
     rows["gdn_gates_sweep"] = []
     for block_s, block_k, num_warps, num_stages in itertools.product((16, 32), (128, 256, 512), (4, 8), (1, 3)):
         tuning = dict(block_s=block_s, block_k=block_k, num_warps=num_warps, num_stages=num_stages)

@@ -107,10 +107,10 @@ def bench_main(args, res):
         k = torch.relu(kn_m(k)).reshape(B, N, H, D)
         return attn(q, k, v, beta, decay, recall, T, rotary_emb=rope)
 
-    def ours(inp, weights=(conv, q_norm, k_norm), precision="tf32"):
-        k = short_conv(inp[..., C:2 * C], weights[0].weight, T)
+    def ours(inp, weights=(conv, q_norm, k_norm), matmul_precision="tf32"):
+        k, _ = short_conv(inp[..., C:2 * C], weights[0].weight, T)
         out, _ = main_branch(inp[..., :C], k, inp[..., 2 * C:], beta, decay, rope, q_norm_weight=weights[1].weight,
-                             k_norm_weight=weights[2].weight, precision=precision)
+                             k_norm_weight=weights[2].weight, matmul_precision=matmul_precision)
         return out
 
     conv16, qn16, kn16 = (copy.deepcopy(m).to(torch.bfloat16) for m in (conv, q_norm, k_norm))
@@ -118,7 +118,7 @@ def bench_main(args, res):
         ref32 = stock(qkv.float(), conv, q_norm, k_norm)
         stock16 = stock(qkv, conv16, qn16, kn16)
         ours16 = ours(qkv, (conv16, qn16, kn16))
-        ours32 = ours(qkv.float(), precision="ieee")
+        ours32 = ours(qkv.float(), matmul_precision="ieee")
     res["accuracy"] = {
         "ours_bf16_tf32_vs_stock_fp32": _stats(ours16, ref32),
         "stock_bf16_vs_stock_fp32": _stats(stock16, ref32),
@@ -135,7 +135,7 @@ def bench_main(args, res):
         key_raw = qkv[..., C:2 * C]
         t["part_short_conv"] = _bench(lambda: short_conv(key_raw, conv16.weight, T), args.quick)
         t["stock_short_conv"] = _bench(lambda: conv16(key_raw, T), args.quick)
-        k_conv = short_conv(key_raw, conv16.weight, T)
+        k_conv, _ = short_conv(key_raw, conv16.weight, T)
         pairs = rope_pairs(rope)  # the table the kernels read (main_branch makes it once for both preps)
         t["part_prep_q_and_k_with_rotated_copies"] = _bench(lambda: (
             main_prep(qkv[..., :C], qn16.weight, H, rope=pairs, keep_unrotated=True),
@@ -147,8 +147,9 @@ def bench_main(args, res):
         out_buf = torch.empty(B, N, C, device=dev, dtype=torch.bfloat16)
         t["part_scans_chunkwise_kv_z_divide"] = _bench(lambda: _chunkwise(
             qn, kn, qr, kr, v, beta, decay, out_buf, eps=1e-8, initial_state=None, segment_starts=None,
-            precision="tf32", output_final_state=False), args.quick)
-        t["ours_main_branch_ieee"] = _bench(lambda: ours(qkv, (conv16, qn16, kn16), precision="ieee"), args.quick)
+            matmul_precision="tf32", output_final_state=False), args.quick)
+        t["ours_main_branch_ieee"] = _bench(lambda: ours(qkv, (conv16, qn16, kn16), matmul_precision="ieee"),
+                                            args.quick)
     res["ms"] = t
     print(json.dumps(t), flush=True)
 

@@ -15,7 +15,7 @@ and prints one JSON object (also written to --out):
   then with the heads split over 2 GPUs (the leader decodes each segment, as a render does); video
   frames per second (stage 1 + decode), stage-1 seconds, peak memory per GPU, agreement of the
   latents with the 1-GPU ones;
-- batch: `camrender.cli.batch_jobs` on 4 short paths (41 frames at 704x1280, full mode, guidance 5,
+- batch: `camrender.batch` on 4 short paths (41 frames at 704x1280, full mode, guidance 5,
   --batch-steps steps) with the release-size pipeline in random weights (a one-layer text encoder:
   no Gemma weights on the machine), on 1 GPU, 2 GPUs with a video each, and 2 GPUs per video;
   videos per minute after one warm-up video per rank, and the model load seconds.
@@ -43,9 +43,12 @@ from diffusers import AutoencoderKLLTX2Video, FlowMatchEulerDiscreteScheduler, S
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
-from camrender.api.output import write_video  # noqa: E402
-from camrender.cli import batch_jobs as batching  # noqa: E402
-from camrender.cli.render import _resolve_request, render  # noqa: E402
+from camrender.api.pipeline import CamrenderPipeline  # noqa: E402
+from camrender.batch.executors import JobRunner, TorchrunExecutor  # noqa: E402
+from camrender.batch.jobs import read_jobs  # noqa: E402
+from camrender.batch.plan import plan_jobs  # noqa: E402
+from camrender.batch.summary import summarize  # noqa: E402
+from camrender.cli.batch import job_keys, resolver  # noqa: E402
 from camrender.model.stage1.block import fixed_plucker  # noqa: E402
 from camrender.model.stage1.patch import patch_transformer  # noqa: E402
 from camrender.model.stage1.recipes import get_recipe  # noqa: E402
@@ -56,7 +59,7 @@ from camrender.parallel.cfg import CfgSplit  # noqa: E402
 from camrender.parallel.distributed import NCCL_ENV  # noqa: E402
 from camrender.parallel.heads import HeadSplit, split_transformer  # noqa: E402
 from camrender.render.decode import CausalStreamDecoder, to_uint8_frames  # noqa: E402
-from camrender.render.pipeline import load_patched_pipeline  # noqa: E402
+from camrender.render.pipeline import prepare_pipeline  # noqa: E402
 from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments  # noqa: E402
 
 import bench_segments  # noqa: E402
@@ -279,7 +282,7 @@ def render_segment_path(transformer, vae, latent_frames, height, width, options,
 
 # ----------------------------------------------------------------------------- worker: batch
 def batch_worker(args) -> dict:
-    """`camrender.cli.batch_jobs` on 4 short paths: one warm-up video per rank, then the timed batch."""
+    """`camrender.batch` on 4 short paths: one warm-up video per rank, then the timed batch."""
 
     ranks = distributed.start("cpu" if args.tiny else None, per_video=args.gpus_per_video)
     model = "tiny" if args.tiny else "release-random"
@@ -295,29 +298,33 @@ def batch_worker(args) -> dict:
              for index, name in enumerate(("orbit.json",) * ranks.num_videos + TRAJECTORIES)]
     jobs_file = args.scratch / f"jobs{ranks.rank}.jsonl"
     jobs_file.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    jobs = batching.read_jobs(jobs_file, render)
+    jobs = read_jobs(jobs_file, job_keys())
     warmup, timed = jobs[:ranks.num_videos], jobs[ranks.num_videos:]
-    loader = load_patched_pipeline if args.tiny else load_release_random
-    pipelines = batching.Pipelines(loader)
-    write = lambda pipe, request: write_video(pipe, request)[0]  # noqa: E731
+
+    def load(settings):
+        if args.tiny:
+            return CamrenderPipeline.from_pretrained(settings=settings, ranks=ranks)
+        return CamrenderPipeline(prepare_pipeline(load_release_random(settings, ranks.device), settings, ranks=ranks),
+                                 settings, ranks=ranks)
+
+    runner = JobRunner(load, lambda pipe, job: pipe.write(job.request).frames, strict=ranks.per_video > 1)
+    executor = TorchrunExecutor(ranks, log)
 
     def run(job_list):
-        planned = batching.plan_jobs(job_list, render, defaults, _resolve_request) if ranks.is_main else None
+        planned = plan_jobs(job_list, resolver(defaults)) if ranks.is_main else None
         planned = distributed.broadcast_object(planned, ranks)
         dist.barrier(group=ranks.control_group)
         started = time.perf_counter()
-        results = batching.run_jobs(planned, ranks, pipelines, write, log)
+        ran = executor.run([job for job in planned if job.status == "render"], lambda: runner)
         dist.barrier(group=ranks.control_group)
-        return planned, results, time.perf_counter() - started
+        return planned, ran, time.perf_counter() - started
 
     load_started = time.perf_counter()
     run(warmup)  # loads the model, compiles the kernels: one video per group
     warm_s = time.perf_counter() - load_started
-    planned, results, seconds = run(timed)
-    gathered = distributed.gather_objects(results, ranks)
+    planned, ran, seconds = run(timed)
     if ranks.is_main:
-        summary = batching.summarize(planned, [r for part in gathered for r in part], seconds, ranks,
-                                     [pipelines.loads])
+        summary = summarize(planned, ran[0], seconds, executor.workers, executor.per_video, ran[1])
         result = {key: summary[key] for key in ("done", "failed", "seconds", "seconds_per_video", "videos_per_minute",
                                                 "ranks", "gpus_per_video")}
         result.update(warmup_video_and_load_s=round(warm_s, 1), failures=summary["failures"], steps=args.batch_steps,
@@ -327,14 +334,14 @@ def batch_worker(args) -> dict:
     return {}
 
 
-def load_release_random(request):
+def load_release_random(settings, device):
     """The release-size SANA-WM pipeline with random weights on the rank's GPU, patched as a render
     patches it: the 1.6B DiT and the LTX-2 VAE of the release configs, a tiny tokenizer and a
     one-layer Gemma-2 of the release caption width (its text is noise either way)."""
     # lazy: transformers' Gemma classes are optional here (a transformers without them still runs the other benches)
     from transformers import Gemma2Config, Gemma2ForCausalLM
 
-    device, dtype = torch.device(request.device), torch.bfloat16
+    device, dtype = torch.device(device), torch.bfloat16
     tokenizer = build_tiny_tokenizer()
     torch.manual_seed(0)
     with torch.device(device):
@@ -346,7 +353,7 @@ def load_release_random(request):
                           transformer=build_model(RELEASE_CONFIG, device, dtype),
                           scheduler=FlowMatchEulerDiscreteScheduler())
     pipe.set_progress_bar_config(disable=True)
-    patch_transformer(pipe.transformer, kernels=request.kernels)
+    patch_transformer(pipe.transformer, kernels=settings.kernels)
     return pipe
 
 

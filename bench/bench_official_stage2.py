@@ -94,7 +94,7 @@ def main(argv=None):
         quantize_blocks(quantized.transformer_blocks)
         official = None if args.tiny else copy.deepcopy(transformer)
         record("camrender_fused_bf16", lambda: seconds_per_block(transformer, text, clip, device, "fused", args.blocks))
-        record("diffusers_stock_eager", lambda: seconds_per_block(transformer, text, clip, device, "stock",
+        record("diffusers_stock_eager", lambda: seconds_per_block(transformer, text, clip, device, "torch",
                                                                   args.blocks))
         record("camrender_fused_fp8", lambda: seconds_per_block(quantized, text, clip, device, "fused", args.blocks))
         del quantized, transformer
@@ -106,7 +106,7 @@ def main(argv=None):
                 block.compile(mode=args.compile_mode)
             with refiner_common.unparked():
                 return dict(mode=args.compile_mode,
-                            **seconds_per_block(official, text, clip, device, "stock", args.blocks))
+                            **seconds_per_block(official, text, clip, device, "torch", args.blocks))
 
         if not args.tiny:
             record("official_stock_compiled", compiled)

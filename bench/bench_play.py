@@ -51,10 +51,11 @@ from play_timeline import recording, summary  # noqa: E402
 import camrender.render.stage_two as stage_two_module  # noqa: E402
 from camrender.allocator import use_expandable_segments  # noqa: E402
 from camrender.cli.play import longest_clip  # noqa: E402
-from camrender.model.fp8 import quantize_blocks  # noqa: E402
+from camrender.render.load_settings import LoadSettings  # noqa: E402
+from camrender.model.precision import get_precision  # noqa: E402
 from camrender.model.refiner.stream import park_prompt_projections  # noqa: E402
 from camrender.play.server import PlayServer  # noqa: E402
-from camrender.render.pipeline import load_patched_pipeline  # noqa: E402
+from camrender.render.pipeline import load_patched_pipeline, prepare_pipeline  # noqa: E402
 from camrender.render.prompt_cache import refiner_key  # noqa: E402
 from camrender.render.request import RenderRequest  # noqa: E402
 from camrender.trajectory.controls import make_scheme  # noqa: E402
@@ -88,24 +89,22 @@ def build(args):
     """(pipeline, template request) of the benchmark: tiny on the CPU, or the release size in random weights."""
     height, width = (args.height or 64, args.width or 112) if args.tiny else (args.height or 704, args.width or 1280)
     frames = longest_clip((args.segments + 2) * 1.5, 16.0, 3)
+    refiner = ("tiny" if args.tiny else "release-random") if args.refiner else None
+    settings = LoadSettings(model="tiny" if args.tiny else "release-random", device="cpu" if args.tiny else "cuda",
+                            dtype="auto" if args.tiny else "bfloat16", refiner=refiner, recipe="streaming",
+                            stage1_precision=args.precision, refiner_precision=args.precision)
     template = RenderRequest(traj=None, prompt="a city street", steps=None, guidance=None, seed=0, num_frames=frames,
-                             height=height, width=width, mode="segments", recipe="streaming",
-                             model="tiny" if args.tiny else "release-random", device="cpu" if args.tiny else "cuda",
-                             dtype="auto" if args.tiny else "bfloat16", refiner="tiny" if args.tiny and args.refiner
-                             else None, stage1_precision=args.precision, refiner_precision=args.precision)
+                             height=height, width=width, mode="segments", recipe="streaming", settings=settings)
     if args.tiny:
-        return load_patched_pipeline(template), template
+        return load_patched_pipeline(settings), template
 
     # the release model needs a first frame (the tiny one renders without): a random image of the render size
     pixels = torch.randint(0, 256, (height, width, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
     image = Path(tempfile.mkdtemp(prefix="bench_play_")) / "first.png"  # a path: the saved session names it
     Image.fromarray(pixels.numpy()).save(image)
     template = dataclasses.replace(template, image=str(image))
-    pipe = load_release_random(template)
-    if args.precision == "fp8":
-        quantize_blocks(pipe.transformer.blocks)
+    pipe = prepare_pipeline(load_release_random(settings, settings.device), settings)  # stage 1 in its precision
     if args.refiner:
-        template = dataclasses.replace(template, refiner="release-random")
         attach_random_refiner(pipe, template)
     return pipe, template
 
@@ -118,8 +117,8 @@ def attach_random_refiner(pipe, template):
     refiner = as_refiner(transformer)
     text = refiner_text(transformer, 1024, device, torch.bfloat16)
     setattr(refiner, stage_two_module._PROMPT_MEMO, (refiner_key(template), text.embeds, text.mask))
-    if template.refiner_precision == "fp8":
-        quantize_blocks(refiner.transformer.transformer_blocks, device=device)
+    get_precision(template.settings.refiner_precision).prepare_blocks(refiner.transformer.transformer_blocks,
+                                                                      device=device)
     park_prompt_projections(refiner.transformer)  # as load_stage_two
     stage_two_module.attach_refiner(pipe, refiner)
 
@@ -239,7 +238,7 @@ def main(argv=None) -> dict:
     if torch.cuda.is_available() and not args.tiny:
         torch.cuda.reset_peak_memory_stats()
     result = {"model": template.model, "device": torch.cuda.get_device_name() if not args.tiny else "cpu",
-              "size": f"{template.width}x{template.height}", "refiner": template.refiner, "precision": args.precision,
+              "size": f"{template.width}x{template.height}", "refiner": template.settings.refiner, "precision": args.precision,
               "segments": args.segments, "key_every_s": args.key_every, "torch": torch.__version__,
               **asyncio.run(run(args, pipe, template))}
     if args.tiny:

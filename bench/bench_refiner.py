@@ -78,7 +78,7 @@ def parse_args(argv=None):
                         help="path length in segments (3 latent frames each; the refiner's window is full from the 5th)")
     parser.add_argument("--layers-segments", type=int, default=3, help="segments rendered with --refiner-offload layers")
     parser.add_argument("--skip-layers", action="store_true", help="skip the layer-streaming memory run")
-    parser.add_argument("--refiner-kernels", choices=("both", "fused", "stock"), default="both",
+    parser.add_argument("--refiner-kernels", choices=("both", "fused", "torch"), default="both",
                         help="the refiner blocks' path (camrender.model.refiner.block): both = side by side rows "
                              "(the stock ones suffixed _stock_kernels), fused (renders' default) or stock only")
     parser.add_argument("--text-tokens", type=int, default=1024, help="refiner prompt tokens (release: 1024)")
@@ -114,7 +114,7 @@ def render_path(models, segments, refined, *, breakdown=False, overlap=None, sch
     in steady state (`video_fps_steady`: what a long path approaches). With it: the same stages in sequence,
     synced after each stage of each segment to time them apart.
     Stage 1 replays its CUDA graphs; the refiner runs eagerly, as in renders.
-    kernels: the refiner blocks' path, "fused" or "stock" (`RefinerStream`'s `kernels`).
+    kernels: the refiner blocks' path, "fused" or "torch" (`RefinerStream`'s `kernels`).
     schedule: how the overlap places the stages on CUDA streams (`camrender.render.stage_two.Schedule`).
     """
     transformer, vae, refiner_transformer, text, shape, options, device, dtype = models
@@ -423,11 +423,11 @@ def main(argv=None):
     # warm-up: compiles the kernels and captures every stage-1 segment layout; fills the refiner window
     record("warmup", lambda: peak_of(lambda: render_path(models, min(5, args.segments), True)))
     plain = record("without_refiner", lambda: peak_of(lambda: render_path(models, args.segments, False)))
-    main_kernels = "fused" if args.refiner_kernels in ("both", "fused") else "stock"  # the rows without a suffix
+    main_kernels = "fused" if args.refiner_kernels in ("both", "fused") else "torch"  # the rows without a suffix
     record("with_refiner", lambda: peak_of(lambda: render_path(models, args.segments, True, kernels=main_kernels)))
     if args.refiner_kernels == "both":
         record("with_refiner_stock_kernels",
-               lambda: peak_of(lambda: render_path(models, args.segments, True, kernels="stock")))
+               lambda: peak_of(lambda: render_path(models, args.segments, True, kernels="torch")))
     # the overlap's schedule, side by side: stage 1 and the decode on high-priority streams (as rendered), all
     # three streams at equal priority, and the decode after each block on the refiner's stream at equal priority
     record("with_refiner_equal_priorities", lambda: render_path(
@@ -447,10 +447,10 @@ def main(argv=None):
         refiner_steady_state(refiner_transformer, text, shape, device, dtype, kernels=main_kernels), fused_blocks))
     if args.refiner_kernels == "both":
         stock = record("refiner_steady_state_eager_stock_kernels", lambda: steady_row(
-            refiner_steady_state(refiner_transformer, text, shape, device, dtype, kernels="stock"), stock_blocks))
+            refiner_steady_state(refiner_transformer, text, shape, device, dtype, kernels="torch"), stock_blocks))
         nudged_blocks = []
         record("refiner_steady_state_eager_stock_kernels_one_ulp", lambda: steady_row(refiner_steady_state(
-            refiner_transformer, text, shape, device, dtype, kernels="stock", nudge=True), nudged_blocks))
+            refiner_transformer, text, shape, device, dtype, kernels="torch", nudge=True), nudged_blocks))
         if steady and stock:
             record("refiner_kernels_fused_vs_stock", lambda: kernels_comparison(
                 dict(steady, first_block=fused_blocks[0]), dict(stock, first_block=stock_blocks[0]),

@@ -56,7 +56,7 @@ from common import (GIB, Events, HostSyncs, Laps, allocated_bytes, emit, measure
 
 try:
     from camrender.render.segments import segment_options
-except ImportError:  # a tree from before it, measured by these scripts beside this one (bench/run_issue25.sh's OLD)
+except ImportError:  # a tree from before it, measured by these scripts beside it (run_segment_targets.sh's OLD)
     from camrender.model.stage1.state import SegmentOptions
 
     def segment_options(recipe, cached_segments):

@@ -254,8 +254,8 @@ def steady_rates(arrivals) -> dict:
     (the last yield, the clip's last block, left out: its work was queued before the host waited for the frames
     before it) and the video fps of their median over the steady segments, from `STEADY_FROM` on, or over all of
     them (`video_fps_median_all_gaps`) where the path is too short; beside it, the frames from the second segment's
-    to the last's over their time (`video_fps_from_second_segment`, what bench_segments called steady before the
-    nineteenth session: it holds the warm-up's later segments). {} for fewer than 4 yields."""
+    to the last's over their time (`video_fps_from_second_segment`, what bench_segments once called steady: it holds the
+    warm-up's later segments). {} for fewer than 4 yields."""
     if len(arrivals) < 4:
         return {}
     gaps = [b[0] - a[0] for a, b in zip(arrivals[:-2], arrivals[1:-1])]

@@ -1,4 +1,4 @@
-"""`bench_refiner.py --setting NAME`: one setting of issue 24's target table, measured as a render runs it,
+"""`bench_refiner.py --setting NAME`: one setting of the card-size target table, measured as a render runs it,
 with a memory breakdown at each phase (prompt encoding, first segment, steady state).
 
 Order, as `camrender.render.pipeline` loads a render: stage 1's DiT and VAE on the GPU (their block linears
@@ -49,8 +49,8 @@ SCHEDULES = {"rendered": (None, Schedule()), "overlapped": (True, Schedule()),
              "decode-on-refiner": (True, Schedule(decode_apart=False)), "one-stream": (True, Schedule(streams=False)),
              "in-order": (False, Schedule())}
 
-# `--trace-segments`: the trace starts once this segment's frames are out, so it holds steady segments only (the
-# sixteenth session's trace started at segment 3 and held the cache pass's graph capture)
+# `--trace-segments`: the trace starts once this segment's frames are out, so it holds steady segments only (a
+# trace from segment 3 on held the cache pass's graph capture)
 TRACE_FROM = STEADY_FROM
 
 # stage 1's rules beside the refiner, as a render runs it (no key slot: `SegmentOptions.key_slot`)

@@ -69,7 +69,7 @@ def replay_bidirectional(golden_path: str, kernels: str = "torch", recipe=None, 
 
     Args:
         kernels: "torch" (PyTorch references, diffusers' GDN main branch) or "fused" (Triton kernels,
-            under the interpreter on a CPU; ieee precision).
+            under the interpreter on a CPU; ieee matmul precision).
         recipe: recipe name; None: `recipe_of_commit` of the golden's `nvlabs_commit`.
         sample: also run the sampler (else only the forward; `max_rel_error` is then the forward's).
         teacher_steps: sampler steps whose model call is replayed teacher-forced (the golden's `sample/x_in`

@@ -29,7 +29,7 @@ and prints JSON: `max_rel_error` = max |ours - golden| / max |golden| over the f
 
     python3 bench/replay_golden.py tests/golden/streaming_s2_h64x2_f14.safetensors --kernels fused --json
 
-`--kernels fused` runs the Triton kernels (under the interpreter on a CPU; `precision="ieee"`),
+`--kernels fused` runs the Triton kernels (under the interpreter on a CPU; `matmul_precision="ieee"`),
 `--kernels torch` the PyTorch references. The goldens keep the softmax blocks' q/k/v in fp32
 (`--fp32-softmax`), so the replay attends in fp32 too.
 """
@@ -156,7 +156,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("golden", help="golden .safetensors file")
     parser.add_argument("--kernels", default="torch", choices=["torch", "fused"],
-                        help="torch: PyTorch references; fused: Triton kernels (interpreted on a CPU), ieee precision")
+                        help="torch: PyTorch references; fused: Triton kernels (interpreted on a CPU), "
+                             "ieee matmul precision")
     parser.add_argument("--json", action="store_true", help="print the whole JSON document (default: a summary line)")
     parser.add_argument("--tolerance", type=float, default=TOLERANCE, help="max_rel_error allowed (default 1e-4)")
     parser.add_argument("--recipe", default=None, help="bidirectional goldens: the recipe to replay with "

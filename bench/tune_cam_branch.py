@@ -47,7 +47,7 @@ SCAN = [  # most promising first (--budget cuts the tail)
 DEFAULT_WARPS, DEFAULT_STAGES = (8, 4, 4), (3, 3, 3)  # kernels.camera_branch's defaults
 
 
-MAX_REL_L2 = 3e-3  # issue 3: error vs the ieee reference
+MAX_REL_L2 = 3e-3  # the camera branch's bound on its error vs the ieee reference
 
 
 def compose(choices):

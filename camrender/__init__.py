@@ -41,9 +41,9 @@ def patch_transformer(transformer, kernels: str = "fused", **kwargs):
 
 
 def __getattr__(name):
-    """`camrender.CamrenderPipeline` (and `RenderResult`): the Python API, imported on first use so that
-    `import camrender` (and `camrender --help`) stays light."""
-    if name in ("CamrenderPipeline", "RenderResult"):
+    """`camrender.CamrenderPipeline` (and `LoadSettings`, `RenderResult`): the Python API, imported on first use so
+    that `import camrender` (and `camrender --help`) stays light."""
+    if name in ("CamrenderPipeline", "LoadSettings", "RenderResult"):
         from camrender import api  # lazy: see the docstring
 
         return getattr(api, name)

@@ -3,8 +3,9 @@
 A render allocates and frees blocks of many sizes (stage 1's graph pools, the refiner's window, the decode's
 workspace). PyTorch's default allocator reserves memory in separate segments, and free blocks of different
 segments never merge into one larger block, so what is reserved grows beyond what is allocated (5.45 GiB of
-"allocator slack" at the bf16 peak on an H200, docs/performance.md). With expandable segments the allocator
-grows one mapping per stream instead, and freed pages can serve a later request of any size.
+"allocator slack" at the bf16 peak on an H200, bench/results/2026-12-01_refined_segments_bf16_first_diet_h200.json).
+With expandable segments the allocator grows one mapping per stream instead, and freed pages can serve a later
+request of any size.
 
 PyTorch reads the setting when CUDA's allocator starts (the first CUDA allocation), so the entry points (the
 CLI's `main`, the Python API's import, the GPU benchmarks) call `use_expandable_segments` before any model

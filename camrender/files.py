@@ -1,7 +1,8 @@
-"""Files, for every layer: checking an output path, the one atomic writer (`atomic_path`: a temporary file
-beside the target, renamed into place only when it is complete; `atomic_output` opens it as a file), and the
-one bounded reader of user files (`read_bounded`: regular files only, never more than a limit read).
-Parsing trajectory files is `camrender.trajectory.formats.fileio`'s."""
+"""Files, for every layer: checking an output path (`check_suffix`, `check_output_path`, `probe_writable`), the
+one atomic writer (`atomic_path`: a temporary file beside the target, renamed into place only when it is
+complete; `atomic_output` opens it as a file), and the one bounded reader of user files (`read_bounded`:
+regular files only, never more than a limit read). Parsing trajectory files is
+`camrender.trajectory.formats.fileio`'s."""
 from __future__ import annotations
 
 import contextlib
@@ -83,6 +84,17 @@ def _size_words(size: int) -> str:
     return f"{size / 2**20:.0f} MiB" if size >= 2**20 else f"{size} bytes"
 
 
+VIDEO_SUFFIXES = (".mp4",)
+
+
+def check_suffix(path, suffixes, what: str) -> None:
+    """CamrenderError unless `path` ends with one of `suffixes` (lower case, with the dot)."""
+    suffix = Path(path).suffix.lower()
+    if suffix not in suffixes:
+        raise CamrenderError(f"{what} must end with {' or '.join(suffixes)}, got {suffix or 'no suffix'!r}",
+                             path=path)
+
+
 def check_output_path(path) -> Path:
     """Raise `CamrenderError` unless a file can be written at `path`; return it as a `Path`.
 
@@ -99,6 +111,13 @@ def check_output_path(path) -> Path:
     if not os.access(parent, os.W_OK | os.X_OK):
         raise CamrenderError(f"output folder {str(parent)!r} is not writable", path=path)
     return path
+
+
+def probe_writable(path) -> None:
+    """Create and delete a file next to `path`: some folders pass the permission bits and still refuse new files
+    (/sys, read-only mounts), which would only show after the model has loaded. (Its name fits the folder, as
+    every temporary name does: `temp_name_beside`.)"""
+    remove_quietly(temp_beside(path, ".probe", prefix=f".{Path(path).name}."))
 
 
 def temp_beside(path, suffix: str = "", prefix: str = ".tmp-") -> str:

@@ -11,6 +11,7 @@ import math
 import numbers
 
 from camrender.errors import CamrenderError
+from camrender.vocabulary import TINY
 
 TIME_STRIDE = 8  # the LTX-2 VAE: 8k+1 video frames -> k+1 latent frames
 ROPE_LATENT_FRAMES = 1024  # rows of SANA-WM's RoPE table (the released and the tiny transformer)
@@ -66,7 +67,7 @@ def check_frames(num_frames: int, mode: str, field: str = "frames") -> None:
 
 def spatial_multiple(model: str) -> int:
     """The multiple of pixels a frame side must be for `model` ("tiny", a hub id or a folder)."""
-    return TINY_SPATIAL_MULTIPLE if model == "tiny" else RELEASE_SPATIAL_MULTIPLE
+    return TINY_SPATIAL_MULTIPLE if model == TINY else RELEASE_SPATIAL_MULTIPLE
 
 
 def check_size(height: int, width: int, model: str) -> None:

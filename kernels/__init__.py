@@ -1,16 +1,28 @@
 """Fused Triton kernels for SANA-WM and their plain PyTorch references (imports torch and triton only).
 
-The convention, after flash-linear-attention's (each op's naive PyTorch version beside its fast one):
-every op module `kernels/<name>.py` (the Triton kernels and the host functions that launch them) has
-a reference module `kernels/<name>_reference.py` beside it. For each op `<op>` of `<name>.py` the
-reference module holds `<op>_ref`, plain PyTorch with the op's arguments (initial state in, final
-state out: `initial_state=`, `output_final_state=` / a returned final state), less the fast path's
-launch and layout knobs (`backend`, `precision`, `out`, `tuning`, `num_warps`, ...); fp32 math,
-rounded where the stock diffusers code rounds. An op runs its reference when its `backend`
-resolves to PyTorch (a CPU without TRITON_INTERPRET=1, or backend "torch"); `camrender selftest`
-and tests/kernels compare op and reference on the table of `kernels.cases`. A reference module
-imports no Triton and not its op's module; pieces several references share sit in
-`kernels._reference_parts` (RMSNorm, pair rotation, the UCPE transform, `rope_tables`, `rope_pairs`).
+The convention, after flash-linear-attention's (each op's naive PyTorch version beside its fast one, one
+signature for both):
+
+- Ops. The public ops of an op module `kernels/<name>.py` are the names in its `__all__` (the host functions
+  callers use; the launch steps beside them, such as `cam_prep.cam_stage` or `delta_scan.run_scan`, are not ops).
+- References. Beside each op module sits `kernels/<name>_reference.py`, holding `<op>_ref` for each op `<op>`:
+  plain PyTorch with the op's arguments, less the fast path's launch and layout knobs (`backend`,
+  `matmul_precision`, `out`, `tuning`, `num_warps`, ...); fp32 math, rounded where the stock diffusers code
+  rounds. A reference module imports no Triton and not its op's module; pieces several references share sit in
+  `kernels._reference_parts` (RMSNorm, pair rotation, the UCPE transform, `rope_tables`, `rope_pairs`).
+- `backend`. Every op takes `backend=` ("auto" | "triton" | "torch", `_validate.BACKENDS`): "triton" runs its
+  kernels, "torch" its `<op>_ref` (the op's outputs, written into `out` where given), "auto" the kernels on CUDA
+  or under TRITON_INTERPRET=1 and the reference elsewhere (`_validate.use_triton`).
+- State. Every op that carries a state across segments (`delta_scan`, `camera_branch`, `main_branch`, and
+  `short_conv`, whose state is the raw input of the frames its causal half reads) takes `initial_state` and
+  `output_final_state=False`, and returns `(output, final_state)`, final_state None unless asked; its reference
+  likewise.
+- `matmul_precision`. Ops with matrix products on tensor cores take `matmul_precision=` ("tf32" | "ieee",
+  `_validate.MATMUL_PRECISIONS`): the `tl.dot` input precision. "Precision" alone means the linear layers'
+  "bf16" / "fp8" (camrender.model.fp8), never this.
+- Cases. `kernels.cases` is the table of cases, grouped by op, each comparing an op with its reference (a
+  stateful op's final state included); `camrender selftest` prints it op by op and tests/kernels runs it.
+  tests/kernels/test_reference_layout.py and test_kernel_cases.py check this convention.
 
 Public names:
     camera_branch      the whole camera branch of a GDN block (prep + fwd/rev scan + decode)

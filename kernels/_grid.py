@@ -27,7 +27,8 @@ def filling_tile(tokens: int, batch: int, tile: int, processors: int, smallest: 
     programs per streaming multiprocessor (`processors`; 0 off a GPU: `tile` as given), so that launches tuned on a
     whole clip's tens of thousands of tokens still fill the GPU on a segment's 2640: 165 programs of 16 tokens for
     132 multiprocessors (most of them holding one program of four warps) become 330 of 8. Whether that pays is the
-    kernel's own matter: it did for the camera encodes, not for the softmax camera decode (docs/performance.md)."""
+    kernel's own matter: it did for the camera encodes, not for the softmax camera decode (an H200's kernel profile:
+    bench/results/2026-12-05_segment_targets_75df780_h200.json)."""
     while tile > smallest and cdiv(tokens, tile) * batch < 2 * processors:
         tile //= 2
     return tile

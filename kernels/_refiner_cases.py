@@ -1,10 +1,8 @@
-"""Inputs, fused call and reference of the refiner kernels' cases in kernels/cases.py (the refiner's
-q/k RMSNorm + RoPE, kernels.rms_rope, and block_glue's norm="rms" adaLN)."""
+"""Inputs, op call and reference of the refiner kernels' cases in kernels/cases.py (the refiner's q/k RMSNorm +
+RoPE and RoPE alone, kernels.rms_rope, and block_glue's norm="rms" adaLN in `_glue_cases`)."""
 from ._random_inputs import Draw
-from .block_glue import residual_ada_norm
-from .block_glue_reference import residual_ada_norm_ref
-from .rms_rope import rms_rope_qk
-from .rms_rope_reference import rms_rope_qk_ref
+from .rms_rope import rms_rope_qk, rope_rows
+from .rms_rope_reference import rms_rope_qk_ref, rope_rows_ref
 
 
 def rms_rope_inputs(s, device, dtype, rope_type="interleaved"):
@@ -22,10 +20,10 @@ def rms_rope_inputs(s, device, dtype, rope_type="interleaved"):
                 rope_type=rope_type)
 
 
-def rms_rope_fused(x, precision):
+def rms_rope_call(x, backend, matmul_precision):
     return rms_rope_qk(x["q"], x["k"], x["wq"].to(x["q"].dtype), x["wk"].to(x["q"].dtype), x["cos"], x["sin"],
                        eps=1e-6, head_dim=x["head_dim"], rope_type=x["rope_type"], return_k_pre=True,
-                       backend="triton")
+                       backend=backend)
 
 
 def rms_rope_reference(x):
@@ -33,9 +31,9 @@ def rms_rope_reference(x):
                            rope_type=x["rope_type"])
 
 
-def rms_ada_norm_fused(x, precision):
-    return residual_ada_norm(x["x"], x["y"], x["shift"], x["scale"], norm="rms", backend="triton")
+def rope_rows_call(x, backend, matmul_precision):
+    return rope_rows(x["k"], x["cos"], x["sin"], head_dim=x["head_dim"], rope_type=x["rope_type"], backend=backend)
 
 
-def rms_ada_norm_reference(x):
-    return residual_ada_norm_ref(*[x[name].float() for name in ("x", "y", "shift", "scale")], norm="rms")
+def rope_rows_reference(x):
+    return rope_rows_ref(x["k"].float(), x["cos"], x["sin"], rope_type=x["rope_type"])

@@ -5,7 +5,12 @@ import os
 
 import torch
 
+# An op's `backend`: "triton" its kernels, "torch" its PyTorch reference (`<op>_ref`), "auto" the kernels on CUDA
+# and under TRITON_INTERPRET=1, the reference elsewhere (`use_triton`).
 BACKENDS = ("auto", "triton", "torch")
+# An op's `matmul_precision`, its kernels' `tl.dot` input precision: "tf32" (operands rounded to a 10-bit mantissa, the
+# tensor cores' fast path) or "ieee" (exact fp32 products). Not the linear layers' "bf16" / "fp8" precision.
+MATMUL_PRECISIONS = ("tf32", "ieee")
 
 
 def check_tensor(name, x, shape, *, floating=True, contiguous=True, last_dim_contiguous=False):

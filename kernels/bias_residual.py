@@ -17,6 +17,8 @@ from ._rounding import cast_as, round_as
 from ._validate import check_tensor, use_triton
 from .bias_residual_reference import bias_residual_ref
 
+__all__ = ["bias_residual"]
+
 
 @triton.jit
 def _bias_residual_kernel(x_ptr, bias_ptr, residual_ptr, rows, C, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):

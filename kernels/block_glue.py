@@ -37,6 +37,8 @@ from ._validate import check_choice, triton_interpreted, use_triton
 from .block_glue_reference import ada_norm_ref, gated_residual_ref, merge_heads_ref, silu_gate_ref
 from .fp8_quant import row_scales, to_e4m3
 
+__all__ = ["ada_norm", "residual_ada_norm", "gated_residual", "merge_heads", "silu_gate"]
+
 
 # --------------------------------------------------------------------------- kernels
 @triton.jit
@@ -258,7 +260,7 @@ def ada_norm(x, shift, scale, *, eps=1e-6, residual=None, norm="layer", backend=
         updated = torch.empty_like(out) if residual is not None else out
     r = residual if residual is not None else x
     # quantizing, a second row reduction: 8 warps (25.4 us against 27.4 at 4 at the refiner's 2640 x 4096 on the
-    # H200; a second, noisier call ranked them 70.9 against 66.1: bench/results/session13_glue*)
+    # H200; a second, noisier call ranked them 70.9 against 66.1: bench/results/2026-12-03_block_glue_fp8_quantizing*)
     block_c, warps = _launch_config(channels, num_warps or (8 if quantize and channels >= 2048 else None))
     rows = _rows_per_program()
     _ada_norm_kernel[(cdiv(batch * tokens, rows),)](
@@ -329,7 +331,7 @@ def merge_heads(o, *, backend="auto"):
     out (B, H, N, D)) -> contiguous (B, N, H * D), one tiled pass (PyTorch's generic strided copy
     runs this transpose at a fraction of the bandwidth)."""
     batch, tokens, heads, dim = o.shape
-    if o.is_contiguous() or not use_triton(o, backend) or o.stride(-1) != 1:
+    if not use_triton(o, backend) or o.is_contiguous() or o.stride(-1) != 1:
         return merge_heads_ref(o)
     out = torch.empty(batch, tokens, heads * dim, device=o.device, dtype=o.dtype)
     block_n = 64

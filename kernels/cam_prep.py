@@ -11,7 +11,10 @@ import triton.language as tl
 
 from . import ucpe_tiles
 from ._grid import cdiv, next_power_of_2
-from ._validate import check_inv_rms, check_tensor
+from ._validate import check_inv_rms, check_tensor, use_triton
+from .cam_prep_reference import cam_prep_ref
+
+__all__ = ["cam_prep"]
 
 
 def ray_views(ray_transforms, batch, tokens, dim, device):
@@ -207,7 +210,9 @@ def _cam_encode_kernel(q_ptr, k_ptr, v_ptr, beta_ptr, sb_b, sb_h, sb_t, sb_s,
 def cam_stage(q, k, v, views, *, num_frames, q_norm_weight, k_norm_weight, norm_eps, downscale,
               beta=None, out_dtype=torch.float32, block_s=16, num_warps=4, maxnreg=None, q_inv_rms=None,
               k_inv_rms=None):
-    """Launch _cam_encode_kernel. views = ray_views(...) (read in place). Returns (q', k', v',
+    """Launch _cam_encode_kernel on validated inputs: the launch step of `cam_prep` and of
+    `kernels.camera_branch`, no op of its own (its launch knobs for benchmarks: bench/tune_cam_branch.py).
+    views = ray_views(...) (read in place). Returns (q', k', v',
     inflation_sq) with encodings (B, H, N, D) in out_dtype and inflation (B, H, N) fp32. With
     `beta` the key/value are stored beta-folded (see _cam_encode_kernel). maxnreg: register cap
     per thread (None: the compiler's choice). q_inv_rms, k_inv_rms: see `given_inv_rms`."""
@@ -272,10 +277,11 @@ def check_norm_weight(name, w, channels):
 
 
 def cam_prep(q, k, v, ray_transforms, *, num_frames, q_norm_weight=None, k_norm_weight=None,
-             norm_eps=1e-5, downscale=True, q_inv_rms=None, k_inv_rms=None):
+             norm_eps=1e-5, downscale=True, q_inv_rms=None, k_inv_rms=None, backend="auto"):
     """Triton camera prep with cam_prep_ref's contract.
 
     q, k, v: (B, N, H, D) raw camera projections, contiguous, any float dtype.
+    backend: "auto" (Triton on CUDA or under TRITON_INTERPRET=1, else `cam_prep_ref`), "triton", "torch".
     Returns (q_enc, k_enc, v_enc, inflation_sq): (B, H, T, S, D) fp32 x3 and (B, H, T, S) fp32.
     """
     batch, tokens, heads, dim = check_projections(q, k, v)
@@ -285,6 +291,10 @@ def cam_prep(q, k, v, ray_transforms, *, num_frames, q_norm_weight=None, k_norm_
     check_norm_weight("q_norm_weight", q_norm_weight, heads * dim)
     check_norm_weight("k_norm_weight", k_norm_weight, heads * dim)
     views = ray_views(ray_transforms, batch, tokens, dim, q.device)
+    if not use_triton(q, backend):
+        return cam_prep_ref(q, k, v, ray_transforms, num_frames=num_frames, q_norm_weight=q_norm_weight,
+                            k_norm_weight=k_norm_weight, norm_eps=norm_eps, downscale=downscale, q_inv_rms=q_inv_rms,
+                            k_inv_rms=k_inv_rms)
     q_enc, k_enc, v_enc, infl = cam_stage(q, k, v, views, num_frames=frames, q_norm_weight=q_norm_weight,
                                           k_norm_weight=k_norm_weight, norm_eps=norm_eps, downscale=downscale,
                                           q_inv_rms=q_inv_rms, k_inv_rms=k_inv_rms)

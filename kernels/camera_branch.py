@@ -9,20 +9,23 @@ import torch
 
 from . import camera_branch_reference
 from ._grid import filling_tile
-from ._validate import check_choice, check_tensor, multiprocessors, segment_starts_tensor, use_triton
+from ._validate import MATMUL_PRECISIONS, check_choice, check_tensor, multiprocessors, segment_starts_tensor, use_triton
 from .cam_prep import cam_stage, check_norm_weight, check_projections, given_inv_rms, ray_views
-from .delta_scan import PRECISIONS, run_scan
+from .delta_scan import run_scan
 
-# Launch defaults: the fastest measured on the H200 (docs/performance.md, 16:31 UTC run): 4-warp
-# output kernel, fp16 recurrence products. The stage's 16 tokens a program are halved on a segment's few tokens,
-# as far as the GPU needs to be filled (`_grid.filling_tile`), unless `tuning` sets them: 2.7 ms a segment
-# against 5.1 (twenty-first session). The transitions stay whole (`delta_scan.run_scan` col_split).
+__all__ = ["camera_branch"]
+
+# Launch defaults: the fastest measured on the H200 (bench/results/2026-11-29_camera_branch_tuning_h200.json):
+# 4-warp output kernel, fp16 recurrence products. The stage's 16 tokens a program are halved on a segment's few
+# tokens, as far as the GPU needs to be filled (`_grid.filling_tile`), unless `tuning` sets them: 2.7 ms a segment
+# against 5.1 (H200, bench/results/2026-12-05_segment_targets_75df780_h200.json). The transitions stay whole
+# (`delta_scan.run_scan` col_split).
 SCAN_TUNING = {"rec_f16": True, "num_warps": (8, 4, 4)}
 STAGE_TUNING = {"stage_block_s": 16, "stage_num_warps": 4, "stage_maxnreg": None}
 
 
 def camera_branch(q, k, v, beta, decay, ray_transforms, *, q_norm_weight, k_norm_weight, norm_eps=1e-5,
-                  initial_state=None, segment_starts=None, downscale=True, precision="tf32", backend="auto",
+                  initial_state=None, segment_starts=None, downscale=True, matmul_precision="tf32", backend="auto",
                   output_final_state=False, tuning=None, q_inv_rms=None, k_inv_rms=None):
     """Camera branch of a SANA-WM GDN block.
 
@@ -40,9 +43,9 @@ def camera_branch(q, k, v, beta, decay, ray_transforms, *, q_norm_weight, k_norm
             marked True from the frame after it.
         downscale: scale each encoded vector down to its pre-UCPE RMS (diffusers: True; NVlabs and the
             default bidirectional recipe: False).
-        precision: "tf32" (matrix products on 10-bit-mantissa operands; the encoded q, k, v are
+        matmul_precision: "tf32" (matrix products on 10-bit-mantissa operands; the encoded q, k, v are
             kept in fp16, so |v| must stay below fp16's 6.5e4) or "ieee" (fp32 throughout).
-        backend: "triton", "torch" (fp32 references) or "auto".
+        backend: "auto" (Triton on CUDA or under TRITON_INTERPRET=1, else `camera_branch_ref`), "triton", "torch".
         output_final_state: return the forward state after the last frame (else None in its place).
         tuning: optional dict of launch parameters overriding SCAN_TUNING / STAGE_TUNING
             (block_s, out_block_s, s_split, block_v, num_warps, num_stages, split, rec_f16, w_f16,
@@ -67,7 +70,7 @@ def camera_branch(q, k, v, beta, decay, ray_transforms, *, q_norm_weight, k_norm
     check_norm_weight("k_norm_weight", k_norm_weight, channels)
     if initial_state is not None:
         check_tensor("initial_state", initial_state, (batch, heads, dim, dim), contiguous=False)
-    check_choice("precision", precision, PRECISIONS)
+    check_choice("matmul_precision", matmul_precision, MATMUL_PRECISIONS)
     views = ray_views(ray_transforms, batch, tokens, dim, q.device)  # validates; no copies
     starts = segment_starts_tensor(segment_starts, batch, frames, q.device)
     given_inv_rms(q_inv_rms, k_inv_rms, q_norm_weight, k_norm_weight, batch, tokens, q.device)  # validates
@@ -84,7 +87,7 @@ def camera_branch(q, k, v, beta, decay, ray_transforms, *, q_norm_weight, k_norm
     stage = {key: tuning.pop(key) for key in STAGE_TUNING}
     if "stage_block_s" not in chosen:
         stage["stage_block_s"] = filling_tile(tokens, batch, stage["stage_block_s"], multiprocessors(q.device))
-    stage_dtype = torch.float16 if precision == "tf32" else torch.float32
+    stage_dtype = torch.float16 if matmul_precision == "tf32" else torch.float32
     k_scale = dim ** -0.5 * spatial ** -0.5
     q_enc, k_enc, v_enc, infl = cam_stage(
         q, k, v, views, num_frames=frames, q_norm_weight=q_norm_weight,
@@ -98,6 +101,7 @@ def camera_branch(q, k, v, beta, decay, ray_transforms, *, q_norm_weight, k_norm
                      v_strides=enc_strides, q_strides=enc_strides, out_strides=out_strides,
                      batch=batch, heads=heads, frames=frames, spatial=spatial, dk=dim, dv=dim,
                      initial_state=initial_state.float().contiguous() if initial_state is not None else None,
-                     starts=starts, reverse=True, precision=precision, infl=infl, scale_a=k_scale * k_scale,
-                     scale_u=k_scale, decode=(views[0], views[3]), f16_dot=precision == "tf32", **tuning)
+                     starts=starts, reverse=True, matmul_precision=matmul_precision, infl=infl,
+                     scale_a=k_scale * k_scale, scale_u=k_scale, decode=(views[0], views[3]),
+                     f16_dot=matmul_precision == "tf32", **tuning)
     return out, (final if output_final_state else None)

@@ -23,6 +23,5 @@ def camera_branch_ref(q, k, v, beta, decay, ray_transforms, *, q_norm_weight=Non
         k_inv_rms=k_inv_rms)
     beta_cam = discount_beta_ref(beta, inflation)
     out, state = delta_scan_ref(q_enc, k_enc, v_enc, beta_cam, decay, initial_state=initial_state,
-                                segment_starts=segment_starts, reverse=True)
-    out = cam_decode_ref(out, ray_transforms[0], ray_transforms[3]).to(v.dtype)
-    return out, (state if output_final_state else None)
+                                segment_starts=segment_starts, reverse=True, output_final_state=output_final_state)
+    return cam_decode_ref(out, ray_transforms[0], ray_transforms[3]).to(v.dtype), state

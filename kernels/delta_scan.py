@@ -14,7 +14,7 @@ Three launches, the same for the plain scan and the fused camera branch:
 3. output, one program per (b, h, t, token split): O_t = Q_t (M_t + R_t). In camera mode the
    program decodes the output (inverse UCPE) before storing (B, N, C).
 
-All states and accumulations are fp32; tl.dot runs in `precision` ("tf32" or "ieee"); with
+All states and accumulations are fp32; tl.dot runs in `matmul_precision` ("tf32" or "ieee"); with
 f16 operands (the camera branch, and the main branch, in tf32 mode) the transition, recurrence
 and output products take fp16 operands (the same 10-bit mantissa), and W_t (in the camera branch
 also the per-frame states) is stored in fp16.
@@ -27,9 +27,10 @@ import triton.language as tl
 from . import ucpe_tiles
 from ._grid import cdiv, next_power_of_2
 from ._scan_transition import _transition_kernel
-from ._validate import check_choice, check_tensor, segment_starts_tensor
+from ._validate import MATMUL_PRECISIONS, check_choice, check_tensor, segment_starts_tensor, use_triton
+from .delta_scan_reference import delta_scan_ref
 
-PRECISIONS = ("tf32", "ieee")
+__all__ = ["delta_scan"]
 
 
 @triton.jit
@@ -193,7 +194,7 @@ def padded(dim):
 
 
 def run_scan(*, k, v, q, beta, decay, out, k_strides, v_strides, q_strides, out_strides,
-             batch, heads, frames, spatial, dk, dv, initial_state, starts, reverse, precision,
+             batch, heads, frames, spatial, dk, dv, initial_state, starts, reverse, matmul_precision,
              infl=None, scale_a=1.0, scale_u=1.0, decode=None, f16_dot=False,
              block_s=None, s_split=None, block_v=None, num_warps=(8, 4, 8), split=True, out_block_s=None,
              num_stages=(3, 3, 3), rec_f16=False, w_f16=True, maxnreg=(None, None, None), col_split=1):
@@ -214,7 +215,7 @@ def run_scan(*, k, v, q, beta, decay, out, k_strides, v_strides, q_strides, out_
     product, each building a block of W_t's and U_t's columns (a power of two; U_t's blocks keep 16 columns at
     least): more programs for a segment's few frames and heads, each loading all of K_t. Default 1: on an H200, four
     blocks of 32 columns on a segment's 120 programs took 9.4 ms a segment against 5.4 for whole programs (each
-    block loads all of K_t again; docs/performance.md, twenty-first session).
+    block loads all of K_t again; bench/results/2026-12-05_segment_targets_75df780_h200.json).
 
     Returns the final forward state (B, H, Dk, Dv) fp32.
     """
@@ -241,7 +242,7 @@ def run_scan(*, k, v, q, beta, decay, out, k_strides, v_strides, q_strides, out_
         k, v, beta_args[0], decay, infl if infl is not None else dummy, w_buf, u_buf,
         *k_strides, *v_strides, *beta_args[1:], *decay.stride(), float(scale_a), float(scale_u),
         heads, frames, spatial, DK=dk, DV=dv, DKP=dkp, DVP=dvp, BS=bs, HAS_BETA=beta is not None,
-        HAS_INFL=infl is not None, F16_DOT=bool(f16_dot), PREC=precision, SPLIT=bool(split),
+        HAS_INFL=infl is not None, F16_DOT=bool(f16_dot), PREC=matmul_precision, SPLIT=bool(split),
         US=st_width, UPERM=decode is not None, WCOLS=dkp // col_split, UCOLS=dvp // u_blocks, U_BLOCKS=u_blocks,
         num_warps=num_warps[0], num_stages=num_stages[0], **regs[0])
     if decode is not None:  # whole quads per program (see _recurrence_kernel)
@@ -254,7 +255,7 @@ def run_scan(*, k, v, q, beta, decay, out, k_strides, v_strides, q_strides, out_
         w_buf, u_buf, st_buf, initial_state if initial_state is not None else dummy, final,
         starts if starts is not None else dummy, heads, frames, bh, ncb,
         DK=dk, DV=dv, DKP=dkp, DVP=dvp, BV=bv, HAS_INIT=initial_state is not None,
-        HAS_STARTS=starts is not None, PREC=precision, SW=st_width, PERM=decode is not None,
+        HAS_STARTS=starts is not None, PREC=matmul_precision, SW=st_width, PERM=decode is not None,
         F16_DOT=bool(f16_dot and rec_f16), num_warps=num_warps[1], num_stages=num_stages[1], **regs[1])
     bs = out_block_s or bs
     split_s = s_split or max(1, min(cdiv(spatial, bs), 4))
@@ -270,26 +271,28 @@ def run_scan(*, k, v, q, beta, decay, out, k_strides, v_strides, q_strides, out_
         q, st_buf, out, *q_strides, *out_strides, p, rope if rope is not None else dummy,
         heads, frames, spatial, bh, per_prog,
         DK=dk, DV=dv, DKP=dkp, DVP=dvp, BS=bs, G=quads, NGU=max(dv // 8, 1), DECODE=decode is not None,
-        HAS_ROPE=rope is not None, REVERSE=bool(reverse), F16_DOT=bool(f16_dot), PREC=precision,
+        HAS_ROPE=rope is not None, REVERSE=bool(reverse), F16_DOT=bool(f16_dot), PREC=matmul_precision,
         SW=st_width, num_warps=num_warps[2], num_stages=num_stages[2], **regs[2])
     return final
 
 
 def delta_scan(q, k, v, beta, decay, *, initial_state=None, segment_starts=None, reverse=True,
-               precision="tf32", f16_operands=False, col_split=1):
-    """Triton delta-rule scan with delta_scan_ref's signature and semantics.
+               output_final_state=False, matmul_precision="tf32", f16_operands=False, col_split=1, backend="auto"):
+    """Triton delta-rule scan with delta_scan_ref's arguments and semantics.
 
     q, k: (B, H, T, S, Dk); v: (B, H, T, S, Dv); beta (B, H, T, S); decay (B, H, T);
     initial_state (B, H, Dk, Dv); segment_starts bool (T,) or (B, T). Any strides with a
     contiguous last dim (e.g. a permuted (B, N, H, D) view); any float dtypes.
-    `precision`: "tf32" (default, fast) or "ieee" (exact fp32 products).
+    output_final_state: return the forward state after the last frame (else None in its place).
+    `matmul_precision`: "tf32" (default, fast) or "ieee" (exact fp32 products).
     `f16_operands` (with "tf32"): the products take fp16 operands (the 10-bit mantissa tf32 keeps,
     at twice the tensor-core rate) and W_t is stored in fp16, as the camera branch does; q, k, v
     and the states must stay within fp16 range. Accumulation stays fp32. `col_split`: see `run_scan`.
+    backend: "auto" (Triton on CUDA or under TRITON_INTERPRET=1, else `delta_scan_ref`), "triton", "torch".
 
-    Returns (out (B, H, T, S, Dv) fp32, final_state (B, H, Dk, Dv) fp32).
+    Returns (out (B, H, T, S, Dv) fp32, final_state (B, H, Dk, Dv) fp32 or None unless output_final_state).
     """
-    check_choice("precision", precision, PRECISIONS)
+    check_choice("matmul_precision", matmul_precision, MATMUL_PRECISIONS)
     check_tensor("k", k, (None, None, None, None, None), contiguous=False, last_dim_contiguous=True)
     batch, heads, frames, spatial, dk = k.shape
     check_tensor("q", q, (batch, heads, frames, spatial, dk), contiguous=False, last_dim_contiguous=True)
@@ -299,13 +302,17 @@ def delta_scan(q, k, v, beta, decay, *, initial_state=None, segment_starts=None,
     check_tensor("decay", decay, (batch, heads, frames), contiguous=False)
     if initial_state is not None:
         check_tensor("initial_state", initial_state, (batch, heads, dk, dv), contiguous=False)
-        initial_state = initial_state.float().contiguous()
     starts = segment_starts_tensor(segment_starts, batch, frames, k.device) if reverse else None
+    if not use_triton(k, backend):
+        return delta_scan_ref(q, k, v, beta, decay, initial_state=initial_state, segment_starts=segment_starts,
+                              reverse=reverse, output_final_state=output_final_state)
+    if initial_state is not None:
+        initial_state = initial_state.float().contiguous()
     out = torch.empty(batch, heads, frames, spatial, dv, device=k.device, dtype=torch.float32)
     final = run_scan(k=k, v=v, q=q, beta=beta, decay=decay, out=out,
                      k_strides=k.stride()[:4], v_strides=v.stride()[:4], q_strides=q.stride()[:4],
                      out_strides=out.stride()[:4], batch=batch, heads=heads, frames=frames,
                      spatial=spatial, dk=dk, dv=dv, initial_state=initial_state, starts=starts,
-                     reverse=reverse, precision=precision,
-                     f16_dot=f16_operands and precision == "tf32", rec_f16=f16_operands, col_split=col_split)
-    return out, final
+                     reverse=reverse, matmul_precision=matmul_precision,
+                     f16_dot=f16_operands and matmul_precision == "tf32", rec_f16=f16_operands, col_split=col_split)
+    return out, (final if output_final_state else None)

@@ -4,7 +4,8 @@ final state out. Layouts: B batch, H heads, T frames, S tokens per frame, Dk key
 import torch
 
 
-def delta_scan_ref(q, k, v, beta, decay, *, initial_state=None, segment_starts=None, reverse=True):
+def delta_scan_ref(q, k, v, beta, decay, *, initial_state=None, segment_starts=None, reverse=True,
+                   output_final_state=False):
     """Frame-wise delta rule, forward (inclusive) plus reverse (exclusive) pass, numerator only.
 
     Forward, state M (Dk x Dv), all S tokens of frame t update from the same state:
@@ -22,10 +23,11 @@ def delta_scan_ref(q, k, v, beta, decay, *, initial_state=None, segment_starts=N
         segment_starts: optional bool (T,) or (B, T); where frame t+1 starts a segment the
             reverse pass restarts (R_t = 0), so no information crosses the boundary backwards.
         reverse: add the reverse pass (False gives the forward pass alone).
+        output_final_state: return the forward state after the last frame (else None in its place).
 
     Returns:
         (out, final_state): out (B, H, T, S, Dv) fp32, the sum of both passes;
-        final_state (B, H, Dk, Dv) fp32, the forward state after the last frame.
+        final_state (B, H, Dk, Dv) fp32, the forward state after the last frame, or None.
     """
     q, k, v, beta, decay = (x.float() for x in (q, k, v, beta, decay))
     batch, heads, frames, _, dk = k.shape
@@ -45,8 +47,9 @@ def delta_scan_ref(q, k, v, beta, decay, *, initial_state=None, segment_starts=N
         state = step(state, t)
         out.append(q[:, :, t] @ state)
     out = torch.stack(out, dim=2)
+    final_state = state if output_final_state else None
     if not reverse:
-        return out, state
+        return out, final_state
 
     starts = None
     if segment_starts is not None:
@@ -60,4 +63,4 @@ def delta_scan_ref(q, k, v, beta, decay, *, initial_state=None, segment_starts=N
             keep = (~starts[:, t + 1]).to(rev_state.dtype)[:, None, None, None]
             rev_state = rev_state * keep
         rev_out[t] = q[:, :, t] @ rev_state
-    return out + torch.stack(rev_out, dim=2), state
+    return out + torch.stack(rev_out, dim=2), final_state

@@ -27,8 +27,10 @@ from ._grid import cdiv, next_power_of_2
 from ._validate import use_triton
 from .ffn_glu_reference import glu_depthwise_ref
 
+__all__ = ["glu_depthwise"]
+
 # Launch defaults: the fastest of `bench/bench_ffn.py --sweep` on the H200 at the release shape
-# (0.94 ms with the tanh silu, 1.11 ms with the exp one, bench/results/bench_ffn_h200.json; the first
+# (0.94 ms with the tanh silu, 1.11 ms with the exp one, bench/results/2026-11-29_ffn_glu_sweep_h200.json; the first
 # default, picked from the offline sm_90 compile report of bench/compile_ffn_glu.py, block_c 8 /
 # prefetch 2, took 1.58 ms). The kernel sits at the 255-register limit: the exp silu's second MUFU op
 # costs more than the tanh one's few spilled registers.

@@ -3,8 +3,8 @@
 import torch.nn.functional as F
 
 
-def glu_depthwise_ref(h, weight, bias, height, width, *, out=None, backend="torch"):
-    """Plain PyTorch reference of `glu_depthwise` (same signature; `backend` is ignored).
+def glu_depthwise_ref(h, weight, bias, height, width):
+    """Plain PyTorch reference of `glu_depthwise` (its arguments less the launch knobs).
 
     fp32: a = silu(h); y = depthwise conv of a (padding k//2) + bias over each (H, W) image;
     value, gate = y[..., :Hd], y[..., Hd:]; returns value * silu(gate) as (F, H*W, Hd) in h's dtype.
@@ -16,5 +16,4 @@ def glu_depthwise_ref(h, weight, bias, height, width, *, out=None, backend="torc
     conv = F.conv2d(act, weight.float(), None if bias is None else bias.float(), padding=ksize // 2,
                     groups=channels)
     value, gate = conv.permute(0, 2, 3, 1).reshape(frames, height * width, channels).chunk(2, dim=-1)
-    result = (value * F.silu(gate)).to(h.dtype)
-    return result if out is None else out.copy_(result)
+    return (value * F.silu(gate)).to(h.dtype)

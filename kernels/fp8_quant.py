@@ -34,6 +34,8 @@ from ._validate import check_tensor, use_triton
 from .fp8_quant_reference import (E4M3_MAX, TINY, gelu_quantize_rows_ref, merge_heads_quantize_rows_ref,
                                   quantize_rows_ref)
 
+__all__ = ["quantize_rows", "gelu_quantize_rows", "merge_heads_quantize_rows"]
+
 ONE_PASS_MAX = 16384  # the widest row `quantize_rows` reads once (held in registers)
 # the same two numbers as the kernels see them: compiled Triton reads only constexpr globals
 _E4M3_MAX_K = tl.constexpr(E4M3_MAX)

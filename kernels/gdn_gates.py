@@ -18,8 +18,10 @@ import triton.language as tl
 
 from ._grid import cdiv, next_power_of_2
 from ._rounding import cast_as, round_as
-from ._validate import check_tensor, triton_interpreted, use_triton
+from ._validate import MATMUL_PRECISIONS, check_choice, check_tensor, triton_interpreted, use_triton
 from .gdn_gates_reference import gdn_gates_ref
+
+__all__ = ["gdn_gates"]
 
 
 @triton.jit
@@ -95,21 +97,24 @@ def _decay_kernel(partial_ptr, gb_ptr, rate_ptr, dt_bias_ptr, decay_ptr, like_pt
 
 
 # `_beta_kernel`'s launch: tokens and channels of a tile, warps, pipeline stages of its channel loop. The fastest of
-# `bench/bench_glue.py`'s sweep on a segment (H100, session 23: 18.6 µs for the three kernels against stock's 51.9;
-# the first guess, 16 tokens and 256 channels a step, took 57.3): the sm_90 code of the bf16 loop does not prefetch,
-# so wide steps keep more of the memory busy.
+# `bench/bench_glue.py`'s sweep on a segment (H100, bench/results/2026-12-05_block_glue_gdn_gates_sweep_h100.json:
+# 18.6 µs for the three kernels against stock's 51.9; the first guess, 16 tokens and 256 channels a step, took
+# 57.3): the sm_90 code of the bf16 loop does not prefetch, so wide steps keep more of the memory busy.
 DEFAULT_TUNING = {"block_s": 32, "block_k": 512, "num_warps": 4, "num_stages": 1}
 
 
 def gdn_gates(x, frames, beta_weight, beta_bias, gate_weight, gate_bias, negative_rate, dt_bias, *, backend="auto",
-              precision="ieee", tuning=None):
+              matmul_precision="ieee", tuning=None):
     """Beta and decay of a GDN block (see `kernels.gdn_gates_reference.gdn_gates_ref` for the arguments; a bias
     may be None).
 
-    precision: the tile products' precision for float32 x ("ieee" or "tf32"; bf16 and fp16 are exact either way).
+    backend: "auto" (Triton on CUDA or under TRITON_INTERPRET=1, else `gdn_gates_ref`), "triton", "torch".
+    matmul_precision: the tile products' precision for float32 x ("ieee" or "tf32"; bf16 and fp16 are exact either
+    way).
     tuning: overrides of DEFAULT_TUNING (powers of two: block_s >= 16, block_k >= 16).
     Returns beta (B, H, T, S) (a view of a contiguous (B, T, S, H) tensor) and decay (B, H, T) float32, contiguous.
     """
+    check_choice("matmul_precision", matmul_precision, MATMUL_PRECISIONS)
     check_tensor("x", x, (None, None, None), contiguous=False)
     batch, tokens, channels = x.shape
     heads = beta_weight.shape[0]
@@ -133,7 +138,7 @@ def gdn_gates(x, frames, beta_weight, beta_bias, gate_weight, gate_bias, negativ
     sums = torch.empty(batch, frames, tiles, channels, device=x.device, dtype=torch.float32)
     partial = torch.empty(batch, frames, blocks, hp, device=x.device, dtype=torch.float32)
     decay = torch.empty(batch, heads, frames, device=x.device, dtype=torch.float32)
-    prec = precision if x.dtype == torch.float32 else "tf32"
+    prec = matmul_precision if x.dtype == torch.float32 else "tf32"
     native = x.dtype in (torch.bfloat16, torch.float16) and beta_weight.dtype == x.dtype and not triton_interpreted()
     _beta_kernel[(tiles, frames, batch)](x, beta_weight, beta_bias, beta, sums, spatial, channels, heads, PREC=prec,
                                          NATIVE_DOT=native, BLOCK_S=block_s, BLOCK_K=launch["block_k"], HP=hp,

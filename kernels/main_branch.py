@@ -15,11 +15,13 @@ import triton
 import triton.language as tl
 
 from ._grid import cdiv, next_power_of_2
-from ._validate import use_triton
-from .delta_scan import delta_scan
-from .main_prep import main_prep
 from ._reference_parts import rope_pairs
+from ._validate import MATMUL_PRECISIONS, check_choice, use_triton
+from .delta_scan import delta_scan
 from .main_branch_reference import main_branch_ref
+from .main_prep import main_prep
+
+__all__ = ["main_branch"]
 
 
 @triton.jit
@@ -41,7 +43,7 @@ def _divide_heads_kernel(num_ptr, den_ptr, out_ptr, sn_b, sn_h, sn_t, sn_s, sd_b
         out_ptr.dtype.element_ty), mask=m)
 
 
-def _chunkwise(qn, kn, q_rot, k_rot, v, beta, decay, out, *, eps, initial_state, segment_starts, precision,
+def _chunkwise(qn, kn, q_rot, k_rot, v, beta, decay, out, *, eps, initial_state, segment_starts, matmul_precision,
                output_final_state):
     """KV and Z streams through kernels.delta_scan on permuted (B, H, T, S, D) views; divide into `out`."""
     batch, tokens, channels = v.shape
@@ -55,12 +57,12 @@ def _chunkwise(qn, kn, q_rot, k_rot, v, beta, decay, out, *, eps, initial_state,
     if initial_state is not None:
         init_kv, init_z = initial_state
     # tf32: fp16 operands (same mantissa, twice the rate; normalised q, scaled k and bf16 v fit its range).
-    fast = precision == "tf32"
+    scan = dict(segment_starts=segment_starts, output_final_state=output_final_state,
+                matmul_precision=matmul_precision, f16_operands=matmul_precision == "tf32", backend="triton")
     num, kv = delta_scan(heads_view(q_rot), heads_view(k_rot), heads_view(v), beta, decay, initial_state=init_kv,
-                         segment_starts=segment_starts, precision=precision, f16_operands=fast)
+                         **scan)
     ones = torch.ones((), device=v.device).expand(batch, heads, frames, spatial, 1)  # the Z stream's values
-    den, z = delta_scan(heads_view(qn), heads_view(kn), ones, beta, decay, initial_state=init_z,
-                        segment_starts=segment_starts, precision=precision, f16_operands=fast)
+    den, z = delta_scan(heads_view(qn), heads_view(kn), ones, beta, decay, initial_state=init_z, **scan)
     bs = 32
     _divide_heads_kernel[(frames * cdiv(spatial, bs), batch * heads)](
         num, den, out, *num.stride()[:4], *den.stride()[:4], frames, spatial, heads, head_dim, float(eps),
@@ -69,7 +71,7 @@ def _chunkwise(qn, kn, q_rot, k_rot, v, beta, decay, out, *, eps, initial_state,
 
 
 def main_branch(q, k, v, beta, decay, rope, *, q_norm_weight, k_norm_weight, norm_eps=1e-5, eps=1e-8,
-                initial_state=None, segment_starts=None, precision="tf32", backend="auto",
+                initial_state=None, segment_starts=None, matmul_precision="tf32", backend="auto",
                 output_final_state=False, q_inv_rms=None, k_inv_rms=None):
     """Main GDN branch of one block, fused; same contract as `kernels.main_branch_reference.main_branch_ref`.
 
@@ -81,10 +83,10 @@ def main_branch(q, k, v, beta, decay, rope, *, q_norm_weight, k_norm_weight, nor
         q_norm_weight, k_norm_weight: (C,); norm_eps: RMSNorm epsilon; eps: denominator epsilon.
         initial_state: optional (kv (B, H, D, D), z (B, H, D, 1)) fp32 forward states.
         segment_starts: optional bool (T,) or (B, T); reverse scans restart at segment starts.
-        precision: "tf32" (tensor cores on fp16 operands and fp16 transition matrices: q, k, v must
+        matmul_precision: "tf32" (tensor cores on fp16 operands and fp16 transition matrices: q, k, v must
             stay within fp16 range, as normalised q, scaled k and bf16-range v do) or "ieee"
             (exact fp32 dots).
-        backend: "auto" (Triton on CUDA or under TRITON_INTERPRET=1, else PyTorch), "triton", "torch".
+        backend: "auto" (Triton on CUDA or under TRITON_INTERPRET=1, else `main_branch_ref`), "triton", "torch".
         output_final_state: return the forward states (kv, z) after the last frame (else None).
         q_inv_rms, k_inv_rms: optional (B, N) fp32 1 / RMS per token of q and k, used instead of the
             one over these C channels (head split: the norm spans heads this call does not hold).
@@ -92,6 +94,7 @@ def main_branch(q, k, v, beta, decay, rope, *, q_norm_weight, k_norm_weight, nor
     Returns:
         (out (B, N, C) in v.dtype, (kv, z) or None).
     """
+    check_choice("matmul_precision", matmul_precision, MATMUL_PRECISIONS)
     if not use_triton(v, backend):
         return main_branch_ref(q, k, v, beta, decay, rope, q_norm_weight=q_norm_weight, k_norm_weight=k_norm_weight,
                                norm_eps=norm_eps, eps=eps, initial_state=initial_state, segment_starts=segment_starts,
@@ -103,10 +106,11 @@ def main_branch(q, k, v, beta, decay, rope, *, q_norm_weight, k_norm_weight, nor
     rope = rope_pairs(rope, v.device)  # one (N, D/2, 2) table for both preps (diffusers' read in place)
     k_scale = head_dim ** -0.5 * spatial ** -0.5
     qn, q_rot = main_prep(q, q_norm_weight, heads, norm_eps=norm_eps, rope=rope, keep_unrotated=True,
-                          inv_rms=q_inv_rms)
+                          inv_rms=q_inv_rms, backend="triton")
     kn, k_rot = main_prep(k, k_norm_weight, heads, norm_eps=norm_eps, scale=k_scale, rope=rope, keep_unrotated=True,
-                          inv_rms=k_inv_rms)
+                          inv_rms=k_inv_rms, backend="triton")
     out = torch.empty(batch, tokens, channels, device=v.device, dtype=v.dtype)
     final = _chunkwise(qn, kn, q_rot, k_rot, v, beta, decay, out, eps=eps, initial_state=initial_state,
-                       segment_starts=segment_starts, precision=precision, output_final_state=output_final_state)
+                       segment_starts=segment_starts, matmul_precision=matmul_precision,
+                       output_final_state=output_final_state)
     return out, final

@@ -16,8 +16,8 @@ def _to_scan(x, frames, heads):
 
 
 def main_branch_ref(q, k, v, beta, decay, rope, *, q_norm_weight, k_norm_weight, norm_eps=1e-5, eps=1e-8,
-                    initial_state=None, segment_starts=None, precision="ieee", backend="torch",
-                    output_final_state=False, q_inv_rms=None, k_inv_rms=None):
+                    initial_state=None, segment_starts=None, output_final_state=False, q_inv_rms=None,
+                    k_inv_rms=None):
     """Main GDN branch: prep, KV (RoPE'd) and Z (un-rotated) bidirectional delta scans, division.
 
     Args:
@@ -29,14 +29,12 @@ def main_branch_ref(q, k, v, beta, decay, rope, *, q_norm_weight, k_norm_weight,
         eps: denominator epsilon (the released block passes 1e-8).
         initial_state: optional (kv (B, H, D, D), z (B, H, D, 1)) fp32 forward states.
         segment_starts: optional bool (T,) or (B, T): the reverse scans restart where t+1 starts a segment.
-        precision, backend: accepted for signature parity; the reference is PyTorch, fp32 after the prep.
         output_final_state: return (kv, z), the forward states after the last frame (else None).
         q_inv_rms, k_inv_rms: optional (B, N) 1 / RMS per token of q and k (see `main_prep_ref`).
 
     Returns:
         (out (B, N, C) in v.dtype, (kv, z) or None).
     """
-    del precision, backend
     heads, frames, spatial = beta.shape[1], beta.shape[2], beta.shape[3]
     batch, tokens, channels = v.shape[0], v.shape[1], q_norm_weight.shape[0]
     head_dim = channels // heads
@@ -53,10 +51,10 @@ def main_branch_ref(q, k, v, beta, decay, rope, *, q_norm_weight, k_norm_weight,
         init_kv, init_z = initial_state
     num, kv = delta_scan_ref(_to_scan(q_rot, frames, heads), _to_scan(k_rot, frames, heads),
                              _to_scan(v, frames, heads), beta, decay, initial_state=init_kv,
-                             segment_starts=segment_starts)
+                             segment_starts=segment_starts, output_final_state=output_final_state)
     q_s, k_s = _to_scan(qn, frames, heads), _to_scan(kn, frames, heads)
     den, z = delta_scan_ref(q_s, k_s, torch.ones_like(k_s[..., :1]), beta, decay, initial_state=init_z,
-                            segment_starts=segment_starts)
+                            segment_starts=segment_starts, output_final_state=output_final_state)
     out = num / (den + eps)  # (B, H, T, S, D)
     out = out.permute(0, 2, 3, 1, 4).reshape(batch, tokens, channels).to(v.dtype)
     return out, ((kv, z) if output_final_state else None)

@@ -13,8 +13,11 @@ import triton.language as tl
 
 from ._grid import cdiv
 from ._rounding import cast_as, round_as
-from ._validate import check_inv_rms
 from ._reference_parts import rope_pairs
+from ._validate import check_inv_rms, use_triton
+from .main_prep_reference import main_prep_ref
+
+__all__ = ["main_prep"]
 
 
 @triton.jit
@@ -93,7 +96,7 @@ def _out_strides(out, batch, tokens, heads, head_dim) -> tuple:
 
 
 def main_prep(x, weight, heads, *, norm_eps=1e-5, scale=1.0, relu=True, rope=None, out=None,
-              keep_unrotated=False, inv_rms=None):
+              keep_unrotated=False, inv_rms=None, backend="auto"):
     """Full-C RMSNorm, ReLU, scale, RoPE; see `kernels.main_prep_reference.main_prep_ref`.
 
     Args:
@@ -108,6 +111,7 @@ def main_prep(x, weight, heads, *, norm_eps=1e-5, scale=1.0, relu=True, rope=Non
         inv_rms: optional (B, N) fp32 1 / RMS per token, used instead of the one over x's C channels
             (the head split: x holds some heads of a norm over all of them; see
             `camrender.parallel.heads.SplitRMSNorm.inv_rms`).
+        backend: "auto" (Triton on CUDA or under TRITON_INTERPRET=1, else `main_prep_ref`), "triton", "torch".
 
     Returns:
         (B, N, C) contiguous (or `out`), x.dtype; with rope and keep_unrotated, (unrotated, rotated).
@@ -125,9 +129,16 @@ def main_prep(x, weight, heads, *, norm_eps=1e-5, scale=1.0, relu=True, rope=Non
         if out.dim() != 3 or not out.is_contiguous():
             raise ValueError("keep_unrotated writes into a contiguous (B, N, C) out only")
         plain = torch.empty_like(out)
-    table = weight if rope is None else rope_pairs(rope, x.device)
     if inv_rms is not None:
         inv_rms = check_inv_rms("inv_rms", inv_rms, batch, tokens, x.device)
+    if not use_triton(x, backend):  # the reference's results, written where the kernel writes them
+        prep = dict(norm_eps=norm_eps, scale=scale, relu=relu, inv_rms=inv_rms)
+        rot.copy_(main_prep_ref(x, weight, heads, rope=rope, **prep).view(rot.shape))
+        if rope is not None and keep_unrotated:
+            plain.copy_(main_prep_ref(x, weight, heads, **prep))
+            return plain, rot
+        return out
+    table = weight if rope is None else rope_pairs(rope, x.device)
     block_n, block_c = 4, 256
     grid = (cdiv(tokens, block_n), batch)
     _main_prep_kernel[grid](

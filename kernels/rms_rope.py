@@ -31,6 +31,8 @@ from ._rounding import cast_as, round_as
 from ._validate import check_choice, triton_interpreted, use_triton
 from .rms_rope_reference import ROPE_TYPES, rms_rope_qk_ref, rope_rows_ref
 
+__all__ = ["rms_rope_qk", "rope_rows"]
+
 
 # --------------------------------------------------------------------------- kernel
 @triton.jit

@@ -21,6 +21,8 @@ from ._rounding import cast_as, round_as
 from ._validate import check_tensor, use_triton
 from .rms_silu_reference import rms_silu_ref
 
+__all__ = ["rms_silu"]
+
 
 @triton.jit
 def _rms_silu_kernel(x_ptr, bias_ptr, out_ptr, rows, C, T, H, W, out_sb, out_st, out_sh, out_sw, inv_c, eps,

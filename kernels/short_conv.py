@@ -4,6 +4,9 @@ Reads the projection output in place: `x` may be a strided slice of the fused qk
 (B, N, 3C)[..., C:2C]; only the channel axis must be contiguous. One program computes a
 (BLOCK_S tokens x BLOCK_C channels) tile of one frame from the 2K-1 neighbouring frames.
 Reference: `kernels.short_conv_reference.short_conv_ref` (same arguments).
+
+In segment mode the causal half reads the raw input of the K - 1 frames before the segment (the left context):
+the op's `initial_state`, and with `output_final_state` the one it returns for the next segment.
 """
 import torch
 import triton
@@ -11,9 +14,9 @@ import triton.language as tl
 
 from ._grid import cdiv
 from ._validate import use_triton
-from .short_conv_reference import short_conv_ref
+from .short_conv_reference import short_conv_ref, short_conv_state
 
-__all__ = ["short_conv", "short_conv_context", "use_triton"]  # use_triton: camrender.model.stage1.block imports it here
+__all__ = ["short_conv"]
 
 
 @triton.jit
@@ -65,41 +68,44 @@ def _short_conv_kernel(
     tl.store(out_ptr + out_offs, acc.to(out_ptr.dtype.element_ty), mask=tile_mask)
 
 
-def short_conv(x, weight, num_frames, *, left_context=None, out=None, backend="auto"):
+def short_conv(x, weight, num_frames, *, initial_state=None, output_final_state=False, out=None, backend="auto"):
     """Bidirectional depthwise temporal conv of x; see `kernels.short_conv_reference.short_conv_ref`.
 
     Args:
         x: (B, N, C), N = num_frames * S; channel stride must be 1 (a slice of the qkv output is fine).
         weight: (C, 1, K) or (C, K).
         num_frames: T.
-        left_context: optional (B, F*S, C), F <= K-1 frames of raw input preceding x (segment mode:
-            the causal half reads them, the anti-causal half stays inside x).
+        initial_state: optional (B, F*S, C), F <= K-1 frames of raw input preceding x (the left context of
+            segment mode: the causal half reads them, the anti-causal half stays inside x).
+        output_final_state: also return the next segment's left context, the raw input of the last K-1 frames
+            of initial_state then x (`short_conv_reference.short_conv_state`).
         out: optional contiguous (B, N, C) output buffer.
-        backend: "auto" (Triton on CUDA or under TRITON_INTERPRET=1, else PyTorch), "triton", "torch".
+        backend: "auto" (Triton on CUDA or under TRITON_INTERPRET=1, else `short_conv_ref`), "triton", "torch".
 
     Returns:
-        (B, N, C) contiguous, x.dtype.
+        (out (B, N, C) contiguous in x.dtype, final_state (B, F'*S, C) contiguous or None unless
+        output_final_state).
     """
-    if not use_triton(x, backend):
-        y = short_conv_ref(x, weight, num_frames, left_context=left_context)
-        return y if out is None else out.copy_(y)
     batch, tokens, channels = x.shape
+    spatial = tokens // num_frames
+    w = weight.reshape(channels, -1)
+    ksize = w.shape[1]
+    has_ctx = initial_state is not None and initial_state.shape[1] > 0
+    if has_ctx and (initial_state.shape[1] > (ksize - 1) * spatial or initial_state.shape[1] % spatial):
+        raise ValueError(f"initial_state must hold at most {ksize - 1} whole frames of {spatial} tokens, "
+                         f"got {initial_state.shape[1]} tokens")
+    if not use_triton(x, backend):
+        y, final = short_conv_ref(x, weight, num_frames, initial_state=initial_state,
+                                  output_final_state=output_final_state)
+        return (y if out is None else out.copy_(y)), final
     if x.stride(-1) != 1:
         x = x.contiguous()
-    spatial = tokens // num_frames
-    w = weight.reshape(channels, -1).contiguous()  # the module's weight, read in place and widened in the kernel
-    ksize = w.shape[1]
+    w = w.contiguous()  # the module's weight, read in place and widened in the kernel
     if out is None:
         out = torch.empty(batch, tokens, channels, device=x.device, dtype=x.dtype)
-    has_ctx = left_context is not None and left_context.shape[1] > 0
     if has_ctx:
-        if left_context.stride(-1) != 1:
-            left_context = left_context.contiguous()
-        ctx_frames = left_context.shape[1] // spatial
-        if ctx_frames > ksize - 1 or ctx_frames * spatial != left_context.shape[1]:
-            raise ValueError(f"left_context must hold at most {ksize - 1} whole frames of {spatial} tokens, "
-                             f"got {left_context.shape[1]} tokens")
-        ctx, stride_cb, stride_cn = left_context, left_context.stride(0), left_context.stride(1)
+        ctx = initial_state if initial_state.stride(-1) == 1 else initial_state.contiguous()
+        ctx_frames, stride_cb, stride_cn = ctx.shape[1] // spatial, ctx.stride(0), ctx.stride(1)
     else:
         ctx, stride_cb, stride_cn, ctx_frames = x, 0, 0, 0
     block_s, block_c = 32, 128
@@ -109,19 +115,4 @@ def short_conv(x, weight, num_frames, *, left_context=None, out=None, backend="a
         num_frames, spatial, channels, ctx_frames,
         K=ksize, HAS_CTX=has_ctx, BLOCK_S=block_s, BLOCK_C=block_c, num_warps=4,
     )
-    return out
-
-
-def short_conv_context(x, num_frames, previous=None, frames=3):
-    """Raw input of the last `frames` frames seen so far (for the next segment's left context).
-
-    Args:
-        x: (B, N, C) current segment input; previous: the context handed to this segment or None.
-
-    Returns:
-        (B, F*S, C) with F = min(frames, frames available), a contiguous copy.
-    """
-    spatial = x.shape[1] // num_frames
-    seq = x if previous is None else torch.cat([previous, x], dim=1)
-    keep = min(frames, seq.shape[1] // spatial)
-    return seq[:, seq.shape[1] - keep * spatial:].contiguous()
+    return out, (short_conv_state(x, num_frames, initial_state, ksize - 1) if output_final_state else None)

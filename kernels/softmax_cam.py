@@ -21,12 +21,15 @@ import triton.language as tl
 
 from . import ucpe_tiles
 from ._grid import cdiv, filling_tile, next_power_of_2
-from ._validate import multiprocessors
+from ._validate import multiprocessors, use_triton
 from .cam_prep import encode_halves, given_inv_rms, inverse_rms, ray_views
+from .softmax_cam_reference import cam_softmax_decode_ref, cam_softmax_encode_ref
+
+__all__ = ["cam_softmax_encode", "cam_softmax_decode"]
 
 # Launch parameters from the H200 sweep at the release shape (bench/bench_softmax_cam.py,
-# bench/results/bench_softmax_cam_h200.json); neighbouring settings differ by about 0.01 ms. The encode's 16 tokens
-# a program are halved on a segment's few tokens, as far as the GPU needs to be filled (`_grid.filling_tile`):
+# bench/results/2026-11-29_softmax_camera_h200.json); neighbouring settings differ by about 0.01 ms. The encode's 16
+# tokens a program are halved on a segment's few tokens, as far as the GPU needs to be filled (`_grid.filling_tile`):
 # 1.15 ms a segment against 1.33 on an H200. The decode's are not: halved, it took 0.51 ms against 0.37.
 ENCODE_LAUNCH = dict(block_s=16, num_warps=4)
 DECODE_LAUNCH = dict(block_s=16, num_warps=2)
@@ -215,7 +218,8 @@ def decode_launch(o, views, *, dim, out_dtype, block_s, num_warps):
 
 
 def cam_softmax_encode(q, k, v, ray_transforms, *, q_norm_weight=None, k_norm_weight=None, norm_eps=1e-5,
-                       heads, downscale=True, out_dtype=None, q_inv_rms=None, k_inv_rms=None, kv_out=None):
+                       heads, downscale=True, out_dtype=None, q_inv_rms=None, k_inv_rms=None, kv_out=None,
+                       backend="auto"):
     """Encode raw camera projections for SDPA.
 
     Args:
@@ -228,6 +232,8 @@ def cam_softmax_encode(q, k, v, ray_transforms, *, q_norm_weight=None, k_norm_we
             one over these C channels (head split); both or neither.
         kv_out: optional (k_out, v_out) views to write k_enc and v_enc into, (B, N, H, DPAD) in out_dtype with unit
             channel stride and one layout (a softmax window's slots, (B, H, n, DPAD) transposed).
+        backend: "auto" (Triton on CUDA or under TRITON_INTERPRET=1, else `cam_softmax_encode_ref`), "triton",
+            "torch".
 
     Returns:
         (q_enc, k_enc, v_enc), each (B, N, H, DPAD), zero past D: q_enc contiguous, k_enc and v_enc contiguous or
@@ -243,18 +249,29 @@ def cam_softmax_encode(q, k, v, ray_transforms, *, q_norm_weight=None, k_norm_we
     _check_dim(dim)
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     views = ray_inputs(ray_transforms, batch, tokens, dim, q.device)
+    out_dtype = out_dtype or q.dtype
+    if not use_triton(q, backend):
+        encoded = cam_softmax_encode_ref(
+            q, k, v, ray_transforms, q_norm_weight=q_norm_weight, k_norm_weight=k_norm_weight, norm_eps=norm_eps,
+            heads=heads, downscale=downscale, out_dtype=out_dtype, q_inv_rms=q_inv_rms, k_inv_rms=k_inv_rms)
+        if kv_out is None:
+            return encoded
+        k_out, v_out = _kv_slots(kv_out, encoded[1].shape, out_dtype)
+        return encoded[0], k_out.copy_(encoded[1]), v_out.copy_(encoded[2])
     return encode_launch(q, k, v, views, q_norm_weight=q_norm_weight, k_norm_weight=k_norm_weight,
-                         norm_eps=norm_eps, heads=heads, downscale=downscale, out_dtype=out_dtype or q.dtype,
+                         norm_eps=norm_eps, heads=heads, downscale=downscale, out_dtype=out_dtype,
                          q_inv_rms=q_inv_rms, k_inv_rms=k_inv_rms, kv_out=kv_out,
                          **_filled(ENCODE_LAUNCH, tokens, batch, q))
 
 
-def cam_softmax_decode(o, ray_transforms, *, dim, out_dtype=None):
+def cam_softmax_decode(o, ray_transforms, *, dim, out_dtype=None, backend="auto"):
     """Decode the camera SDPA output back to world space.
 
     Args:
         o: (B, H, N, DPAD) SDPA output (any strides, channel stride 1); the first `dim` channels are used.
         ray_transforms: diffusers' (P, P_T, P_inv, rope_cam).
+        backend: "auto" (Triton on CUDA or under TRITON_INTERPRET=1, else `cam_softmax_decode_ref`), "triton",
+            "torch".
 
     Returns:
         (B, N, H * dim) contiguous in out_dtype (default o.dtype).
@@ -266,4 +283,6 @@ def cam_softmax_decode(o, ray_transforms, *, dim, out_dtype=None):
     if o.stride(-1) != 1:
         o = o.contiguous()
     views = ray_inputs(ray_transforms, batch, tokens, dim, o.device)
+    if not use_triton(o, backend):
+        return cam_softmax_decode_ref(o, ray_transforms, dim=dim, out_dtype=out_dtype)
     return decode_launch(o, views, dim=dim, out_dtype=out_dtype or o.dtype, **DECODE_LAUNCH)

@@ -27,3 +27,16 @@ def run_cli(argv, capsys):
         main([str(a) for a in argv])
     captured = capsys.readouterr()
     return done.value.code, captured.out, captured.err
+
+
+def render_request(**fields):
+    """A `RenderRequest` from flat fields, as a test writes them: those of `LoadSettings` (model, kernels, device,
+    refiner, ...) become its pipeline's settings (the recipe is both: the request samples with it, the settings
+    name it)."""
+    from camrender.render.load_settings import FIELDS, LoadSettings
+    from camrender.render.request import RenderRequest
+
+    load = {name: fields.pop(name) for name in list(fields) if name in FIELDS and name != "recipe"}
+    if "recipe" in fields:
+        load["recipe"] = getattr(fields["recipe"], "name", fields["recipe"])
+    return RenderRequest(**fields, settings=LoadSettings(**load))

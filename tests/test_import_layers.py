@@ -2,8 +2,8 @@
 and no two modules import each other, directly or around a circle (lazy imports inside functions
 count: they are import edges all the same).
 
-Layers, bottom to top: errors, limits, files, allocator; trajectory (no torch) and kernels; model and parallel; render;
-output (the video writers); views and play; api (the Python API); cli. `camrender/__init__.py` is the public facade and may reach any layer lazily.
+Layers, bottom to top: errors, vocabulary, limits, files, allocator; trajectory (no torch) and kernels; model and
+parallel; render; output (the video writers); views and play; api (the Python API); batch; cli. `camrender/__init__.py` is the public facade and may reach any layer lazily.
 """
 import ast
 from pathlib import Path
@@ -12,13 +12,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = {
-    "errors": 0, "limits": 0.5, "files": 0.5, "allocator": 0.5,
+    "errors": 0, "limits": 0.5, "files": 0.5, "allocator": 0.5, "vocabulary": 0.25,
     "trajectory": 1, "kernels": 1,
     "model": 2, "parallel": 2,
     "render": 3,
     "output": 3.5,
     "views": 4, "play": 4,
-    "api": 4.5,
+    "api": 4.5, "batch": 4.6,
     "cli": 5, "__main__": 6,
 }
 NO_TORCH = ("trajectory",)

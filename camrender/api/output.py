@@ -1,5 +1,6 @@
-"""A render written to disk: the mp4 (one file written to a temporary name and renamed, or one file per
-segment with checkpoints in segment mode) and its side files (`write_video`)."""
+"""A render written to disk: the mp4 (one file written to a temporary name and renamed, or one file per segment with
+checkpoints in segment mode) and its side files (`write_video`), as `camrender.api.requests.prepare_output`
+decided before the model loaded."""
 from __future__ import annotations
 
 import itertools
@@ -7,25 +8,26 @@ import sys
 from typing import Callable, Optional
 
 from camrender import trajectory
+from camrender.api.requests import PreparedOutput
 from camrender.errors import CamrenderError
-from camrender.parallel import distributed
 from camrender.render.loop import render_frames
+from camrender.render.pipeline import loaded_with, pipeline_settings
 from camrender.render.request import check_request
-from camrender.render.resume import DEFAULT_CHECKPOINT_EVERY, Checkpointer, partial_folder
+from camrender.render.resume import Checkpointer, partial_folder
 from camrender.output.segment_video import SegmentVideoWriter
 from camrender.output.targets import claim_output, companion_path
 from camrender.render.settings_file import checkpoint_settings, write_render_json
 from camrender.output.video import VideoWriter
 
 
-def write_companions(request) -> list:
+def write_companions(request, ran: Optional[dict] = None) -> list:
     """`VIDEO.traj.json` (the resolved trajectory), `VIDEO.render.json` (every setting plus the path:
-    `--from-render` renders the same video) and `VIDEO.path.png` (a plot that fails is a warning on
-    stderr, not a failed render); returns the paths written."""
+    `--from-render` renders the same video; `ran`: what ran, `RenderSettings.record()`) and `VIDEO.path.png` (a
+    plot that fails is a warning on stderr, not a failed render); returns the paths written."""
     written = [companion_path(request.out, ".traj.json"), companion_path(request.out, ".render.json")]
     try:
         trajectory.save(request.traj, written[0])
-        write_render_json(request, written[1])
+        write_render_json(request, written[1], ran)
     except CamrenderError as error:  # (a full disk) the video is whole: say so, and what is missing
         raise CamrenderError(f"wrote the video, but not its side files: {error}", path=request.out) from None
     try:  # lazy: matplotlib is optional, and the plot module imports it at its top
@@ -42,33 +44,30 @@ def write_companions(request) -> list:
     return written + [plot]
 
 
-def write_video(pipe, request, progress=None, *, resume_info=None, checkpoint_every=DEFAULT_CHECKPOINT_EVERY,
-                log=None, side_files: bool = True, check: Optional[Callable[[], None]] = None) -> tuple:
+def write_video(pipe, request, prepared: PreparedOutput, progress=None, *, log=None, side_files: bool = True,
+                check: Optional[Callable[[], None]] = None) -> tuple:
     """Render `request` with `pipe` into `request.out` and its side files: (frames written, side files).
 
-    Segment mode writes checkpoints every `checkpoint_every` seconds and continues from
-    `resume_info` (`camrender.render.resume.check_partials`). The other ranks of a video group render
-    along and write nothing: (0, []). side_files: write them (needs `request.traj`); check: called
-    before each chunk is written (the CLI raises there on Ctrl-C / SIGTERM).
+    Segment mode writes checkpoints every `prepared.checkpoint_every` seconds and continues from
+    `prepared.resume_info`. The other ranks of a video group render along and write nothing: (0, []).
+    side_files: write them (needs `request.traj`); check: called before each chunk is written (the CLI raises
+    there on Ctrl-C / SIGTERM).
     """
-    check_request(pipe, request)
-    if not distributed.is_video_leader():
+    settings = pipeline_settings(pipe, request)
+    check_request(pipe, request, loaded_with(pipe))
+    if not settings.is_leader:
         for _ in render_frames(pipe, request, progress):
             pass
         return 0, []
-    with claim_output(request.out):  # a second render of this output refuses (the CLI's claim, made before
-        # the model loaded, nests)
-        return _write_as_leader(pipe, request, progress, resume_info, checkpoint_every, log, side_files, check)
+    with claim_output(request.out):  # (nests in `prepared`'s claim: held since before the model loaded)
+        return _write_as_leader(pipe, request, prepared, settings, progress, log, side_files, check)
 
 
-def _write_as_leader(pipe, request, progress, resume_info, checkpoint_every, log, side_files, check) -> tuple:
+def _write_as_leader(pipe, request, prepared, settings, progress, log, side_files, check) -> tuple:
     """`write_video`'s work on the rank that writes the files."""
-    # the refiner's window is not part of a checkpoint, nor the other ranks' heads of a split segment
-    # render: with either, the render keeps none
-    keeps = request.refiner is None and not (request.mode == "segments" and distributed.shares_video())
-    video, checkpoints = video_output(request, resume_info, checkpoint_every if keeps else float("inf"))
+    video, checkpoints = video_output(request, prepared.resume_info, prepared.checkpoint_every)
     chunks = render_frames(pipe, request, progress, checkpoints=checkpoints)
-    if distributed.shares_video():
+    if settings.shares_video:
         # The temporary video appears with the first frames: by then the ranks of a split render
         # have finished their collectives, so a rank that fails before leaves no file behind.
         first = next(chunks, None)
@@ -87,7 +86,7 @@ def _write_as_leader(pipe, request, progress, resume_info, checkpoint_every, log
             if not completed and checkpoints.saved and log is not None:
                 log(f"the render can continue from its checkpoint: rerun the same command with --resume "
                     f"(or remove {checkpoints.folder})")
-    return video.frames_written, write_companions(request) if side_files else []
+    return video.frames_written, write_companions(request, settings.record()) if side_files else []
 
 
 def video_output(request, resume_info, checkpoint_every: float):

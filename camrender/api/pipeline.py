@@ -1,133 +1,139 @@
-"""The Python API: `CamrenderPipeline`, in diffusers' style.
+"""The Python API: `CamrenderPipeline`, in diffusers' style, and the front door of every command.
 
     pipe = CamrenderPipeline.from_pretrained("tiny")            # hub id, diffusers folder or "tiny"
     frames = pipe("trajectories/orbit.json", prompt="a quiet street", frames=17)   # (F, H, W, 3) uint8
     for chunk in pipe.stream(path, image="first.png"): ...      # per segment, as each one finishes
     pipe.write("orbit.mp4", path, image="first.png")            # the mp4 and its side files
 
-The CLI (`camrender render`) is a layer over the same pieces: `camrender.api.requests.build_request`
-decides every default, `camrender.render.loop.render_frames` renders, `camrender.api.output.write_video`
-writes.
+`from_pretrained` takes what the pipeline is loaded with (`camrender.render.load_settings.LoadSettings`, decided
+once); a call takes what it renders (`camrender.api.requests.plan_request`'s options). `camrender render`,
+`play`, `batch` and `encode-prompt` are layers over these same calls.
 """
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 import numpy as np
 
-from camrender import trajectory as trajectories
+from camrender import vocabulary as words
 from camrender.api.output import write_video
-from camrender.api.requests import build_request, check_refiner_options, checked_refiner, stage_precisions
-from camrender.errors import CamrenderError
-from camrender.limits import check_latent_frames
-from camrender.model.refiner.loading import check_refiner_offload
-from camrender.model.refiner.stream import KV_MAX_FRAMES as DEFAULT_REFINER_WINDOW
-from camrender.model.stage1.loading import DEFAULT_MODEL
-from camrender.model.stage1.recipes import resolve_recipe
+from camrender.api.requests import check_options, plan_request, prepare_output
+from camrender.render.load_settings import LoadSettings
+from camrender.model.stage1.recipes import Recipe, get_recipe
 from camrender.render.loop import render_frames
 from camrender.render.pipeline import load_patched_pipeline
 from camrender.render.request import RenderRequest
+from camrender.render.resume import DEFAULT_CHECKPOINT_EVERY
 
 
 class CamrenderPipeline:
     """A loaded SANA-WM pipeline, patched with camrender's kernels, that renders videos along camera paths.
 
-    Build it with `from_pretrained`. Attributes: `pipe` (the diffusers `SanaWMPipeline`, patched, with
-    the refiner attached when one was asked for), `recipe` (the checkpoint's
-    `camrender.model.stage1.recipes.Recipe`) and `settings` (the model-side `RenderRequest` fields every render
-    of this pipeline shares: model, dtype, device, kernels, offload, weights, VAE, refiner and its offload,
-    CUDA graphs, the precision of each stage, the refiner's window).
+    Build it with `from_pretrained`. Attributes: `pipe` (the diffusers `SanaWMPipeline`, patched, with the
+    refiner attached when one was asked for), `settings` (its `LoadSettings`: model, weights, VAE, refiner,
+    kernels, dtype, device, offload, CUDA graphs, each stage's precision, the refiner's window and offload),
+    `recipe` (the checkpoint's `camrender.model.stage1.recipes.Recipe`), `ranks` (the video group it renders
+    with, `camrender.parallel.distributed.Ranks`; None on one process) and `log` (a callable taking one line,
+    or None: where notes go).
     """
 
-    def __init__(self, pipe, recipe, settings: dict):
-        self.pipe, self.recipe, self.settings = pipe, recipe, dict(settings)
+    def __init__(self, pipe, settings: LoadSettings, *, ranks=None, log: Optional[Callable[[str], None]] = None):
+        self.pipe, self.settings, self.ranks, self.log = pipe, settings, ranks, log
+
+    @property
+    def recipe(self) -> Recipe:
+        return get_recipe(self.settings.recipe)
 
     @classmethod
-    def from_pretrained(cls, model: str = DEFAULT_MODEL, *, refiner: Optional[str] = None,
-                        recipe: Optional[str] = None, transformer_weights=None, vae=None, kernels: str = "fused",
-                        dtype: str = "auto", device: Optional[str] = None, offload: bool = False,
-                        refiner_offload: str = "none", allow_missing_weights: bool = False,
-                        cuda_graphs: bool = True, precision: str = "bf16", stage1_precision: Optional[str] = None,
-                        refiner_precision: Optional[str] = None, refiner_window: int = DEFAULT_REFINER_WINDOW,
-                        log=None) -> "CamrenderPipeline":
+    def from_pretrained(cls, model: str = words.DEFAULT_MODEL, *, settings: Optional[LoadSettings] = None,
+                        ranks=None, log: Optional[Callable[[str], None]] = None,
+                        prepare: Optional[RenderRequest] = None, **load_options) -> "CamrenderPipeline":
         """Load and patch the pipeline (no network for "tiny" or a local folder).
 
-        model: hub id, local diffusers folder, or "tiny" (the offline random-weight model); refiner:
-        None, "tiny", a refiner folder or hub id (stage 2); recipe: "bidirectional", "streaming",
-        "chunk-causal" or None (told from the checkpoint); transformer_weights: an original-format DiT
-        file loaded over the transformer; vae: a diffusers VAE folder replacing the pipeline's; kernels:
-        "fused" or "torch"; dtype: "auto" (bf16 on CUDA, fp32 on CPU), "bfloat16", "float16", "float32";
-        device: "cuda", "cuda:1", "cpu" or None (CUDA when available); cuda_graphs: replay stage 1's
-        denoising passes as CUDA graphs (CUDA, not with offload); refiner_offload: "none", "layers" or
-        a number of the refiner's blocks kept in CPU memory (`camrender.model.refiner.loading.place_refiner`);
-        precision: "bf16" or "fp8" (e4m3 W8A8 linears of the transformer blocks, GPUs of compute
-        capability 8.9+) for both stages, or per stage
-        `stage1_precision` / `refiner_precision`; refiner_window: the refiner's KV window in latent frames
-        (the sink plus N-1 recent ones); log: a callable taking one line. The settings are decided here
-        once (`camrender.model.settings.RenderSettings`) for every render: `request` refuses them.
+        model: hub id, local diffusers folder, or "tiny" (the offline random-weight model); load_options: the
+        other `LoadSettings` fields (refiner: None, "tiny", a refiner folder or hub id; recipe; transformer_weights;
+        vae; kernels "fused" | "torch"; dtype "auto" | "bfloat16" | "float16" | "float32"; device "cuda",
+        "cuda:1", "cpu" or None; offload; cuda_graphs; refiner_offload "none" | "layers" | N; precision "bf16" |
+        "fp8" for both stages, or stage1_precision / refiner_precision; refiner_window; allow_missing_weights),
+        checked by `LoadSettings.create` (a mistyped keyword names the closest valid one); or `settings`, a
+        `LoadSettings` made already. ranks: the video group's `Ranks` under torchrun (None: one process);
+        log: a callable taking one line (loading steps and notes); prepare: the one request this pipeline is
+        loaded for (`camrender.render.pipeline.load_patched_pipeline`: cached prompts load no text encoder).
         """
-        found = resolve_recipe(recipe, str(transformer_weights) if transformer_weights else None, model)
-        refiner = checked_refiner(refiner, model, vae, 9)
-        refiner_offload = check_refiner_offload(refiner_offload)
-        given = {name for name, changed in (("refiner_offload", refiner_offload != "none"),
-                                            ("refiner_precision", refiner_precision is not None),
-                                            ("refiner_window", refiner_window != DEFAULT_REFINER_WINDOW)) if changed}
-        check_refiner_options(refiner, given)
-        check_latent_frames(int(refiner_window), "refiner_window")
-        precisions = stage_precisions(precision, stage1_precision, refiner_precision, device)
-        settings = dict(model=model, dtype=dtype, device=device, offload=offload,
-                        transformer_weights=transformer_weights, vae=vae, kernels=kernels,
-                        allow_missing_weights=allow_missing_weights, refiner_offload=refiner_offload,
-                        cuda_graphs=cuda_graphs, refiner=refiner, refiner_window=int(refiner_window), **precisions)
-        loading = RenderRequest(traj=None, mode=found.mode, guidance=found.guidance, recipe=found.name, **settings)
-        return cls(load_patched_pipeline(loading, log), found, settings)
+        if settings is None:
+            settings = LoadSettings.create(model, **load_options)
+        elif load_options or model != words.DEFAULT_MODEL:
+            raise ValueError("give either settings or the load options, not both")
+        return cls(load_patched_pipeline(settings, log, ranks=ranks, prepare=prepare), settings, ranks=ranks, log=log)
 
     def request(self, trajectory, image=None, prompt: Optional[str] = None, **options) -> RenderRequest:
-        """The `RenderRequest` of a render (every default decided, `camrender.api.requests.build_request`).
+        """The `RenderRequest` of a render on this pipeline, every default decided (`plan_request`).
 
         trajectory: a `camrender.trajectory.Trajectory`, a path to any trajectory file camrender reads
         (v1 JSON, COLMAP, nerfstudio, transforms.json, RealEstate10K, .npy poses) or an action string
         such as "w-80,jw-40"; or an iterable of `camrender.render.camera_feed.SegmentCamera` (the path as a
-        stream, pulled one segment at a time; give `frames`). options: frames, mode, steps, guidance,
-        seed, fps, height, width, negative_prompt, segment_frames, cached_segments, out, prompt_cache (a
-        folder of encoded prompts; None or "off": no cache, the default).
-        The pipeline's own settings (`settings`: kernels, precisions, the refiner's window, ...) were decided
-        at load: passing one here is refused rather than ignored.
+        stream, pulled one segment at a time; give `frames`). options: frames, mode, steps, guidance, seed,
+        fps, height, width, negative_prompt, segment_frames, cached_segments, flow_shift, out, prompt_cache (a
+        folder of encoded prompts; None or "off": no cache, the default), the action-string options
+        (action_scheme, translation_speed, rotation_speed, pitch_limit, smooth) and intrinsics. The pipeline's
+        own settings (`settings`) were decided at load: passing one here is refused rather than ignored.
         """
-        fixed = sorted(set(options) & (set(self.settings) | {"precision", "recipe"}))
-        if fixed:
-            raise CamrenderError(f"{', '.join(fixed)}: decided when the pipeline loads; pass "
-                                 f"{'it' if len(fixed) == 1 else 'them'} to CamrenderPipeline.from_pretrained",
-                                 field=fixed[0])
-        if options.get("prompt_cache") == "off":  # the CLI's word for no cache (None, the API's default)
-            options["prompt_cache"] = None
-        settings = {key: value for key, value in self.settings.items() if key != "refiner"}
-        refiner = self.settings["refiner"] or "none"
-        traj, cameras = _path_or_stream(trajectory)
-        return build_request(traj, self.recipe, image=image, prompt=prompt, cameras=cameras, refiner=refiner,
-                             **{**settings, **options})
+        check_options(options)
+        notes = []
+        request = plan_request(self.settings, trajectory, image=image, prompt=prompt, notes=notes, **options)
+        for note in notes:
+            self._say(note)
+        return request
 
     def stream(self, trajectory, image=None, prompt: Optional[str] = None, *, progress=None,
                **options) -> Iterator[np.ndarray]:
         """Render and yield the video as uint8 (F_chunk, H, W, 3) chunks as they finish: one per segment in
-        segment mode, the whole clip at once in full mode. progress: `progress(done, total, info)`."""
-        yield from render_frames(self.pipe, self.request(trajectory, image, prompt, **options), progress)
+        segment mode, the whole clip at once in full mode. trajectory: as `request`'s, or a `RenderRequest`
+        planned by `request` (then no other argument). progress: `progress(done, total, info)`."""
+        yield from render_frames(self.pipe, self._request(trajectory, image, prompt, options), progress)
 
     def __call__(self, trajectory, image=None, prompt: Optional[str] = None, *, progress=None,
                  **options) -> np.ndarray:
-        """Render the whole video: uint8 (F, H, W, 3), F = 8k + 1 frames (arguments as `request`)."""
+        """Render the whole video: uint8 (F, H, W, 3), F = 8k + 1 frames (arguments as `stream`)."""
         return np.concatenate(list(self.stream(trajectory, image, prompt, progress=progress, **options)))
 
-    def write(self, out, trajectory, image=None, prompt: Optional[str] = None, *, progress=None,
-              side_files: bool = True, **options) -> "RenderResult":
-        """Render into the mp4 `out` (written to a temporary name and renamed; segment mode with
-        checkpoints) and, with `side_files`, `NAME.traj.json`, `NAME.render.json` and `NAME.path.png`
-        (a camera stream writes none: there is no whole path to save)."""
-        request = self.request(trajectory, image, prompt, out=Path(out), **options)
-        frames, files = write_video(self.pipe, request, progress, side_files=side_files and request.traj is not None)
-        return RenderResult(Path(out), frames, files)
+    def write(self, out, trajectory=None, image=None, prompt: Optional[str] = None, *, progress=None,
+              side_files: bool = True, resume: bool = False, checkpoint_every: float = DEFAULT_CHECKPOINT_EVERY,
+              check: Optional[Callable[[], None]] = None, prepared=None, **options) -> "RenderResult":
+        """Render into the mp4 `out` (written to a temporary name and renamed; segment mode with checkpoints every
+        `checkpoint_every` seconds, continued from the last with `resume`) and, with `side_files`,
+        `NAME.traj.json`, `NAME.render.json` and `NAME.path.png` (a camera stream writes none: there is no whole
+        path to save). out: the path, or a `RenderRequest` planned with its `out` (then no trajectory or options).
+        check: called before each chunk is written (raise there to stop); prepared: `prepare_output`'s result
+        when the caller checked the output already (before loading the model)."""
+        if isinstance(out, RenderRequest):
+            request = self._request(out, image, prompt, options)
+        else:
+            request = self._request(trajectory, image, prompt, {**options, "out": Path(out)})
+        own = prepared is None  # (then its claim on the output is this call's to give back)
+        if own:
+            prepared = prepare_output(request, resume=resume, checkpoint_every=checkpoint_every, log=self._say,
+                                      leader=self.ranks is None or self.ranks.is_leader)
+        try:
+            frames, files = write_video(self.pipe, request, prepared, progress, log=self._say,
+                                        side_files=side_files and request.traj is not None, check=check)
+        finally:
+            if own:
+                prepared.release()
+        return RenderResult(Path(request.out), frames, files)
+
+    def _request(self, trajectory, image, prompt, options: dict) -> RenderRequest:
+        if isinstance(trajectory, RenderRequest):
+            if image is not None or prompt is not None or options:
+                raise ValueError("a planned RenderRequest takes no other render options")
+            return trajectory
+        return self.request(trajectory, image, prompt, **options)
+
+    def _say(self, line: str) -> None:
+        if self.log is not None:
+            self.log(line)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,12 +143,3 @@ class RenderResult:
     video: Path
     frames: int
     side_files: list
-
-
-def _path_or_stream(trajectory) -> tuple:
-    """(Trajectory or None, camera stream or None) of `CamrenderPipeline.request`'s `trajectory`."""
-    if isinstance(trajectory, trajectories.Trajectory):
-        return trajectory.validate(), None
-    if isinstance(trajectory, (str, Path)):
-        return trajectories.load(trajectory), None
-    return None, trajectory

@@ -1,4 +1,6 @@
-"""`camrender batch JOBS`: render many videos, spread over the GPUs of a torchrun run (`camrender.cli.batch_jobs`)."""
+"""`camrender batch JOBS`: many renders, each job's options parsed as `camrender render` parses its own and
+planned through the API (`camrender.batch`), then rendered by an executor: this process, or the ranks of a
+torchrun run."""
 from __future__ import annotations
 
 import copy
@@ -9,19 +11,23 @@ from pathlib import Path
 
 import click
 
-from camrender.cli import batch_jobs as batching
+from camrender.batch.executors import InProcessExecutor, JobRunner, TorchrunExecutor
+from camrender.batch.jobs import read_jobs
+from camrender.batch.plan import plan_jobs, refuse_bad_jobs, remove_created
+from camrender.batch.summary import summarize, summary_lines
 from camrender.cli import launch as cli_launch
-from camrender.cli.preflight import probe_writable
+from camrender.cli.launch import options_to_argv
 from camrender.cli.progress import count, make_progress
-from camrender.cli.render import _quiet_libraries, _resolve_request, render
+from camrender.cli.render import plan_from_options, quiet_libraries, render
 from camrender.cli.signals import raise_if_signalled
 from camrender.errors import CamrenderError
-from camrender.files import atomic_write_text, check_output_path
+from camrender.files import atomic_write_text, check_output_path, probe_writable
 from camrender.output.targets import check_summary_target
 from camrender.parallel import distributed
 
-_RUN_OPTIONS = {"traj", "out", "gpus"}  # render options a batch does not take as defaults
-# --progress and --quiet are the batch's own (every job's progress shows the same way)
+_RUN_OPTIONS = {"traj", "out", "gpus", "from_render"}  # render options a batch does not take as defaults
+NOT_JOB_OPTIONS = {"gpus", "progress", "quiet", "from_render"}  # options of the run, not of one render
+ALIASES = {"trajectory": "traj", "output": "out"}
 
 
 def _render_defaults(command):
@@ -30,6 +36,34 @@ def _render_defaults(command):
         if param.name not in _RUN_OPTIONS:
             command.params.append(copy.copy(param))
     return command
+
+
+def job_keys() -> dict:
+    """{key: whether its value is a file path} of what a job may set: `camrender render`'s options."""
+    return {param.name: isinstance(param.type, click.Path) for param in render.params
+            if param.name not in NOT_JOB_OPTIONS}
+
+
+def job_params(job, defaults: dict) -> dict:
+    """The `camrender render` parameters of `job`: `defaults`, then the job's values, parsed by the command
+    itself. A value it refuses raises CamrenderError naming the job."""
+    argv = options_to_argv(render, {**defaults, **job.values})
+    try:
+        return render.make_context("render", argv).params
+    except click.ClickException as error:
+        raise CamrenderError(error.format_message(), path=job.where) from None
+
+
+def resolver(defaults: dict, log=None):
+    """resolve(job) -> (RenderRequest, how it is written): a job planned as `camrender render` plans its options;
+    its notes (a re-timed path) go to `log`, naming the job."""
+    def resolve(job):
+        notes = []
+        request, rest = plan_from_options(job_params(job, defaults), notes)
+        for note in notes if log is not None else ():
+            log(f"{job.where}: {note}")
+        return request, {"resume": rest["resume"], "checkpoint_every": rest["checkpoint_every"]}
+    return resolve
 
 
 @_render_defaults
@@ -58,25 +92,24 @@ def batch(jobs, out_dir, gpus, gpus_per_video, summary_path, skip_bad_jobs, **de
     output exists is skipped (a re-run resumes); a job that fails while rendering is reported and the
     rest go on; a summary follows (exit code 3 when a job failed). Options given here apply to every job.
     """
-    # lazy: keeps `camrender --help` free of torch, diffusers
-    from camrender.api.output import write_video
-    from camrender.render.pipeline import load_patched_pipeline
-
+    ctx = click.get_current_context()
     given = {name: value for name, value in defaults.items()
-             if click.get_current_context().get_parameter_source(name) != click.core.ParameterSource.DEFAULT}
+             if ctx.get_parameter_source(name) != click.core.ParameterSource.DEFAULT}
     progress_style, quiet = defaults.pop("progress"), defaults.pop("quiet")
     given.pop("progress", None), given.pop("quiet", None)
     if summary_path is not None:  # before any job: a summary that cannot be written used to fail after them all
         probe_writable(check_output_path(summary_path))
-    job_list = batching.read_jobs(jobs, render, out_dir)
+    job_list = read_jobs(jobs, job_keys(), out_dir)
     check_summary_target(summary_path, jobs, [{**given, **job.values} for job in job_list])
+    log = lambda line: click.echo(f"camrender: {line}", err=True)  # noqa: E731
+    resolve = resolver(given, log if distributed.is_main_process() else None)
     if cli_launch.wants_launch(gpus):
         if not skip_bad_jobs:  # a bad jobs file is refused here, before any worker starts (they plan again)
             created = []
             with cli_launch.quiet_checks(gpus):
-                planned = batching.plan_jobs(job_list, render, given, _resolve_request, created)
-            batching.remove_created(created)
-            batching.refuse_bad_jobs(planned, jobs, lambda line: click.echo(f"camrender: {line}", err=True))
+                planned = plan_jobs(job_list, resolve, created)
+            remove_created(created)
+            refuse_bad_jobs(planned, jobs, lambda line: click.echo(f"camrender: {line}", err=True))
         if gpus % gpus_per_video:
             raise CamrenderError(f"{gpus_per_video} GPUs per video do not divide {gpus} GPUs", field="gpus-per-video")
         sys.exit(cli_launch.relaunch(gpus, defaults["device"]))
@@ -86,44 +119,64 @@ def batch(jobs, out_dir, gpus, gpus_per_video, summary_path, skip_bad_jobs, **de
     elif gpus_per_video > 1:
         raise CamrenderError(f"{gpus_per_video} GPUs per video need that many processes (--gpus or torchrun)",
                              field="gpus-per-video")
-    log = lambda line: click.echo(f"camrender: {line}", err=True)  # noqa: E731
     try:
-        _quiet_libraries()
+        quiet_libraries()
         started = time.perf_counter()
+        main = ranks is None or ranks.is_main
         planned, created = None, []
-        if ranks is None or ranks.is_main:
-            planned = batching.plan_jobs(job_list, render, given, _resolve_request, created)
+        if main:
+            planned = plan_jobs(job_list, resolve, created)
         planned = distributed.broadcast_object(planned, ranks)
         if not skip_bad_jobs and any(job.status == "failed" for job in planned):
-            batching.remove_created(created)
-            batching.refuse_bad_jobs(planned, jobs, log if ranks is None or ranks.is_main else lambda line: None)
-        if ranks is None or ranks.is_main:
-            to_render = sum(job.status == "render" for job in planned)
-            groups = 1 if ranks is None else ranks.num_videos
-            log(f"batch: {count(len(planned), 'job')}, {to_render} to render on {count(groups, 'group')} of "
-                f"{count(gpus_per_video, 'GPU')}")
-        pipelines = batching.Pipelines(load_patched_pipeline)
-        leader = ranks is None or ranks.is_leader
-
-        def write(pipe, request):
-            progress = make_progress(progress_style if leader else "none", "step" if request.mode == "full"
-                                     else "segment", quiet=quiet)
-            try:
-                return write_video(pipe, request, progress, check=raise_if_signalled)[0]
-            finally:
-                progress.close()
-
-        results = batching.run_jobs(planned, ranks, pipelines, write, log)
-        gathered = distributed.gather_objects((results, pipelines.loads), ranks)
-        if gathered is None:
+            remove_created(created)
+            refuse_bad_jobs(planned, jobs, log if main else lambda line: None)
+        executor = InProcessExecutor(log) if ranks is None else TorchrunExecutor(ranks, log)
+        pending = [job for job in planned if job.status == "render"]
+        if main:
+            log(f"batch: {count(len(planned), 'job')}, {len(pending)} to render on "
+                f"{count(executor.workers, 'group')} of {count(executor.per_video, _unit(defaults['device']))}")
+        ran = executor.run(pending, lambda: _runner(ranks, progress_style, quiet))
+        if ran is None:
             return
-        summary = batching.summarize(planned, [r for rank_results, _ in gathered for r in rank_results],
-                                     time.perf_counter() - started, ranks, [loads for _, loads in gathered])
+        summary = summarize(planned, ran[0], time.perf_counter() - started, executor.workers, executor.per_video,
+                            ran[1])
     finally:
         distributed.stop()
-    for line in batching.summary_lines(summary):
+    for line in summary_lines(summary):
         log(line)
     if summary_path is not None:
         atomic_write_text(summary_path, json.dumps(summary, indent=1) + "\n")
     if summary["failed"]:
         sys.exit(distributed.FAILED_JOBS_EXIT_CODE)
+
+
+def _unit(device) -> str:
+    """What renders a video's share: a GPU, or the CPU."""
+    # lazy: keeps `camrender --help` free of torch
+    import torch
+
+    return "GPU" if device != "cpu" and torch.cuda.is_available() else "CPU"
+
+
+def _runner(ranks, progress_style: str, quiet: bool) -> JobRunner:
+    """This process's `JobRunner`: pipelines loaded through the API, each job written with the batch's progress
+    display (the leader of a video group shows it) and Ctrl-C / SIGTERM checked between chunks."""
+    # lazy: keeps `camrender --help` free of torch, diffusers
+    from camrender.api.pipeline import CamrenderPipeline
+
+    leader = ranks is None or ranks.is_leader
+
+    def load(settings):
+        return CamrenderPipeline.from_pretrained(settings=settings, ranks=ranks)
+
+    def write(pipe, job):
+        request = job.request
+        progress = make_progress(progress_style if leader else "none",
+                                 "step" if request.mode == "full" else "segment", quiet=quiet)
+        try:
+            return pipe.write(request, progress=progress, resume=job.resume, checkpoint_every=job.checkpoint_every,
+                              check=raise_if_signalled).frames
+        finally:
+            progress.close()
+
+    return JobRunner(load, write, strict=ranks is not None and ranks.per_video > 1)

@@ -14,7 +14,6 @@ import click
 
 from camrender.errors import CamrenderError
 from camrender.parallel import distributed
-from camrender.parallel.cfg import check_split
 
 
 def gpus_option(help_text: str):
@@ -75,15 +74,3 @@ def options_to_argv(command: click.Command, values: dict) -> list:
         elif value is not None:
             options += [param.opts[0], str(value)]
     return positional + options
-
-
-def join_render(request) -> Optional["distributed.Ranks"]:
-    """Under torchrun with several processes: check that the request splits over them, join the
-    process group and point `request.device` at this rank's device; None on one process."""
-    size = distributed.world_size()
-    if size == 1:
-        return None
-    check_split(request.mode, request.guidance, size)
-    ranks = distributed.start(request.device)
-    request.device = str(ranks.device)
-    return ranks

@@ -67,13 +67,15 @@ class StageProgress:
     ("none": only the signal check every progress call makes, `camrender.cli.signals`).
 
     unit: what `done` counts ("step", "segment", "job"; a call's own `unit` wins). interval: seconds between lines (0: every
-    call). A new stage (name or total changes) starts a new bar and resets the rate; a resumed
-    render's first call (done > 1) counts only what this run did in the rate.
+    call). delay: no lines before this many seconds from the start (work done sooner says nothing). A new stage
+    (name or total changes) starts a new bar and resets the rate; a resumed render's first call (done > 1) counts
+    only what this run did in the rate.
     """
 
-    def __init__(self, style: str, unit: str, *, stream=None, interval: float = LINE_INTERVAL_S,
+    def __init__(self, style: str, unit: str, *, stream=None, interval: float = LINE_INTERVAL_S, delay: float = 0.0,
                  clock: Callable[[], float] = time.monotonic):
         self.style, self.unit, self.interval, self.clock = style, unit, interval, clock
+        self.quiet_until = clock() + delay
         self.stream = sys.stderr if stream is None else stream
         self.stage = None
         self.bar = None
@@ -101,7 +103,7 @@ class StageProgress:
             # segment's count) says nothing new
             repeated = done == self.last_done
             due = self.last_line is None or done >= total or now - self.last_line >= self.interval
-            if due and not repeated:
+            if due and not repeated and now >= self.quiet_until:
                 self.last_line, self.last_done = now, done
                 click.echo(self.line(done, total, info, now), file=self.stream)
                 self.stream.flush()

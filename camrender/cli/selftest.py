@@ -1,13 +1,15 @@
-"""`camrender selftest`: every fused kernel against its PyTorch reference on small shapes.
+"""`camrender selftest`: every public kernel op against its PyTorch reference on small shapes, op by op.
 
 Runs on the GPU when one is present, else through the Triton interpreter on the CPU
 (TRITON_INTERPRET=1 must be set before triton is imported; when it is not and triton is
 already loaded, the test re-runs itself in a fresh interpreter process).
 
 Cases come from the kernel table `camrender.kernels.cases.CASES` (the kernel tests parametrize over
-the same table), via `default_cases()`. A case here is a `SelftestCase`: `name`, `shape` (a label),
+the same table), via `default_cases()`. A case here is a `SelftestCase`: `op`, `shape` (a label),
 `run(device) -> (actual, expected)` where both are tensors or equal-length tuples of tensors,
-and `tolerance`: the case passes when max |actual - expected| <= tolerance * max(1, max |expected|).
+`tolerance` (the case passes when max |actual - expected| <= tolerance * max(1, max |expected|)) and
+`variant` (what sets it apart from the op's other cases). The table lists the cases op by op; an op passes
+when all its cases do.
 """
 from __future__ import annotations
 
@@ -25,15 +27,17 @@ import click
 
 @dataclasses.dataclass
 class SelftestCase:
-    name: str
+    op: str
     shape: str
     run: Callable
     tolerance: float = 1e-4
+    variant: str = ""
 
 
 @dataclasses.dataclass
 class SelftestResult:
-    kernel: str
+    op: str
+    variant: str
     shape: str
     max_error: float
     time_ms: float
@@ -42,14 +46,14 @@ class SelftestResult:
 
 
 def default_cases() -> list:
-    """Every case of the kernel table (camrender.kernels.cases) at each of its small sizes."""
+    """Every case of the kernel table (camrender.kernels.cases) at each of its small sizes, op by op."""
     # lazy: keeps `camrender --help` free of torch, triton
     from camrender.kernels.cases import CASES
 
     def runner(case, sizes):
         return lambda device: case.run(sizes, device)
 
-    return [SelftestCase(case.name, case.label(sizes), runner(case, sizes), case.tolerance)
+    return [SelftestCase(case.op, case.label(sizes), runner(case, sizes), case.tolerance, case.variant)
             for case in CASES for sizes in case.sizes]
 
 
@@ -82,25 +86,39 @@ def run_case(case: SelftestCase, device) -> SelftestResult:
         elapsed = (time.perf_counter() - start) * 1e3
         error, scale = compare(actual, expected)
         passed = within(error, scale, case.tolerance)
-        return SelftestResult(case.name, case.shape, error, elapsed, passed)
+        return SelftestResult(case.op, case.variant, case.shape, error, elapsed, passed)
     except Exception as exc:  # a crashing kernel is a failed case, reported like the others
-        return SelftestResult(case.name, case.shape, float("nan"), float("nan"), False, f"{type(exc).__name__}: {exc}")
+        return SelftestResult(case.op, case.variant, case.shape, float("nan"), float("nan"), False,
+                              f"{type(exc).__name__}: {exc}")
+
+
+def by_op(results) -> dict:
+    """{op: [its results]}, ops in the order of their first case."""
+    grouped = {}
+    for r in results:
+        grouped.setdefault(r.op, []).append(r)
+    return grouped
 
 
 def format_table(results, mode: str) -> str:
-    rows = [("kernel", "shape", "max error", "time", "pass")]
-    for r in results:
-        time_text = "-" if math.isnan(r.time_ms) else f"{r.time_ms:.1f} ms"
-        rows.append((r.kernel, r.shape, f"{r.max_error:.2e}", time_text, "ok" if r.passed else "FAIL"))
-    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    """The results op by op (the op named on its first row), then the cases' errors and the counts."""
+    rows = [("op", "case", "shape", "max error", "time", "pass")]
+    groups = by_op(results)
+    for op, group in groups.items():
+        for index, r in enumerate(group):
+            time_text = "-" if math.isnan(r.time_ms) else f"{r.time_ms:.1f} ms"
+            rows.append((op if index == 0 else "", r.variant, r.shape, f"{r.max_error:.2e}", time_text,
+                         "ok" if r.passed else "FAIL"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = [f"camrender selftest ({mode})"]
     for index, row in enumerate(rows):
         lines.append("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
         if index == 0:
             lines.append("  ".join("-" * width for width in widths))
-    lines += [f"{r.kernel} [{r.shape}]: {r.error}" for r in results if r.error]
+    lines += [f"{r.op}{'+' + r.variant if r.variant else ''} [{r.shape}]: {r.error}" for r in results if r.error]
     passed = sum(r.passed for r in results)
-    lines.append(f"{passed}/{len(results)} passed")
+    ops_passed = sum(all(r.passed for r in group) for group in groups.values())
+    lines.append(f"{ops_passed}/{len(groups)} ops passed ({passed}/{len(results)} cases)")
     return "\n".join(lines)
 
 
@@ -130,7 +148,9 @@ def main(as_json: bool = False, cases=None) -> int:
     results = [run_case(case, device) for case in (default_cases() if cases is None else cases)]
     ok = bool(results) and all(r.passed for r in results)
     if as_json:
-        payload = {"device": mode, "passed": ok, "cases": [dataclasses.asdict(r) for r in results]}
+        payload = {"device": mode, "passed": ok,
+                   "ops": {op: all(r.passed for r in group) for op, group in by_op(results).items()},
+                   "cases": [dataclasses.asdict(r) for r in results]}
         print(json.dumps(payload, indent=2, allow_nan=True))
     else:
         print(format_table(results, mode))
@@ -141,7 +161,7 @@ def main(as_json: bool = False, cases=None) -> int:
 @click.command("selftest")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 def command(as_json):
-    """Check every fused kernel against its PyTorch reference on small shapes.
+    """Check every kernel op against its PyTorch reference on small shapes.
 
     Runs on the GPU when there is one, else through the Triton interpreter on the CPU.
     Exit code 1 when any kernel disagrees with its reference.

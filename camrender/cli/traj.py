@@ -13,7 +13,7 @@ from camrender.trajectory import is_model_length, nearest_model_length, presets,
 from camrender.trajectory.crop import crop_intrinsics
 from camrender.trajectory.formats import export_file, get, help_text
 from camrender.trajectory.formats.fileio import dump_json
-from camrender.trajectory.stats import compute, fmt_number
+from camrender.trajectory.stats import compute, fmt_length, fmt_number
 
 
 @click.group()
@@ -107,7 +107,7 @@ def check_command(file, fmt, image, **options):
         f"frames:       {s.num_frames} at {s.fps:g} fps (8k+1 for the model: {model})",
         f"duration:     {s.duration:.3f} s",
         f"image size:   {trajectory.width} x {trajectory.height}",
-        f"path length:  {fmt_number(s.path_length)} units",
+        f"path length:  {fmt_length(s.path_length)}",
         f"fov range:    horizontal {s.fov_h[0]:.2f}-{s.fov_h[1]:.2f} deg, vertical {s.fov_v[0]:.2f}-{s.fov_v[1]:.2f} deg",
         f"max step:     {fmt_number(s.max_move)} units/frame (frame {s.max_move_frame}), "
         f"{s.max_turn:.3f} deg/frame (frame {s.max_turn_frame})",

@@ -9,10 +9,9 @@ import time
 import click
 
 from camrender.cli import path_options
-from camrender.cli.preflight import VIDEO_SUFFIXES, check_suffix
-from camrender.cli.progress import count
+from camrender.cli.progress import LINE_INTERVAL_S, StageProgress, count, resolve_style
 from camrender.errors import CamrenderError
-from camrender.files import check_output_path
+from camrender.files import VIDEO_SUFFIXES, check_output_path, check_suffix
 from camrender.trajectory import load
 from camrender.trajectory.edit import concat, retime
 from camrender.trajectory.formats import export_file
@@ -70,8 +69,13 @@ def preview_command(file, out, overlay, width, height, scene_scale, absolute, **
     preview_size(traj, width, height)  # size limits before any frame is drawn (or the progress bar shows)
     ProxyScene(scene_scale)  # its scale, likewise
     start = time.perf_counter()
-    w, h = write_preview(traj, out, width=width, height=height, overlay=overlay, scene_scale=scene_scale,
-                         relative=not absolute, progress=True)
+    # a bar on a terminal; else a line every 5 s once it has taken 5 s (a quick preview only says it is written)
+    progress = StageProgress(resolve_style("auto"), "frame", delay=LINE_INTERVAL_S)
+    try:
+        w, h = write_preview(traj, out, width=width, height=height, overlay=overlay, scene_scale=scene_scale,
+                             relative=not absolute, progress=lambda done, total: progress(done, total, stage="preview"))
+    finally:
+        progress.close()
     seconds = time.perf_counter() - start
     click.echo(f"wrote {out}: {count(traj.num_frames, 'frame')} {w}x{h} at {traj.fps:g} fps "
                f"in {seconds:.1f} s ({traj.num_frames / max(seconds, 1e-9):.1f} frames/s)")

@@ -7,6 +7,7 @@ CLI imports that one at its top for `DEFAULT_MODEL`, so `camrender --help` stays
 from __future__ import annotations
 
 from camrender.errors import CamrenderError
+from camrender.vocabulary import HALF_DTYPES
 
 
 def resolve_device(device=None):
@@ -23,6 +24,31 @@ def resolve_device(device=None):
     if resolved.type == "cuda" and not torch.cuda.is_available():
         raise CamrenderError("CUDA was requested but no GPU is available; use --device cpu", field="device")
     return resolved
+
+
+def check_device(device, offload: bool = False, dtype: str = "auto") -> None:
+    """The device exists here (a CUDA index below the GPU count); offload has a GPU and accelerate; half
+    precision (dtype float16/bfloat16) has a GPU (the CPU kernels of the pipeline refuse it)."""
+    # lazy: keeps `camrender --help` free of torch
+    import torch
+
+    resolved = resolve_device(device)
+    if resolved.type not in ("cpu", "cuda"):
+        raise CamrenderError(f"must be cpu, cuda or cuda:N, got {device!r}", field="device")
+    if resolved.type == "cuda" and resolved.index is not None and resolved.index >= torch.cuda.device_count():
+        raise CamrenderError(f"there is no GPU {resolved.index} (this machine has {torch.cuda.device_count()})",
+                             field="device")
+    if dtype in HALF_DTYPES and resolved.type != "cuda":
+        raise CamrenderError(f"{dtype} needs a CUDA device; on the CPU use --dtype float32 (or auto)", field="dtype")
+    if offload and resolved.type != "cuda":
+        raise CamrenderError("--offload moves components to a GPU while they run; it needs a CUDA device",
+                             field="offload")
+    if offload:
+        try:
+            import accelerate  # noqa: F401
+        except ImportError:
+            raise CamrenderError("--offload needs the accelerate package (pip install accelerate)",
+                                 field="offload") from None
 
 
 def resolve_dtype(dtype, device):

@@ -53,17 +53,16 @@ def check_output_names(out) -> None:
                                  path=out)
 
 
-class OutputLock:
-    """A held claim on an output (`claim_output`); `release` (or leaving its `with`) gives it back. Claims of
-    one output in one thread nest (the CLI claims before loading, the writer again): the last release frees it."""
+class _Lock:
+    """The flock this process holds on one lock file, shared by the claims of one thread (`claim_output`)."""
 
     def __init__(self, path: str, descriptor):
-        self.path, self.descriptor, self.count = path, descriptor, 1
+        self.path, self.descriptor, self.claims = path, descriptor, 0
         self.thread = threading.get_ident()
 
-    def release(self) -> None:
-        self.count -= 1
-        if self.count > 0:
+    def drop(self) -> None:
+        self.claims -= 1
+        if self.claims > 0:
             return
         _HELD.pop(self.path, None)
         if self.descriptor is not None:
@@ -73,7 +72,22 @@ class OutputLock:
                 pass
             os.close(self.descriptor)
 
-    def __enter__(self) -> "OutputLock":
+
+class OutputClaim:
+    """One holder's claim on an output (`claim_output`); `release` (or leaving its `with`) gives it back, once
+    (again: nothing). The claims of one output in one thread share its lock, freed with the last of them (the CLI
+    claims before loading, the writer again)."""
+
+    def __init__(self, lock: _Lock):
+        self._lock = lock
+        lock.claims += 1
+
+    def release(self) -> None:
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            lock.drop()
+
+    def __enter__(self) -> "OutputClaim":
         return self
 
     def __exit__(self, *exc) -> bool:
@@ -81,22 +95,24 @@ class OutputLock:
         return False
 
 
-_HELD: dict = {}  # lock file path -> the OutputLock this process holds
+_HELD: dict = {}  # lock file path -> the _Lock this process holds
 
 
-def claim_output(out) -> OutputLock:
-    """Hold the lock of output `out` until released; CamrenderError (one line, naming `out` and the holder's
-    pid) when another process holds it."""
+def claim_output(out) -> OutputClaim:
+    """A claim on output `out`, held until released; CamrenderError (one line, naming `out` and the holder's
+    pid) when another process, or another thread of this one, holds it."""
     path = os.path.abspath(lock_path(out))
     held = _HELD.get(path)
     if held is not None and held.thread != threading.get_ident():
         raise CamrenderError("another render of this process is writing this video (or one sharing its side "
                              "files)", path=out)
-    if held is not None:
-        held.count += 1
-        return held
+    return OutputClaim(held if held is not None else _lock(path, out))
+
+
+def _lock(path: str, out) -> _Lock:
+    """Take the flock of the lock file `path` (of output `out`), created if need be."""
     if fcntl is None:
-        return OutputLock(path, None)
+        return _Lock(path, None)
     for _ in range(8):  # the holder may remove the file between our open and our lock: take the new one
         try:
             descriptor = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
@@ -112,7 +128,7 @@ def claim_output(out) -> OutputLock:
                                  f"wait for it to finish or choose another output", path=out) from None
         except OSError:  # a file system without locks: render unguarded rather than not at all
             os.close(descriptor)
-            return OutputLock(path, None)
+            return _Lock(path, None)
         try:
             same = os.stat(path).st_ino == os.fstat(descriptor).st_ino
         except FileNotFoundError:
@@ -123,7 +139,7 @@ def claim_output(out) -> OutputLock:
                 os.write(descriptor, f"{os.getpid()}\n".encode())
             except OSError:
                 pass
-            _HELD[path] = lock = OutputLock(path, descriptor)
+            _HELD[path] = lock = _Lock(path, descriptor)
             return lock
         os.close(descriptor)
     raise CamrenderError("its lock file keeps changing; is another camrender starting on it?", path=out)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional
 
-from camrender.parallel import distributed
 from camrender.errors import CamrenderError
 
 CFG_RANKS = 2  # one rank (or one head-split group) per guidance branch
@@ -69,10 +68,10 @@ class CfgSplit:
         return torch.cat(parts)
 
 
-def guidance_split(guided: bool) -> Optional[CfgSplit]:
-    """The guidance split of a full-mode render on this process's video group; None on a group of
-    one or without guidance (then the group splits heads only)."""
-    ranks = distributed.current()
+def guidance_split(ranks, guided: bool) -> Optional[CfgSplit]:
+    """The guidance split of a full-mode render on the video group of `ranks` (a
+    `camrender.parallel.distributed.Ranks`, or None on one process); None on a group of one or without guidance
+    (then the group splits heads only)."""
     if ranks is None or ranks.per_video == 1 or not guided:
         return None
     check_split("full", 2.0, ranks.per_video)
@@ -81,19 +80,17 @@ def guidance_split(guided: bool) -> Optional[CfgSplit]:
     return CfgSplit(ranks.split_mesh.get_group("cfg"), ranks.split_mesh.get_local_rank("cfg"))
 
 
-def head_split(mode: str, guidance: Optional[float]):
-    """The `camrender.parallel.heads.HeadSplit` of this process for a render of `mode` and `guidance`
-    (see the layout table above), or None (one process, or CFG parallel alone on two ranks)."""
+def head_split_of(ranks, size: int):
+    """The `camrender.parallel.heads.HeadSplit` of this process when `size` ranks of the video group of `ranks`
+    split every block's heads (`head_split_size`: the layout table above), or None (no split)."""
     # lazy: keeps `camrender --help` free of torch (heads imports it)
     from camrender.parallel.heads import HeadSplit
 
-    ranks = distributed.current()
-    if ranks is None:
+    if size <= 1:
         return None
-    check_split(mode, guidance, ranks.per_video)
-    size = head_split_size(mode, guidance, ranks.per_video)
-    if size == 1:
-        return None
+    if ranks is None or ranks.per_video % size:
+        raise CamrenderError(f"a head split over {size} GPUs needs a video group of a multiple of {size} processes",
+                             field="gpus")
     if size == ranks.per_video:
         return HeadSplit(ranks.video_group, ranks.group_rank, size)
     return HeadSplit(ranks.split_mesh.get_group("heads"), ranks.split_mesh.get_local_rank("heads"), size)

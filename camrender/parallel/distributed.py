@@ -38,7 +38,6 @@ TIMEOUT = datetime.timedelta(minutes=10)  # one collective of a video group (a d
 CONTROL_TIMEOUT = datetime.timedelta(hours=24)  # job plan and results: a rank may render for hours first
 FAILED_JOBS_EXIT_CODE = 3  # `camrender batch` finished and some jobs failed (its summary lists them)
 _REPORTED_EXIT_CODES = (CamrenderError.exit_code, FAILED_JOBS_EXIT_CODE)  # rank 0 has said why
-_current: Optional["Ranks"] = None
 _owns_process_group = False  # whether `start` made the default process group (then `stop` ends it)
 
 
@@ -66,7 +65,7 @@ class Ranks:
     rank, world_size: global; local_rank: on this host; device: this rank's `torch.device`;
     mesh: the (videos, per_video) DeviceMesh; video_group: the process group of the ranks rendering
     one video with this one (size per_video); control_group: a gloo group over all ranks with a
-    long timeout, for the CPU objects of `camrender.cli.batch_jobs` (job plan, results);
+    long timeout, for the CPU objects of `camrender.batch` (job plan, results);
     split_mesh: the (videos, cfg, heads) DeviceMesh of video groups of 2k ranks, k > 1 (else None).
     """
 
@@ -106,21 +105,6 @@ class Ranks:
         return self.rank == 0
 
 
-def current() -> Optional[Ranks]:
-    """The `Ranks` of this process after `start`, else None (one process)."""
-    return _current
-
-
-def is_video_leader() -> bool:
-    """Whether this process writes the video it renders (always, on one process)."""
-    return _current is None or _current.is_leader
-
-
-def shares_video() -> bool:
-    """Whether this process renders its videos together with other ranks."""
-    return _current is not None and _current.per_video > 1
-
-
 def rank_device(device: Optional[str], local_rank: int):
     """This rank's device: its local rank's GPU, or the CPU with `--device cpu` / without CUDA.
 
@@ -148,7 +132,7 @@ def start(device: Optional[str] = None, per_video: Optional[int] = None) -> Rank
 
     Raises CamrenderError (before any GPU work) when the layout does not fit the run.
     """
-    global _current, _owns_process_group
+    global _owns_process_group
     # lazy: keeps `camrender --help` free of torch
     import torch
     import torch.distributed as dist
@@ -176,23 +160,22 @@ def start(device: Optional[str] = None, per_video: Optional[int] = None) -> Rank
         split_mesh = init_device_mesh(device.type, (size // per_video, 2, per_video // 2),
                                       mesh_dim_names=("videos", "cfg", "heads"))
     control = dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
-    _current = Ranks(rank=rank, world_size=size, local_rank=local_rank, device=device, mesh=mesh,
-                     video_group=mesh.get_group("per_video"), control_group=control, split_mesh=split_mesh)
+    ranks = Ranks(rank=rank, world_size=size, local_rank=local_rank, device=device, mesh=mesh,
+                  video_group=mesh.get_group("per_video"), control_group=control, split_mesh=split_mesh)
     if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):  # the CLI has its own (camrender.cli.signals)
         signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    return _current
+    return ranks
 
 
 def stop() -> None:
-    """Leave the process group `start` made (no-op when `start` was not called)."""
-    global _current, _owns_process_group
-    if _current is None:
+    """Leave the process group `start` made (no-op when `start` did not make it)."""
+    global _owns_process_group
+    if not _owns_process_group:
         return
     # lazy: keeps `camrender --help` free of torch
     import torch.distributed as dist
 
-    _current = None
-    if _owns_process_group and dist.is_initialized():
+    if dist.is_initialized():
         dist.destroy_process_group()
     _owns_process_group = False
 

@@ -16,7 +16,9 @@ shown:
                        renders the same frames offline (the render file records the live noise draw,
                        `noise_frames`, since the live clip was planned longer than it was flown)
 
-A flight stops only at segment boundaries: segments whose frames were not shown are not saved.
+A flight stops only at segment boundaries: the segment in flight when it is asked to stop is finished, shown
+and saved (its keys were pressed before the stop), and no later one is started. While no page steers
+(`pause`, e.g. a page reloading) it waits at the next boundary, its next segment not yet decided.
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from camrender.model.stage1.recipes import get_recipe, segment_bounds
+from camrender.model.stage1.recipes import segment_bounds
 from camrender.output.segment_video import SegmentVideoWriter
 from camrender.play.steering import KeyTimeline, SteeredPath, Stopped, pinhole
 from camrender.render.loop import render_frames
@@ -91,7 +93,9 @@ class Flight:
     """One steered render of `template` (a segment-mode `RenderRequest` with `traj` None and `num_frames`
     the longest clip) with `seed`, saved as `stem` (`session_files`).
 
-    on_segment(flight, Segment) and on_end(flight) are called from the flight's thread.
+    on_segment(flight, Segment), on_end(flight) and on_status(flight, text) (what the flight does before its
+    frames show: preparing, rendering segment k of n) are called from the flight's thread; first_note: said
+    with segment 1 (e.g. that it compiles the kernels), or None.
     pace: the render keeps only as many video frames ahead of real-time playback (the page plays at the
     model's `fps`) as it needs to render the next segment in time (1.25 x the last segment's render time,
     at least `lead` frames): it waits before deciding the next segment, so that segment takes the
@@ -101,15 +105,19 @@ class Flight:
 
     def __init__(self, pipe, template: RenderRequest, seed: int, stem: Path, scheme: ControlScheme,
                  timeline: KeyTimeline, on_segment: Callable, on_end: Callable, log: Callable = lambda line: None,
-                 clock: Callable[[], float] = time.monotonic, pace: bool = True, lead: int = 4):
+                 clock: Callable[[], float] = time.monotonic, pace: bool = True, lead: int = 4,
+                 on_status: Callable = lambda flight, text: None, first_note: Optional[str] = None):
         self.pace, self.lead = pace, int(lead)
+        self.on_status, self.first_note = on_status, first_note
         self.pipe, self.seed, self.stem = pipe, int(seed), Path(stem)
         self.request = dataclasses.replace(template, seed=self.seed, traj=None, noise_frames=None)
         self.timeline, self.on_segment, self.on_end, self.log, self.clock = timeline, on_segment, on_end, log, clock
-        recipe = get_recipe(self.request.recipe)
+        recipe = self.request.recipe
         chunk = recipe.chunk_frames if self.request.segment_frames is None else self.request.segment_frames
         self.bounds = segment_bounds(latent_frames(self.request), chunk)
         self._stop = threading.Event()
+        self._attended = threading.Event()  # a page steers (cleared by `pause`)
+        self._attended.set()
         self.path = SteeredPath(scheme, timeline, self.bounds, pinhole(self.request.width, self.request.height),
                                 self.request.width, self.request.height, stopping=self._stop.is_set)
         self.shown = 0  # video frames shown (and saved)
@@ -126,9 +134,21 @@ class Flight:
         return self
 
     def stop(self, timeout: Optional[float] = None) -> None:
-        """Stop at the next segment boundary and wait for the session to be saved."""
-        self._stop.set()
+        """Stop at the next segment boundary (the segment in flight is kept) and wait for the session to be saved."""
+        self.ask_stop()
         self._thread.join(timeout)
+
+    def ask_stop(self) -> None:
+        """`stop` without the wait."""
+        self._stop.set()
+        self._attended.set()
+
+    def pause(self) -> None:
+        """Wait at the next segment boundary until `resume` (or `stop`): no page steers."""
+        self._attended.clear()
+
+    def resume(self) -> None:
+        self._attended.set()
 
     @property
     def stopping(self) -> bool:
@@ -155,15 +175,21 @@ class Flight:
             self.ended.set()
             self.on_end(self)
 
+    def _announced(self, cameras):
+        """`cameras` (the steered path's segments), saying which segment renders as each is decided."""
+        for index, camera in enumerate(cameras):
+            note = f" ({self.first_note})" if index == 0 and self.first_note else ""
+            self.on_status(self, f"rendering segment {index + 1} of {len(self.bounds)}{note}")
+            yield camera
+
     def _render(self) -> None:
-        request = dataclasses.replace(self.request, cameras=self.path.segments())
+        self.on_status(self, "preparing: the prompt, the noise of the whole flight")
+        request = dataclasses.replace(self.request, cameras=self._announced(self.path.segments()))
         recent = []  # (clock, frames) of the recent segments, for the rate
         started = self.clock()
         chunks = render_frames(self.pipe, request, low_latency=True)  # each segment on screen as soon as it is decoded
         try:
             for frames in chunks:
-                if self._stop.is_set():
-                    break
                 now = self.clock()
                 recent = (recent + [(now, len(frames))])[-5:]
                 span = now - (recent[0][0] if len(recent) > 1 else started)
@@ -179,6 +205,10 @@ class Flight:
                 if self.pace:
                     took = now - self.path.decided_at[min(segment.index, len(self.path.decided_at) - 1)]
                     self._wait_for_playback(took)
+                while not self._attended.wait(0.5) and not self._stop.is_set():
+                    pass  # no page steers: the next segment waits for one (`stop` ends the wait too)
+                if self._stop.is_set():
+                    break  # after the segment in flight: it is shown and saved
         finally:
             chunks.close()
 

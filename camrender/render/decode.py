@@ -27,7 +27,8 @@ from camrender.kernels.rms_silu import rms_silu
 # with the frames of a call (the decoder's last stages hold several full-resolution activations of 8 video
 # frames per latent frame): one latent frame per call bounds it where memory is short, beside the refiner,
 # at the cost of 3x as many (3x smaller) calls per segment. Without a refiner a segment goes in one call
-# (at the release shape 1.3 GiB more and 5 % more video fps on an H200, docs/performance.md).
+# (at the release shape 1.3 GiB more and 5 % more video fps on an H200:
+# bench/results/2026-12-01_segments_decode_whole_segment_h200.json).
 REFINED_DECODE_MAX_FRAMES = 1
 # `CausalStreamDecoder(channels_last=None)` on CUDA: the decoder's convs on channels-last activations
 CHANNELS_LAST_ON_CUDA = True

@@ -14,7 +14,6 @@ from diffusers import FlowMatchEulerDiscreteScheduler
 from camrender.errors import CamrenderError
 from camrender.model.settings import RefinerSettings, RenderSettings
 from camrender.model.stage1.patch import set_full_options
-from camrender.model.stage1.recipes import get_recipe
 from camrender.model.stage1.state import FULL_MODE, SegmentOptions
 from camrender.parallel.cfg import guidance_split
 from camrender.render.decode import decode_latents
@@ -78,7 +77,7 @@ def sample_latents(pipe, request: RenderRequest, progress: Progress = None, sett
     settings = pipeline_settings(pipe, request) if settings is None else settings
     if request.steps is None:
         raise CamrenderError("full mode needs a number of denoising steps", field="steps")
-    recipe = get_recipe(request.recipe)
+    recipe = request.recipe
     transformer = pipe.transformer
     set_full_options(transformer, SegmentOptions.full_mode(recipe))  # the recipe's rules, on the patched blocks
     device = pipe._execution_device
@@ -86,7 +85,7 @@ def sample_latents(pipe, request: RenderRequest, progress: Progress = None, sett
     camera = {"camera_conditions": inputs.camera_conditions, "chunk_plucker": inputs.chunk_plucker}
     guidance = request.guidance if inputs.text.shape[0] == 2 else None
     return denoise_clip(transformer, full_scheduler(pipe, recipe), inputs.noise.to(device), inputs.text,
-                        inputs.text_mask, camera, request.steps, guidance, split=guidance_split(guidance is not None),
+                        inputs.text_mask, camera, request.steps, guidance, split=guidance_split(settings.ranks, guidance is not None),
                         cuda_graphs=settings.cuda_graphs, progress=progress)
 
 

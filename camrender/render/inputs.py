@@ -7,6 +7,7 @@ any model loads, and a bad image must fail in a fraction of a second, not after 
 from __future__ import annotations
 
 import contextlib
+import os
 import dataclasses
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from camrender.files import open_regular
 from camrender.limits import check_latent_frames
 from camrender.render.prompt_cache import cached_pair, stage_one_key
 from camrender.render.request import MAX_SEQUENCE_LENGTH, RenderRequest, latent_shape
+from camrender.vocabulary import TINY
 
 def open_image(image):
     """The first-frame image as an RGB PIL image; `image` is a path or a PIL image.
@@ -42,6 +44,20 @@ def open_image(image):
     except (OSError, ValueError, PIL.Image.DecompressionBombError) as error:
         raise CamrenderError(f"cannot read the image ({error})", path=path, field="image") from None
 
+
+def image_size_of(path) -> tuple:
+    """(width, height) of an image file (its header only); CamrenderError naming it otherwise."""
+    # lazy: keeps `camrender --help` free of PIL
+    import PIL.Image
+
+    if not os.path.isfile(path):
+        raise CamrenderError("first-frame image not found" if not os.path.exists(path) else "is not a file",
+                             path=os.fspath(path), field="image")
+    try:
+        with PIL.Image.open(path) as handle:
+            return handle.size
+    except (OSError, ValueError, PIL.Image.DecompressionBombError) as error:
+        raise CamrenderError(f"cannot read the image ({error})", path=os.fspath(path), field="image") from None
 
 
 def first_frame_pixels(image, height: int, width: int):
@@ -73,7 +89,7 @@ def request_first_frame(request: RenderRequest):
     a mid-gray frame. Raises CamrenderError when a real model has no image."""
     if request.image is not None:
         return first_frame_pixels(request.image, request.height, request.width)
-    if request.model == "tiny":
+    if request.settings.model == TINY:
         return neutral_first_frame(request.height, request.width)
     raise CamrenderError("SANA-WM needs a first-frame image: pass --image or set \"image\" in the trajectory",
                          field="image")
@@ -93,7 +109,7 @@ def encode_text(pipe, request: RenderRequest, device, guidance: bool):
     if pipe.text_encoder is None:
         raise CamrenderError("the prompt is not in the prompt cache any more and the text encoder was not loaded: "
                              "render again", field="prompt-cache")
-    with visiting(pipe.text_encoder, device, request.offload):
+    with visiting(pipe.text_encoder, device, request.settings.offload):
         cond, cond_mask, neg, neg_mask = pipe.encode_prompt(
             request.prompt or "",
             request.negative_prompt or "",
@@ -268,7 +284,7 @@ def prepare_inputs(pipe, request: RenderRequest, device) -> RenderInputs:
     with torch.no_grad():
         text, text_mask = cached_pair(request, stage_one_key(request, guidance),
                                       lambda: encode_text(pipe, request, device, guidance), device)
-        first = encode_first_frame(pipe.vae, pixels, device, dtype, offload=request.offload)
+        first = encode_first_frame(pipe.vae, pixels, device, dtype, offload=request.settings.offload)
     frames, h, w = latent_shape(pipe, request)
     cameras = camera_feed(pipe, request, device, dtype, 2 if guidance else 1)
     camera = plucker = None

@@ -19,10 +19,9 @@ import numpy as np
 import torch
 
 from camrender.errors import CamrenderError
-from camrender.parallel.distributed import is_video_leader
 from camrender.model.settings import RenderSettings
 from camrender.render.full import full_plan
-from camrender.render.pipeline import pipeline_settings
+from camrender.render.pipeline import loaded_with, pipeline_settings
 from camrender.render.plan import ChunkPlan
 from camrender.render.request import MODES, Progress, RenderRequest, check_request
 from camrender.render.segments import segment_plan
@@ -42,7 +41,7 @@ def render_frames(pipe, request: RenderRequest, progress: Progress = None, check
     """
     if request.mode not in MODES:
         raise CamrenderError(f"must be one of {', '.join(MODES)}, got {request.mode!r}", field="mode")
-    check_request(pipe, request)
+    check_request(pipe, request, loaded_with(pipe))
     settings = pipeline_settings(pipe, request) if settings is None else settings
     device = pipe._execution_device
     with torch.no_grad():
@@ -51,17 +50,17 @@ def render_frames(pipe, request: RenderRequest, progress: Progress = None, check
         else:
             plan = segment_plan(pipe, request, device, settings, checkpoints)
         yield from run_plan(plan, request, device, progress if plan.per_chunk_progress else None,
-                            overlap=False if low_latency else None)
+                            overlap=False if low_latency else None, leader=settings.is_leader)
     if hasattr(pipe, "maybe_free_model_hooks"):
         pipe.maybe_free_model_hooks()
 
 
 def run_plan(plan: ChunkPlan, request: RenderRequest, device, progress: Optional[Callable] = None,
-             overlap: Optional[bool] = None) -> Iterator:
+             overlap: Optional[bool] = None, leader: bool = True) -> Iterator:
     """The loop itself: pull chunks, refine, decode, yield frames; report and checkpoint per chunk.
-    The other ranks of a video group run the sampler along (their collectives) and yield nothing.
-    overlap: `refined_frames`' (None: its default)."""
-    if not is_video_leader():
+    The other ranks of a video group (`leader` False) run the sampler along (their collectives) and yield
+    nothing. overlap: `refined_frames`' (None: its default)."""
+    if not leader:
         for _ in plan.chunks:
             pass
         return
@@ -74,7 +73,7 @@ def run_plan(plan: ChunkPlan, request: RenderRequest, device, progress: Optional
         if progress is not None:
             elapsed = max(time.perf_counter() - started, 1e-9)
             # seconds of video as the trajectory counts them ((frames - 1) / fps, what `traj check` says)
-            stages = "stage 1" if request.refiner is None else "stages 1+2 (refiner)"
+            stages = "stage 1" if request.settings.refiner is None else "stages 1+2 (refiner)"
             progress(done, plan.total, f"{written} frame{'' if written == 1 else 's'}, "
                                        f"{max(written - 1, 0) / request.fps:.3f} s of video, "
                                        f"{(written - plan.frames_before) / elapsed:.1f} frames/s",

@@ -1,84 +1,86 @@
-"""The pipeline a render runs: loaded (hub id, local folder or "tiny"), patched with the fused kernels,
-with the stage-2 refiner attached when the request names one, and its blocks split over the heads when
-this rank's video group splits them (`camrender.parallel.heads`)."""
+"""The pipeline a render runs: loaded (hub id, local folder or "tiny") with its `LoadSettings`, patched with the
+fused kernels, each stage's blocks in their precision, the stage-2 refiner attached when the settings name one,
+and its blocks split over the heads when the video group splits them (`camrender.parallel.heads`)."""
 from __future__ import annotations
 
 from typing import Optional
 
-from camrender.errors import CamrenderError
-from camrender.model.fp8 import quantize_blocks
+from camrender.render.load_settings import LoadSettings
+from camrender.model.precision import get_precision
 from camrender.model.settings import RenderSettings, model_settings
 from camrender.model.stage1.block import park_text_projections
 from camrender.model.stage1.loading import load_pipeline
 from camrender.model.stage1.patch import patch_transformer
-from camrender.parallel.cfg import head_split
+from camrender.parallel.cfg import head_split_of
 from camrender.parallel.heads import split_transformer
 from camrender.render.prompt_cache import cached_stages
 from camrender.render.stage_two import load_stage_two
 
 
 _SETTINGS = "_camrender_settings"
+_LOAD_SETTINGS = "_camrender_load_settings"
 
 
 def pipeline_settings(pipe, request) -> RenderSettings:
     """The `RenderSettings` `pipe` was prepared with (`load_patched_pipeline`). A bare pipeline (built in
-    a test or a script) gets the request's, decided here once: its transformer is patched with them, or,
-    patched by the caller already, keeps its patch."""
+    a test or a script) gets those of the request's `LoadSettings`, decided here once: its transformer is
+    patched with them, or, patched by the caller already, keeps its patch."""
     settings = getattr(pipe, _SETTINGS, None)
     if settings is None:
-        settings = RenderSettings.of_request(request, stage_one=model_settings(pipe.transformer))
+        settings = RenderSettings.decide(request.settings, stage_one=model_settings(pipe.transformer))
         patch_transformer(pipe.transformer, settings=settings.stage_one)
         setattr(pipe, _SETTINGS, settings)
+        setattr(pipe, _LOAD_SETTINGS, request.settings)
     return settings
 
 
-def load_patched_pipeline(request, log=None, settings: Optional[RenderSettings] = None,
-                          skip_cached_encoders: bool = False):
-    """The request's pipeline on its device, patched with its settings (`RenderSettings.of_request`, or
-    `settings`; stage 1's block linears in FP8 under `settings.stage_one.linear_precision` "fp8"), with its
-    `--refiner` attached, and this rank's share of every block's heads under a head split. The settings
-    stay with the pipeline (`pipeline_settings`) for its renders.
+def loaded_with(pipe) -> Optional[LoadSettings]:
+    """The `LoadSettings` `pipe` was loaded (or first used) with; None for a pipeline not yet used."""
+    return getattr(pipe, _LOAD_SETTINGS, None)
 
-    The text encoders live in CPU memory and visit the device for the render's one prompt encoding
-    (`camrender.render.inputs.visiting`; the refiner's at load, `load_stage_two`).
-    skip_cached_encoders: a stage whose prompt is in `request.prompt_cache` loads no text encoder
-    (for one render: a later request with another prompt would find none).
+
+def load_patched_pipeline(load: LoadSettings, log=None, *, ranks=None, prepare=None):
+    """The pipeline of `load` on its device, patched and placed by `prepare_pipeline`. The text encoders live in
+    CPU memory and visit the device for a render's prompt encoding (`camrender.render.inputs.visiting`; the
+    refiner's at load, `load_stage_two`).
+    prepare: the `RenderRequest` the pipeline is loaded for, when it is loaded for that one render (the
+    command line): a stage whose prompt is in its prompt cache loads no text encoder, and the refiner encodes
+    its prompt at load, before its DiT takes the GPU. None: every encoder loads (renders of any prompt).
     """
-
-    split = head_split(request.mode, request.guidance)
-    if split is not None and request.offload:
-        raise CamrenderError("--offload does not work with the head split of several GPUs per video (each GPU "
-                             "holds its share of the weights)", field="offload")
-    if split is not None and request.kernels != "fused":
-        raise CamrenderError("the head split of several GPUs per video runs --kernels fused only (--kernels torch "
-                             "is the single-GPU check path)", field="kernels")
-    settings = RenderSettings.of_request(request) if settings is None else settings
-    fp8 = settings.stage_one.linear_precision == "fp8"
-    if fp8 and (split is not None or not settings.stage_one.fused or request.offload):
-        raise CamrenderError("--stage1-precision fp8 needs --kernels fused, one GPU per video and no --offload",
-                             field="stage1-precision")
-    guidance = request.guidance is not None and request.guidance > 1.0
-    cached = cached_stages(request, guidance) if skip_cached_encoders else {"stage1": False, "refiner": False}
-    pipe = load_pipeline(request.model, dtype=settings.dtype, device=settings.device, offload=request.offload,
-                         transformer_weights=request.transformer_weights, vae=request.vae, log=log,
-                         allow_missing_weights=request.allow_missing_weights, text_encoder=not cached["stage1"])
-    if pipe.text_encoder is not None and not request.offload:
+    settings = RenderSettings.decide(load, ranks=ranks)
+    cached = cached_stages(prepare) if prepare is not None else {"stage1": False, "refiner": False}
+    pipe = load_pipeline(load.model, dtype=settings.dtype, device=settings.device, offload=load.offload,
+                         transformer_weights=load.transformer_weights, vae=load.vae, log=log,
+                         allow_missing_weights=load.allow_missing_weights, text_encoder=not cached["stage1"])
+    if pipe.text_encoder is not None and not load.offload:
         pipe.text_encoder.to("cpu")
     if log is not None and any(cached.values()):
         log("prompt found in the prompt cache: " + ", ".join(f"no {stage} text encoder loaded"
                                                              for stage, hit in cached.items() if hit))
+    prepare_pipeline(pipe, load, ranks=ranks, log=log)
+    if load.refiner is not None:
+        if log is not None:
+            log(f"loading the refiner {load.refiner}")
+        load_stage_two(pipe, load, prompt=prepare, text_encoder=not cached["refiner"], settings=settings.refiner)
+    return pipe
+
+
+def prepare_pipeline(pipe, load: LoadSettings, *, ranks=None, log=None):
+    """Make a loaded `SanaWMPipeline` (stage 1) render as `load` says: its transformer patched with the
+    `RenderSettings` decided from `load` (kept already when the caller patched it), stage 1's block linears in
+    their precision (`camrender.model.precision`), this rank's share of every block's heads under a head split
+    (`load.head_split` over the video group of `ranks`) and the text projections parked. The settings stay with
+    the pipeline (`pipeline_settings`, `loaded_with`) for its renders. Returns `pipe`."""
+    settings = RenderSettings.decide(load, stage_one=model_settings(pipe.transformer), ranks=ranks)
     patch_transformer(pipe.transformer, settings=settings.stage_one)
-    if fp8:
-        quantize_blocks(pipe.transformer.blocks)
+    get_precision(load.stage1_precision).prepare_blocks(pipe.transformer.blocks)
     setattr(pipe, _SETTINGS, settings)
+    setattr(pipe, _LOAD_SETTINGS, load)
+    split = head_split_of(ranks, load.head_split)
     if split is not None:
         split_transformer(pipe.transformer, split)
         if log is not None:
             log(f"every block's heads split over {split.size} GPUs")
-    if not request.offload:
+    if not load.offload:
         park_text_projections(pipe.transformer, settings.device)
-    if request.refiner is not None:
-        if log is not None:
-            log(f"loading the refiner {request.refiner}")
-        load_stage_two(pipe, request, text_encoder=not cached["refiner"], settings=settings.refiner)
     return pipe

@@ -30,10 +30,12 @@ from camrender.model.device import resolve_device, resolve_dtype
 from camrender.model.refiner.loading import STREAMING_GEMMA, _refiner_root, _text_encoder_folder
 from camrender.render.request import MAX_SEQUENCE_LENGTH
 from camrender.render.safetensors_header import read_header
+from camrender.vocabulary import TINY
 
 LAYOUT_VERSION = 1
 ENV_VAR = "CAMRENDER_CACHE"
 OFF = "off"
+DTYPES = ("bfloat16", "float16", "float32")  # what renders run in (`_dtype_name`)
 
 
 def resolve_cache_dir(value: Optional[str]) -> Optional[str]:
@@ -78,7 +80,7 @@ def _hub_revision(hub_id: str) -> Optional[str]:
 def encoder_identity(source: str, parts: tuple) -> dict:
     """What identifies the encoder(s) under model `source` ("tiny", a folder or a hub id): `parts` are its
     subfolders (e.g. ("text_encoder", "tokenizer")); tiny models are identified by their build."""
-    if source == "tiny":
+    if source == TINY:
         # the label of the tiny encoders' build (camrender.model.stage1.tiny, seed 0) is part of the cache key:
         # kept as first written, so caches filled before the module moved stay valid
         return {"tiny": list(parts), "build": "camrender.model.tiny seed 0"}
@@ -117,6 +119,13 @@ class PromptCache:
             self.log(f"prompt cache entry {path} is unreadable ({text}); encoding again")
             return None
 
+    def other_dtypes(self, key: dict) -> list:
+        """The dtypes other than `key`'s in which the cache holds an entry of `key` (by name only: a damaged one
+        is found when it is read)."""
+        if self.path(key).is_file():
+            return []
+        return [dtype for dtype in DTYPES if dtype != key["dtype"] and self.path({**key, "dtype": dtype}).is_file()]
+
     def put(self, key: dict, tensors: dict) -> Path:
         """Store `tensors` under `key`: a temporary file, checked whole and renamed into place, so an entry is
         never partial. CamrenderError (naming the entry) when it cannot be written (a full disk)."""
@@ -138,11 +147,17 @@ class PromptCache:
         return path
 
     def fetch(self, key: dict, compute: Callable[[], dict]) -> dict:
-        """The entry under `key`, else `compute()` stored there and returned (an entry that cannot be stored
-        is a note: the render goes on)."""
+        """The entry under `key`, else `compute()` stored there and returned (noted when the prompt is cached
+        in another dtype only; an entry that cannot be stored is a note too: the render goes on)."""
         found = self.get(key)
         if found is not None:
             return found
+        others = self.other_dtypes(key)
+        if others:
+            what = "stage 1's prompt" if key["stage"] == "stage1" else "the refiner's prompt"
+            self.log(f"the prompt cache holds {what} in {' and '.join(others)}, but this render runs in "
+                     f"{key['dtype']}: encoding again (`camrender encode-prompt --dtype {key['dtype']}` caches it "
+                     f"for such renders)")
         tensors = compute()
         try:
             self.put(key, tensors)
@@ -157,7 +172,8 @@ def _canonical(key: dict) -> str:
 
 # ------------------------------------------------------------------ the two stages' keys and lookups
 def _dtype_name(request) -> str:
-    return str(resolve_dtype(request.dtype, resolve_device(request.device))).replace("torch.", "")
+    load = request.settings
+    return str(resolve_dtype(load.dtype, resolve_device(load.device))).replace("torch.", "")
 
 
 def stage_one_key(request, guidance: bool) -> dict:
@@ -165,20 +181,20 @@ def stage_one_key(request, guidance: bool) -> dict:
     return {"stage": "stage1", "version": LAYOUT_VERSION, "prompt": request.prompt or "",
             "negative_prompt": (request.negative_prompt or "") if guidance else None,
             "max_sequence_length": MAX_SEQUENCE_LENGTH, "dtype": _dtype_name(request),
-            "encoder": encoder_identity(request.model, ("text_encoder", "tokenizer"))}
+            "encoder": encoder_identity(request.settings.model, ("text_encoder", "tokenizer"))}
 
 
 def refiner_key(request) -> dict:
     """The refiner's Gemma-3 + connectors embeddings of the request's prompt."""
     return {"stage": "refiner", "version": LAYOUT_VERSION, "prompt": request.prompt or "",
             "dtype": _dtype_name(request),
-            "encoder": _refiner_identity(request.refiner)}
+            "encoder": _refiner_identity(request.settings.refiner)}
 
 
 def _refiner_identity(spec: str) -> dict:
     """The refiner's connectors and tokenizer folders and its Gemma-3 folder (inside or beside it)."""
     folder = Path(spec).expanduser()
-    if spec == "tiny" or not folder.is_dir():
+    if spec == TINY or not folder.is_dir():
         return encoder_identity(spec, ("text_encoder", "connectors", "tokenizer"))
 
     root = _refiner_root(folder)
@@ -213,11 +229,12 @@ def cached_pair(request, key: dict, compute: Callable[[], tuple], device) -> tup
     return found["embeds"].to(device), None if mask is None else mask.to(device)
 
 
-def cached_stages(request, guidance: bool) -> dict:
+def cached_stages(request) -> dict:
     """{"stage1": bool, "refiner": bool}: whether each stage's prompt is in the request's cache (readable, same
     key), so its encoder need not load."""
+    guidance = request.guidance is not None and request.guidance > 1.0
     cache = cache_of(request, quiet=True)  # the render's own lookup notes a bad entry
     if cache is None:
         return {"stage1": False, "refiner": False}
     return {"stage1": cache.get(stage_one_key(request, guidance)) is not None,
-            "refiner": request.refiner is not None and cache.get(refiner_key(request)) is not None}
+            "refiner": request.settings.refiner is not None and cache.get(refiner_key(request)) is not None}

@@ -1,5 +1,5 @@
-"""What one render is: `RenderRequest` (the camera path plus sampling and model settings) and the checks
-of a request against a loaded model's strides.
+"""What one render is: `RenderRequest` (the camera path and what the render asks for, beside the settings of
+the pipeline it runs on) and the checks of a request against a loaded model.
 
 `progress` callables (`Progress`) are None or `progress(done, total, info="", stage="stage 1", unit="")`:
 `done` of `total` units (denoising steps, segments, refiner blocks) finished; `info` is a short free-text
@@ -13,15 +13,18 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from camrender.errors import CamrenderError
-from camrender.model.stage1.loading import DEFAULT_MODEL
-from camrender.model.stage1.recipes import DEFAULT_RECIPE, get_recipe
+from camrender.render.load_settings import LoadSettings
+from camrender.model.stage1.recipes import Recipe, get_recipe
+from camrender.vocabulary import DEFAULT_RECIPE, MODE, RELEASE_SIZE
 
 DEFAULT_NEGATIVE_PROMPT = ""
 
 
 @dataclasses.dataclass
 class RenderRequest:
-    """One render: a camera path plus the sampling and model settings.
+    """One render: a camera path and what this render asks for. How the pipeline computes is its `settings`
+    (`camrender.render.load_settings.LoadSettings`), the ones it was planned for: a pipeline renders only the
+    requests of its own settings (`check_request`).
 
     Attributes:
         traj: the resolved `camrender.trajectory.Trajectory` (c2w (F, 4, 4) OpenCV, intrinsics
@@ -37,32 +40,12 @@ class RenderRequest:
         seed: noise seed (CPU generator, so renders repeat across devices).
         num_frames: video frames F = 8k + 1; fps: output frame rate.
         height, width: output size in pixels (multiples of the VAE's spatial stride).
-        model: hub id, local diffusers folder, or "tiny".
-        dtype: "auto" (bfloat16 on CUDA, float32 on CPU) | "bfloat16" | "float16" | "float32".
-        device: "cuda", "cuda:1", "cpu", ... or None for auto (CUDA when available).
-        offload: model CPU offload (components move to the device only while they run).
-        transformer_weights: optional original-format DiT file loaded over the transformer.
-        vae: optional diffusers VAE folder replacing the pipeline's (the streaming causal VAE).
-        kernels: "fused" (the Triton kernels of every patched block; PyTorch references on CPU) |
-            "torch" (stage 1 on the kernels' PyTorch references, the refiner on diffusers' own block code).
-        mode: "full" (whole clip at once) | "segments" (chunk-causal, state-cached).
-        recipe: the checkpoint's recipe (`camrender.model.stage1.recipes`): "bidirectional" (or
-            "bidirectional-nvlabs-latest", "bidirectional-diffusers") | "streaming" | "chunk-causal".
-        allow_missing_weights: render even when `transformer_weights` leaves transformer weights unloaded.
+        mode: `camrender.vocabulary.MODE`: "full" (whole clip at once) | "segments" (chunk-causal, state-cached).
+        recipe: the `camrender.model.stage1.recipes.Recipe` the render samples with (the checkpoint's, with this
+            render's overrides such as its flow shift).
         segment_frames: latent frames per segment after the first (segment mode; None: the recipe's).
         cached_segments: recent segments besides the first that softmax blocks attend to (segment
             mode; None: the recipe's).
-        cuda_graphs: replay the denoising passes as CUDA graphs (`camrender.model.graphs`; on CUDA, without
-            model CPU offload).
-        refiner: stage 2 (`camrender.model.refiner.loading.resolve_refiner`'s result: None, "tiny", a checked
-            folder or a hub id); loaded next to the pipeline and attached to it
-            (`camrender.render.stage_two.attach_refiner`).
-        refiner_offload: "none" (the refiner's DiT lives on the GPU) | "layers" (its blocks visit the GPU
-            one at a time) | a number N as a string (N blocks stream from CPU memory, the rest resident).
-        stage1_precision, refiner_precision: "bf16" (the model's dtype) | "fp8" (e4m3 W8A8 linears of the
-            transformer blocks, `camrender.model.fp8`; CUDA, compute capability 8.9+).
-        refiner_window: the refiner's KV window in latent frames (sink + N-1 recent; official
-            `--refiner_kv_max_frames`, 11).
         prompt_cache: folder of encoded prompts (`camrender.render.prompt_cache`), None: no cache.
         controls: the action scheme that rolled out an action-string path
             (`camrender.trajectory.controls.ControlScheme.to_dict()`: name, speeds, pitch limit, smoothing,
@@ -71,6 +54,7 @@ class RenderRequest:
         noise_frames: latent frames of the noise draw (None: the clip's); the clip takes its first ones.
             A live session (`camrender play`) draws its longest clip's noise up front and may stop
             earlier: its `NAME.render.json` records the draw so the shorter offline render gets the same noise.
+        settings: the `LoadSettings` of the pipeline this render runs on.
     """
 
     traj: Any
@@ -82,35 +66,25 @@ class RenderRequest:
     seed: int = 0
     num_frames: int = 161
     fps: float = 16.0
-    height: int = 704
-    width: int = 1280
-    model: str = DEFAULT_MODEL
-    dtype: str = "auto"
-    device: Optional[str] = None
-    offload: bool = False
-    transformer_weights: Optional[str] = None
-    vae: Optional[str] = None
-    kernels: str = "fused"
+    height: int = RELEASE_SIZE[0]
+    width: int = RELEASE_SIZE[1]
     mode: str = get_recipe(DEFAULT_RECIPE).mode
-    recipe: str = DEFAULT_RECIPE
-    allow_missing_weights: bool = False
+    recipe: Recipe = get_recipe(DEFAULT_RECIPE)
     segment_frames: Optional[int] = None
     cached_segments: Optional[int] = None
-    cuda_graphs: bool = True
-    refiner: Optional[str] = None
-    refiner_offload: str = "none"
-    stage1_precision: str = "bf16"
-    refiner_precision: str = "bf16"
-    refiner_window: int = 11
     prompt_cache: Optional[str] = None
     controls: Optional[dict] = None
     out: Optional[Path] = None
     cameras: Any = None
     noise_frames: Optional[int] = None
+    settings: LoadSettings = LoadSettings()
+
+    def __post_init__(self):
+        if isinstance(self.recipe, str):  # a name given in code: its Recipe, looked up here once
+            self.recipe = get_recipe(self.recipe)
 
 
-
-MODES = ("full", "segments")
+MODES = MODE.values
 
 MAX_SEQUENCE_LENGTH = 300  # prompt tokens, as the released pipeline
 
@@ -125,8 +99,14 @@ def latent_shape(pipe, request: RenderRequest) -> tuple:
 
 
 
-def check_request(pipe, request: RenderRequest) -> None:
-    """Raise CamrenderError when the request does not fit the model's strides."""
+def check_request(pipe, request: RenderRequest, settings=None) -> None:
+    """Raise CamrenderError when the request does not fit the model's strides, or was planned for a pipeline of
+    other `LoadSettings` than `settings` (the pipeline's; None: not checked)."""
+    if settings is not None and request.settings != settings:
+        changed = [name for name in LoadSettings.__dataclass_fields__
+                   if getattr(request.settings, name) != getattr(settings, name)]
+        raise CamrenderError(f"this request was planned for a pipeline loaded with other settings ({', '.join(changed)}"
+                             "): plan it with this pipeline's request()", field=changed[0])
     t_stride, s_stride = pipe.vae_temporal_compression_ratio, pipe.vae_spatial_compression_ratio
     patch = pipe.transformer.config.patch_size
     frames = request.traj.num_frames if request.traj is not None else request.num_frames

@@ -91,6 +91,27 @@ def read_checkpoint_info(path: Path) -> dict:
         raise CamrenderError(f"unreadable checkpoint ({type(error).__name__}: {reason})", path=path) from None
 
 
+NO_CHECKPOINT = "no checkpoint: the render stopped before its first, nothing to resume"
+
+
+def partial_state(folder: Path) -> tuple:
+    """(the checkpoint's info or None, the words every message about `folder` uses for what it holds);
+    CamrenderError for an unreadable checkpoint."""
+    checkpoint = folder / CHECKPOINT_NAME
+    if not checkpoint.exists():
+        return None, NO_CHECKPOINT
+    info = read_checkpoint_info(checkpoint)
+    return info, f"checkpoint at segment {info['next_segment']} of {info['segments']}, {info['frames_written']} frames"
+
+
+def partial_advice(info: Optional[dict], folder: Path, resume: str) -> str:
+    """What to do with an interrupted render's `folder` (`resume`: how to run that render with --resume)."""
+    remove = f"rm -r -- {shlex.quote(str(folder))}"
+    if info is None:
+        return f"remove it: {remove} (or {resume}, which starts over)"
+    return f"{resume} to continue it, or remove it: {remove}"
+
+
 def check_partials(request, resume: bool, log) -> Optional[dict]:
     """Before the model loads: report what earlier runs left for `request.out` and decide.
 
@@ -105,8 +126,12 @@ def check_partials(request, resume: bool, log) -> Optional[dict]:
             f"remove it: rm -- {shlex.quote(str(leftover))}")
     for other in other_partial_folders(out):
         video = other.with_name(other.name[1:-len(".partial")])
-        log(f"warning: {other} holds an interrupted segment-mode render of {video}: continue it with that "
-            f"render's command and --resume, or remove it: rm -r -- {shlex.quote(str(other))}")
+        try:
+            info, where = partial_state(other)
+        except CamrenderError:
+            info, where = None, "an unreadable checkpoint"
+        log(f"warning: {other} holds an interrupted segment-mode render of {video} ({where}): "
+            f"{partial_advice(info, other, 're-run that render with --resume')}")
     folder = partial_folder(out)
     if resume and request.mode != "segments":
         raise CamrenderError("--resume continues segment-mode renders (--mode segments)", field="resume")
@@ -121,25 +146,20 @@ def check_partials(request, resume: bool, log) -> Optional[dict]:
     remove = f"rm -r -- {shlex.quote(str(folder))}"
     # (no other render writes it: the caller holds the output's claim, `camrender.output.targets`; the pid in
     # its owner.json may be a dead render's, reused since by another program)
-    checkpoint = folder / CHECKPOINT_NAME
     try:
-        info = read_checkpoint_info(checkpoint) if os.path.lexists(checkpoint) else None
+        info, where = partial_state(folder)
     except CamrenderError as error:
         if not resume:
             raise CamrenderError(f"{error.detail}; --resume renders it again from the start, or remove it: {remove}",
-                                 path=checkpoint) from None
+                                 path=folder / CHECKPOINT_NAME) from None
         start_over(folder, error.detail, log)
         return None
-    where = (f"checkpoint at segment {info['next_segment']} of {info['segments']}, {info['frames_written']} frames"
-             if info else "no checkpoint")
     if not resume:
-        action = "add --resume to continue it, or remove it" if info else "it cannot be resumed; remove it"
-        raise CamrenderError(f"an interrupted render of this video left {folder} ({where}); {action}: {remove}",
-                             path=out)
+        raise CamrenderError(f"an interrupted render of this video left {folder} ({where}); "
+                             f"{partial_advice(info, folder, 'add --resume')}", path=out)
     if info is None:  # killed before its first checkpoint: nothing would be lost by starting over
         shutil.rmtree(folder)
-        log(f"nothing to resume: {folder} held no checkpoint yet (the render stopped before its first); "
-            f"rendering from the start")
+        log(f"--resume: {folder} ({where}): removed it, rendering from the start")
         return None
     current = checkpoint_settings(request)
     differ = settings_differences(info["settings"], current)

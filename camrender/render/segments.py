@@ -27,7 +27,6 @@ from camrender.errors import CamrenderError
 from camrender.model.device import to_device
 from camrender.model.settings import RenderSettings
 from camrender.model.stage1.recipes import STREAMING_TIMESTEPS as DEFAULT_SEGMENT_TIMESTEPS
-from camrender.model.stage1.recipes import get_recipe
 from camrender.model.stage1.recipes import segment_bounds
 from camrender.model.stage1.segments import SegmentCache
 from camrender.model.stage1.state import SegmentOptions
@@ -170,7 +169,7 @@ def segment_plan(pipe, request, device, settings: RenderSettings, checkpoints=No
     checkpoint, if it has one, and saves one at segment boundaries, after the consumer has
     taken the previous segment's frames (so they are written before the checkpoint refers to them).
     """
-    recipe = get_recipe(request.recipe)
+    recipe = request.recipe
     segment_frames = recipe.chunk_frames if request.segment_frames is None else request.segment_frames
     cached_segments = recipe.recent_chunks if request.cached_segments is None else request.cached_segments
     if segment_frames < 1:

@@ -13,6 +13,7 @@ import dataclasses
 import hashlib
 import json
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
@@ -22,8 +23,9 @@ from camrender.trajectory import v1
 from camrender.trajectory.formats.fileio import read_json
 
 RENDER_JSON_VERSION = 1
-NOT_SETTINGS = ("traj", "out", "prompt_cache")  # the path (stored apart), the target (given on each command
-# line) and where this machine keeps encoded prompts (not part of the video)
+NOT_SETTINGS = ("traj", "out", "prompt_cache", "cameras", "settings")  # the path (stored apart), the target (given
+# on each command line), where this machine keeps encoded prompts (not part of the video), a camera stream (no
+# whole path) and the load settings (recorded field by field beside the request's)
 
 
 def _jsonable(value):
@@ -41,9 +43,13 @@ def _jsonable(value):
 
 
 def settings_record(request) -> dict:
-    """{field: JSON value} of every field of `request` but the trajectory and the output path."""
-    return {f.name: _jsonable(getattr(request, f.name)) for f in dataclasses.fields(request)
-            if f.name not in NOT_SETTINGS}
+    """{name: JSON value} of what `request` asked for, one flat record: its own fields but the trajectory and the
+    output path, its recipe by name (and the flow shift it samples with), and its pipeline's `LoadSettings`."""
+    record = {f.name: _jsonable(getattr(request, f.name)) for f in dataclasses.fields(request)
+              if f.name not in NOT_SETTINGS}
+    record["recipe"] = request.recipe.name
+    record["flow_shift"] = request.recipe.flow_shift
+    return {**record, **_jsonable(request.settings.record())}
 
 
 def trajectory_digest(traj) -> str:
@@ -71,8 +77,8 @@ def file_identity(path) -> str:
 def checkpoint_settings(request) -> dict:
     """What a resume must match: the settings, the trajectory digest and the identity of the weight
     files named by path (--transformer-weights, --vae)."""
-    files = {f"{name}_file": file_identity(getattr(request, name)) for name in ("transformer_weights", "vae")
-             if getattr(request, name, None) is not None}
+    files = {f"{name}_file": file_identity(getattr(request.settings, name)) for name in ("transformer_weights", "vae")
+             if getattr(request.settings, name) is not None}
     return {**settings_record(request), "trajectory_sha256": trajectory_digest(request.traj), **files}
 
 
@@ -81,10 +87,11 @@ def settings_differences(saved: dict, current: dict) -> list:
     return sorted(key for key in set(saved) | set(current) if saved.get(key, "<unset>") != current.get(key, "<unset>"))
 
 
-def write_render_json(request, path) -> None:
-    """`NAME.render.json`: the settings plus the rendered path (per-frame v1 document)."""
+def write_render_json(request, path, ran: Optional[dict] = None) -> None:
+    """`NAME.render.json`: the settings as asked, what ran (`ran`: the resolved dtype, device, CUDA graphs, ...,
+    `camrender.model.settings.RenderSettings.record()`) and the rendered path (per-frame v1 document)."""
     doc = {"camrender_render": RENDER_JSON_VERSION, "settings": settings_record(request),
-           "trajectory": v1.to_document(request.traj, path)}
+           **({} if ran is None else {"ran": _jsonable(ran)}), "trajectory": v1.to_document(request.traj, path)}
     atomic_write_text(path, json.dumps(doc, indent=1, allow_nan=False) + "\n")
 
 

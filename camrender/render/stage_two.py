@@ -15,7 +15,7 @@ from typing import Callable, Optional
 import torch
 
 from camrender.errors import CamrenderError
-from camrender.model.fp8 import quantize_blocks
+from camrender.model.precision import get_precision
 from camrender.model.refiner.loading import load_refiner, place_refiner
 from camrender.model.refiner.stream import RefinerStream, RefinerText, encode_refiner_prompt, park_prompt_projections
 from camrender.model.settings import RefinerSettings, RenderSettings
@@ -58,18 +58,18 @@ def stage_two(pipe, request, device, settings: Optional[RefinerSettings] = None)
     """The refiner stream of one render: a `RefinerStream` when a refiner is attached to `pipe`, else a
     pass-through with the same `push`/`finish`. Encodes the refiner's prompt here, once per render.
 
-    settings: the render's `RenderSettings.refiner` (None: the request's, `RenderSettings.of_request`);
-    path "stock" (`--kernels torch`) runs diffusers' own refiner blocks. Noise of the block endpoints
+    settings: the render's `RenderSettings.refiner` (None: those of the request's `LoadSettings`);
+    kernels "torch" runs diffusers' own refiner blocks. Noise of the block endpoints
     comes from a CPU generator seeded with the render's seed (repeatable across devices, like stage 1's).
     """
     refiner = getattr(pipe, _ATTRIBUTE, None)
     if refiner is None:
         return PassThrough()
-    settings = RenderSettings.of_request(request).refiner if settings is None else settings
+    settings = RenderSettings.decide(request.settings).refiner if settings is None else settings
     text = refiner_prompt(refiner, request, device)
     return RefinerStream(refiner, text, fps=request.fps, device=device,
                          generator=torch.Generator("cpu").manual_seed(int(request.seed)),
-                         kernels=settings.path, kernel_backend=settings.backend, kv_max_frames=settings.window)
+                         kernels=settings.kernels, kernel_backend=settings.backend, kv_max_frames=settings.window)
 
 
 def refiner_prompt(refiner, request, device) -> RefinerText:
@@ -95,17 +95,18 @@ def _encoded(refiner, request, device, dtype) -> tuple:
 
 # On CUDA, a segment's refinement runs on its own stream while the next segment's stage 1 runs, and its
 # decode on a third. With the refiner this hides 1-3 % of the stages' GPU time on an H200 (the refiner
-# keeps every SM busy, docs/performance.md, "Overlap schedules"); without it the decode runs beside stage 1.
+# keeps every SM busy: bench/results/2026-12-04_refined_segments_stream_traces_h200.json); without it the decode
+# runs beside stage 1.
 OVERLAP_STAGE_TWO = True
 
-# The streams' price in memory: PyTorch's caching allocator keeps the blocks a stream frees for that stream, so each
-# of the three streams holds its own peak of short-lived buffers (at the release shape 3.4 GiB more reserved than
-# on one stream with the bf16 refiner, 1.9 with FP8: docs/performance.md, "sixteenth session"). With a refiner on
-# CUDA the stages get their own streams only where the GPU has this much room at the render's start (its memory,
-# under the process's cap, less what is allocated), as on an 80 or 141 GB card; elsewhere they are queued in the
-# same order on the render's one stream (`Schedule(streams=False)`), so from one pool, and the host still runs a
-# segment ahead (1-2 % slower than the streams on an H200; yielding each segment's frames before the next is
-# queued, `overlap=False`, is 6-9 % slower).
+# The streams' price in memory: PyTorch's caching allocator keeps the blocks a stream frees for that stream, so each of
+# the three streams holds its own peak of short-lived buffers (at the release shape 3.4 GiB more reserved than on one
+# stream with the bf16 refiner, 1.9 with FP8: bench/results/2026-12-04_refined_segments_one_stream_h200.json). With a
+# refiner on CUDA the stages get their own streams only where the GPU has this much room at the render's start (its
+# memory, under the process's cap, less what is allocated), as on an 80 or 141 GB card; elsewhere they are queued in the
+# same order on the render's one stream (`Schedule(streams=False)`), so from one pool, and the host still runs a segment
+# ahead (1-2 % slower than the streams on an H200; yielding each segment's frames before the next is queued,
+# `overlap=False`, is 6-9 % slower).
 OVERLAP_MIN_ROOM_GIB = 32
 
 
@@ -371,32 +372,31 @@ def refine_clip(pipe, request, latents, device=None, progress=None, settings: Op
     return torch.cat(pieces, dim=2)
 
 
-def load_stage_two(pipe, request, text_encoder: bool = True, place: bool = True,
+def load_stage_two(pipe, load, *, prompt=None, text_encoder: bool = True, place: bool = True,
                    settings: Optional[RefinerSettings] = None) -> None:
-    """Load `request.refiner` in the pipeline's dtype (its block linears in FP8 under the refiner settings'
-    `linear_precision` "fp8", quantized once here; settings None: the request's), place it
-    (`request.refiner_offload`) and attach it to `pipe` for the render (`camrender.render.stage_two.stage_two`).
+    """Load the refiner of `load` (`LoadSettings`) in the pipeline's dtype, its block linears in the refiner's
+    precision (`camrender.model.precision`, prepared once here; settings None: those of `load`), place it
+    (`load.refiner_offload`) and attach it to `pipe` (`camrender.render.stage_two.stage_two` finds it there).
+    prompt: a `RenderRequest` whose refiner prompt is encoded now, before the DiT is on the GPU (the Gemma-3
+    encoder, 24 GB in bf16, then visits the GPU beside stage 1 alone), and kept for its render.
     text_encoder=False: no Gemma-3 (the prompt is cached). place=False: the DiT stays in CPU memory,
-    unquantized (`camrender encode-prompt`)."""
+    unprepared (`camrender encode-prompt`)."""
     latent_channels = pipe.vae.config.latent_channels
-    refiner = load_refiner(request.refiner, dtype=pipe.transformer.dtype, latent_channels=latent_channels,
+    refiner = load_refiner(load.refiner, dtype=pipe.transformer.dtype, latent_channels=latent_channels,
                            text_encoder=text_encoder)
     if refiner.transformer.config.in_channels != latent_channels:  # a hub id is checked only once downloaded
         raise CamrenderError(f"the refiner works on {refiner.transformer.config.in_channels} latent channels but "
-                             f"the VAE makes {latent_channels}", path=request.refiner, field="refiner")
-    if refiner.text_encoder is not None:
-        # Encode now, before the refiner's DiT is on the GPU: the Gemma-3 encoder (24 GB in bf16) visits the
-        # GPU beside stage 1 alone, not beside the refiner too (peak memory of the render).
-        text = refiner_prompt(refiner, request, pipe._execution_device)
-        setattr(refiner, _PROMPT_MEMO, (refiner_key(request), text.embeds, text.mask))
+                             f"the VAE makes {latent_channels}", path=load.refiner, field="refiner")
+    if refiner.text_encoder is not None and prompt is not None:
+        text = refiner_prompt(refiner, prompt, pipe._execution_device)
+        setattr(refiner, _PROMPT_MEMO, (refiner_key(prompt), text.embeds, text.mask))
     if not place:
         attach_refiner(pipe, refiner)
         return
-    settings = RenderSettings.of_request(request).refiner if settings is None else settings
-    if settings.linear_precision == "fp8":
-        # on the GPU block by block (the bf16 weights of one block at a time), or where they stream from
-        device = None if request.refiner_offload == "layers" else pipe._execution_device
-        quantize_blocks(refiner.transformer.transformer_blocks, device=device)
-    place_refiner(refiner, pipe._execution_device, request.refiner_offload)
+    settings = RenderSettings.decide(load).refiner if settings is None else settings
+    # on the GPU block by block (the bf16 weights of one block at a time), or where they stream from
+    device = None if load.refiner_offload == "layers" else pipe._execution_device
+    get_precision(settings.linear_precision).prepare_blocks(refiner.transformer.transformer_blocks, device=device)
+    place_refiner(refiner, pipe._execution_device, load.refiner_offload)
     park_prompt_projections(refiner.transformer)
     attach_refiner(pipe, refiner)

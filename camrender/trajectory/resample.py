@@ -56,14 +56,20 @@ def official_frame_count(asked: int, available: int, stride: int = TIME_STRIDE) 
     return max(1, below if snapped > available else snapped)
 
 
-def frames_note(before: int, after: int, asked) -> str:
-    """What happened to a path of `before` frames that renders with `after` ("" when nothing did)."""
-    if before == after:
-        return ""
+def frames_note(before: int, after: int, asked=None, stride: int = TIME_STRIDE, recipe=None) -> str | None:
+    """The one-line note of a path of `before` frames that renders with `after` (`to_model_frames`' result)
+    when `asked` frames were asked for (None: not given), or None when there is nothing to say.
+
+    A path shorter than `asked` is always noted, also when it is already stride*k+1 and renders whole;
+    otherwise a changed frame count is. `recipe`: the recipe's name, said with the stride."""
     if asked is not None and before < asked:
-        return (f"the path has {before} frames, fewer than the {asked} asked: rendering its first {after} "
-                f"(as the official SANA-WM CLI snaps it)")
-    return f"the path is re-timed to {after} frames"
+        kept = f"rendering its first {after}" if after < before else f"rendering all {after}"
+        said = f"the path has {before} frames, fewer than the {asked} asked: {kept}, as the official SANA-WM CLI does"
+    elif before != after:
+        said = f"the path is re-timed to {after} frames"
+    else:
+        return None
+    return f"{said} ({stride}k+1, the {recipe} recipe's frame counts)" if recipe else f"{said} ({stride}k+1)"
 
 
 def resample_frames(traj: Trajectory, num_frames: int, position: str = "linear") -> Trajectory:

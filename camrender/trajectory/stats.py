@@ -67,5 +67,11 @@ def compute(traj: Trajectory) -> PathStats:
     )
 
 
-def fmt_number(x: float) -> str:
-    return f"{x:.4g}" if math.isfinite(x) else str(x)
+def fmt_number(x: float, digits: int = 4) -> str:
+    return f"{x:.{digits}g}" if math.isfinite(x) else str(x)
+
+
+def fmt_length(x: float, digits: int = 4) -> str:
+    """A length in world units, `digits` significant: "1 unit", "2.5 units"."""
+    shown = fmt_number(x, digits)
+    return f"{shown} unit" if shown == "1" else f"{shown} units"

@@ -16,7 +16,7 @@ import numpy as np
 
 from camrender.errors import CamrenderError
 from camrender.files import atomic_output
-from camrender.trajectory.stats import fields_of_view, rotation_angles
+from camrender.trajectory.stats import fields_of_view, fmt_length, rotation_angles
 
 _FRUSTUM_TARGET = 16  # about this many frustums per view when `every` is not given
 
@@ -66,6 +66,25 @@ def _default_every(num_frames: int) -> int:
     return max(1, int(math.ceil((num_frames - 1) / _FRUSTUM_TARGET))) if num_frames > 1 else 1
 
 
+# corners of a view, in axes fractions, in the order they are preferred for the scale bar and the legend
+_CORNERS = {"lower left": (0.0, 0.0), "lower right": (1.0, 0.0), "upper left": (0.0, 1.0), "upper right": (1.0, 1.0)}
+_CORNER_BOX = (0.4, 0.16)  # the room a scale bar or the legend takes in a corner, axes fractions
+
+
+def corners_by_room(ax, points: np.ndarray, markers: np.ndarray) -> list:
+    """The names of `_CORNERS` of `ax`, emptiest first: how many of `points` ((N, 2) data coordinates: the
+    path, the frustums) fall in each corner's box, a point of `markers` (the start and end) counting as
+    all of them. The view's limits must be final (`ax.apply_aspect()`)."""
+    def inside(data, corner):
+        fractions = ax.transLimits.transform(data)
+        near = np.abs(fractions - np.array(corner))  # distance from the corner along each axis
+        return int(np.sum((near[:, 0] < _CORNER_BOX[0]) & (near[:, 1] < _CORNER_BOX[1])))
+
+    weight = len(points) + 1
+    crowd = {name: inside(points, corner) + weight * inside(markers, corner) for name, corner in _CORNERS.items()}
+    return sorted(_CORNERS, key=lambda name: crowd[name])  # stable: ties keep the preferred order
+
+
 def plot_trajectory(traj, path, *, every: int | None = None) -> None:
     """Write a plot (PNG, or JPEG/PDF/SVG by the suffix of `path`) atomically, showing `traj` (a camrender Trajectory).
 
@@ -76,10 +95,11 @@ def plot_trajectory(traj, path, *, every: int | None = None) -> None:
     """
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")
-        _draw(traj, path, every)
+        _save_atomic(draw(traj, every), path)
 
 
-def _draw(traj, path, every) -> None:
+def draw(traj, every: int | None = None):
+    """The plot of `traj` as a matplotlib Figure (Agg canvas); `plot_trajectory` writes it."""
     # lazy: keeps `camrender --help` and the `traj` commands free of matplotlib (and the PIL it imports)
     import matplotlib
 
@@ -102,11 +122,12 @@ def _draw(traj, path, every) -> None:
     fig = Figure(figsize=(12, 8), dpi=100)  # fixed layout: constrained layout costs seconds
     FigureCanvasAgg(fig)
     views_grid = fig.add_gridspec(1, 2, left=0.06, right=0.9, top=0.92, bottom=0.45, wspace=0.18)
-    charts_grid = fig.add_gridspec(2, 1, left=0.06, right=0.9, top=0.37, bottom=0.06, hspace=0.45)
+    charts_grid = fig.add_gridspec(2, 2, left=0.06, right=0.9, top=0.37, bottom=0.06, hspace=0.45, wspace=0.18)
     top = fig.add_subplot(views_grid[0, 0])
     side = fig.add_subplot(views_grid[0, 1])
     speed_ax = fig.add_subplot(charts_grid[0, 0])
-    fov_ax = fig.add_subplot(charts_grid[1, 0], sharex=speed_ax)
+    turn_ax = fig.add_subplot(charts_grid[0, 1], sharex=speed_ax)  # its own chart: the lines never hide each other
+    fov_ax = fig.add_subplot(charts_grid[1, :], sharex=speed_ax)
     colour_ax = fig.add_axes([0.925, 0.45, 0.012, 0.47])
 
     # (horizontal, vertical) world components of each view; side view shows height = -y
@@ -132,11 +153,18 @@ def _draw(traj, path, every) -> None:
         ax.set_ylabel(ylabel)
         ax.set_title(title)
         ax.grid(True, lw=0.3)
-        ax.legend(loc="upper right", fontsize=8)
         # the frustums (already in the data limits) keep the view at least `depth` wide
         all_h, all_v = project(np.concatenate([positions, positions + c2w[:, :3, 2] * depth]))
         bar = _nice_length(max(np.ptp(all_h), np.ptp(all_v), depth))
-        ax.add_artist(AnchoredSizeBar(ax.transData, bar, f"{bar:g} units", "lower left", pad=0.4,
+        # the scale bar and the legend go to the corners the path, the frustums and the markers leave free
+        ax.autoscale_view()
+        ax.apply_aspect()
+        along = np.linspace(0.0, 1.0, 5)[:, None, None]  # 5 points along each frustum line
+        on_lines = (segments[:, 0] * (1 - along) + segments[:, 1] * along).reshape(-1, 3)
+        drawn = np.concatenate([np.stack([h, v], axis=-1), np.stack(project(on_lines), axis=-1)])
+        bar_corner, legend_corner = corners_by_room(ax, drawn, np.stack([h[[0, -1]], v[[0, -1]]], axis=-1))[:2]
+        ax.legend(loc=legend_corner, fontsize=8)
+        ax.add_artist(AnchoredSizeBar(ax.transData, bar, fmt_length(bar), bar_corner, pad=0.4,
                                       frameon=True, size_vertical=0, fontproperties={"size": 8}))
     fig.colorbar(points, cax=colour_ax, label="frame")
 
@@ -144,16 +172,18 @@ def _draw(traj, path, every) -> None:
         mid = frames[:-1] + 0.5
         linear, turning = speeds(traj), angular_speeds(traj)
         speed_ax.plot(mid, linear, color="tab:blue", lw=1.2, label="speed")
-        speed_ax.set_ylabel("units / s", color="tab:blue")
+        speed_ax.set_ylabel("units / s")
         speed_ax.set_ylim(0, _headroom(linear))
-        turn_ax = speed_ax.twinx()
-        turn_ax.plot(mid, turning, color="tab:orange", lw=1.0, ls="--", label="turn rate")
-        turn_ax.set_ylabel("deg / s", color="tab:orange")
+        turn_ax.plot(mid, turning, color="tab:orange", lw=1.2, label="rotation speed")
+        turn_ax.set_ylabel("deg / s")
         turn_ax.set_ylim(0, _headroom(turning))
-        speed_ax.set_title("speed (blue) and rotation speed (orange) between frames", fontsize=9)
+        speed_ax.set_title("speed between frames", fontsize=9)
+        turn_ax.set_title("rotation speed between frames", fontsize=9)
     else:
-        speed_ax.text(0.5, 0.5, "single frame: no motion", ha="center", va="center", transform=speed_ax.transAxes)
+        for ax in (speed_ax, turn_ax):
+            ax.text(0.5, 0.5, "single frame: no motion", ha="center", va="center", transform=ax.transAxes)
         speed_ax.set_title("speed", fontsize=9)
+        turn_ax.set_title("rotation speed", fontsize=9)
     hfov, vfov = fields_of_view(traj.intrinsics, traj.width, traj.height)
     fov_ax.plot(frames, hfov, label="horizontal", color="tab:purple")
     fov_ax.plot(frames, vfov, label="vertical", color="tab:brown")
@@ -164,9 +194,10 @@ def _draw(traj, path, every) -> None:
     if hi - lo < 1.0:  # a constant fov: show a readable band instead of float noise
         fov_ax.set_ylim(lo - 5, hi + 5)
     name = os.path.basename(str(traj.source)) if getattr(traj, "source", None) else "trajectory"
+    length = float(np.sum(np.linalg.norm(np.diff(positions, axis=0), axis=1)))
     fig.suptitle(f"{name}: {n} frames, {(n - 1) / traj.fps:.2f} s at {traj.fps:g} fps, "
-                 f"{traj.width}x{traj.height}, path length {np.sum(np.linalg.norm(np.diff(positions, axis=0), axis=1)):.3g} units")
-    _save_atomic(fig, path)
+                 f"{traj.width}x{traj.height}, path length {fmt_length(length, 3)}")
+    return fig
 
 
 PLOT_FORMATS = {".png": "png", ".jpg": "jpeg", ".jpeg": "jpeg", ".pdf": "pdf", ".svg": "svg"}

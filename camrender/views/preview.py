@@ -25,10 +25,8 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 from concurrent.futures import ThreadPoolExecutor
 
-import click
 import numpy as np
 
 from camrender.errors import CamrenderError
@@ -111,8 +109,9 @@ def overlay_lines(frame: int, num_frames: int, c2w, intrinsics, width: int, heig
 
 
 def write_preview(traj, path, *, width: int | None = None, height: int | None = None, overlay: bool = False,
-                  scene_scale: float = 1.0, relative: bool = True, progress: bool = False) -> tuple[int, int]:
-    """Render the preview of `traj` to an mp4 at `path` (atomic); returns the (width, height) written."""
+                  scene_scale: float = 1.0, relative: bool = True, progress=None) -> tuple[int, int]:
+    """Render the preview of `traj` to an mp4 at `path` (atomic); returns the (width, height) written.
+    progress: None, or `progress(done, total)` called after each frame (`camrender.cli.progress.StageProgress`)."""
     # lazy: keeps `camrender --help` and the other `traj` commands free of imageio_ffmpeg (output.video imports it)
     from camrender.output.video import VideoWriter
 
@@ -121,11 +120,8 @@ def write_preview(traj, path, *, width: int | None = None, height: int | None = 
     # x264's default ("medium") costs more than the rendering itself.
     # points at or behind a camera plane divide by ~0: the scene clips them; numpy's warnings are noise here
     with VideoWriter(path, traj.fps, preset=PREVIEW_X264_PRESET) as writer, np.errstate(all="ignore"):
-        if progress and sys.stderr.isatty():  # a bar; off a terminal it would be a lone "preview" line
-            with click.progressbar(frames, length=traj.num_frames, label="preview", file=sys.stderr) as bar:
-                for image in bar:
-                    writer.append(image[None])
-        else:
-            for image in frames:
-                writer.append(image[None])
+        for done, image in enumerate(frames, 1):
+            writer.append(image[None])
+            if progress is not None:
+                progress(done, traj.num_frames)
     return w, h

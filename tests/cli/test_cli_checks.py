@@ -1,4 +1,4 @@
-"""Issue #16's list, one case each: limits, non-finite numbers, suffixes, checks that must run before
+"""Bad input, one case each: limits, non-finite numbers, suffixes, checks that must run before
 the model loads, and messages that name the real problem."""
 import json
 import os

@@ -102,7 +102,7 @@ def _bad_poses():
     stretched, infinite, far = (np.tile(np.eye(4), (9, 1, 1)) for _ in range(3))
     stretched[4, :3, :3] *= 2
     infinite[8, 2, 3] = np.inf
-    far[6, 0, 3] = 1e300  # finite, past MAX_POSITION (issue 23)
+    far[6, 0, 3] = 1e300  # finite, past MAX_POSITION
     return [np.zeros((9, 16)), np.zeros((9, 4, 4), dtype=np.int32), stretched, infinite, np.zeros((0, 4, 4)),
             np.eye(4), np.tile(np.eye(4) * [1, 1, -1, 1], (9, 1, 1)), far]
 

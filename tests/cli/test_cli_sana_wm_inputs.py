@@ -1,4 +1,4 @@
-"""Issue 22 on the command line: the official inputs as they are (action scheme options, pose and
+"""NVlabs' official inputs on the command line, as they are (action scheme options, pose and
 intrinsics .npy, prompt files, frame snapping), resolved into a request without loading a model."""
 import json
 import os
@@ -7,7 +7,7 @@ import numpy as np
 import PIL.Image
 import pytest
 
-from camrender.cli.render import _resolve_request, render
+from camrender.cli.render import plan_from_options, render
 from camrender.render.settings_file import write_render_json
 from camrender.trajectory.controls import make_scheme, rollout
 from camrender.trajectory.crop import crop_intrinsics
@@ -21,8 +21,7 @@ def resolve(argv):
     notes = []
     params = render.make_context("render", [str(a) for a in argv]).params
     params.pop("from_render")
-    params.pop("resume"), params.pop("checkpoint_every"), params.pop("gpus")
-    return _resolve_request(params, notes), notes
+    return plan_from_options(params, notes)[0], notes
 
 
 def test_action_scheme_options_prompt_file_and_the_render_json(tmp_path):
@@ -40,6 +39,19 @@ def test_action_scheme_options_prompt_file_and_the_render_json(tmp_path):
     assert settings["controls"] == scheme.to_dict() and settings["prompt"] == "a red barn in the snow"
     request, _ = resolve(["--traj", "w-16", "--model", "tiny", "--out", tmp_path / "v.mp4", "--no-smooth"])
     assert request.controls == make_scheme("sana-wm", smooth=False).to_dict() and request.num_frames == 17
+
+
+def test_a_path_shorter_than_frames_is_noted_also_when_it_renders_whole(tmp_path):
+    """--frames N with a shorter path: always one note, whether the path is cut to 8k+1 or already is."""
+    whole, notes = resolve(["--traj", "w-40", "--model", "tiny", "--out", tmp_path / "v.mp4", "--frames", "81"])
+    assert whole.num_frames == 41 and len(notes) == 1 and "fewer than the 81 asked: rendering all 41" in notes[0]
+    cut, notes = resolve(["--traj", "w-44", "--model", "tiny", "--out", tmp_path / "v.mp4", "--frames", "81"])
+    assert cut.num_frames == 41 and len(notes) == 1 and "fewer than the 81 asked: rendering its first 41" in notes[0]
+    same, notes = resolve(["--traj", "w-40", "--model", "tiny", "--out", tmp_path / "v.mp4"])
+    assert same.num_frames == 41 and notes == []
+    timed, notes = resolve(["--traj", "w-44", "--model", "tiny", "--out", tmp_path / "v.mp4"])
+    assert timed.num_frames == 49 and notes == ["the path is re-timed to 49 frames (8k+1, the bidirectional recipe's "
+                                                "frame counts)"]
 
 
 def test_pose_npy_with_an_image_is_mapped_as_the_official_cli(tmp_path):
@@ -88,8 +100,9 @@ def test_bad_inputs_stop_before_the_model(tmp_path, capsys, extra, expected):
 
 
 def test_batch_jobs_take_the_new_options_and_skip_intrinsics_files(tmp_path):
-    from camrender.cli import batch_jobs
-    from camrender.cli.render import _resolve_request
+    from camrender.batch.jobs import read_jobs
+    from camrender.batch.plan import plan_jobs
+    from camrender.cli.batch import job_keys, resolver
 
     (tmp_path / "p.prompt").write_text("a lighthouse\n")
     np.save(tmp_path / "a_pose.npy", rollout(make_scheme(), [{"w"}] * 16))
@@ -101,14 +114,14 @@ def test_batch_jobs_take_the_new_options_and_skip_intrinsics_files(tmp_path):
         {"trajectory": "a_pose.npy", "output": "a.mp4", "intrinsics": "a_intrinsics.npy", "smooth": None},
         {"trajectory": "w-16", "output": "bad.mp4", "prompt_file": "missing.txt"},
     ]) + "\n")
-    jobs = batch_jobs.read_jobs(jobs_file, render)
-    planned = batch_jobs.plan_jobs(jobs, render, {"model": "tiny"}, _resolve_request)
+    jobs = read_jobs(jobs_file, job_keys())
+    planned = plan_jobs(jobs, resolver({"model": "tiny"}))
     assert [job.status for job in planned] == ["render", "render", "failed"], planned[0].reason[-300:]
     first = planned[0].request
     assert first.prompt == "a lighthouse" and first.controls == make_scheme("diffusers", smooth=True,
                                                                              pitch_limit=30).to_dict()
     assert planned[1].request.traj.intrinsics[0, 0] == 500.0 and "missing.txt: file not found" in planned[2].reason
-    folder_jobs = batch_jobs.read_jobs(tmp_path, render, tmp_path / "out")
+    folder_jobs = read_jobs(tmp_path, job_keys(), tmp_path / "out")
     assert [os.path.basename(job.where) for job in folder_jobs] == ["a_pose.npy"]
 
 

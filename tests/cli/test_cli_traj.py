@@ -69,6 +69,9 @@ def test_check_reports_path_length_and_steps(tmp_path, capsys):
     run(capsys, "traj", "new", "dolly", "--distance", "2", "--frames", "17", "-o", str(tmp_path / "d.json"))
     code, out, _ = run(capsys, "traj", "check", str(tmp_path / "d.json"))
     assert code == 0 and "path length:  2 units" in out and "max step:     0.125 units/frame" in out
+    run(capsys, "traj", "new", "dolly", "--distance", "1", "--frames", "17", "-o", str(tmp_path / "one.json"))
+    code, out, _ = run(capsys, "traj", "check", str(tmp_path / "one.json"))
+    assert code == 0 and "path length:  1 unit\n" in out
 
 
 def test_convert_between_formats_and_from_an_action_string(tmp_path, capsys):

@@ -38,8 +38,8 @@ DRIVER = textwrap.dedent("""
                 if "cache" in case:
                     import torch
                     from camrender.render.prompt_cache import PromptCache
-                    got = PromptCache(case["cache"], log=notes.append).fetch({"stage": "stage1", "prompt": "p"},
-                                                                             lambda: {"embeds": torch.ones(1024)})
+                    key = {"stage": "stage1", "prompt": "p", "dtype": "float32"}
+                    got = PromptCache(case["cache"], log=notes.append).fetch(key, lambda: {"embeds": torch.ones(1024)})
                     code = int(got["embeds"].sum())
                 else:
                     main(case["argv"])

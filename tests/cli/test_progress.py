@@ -38,6 +38,23 @@ def test_step_lines_are_throttled_and_name_stage_rate_and_eta():
     assert lines[-1].endswith("done")
 
 
+def test_delayed_lines_keep_quick_work_silent(tmp_path, capsys):
+    """With a delay, work finished sooner writes no line (`traj preview` without a terminal: only its result)."""
+    clock, stream = Clock(), io.StringIO()
+    progress = StageProgress("lines", "frame", stream=stream, delay=LINE_INTERVAL_S, clock=clock)
+    for frame in range(1, 33):  # 32 frames in 4 s
+        clock.now += 0.125
+        progress(frame, 32, stage="preview")
+    assert lines_of(stream) == []
+    slow = StageProgress("lines", "frame", stream=stream, delay=LINE_INTERVAL_S, clock=clock)
+    for frame in range(1, 73):  # 72 frames in 9 s: a line at 5 s, and the last
+        clock.now += 0.125
+        slow(frame, 72, stage="preview")
+    assert [line.split(": ")[2].split(" (")[0] for line in lines_of(stream)] == ["frame 40/72", "frame 72/72"]
+    code, out, err = run(["traj", "preview", ORBIT, "-o", tmp_path / "p.mp4", "--width", "32"], capsys)
+    assert code == 0 and err == "" and out.startswith(f"wrote {tmp_path / 'p.mp4'}: 161 frames")
+
+
 def test_a_new_stage_restarts_counts_and_rate_and_keeps_its_unit():
     clock, stream = Clock(), io.StringIO()
     progress = StageProgress("lines", "step", stream=stream, interval=0.0, clock=clock)

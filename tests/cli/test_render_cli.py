@@ -113,8 +113,12 @@ def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, capsys, monkeypa
 
 
 def test_release_model_without_image_fails_before_loading(tmp_path, capsys):
-    out = tmp_path / "x.mp4"
-    code, _, err = run_cli(["--traj", ORBIT, "--out", out, "--model", str(tmp_path / "no_such_model")], capsys)
+    out = tmp_path / "work" / "x.mp4"
+    out.parent.mkdir()
+    model = tmp_path / "model"  # a pipeline folder as far as the checks go: loading it would fail otherwise
+    model.mkdir()
+    (model / "model_index.json").write_text("{}")
+    code, _, err = run_cli(["--traj", ORBIT, "--out", out, "--model", model], capsys)
     assert code == 2
     assert "first-frame image" in err and err.count("\n") == 1 and "Traceback" not in err
-    assert list(tmp_path.iterdir()) == []
+    assert list(out.parent.iterdir()) == []

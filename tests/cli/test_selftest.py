@@ -1,4 +1,4 @@
-"""`camrender selftest`: every kernel against its reference (Triton interpreter here), table and JSON."""
+"""`camrender selftest`: every kernel op against its reference (Triton interpreter here), table and JSON, op by op."""
 import json
 
 import pytest
@@ -15,19 +15,21 @@ def test_selftest_command_runs_every_kernel(capsys):
     report = json.loads(capsys.readouterr().out)
     assert done.value.code == 0, report
     assert report["passed"] is True and "interpreter" in report["device"]
-    names = {case["kernel"] for case in report["cases"]}
-    assert {"delta_scan", "cam_prep", "cam_decode", "camera_branch"} <= names
+    ops = [case["op"] for case in report["cases"]]
+    assert {"delta_scan", "cam_prep", "cam_decode", "camera_branch", "short_conv", "quantize_rows"} <= set(ops)
+    assert list(report["ops"]) == list(dict.fromkeys(ops)) and all(report["ops"].values())
+    assert {"state", "no_downscale"} <= {case["variant"] for case in report["cases"]}
     assert any("D112" in case["shape"] for case in report["cases"])  # the release head dim
     for case in report["cases"]:
         assert case["passed"] and case["max_error"] < 1e-3 and case["time_ms"] > 0
 
 
-def _case(name, actual_offset):
+def _case(name, actual_offset, variant=""):
     def run(device):
         expected = torch.linspace(-2, 2, 10, device=device)
         return (expected + actual_offset, expected * 2), (expected, expected * 2)
 
-    return selftest.SelftestCase(name, "N10", run, tolerance=1e-4)
+    return selftest.SelftestCase(name, "N10", run, tolerance=1e-4, variant=variant)
 
 
 def crashing(device):
@@ -35,18 +37,21 @@ def crashing(device):
 
 
 def test_failures_are_reported_and_exit_nonzero(capsys):
-    cases = [_case("good", 0.0), _case("bad", 1e-2), selftest.SelftestCase("broken", "N1", crashing)]
+    cases = [_case("good", 0.0), _case("bad", 0.0), _case("bad", 1e-2, "offset"),
+             selftest.SelftestCase("broken", "N1", crashing)]
     assert selftest.main(cases=cases) == 1
-    table = capsys.readouterr().out
-    rows = {line.split()[0]: line for line in table.splitlines()[3:6]}
-    assert rows["good"].endswith("ok")
-    assert rows["bad"].endswith("FAIL") and "1.00e-02" in rows["bad"]
-    assert rows["broken"].endswith("FAIL")
-    assert "RuntimeError: kernel exploded" in table and "1/3 passed" in table
+    lines = capsys.readouterr().out.splitlines()
+    rows = lines[3:7]
+    assert rows[0].split()[0] == "good" and rows[0].endswith("ok")
+    assert rows[1].split()[0] == "bad" and rows[1].endswith("ok")
+    assert rows[2].split()[:2] == ["offset", "N10"] and rows[2].endswith("FAIL") and "1.00e-02" in rows[2]
+    assert rows[3].split()[0] == "broken" and rows[3].endswith("FAIL")
+    assert "broken [N1]: RuntimeError: kernel exploded" in lines
+    assert lines[-1] == "1/3 ops passed (2/4 cases)"
 
     assert selftest.main(as_json=True, cases=[_case("good", 0.0)]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["passed"] and report["cases"][0]["max_error"] == 0.0
+    assert report["passed"] and report["ops"] == {"good": True} and report["cases"][0]["max_error"] == 0.0
 
 
 def test_tolerance_is_relative_to_the_reference_scale():

@@ -1,4 +1,4 @@
-"""Issue 24's render options: --precision fp8 refused before any model loads where there are no FP8 tensor
+"""The per-stage render options: --precision fp8 refused before any model loads where there are no FP8 tensor
 cores; --refiner-window reaches the refiner's stream."""
 from pathlib import Path
 
@@ -10,10 +10,9 @@ import camrender.model.stage1.loading as loading
 from camrender.model.device import check_fp8
 from camrender.errors import CamrenderError
 from camrender.model.refiner.tiny import build_tiny_refiner
-from camrender.render.request import RenderRequest
 from camrender.render.stage_two import attach_refiner, stage_two
 from camrender.trajectory import Trajectory
-from helpers import run_cli
+from helpers import render_request, run_cli
 
 TRAJ = Path(__file__).resolve().parents[2] / "trajectories" / "orbit.json"
 
@@ -47,7 +46,7 @@ def test_a_refiner_option_without_the_refiner_is_refused(tmp_path, capsys, monke
 @pytest.mark.parametrize("command", [[], ["play"]])
 @pytest.mark.parametrize("value", ["half", "2", "-3"])
 def test_a_bad_refiner_offload_is_one_line_before_loading(tmp_path, capsys, monkeypatch, command, value):
-    import camrender.render.pipeline as pipeline
+    import camrender.api.pipeline as pipeline
 
     monkeypatch.setattr(pipeline, "load_patched_pipeline", lambda *a, **k: pytest.fail("a model loaded"))
     where = ["--out", tmp_path / "flight"] if command else ["--traj", TRAJ, "--out", tmp_path / "v.mp4"]
@@ -80,7 +79,7 @@ def test_refiner_window_reaches_the_stream(window):
     frames = 17
     traj = Trajectory(c2w=np.tile(np.eye(4), (frames, 1, 1)), intrinsics=np.tile([28.0, 28.0, 16.0, 16.0], (frames, 1)),
                       width=32, height=32, fps=16)
-    request = RenderRequest(traj=traj, prompt="x", refiner="tiny", refiner_window=window, kernels="torch",
+    request = render_request(traj=traj, prompt="x", refiner="tiny", refiner_window=window, kernels="torch",
                             model="tiny", num_frames=frames)
     stream = stage_two(pipe, request, torch.device("cpu"))
     assert stream.max_history == window - 1
@@ -89,7 +88,7 @@ def test_refiner_window_reaches_the_stream(window):
 @pytest.mark.parametrize("option", [["--refiner-offload", "layers"], ["--refiner-window", "2"],
                                     ["--refiner-precision", "bf16"]])
 def test_play_refuses_a_refiner_option_without_the_refiner(tmp_path, capsys, monkeypatch, option):
-    import camrender.render.pipeline as pipeline
+    import camrender.api.pipeline as pipeline
 
     monkeypatch.setattr(pipeline, "load_patched_pipeline", lambda *a, **k: pytest.fail("a model loaded"))
     code, _, err = run_cli(["play", "--model", "tiny", "--out", tmp_path / "flight", *option], capsys)
@@ -103,20 +102,21 @@ def test_play_refuses_a_refiner_option_without_the_refiner(tmp_path, capsys, mon
 def test_play_takes_the_stage_options_into_every_flight(tmp_path, capsys, monkeypatch):
     """`camrender play --refiner ... --refiner-window 2` (and fp8 refused on a CPU, as render does): the
     flights' template request carries them, so the saved render file renders with the same settings."""
-    import camrender.render.pipeline as pipeline
+    import camrender.api.pipeline as pipeline
 
     seen = {}
 
-    def loaded(template, log=None):
-        seen["template"] = template
+    def loaded(settings, log=None, *, ranks=None, prepare=None):
+        seen["template"] = prepare
         raise SystemExit(3)
 
     monkeypatch.setattr(pipeline, "load_patched_pipeline", loaded)
     code, _, err = run_cli(["play", "--model", "tiny", "--refiner", "tiny", "--refiner-window", "2",
                             "--prompt-cache", "off", "--out", tmp_path / "flight"], capsys)
     template = seen["template"]
-    assert code == 3 and template.refiner == "tiny" and template.refiner_window == 2, err
-    assert template.stage1_precision == template.refiner_precision == "bf16" and template.prompt_cache is None
+    assert code == 3 and template.settings.refiner == "tiny" and template.settings.refiner_window == 2, err
+    assert template.settings.stage1_precision == template.settings.refiner_precision == "bf16"
+    assert template.prompt_cache is None
     code, _, err = run_cli(["play", "--model", "tiny", "--device", "cpu", "--precision", "fp8",
                             "--out", tmp_path / "flight"], capsys)
     assert code == 2 and "precision: fp8 needs" in err and "Traceback" not in err

@@ -51,7 +51,7 @@ def diffusers_camera_branch(x, eps=1e-5):
 def run_branch(x, **kwargs):
     kwargs.setdefault("q_norm_weight", x["q_w"])
     kwargs.setdefault("k_norm_weight", x["k_w"])
-    kwargs.setdefault("precision", "ieee")
+    kwargs.setdefault("matmul_precision", "ieee")
     return kernels.camera_branch(x["q"], x["k"], x["v"], x["beta"], x["decay"], x["rays"], **kwargs)
 
 
@@ -137,7 +137,7 @@ def test_camera_branch_bf16_in_bf16_out(tuning):
     """tf32 mode: fp16 encodings, W_t, states and recurrence products (default), or tf32 ones."""
     x = branch_inputs(frames=2, seed=17)
     xb = dict(x, **{name: x[name].to(torch.bfloat16) for name in ("q", "k", "v", "beta")})
-    got, _ = run_branch(xb, precision="tf32", backend="triton", tuning=tuning)
+    got, _ = run_branch(xb, matmul_precision="tf32", backend="triton", tuning=tuning)
     assert got.dtype == torch.bfloat16
     ref, _ = run_branch(dict(xb, **{name: xb[name].float() for name in ("q", "k", "v", "beta")}), backend="torch")
     assert rel(got, ref) < 1e-2

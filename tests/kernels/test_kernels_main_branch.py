@@ -81,7 +81,7 @@ def test_main_branch_matches_diffusers():
     with torch.no_grad():
         want = _diffusers_main(q, k, v, beta, decay, rope, weights, 4, 2)
     kw = dict(q_norm_weight=weights[0], k_norm_weight=weights[1])
-    got, no_state = main_branch(q, k, v, beta, decay, rope, precision="ieee", backend="triton", **kw)
+    got, no_state = main_branch(q, k, v, beta, decay, rope, matmul_precision="ieee", backend="triton", **kw)
     ref, _ = main_branch_ref(q, k, v, beta, decay, rope, **kw)
     assert no_state is None
     assert got.shape == want.shape and got.dtype == want.dtype
@@ -93,12 +93,13 @@ def test_main_branch_matches_diffusers():
 def test_states_and_segment_split_resume():
     # Anchor: forward scans are global (state carried), reverse scans segment-local.
     q, k, v, beta, decay, rope, weights = _inputs(2, batch=1, frames=5)
-    kw = dict(q_norm_weight=weights[0], k_norm_weight=weights[1], precision="ieee", backend="triton")
+    kw = dict(q_norm_weight=weights[0], k_norm_weight=weights[1])
+    fused = dict(matmul_precision="ieee", backend="triton")
     gen = torch.Generator().manual_seed(7)
     init = (0.1 * torch.randn(1, 2, 24, 24, generator=gen), torch.rand(1, 2, 24, 1, generator=gen))
     starts = torch.tensor([True, False, True, False, False])
     full, (kv, z) = main_branch(q, k, v, beta, decay, rope, initial_state=init, segment_starts=starts,
-                                output_final_state=True, **kw)
+                                output_final_state=True, **kw, **fused)
     ref, (kv_ref, z_ref) = main_branch_ref(q, k, v, beta, decay, rope, initial_state=init,
                                            segment_starts=starts, output_final_state=True, **kw)
     assert rel(full, ref) < 1e-4
@@ -108,20 +109,20 @@ def test_states_and_segment_split_resume():
     cut = 2 * 6  # tokens of frames [0, 2)
     cos, sin = rope.real.reshape(-1, 12), rope.imag.reshape(-1, 12)
     first, state = main_branch(q[:, :cut], k[:, :cut], v[:, :cut], beta[:, :, :2], decay[:, :, :2],
-                               (cos[:cut], sin[:cut]), initial_state=init, output_final_state=True, **kw)
+                               (cos[:cut], sin[:cut]), initial_state=init, output_final_state=True, **kw, **fused)
     second, _ = main_branch(q[:, cut:], k[:, cut:], v[:, cut:], beta[:, :, 2:], decay[:, :, 2:],
-                         (cos[cut:], sin[cut:]), initial_state=state, segment_starts=starts[2:], **kw)
+                         (cos[cut:], sin[cut:]), initial_state=state, segment_starts=starts[2:], **kw, **fused)
     assert rel(torch.cat([first, second], dim=1), full) < 1e-5
 
 
 def test_main_branch_tf32_runs_on_fp16_operands():
-    """precision="tf32" runs the scans on fp16 operands (kernels.delta_scan f16_operands): within the
+    """matmul_precision="tf32" runs the scans on fp16 operands (kernels.delta_scan f16_operands): within the
     10-bit-mantissa error of the reference, and not bit-equal to the ieee path (the fast path ran)."""
     q, k, v, beta, decay, rope, weights = _inputs(3)
     kw = dict(q_norm_weight=weights[0], k_norm_weight=weights[1], backend="triton")
     ref, _ = main_branch_ref(q, k, v, beta, decay, rope, q_norm_weight=weights[0], k_norm_weight=weights[1])
-    fast, _ = main_branch(q, k, v, beta, decay, rope, precision="tf32", **kw)
-    exact, _ = main_branch(q, k, v, beta, decay, rope, precision="ieee", **kw)
+    fast, _ = main_branch(q, k, v, beta, decay, rope, matmul_precision="tf32", **kw)
+    exact, _ = main_branch(q, k, v, beta, decay, rope, matmul_precision="ieee", **kw)
     assert rel(fast, ref) < 3e-3
     assert rel(exact, ref) < 1e-5 and rel(fast, exact) > 1e-6
 

@@ -1,9 +1,10 @@
 """Fused temporal short convolution (kernels.short_conv) against diffusers' module (CPU interpreter)."""
+import pytest
 import torch
 from diffusers.models.transformers.transformer_sana_wm import SanaWMTemporalShortConvolution
 
 from camrender.kernels.short_conv_reference import short_conv_ref
-from camrender.kernels.short_conv import short_conv, short_conv_context
+from camrender.kernels.short_conv import short_conv
 from helpers import rel
 
 
@@ -21,8 +22,9 @@ def test_bidirectional_reads_qkv_slice_in_place():
     key = qkv[..., channels:2 * channels]  # strided view, as in the block
     with torch.no_grad():
         want = module(key, frames)
-        got = short_conv(key, module.weight, frames)
-        ref = short_conv_ref(key, module.weight, frames)
+        got, no_state = short_conv(key, module.weight, frames)
+        ref, _ = short_conv_ref(key, module.weight, frames)
+    assert no_state is None
     assert got.shape == want.shape and got.is_contiguous()
     assert rel(got, want) < 1e-6
     assert rel(ref, want) < 1e-6
@@ -33,17 +35,18 @@ def test_short_clips_and_bf16():
     for frames in (1, 2, 3):  # shorter than the kernel: every tap past either end is zero
         x = torch.randn(1, frames * 4, 16)
         with torch.no_grad():
-            assert rel(short_conv(x, module.weight, frames), module(x, frames)) < 1e-6
+            assert rel(short_conv(x, module.weight, frames)[0], module(x, frames)) < 1e-6
     x = torch.randn(2, 4 * 6, 16).bfloat16()
     with torch.no_grad():
-        got = short_conv(x, module.weight, 4)
-        want = short_conv_ref(x.float(), module.weight, 4)
+        got, _ = short_conv(x, module.weight, 4)
+        want, _ = short_conv_ref(x.float(), module.weight, 4)
     assert got.dtype == torch.bfloat16 and rel(got, want) < 1e-2
 
 
 def test_cached_causal_form_matches_dense_segment_rule():
-    # Segment mode: the causal half sees up to 3 cached frames before the segment, the anti-causal
-    # half stays inside the segment. Dense reference from diffusers' own causal conv.
+    # Segment mode: the causal half sees up to 3 cached frames before the segment (the initial state, the final
+    # state of the segment before), the anti-causal half stays inside the segment. Dense reference from diffusers'
+    # own causal conv.
     batch, frames, spatial, channels = 2, 7, 5, 24
     module = _module(channels, 2)
     x = torch.randn(batch, frames * spatial, channels)
@@ -63,12 +66,15 @@ def test_cached_causal_form_matches_dense_segment_rule():
             count = stop - start
             anti = module._causal_conv(frame_major(seg).flip(1)).flip(1)
             want = back(causal_full[:, start:stop] + anti, count) - seg * w_last
-            got = short_conv(seg, module.weight, count, left_context=previous)
-            ref = short_conv_ref(seg, module.weight, count, left_context=previous)
+            got, state = short_conv(seg, module.weight, count, initial_state=previous, output_final_state=True)
+            ref, ref_state = short_conv_ref(seg, module.weight, count, initial_state=previous,
+                                            output_final_state=True)
             assert rel(got, want) < 1e-6, (start, stop)
             assert rel(ref, want) < 1e-6, (start, stop)
-            previous = short_conv_context(seg, count, previous)
-            assert previous.shape[1] == min(3, stop) * spatial
+            # the raw input of the last 3 frames seen so far
+            assert torch.equal(state, x[:, max(0, stop - 3) * spatial:stop * spatial])
+            assert torch.equal(ref_state, state) and state.is_contiguous()
+            previous = state
 
 
 def test_bf16_weight_is_widened_in_the_kernel():
@@ -77,6 +83,15 @@ def test_bf16_weight_is_widened_in_the_kernel():
     weight = module.weight.detach().bfloat16()
     x = torch.randn(1, 5 * 6, 24).bfloat16()
     left = torch.randn(1, 2 * 6, 24).bfloat16()
-    got = short_conv(x, weight, 5, left_context=left)
-    want = short_conv(x, weight.float(), 5, left_context=left)
+    got, _ = short_conv(x, weight, 5, initial_state=left)
+    want, _ = short_conv(x, weight.float(), 5, initial_state=left)
     assert torch.equal(got, want)
+
+
+def test_an_initial_state_of_more_frames_than_the_causal_half_reads_is_refused():
+    module = _module(8, 4)  # K = 4: the causal half reads 3 frames before x
+    x = torch.randn(1, 2 * 5, 8)
+    for backend in ("triton", "torch"):
+        for tokens in (4 * 5, 2 * 5 + 1):  # four frames; a frame and a part
+            with pytest.raises(ValueError, match="at most 3 whole frames of 5 tokens"):
+                short_conv(x, module.weight, 2, initial_state=torch.randn(1, tokens, 8), backend=backend)

@@ -1,7 +1,9 @@
-"""The kernels' reference convention (kernels/__init__.py): every module that launches a Triton kernel
+"""The kernels' call convention (kernels/__init__.py): every module that launches a Triton kernel
 has a `<name>_reference.py` beside it; every `<op>_ref` there answers an op `<op>` of `<name>.py` with
-the op's arguments less its launch knobs; a reference module imports neither Triton nor its op's module.
-Read from the source (AST) and the live signatures."""
+the op's arguments less its launch knobs; a reference module imports neither Triton nor its op's module;
+every public op (an op module's `__all__`) has its reference, takes `backend`, and, when it carries a state,
+`initial_state` and `output_final_state` as its reference does. Read from the source (AST) and the live
+signatures."""
 import ast
 import importlib
 import inspect
@@ -9,9 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from camrender.kernels._validate import MATMUL_PRECISIONS
+from camrender.kernels.cases import public_ops, stateful
+
 KERNELS = Path(__file__).resolve().parents[2] / "kernels"
 # the fast path's knobs a reference does without (launch and layout choices, output buffers)
-KNOBS = {"backend", "precision", "out", "tuning", "num_warps", "f16_operands", "k_out", "kv_out", "return_k_pre",
+KNOBS = {"backend", "matmul_precision", "out", "tuning", "num_warps", "f16_operands", "k_out", "kv_out", "return_k_pre",
          "keep_unrotated", "head_dim", "out_dtype", "col_split"}
 
 
@@ -67,3 +72,30 @@ def test_reference_modules_are_plain_pytorch(name):
     assert not {module for module in imported if module.split(".")[0] == "triton"}, f"{name} imports Triton"
     op = "." + name[:-len("_reference")]
     assert op not in imported, f"{name} imports its op's module"
+
+
+OPS = public_ops()
+
+
+def test_every_public_op_has_its_reference():
+    assert len(OPS) >= 20, "the public ops are the op modules' __all__: some are missing"
+    for name, op in OPS.items():
+        references = importlib.import_module(f"{op.__module__}_reference")
+        assert callable(getattr(references, f"{name}_ref", None)), f"{name} has no {name}_ref in {references.__name__}"
+
+
+@pytest.mark.parametrize("name", sorted(OPS))
+def test_ops_take_the_backend_and_one_state_signature(name):
+    """Every op takes backend="auto"; a stateful one (initial_state) takes output_final_state=False, as its
+    reference does; the kernels' matrix-product precision is named matmul_precision, never precision."""
+    parameters = inspect.signature(OPS[name]).parameters
+    assert parameters["backend"].default == "auto" and parameters["backend"].kind is inspect.Parameter.KEYWORD_ONLY
+    assert "precision" not in parameters
+    if "matmul_precision" in parameters:
+        assert parameters["matmul_precision"].default in MATMUL_PRECISIONS
+    reference = inspect.signature(getattr(importlib.import_module(f"{OPS[name].__module__}_reference"),
+                                          f"{name}_ref")).parameters
+    for signature in (parameters, reference):
+        assert ("initial_state" in signature) == stateful(OPS[name])
+        if stateful(OPS[name]):
+            assert signature["initial_state"].default is None and signature["output_final_state"].default is False

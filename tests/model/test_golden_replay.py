@@ -78,7 +78,7 @@ def test_short_conv_context_is_carried_across_chunks(kind):
     golden = next(g for g in GOLDENS if kind in g.stem)
     carried = gdn.carried_short_conv
     gdn.carried_short_conv = lambda conv, raw, call, state, tail_name, backend: (
-        gdn.segment_short_conv(conv, raw, call, backend, carry=False) if tail_name == "cam_key_tail"
+        gdn.segment_short_conv(conv, raw, call, backend, carry=False)[0] if tail_name == "cam_key_tail"
         else carried(conv, raw, call, state, tail_name, backend))
     try:
         result = replay_golden.replay(str(golden), "torch")

@@ -90,7 +90,7 @@ def test_stage_one_parks_its_text_projections(parking_on_cpu, monkeypatch):
     from camrender.model.stage1.patch import patch_transformer
     from camrender.model.stage1.segments import SegmentOptions, segment_bounds
     from camrender.render.inputs import prepare_inputs
-    from camrender.render.request import RenderRequest
+    from helpers import render_request
     from camrender.render.segments import sample_segments
 
     pipe = load_pipeline("tiny", device="cpu")
@@ -100,7 +100,7 @@ def test_stage_one_parks_its_text_projections(parking_on_cpu, monkeypatch):
     c2w[:, 2, 3] = np.linspace(0.0, 0.5, frames)  # forward
     traj = Trajectory(c2w=c2w, intrinsics=np.tile([32.0, 32.0, 32.0, 16.0], (frames, 1)), width=64, height=32,
                       fps=16)
-    request = RenderRequest(traj=traj, prompt="a quiet street", guidance=1.0, num_frames=frames, height=32,
+    request = render_request(traj=traj, prompt="a quiet street", guidance=1.0, num_frames=frames, height=32,
                             width=64, model="tiny", device="cpu", kernels="fused", mode="segments",
                             recipe="streaming")
     inputs = prepare_inputs(pipe, request, torch.device("cpu"))
@@ -128,15 +128,15 @@ def test_the_loaders_park_what_the_renders_call_once(parking_on_cpu):
     """`load_patched_pipeline` (stage 1 on the fused kernels) and its refiner's `load_stage_two` park the prompt's
     projections at load, and only those."""
     from camrender.render.pipeline import load_patched_pipeline
-    from camrender.render.request import RenderRequest
+    from helpers import render_request
     from camrender.render.stage_two import _ATTRIBUTE
 
     frames = 9
     traj = Trajectory(c2w=np.tile(np.eye(4), (frames, 1, 1)), intrinsics=np.tile([16.0, 16.0, 16.0, 16.0], (frames, 1)),
                       width=32, height=32, fps=16)
-    request = RenderRequest(traj=traj, prompt=PROMPT, guidance=1.0, num_frames=frames, height=32, width=32,
+    request = render_request(traj=traj, prompt=PROMPT, guidance=1.0, num_frames=frames, height=32, width=32,
                             model="tiny", device="cpu", kernels="fused", mode="segments", refiner="tiny")
-    pipe = load_patched_pipeline(request)
+    pipe = load_patched_pipeline(request.settings, prepare=request)
     stage_one = pipe.transformer.blocks[0].cross_attn
     assert parking.is_parked(stage_one.kv_linear) and not parking.is_parked(stage_one.q_linear)
     refiner = getattr(pipe, _ATTRIBUTE).transformer

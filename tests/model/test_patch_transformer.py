@@ -2,7 +2,7 @@
 under the bidirectional-diffusers recipe; the other bidirectional recipes differ from it where they should.
 
 The fused kernels run through the Triton interpreter (conftest sets TRITON_INTERPRET=1) at
-ieee precision.
+ieee matmul precision.
 """
 import pytest
 import torch
@@ -88,8 +88,8 @@ def test_patch_keeps_every_parameter_and_buffer():
     assert kinds[0] is PatchedGDNAttention
     assert issubclass(kinds[1], _SoftmaxUCPESinglePathLiteLA)
     # patching again only updates the settings
-    patch_transformer(model, kernels="torch", precision="ieee", recipe=DIFFUSERS)
-    settings = KernelSettings(backend="torch", precision="ieee")
+    patch_transformer(model, kernels="torch", matmul_precision="ieee", recipe=DIFFUSERS)
+    settings = KernelSettings(backend="torch", matmul_precision="ieee")
     assert model_settings(model) == settings
     assert all(module.settings is model_settings(model) for block in model.blocks for module in (block, block.attn, block.mlp))
     assert list(model.state_dict()) == list(before)
@@ -109,7 +109,7 @@ def _stock_softmax_blocks(model):
     """Keep the softmax blocks on the stock forward (their SDPA runs in bf16 in stock)."""
     for block in model.blocks:
         if not isinstance(block.attn, BidirectionalGDNUCPESinglePathLiteLA):
-            block.attn.settings = KernelSettings(backend="torch", precision=block.attn.settings.precision)
+            block.attn.settings = KernelSettings(backend="torch", matmul_precision=block.attn.settings.matmul_precision)
 
 
 @pytest.mark.parametrize("head_dim", sorted(HEAD_DIM_CONFIGS))
@@ -119,7 +119,7 @@ def test_fused_gdn_blocks_match_stock(head_dim):
     inputs = transformer_inputs(model)
     reference = forward(model, inputs)
 
-    patch_transformer(model, kernels="fused", precision="ieee", recipe=DIFFUSERS)
+    patch_transformer(model, kernels="fused", matmul_precision="ieee", recipe=DIFFUSERS)
     _stock_softmax_blocks(model)
     patched = forward(model, inputs)
     assert relative_error(patched, reference) <= 1e-4
@@ -142,7 +142,7 @@ def test_whole_fused_model_matches_stock():
     model = build_tiny_transformer(seed=0)
     inputs = transformer_inputs(model)
     reference = forward(model, inputs)
-    patch_transformer(model, kernels="fused", precision="ieee", recipe=DIFFUSERS)
+    patch_transformer(model, kernels="fused", matmul_precision="ieee", recipe=DIFFUSERS)
     assert relative_error(forward(model, inputs), reference) <= 2e-3
 
 
@@ -197,7 +197,7 @@ def test_patched_blocks_run_the_glue_kernels(monkeypatch):
 
         monkeypatch.setattr(glue, name, counted)  # residual_ada_norm's own ada_norm
         monkeypatch.setattr(block_module, name, counted)
-    patch_transformer(model, kernels="fused", precision="ieee", recipe=DIFFUSERS)
+    patch_transformer(model, kernels="fused", matmul_precision="ieee", recipe=DIFFUSERS)
     _stock_softmax_blocks(model)
     assert all(isinstance(block, PatchedBlock) for block in model.blocks)
     assert relative_error(forward(model, inputs), reference) <= 1e-4
@@ -242,7 +242,8 @@ def test_fixed_plucker_gives_the_same_output(monkeypatch):
 
     monkeypatch.setenv("TRITON_INTERPRET", "0")
 
-    model = patch_transformer(build_tiny_transformer(seed=7), kernels="fused", precision="ieee", recipe=DIFFUSERS)
+    model = patch_transformer(build_tiny_transformer(seed=7), kernels="fused", matmul_precision="ieee",
+                              recipe=DIFFUSERS)
     inputs = transformer_inputs(model)
     inputs["chunk_plucker"] = inputs["chunk_plucker"][:1]
     want = forward(model, inputs)
@@ -291,11 +292,11 @@ def test_default_recipe_is_diffusers_without_its_gdn_block_rescale(kernels, monk
     floors = (one_ulp_floor(lambda moved: _stock_without_gdn_block_rescale(model, moved, monkeypatch), inputs),
               one_ulp_floor(lambda moved: forward(model, moved), inputs))
     assert max(floors) < 1e-4  # far below the rescale's effect
-    patch_transformer(model, kernels=kernels, precision="ieee")  # the default recipe: bidirectional
+    patch_transformer(model, kernels=kernels, matmul_precision="ieee")  # the default recipe: bidirectional
     if kernels == "fused":
         _stock_softmax_blocks(model)  # stock rounds the softmax q/k/v to bf16
     assert relative_error(forward(model, inputs), expected) <= max(tolerance, 2 * floors[0])
-    patch_transformer(model, kernels=kernels, precision="ieee", recipe="bidirectional-diffusers")
+    patch_transformer(model, kernels=kernels, matmul_precision="ieee", recipe="bidirectional-diffusers")
     if kernels == "fused":
         _stock_softmax_blocks(model)
     assert relative_error(forward(model, inputs), stock) <= max(tolerance, 2 * floors[1])

@@ -35,7 +35,7 @@ def test_fused_stream_equals_stock_stream(refiner, monkeypatch, block_slot):
 
     monkeypatch.setattr(refiner_window, "BLOCK_SLOT", block_slot)
     clip = torch.randn(1, 8, 1 + 3 * 5 + 2, 4, 6, generator=torch.Generator().manual_seed(1))  # trims, short tail
-    stock, stock_stream = run(refiner, clip, "stock")
+    stock, stock_stream = run(refiner, clip, "torch")
     blocks = refiner.transformer.transformer_blocks
     assert all(type(b.attn1.processor) is SanaWMLTX2RefinerAttnProcessor and "forward" not in vars(b) for b in blocks)
     assert type(stock_stream.cache) is SanaWMRefinerKVCache
@@ -65,15 +65,15 @@ def test_fused_processor_keeps_the_stock_cache_contract(refiner, monkeypatch):
     clip = torch.randn(1, 8, 1 + 3 * 5, 4, 6, generator=torch.Generator().manual_seed(3))
     refined = {}
     try:
-        for kernels in ("stock", "fused"):
+        for kernels in ("torch", "fused"):
             use_refiner_kernels(refiner.transformer, kernels, "torch")
             refined[kernels] = refiner(clip, "a hall", fps=16.0, generator=torch.Generator().manual_seed(2),
                                        output_type="latent")
     finally:
-        use_refiner_kernels(refiner.transformer, "stock")
+        use_refiner_kernels(refiner.transformer, "torch")
     layers = len(refiner.transformer.transformer_blocks)
     assert len(windows) == 5 * 4 * layers  # 5 blocks x (3 denoising passes + the cache pass), fused only
-    stock, fused = refined["stock"], refined["fused"]
+    stock, fused = refined["torch"], refined["fused"]
     assert ((fused - stock).abs().max() / stock.abs().max()).item() <= 1e-6
 
 
@@ -112,7 +112,7 @@ def test_window_history_slides_in_place():
 
 
 def test_use_refiner_kernels_rejects_unknown_names(refiner):
-    with pytest.raises(ValueError, match="fused, stock"):
+    with pytest.raises(ValueError, match="fused, torch"):
         use_refiner_kernels(refiner.transformer, "turbo")
 
 

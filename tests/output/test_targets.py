@@ -1,5 +1,5 @@
-"""Claiming an output: claims nest in one thread, another thread or process refuses, the lock file goes with the
-last release, and a lock file left by a dead process is taken over."""
+"""Claiming an output: claims share the lock in one thread, another thread or process refuses, the lock file goes
+with the last release, and a lock file left by a dead process is taken over."""
 import os
 import subprocess
 import sys
@@ -12,8 +12,8 @@ from camrender.output.targets import claim_output, lock_path
 def test_claims_nest_in_a_thread_and_refuse_another(tmp_path):
     out = tmp_path / "v.mp4"
     outer = claim_output(out)
-    inner = claim_output(tmp_path / "v.MP4")  # the same side files, the same claim
-    assert inner is outer and lock_path(out).exists()
+    inner = claim_output(tmp_path / "v.MP4")  # the same side files, the same lock
+    assert lock_path(out).exists() and lock_path(tmp_path / "v.MP4") == lock_path(out)
     refused = []
 
     def other_thread():
@@ -27,6 +27,7 @@ def test_claims_nest_in_a_thread_and_refuse_another(tmp_path):
     thread.join()
     assert len(refused) == 1 and "another render of this process" in refused[0]
     inner.release()
+    inner.release()  # a claim is given back once
     assert lock_path(out).exists()  # still held by the outer claim
     outer.release()
     assert not lock_path(out).exists()

@@ -19,6 +19,7 @@ from camrender.parallel import distributed
 
 
 def orbit_request():
+    from camrender.render.load_settings import LoadSettings
     from camrender.render.request import RenderRequest
     from camrender.trajectory import Trajectory
 
@@ -27,8 +28,9 @@ def orbit_request():
     c2w[:, 0, 3] = np.linspace(0.0, 0.5, frames)
     traj = Trajectory(c2w=c2w, intrinsics=np.tile([90.0, 90.0, 56.0, 32.0], (frames, 1)), width=112, height=64, fps=8)
     return RenderRequest(traj=traj, prompt="a room", negative_prompt="blur", steps=3, guidance=4.0, seed=3,
-                         num_frames=frames, height=64, width=112, model="tiny", dtype="float32", device="cpu",
-                         kernels="fused", cuda_graphs=False)
+                         num_frames=frames, height=64, width=112,
+                         settings=LoadSettings(model="tiny", dtype="float32", device="cpu", kernels="fused",
+                                               cuda_graphs=False))
 
 
 @contextlib.contextmanager
@@ -53,9 +55,15 @@ def precision_model(dtype):
 
 
 def latents(out, dtypes):
+    from camrender.model.settings import RenderSettings, model_settings
     from camrender.model.stage1.loading import load_pipeline
     from camrender.model.stage1.patch import patch_transformer
     from camrender.render.full import sample_latents
+
+    def sampled(pipe, request, ranks):
+        """The clip's latents on the video group of `ranks` (None: this process alone)."""
+        settings = RenderSettings.decide(request.settings, stage_one=model_settings(pipe.transformer), ranks=ranks)
+        return sample_latents(pipe, request, settings=settings)
 
     torch.set_num_threads(1)
     ranks = distributed.start("cpu")
@@ -65,15 +73,11 @@ def latents(out, dtypes):
             pipe = load_pipeline("tiny", dtype="float32", device="cpu")
         pipe.to(getattr(torch, dtype))
         patch_transformer(pipe.transformer, kernels="fused")
-        split = sample_latents(pipe, orbit_request())
-        gathered = distributed.gather_objects(split, ranks)
-        if ranks.is_main:
-            distributed._current = None  # the same render on this process alone
-            results[dtype] = {"ranks": gathered, "alone": sample_latents(pipe, orbit_request())}
-            distributed._current = ranks
+        gathered = distributed.gather_objects(sampled(pipe, orbit_request(), ranks), ranks)
+        if ranks.is_main:  # the same render on this process alone
+            results[dtype] = {"ranks": gathered, "alone": sampled(pipe, orbit_request(), None)}
     if ranks.is_main:
         torch.save(results, out)
-    distributed._current = None  # a command run next joins the same process group
 
 
 def fail_rank_1(args):

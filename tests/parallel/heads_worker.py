@@ -66,7 +66,7 @@ def modules(out):
 
     torch.set_num_threads(1)
     ranks = distributed.start("cpu")
-    model = patch_transformer(build_tiny_transformer(seed=0, **TINY_HEADS), kernels="fused", precision="ieee")
+    model = patch_transformer(build_tiny_transformer(seed=0, **TINY_HEADS), kernels="fused", matmul_precision="ieee")
     inputs = transformer_inputs(model)
     records, handles = record_calls(named_parts(model))
     with torch.no_grad():
@@ -132,39 +132,39 @@ def split_and_alone(latents, out, results):
     ranks = distributed.start("cpu")
     for dtype in (torch.float32, torch.float64):
         with precision_model(dtype):
-            gathered = distributed.gather_objects(latents(dtype), ranks)
-            if ranks.is_main:
-                distributed._current = None  # the same render on this process alone
-                results[str(dtype)] = {"ranks": gathered, "alone": latents(dtype)}
-                distributed._current = ranks
+            gathered = distributed.gather_objects(latents(dtype, ranks), ranks)
+            if ranks.is_main:  # the same render on this process alone
+                results[str(dtype)] = {"ranks": gathered, "alone": latents(dtype, None)}
     if ranks.is_main:
         torch.save(results, out)
 
 
 def segments(out):
+    from camrender.api.requests import for_ranks
     from camrender.render.pipeline import load_patched_pipeline
     from dist_worker import orbit_request
 
     def request():
         return dataclasses.replace(orbit_request(), mode="segments", guidance=None, steps=2, segment_frames=1)
 
-    def latents(dtype):
-        return recorded_latents(load_patched_pipeline(request()).to(dtype), request())
+    def latents(dtype, ranks):
+        planned = for_ranks(request(), ranks)
+        return recorded_latents(load_patched_pipeline(planned.settings, ranks=ranks).to(dtype), planned)
 
     split_and_alone(latents, out, {})
-    distributed._current = None  # a command run next joins the same process group
 
 
 def full(out, guidance):
+    from camrender.api.requests import for_ranks
     from camrender.render.full import sample_latents
     from camrender.render.pipeline import load_patched_pipeline
     from dist_worker import orbit_request
 
     layout = []
 
-    def latents(dtype):
-        request = dataclasses.replace(orbit_request(), guidance=guidance, steps=2)
-        pipe = load_patched_pipeline(request).to(dtype)
+    def latents(dtype, ranks):
+        request = for_ranks(dataclasses.replace(orbit_request(), guidance=guidance, steps=2), ranks)
+        pipe = load_patched_pipeline(request.settings, ranks=ranks).to(dtype)
         split = getattr(pipe.transformer, "head_split", None)
         layout.append((pipe.transformer.blocks[0].attn.heads, None if split is None else split.size))
         return sample_latents(pipe, request)

@@ -14,7 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from camrender.cli import batch_jobs as batching
+from camrender.batch.executors import JobRunner, TorchrunExecutor
+from camrender.batch.jobs import read_jobs
+from camrender.batch.pipelines import PipelineCache
+from camrender.batch.plan import plan_jobs
+from camrender.cli.batch import job_keys, resolver
+from camrender.render.load_settings import LoadSettings
 from camrender.parallel.cfg import check_split
 from camrender.cli.launch import options_to_argv
 from camrender.cli.render import render
@@ -195,9 +200,9 @@ def test_options_to_argv_parses_back():
 def test_bad_jobs_file_names_the_line(tmp_path, line, message):
     jobs = tmp_path / "jobs.jsonl"
     jobs.write_text('{"trajectory": "a.json", "output": "a.mp4"}\n' + line + "\n")
-    good, bad = batching.read_jobs(jobs, render)  # a bad line is reported at planning, with the others
+    good, bad = read_jobs(jobs, job_keys())  # a bad line is reported at planning, with the others
     assert not good.error and message in bad.error
-    planned = batching.plan_jobs([bad], render, {}, lambda params: None)
+    planned = plan_jobs([bad], lambda job: None)
     assert planned[0].status == "failed" and message in planned[0].reason
 
 
@@ -206,22 +211,21 @@ def test_folder_jobs_and_plan(tmp_path):
     (tmp_path / "path.json").rename(tmp_path / "b.json")
     (tmp_path / "a.traj.json").write_text("{}")  # a side file of an earlier render: not a job
     (tmp_path / "notes.md").write_text("not a path")
-    jobs = batching.read_jobs(tmp_path, render, tmp_path / "renders")
+    jobs = read_jobs(tmp_path, job_keys(), tmp_path / "renders")
     assert [Path(job.values["out"]).name for job in jobs] == ["b.mp4"]
-    planned = batching.plan_jobs(jobs + jobs, render, {"model": "tiny"}, lambda params: params["steps"])
+    planned = plan_jobs(jobs + jobs, resolver({"model": "tiny"}))
     assert [job.status for job in planned] == ["render", "failed"]  # the second has the same output
     assert "same output as" in planned[1].reason
     assert (tmp_path / "renders").is_dir()
 
 
-def test_pipelines_are_loaded_once_per_model():
+def test_pipelines_are_loaded_once_per_load_settings():
     loads = []
-    pipelines = batching.Pipelines(lambda request: loads.append(request.model) or object())
-    requests = [type("Request", (), dict.fromkeys(batching.MODEL_FIELDS, "x"))() for _ in range(3)]
-    requests[2].model = "y"
-    first = pipelines.get(requests[0])
-    assert pipelines.get(requests[1]) is first
-    assert pipelines.get(requests[2]) is not first and loads == ["x", "y"]
+    pipelines = PipelineCache(lambda settings: loads.append(settings.model) or object())
+    settings = [LoadSettings(model="x"), LoadSettings(model="x"), LoadSettings(model="x", refiner_window=2)]
+    first = pipelines.get(settings[0])
+    assert pipelines.get(settings[1]) is first
+    assert pipelines.get(settings[2]) is not first and loads == ["x", "x"] and pipelines.loads == 2
 
 
 @pytest.mark.parametrize("first_code, expected, message", [
@@ -254,44 +258,53 @@ def test_launch_reports_the_rank_that_failed_first(monkeypatch, capsys, first_co
     assert capsys.readouterr().err.strip() == message
 
 
-def test_run_jobs_deals_to_video_groups_and_only_leaders_report():
+def test_the_torchrun_executor_deals_to_video_groups_and_only_leaders_report(monkeypatch):
     from types import SimpleNamespace
 
-    def planned(count):
-        request = lambda: SimpleNamespace(**dict.fromkeys(batching.MODEL_FIELDS), mode="full",  # noqa: E731
-                                          guidance=5.0)
-        return [batching.Planned(i, f"line {i}", f"{i}.mp4", "render", request=request()) for i in range(count)]
+    from camrender.api.requests import plan_request
+    from camrender.batch.plan import Planned
+    from camrender.parallel import distributed
 
-    pipelines = batching.Pipelines(lambda request: "pipe")
+    monkeypatch.setattr(distributed, "gather_objects", lambda value, ranks: [value] if ranks.rank == 0 else None)
+
+    def planned(count):
+        return [Planned(i, f"line {i}", f"{i}.mp4", "render", request=plan_request(
+            LoadSettings(model="tiny", kernels="fused"), "w-16", mode="full", guidance=5.0)) for i in range(count)]
+
     written = []
-    write = lambda pipe, request: written.append(request) or 17  # noqa: E731
+
+    def runner(write, strict):
+        return lambda: JobRunner(lambda settings: "pipe", write, strict=strict)
+
+    write = lambda pipe, job: written.append(job.request) or 17  # noqa: E731
     # rank 3 of 4: video group 1 of 2, second rank of its group (not the leader)
     partner = SimpleNamespace(num_videos=2, video_index=1, per_video=2, is_leader=False, rank=3, device="cuda:1")
     jobs = planned(5)
-    assert batching.run_jobs(jobs, partner, pipelines, write, print) == []  # renders along, reports nothing
-    assert written == [jobs[1].request, jobs[3].request] and jobs[1].request.device == "cuda:1"
+    assert TorchrunExecutor(partner, print).run(jobs, runner(write, True)) is None  # renders along, reports nothing
+    assert written == [jobs[1].request, jobs[3].request] and jobs[1].request.settings.device == "cuda:1"
     leader = SimpleNamespace(num_videos=2, video_index=0, per_video=2, is_leader=True, rank=0, device="cuda:0")
-    results = batching.run_jobs(planned(3), leader, pipelines, write, lambda line: None)
+    results, loads = TorchrunExecutor(leader, lambda line: None).run(planned(3), runner(write, True))
     assert [(r["index"], r["status"], r["frames"]) for r in results] == [(0, "done", 17), (2, "done", 17)]
+    assert loads == [1]
 
-    def failing(pipe, request):
+    def failing(pipe, job):
         raise RuntimeError("device lost")
 
     with pytest.raises(RuntimeError):  # a partner may be inside a collective: stop the run
-        batching.run_jobs(planned(1), leader, pipelines, failing, lambda line: None)
+        TorchrunExecutor(leader, lambda line: None).run(planned(1), runner(failing, True))
     alone = SimpleNamespace(num_videos=1, video_index=0, per_video=1, is_leader=True, rank=0, device="cpu")
-    results = batching.run_jobs(planned(2), alone, pipelines, failing, lambda line: None)
+    results, _ = TorchrunExecutor(alone, lambda line: None).run(planned(2), runner(failing, False))
     assert [r["status"] for r in results] == ["failed", "failed"] and "device lost" in results[0]["reason"]
     odd = SimpleNamespace(num_videos=1, video_index=0, per_video=3, is_leader=True, rank=0, device="cuda:0")
-    results = batching.run_jobs(planned(1), odd, pipelines, write, lambda line: None)
+    results, _ = TorchrunExecutor(odd, lambda line: None).run(planned(1), runner(write, True))
     assert results[0]["status"] == "failed" and "3 GPUs per video do not halve" in results[0]["reason"]
 
 
 def test_plan_refuses_a_job_whose_interrupted_render_is_left(tmp_path):
     small_trajectory(tmp_path)  # path.json
-    jobs = batching.read_jobs(tmp_path, render, tmp_path / "renders")
+    jobs = read_jobs(tmp_path, job_keys(), tmp_path / "renders")
     (tmp_path / "renders" / ".path.mp4.partial").mkdir(parents=True)  # a killed segment-mode render's checkpoint
-    planned = batching.plan_jobs(jobs, render, {"model": "tiny"}, lambda params: params["steps"])
+    planned = plan_jobs(jobs, resolver({"model": "tiny"}))
     assert [job.status for job in planned] == ["failed"]
     assert "--resume" in planned[0].reason and ".path.mp4.partial" in planned[0].reason
     assert (tmp_path / "renders" / ".path.mp4.partial").is_dir()

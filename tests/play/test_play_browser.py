@@ -1,7 +1,9 @@
 """`camrender play --model tiny` end to end in a real headless browser (Debian's chromium + chromedriver
 through Selenium): hold W for a few segments then D, see frames arrive, Stop; the saved path moved forward
 and then turned right as the official scheme says, and `camrender render --from-render` gives the same
-frames; Ctrl-C while a second flight renders saves it and ends the server cleanly.
+frames; a second flight: the page's status before the first frame, the video scaled to the window and full
+screen, the icon, a reload that keeps the flight; Ctrl-C while a third flight renders saves it and ends the
+server cleanly.
 
 Without chromium the tests skip on a developer machine; under CI=true (`.ci/run`) they fail instead.
 """
@@ -168,9 +170,41 @@ def test_the_saved_render_reproduces_the_frames(flight, tmp_path):
     assert settings["seed"] == 11 and settings["noise_frames"] > settings["num_frames"] // 8
 
 
+def test_the_page_scales_the_video_and_a_reload_keeps_the_flight(server, flight):
+    """A second flight: before its first frame the page says what renders; the video fills the window at its
+    aspect ratio (Full screen: the screen); the icon is served; a reload steers the same flight on; Stop."""
+    _, url, stem = server
+    browser = open_browser()
+    try:
+        browser.get(url)
+        state = wait_for(browser, lambda s: s.get("received", 0) > 0 and s.get("role") == "steer", what="frames")
+        assert state["flight"] == 2 and state["phases"][:2] == [
+            "preparing: the prompt, the noise of the whole flight", "rendering segment 1 of 20"]
+        width, height, inner = browser.execute_script(
+            "const r = document.getElementById('view').getBoundingClientRect();"
+            "return [r.width, r.height, [window.innerWidth, window.innerHeight]]")
+        assert abs(width / height - 48 / 32) < 0.02 and width > 4 * 48 and width <= inner[0] and height < inner[1]
+        assert browser.execute_script("return fetch('/favicon.svg').then(r => r.status)") == 200
+        assert browser.find_element("css selector", "link[rel=icon]").get_attribute("href").endswith("/favicon.svg")
+        browser.find_element("id", "full").click()
+        shown = browser.execute_script("return [document.fullscreenElement && document.fullscreenElement.id, "
+                                       "document.getElementById('view').getBoundingClientRect().width, innerWidth]")
+        assert shown[0] == "view" and shown[1] == shown[2]
+        browser.refresh()  # the page goes and comes back: the flight waits for it and goes on
+        state = wait_for(browser, lambda s: s.get("received", 0) > 0 and s.get("role") == "steer", what="frames again")
+        assert state["flight"] == 2 and "seed" not in state  # no "started": the same flight, not a new one
+        browser.find_element("id", "stop").click()
+        state = wait_for(browser, lambda s: s.get("ended"), what="the saved session")
+        assert state["saved"]["trajectory"].endswith("flight-2.traj.json")
+        path = trajectory.load(state["saved"]["trajectory"])
+        assert path.num_frames >= 25 + state["received"]  # the frames before the reload are in it too
+    finally:
+        browser.quit()
+
+
 def test_ctrl_c_while_flying_saves_the_flight_and_exits_0(server, flight):
-    """A second page steers (a WebSocket client; the browser is closed), then Ctrl-C (SIGINT) while the
-    flight renders: the flight is saved as FLIGHT-2, the server exits 0 and leaves no partial files."""
+    """Another page steers (a WebSocket client; the browser is closed), then Ctrl-C (SIGINT) while the
+    flight renders: the flight is saved as FLIGHT-3, the server exits 0 and leaves no partial files."""
     process, url, stem = server
 
     async def steering_page(session):
@@ -203,6 +237,6 @@ def test_ctrl_c_while_flying_saves_the_flight_and_exits_0(server, flight):
     seen = asyncio.run(asyncio.wait_for(steer_then_interrupt(), 300))
     assert process.wait(timeout=60) == 0
     ended = [m for m in seen if m["type"] == "ended"]
-    assert ended and ended[0]["frames"] >= 25 and ended[0]["saved"]["trajectory"].endswith("flight-2.traj.json")
+    assert ended and ended[0]["frames"] >= 25 and ended[0]["saved"]["trajectory"].endswith("flight-3.traj.json")
     assert trajectory.load(ended[0]["saved"]["trajectory"]).num_frames == ended[0]["frames"]
     assert not list(stem.parent.glob(".*"))  # no partial files

@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from camrender.cli.preflight import check_noise_frames
+from camrender.api.requests import plan_request
+from camrender.render.load_settings import LoadSettings
 from camrender.errors import CamrenderError
 from camrender.render.inputs import initial_latents
 
@@ -16,9 +17,11 @@ def test_a_longer_noise_draw_keeps_its_first_frames_and_the_default_is_unchanged
     assert torch.equal(short, again) and torch.equal(cut, long[:, :, :5]) and not torch.equal(cut, short)
     with pytest.raises(CamrenderError, match="shorter than the clip"):
         initial_latents(first, 5, 2, 3, seed=7, device="cpu", dtype=torch.float32, drawn_frames=4)
-    assert check_noise_frames(None, 49) is None and check_noise_frames(21, 49) == 21
+    tiny = LoadSettings(model="tiny")
+    assert plan_request(tiny, "w-48", frames=49).noise_frames is None
+    assert plan_request(tiny, "w-48", frames=49, noise_frames=21).noise_frames == 21
     with pytest.raises(CamrenderError, match="at least the clip's 7 latent frames"):
-        check_noise_frames(6, 49)
+        plan_request(tiny, "w-48", frames=49, noise_frames=6)
 
 
 def test_the_playback_clock_moves_back_by_each_stall_of_the_page():

@@ -8,7 +8,7 @@ from camrender.model.stage1.patch import patch_transformer
 from camrender.model.stage1.tiny import build_tiny_pipeline, build_tiny_vae
 from camrender.render.inputs import encoder_modules, encoding_on
 from camrender.render.loop import render_frames
-from camrender.render.request import RenderRequest
+from helpers import render_request
 from camrender.trajectory import Trajectory
 
 FRAMES, SIZE = 57, 32  # 8 latent frames: two segments
@@ -26,7 +26,7 @@ def request_for(mode):
     c2w[:, 2, 3] = np.linspace(0.0, 0.5, FRAMES)
     traj = Trajectory(c2w=c2w, intrinsics=np.tile([28.0, 28.0, 16.0, 16.0], (FRAMES, 1)), width=SIZE, height=SIZE,
                       fps=16)
-    return RenderRequest(traj=traj, prompt="a quiet street", steps=2 if mode == "full" else None, guidance=1.0,
+    return render_request(traj=traj, prompt="a quiet street", steps=2 if mode == "full" else None, guidance=1.0,
                          num_frames=FRAMES, height=SIZE, width=SIZE, model="tiny", dtype="float32", kernels="torch",
                          mode=mode, recipe="streaming")
 

@@ -39,7 +39,7 @@ def test_graphed_forward_replay_equals_eager():
 
 
 def _request(mode, frames=FRAMES):
-    from camrender.render.request import RenderRequest
+    from helpers import render_request
     from camrender.trajectory import Trajectory
 
     c2w = np.tile(np.eye(4), (frames, 1, 1))
@@ -47,7 +47,7 @@ def _request(mode, frames=FRAMES):
     c2w[:, 2, 3] = np.linspace(0.0, 0.5, frames)  # and forward
     traj = Trajectory(c2w=c2w, intrinsics=np.tile([56.0, 56.0, 56.0, 32.0], (frames, 1)), width=112, height=64,
                       fps=16)
-    return RenderRequest(traj=traj, prompt="a quiet street", steps=6 if mode == "full" else None, guidance=5.0,
+    return render_request(traj=traj, prompt="a quiet street", steps=6 if mode == "full" else None, guidance=5.0,
                          num_frames=frames, height=64, width=112, model="tiny", device="cuda", kernels="fused",
                          mode=mode, recipe="streaming" if mode == "segments" else "bidirectional")
 
@@ -72,8 +72,8 @@ def test_render_with_graphs_equals_eager(mode, graph_log):
     videos = {}
     for graphs in (False, True):
         # a pipeline per setting: its RenderSettings (CUDA graphs among them) are decided once, at load
-        graphed = dataclasses.replace(request, cuda_graphs=graphs)
-        pipe = load_patched_pipeline(graphed)
+        graphed = dataclasses.replace(request, settings=dataclasses.replace(request.settings, cuda_graphs=graphs))
+        pipe = load_patched_pipeline(graphed.settings)
         with torch.no_grad():
             frames = list(render_frames(pipe, graphed))
         videos[graphs] = np.concatenate(frames)

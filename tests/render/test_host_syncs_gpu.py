@@ -56,7 +56,7 @@ def test_to_device_copies_without_a_sync_and_keeps_the_values(monkeypatch, sourc
     host = torch.randn(3, 40, 17, dtype=source)
     host = host if contiguous else host[:, 5:]
     expected = host.to(device="cuda", dtype=dtype)  # the plain copy (it syncs)
-    # the first page-locked block of a size waits for the GPU (cudaHostAlloc; seen on an H100, session 23): a render
+    # the first page-locked block of a size waits for the GPU (cudaHostAlloc; seen on an H100): a render
     # makes its blocks in its first segment, and later ones reuse them from the allocator's cache
     to_device(host, "cuda", dtype)
     with gpu_kept_busy(), no_syncs(monkeypatch):
@@ -77,7 +77,7 @@ def test_graphed_forward_captures_without_waiting_for_the_gpu(monkeypatch):
     x = torch.randn(8, 64, device="cuda")
     eager = graphs(x)  # first sight: eager
     # no PyTorch sync, no synchronize or empty_cache. (`gpu_kept_busy` saw the host wait during this first capture
-    # on an H100 in session 23, below PyTorch: a new private pool's allocation or the graph's instantiation; not
+    # on an H100, below PyTorch: a new private pool's allocation or the graph's instantiation; not
     # asserted here until its cause is known)
     with no_syncs(monkeypatch):
         captured = graphs(x.clone())  # captures, then replays
@@ -94,7 +94,7 @@ def test_segment_mode_stage_one_makes_no_sync_after_its_first_segment(monkeypatc
     from camrender.model.stage1.patch import patch_transformer
     from camrender.model.stage1.segments import SegmentOptions, segment_bounds
     from camrender.render.inputs import prepare_inputs
-    from camrender.render.request import RenderRequest
+    from helpers import render_request
     from camrender.render.segments import sample_segments
     from camrender.trajectory import Trajectory
 
@@ -104,7 +104,7 @@ def test_segment_mode_stage_one_makes_no_sync_after_its_first_segment(monkeypatc
     c2w = np.tile(np.eye(4), (frames, 1, 1))
     c2w[:, 0, 3] = np.linspace(0.0, 1.0, frames)
     traj = Trajectory(c2w=c2w, intrinsics=np.tile([56.0, 56.0, 56.0, 32.0], (frames, 1)), width=112, height=64, fps=16)
-    request = RenderRequest(traj=traj, prompt="a quiet street", guidance=5.0, num_frames=frames, height=64, width=112,
+    request = render_request(traj=traj, prompt="a quiet street", guidance=5.0, num_frames=frames, height=64, width=112,
                             model="tiny", device="cuda", kernels="fused", mode="segments", recipe="streaming")
     device = torch.device("cuda")
     latents = {}

@@ -13,7 +13,7 @@ import camrender.model.refiner.tiny as tiny_refiner
 from camrender.render.loop import render_frames
 from camrender.render.pipeline import load_patched_pipeline
 from camrender.render.prompt_cache import PromptCache, refiner_key, resolve_cache_dir, stage_one_key
-from camrender.render.request import RenderRequest
+from helpers import render_request
 from camrender.trajectory import Trajectory
 from helpers import run_cli
 
@@ -29,11 +29,13 @@ def request_for(cache, **changes):
                   width=SIZE, model="tiny", dtype="float32", kernels="torch", mode="segments", seed=3,
                   refiner="tiny", prompt_cache=None if cache is None else str(cache), device="cpu")
     fields.update(changes)
-    return RenderRequest(**fields)
+    return render_request(**fields)
 
 
-def frames_of(request, **load):
-    pipe = load_patched_pipeline(request, **load)
+def frames_of(request, prepared: bool = False):
+    """The render's frames and its pipeline; `prepared`: loaded for this one request (cached prompts load no
+    text encoder), as the command line loads it."""
+    pipe = load_patched_pipeline(request.settings, prepare=request if prepared else None)
     return np.concatenate([np.asarray(chunk) for chunk in render_frames(pipe, request)]), pipe
 
 
@@ -51,14 +53,14 @@ def test_cached_render_equals_uncached_and_builds_no_encoder(tmp_path, monkeypat
     first, _ = frames_of(request)  # encodes and stores both stages' prompts
     assert sorted(p.name.split("-")[0] for p in (tmp_path / "cache").iterdir()) == ["refiner", "stage1"]
     forbid_text_encoders(monkeypatch)
-    cached, pipe = frames_of(request, skip_cached_encoders=True)
+    cached, pipe = frames_of(request, prepared=True)
     assert pipe.text_encoder is None and pipe._camrender_refiner.text_encoder is None
     assert np.array_equal(cached, uncached) and np.array_equal(first, uncached)
 
 
 def test_text_encoder_leaves_the_render_device(tmp_path):
     request = request_for(None)
-    pipe = load_patched_pipeline(request)
+    pipe = load_patched_pipeline(request.settings, prepare=request)
     assert next(pipe.text_encoder.parameters()).device.type == "cpu"
     assert next(pipe._camrender_refiner.text_encoder.parameters()).device.type == "cpu"
 
@@ -77,12 +79,28 @@ def test_bad_entries_are_noted_and_recomputed(tmp_path, capsys, damage):
         store.put(other, {"embeds": torch.zeros(1, 1, 2, 32)})
         store.path(other).replace(path)
     capsys.readouterr()
-    again, _ = frames_of(request, skip_cached_encoders=True)
+    again, _ = frames_of(request, prepared=True)
     notes = [line for line in capsys.readouterr().err.splitlines() if "prompt cache entry" in line]
     assert len(notes) == 1 and str(path) in notes[0]
     assert ("unreadable" if damage == "corrupt" else "another prompt or encoder") in notes[0]
     assert np.array_equal(again, reference)
     assert PromptCache(cache).get(stage_one_key(request, False)) is not None  # rewritten
+
+
+def test_an_entry_of_another_dtype_is_noted_and_encoded_again(tmp_path):
+    """encode-prompt's default bfloat16 entry does not serve a float32 (CPU) render: one line says so."""
+    notes, computed = [], []
+    store = PromptCache(tmp_path, log=notes.append)
+    bf16 = stage_one_key(request_for(tmp_path, dtype="bfloat16"), False)
+    fp32 = stage_one_key(request_for(tmp_path, dtype="float32"), False)
+    assert bf16["dtype"] == "bfloat16" and fp32["dtype"] == "float32"
+    store.put(bf16, {"embeds": torch.zeros(1, 2, 4, dtype=torch.bfloat16)})
+    found = store.fetch(fp32, lambda: computed.append(1) or {"embeds": torch.ones(1, 2, 4)})
+    assert computed == [1] and torch.equal(found["embeds"], torch.ones(1, 2, 4))
+    assert notes == ["the prompt cache holds stage 1's prompt in bfloat16, but this render runs in float32: encoding "
+                     "again (`camrender encode-prompt --dtype float32` caches it for such renders)"]
+    store.fetch(fp32, lambda: computed.append(2))  # now cached in float32 too: found, nothing said
+    assert computed == [1] and len(notes) == 1 and store.other_dtypes(fp32) == []
 
 
 def test_cache_folder_convention(monkeypatch, tmp_path):
@@ -127,7 +145,7 @@ def test_encode_prompt_command_fills_the_cache_for_a_render(tmp_path, capsys, mo
     store = PromptCache(cache)
     assert store.get(stage_one_key(request, False)) is not None and store.get(refiner_key(request)) is not None
     forbid_text_encoders(monkeypatch)
-    cached, _ = frames_of(request, skip_cached_encoders=True)
+    cached, _ = frames_of(request, prepared=True)
     monkeypatch.undo()
     uncached, _ = frames_of(request_for(None))
     assert np.array_equal(cached, uncached)

@@ -13,7 +13,7 @@ from camrender.model.stage1.tiny import build_tiny_pipeline
 from camrender.render.decode import CausalStreamDecoder, to_uint8_frames
 from camrender.render.inputs import prepare_inputs
 from camrender.render.loop import render_frames
-from camrender.render.request import RenderRequest
+from helpers import render_request
 from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments
 from camrender.render.stage_two import attach_refiner
 from camrender.trajectory import Trajectory
@@ -40,7 +40,7 @@ def request_for(**changes):
     fields = dict(traj=traj, prompt=PROMPT, steps=None, guidance=1.0, num_frames=FRAMES, height=SIZE, width=SIZE,
                   model="tiny", dtype="float32", kernels="torch", mode="segments", seed=3, refiner="tiny")
     fields.update(changes)
-    return RenderRequest(**fields)
+    return render_request(**fields)
 
 
 def stage_one(pipe, request):

@@ -21,7 +21,7 @@ from camrender.render.denoise import Denoiser
 from camrender.render.inputs import prepare_inputs
 from camrender.render.loop import render_frames
 from camrender.render.pipeline import pipeline_settings
-from camrender.render.request import RenderRequest
+from helpers import render_request
 from camrender.trajectory import Trajectory
 
 FRAMES = 57  # 8 latent frames: segments (0, 4), (4, 8)
@@ -51,7 +51,7 @@ def request_for(mode):
     c2w[:, 2, 3] = np.linspace(0.0, 0.5, FRAMES)
     traj = Trajectory(c2w=c2w, intrinsics=np.tile([28.0, 28.0, 16.0, 16.0], (FRAMES, 1)), width=SIZE,
                       height=SIZE, fps=16)
-    return RenderRequest(traj=traj, prompt="a quiet street", steps=2 if mode == "full" else None, guidance=1.0,
+    return render_request(traj=traj, prompt="a quiet street", steps=2 if mode == "full" else None, guidance=1.0,
                          num_frames=FRAMES, height=SIZE, width=SIZE, model="tiny", dtype="float32",
                          kernels="torch", mode=mode, recipe="streaming")
 

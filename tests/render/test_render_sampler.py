@@ -10,7 +10,7 @@ from camrender.model.stage1.patch import patch_transformer
 from camrender.model.stage1.tiny import build_tiny_pipeline
 from camrender.render.full import sample_video
 from camrender.render.loop import render_frames
-from camrender.render.request import RenderRequest
+from helpers import render_request
 from camrender.trajectory import Trajectory
 
 FRAMES, SRC_W, SRC_H = 17, 120, 72  # source image / intrinsics size; rendered at 96x64
@@ -42,7 +42,7 @@ def request(traj, **changes):
                   recipe="bidirectional-diffusers",  # diffusers' pipeline is the anchor
                   kernels="torch")  # the PyTorch references: the sampler's logic against the stock pipeline
     values.update(changes)
-    return RenderRequest(**values)
+    return render_request(**values)
 
 
 def stock_frames(pipe, traj, req):

@@ -184,6 +184,30 @@ def test_resume_without_a_checkpoint_starts_over_with_a_note(tmp_path, capsys):
     assert len(frames_of(out)) == 9 and not folder.exists()
 
 
+def test_a_folder_without_a_checkpoint_is_told_alike_by_every_run(tmp_path):
+    """A render killed before its first checkpoint: a plain re-run, --resume and a render of another video in
+    the same folder describe its folder in the same words and give the same advice (nothing to resume)."""
+    from types import SimpleNamespace
+
+    from camrender.errors import CamrenderError
+    from camrender.render.resume import NO_CHECKPOINT, check_partials
+
+    folder = tmp_path / ".v.mp4.partial"
+    folder.mkdir()
+    (folder / "segment-00000.mp4").write_bytes(b"half a segment")
+    said = []
+    assert check_partials(SimpleNamespace(out=tmp_path / "w.mp4", mode="segments"), False, said.append) is None
+    with pytest.raises(CamrenderError) as plain:
+        check_partials(SimpleNamespace(out=tmp_path / "v.mp4", mode="segments"), False, said.append)
+    assert check_partials(SimpleNamespace(out=tmp_path / "v.mp4", mode="segments"), True, said.append) is None
+    other, resumed = said
+    for text in (other, str(plain.value), resumed):
+        assert str(folder) in text and f"({NO_CHECKPOINT})" in text, text
+    for text in (other, str(plain.value)):
+        assert f"remove it: rm -r -- {folder} (or " in text and "--resume, which starts over)" in text
+    assert "removed it, rendering from the start" in resumed and not folder.exists()
+
+
 def test_from_render_reproduces_the_video(tmp_path, capsys):
     first = tmp_path / "a.mp4"
     code, err = run_cli(["--traj", ORBIT, "--out", first, "--model", "tiny", "--frames", "17", "--height", "32",

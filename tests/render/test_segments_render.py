@@ -13,7 +13,7 @@ from camrender.model.stage1.tiny import build_tiny_pipeline, build_tiny_transfor
 from camrender.render.decode import CausalStreamDecoder, to_uint8_frames
 from camrender.render.inputs import prepare_inputs
 from camrender.render.loop import render_frames
-from camrender.render.request import RenderRequest
+from helpers import render_request
 from camrender.render.segments import DEFAULT_SEGMENT_TIMESTEPS, sample_segments, segment_timesteps
 from camrender.trajectory import Trajectory
 
@@ -38,7 +38,7 @@ def request_for(frames=FRAMES, **changes):
     fields = dict(traj=traj, prompt="a quiet street", steps=None, guidance=1.0, num_frames=frames, height=SIZE,
                   width=SIZE, model="tiny", dtype="float32", kernels="torch", mode="segments", recipe="streaming")
     fields.update(changes)
-    return RenderRequest(**fields)
+    return render_request(**fields)
 
 
 def dense_sampler(model, inputs, bounds, timesteps, options):

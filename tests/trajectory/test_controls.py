@@ -1,13 +1,20 @@
 """The control schemes (camrender.trajectory.controls) against references written here from their
 definitions: NVlabs' current scheme (camera_control.py + action_string_to_c2w) and diffusers 0.42.1's
 cam_utils (also compared with diffusers itself), pose for pose within 1e-6."""
+import ast
+import importlib.util
+import logging
 import math
+import os
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from camrender.errors import CamrenderError
 from camrender.trajectory import controls
+from camrender.trajectory.formats import actions
 from camrender.trajectory.controls import Controller, make_scheme, rollout
 
 
@@ -122,6 +129,54 @@ def test_smoothing_snaps_on_press_eases_when_held_and_coasts_on_release():
     assert c.velocity[2] == pytest.approx(-math.radians(0.6))
     c.step({"a"})  # w released, a held: forward coasts, no fresh press
     assert 0 < c.velocity[0] < 0.025 and c.frame == 5
+
+
+def forward_steps(action: str) -> np.ndarray:
+    """Distance moved per frame along the path of an action string (sana-wm scheme)."""
+    return np.linalg.norm(np.diff(actions.actions_to_c2w(action)[:, :3, 3], axis=0), axis=1)
+
+
+def test_a_new_press_ends_the_coast_of_a_released_key():
+    """NVlabs' rule (`action_string_to_c2w`: `if controls - last_controls: velocity.snap_to(target)`): a
+    frame pressing a key not held before snaps every axis, so `d` stops the forward coast of a released `w`
+    at once, while releasing into `none` coasts."""
+    turned, coasted = forward_steps("w-20,d-20"), forward_steps("w-20,none-20")
+    np.testing.assert_allclose(turned[:20], 0.025, rtol=1e-5)  # NVlabs normalise by norm + 1e-6
+    np.testing.assert_allclose(turned[20:], 0.0, atol=1e-12)
+    decay = math.exp(-1 / 16 / 1.0)  # tau 1 s at 16 fps
+    np.testing.assert_allclose(coasted[20:], 0.025 * decay ** np.arange(1, 21), rtol=1e-5)
+
+
+def nvlabs_action_rollout():
+    """NVlabs' own `action_string_to_c2w`, compiled from the unmodified kit file (its module imports the whole
+    model stack; this function needs only `camera_control`, numpy and math), or None without the kit."""
+    folder = Path(os.environ.get("SANA_WM_KIT", "/work/shared/reference/nvlabs-sana-wm")) / "src" / \
+        "inference_video_scripts" / "wm"
+    if not (folder / "camera_control.py").is_file() or not (folder / "inference_sana_wm.py").is_file():
+        return None
+    spec = importlib.util.spec_from_file_location("nvlabs_camera_control", folder / "camera_control.py")
+    camera_control = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = camera_control  # its dataclass looks its module up while the class is made
+    try:
+        spec.loader.exec_module(camera_control)
+    finally:
+        del sys.modules[spec.name]
+    names = dict(vars(camera_control), math=math, np=np, logging=logging, _ACTION_MAPPING_NOTICE_SHOWN=True,
+                 _CAM_FPS=camera_control.FPS)
+    tree = ast.parse((folder / "inference_sana_wm.py").read_text())
+    wanted = [node for node in tree.body
+              if (isinstance(node, ast.FunctionDef) and node.name in ("_parse_action_string", "action_string_to_c2w"))
+              or (isinstance(node, ast.AnnAssign) and getattr(node.target, "id", "") == "ALLOWED_ACTION_KEYS")]
+    exec(compile(ast.Module(wanted, type_ignores=[]), str(folder / "inference_sana_wm.py"), "exec"), names)
+    return names["action_string_to_c2w"]
+
+
+@pytest.mark.parametrize("action", ["w-20,d-20", "w-20,none-20", "wl-10,l-10,ia-30,jd-5,none-40,k-90"])
+def test_action_strings_match_nvlabs_own_function(action):
+    official = nvlabs_action_rollout()
+    if official is None:
+        pytest.skip("NVlabs' SANA-WM sources are not here ($SANA_WM_KIT)")
+    np.testing.assert_allclose(actions.actions_to_c2w(action), official(action), atol=1e-6, rtol=0)  # theirs: float32
 
 
 def test_pitch_limits_and_the_start_pose():

@@ -1,6 +1,6 @@
 """NVlabs' NAME_pose.npy / NAME_intrinsics.npy (camrender.trajectory.formats.npy) on files written here:
 every intrinsics shape, fitting in time, the resize-to-cover + crop map against NVlabs' definition,
-round trips, and the bad files of issue 22."""
+round trips, and bad files."""
 import os
 
 import numpy as np
@@ -80,6 +80,19 @@ def test_pose_files_of_1_and_1000_frames_and_the_file_beside_them(tmp_path):
     traj = formats.import_file(tmp_path / "bare.npy", notes=notes)
     assert len(notes) == 1 and "60 degree" in notes[0]
     assert traj.intrinsics[0, 0] == pytest.approx(0.5 * 1280 / np.tan(np.radians(30)))
+
+
+def test_intrinsics_without_an_image_say_the_size_they_assume(tmp_path, capsys):
+    """`traj check NAME_pose.npy` with NAME_intrinsics.npy beside it: the size the pixels are taken in is said
+    (the field of view depends on it); with --image it is the image's, and nothing is said."""
+    np.save(tmp_path / "demo_pose.npy", poses(9))
+    np.save(tmp_path / "demo_intrinsics.npy", np.array([600.0, 600.0, 480.0, 270.0]))
+    PIL.Image.new("RGB", (960, 540)).save(tmp_path / "first.png")
+    code, out, err = run_cli(["traj", "check", tmp_path / "demo_pose.npy"], capsys)
+    assert code == 0 and "image size:   1280 x 704" in out
+    assert err.count("\n") == 1 and "demo_intrinsics.npy are taken as pixels of a 1280x704 image" in err
+    code, out, err = run_cli(["traj", "check", tmp_path / "demo_pose.npy", "--image", tmp_path / "first.png"], capsys)
+    assert code == 0 and "image size:   960 x 540" in out and err == ""
 
 
 @pytest.mark.parametrize("src", [(960, 540), (1280, 704), (1024, 1024), (333, 777), (1920, 1081)])

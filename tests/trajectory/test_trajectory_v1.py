@@ -243,7 +243,7 @@ def test_unreadable_and_directory(tmp_path):
 EXAMPLES = sorted(glob.glob(os.path.join(ROOT, "trajectories", "*.json")) + glob.glob(os.path.join(ROOT, "trajectories", "*.actions")))
 
 
-def test_the_issue_examples_exist():
+def test_the_shipped_examples_exist():
     names = {os.path.basename(p) for p in EXAMPLES}
     assert {"orbit.json", "dolly.json", "pan.json", "spiral.json", "keyframed.json", "long_60s.json"} <= names
 

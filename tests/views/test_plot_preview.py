@@ -243,6 +243,32 @@ def test_plot_chart_values():
     assert np.isclose(stats.compute(traj).fov_h[0], hfov[0])
 
 
+@pytest.mark.parametrize("path", [os.path.join(ROOT, "trajectories", "orbit.json"), "w-40,d-20,w-40"])
+def test_plot_keeps_the_markers_and_the_speed_line_in_sight(path):
+    """The scale bar and the legend sit in corners the start and end markers leave free; speed and rotation
+    speed have a chart each (on one chart with two scales, a constant rotation speed hid the speed line)."""
+    from camrender.cli.path_options import load_path
+    from camrender.views.plot import draw
+
+    traj, _ = load_path(path, {})
+    figure = draw(traj)
+    figure.canvas.draw()
+    renderer = figure.canvas.get_renderer()
+    positions = traj.c2w[:, :3, 3]
+    views = {"top view": positions[:, [0, 2]], "side view": np.stack([positions[:, 2], -positions[:, 1]], axis=1)}
+    for ax in figure.axes:
+        title = ax.get_title().split(" (")[0]
+        if title not in views:
+            continue
+        bar = next(artist for artist in ax.artists if "unit" in artist.txt_label.get_text())
+        for box in (bar.get_window_extent(renderer), ax.get_legend().get_window_extent(renderer)):
+            for marker in ax.transData.transform(views[title][[0, -1]]):
+                assert not box.expanded(1, 1).padded(8).contains(*marker), (title, box, marker)
+    lines = {ax.get_title(): ax.get_lines() for ax in figure.axes if "speed" in ax.get_title()}
+    assert sorted(lines) == ["rotation speed between frames", "speed between frames"]
+    assert all(len(drawn) == 1 for drawn in lines.values())
+
+
 def test_plot_single_frame(tmp_path):
     from camrender.views.plot import plot_trajectory
 

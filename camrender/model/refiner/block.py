@@ -1,4 +1,4 @@
-"""The refiner blocks' fused path: `use_refiner_kernels(transformer, "fused" | "stock")`.
+"""The refiner blocks' fused path: `use_refiner_kernels(transformer, "fused" | "torch")`.
 
 "fused" sets `camrender.model.refiner.attention.FusedRefinerAttnProcessor` on every block's self-attention
 and runs each block's adaLN glue as single passes of `kernels.block_glue` (norm="rms"), in place of
@@ -19,7 +19,7 @@ quantization (`camrender.model.fp8.feed_forward`): one quantizing pass per block
 
 rounded where the stock forward writes its intermediate tensors (see `kernels/block_glue.py`), so
 only the norms' fp32 sum order differs. The modules and weights are diffusers' (nothing is copied);
-"stock" puts diffusers' processor and forward back. A block whose `forward` something else already
+"torch" (`--kernels torch`) puts diffusers' processor and forward back. A block whose `forward` something else already
 wraps (e.g. an offloading hook) keeps it and only gets the attention processor.
 """
 from __future__ import annotations
@@ -33,8 +33,9 @@ from camrender.kernels.block_glue import ada_norm, gated_residual
 from camrender.model.fp8 import QuantizedRows, feed_forward, ff_input_linear, takes_quantized
 from camrender.model.refiner.attention import (FusedRefinerAttnProcessor, cross_attention, cross_fusable, fusable,
                                                input_linears)
+from camrender.vocabulary import KERNELS
 
-REFINER_KERNELS = ("fused", "stock")
+REFINER_KERNELS = KERNELS.values  # "torch": diffusers' own block code
 
 
 def use_refiner_kernels(transformer, kernels: str = "fused", backend: str = "auto") -> bool:

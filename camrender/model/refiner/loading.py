@@ -19,15 +19,16 @@ import json
 from pathlib import Path
 from typing import Optional
 
+from camrender import vocabulary
 from camrender.errors import CamrenderError
 from camrender.model.refiner.tiny import TINY_REFINER, TINY_REFINER_TRANSFORMER_CONFIG, build_tiny_refiner
-from camrender.model.stage1.loading import _HUB_ID
+from camrender.model.stage1.loading import _HUB_ID, quiet_loading
 from camrender.model.stage1.tiny import TINY_MODEL, TINY_TRANSFORMER_CONFIG
 
-NO_REFINER = "none"
+NO_REFINER = vocabulary.NO_REFINER
 REFINER_TRANSFORMERS = ("SanaWMLTX2RefinerTransformer3DModel", "LTX2VideoTransformer3DModel")
-REFINER_OFFLOAD = ("none", "layers")  # or a number of blocks (`streamed_blocks`)
-MIN_STREAMED_BLOCKS = 3  # fewer take no memory off the GPU: the two staging slots hold two blocks
+REFINER_OFFLOAD = vocabulary.REFINER_OFFLOAD.values  # or a number of blocks (`streamed_blocks`)
+MIN_STREAMED_BLOCKS = vocabulary.MIN_STREAMED_BLOCKS
 STREAMING_REFINER, STREAMING_GEMMA = "refiner_diffusers", "gemma3_12b"
 DEFAULT_TEXT_MAX_SEQUENCE_LENGTH = 1024
 
@@ -118,13 +119,14 @@ def load_refiner(spec: str, *, dtype, latent_channels: Optional[int] = None, tex
     spec: `resolve_refiner`'s result ("tiny", a checked folder or a hub id).
     text_encoder: False loads no Gemma-3 (`refiner.text_encoder` None: the prompt is cached).
     """
-    if spec == TINY_REFINER:
-        refiner = build_tiny_refiner(seed=0, text_encoder=text_encoder).to(dtype=dtype)
-    else:
-        folder = Path(spec).expanduser()
-        if not folder.exists():
-            folder = _download(spec)
-        refiner = _from_folder(check_refiner_folder(folder, latent_channels), dtype, text_encoder)
+    with quiet_loading():
+        if spec == TINY_REFINER:
+            refiner = build_tiny_refiner(seed=0, text_encoder=text_encoder).to(dtype=dtype)
+        else:
+            folder = Path(spec).expanduser()
+            if not folder.exists():
+                folder = _download(spec)
+            refiner = _from_folder(check_refiner_folder(folder, latent_channels), dtype, text_encoder)
     strip_audio(refiner.transformer)
     refiner.set_progress_bar_config(disable=True)
     return refiner

@@ -21,7 +21,8 @@ per render (`_TextMemo`), keeping the projections that make them in CPU memory o
 
 The refiner runs eagerly. Replaying its steady-state passes as CUDA graphs was tried and taken
 out: on an H200 a graphed render was no faster (the GPU, not the host, bounds the refiner) and,
-with the stages overlapped on CUDA streams, it stalled the GPU (docs/performance.md).
+with the stages overlapped on CUDA streams, it stalled the GPU
+(bench/results/2026-12-01_refiner_schedules_h200.json).
 """
 from __future__ import annotations
 
@@ -106,7 +107,7 @@ class RefinerStream:
         device: where the transformer runs (default: its parameters' device).
         sigmas: the Euler sigma list ending in 0 (default: diffusers' 3-step distilled list).
         kernels: "fused" (default): the blocks run `camrender.model.refiner.block`'s fused path and a
-            `WindowKVCache` (no per-pass concatenation); "stock": diffusers' block forward and processor.
+            `WindowKVCache` (no per-pass concatenation); "torch": diffusers' block forward and processor.
             Either way the setting stays on the transformer until another stream changes it.
         kernel_backend: the fused path's kernels: "auto" (Triton on CUDA or under TRITON_INTERPRET=1),
             "triton" or "torch" (their PyTorch references).

@@ -8,9 +8,10 @@ random (seeded): the point is to exercise stage 2 with no download, on a CPU, in
 """
 from __future__ import annotations
 
+from camrender import vocabulary
 from camrender.model.stage1.tiny import TINY_TRANSFORMER_CONFIG, build_tiny_tokenizer
 
-TINY_REFINER = "tiny"
+TINY_REFINER = vocabulary.TINY
 
 # The tiny refiner transformer; `build_tiny_refiner(**overrides)` replaces any entry. Its latent
 # channels are the tiny stage-1 model's (the tiny VAE's).

@@ -36,7 +36,8 @@ from diffusers.models.transformers.transformer_sana_wm_refiner import SanaWMRefi
 # True (renders' default): the window has a slot for the current block (one attention call per pass, 2.1 GB more
 # at the release shape); False: sink + history only, the block attended to by a second call (module docstring).
 # On an H200 the split layout rendered the FP8 refined pipeline at 23.5 video fps against 29.7 with the slot
-# (docs/performance.md), so the slot stays the default. Read when a `WindowKVCache` is built.
+# (bench/results/2026-12-01_refined_segments_fp8_split_window_h200.json), so the slot stays the default. Read when
+# a `WindowKVCache` is built.
 BLOCK_SLOT = True
 
 

@@ -31,7 +31,7 @@ from camrender.kernels.block_glue import silu_gate
 from camrender.kernels.camera_branch import camera_branch
 from camrender.kernels.gdn_gates import gdn_gates as fused_gdn_gates
 from camrender.kernels.main_branch import main_branch
-from camrender.kernels.short_conv import short_conv, short_conv_context
+from camrender.kernels.short_conv import short_conv
 from camrender.model.adopt import adopt_module
 from camrender.model.fp8 import QuantizedRows, shared_input, takes_quantized
 from camrender.model.settings import KernelSettings
@@ -40,14 +40,15 @@ from camrender.model.stage1.state import FULL_MODE, BlockCache, SegmentCall, Seg
 
 
 # Calls of at most this many frames compute the gates on `kernels.gdn_gates`; longer ones on stock's ops. Measured
-# (H100, session 23): a 3-frame segment 18.6 µs against stock's 51.9; the full clip (B=2, 21 frames) was slower on the
-# kernels' first launch (451 µs against 192) and the tuned launch is not yet timed there.
+# on an H100 (bench/results/2026-12-05_block_glue_gdn_gates_sweep_h100.json): a 3-frame segment 18.6 µs against
+# stock's 51.9; the full clip (B=2, 21 frames) was slower on the kernels' first launch (451 µs against 192) and the
+# tuned launch is not yet timed there.
 FUSED_GATES_MAX_FRAMES = 8
 
 
 def gdn_gates(attn, x: torch.Tensor, frames: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The GDN gates of block attention `attn`, shared by its main and camera branches (`kernels.gdn_gates`, on
-    `attn.settings`' backend and precision; a stock module's `KernelSettings()` otherwise).
+    `attn.settings`' backend and matmul precision; a stock module's `KernelSettings()` otherwise).
 
     x (B, N, C), N = frames * S. Returns beta (B, H, T, S) = sigmoid(beta_proj(x)) in x's
     dtype, and the per-frame decay (B, H, T) fp32 =
@@ -58,7 +59,7 @@ def gdn_gates(attn, x: torch.Tensor, frames: int) -> tuple[torch.Tensor, torch.T
     backend = settings.backend if frames <= FUSED_GATES_MAX_FRAMES else "torch"
     return fused_gdn_gates(x, frames, attn.beta_proj.weight, attn.beta_proj.bias, attn.gate_proj.weight,
                            attn.gate_proj.bias, negative_rate.view(-1), dt_bias.view(-1), backend=backend,
-                           precision=settings.precision)
+                           matmul_precision=settings.matmul_precision)
 
 
 def decay_constants(attn) -> tuple:
@@ -126,7 +127,7 @@ def norm_inv_rms(norm, x: torch.Tensor):
 
 
 def segment_short_conv(conv, x: torch.Tensor, call: SegmentCall, backend: str, *, carry: bool,
-                       left: Optional[torch.Tensor] = None) -> torch.Tensor:
+                       left: Optional[torch.Tensor] = None, output_final_state: bool = False) -> tuple:
     """SANA-WM's bidirectional depthwise short conv over frames (diffusers
     `SanaWMTemporalShortConvolution`, here `kernels.short_conv`), chunk-causal.
 
@@ -138,20 +139,22 @@ def segment_short_conv(conv, x: torch.Tensor, call: SegmentCall, backend: str, *
         conv: the block's `SanaWMTemporalShortConvolution` (weight (C, 1, K)).
         x: (B, N, C) raw projections of the call (channel stride 1; a slice of the qkv output is fine).
         left: (B, L*S, C), L <= K - 1, raw frames right before the call, or None.
-    Returns (B, N, C).
+        output_final_state: with `carry`, also return the raw frames the next call's causal half reads.
+    Returns (out (B, N, C), the last <= K - 1 raw frames (B, L'*S, C) of `left` then x, or None unless
+    `carry` and output_final_state).
     """
     spatial = call.spatial
     pieces = []
     for index, (start, stop) in enumerate(call.segments):
         piece = x[:, start * spatial : stop * spatial]
-        pieces.append(short_conv(piece, conv.weight, stop - start, left_context=left if carry else None,
-                                 backend=backend))
-        if carry and index + 1 < len(call.segments):
-            left = short_conv_context(piece, stop - start, left, frames=conv.kernel_size - 1)
+        carried = carry and (output_final_state or index + 1 < len(call.segments))
+        out, left = short_conv(piece, conv.weight, stop - start, initial_state=left if carry else None,
+                               output_final_state=carried, backend=backend)
+        pieces.append(out)
     out = pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1)
     if conv.bias is not None:
         out = out + 2 * conv.bias.to(out.dtype)  # both halves carry the bias in diffusers
-    return out
+    return out, left
 
 
 def carried_short_conv(conv, raw: torch.Tensor, call: SegmentCall, state: Optional[BlockCache], tail_name: str,
@@ -161,9 +164,8 @@ def carried_short_conv(conv, raw: torch.Tensor, call: SegmentCall, state: Option
     raw frames there."""
     tail = None if state is None else getattr(state, tail_name)
     tail = None if tail is None else tail.flatten(1, 2)
-    out = segment_short_conv(conv, raw, call, backend, carry=True, left=tail)
+    out, context = segment_short_conv(conv, raw, call, backend, carry=True, left=tail, output_final_state=call.write)
     if call.write:
-        context = short_conv_context(raw, call.num_frames, tail, frames=conv.kernel_size - 1)
         setattr(state, tail_name, store(getattr(state, tail_name), context.unflatten(1, (-1, call.spatial))))
     return out
 
@@ -245,7 +247,7 @@ class PatchedGDNAttention(BidirectionalGDNUCPESinglePathLiteLA):
             query, key, value, beta, decay, rotary_emb,
             q_norm_weight=self.q_norm.weight, k_norm_weight=self.k_norm.weight, norm_eps=self.q_norm.eps,
             eps=self.attn.eps, initial_state=initial, segment_starts=call.segment_starts(x.device),
-            precision=self.settings.precision, backend=backend, output_final_state=call.write,
+            matmul_precision=self.settings.matmul_precision, backend=backend, output_final_state=call.write,
             q_inv_rms=norm_inv_rms(self.q_norm, query), k_inv_rms=norm_inv_rms(self.k_norm, key),
         )
         if call.write:
@@ -296,7 +298,8 @@ class PatchedGDNAttention(BidirectionalGDNUCPESinglePathLiteLA):
             q_norm_weight=getattr(q_norm, "weight", None), k_norm_weight=getattr(k_norm, "weight", None),
             norm_eps=getattr(q_norm, "eps", 1e-5), initial_state=None if state is None else state.cam_state,
             segment_starts=call.segment_starts(x.device), downscale=call.options.gdn_camera_downscale,
-            precision=self.settings.precision, backend=self.settings.backend, output_final_state=call.write,
+            matmul_precision=self.settings.matmul_precision, backend=self.settings.backend,
+            output_final_state=call.write,
             q_inv_rms=norm_inv_rms(q_norm, query), k_inv_rms=norm_inv_rms(k_norm, key),
         )
         if call.write:

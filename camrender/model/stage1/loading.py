@@ -11,6 +11,7 @@ caption-dropout embedding). A file that leaves any transformer weight unloaded i
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 from pathlib import Path
@@ -49,13 +50,14 @@ def load_pipeline(model: str = DEFAULT_MODEL, *, dtype="auto", device=None, offl
     """
     device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, device)
-    if model == TINY_MODEL:
-        pipe = build_tiny_pipeline(seed=0, text_encoder=text_encoder)
-        pipe.to(dtype=torch_dtype)
-    else:
-        pipe = _from_pretrained(model, torch_dtype, {} if text_encoder else {"text_encoder": None})
-    if vae is not None:
-        pipe.register_modules(vae=load_vae(vae, torch_dtype))
+    with quiet_loading():
+        if model == TINY_MODEL:
+            pipe = build_tiny_pipeline(seed=0, text_encoder=text_encoder)
+            pipe.to(dtype=torch_dtype)
+        else:
+            pipe = _from_pretrained(model, torch_dtype, {} if text_encoder else {"text_encoder": None})
+        if vae is not None:
+            pipe.register_modules(vae=load_vae(vae, torch_dtype))
     if transformer_weights is not None:
         report = load_transformer_weights(pipe.transformer, transformer_weights,
                                           allow_missing=allow_missing_weights)
@@ -76,6 +78,24 @@ def load_pipeline(model: str = DEFAULT_MODEL, *, dtype="auto", device=None, offl
         pipe.to(device)
     pipe.set_progress_bar_config(disable=True)
     return pipe
+
+
+@contextlib.contextmanager
+def quiet_loading():
+    """diffusers' and transformers' notes while a model loads or changes dtype off ("modules that should be kept in
+    float32: []", hub chatter): camrender's own lines say what matters. Their levels are restored after."""
+    # lazy: keeps `camrender --help` free of torch, diffusers
+    from diffusers.utils import logging as diffusers_logging
+    from transformers.utils import logging as transformers_logging
+
+    saved = diffusers_logging.get_verbosity(), transformers_logging.get_verbosity()
+    diffusers_logging.set_verbosity_error()
+    transformers_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        diffusers_logging.set_verbosity(saved[0])
+        transformers_logging.set_verbosity(saved[1])
 
 
 def model_source(model: str) -> str:

@@ -1,7 +1,8 @@
 """Swap SANA-WM's blocks, attentions and FFNs for modules that run the fused Triton kernels.
 
-`patch_transformer(transformer)` resolves the kernel settings once (`KernelSettings`: backend,
-precision) and walks `transformer.blocks`: each block becomes a `camrender.model.stage1.block.PatchedBlock`,
+`patch_transformer(transformer)` resolves the kernel settings once (`KernelSettings`: backend, matmul
+precision, linear precision) and walks `transformer.blocks`: each block becomes a
+`camrender.model.stage1.block.PatchedBlock`,
 its attention a `gdn_attention.PatchedGDNAttention` (GDN blocks) or a
 `softmax_attention.PatchedSoftmaxAttention` (softmax blocks), its FFN a `ffn.PatchedGLUMBConvTemp`,
 every one holding the same settings. The attentions also hold full mode's rules (`full_options`, a
@@ -20,7 +21,8 @@ from diffusers.models.transformers.transformer_sana_wm import (
     _SoftmaxUCPESinglePathLiteLA,
 )
 
-from camrender.model.settings import KERNEL_CHOICES, PRECISION_CHOICES, KernelSettings
+from camrender.kernels._validate import MATMUL_PRECISIONS
+from camrender.model.settings import KernelSettings
 from camrender.model.stage1.block import patch_block
 from camrender.model.stage1.ffn import patch_ffn
 from camrender.model.stage1.gdn_attention import PatchedGDNAttention
@@ -28,8 +30,7 @@ from camrender.model.stage1.recipes import get_recipe
 from camrender.model.stage1.softmax_attention import PatchedSoftmaxAttention
 from camrender.model.stage1.state import SegmentOptions
 
-__all__ = ["patch_transformer", "patch_attention", "set_full_options", "KernelSettings", "KERNEL_CHOICES",
-           "PRECISION_CHOICES"]
+__all__ = ["patch_transformer", "patch_attention", "set_full_options", "KernelSettings", "MATMUL_PRECISIONS"]
 
 
 def patch_attention(attention, settings: KernelSettings):
@@ -57,7 +58,7 @@ def set_full_options(transformer, options: SegmentOptions):
         attention.full_options = options
 
 
-def patch_transformer(transformer, kernels: str = "fused", precision: str = "tf32", *,
+def patch_transformer(transformer, kernels: str = "fused", matmul_precision: str = "tf32", *,
                       settings: Optional[KernelSettings] = None, recipe: Optional[str] = None):
     """Patch every block of a `SanaWMTransformer3DModel` in place; returns the transformer.
 
@@ -65,8 +66,8 @@ def patch_transformer(transformer, kernels: str = "fused", precision: str = "tf3
         transformer: the diffusers SANA-WM transformer (its `state_dict()` is unchanged).
         kernels: "fused" (Triton kernels; PyTorch references on CPU without TRITON_INTERPRET=1)
             or "torch" (the PyTorch references of the same structure).
-        precision: matmul precision inside the Triton kernels, "tf32" or "ieee".
-        settings: a `KernelSettings` used instead of `kernels` / `precision` (e.g. backend
+        matmul_precision: matmul precision inside the Triton kernels, "tf32" or "ieee".
+        settings: a `KernelSettings` used instead of `kernels` / `matmul_precision` (e.g. backend
             "triton" to run the kernels under the interpreter, for tests and replays).
         recipe: name of the recipe whose rules full mode computes with (`set_full_options`);
             None: the default recipe on a first patch, unchanged on a re-patch.
@@ -74,7 +75,7 @@ def patch_transformer(transformer, kernels: str = "fused", precision: str = "tf3
     Patching again only replaces the settings (and the rules, with a `recipe`).
     """
     if settings is None:
-        settings = KernelSettings.from_kernels(kernels, precision)
+        settings = KernelSettings.from_kernels(kernels, matmul_precision)
     for index, block in enumerate(transformer.blocks):
         block = transformer.blocks[index] = patch_block(block, settings)
         if isinstance(block.mlp, GLUMBConvTemp):

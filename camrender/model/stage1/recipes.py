@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Optional
 
 from camrender.errors import CamrenderError
+from camrender.vocabulary import DEFAULT_RECIPE, TINY
 
 __all__ = ["Recipe", "RECIPES", "DEFAULT_RECIPE", "get_recipe", "recipes_of", "detect_recipe", "resolve_recipe",
            "segment_bounds", "recipe_table", "per_recipe"]
@@ -111,7 +112,6 @@ RECIPES = {
         timesteps=None, steps=60, guidance=5.0, frame_stride=8,
     ),
 }
-DEFAULT_RECIPE = "bidirectional"
 _NAMES = ", ".join(RECIPES)
 
 
@@ -331,7 +331,7 @@ def resolve_recipe(requested: Optional[str], weights=None, model: str = "") -> R
     if requested is not None:
         get_recipe(requested)
     if weights is None:
-        if requested is None or model == "tiny":
+        if requested is None or model == TINY:
             return get_recipe(requested or DEFAULT_RECIPE)
         if get_recipe(requested).checkpoint != "bidirectional":
             raise CamrenderError(f"--recipe {requested} needs its original-format DiT (--transformer-weights); "

@@ -9,7 +9,7 @@ describing the call, and applies the final layer; what each block carries is des
 `gdn_attention`, `softmax_attention` and `ffn` (the FFN temporal conv's first frame sees the
 last frame of the previous segment). `SegmentOptions.for_recipe` sets the window, scale and
 camera arithmetic of a checkpoint's recipe (`camrender.model.stage1.recipes`); the kernels' backend and
-precision are the model's own (`patch_transformer`).
+matmul precision are the model's own (`patch_transformer`).
 
 `segment_forward` runs the model on a call holding one segment (with a cache) or several segments
 (with no cache): the latter, `dense_reference_forward`, is the whole-sequence forward with the same
@@ -178,7 +178,7 @@ def segment_forward(
         write_cache: store this call's states / keys / tails in `cache` (the timestep-0 pass on a
             finished segment). Requires a single-segment call.
         segments: (start, stop) frame ranges relative to the call; default one segment.
-        options: `SegmentOptions` (the recipe's rules; backend and precision are the model's
+        options: `SegmentOptions` (the recipe's rules; backend and matmul precision are the model's
             `KernelSettings`, set by `patch_transformer`).
         conditioning: `prepare_conditioning`'s result for this call, reused across denoising
             steps; when given, the text / camera / Plucker arguments are not read.

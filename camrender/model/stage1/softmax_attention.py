@@ -29,9 +29,8 @@ import torch.nn.functional as F
 from diffusers.models.transformers.transformer_sana_wm import _prepare_ucpe_ray_transforms, _SoftmaxUCPESinglePathLiteLA
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from camrender.kernels import softmax_cam, softmax_cam_reference
 from camrender.kernels.main_prep import main_prep
-from camrender.kernels.main_prep_reference import main_prep_ref
+from camrender.kernels.softmax_cam import cam_softmax_decode, cam_softmax_encode
 from camrender.model.adopt import adopt_module
 from camrender.model.fp8 import QuantizedRows
 from camrender.model.settings import KernelSettings
@@ -69,12 +68,12 @@ def sdpa_operand_dtype(dtype, override):
     return torch.bfloat16 if dtype == torch.float32 else dtype
 
 
-def softmax_qkv(attn, x, rope, attn_dtype, use_triton: bool, x_rows=None, key_out=None):
+def softmax_qkv(attn, x, rope, attn_dtype, backend: str, x_rows=None, key_out=None):
     """Main-branch q, k (full-C RMSNorm, RoPE) and v of softmax-block attention `attn`, each
     (B, H, N, D) in `attn_dtype`. x (B, N, C); rope: diffusers' complex table or None.
-    use_triton: `kernels.main_prep` writes q and k straight in `attn_dtype`, else its reference.
+    `kernels.main_prep` on `backend` writes q and k straight in `attn_dtype`.
     x_rows: x as qkv reads it (`gdn_attention.input_rows`), or None (x). key_out: a (B, H, N, D) view (a window's
-    slot, `window_slots`) the kernel writes k into, returned as k; ignored by the reference."""
+    slot, `window_slots`) k is written into, returned as k."""
     batch, tokens = x.shape[:2]
     heads, dim = attn.heads, attn.dim
     channels = heads * dim  # this rank's heads under the head split, else x's C
@@ -82,45 +81,33 @@ def softmax_qkv(attn, x, rope, attn_dtype, use_triton: bool, x_rows=None, key_ou
     prepped = []
     for raw, norm, into in ((qkv[..., :channels], attn.q_norm, None),
                             (qkv[..., channels:2 * channels], attn.k_norm, key_out)):
-        inv_rms = norm_inv_rms(norm, raw)
-        if use_triton:
-            out = torch.empty(batch, tokens, channels, device=x.device, dtype=attn_dtype) if into is None \
-                else into.transpose(1, 2)
-            prepped.append(main_prep(raw, norm.weight, heads, norm_eps=norm.eps, relu=False, rope=rope, out=out,
-                                     inv_rms=inv_rms))
-        else:
-            prepped.append(main_prep_ref(raw, norm.weight, heads, norm_eps=norm.eps, relu=False,
-                                         rope=rope, inv_rms=inv_rms).to(attn_dtype))
+        out = torch.empty(batch, tokens, channels, device=x.device, dtype=attn_dtype) if into is None \
+            else into.transpose(1, 2)
+        prepped.append(main_prep(raw, norm.weight, heads, norm_eps=norm.eps, relu=False, rope=rope, out=out,
+                                 inv_rms=norm_inv_rms(norm, raw), backend=backend))
     value = qkv[..., 2 * channels:].to(attn_dtype)
     return tuple(t.reshape(batch, tokens, heads, dim).transpose(1, 2) for t in (*prepped, value))
 
 
-def camera_encode(attn, x, ray_transforms, attn_dtype, use_triton: bool, downscale: bool = True, kv_out=None):
+def camera_encode(attn, x, ray_transforms, attn_dtype, backend: str, downscale: bool = True, kv_out=None):
     """Camera q, k, v of softmax-block attention `attn` after RMSNorm, UCPE and (`downscale`:
     diffusers, NVlabs 40151c8; not NVlabs today) RMS downscale, each (B, H, N, DPAD) in `attn_dtype` (head dim
-    zero-padded, `kernels.softmax_cam`). kv_out: (B, H, N, DPAD) views (a window's slots, `window_slots`) the
-    kernel writes k and v into, returned as k and v; ignored by the reference."""
-    if use_triton:
-        cam_softmax_encode = softmax_cam.cam_softmax_encode
-    else:
-        cam_softmax_encode = softmax_cam_reference.cam_softmax_encode_ref
+    zero-padded, `kernels.softmax_cam` on `backend`). kv_out: (B, H, N, DPAD) views (a window's slots,
+    `window_slots`) k and v are written into, returned as k and v."""
     query, key = attn.q_proj_cam(x), attn.k_proj_cam(x)
-    into = {} if kv_out is None or not use_triton else {"kv_out": tuple(t.transpose(1, 2) for t in kv_out)}
+    into = {} if kv_out is None else {"kv_out": tuple(t.transpose(1, 2) for t in kv_out)}
     encoded = cam_softmax_encode(
         query, key, attn.v_proj_cam(x), ray_transforms,
         q_norm_weight=attn.q_norm_cam.weight, k_norm_weight=attn.k_norm_cam.weight,
         norm_eps=attn.q_norm_cam.eps, heads=attn.cam_heads, downscale=downscale, out_dtype=attn_dtype,
-        q_inv_rms=norm_inv_rms(attn.q_norm_cam, query), k_inv_rms=norm_inv_rms(attn.k_norm_cam, key), **into)
+        q_inv_rms=norm_inv_rms(attn.q_norm_cam, query), k_inv_rms=norm_inv_rms(attn.k_norm_cam, key),
+        backend=backend, **into)
     return tuple(t.transpose(1, 2) for t in encoded)
 
 
-def camera_decode(attn, o, ray_transforms, dtype, use_triton: bool):
-    """Camera SDPA output (B, H, N, DPAD) -> world space (B, N, C) in `dtype` (P, inverse RoPE)."""
-    if use_triton:
-        cam_softmax_decode = softmax_cam.cam_softmax_decode
-    else:
-        cam_softmax_decode = softmax_cam_reference.cam_softmax_decode_ref
-    return cam_softmax_decode(o, ray_transforms, dim=attn.cam_head_dim, out_dtype=dtype)
+def camera_decode(attn, o, ray_transforms, dtype, backend: str):
+    """Camera SDPA output (B, H, N, DPAD) -> world space (B, N, C) in `dtype` (P, inverse RoPE; `backend`)."""
+    return cam_softmax_decode(o, ray_transforms, dim=attn.cam_head_dim, out_dtype=dtype, backend=backend)
 
 
 def softmax_scale(head_dim: int, rule: str, camera: bool = False) -> Optional[float]:
@@ -241,7 +228,7 @@ class PatchedSoftmaxAttention(_SoftmaxUCPESinglePathLiteLA):
         if rays is None and camera_conditions is not None:
             rays = _prepare_ucpe_ray_transforms(head_dim=self.cam_head_dim, camera_conditions=camera_conditions,
                                                 HW=call.grid, patch_size=self.patch_size, rotary_emb=rotary_emb)
-        use_triton = self.settings.use_triton(x)
+        backend = self.settings.backend if self.settings.use_triton(x) else "torch"
         attn_dtype = sdpa_operand_dtype(x.dtype, options.sdpa_dtype if options.sdpa_dtype is not None
                                         else self.sdpa_dtype)
         context = [] if state is None else state.softmax_context()
@@ -254,7 +241,7 @@ class PatchedSoftmaxAttention(_SoftmaxUCPESinglePathLiteLA):
         window = state.window_slot(x.shape[1]) if context and len(call.segments) == 1 else None
         slots = None if window is None else window_slots(window, x.shape[1])  # the kernels write keys there
         x_rows = input_rows(self, x, x_rows)  # x as qkv and the output gate read it
-        query, key, value = softmax_qkv(self, x, rotary_emb, attn_dtype, use_triton, x_rows,
+        query, key, value = softmax_qkv(self, x, rotary_emb, attn_dtype, backend, x_rows,
                                         key_out=None if slots is None else slots.key)
         out = attend(query, key, value, [(kv.key, kv.value) for kv in context],
                      softmax_scale(self.dim, options.softmax_scale), attn_mask, prefixes, self.sdpa_backends,
@@ -264,14 +251,14 @@ class PatchedSoftmaxAttention(_SoftmaxUCPESinglePathLiteLA):
         camera = cam_key = cam_value = None
         if rays is not None:
             cam_slots = None if slots is None or slots.cam_key is None else (slots.cam_key, slots.cam_value)
-            cam_query, cam_key, cam_value = camera_encode(self, x, rays, attn_dtype, use_triton,
+            cam_query, cam_key, cam_value = camera_encode(self, x, rays, attn_dtype, backend,
                                                           options.softmax_camera_downscale, kv_out=cam_slots)
             cam_window = None if window is None or window.cam_key is None else (window.cam_key, window.cam_value)
             cam_out = attend(cam_query, cam_key, cam_value, [(kv.cam_key, kv.cam_value) for kv in context],
                              softmax_scale(self.cam_head_dim, options.softmax_scale, camera=True), attn_mask,
                              prefixes, self.sdpa_backends, window=cam_window)
-            camera = self.out_proj_cam(camera_decode(self, cam_out, rays, x.dtype, use_triton))
+            camera = self.out_proj_cam(camera_decode(self, cam_out, rays, x.dtype, backend))
 
         if call.write:
             state.keep_softmax(SoftmaxKV(key, value, cam_key, cam_value), options.cached_segments, options.key_slot)
-        return combine_branches(self, x, out, camera, self.settings.backend if use_triton else "torch", x_rows)
+        return combine_branches(self, x, out, camera, backend, x_rows)

@@ -25,7 +25,7 @@ SOFTMAX_SCALES = ("head", "padded")
 @dataclasses.dataclass(frozen=True)
 class SegmentOptions:
     """The rules of a segment-mode render (a checkpoint's recipe; the kernels' backend and
-    precision are the model's `KernelSettings`).
+    matmul precision are the model's `KernelSettings`).
 
     Attributes:
         cached_segments: recent segments (besides the sink) softmax blocks attend to; None: all.

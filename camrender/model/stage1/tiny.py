@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import string
 
-TINY_MODEL = "tiny"
+from camrender.vocabulary import TINY
+
+TINY_MODEL = TINY
 
 # Characters the tokenizer knows; anything else maps to <unk>.
 _ALPHABET = string.ascii_letters + string.digits + string.punctuation + " \n\t"

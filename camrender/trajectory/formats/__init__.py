@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 
 from camrender.errors import CamrenderError
+from camrender.trajectory import controls
 from camrender.trajectory.formats import actions, colmap, nerfstudio, npy, realestate10k, transforms_json, v1
 from camrender.trajectory.formats.fileio import MAX_COLMAP_BYTES, MAX_FILE_BYTES, read_json, read_text
 
@@ -125,6 +126,27 @@ def import_file(path, fmt: str | None = None, *, scheme=None, intrinsics=None, i
         return npy.read(path, intrinsics=intrinsics, image_size=image_size, notes=notes)
     traj = module.read(path, scheme=scheme) if module is actions else module.read(path)
     return _replace_intrinsics(traj, intrinsics, image_size)
+
+
+def read_path(source, fmt: str | None = None, *, action_scheme=None, translation_speed=None, rotation_speed=None,
+              pitch_limit=None, smooth=None, intrinsics=None, image_size=None, notes=None):
+    """(Trajectory, ControlScheme or None): `source` (a file, or an action string) read as a render reads it,
+    with the action scheme of those options (`camrender.trajectory.controls.make_scheme`) and `intrinsics`
+    (a .npy replacing the path's, in pixels of `image_size` (width, height) when given). The scheme is None
+    unless `source` is an action string. notes: a list that gets one-line notes."""
+    scheme = controls.make_scheme(action_scheme, translation_speed=translation_speed, rotation_speed=rotation_speed,
+                                  pitch_limit=pitch_limit, smooth=smooth)
+    traj = import_file(source, fmt, scheme=scheme, intrinsics=intrinsics, image_size=image_size, notes=notes)
+    return traj, (scheme if reads_actions(source, fmt) else None)
+
+
+def reads_actions(source, fmt: str | None = None) -> bool:
+    """Whether `source` (with `--from fmt`) is read as an action string."""
+    if fmt:
+        return get(fmt) is actions
+    if not os.path.exists(source):
+        return looks_like_actions(source)
+    return os.path.isfile(source) and detect(source) is actions
 
 
 def _replace_intrinsics(traj, intrinsics, image_size):

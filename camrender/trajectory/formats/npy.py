@@ -155,6 +155,9 @@ def read(path, *, intrinsics=None, image_size=None, notes=None) -> Trajectory:
     traj = Trajectory(poses, default_intrinsics(len(poses), width, height), width, height, DEFAULT_FPS, source=shown)
     if intrinsics is not None:
         traj = with_intrinsics(traj, intrinsics, image_size)
+        if image_size is None and notes is not None:
+            notes.append(f"{shown}: the intrinsics of {os.fspath(intrinsics)} are taken as pixels of a "
+                         f"{width}x{height} image (no first-frame image gives the size: pass --image)")
     elif notes is not None:
         notes.append(f"{shown}: no intrinsics (--intrinsics or NAME_intrinsics.npy beside it): "
                      f"a {DEFAULT_FOV:g} degree horizontal field of view")

@@ -1,0 +1,82 @@
+"""Planning a batch (`plan_jobs`): each job resolved to its request once, before the first renders, or skipped
+(its output exists: a re-run resumes) or failed (with the reason, naming its line or file)."""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Callable, Optional
+
+from camrender.errors import CamrenderError
+from camrender.output.targets import check_batch_output
+from camrender.render.request import RenderRequest
+from camrender.render.resume import DEFAULT_CHECKPOINT_EVERY, partial_folder
+
+
+@dataclasses.dataclass
+class Planned:
+    """A planned job: status "render" (with its `RenderRequest` and how it is written: `resume` from an interrupted
+    render's checkpoint, `checkpoint_every` seconds), "skipped" or "failed" (with `reason`). `index`: its place in
+    the jobs file; `where`: what names it in messages ("jobs.jsonl line 3")."""
+
+    index: int
+    where: str
+    out: str
+    status: str
+    reason: str = ""
+    request: Optional[RenderRequest] = None
+    resume: bool = False
+    checkpoint_every: float = DEFAULT_CHECKPOINT_EVERY
+
+
+def plan_jobs(jobs: list, resolve: Callable, created: Optional[list] = None) -> list:
+    """Plan `jobs` (`camrender.batch.jobs.Job`s): `resolve(job) -> (RenderRequest, {"resume", "checkpoint_every"})`
+    checks a job's values (raising CamrenderError); a job whose output exists is skipped, one whose output another
+    job already has, or that an interrupted render's checkpoint holds (unless it resumes), fails. Output folders made for the jobs are appended to `created`
+    (when given), deepest first, so that a refused batch can take them away again (`remove_created`)."""
+    planned, outputs = [], {}
+    for index, job in enumerate(jobs):
+        out = str(job.values.get("out", ""))
+        if job.error:
+            planned.append(Planned(index, job.where, out, "failed", job.error))
+            continue
+        try:
+            if out:  # checked before the job's values: a finished job is skipped unplanned (a re-run resumes)
+                out = str(Path(out).resolve())
+                check_batch_output(out, outputs, job.where)
+                if Path(out).exists():
+                    planned.append(Planned(index, job.where, out, "skipped", "output exists"))
+                    continue
+                missing = [folder for folder in [Path(out).parent, *Path(out).parent.parents] if not folder.exists()]
+                Path(out).parent.mkdir(parents=True, exist_ok=True)
+                if created is not None:
+                    created.extend(missing)
+            request, writing = resolve(job)
+            if partial_folder(out).exists() and not writing["resume"]:  # an interrupted render: never overwritten
+                raise CamrenderError(f"{partial_folder(out)} holds an interrupted render: continue it with "
+                                     f"`camrender render ... --resume` or remove it", path=job.where, field="output")
+            planned.append(Planned(index, job.where, out, "render", request=request, **writing))
+        except CamrenderError as error:
+            message = str(error) if str(error).startswith(job.where) else f"{job.where}: {error}"
+            planned.append(Planned(index, job.where, out, "failed", message))
+    return planned
+
+
+def remove_created(folders: list) -> None:
+    """Remove the output folders `plan_jobs` made, deepest first, where they are still empty."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            pass
+
+
+def refuse_bad_jobs(planned: list, source, log: Callable) -> None:
+    """A batch with bad jobs renders nothing: log every failed job's reason (one line each, naming its
+    line or file) and raise CamrenderError (exit 2) saying how many and what to do."""
+    failed = [job for job in planned if job.status == "failed"]
+    if not failed:
+        return
+    for job in failed:
+        log(f"error: {job.reason}")
+    raise CamrenderError(f"{len(failed)} of {len(planned)} jobs cannot render (listed above); nothing was rendered: "
+                         f"fix them, or pass --skip-bad-jobs to render the others", path=source)
