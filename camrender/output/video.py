@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import tempfile
 from fractions import Fraction
 from pathlib import Path
@@ -29,6 +30,8 @@ from camrender.files import check_output_path, create_new, place, temp_name_besi
 from camrender.output.mp4_check import check_whole
 
 MOVFLAGS = "+faststart"
+# Popen's arguments for a child in a process group of its own (Python 3.10: the same through os.setpgrp)
+OWN_GROUP = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
 STDERR_SHOWN = 200  # characters of ffmpeg's last error line put into the one-line error
 
 
@@ -115,9 +118,10 @@ class VideoWriter:
                    "-an", "-c:v", "libx264", "-pix_fmt", "yuv420p", "-crf", str(self.crf), "-preset", self.preset,
                    "-movflags", MOVFLAGS, "-f", "mp4", os.fspath(self.partial_path)]
         self._log = tempfile.TemporaryFile()
-        # its own session: a Ctrl-C reaches this process, which stops ffmpeg and removes the partial file
+        # its own process group: a Ctrl-C at the terminal reaches this process, which stops ffmpeg and removes the
+        # partial file (ffmpeg would otherwise stop on its own and leave a file that looks finished)
         self._encoder = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=self._log,
-                                         start_new_session=True)
+                                         **OWN_GROUP)
 
     def _finish(self) -> None:
         """Close ffmpeg's input and wait for it; CamrenderError when it failed or the file is not whole."""
