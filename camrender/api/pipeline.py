@@ -112,11 +112,16 @@ class CamrenderPipeline:
             request = self._request(out, image, prompt, options)
         else:
             request = self._request(trajectory, image, prompt, {**options, "out": Path(out)})
-        if prepared is None:
+        own = prepared is None  # (then its claim on the output is this call's to give back)
+        if own:
             prepared = prepare_output(request, resume=resume, checkpoint_every=checkpoint_every, log=self._say,
                                       leader=self.ranks is None or self.ranks.is_leader)
-        frames, files = write_video(self.pipe, request, prepared, progress, log=self._say,
-                                    side_files=side_files and request.traj is not None, check=check)
+        try:
+            frames, files = write_video(self.pipe, request, prepared, progress, log=self._say,
+                                        side_files=side_files and request.traj is not None, check=check)
+        finally:
+            if own:
+                prepared.release()
         return RenderResult(Path(request.out), frames, files)
 
     def _request(self, trajectory, image, prompt, options: dict) -> RenderRequest:

@@ -15,7 +15,8 @@ from camrender import trajectory as trajectories
 from camrender import vocabulary as words
 from camrender.errors import CamrenderError
 from camrender.files import VIDEO_SUFFIXES, check_output_path, check_suffix, probe_writable
-from camrender.limits import MAX_STEPS, TIME_STRIDE, check_finite, check_fps, check_frames, check_seed, check_size
+from camrender.limits import (MAX_STEPS, TIME_STRIDE, check_finite, check_fps, check_frames, check_latent_frames,
+                              check_seed, check_size)
 from camrender.render.load_settings import FIELDS as LOAD_FIELDS
 from camrender.render.load_settings import LoadSettings, unknown_keyword
 from camrender.model.stage1.recipes import get_recipe
@@ -23,7 +24,9 @@ from camrender.parallel.cfg import check_split, head_split_size
 from camrender.render.inputs import image_size_of, open_image
 from camrender.render.prompt_cache import OFF as NO_CACHE
 from camrender.render.request import RenderRequest
-from camrender.render.resume import DEFAULT_CHECKPOINT_EVERY, check_partials
+from camrender.output.resume_check import check_resume
+from camrender.output.targets import OutputClaim, check_output_names, claim_output
+from camrender.render.resume import DEFAULT_CHECKPOINT_EVERY
 from camrender.trajectory.formats import read_path
 from camrender.trajectory.resample import frames_note, to_model_frames
 
@@ -169,9 +172,11 @@ def _check_numbers(steps, guidance, seed, fps, segment_frames, cached_segments) 
 
 
 def _checked_out(out) -> Path:
-    """The output video: an .mp4 in a folder that takes new files (checked now, not after the model loaded)."""
+    """The output video: an .mp4 in a folder that takes new files, whose name and side files' names fit it
+    (checked now, not after the model loaded)."""
     check_suffix(out, VIDEO_SUFFIXES, "the output video")
     out = check_output_path(out)
+    check_output_names(out)
     probe_writable(out)
     return out
 
@@ -210,15 +215,23 @@ def _check_noise_frames(drawn, frames: int) -> None:
     latent = (frames - 1) // TIME_STRIDE + 1
     if drawn is not None and drawn < latent:
         raise CamrenderError(f"must be at least the clip's {latent} latent frames, got {drawn}", field="noise-frames")
+    check_latent_frames(drawn, "noise-frames")
 
 
 @dataclasses.dataclass(frozen=True)
 class PreparedOutput:
     """What `prepare_output` decided before the model loads: the checkpoint to resume from (None: from the
-    start) and the seconds between checkpoints (inf: the render keeps none)."""
+    start), the seconds between checkpoints (inf: the render keeps none) and the claim on the output its
+    leader holds (`camrender.output.targets.claim_output`; None on the other ranks) until `release`."""
 
     resume_info: Optional[dict]
     checkpoint_every: float
+    claim: Optional[OutputClaim] = None
+
+    def release(self) -> None:
+        """Give the output's claim back (again: nothing)."""
+        if self.claim is not None:
+            self.claim.release()
 
 
 def prepare_output(request, *, resume: bool = False, checkpoint_every: float = DEFAULT_CHECKPOINT_EVERY,
@@ -243,8 +256,15 @@ def prepare_output(request, *, resume: bool = False, checkpoint_every: float = D
     # the refiner's window is not part of a checkpoint, nor the other ranks' heads of a split segment render:
     # with either, the render keeps none
     keeps = request.settings.refiner is None and not (request.mode == "segments" and request.settings.head_split > 1)
-    info = check_partials(request, resume, log or (lambda line: None)) if leader else None
-    return PreparedOutput(info, checkpoint_every if keeps else float("inf"))
+    if not leader:
+        return PreparedOutput(None, checkpoint_every if keeps else float("inf"))
+    claim = claim_output(request.out)  # before anything looks at the output: a second render refuses here
+    try:
+        info = check_resume(request, resume, log or (lambda line: None))
+    except BaseException:
+        claim.release()
+        raise
+    return PreparedOutput(info, checkpoint_every if keeps else float("inf"), claim)
 
 
 def on_video_group(request: RenderRequest, per_video: int, device: Optional[str] = None) -> RenderRequest:

@@ -17,7 +17,7 @@ from typing import Optional
 
 from camrender.errors import CamrenderError
 from camrender.trajectory.formats import FORMAT_MODULES, looks_like_actions
-from camrender.trajectory.formats.fileio import read_text
+from camrender.trajectory.formats.fileio import json_lines, read_text
 
 ALIASES = {"trajectory": "traj", "output": "out"}
 
@@ -50,9 +50,9 @@ def read_jobs(source: Path, keys: dict, out_dir: Optional[Path] = None) -> list:
         raise CamrenderError("--out-dir is for a folder of trajectories; a jobs file names each output",
                              path=source, field="out-dir")
     jobs = []
-    text = read_text(source)
+    text = read_text(source, what="a jobs file")
     _refuse_one_document(text, source)
-    for number, line in enumerate(text.splitlines(), start=1):
+    for number, line in enumerate(json_lines(text), start=1):
         if not line.strip():
             continue
         where = f"{source} line {number}"
@@ -68,7 +68,7 @@ def _refuse_one_document(text: str, source: Path) -> None:
     if text.count("\n") < 2 or text.lstrip()[:1] not in "{[":
         return
     try:
-        json.loads(text.splitlines()[0])
+        json.loads(json_lines(text)[0])
     except ValueError:
         try:
             json.loads(text)

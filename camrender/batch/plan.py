@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from camrender.errors import CamrenderError
+from camrender.output.targets import check_batch_output
 from camrender.render.request import RenderRequest
 from camrender.render.resume import DEFAULT_CHECKPOINT_EVERY, partial_folder
 
@@ -41,9 +42,7 @@ def plan_jobs(jobs: list, resolve: Callable, created: Optional[list] = None) -> 
         try:
             if out:  # checked before the job's values: a finished job is skipped unplanned (a re-run resumes)
                 out = str(Path(out).resolve())
-                if out in outputs:
-                    raise CamrenderError(f"same output as {outputs[out]}", path=job.where, field="output")
-                outputs[out] = job.where
+                check_batch_output(out, outputs, job.where)
                 if Path(out).exists():
                     planned.append(Planned(index, job.where, out, "skipped", "output exists"))
                     continue

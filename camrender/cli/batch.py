@@ -22,6 +22,7 @@ from camrender.cli.render import plan_from_options, quiet_libraries, render
 from camrender.cli.signals import raise_if_signalled
 from camrender.errors import CamrenderError
 from camrender.files import atomic_write_text, check_output_path, probe_writable
+from camrender.output.targets import check_summary_target
 from camrender.parallel import distributed
 
 _RUN_OPTIONS = {"traj", "out", "gpus", "from_render"}  # render options a batch does not take as defaults
@@ -99,6 +100,7 @@ def batch(jobs, out_dir, gpus, gpus_per_video, summary_path, skip_bad_jobs, **de
     if summary_path is not None:  # before any job: a summary that cannot be written used to fail after them all
         probe_writable(check_output_path(summary_path))
     job_list = read_jobs(jobs, job_keys(), out_dir)
+    check_summary_target(summary_path, jobs, [{**given, **job.values} for job in job_list])
     log = lambda line: click.echo(f"camrender: {line}", err=True)  # noqa: E731
     resolve = resolver(given, log if distributed.is_main_process() else None)
     if cli_launch.wants_launch(gpus):

@@ -139,6 +139,7 @@ def render(**options):
     finally:
         if bar is not None:
             bar.close()
+        prepared.release()  # the output's claim, held since before the model loaded
         distributed.stop()
     log(f"wrote {request.out} ({count(result.frames, 'frame')}, {request.width}x{request.height}, {request.fps:g} fps) "
         f"and {', '.join(str(p) for p in result.side_files)}")

@@ -97,7 +97,7 @@ def write_render_json(request, path, ran: Optional[dict] = None) -> None:
 
 def read_render_json(path) -> tuple:
     """(settings dict, Trajectory) of a `NAME.render.json`; CamrenderError naming the file otherwise."""
-    doc = read_json(path)
+    doc = read_json(path, what="a render file")
     if not isinstance(doc, dict) or doc.get("camrender_render") != RENDER_JSON_VERSION:
         raise CamrenderError(f"not a camrender render file (expected \"camrender_render\": {RENDER_JSON_VERSION})",
                              path=path)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from camrender.errors import CamrenderError
+from camrender.limits import MAX_POSITION
 
 GROUND_Y = 1.5
 """World y of the ground plane for scale 1 (OpenCV +y is down: the ground is 1.5 units below the origin)."""
@@ -81,8 +82,9 @@ class ProxyScene:
     """The synthetic scene, scaled by `scale` (world units per scene unit) about the origin."""
 
     def __init__(self, scale: float = 1.0, landmarks: tuple[Landmark, ...] = LANDMARKS):
-        if not (math.isfinite(scale) and scale > 0):
-            raise CamrenderError(f"must be a positive number, got {scale}", field="scene-scale")
+        if not (math.isfinite(scale) and 1 / MAX_POSITION <= scale <= MAX_POSITION):
+            raise CamrenderError(f"must be a number from {1 / MAX_POSITION:g} to {MAX_POSITION:g} (the range of camera "
+                                 f"positions), got {scale:g}", field="scene-scale")
         self.scale = float(scale)
         self.ground_y = GROUND_Y * self.scale
         self.landmarks = landmarks
