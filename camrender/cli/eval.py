@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from camrender.cli.progress import STYLES as PROGRESS_STYLES
+from camrender.cli.options import RUN, declare
 from camrender.cli.progress import count, make_progress
 from camrender.errors import CamrenderError
 from camrender.eval.backends import BACKENDS, DEFAULT_BACKEND
@@ -39,10 +39,8 @@ AGGREGATE_NAME = "eval_aggregate.json"
               help="The report: NAME.eval.json beside a video; for a folder the table's JSON (default "
                    f"RESULTS/{AGGREGATE_NAME}, the markdown beside it as .md).")
 @click.option("--rescore", is_flag=True, help="Folder: score again the videos whose NAME.eval.json is up to date.")
-@click.option("--progress", "progress_style", default="auto", show_default=True,
-              type=click.Choice(PROGRESS_STYLES), help="bar, lines (for logs), auto or none.")
-@click.option("--quiet", "-q", is_flag=True, help="Only warnings and errors.")
-def command(target, traj, manifest, interval, backend, pi3_weights, skip_choice, out, rescore, progress_style, quiet):
+@declare(*RUN)
+def command(target, traj, manifest, interval, backend, pi3_weights, skip_choice, out, rescore, progress, quiet):
     """Score how well a video follows its camera path: RotErr, TransErr_rel, CamMC_rel, revisit PSNR / SSIM.
 
     \b
@@ -55,9 +53,10 @@ def command(target, traj, manifest, interval, backend, pi3_weights, skip_choice,
     nothing written. A failed estimate is reported as such, exit code 3.
     """
     say = (lambda line: None) if quiet else (lambda line: click.echo(line, err=True))
-    progress = make_progress(progress_style, "frame", quiet=quiet)
+    progress = make_progress(progress, "frame", quiet=quiet)
     if os.path.isdir(target):
-        failed = _folder(target, traj, manifest, out, rescore, interval, backend, pi3_weights, skip_choice, progress, say)
+        failed = _folder(target, traj, manifest, out, rescore, interval, backend, pi3_weights, skip_choice, progress,
+                         say)
     else:
         failed = _video(target, traj, manifest, out, interval, backend, pi3_weights, skip_choice, progress, say)
     progress.close()
@@ -136,7 +135,8 @@ def _folder(results, traj, manifest, out, rescore, interval, backend, pi3_weight
                            video_progress=video_progress)
     video_progress.close()
     skips = {job.plan.skip_first_frame for job in plan.jobs}
-    settings = {"backend": backend, "interval": interval, "skip_first_frame": skips.pop() if len(skips) == 1 else "mixed"}
+    settings = {"backend": backend, "interval": interval,
+                "skip_first_frame": skips.pop() if len(skips) == 1 else "mixed"}
     aggregate = aggregate_record(plan.method, plan.split, records, plan.missing, settings)
     atomic_write_text(out, json.dumps({"records": [aggregate]}, indent=1, allow_nan=False) + "\n")
     atomic_write_text(table, markdown([aggregate]))

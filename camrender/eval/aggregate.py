@@ -45,7 +45,8 @@ def aggregate_record(method: str, split: str, records: list, missing: list, sett
 
 
 def _camera_means(rows: list) -> dict:
-    return {"rot_err_deg": _mean([r["RotErr"] for r in rows]), "trans_err_rel": _mean([r["TransErr_rel"] for r in rows]),
+    return {"rot_err_deg": _mean([r["RotErr"] for r in rows]),
+            "trans_err_rel": _mean([r["TransErr_rel"] for r in rows]),
             "cam_mc_rel": _mean([r["CamMC_rel"] for r in rows])}
 
 
@@ -99,8 +100,9 @@ def _breakdown(records: list) -> list:
             for r in records for name, c in (r.get("revisit", {}).get("per_category") or {}).items()]
     if not rows:
         return []
-    return ["## Revisit per-category breakdown", "", "| Method | Split | Category | PSNR↑ | SSIM↑ | LPIPS↓ | N scenes |",
-            "|---|---|---|---:|---:|---:|---:|", *rows, ""]
+    return ["## Revisit per-category breakdown", "",
+            "| Method | Split | Category | PSNR↑ | SSIM↑ | LPIPS↓ | N scenes |", "|---|---|---|---:|---:|---:|---:|",
+            *rows, ""]
 
 
 def _counts(records: list) -> list:

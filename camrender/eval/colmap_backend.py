@@ -80,7 +80,8 @@ class ColmapEstimator:
             reader = pycolmap.ImageReaderOptions()
             reader.camera_model = "PINHOLE"
             fx, fy, cx, cy = (float(value) for value in intrinsics[start])
-            reader.camera_params = ",".join(repr(value) for value in (fx, fy, cx + 0.5, cy + 0.5))  # COLMAP: centres at +0.5
+            # COLMAP puts pixel centres at +0.5
+            reader.camera_params = ",".join(repr(value) for value in (fx, fy, cx + 0.5, cy + 0.5))
             pycolmap.extract_features(database, images, image_names=names[start:stop],
                                       camera_mode=pycolmap.CameraMode.PER_IMAGE, reader_options=reader,
                                       extraction_options=extraction, device=pycolmap.Device.cpu)

@@ -41,7 +41,8 @@ def benchmark_scenes(manifest: str) -> dict | None:
         return None
     doc = read_json(path)
     scenes = doc.get("scenes") if isinstance(doc, dict) else None
-    if not isinstance(scenes, list) or not all(isinstance(s, dict) and isinstance(s.get("scene_id"), str) for s in scenes):
+    if not isinstance(scenes, list) or \
+            not all(isinstance(s, dict) and isinstance(s.get("scene_id"), str) for s in scenes):
         raise CamrenderError("must be an object whose \"scenes\" list holds objects with a \"scene_id\"", path=path,
                              field="scenes")
     for scene in scenes:
@@ -71,8 +72,8 @@ def plan_folder(results, manifest, *, interval: int = 4, skip_choice: str = "aut
         jobs.append(prepare(video, scene.traj, interval=interval, skip_choice=skip_choice, pairs=pairs,
                             scene_id=row.scene_id, scene_type=row.scene_type))
     if not jobs:
-        raise CamrenderError(f"holds none of the manifest's {len(rows)} videos (<scene_id>{sana_wm_bench.OUTPUT_SUFFIX})",
-                             path=results)
+        raise CamrenderError(f"holds none of the manifest's {len(rows)} videos "
+                             f"(<scene_id>{sana_wm_bench.OUTPUT_SUFFIX})", path=results)
     return FolderPlan(jobs, missing, os.path.basename(os.path.dirname(results)), os.path.basename(results))
 
 

@@ -80,7 +80,8 @@ def ssim(image_a: np.ndarray, image_b: np.ndarray) -> float:
         var_x = _box_mean(x * x) - mean_x ** 2
         var_y = _box_mean(y * y) - mean_y ** 2
         cov = _box_mean(x * y) - mean_x * mean_y
-        ssim_map = ((2 * mean_x * mean_y + c1) * (2 * cov + c2)) / ((mean_x ** 2 + mean_y ** 2 + c1) * (var_x + var_y + c2))
+        ssim_map = ((2 * mean_x * mean_y + c1) * (2 * cov + c2)) / \
+            ((mean_x ** 2 + mean_y ** 2 + c1) * (var_x + var_y + c2))
         values.append(float(ssim_map.mean()))
     return float(np.mean(values))
 

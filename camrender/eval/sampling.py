@@ -89,9 +89,10 @@ def frame_plan(video_frames: int, path_frames: int, interval: int, skip_first_fr
         offset = 1  # frame 0 already stripped
     else:
         stripped = " or, its frame 0 removed, one fewer" if skip_first_frame else ""
-        raise CamrenderError(f"has {video_frames} frames, its path {path_frames}{' (' + os.fspath(path) + ')' if path else ''}: "
-                             f"they must match{stripped} (camrender writes a render's path beside it as NAME.traj.json)",
-                             path=video, field="frames")
+        named = f" ({os.fspath(path)})" if path else ""
+        raise CamrenderError(f"has {video_frames} frames, its path{named} {path_frames}: they must match{stripped} "
+                             f"(camrender writes a render's path beside it as NAME.traj.json)", path=video,
+                             field="frames")
     if len(path_indices) < MIN_POSES:
         raise CamrenderError(f"{interval} leaves {len(path_indices)} of {path_frames} frames to score; at least "
                              f"{MIN_POSES} are needed", field="interval")

@@ -108,8 +108,8 @@ def write_bench(root: Path, scenes: dict, image_size=(2 * WIDTH, 2 * HEIGHT)) ->
         matrices[:, 2, 2] = 1.0
         np.savez(export / f"{scene_id}.npz", c2w=c2w.astype(np.float32), intrinsics=matrices.astype(np.float32),
                  fps=np.float32(FPS), num_frames=np.int64(len(c2w)))
-        lines.append(json.dumps({"id": scene_id, "prompt": f"a walk through {scene_id}", "scene_type": scene_id.split("_")[0],
-                                 "image_path": f"images/{scene_id}.png",
+        lines.append(json.dumps({"id": scene_id, "prompt": f"a walk through {scene_id}",
+                                 "scene_type": scene_id.split("_")[0], "image_path": f"images/{scene_id}.png",
                                  "camera_path": f"{SPLIT_DIR}/sanawm_export_v2/{scene_id}.npz"}))
     manifest = export / "run_manifest.jsonl"
     manifest.write_text("\n".join(lines) + "\n")

@@ -135,7 +135,8 @@ def _results(tmp_path, cases):
     """A benchmark with three scenes, a results folder holding two of their videos, a revisit pair for one."""
     manifest = write_bench(tmp_path / "bench", {"indoor_001": PATHS["dolly"](), "indoor_002": PATHS["handheld"](),
                                                 "outdoor_003": PATHS["orbit"]()})
-    meta = {"scenes": [{"scene_id": "indoor_001", "evaluation_pairs": [{"frame_a": 8, "frame_b": 9, "quality_score": 1}]}]}
+    pairs = [{"frame_a": 8, "frame_b": 9, "quality_score": 1}]
+    meta = {"scenes": [{"scene_id": "indoor_001", "evaluation_pairs": pairs}]}
     (manifest.parent.parent / "scene_trajectories_v2.json").write_text(json.dumps(meta))
     results = tmp_path / "results" / "my_method" / "simple_60s"
     results.mkdir(parents=True)

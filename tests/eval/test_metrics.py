@@ -57,7 +57,8 @@ def test_metrics_agree_with_the_released_evaluator():
         align = kit.align_camera_extrinsics(w2c_est[:, :3, :4], w2c_gt[:, :3, :4], estimate_scale=True)
         r, t = kit.apply_transformation(w2c_est[:, :3, :4], *align, return_extri=False)
         aligned = kit.closed_form_inverse_se3(torch.cat([r, t.unsqueeze(-1)], dim=-1))
-        per_frame = [kit.calc_roterr(gt[:, :3, :3], aligned[:, :3, :3]), kit.calc_transerr(gt[:, :3, 3], aligned[:, :3, 3]),
+        per_frame = [kit.calc_roterr(gt[:, :3, :3], aligned[:, :3, :3]),
+                     kit.calc_transerr(gt[:, :3, 3], aligned[:, :3, 3]),
                      kit.calc_cammc(gt[:, :3, :4], aligned[:, :3, :4])]
         for theirs, mine in zip(per_frame, (ours.rotation_deg, ours.translation, ours.camera_matrix)):
             assert np.max(np.abs(theirs.numpy() - mine)) <= AGREEMENT
