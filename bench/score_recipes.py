@@ -13,9 +13,8 @@ path (`RESULTS/inputs/<split>/<scene>.traj.json`: the benchmark's camera with it
 end `RESULTS/<split>.md` sets the methods' tables side by side. --dry-run prints the commands (after writing the
 paths and jobs files they read).
 
-The benchmark renders with 60 steps, guidance 5, flow shift 8.0, seed 42 and the refiner; the streaming
-checkpoint keeps its own 4-step sampler. A camrender without `--flow-shift` samples the bidirectional recipes
-at their shift (9.8) and says so.
+The benchmark renders with 60 steps, guidance 5, flow shift 8.0 (the recipes' own is NVlabs' 9.8), seed 42 and
+the refiner; the streaming checkpoint keeps its own 4-step sampler.
 """
 from __future__ import annotations
 
@@ -64,17 +63,6 @@ def run(command: list, dry_run: bool, ok_codes=(0,)) -> int:
     return code
 
 
-def flow_shift_options() -> list:
-    """`--flow-shift 8.0` when this camrender takes it, else [] and a note."""
-    help_text = subprocess.run([sys.executable, "-m", "camrender", "render", "--help"], cwd=ROOT, capture_output=True,
-                               text=True).stdout
-    if "--flow-shift" in help_text:
-        return ["--flow-shift", BENCH_FLOW_SHIFT]
-    print(f"score_recipes: note: this camrender has no --flow-shift: the bidirectional recipes sample at their own "
-          f"shift, the benchmark at {BENCH_FLOW_SHIFT}", flush=True)
-    return []
-
-
 def write_inputs(bench: Path, split: str, folder: Path, limit: int | None) -> tuple[Path, list]:
     """The split's manifest and its scenes (the first `limit`) as camrender paths in `folder`: [(scene, path)]."""
     manifest = bench / SPLITS[split] / "sanawm_export_v2" / "run_manifest.jsonl"
@@ -107,7 +95,7 @@ def main() -> None:
 
     chosen = methods(args)
     camrender = [sys.executable, "-m", "camrender"]
-    shift = flow_shift_options() if not args.dry_run else ["--flow-shift", BENCH_FLOW_SHIFT]
+    shift = ["--flow-shift", BENCH_FLOW_SHIFT]
     results = args.results.resolve()
     manifest, paths = write_inputs(args.bench.resolve(), args.split, results / "inputs" / args.split, args.scenes)
     tables = []
