@@ -8,7 +8,8 @@ A backend takes the scored frames of a video and returns camera-to-world poses f
 
 `colmap` (`colmap_backend`: pycolmap, CPU, no weights; the default) and `pi3` (`pi3_backend`: NVlabs'
 benchmark estimator, Pi3, with its package and weights). A backend whose package is missing is one
-CamrenderError naming what to install (exit code 2), raised when it is loaded, before any video is read.
+CamrenderError naming what to install (exit code 2), raised when it is loaded: `camrender eval` loads it
+once the inputs are checked, before anything is estimated or written.
 """
 from __future__ import annotations
 

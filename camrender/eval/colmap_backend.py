@@ -29,7 +29,7 @@ EXTRACT_CHUNK = 16  # frames a feature-extraction call takes (progress is report
 # (8 of 13 hand-held paths), so every pair keeps its essential matrix (none of the 13).
 MAX_H_INLIER_RATIO = 1.0
 RANDOM_SEED = 0  # every random choice of the pipeline (RANSAC, rotation averaging, positioning): repeatable runs
-INSTALL = 'the colmap backend needs pycolmap: pip install "camrender[eval]" (or pip install "pycolmap>=3.10")'
+INSTALL = 'the colmap backend needs pycolmap: pip install "camrender[eval]" (or pip install "pycolmap>=4.2")'
 
 
 def _pycolmap():
@@ -37,6 +37,8 @@ def _pycolmap():
         import pycolmap
     except ImportError:
         raise CamrenderError(INSTALL, field="backend") from None
+    if not hasattr(pycolmap, "global_mapping"):  # the global mapper came with COLMAP 4
+        raise CamrenderError(f"{INSTALL}; found pycolmap {getattr(pycolmap, '__version__', '?')}", field="backend")
     return pycolmap
 
 

@@ -6,8 +6,9 @@ and measures them.
     result = score(job, load_backend("colmap"))
     result.errors.rot_err, result.errors.trans_err_rel, result.revisit["psnr"]
 
-A video whose scored frames all show the same picture, or of which the estimator placed fewer than
-`sampling.MIN_POSES` frames, is a failed estimate (`status` "failed", a `reason`, no errors), never a score.
+A video whose scored frames all show the same picture, of which the estimator placed fewer than
+`sampling.MIN_POSES` frames, or on which it raised, is a failed estimate (`status` "failed", a `reason`, no
+errors), never a score.
 """
 from __future__ import annotations
 
@@ -97,7 +98,11 @@ def score(job: Job, estimator, *, lpips=None, progress=None) -> VideoScore:
     if is_still(sampled):
         result.reason = "every scored frame shows the same picture: the video does not move"
         return result
-    estimate = estimator.estimate(sampled, job.intrinsics, progress)
+    try:
+        estimate = estimator.estimate(sampled, job.intrinsics, progress)
+    except Exception as error:  # the estimator's own failure on this video: reported, the other videos go on
+        result.reason = f"{estimator.name} failed: {type(error).__name__}: {' '.join(str(error).split())[:200]}"
+        return result
     result.notes.extend(estimate.notes)
     placed = int(estimate.registered.sum())
     if estimate.failure or placed < MIN_POSES:
