@@ -6,6 +6,8 @@ in pixels of ``width`` x ``height``, time in frames at ``fps`` frames per second
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from dataclasses import dataclass, field
 
@@ -167,3 +169,12 @@ def validate_arrays(c2w: np.ndarray, intrinsics: np.ndarray, *, path=None) -> No
     for index in range(c2w.shape[0]):
         validate_pose(c2w[index], path=path, frame=index)
         validate_intrinsics(intrinsics[index], path=path, frame=index)
+
+
+def trajectory_digest(traj) -> str:
+    """sha256 of the path a render follows (and a score is measured against): poses, intrinsics, image size, fps."""
+    digest = hashlib.sha256()
+    for array in (traj.c2w, traj.intrinsics):
+        digest.update(np.ascontiguousarray(array, dtype=np.float64).tobytes())
+    digest.update(json.dumps([traj.width, traj.height, float(traj.fps)]).encode())
+    return digest.hexdigest()

@@ -11,6 +11,7 @@ import numpy as np
 
 from camrender.errors import CamrenderError
 from camrender.limits import MAX_POSITION
+from camrender.views.grain import grain, surface_grain
 
 GROUND_Y = 1.5
 """World y of the ground plane for scale 1 (OpenCV +y is down: the ground is 1.5 units below the origin)."""
@@ -257,6 +258,7 @@ class ProxyScene:
         dist = np.minimum(np.abs(gx - np.rint(gx)), np.abs(gz - np.rint(gz)))
         grid = _cover(dist, _GRID_WIDTH * 0.5, inv_fp)
         lum = _GROUND_LIGHT_L + checker * np.float32(_GROUND_DARK_L - _GROUND_LIGHT_L)
+        lum *= grain(gx, gz, inv_fp)  # blotches for feature detectors (camrender.views.grain)
         lum += grid * (np.float32(_GRID_LINE_L) - lum)
         # axis lines (world x axis at z = 0, z axis at x = 0), blended only in bands that show them
         axis_half = _AXIS_WIDTH * 0.5 * self.scale * s_inv
@@ -328,9 +330,13 @@ class ProxyScene:
                 nz = np.where(face == 2, -np.sign(dz), 0).astype(np.float32)
         lx, ly, lz = _LIGHT_DIR.astype(np.float32)
         shade = np.float32(0.45) + np.float32(0.55) * np.maximum(nx * lx + ny * ly + nz * lz, 0)
-        fog = 1 / (1 + t * norm * np.float32(1.0 / (_FOG_DISTANCE * self.scale)))
+        s_inv, distance = np.float32(1.0 / self.scale), t * norm
+        with np.errstate(invalid="ignore", over="ignore"):  # pixels the object misses hold t = +-inf: masked below
+            shade *= surface_grain((ox + t * dx) * s_inv, (oy + t * dy) * s_inv, (oz + t * dz) * s_inv, (nx, ny, nz),
+                                   np.float32(self.scale / frame.pixel_angle) / distance)
+        fog = 1 / (1 + distance * np.float32(1.0 / (_FOG_DISTANCE * self.scale)))
         for c in range(3):
-            value = _SKY_HORIZON[c] + fog * (obj.colour[c] * 255.0 * shade + 0.5 - _SKY_HORIZON[c])
+            value = _SKY_HORIZON[c] + fog * (np.minimum(obj.colour[c] * 255.0 * shade, 255.0) + 0.5 - _SKY_HORIZON[c])
             np.copyto(planes[c], value, where=hit)
         np.copyto(depth, t, where=hit)
 
