@@ -35,7 +35,7 @@ RELEASE_GUIDANCE = get_recipe(words.DEFAULT_RECIPE).guidance
 RELEASE_STEPS = get_recipe(words.DEFAULT_RECIPE).steps
 TINY_STEPS = 10  # full mode with the tiny model (its frames are noise anyway)
 PATH_OPTIONS = ("action_scheme", "translation_speed", "rotation_speed", "pitch_limit", "smooth", "intrinsics")
-RENDER_OPTIONS = ("image", "prompt", "negative_prompt", "frames", "mode", "steps", "guidance", "seed", "fps",
+RENDER_OPTIONS = ("preset", "image", "prompt", "negative_prompt", "frames", "mode", "steps", "guidance", "seed", "fps",
                   "height", "width", "segment_frames", "cached_segments", "prompt_cache", "out", "noise_frames",
                   "flow_shift", "controls", *PATH_OPTIONS)
 
@@ -77,7 +77,17 @@ def check_options(options: dict) -> None:
             raise unknown_keyword(name, RENDER_OPTIONS)
 
 
-def plan_request(load: LoadSettings, trajectory=None, *, image=None, prompt: Optional[str] = None,
+def plan_request(load: LoadSettings, trajectory=None, *, preset: Optional[str] = None, **options) -> RenderRequest:
+    """The request of one render on a pipeline of `load`, every default decided and every value checked
+    (`_plan`'s arguments); `preset` (`camrender.vocabulary.PRESET`, e.g. "sana-wm-bench") gives its settings to the
+    options left None."""
+    if preset is not None:
+        given = {name: value for name, value in options.items() if value is not None}
+        options = {**words.PRESETS[words.check_word(words.PRESET, preset)], **given}
+    return _plan(load, trajectory, **options)
+
+
+def _plan(load: LoadSettings, trajectory=None, *, image=None, prompt: Optional[str] = None,
                  negative_prompt: Optional[str] = None, frames: Optional[int] = None, mode: Optional[str] = None,
                  steps: Optional[int] = None, guidance: Optional[float] = None, seed: Optional[int] = None,
                  fps: Optional[float] = None, height: Optional[int] = None, width: Optional[int] = None,

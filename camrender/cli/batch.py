@@ -70,7 +70,8 @@ def resolver(defaults: dict, log=None):
 @click.command()
 @click.argument("jobs", type=click.Path(path_type=Path))
 @click.option("--out-dir", default=None, type=click.Path(file_okay=False, path_type=Path),
-              help="Where the videos of a folder of trajectories go (default: that folder).")
+              help="Where the videos of a folder of trajectories go (default: that folder), or those of a "
+                   "SANA-WM-Bench split (<scene_id>_generated.mp4; needed).")
 @cli_launch.gpus_option("GPUs of this host, one torchrun worker each.")
 @click.option("--gpus-per-video", default=1, show_default=True, type=click.IntRange(min=1),
               help="GPUs rendering each video together (2: the guidance branches of full mode on a GPU each).")
@@ -79,11 +80,13 @@ def resolver(defaults: dict, log=None):
 @click.option("--skip-bad-jobs", is_flag=True,
               help="Render the good jobs of a jobs file with errors and report the rest (default: refuse it whole).")
 def batch(jobs, out_dir, gpus, gpus_per_video, summary_path, skip_bad_jobs, **defaults):
-    """Render many videos: JOBS is a JSON-lines file (one render per line) or a folder of trajectories.
+    """Render many videos: JOBS is a JSON-lines file (one render per line), a folder of trajectories or a
+    SANA-WM-Bench split folder (its sanawm_export_v2/run_manifest.jsonl).
 
     \b
     camrender batch jobs.jsonl --gpus 8 --model PATH
     torchrun --nproc-per-node 8 -m camrender batch paths/ --out-dir renders/ --steps 30
+    camrender batch SANA-WM-Bench/SPLIT --preset sana-wm-bench --refiner REFINER --out-dir results/METHOD/SPLIT
     {"trajectory": "a.json", "image": "a.png", "prompt": "...", "output": "a.mp4", "options": {"seed": 1}}
 
     Every job is checked before the first renders: a jobs file with errors (malformed lines, missing
