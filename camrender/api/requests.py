@@ -245,11 +245,12 @@ class PreparedOutput:
 
 
 def prepare_output(request, *, resume: bool = False, checkpoint_every: float = DEFAULT_CHECKPOINT_EVERY,
-                   log=None, leader: bool = True) -> PreparedOutput:
+                   overwrite: bool = True, log=None, leader: bool = True) -> PreparedOutput:
     """Check how `request` is written and what earlier runs left at its output, before anything loads:
     `resume` continues an interrupted segment-mode render from its checkpoint (not with the refiner, the
     chunk-causal recipe or a head split: their state is not checkpointed), `checkpoint_every` seconds between
-    checkpoints (0: every segment). Only the `leader` of a video group looks at the output.
+    checkpoints (0: every segment); an existing video at the output is replaced (with a note) only with
+    `overwrite`. Only the `leader` of a video group looks at the output.
     Raises CamrenderError (one line) for what does not fit."""
     if math.isnan(checkpoint_every) or checkpoint_every < 0:
         raise CamrenderError(f"must be a number of seconds (0: every segment), got {checkpoint_every}",
@@ -270,6 +271,11 @@ def prepare_output(request, *, resume: bool = False, checkpoint_every: float = D
         return PreparedOutput(None, checkpoint_every if keeps else float("inf"))
     claim = claim_output(request.out)  # before anything looks at the output: a second render refuses here
     try:
+        if Path(request.out).exists():
+            if not overwrite:
+                raise CamrenderError("exists: pass --overwrite to replace it, or remove it", path=request.out,
+                                     field="overwrite")
+            (log or (lambda line: None))(f"replacing {request.out} (--no-overwrite keeps it)")
         info = check_resume(request, resume, log or (lambda line: None))
     except BaseException:
         claim.release()

@@ -155,6 +155,11 @@ RENDER = ("preset", "prompt", "negative_prompt", "image", *PATH, "frames", "mode
 RUN = ("progress", "quiet")
 
 
+def overwrite_option(default: bool, help_text: str):
+    """--overwrite/--no-overwrite: whether a command replaces a video that exists (each command says its default)."""
+    return click.option("--overwrite/--no-overwrite", default=default, show_default=True, help=help_text)
+
+
 def declare(*names):
     """A decorator adding the options `names` to a click command, listed by --help in that order."""
     def add(command):
