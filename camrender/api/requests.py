@@ -88,12 +88,12 @@ def plan_request(load: LoadSettings, trajectory=None, *, preset: Optional[str] =
 
 
 def _plan(load: LoadSettings, trajectory=None, *, image=None, prompt: Optional[str] = None,
-                 negative_prompt: Optional[str] = None, frames: Optional[int] = None, mode: Optional[str] = None,
-                 steps: Optional[int] = None, guidance: Optional[float] = None, seed: Optional[int] = None,
-                 fps: Optional[float] = None, height: Optional[int] = None, width: Optional[int] = None,
-                 segment_frames: Optional[int] = None, cached_segments: Optional[int] = None, prompt_cache=None,
-                 out=None, noise_frames: Optional[int] = None, flow_shift: Optional[float] = None,
-                 controls: Optional[dict] = None, notes: Optional[list] = None, **path_options) -> RenderRequest:
+          negative_prompt: Optional[str] = None, frames: Optional[int] = None, mode: Optional[str] = None,
+          steps: Optional[int] = None, guidance: Optional[float] = None, seed: Optional[int] = None,
+          fps: Optional[float] = None, height: Optional[int] = None, width: Optional[int] = None,
+          segment_frames: Optional[int] = None, cached_segments: Optional[int] = None, prompt_cache=None,
+          out=None, noise_frames: Optional[int] = None, flow_shift: Optional[float] = None,
+          controls: Optional[dict] = None, notes: Optional[list] = None, **path_options) -> RenderRequest:
     """The request of one render on a pipeline of `load`, every default decided and every value checked.
 
     trajectory: a `camrender.trajectory.Trajectory`, a path to any trajectory file camrender reads (v1 JSON,
