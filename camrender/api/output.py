@@ -4,59 +4,37 @@ decided before the model loaded."""
 from __future__ import annotations
 
 import itertools
-import shutil
 import sys
-from pathlib import Path
 from typing import Callable, Optional
 
 from camrender import trajectory
-from camrender.api.requests import PreparedOutput, resume_refusal
-from camrender.files import remove_quietly, temporaries_of
+from camrender.api.requests import PreparedOutput
+from camrender.errors import CamrenderError
 from camrender.render.loop import render_frames
 from camrender.render.pipeline import loaded_with, pipeline_settings
 from camrender.render.request import check_request
-from camrender.render.resume import CHECKPOINT_NAME, OWNER_NAME, Checkpointer, partial_folder
+from camrender.render.resume import Checkpointer, partial_folder
 from camrender.output.segment_video import SegmentVideoWriter
+from camrender.output.targets import claim_output, companion_path
 from camrender.render.settings_file import checkpoint_settings, write_render_json
 from camrender.output.video import VideoWriter
-
-SIDE_FILE_SUFFIXES = (".traj.json", ".render.json", ".path.png")  # VIDEO.traj.json, ... (`write_companions`)
-
-
-def companion_path(video: Path, suffix: str) -> Path:
-    """`out/orbit.mp4` -> `out/orbit<suffix>` (e.g. ".traj.json", ".path.png")."""
-    return video.with_name(video.stem + suffix) if video.suffix else video.with_name(video.name + suffix)
-
-
-def clear_killed_render(request) -> bool:
-    """Remove what a render of `request` whose process was killed left (no render may still be writing them): the
-    temporary files of its video and side files and, in segment mode, its partial folder, unless that holds a
-    checkpoint `request` can resume from (`resume_refusal`): then only the dead owner's mark goes. Returns whether
-    the checkpoint is kept (the render continues from it with `resume`)."""
-    out = Path(request.out)
-    for target in (out, *(companion_path(out, suffix) for suffix in SIDE_FILE_SUFFIXES)):
-        for path in temporaries_of(target):
-            remove_quietly(path)
-    folder = partial_folder(out)
-    if (folder / CHECKPOINT_NAME).is_file() and request.mode == "segments" and resume_refusal(request) is None:
-        remove_quietly(folder / OWNER_NAME)
-        return True
-    shutil.rmtree(folder, ignore_errors=True)
-    return False
 
 
 def write_companions(request, ran: Optional[dict] = None) -> list:
     """`VIDEO.traj.json` (the resolved trajectory), `VIDEO.render.json` (every setting plus the path:
     `--from-render` renders the same video; `ran`: what ran, `RenderSettings.record()`) and `VIDEO.path.png` (a
     plot that fails is a warning on stderr, not a failed render); returns the paths written."""
-    traj_json, render_json, plot = (companion_path(request.out, suffix) for suffix in SIDE_FILE_SUFFIXES)
-    written = [traj_json, render_json]
-    trajectory.save(request.traj, written[0])
-    write_render_json(request, written[1], ran)
+    written = [companion_path(request.out, ".traj.json"), companion_path(request.out, ".render.json")]
+    try:
+        trajectory.save(request.traj, written[0])
+        write_render_json(request, written[1], ran)
+    except CamrenderError as error:  # (a full disk) the video is whole: say so, and what is missing
+        raise CamrenderError(f"wrote the video, but not its side files: {error}", path=request.out) from None
     try:  # lazy: matplotlib is optional, and the plot module imports it at its top
         from camrender.views.plot import plot_trajectory
     except ImportError:
         return written
+    plot = companion_path(request.out, ".path.png")
     try:  # the video is finished: a plot that cannot be drawn is a warning, never a failed render
         plot_trajectory(request.traj, plot)
     except Exception as error:  # noqa: BLE001 - matplotlib can fail in many ways
@@ -81,6 +59,12 @@ def write_video(pipe, request, prepared: PreparedOutput, progress=None, *, log=N
         for _ in render_frames(pipe, request, progress):
             pass
         return 0, []
+    with claim_output(request.out):  # (nests in `prepared`'s claim: held since before the model loaded)
+        return _write_as_leader(pipe, request, prepared, settings, progress, log, side_files, check)
+
+
+def _write_as_leader(pipe, request, prepared, settings, progress, log, side_files, check) -> tuple:
+    """`write_video`'s work on the rank that writes the files."""
     video, checkpoints = video_output(request, prepared.resume_info, prepared.checkpoint_every)
     chunks = render_frames(pipe, request, progress, checkpoints=checkpoints)
     if settings.shares_video:

@@ -8,19 +8,21 @@ A worker is one actor (`camrender.batch.ray_actor.RenderWorker`: one GPU, or one
 `per_video` actors packed on one node. A worker that frees up takes the first queued job of the load settings it
 has loaded (its pipeline is kept), else the queue's first. A worker lost while rendering (its process killed, out of
 memory, its node gone) costs only that job: what the killed render left is removed
-(`camrender.api.output.clear_killed_render`), the job goes back to the front of the queue (a segment-mode job
+(`camrender.output.targets.clear_killed_render`), the job goes back to the front of the queue (a segment-mode job
 resuming from its checkpoint) at most `retries` times, then it fails; the worker is replaced. Every lost attempt is
 named in the job's result ("retries").
 """
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 from camrender.batch.ray_actor import RenderWorker
+from camrender.errors import CamrenderError
 
 CLOSE_WAIT_S = 10.0  # how long a killed worker's calls in flight may take to end (its processes to be gone)
 
@@ -39,7 +41,8 @@ class _Worker:
     job: Any = None
     result: Optional[dict] = None
     settings: Any = None
-    dispatched: float = 0.0
+    dispatched: float = 0.0  # time.monotonic() when its job was handed to it
+    dispatched_at: float = 0.0  # the same as time.time(), against the files' modification times
 
 
 class RayWorkers:
@@ -121,7 +124,8 @@ class RayWorkers:
         for worker in list(self.workers):
             self._remove(worker)
             if worker.job is not None:
-                clear_killed_render(worker.job, self.per_video)
+                with contextlib.suppress(CamrenderError):  # a render still writing it is left be
+                    clear_killed_render(worker.job, self.per_video)
 
     def __enter__(self) -> "RayWorkers":
         return self
@@ -160,7 +164,7 @@ class RayWorkers:
             job = next((job for job in self.queue if job.request.settings == worker.settings), self.queue[0])
             self.queue.remove(job)
             worker.job, worker.result, worker.settings = job, None, job.request.settings
-            worker.dispatched, worker.stage = time.monotonic(), "busy"
+            worker.dispatched, worker.dispatched_at, worker.stage = time.monotonic(), time.time(), "busy"
             worker.calls = {actor.render.remote(job): rank for rank, actor in enumerate(worker.actors)}
 
     def _settle(self, ref) -> None:
@@ -209,7 +213,8 @@ class RayWorkers:
         job, started = worker.job, worker.stage in ("ready", "busy")
         self._remove(worker)
         if job is not None:
-            clear_killed_render(job, self.per_video)
+            with contextlib.suppress(CamrenderError):  # a render still writing it is left be
+                clear_killed_render(job, self.per_video)
             self._failed(job, worker.name, reason)
         if started:
             self._add_worker()
@@ -248,11 +253,15 @@ class RayWorkers:
     def _render_again(self, job, worker: _Worker, reason: str) -> None:
         """Queue a lost worker's job again (at the front), or fail it after `retries` retries; a video the lost
         attempt finished is kept (never written twice)."""
-        resumable = clear_killed_render(job, self.per_video)
         attempts = self.lost.setdefault(job.index, [])
         seconds = time.monotonic() - worker.dispatched
         attempts.append({"worker": worker.name, "reason": reason, "seconds": round(seconds, 3)})
-        if Path(job.out).exists():
+        try:
+            resumable = clear_killed_render(job, self.per_video)
+        except CamrenderError as error:  # its render still runs somewhere (a node cut off, not gone): leave it be
+            self._failed(job, worker.name, f"its worker was lost ({reason}), but {error}")
+            return
+        if _written_since(job.out, worker.dispatched_at):
             self.log(f"job {job.out} on {worker.name}: worker lost ({reason}) after writing the video")
             self.finished.append({"index": job.index, "where": job.where, "out": job.out, "status": "done",
                                   "frames": job.request.num_frames, "seconds": round(seconds, 3),
@@ -277,18 +286,26 @@ class RayWorkers:
 
 
 def clear_killed_render(job, per_video: int) -> bool:
-    """`camrender.api.output.clear_killed_render` for `job`'s request as a video group of `per_video` renders it:
-    whether a checkpoint to resume from is kept."""
+    """`camrender.output.targets.clear_killed_render` for `job`, its checkpoint kept where its request, as a video
+    group of `per_video` renders it, can resume from one: whether it is kept."""
     # lazy: keeps `camrender --help` free of torch
-    from camrender.api import output
-    from camrender.api.requests import on_video_group
-    from camrender.errors import CamrenderError
+    from camrender.api.requests import on_video_group, resume_refusal
+    from camrender.output import targets
 
     try:
         request = on_video_group(job.request, per_video) if per_video > 1 else job.request
     except CamrenderError:  # a layout the group cannot split: the job never rendered
         request = job.request
-    return output.clear_killed_render(request)
+    return targets.clear_killed_render(job.out, request.mode == "segments" and resume_refusal(request) is None)
+
+
+def _written_since(out, since: float) -> bool:
+    """Whether the video `out` was written (renamed into place) at `since` (time.time()) or later: by the attempt
+    that started then, not an earlier render a job with --overwrite replaces."""
+    try:
+        return Path(out).stat().st_mtime >= since - 1.0  # a file system's coarse timestamps
+    except OSError:
+        return False
 
 
 def _first_line(error: BaseException) -> str:
