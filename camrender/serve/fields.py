@@ -59,10 +59,10 @@ TOP = (
     Field("trajectory", "document", None, OWN, "Any path camrender reads: a file part (its name tells the format: "
           "v1 `.json`, nerfstudio, `transforms.json`, RealEstate10K `.txt`, COLMAP `images.txt`, `NAME_pose.npy`, "
           "`.actions`), a JSON document, or a text (an action string, a RealEstate10K or COLMAP file's text)."),
-    Field("mode", "text", "mode", OWN, f"{' | '.join(MODE.values)} (`--mode`; default: the recipe's)."),
+    Field("mode", "text", "mode", OWN, f"{' or '.join(MODE.values)} (`--mode`; default: the recipe's)."),
     Field("segment_frames", "int", "segment_frames", OWN, "Latent frames per segment (`--segment-frames`)."),
     Field("cached_segments", "int", "cached_segments", OWN, "Recent segments attended (`--cached-segments`)."),
-    Field("action_scheme", "text", "action_scheme", OWN, f"Action strings: {' | '.join(controls.SCHEME_NAMES)} "
+    Field("action_scheme", "text", "action_scheme", OWN, f"Action strings: {' or '.join(controls.SCHEME_NAMES)} "
           "(`--action-scheme`)."),
     Field("translation_speed", "number", "translation_speed", OWN, "Action strings: units per frame."),
     Field("rotation_speed", "number", "rotation_speed", OWN, "Action strings: degrees per frame."),

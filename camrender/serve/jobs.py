@@ -3,8 +3,9 @@ into the job's folder, and the render planned through `camrender.api.requests.pl
 `LoadSettings`, so a job is checked as `camrender render` checks its options. A refusal is a `ServeError` naming
 the request's field; nothing of a refused job is kept.
 
-A job's `spec` (stored with it) holds plan_request's options and the job's input files relative to its folder:
-`plan_job` plans it again, identically, when the worker renders it (after a restart too).
+A job's `spec` (stored with it) holds plan_request's options, the job's input files relative to its folder and the
+server's load settings: `plan_job` plans it again, identically, when the worker renders it (after a restart too;
+a server started with other load settings fails the job rather than render it otherwise).
 """
 from __future__ import annotations
 
@@ -71,7 +72,14 @@ class Accepted:
 
 
 def plan_job(spec: dict, folder: Path, rules: JobRules, notes: Optional[list] = None):
-    """The `RenderRequest` of a stored job whose files are in `folder` (CamrenderError as `plan_request`)."""
+    """The `RenderRequest` of a stored job whose files are in `folder` (CamrenderError as `plan_request`, and for
+    a job accepted by a server that loaded other settings: it is not rendered with these behind its back)."""
+    accepted = spec["load"]
+    current = json.loads(json.dumps(rules.load.record()))
+    for name in current:
+        if accepted.get(name) != current[name]:
+            raise CamrenderError(f"accepted for a pipeline of other settings ({name}: {accepted.get(name)!r} then, "
+                                 f"{current[name]!r} now)", field=name)
     options = dict(spec["options"])
     if options.get("intrinsics") is not None:
         options["intrinsics"] = str(folder / options["intrinsics"])
@@ -90,7 +98,8 @@ def accept(body: dict, folder: Path, rules: JobRules) -> Accepted:
     inputs = folder / INPUT
     (inputs / "path").mkdir(parents=True, exist_ok=True)
     given = {name for name in body} | {f"{SANA_WM}.{name}" for name in sana}
-    spec = {"options": options, "image": _write_image(body, inputs, rules.max_image_bytes)}
+    spec = {"options": options, "image": _write_image(body, inputs, rules.max_image_bytes),
+            "load": json.loads(json.dumps(rules.load.record()))}
     spec["trajectory"], path_field = _write_path(body, sana, inputs)
     if "intrinsics" in sana:
         options["intrinsics"] = _write_intrinsics(sana["intrinsics"], inputs)

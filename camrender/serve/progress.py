@@ -4,7 +4,8 @@ that it should stop (its job cancelled, or the server stopping).
 
 Percent: segment mode counts segments (stages 1 and 2 together); full mode counts stage 1's denoising steps, then
 the refiner's blocks when there is one (stage 1 up to 70 %, the refiner up to 99 %). A job reads 100 only once
-its video is written. The store is written at most every `interval` seconds, and at every segment.
+its video is written. The store is written at most every `interval` seconds, and at every segment, a stage's
+first and last report.
 """
 from __future__ import annotations
 
@@ -47,7 +48,8 @@ class JobProgress:
     def __call__(self, done: int, total: int, info: str = "", stage: str = "stage 1", unit: str = "") -> None:
         self.check()
         now = self.clock()
-        if stage != self.stage:  # the first unit of a stage took from the last call (or the start) to now
+        new_stage = stage != self.stage
+        if new_stage:  # the first unit of a stage took from the last call (or the start) to now
             self.stage, self.stage_started, self.done_before = stage, self.last_call, done - 1
         self.last_call = now
         fields = {"stage": stage, "progress": self._percent(done, total, stage, unit)}
@@ -55,7 +57,7 @@ class JobProgress:
         fields["eta_s"] = round((total - done) / rate, 1) if rate > 0 else None
         if unit == "segment":
             fields.update(segments_done=done, segments_total=total)
-        if unit == "segment" or done >= total or now - self.last_write >= self.interval:
+        if new_stage or unit == "segment" or done >= total or now - self.last_write >= self.interval:
             self.last_write = now
             self.write(**fields)
 

@@ -261,9 +261,16 @@ class JobStore:
             changes.update(progress=100, inference_s=inference_s)
         return self._update(job_id, changes, ("in_progress",))
 
-    def requeue(self, job_id: str) -> bool:
-        """in_progress -> queued: a render the server stopped goes on when it starts again."""
-        return self._update(job_id, {"status": "queued", "eta_s": None}, ("in_progress",))
+    def requeue(self, job_id: str, attempted: bool = True) -> bool:
+        """in_progress -> queued: a render the server stopped goes on when it starts again. attempted False: the
+        server stopped it on purpose (SIGTERM), which does not count as one of its attempts."""
+        db = self._db()
+        with db:
+            db.execute("BEGIN IMMEDIATE")
+            changed = self._update(job_id, {"status": "queued", "eta_s": None}, ("in_progress",))
+            if changed and not attempted:
+                db.execute("UPDATE jobs SET attempts = attempts - 1 WHERE id = ?", (job_id,))
+            return changed
 
     def requeue_interrupted(self) -> list:
         """At start: the jobs a killed server left in progress go back to the queue (ids, oldest first)."""

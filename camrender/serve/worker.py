@@ -31,7 +31,7 @@ from camrender.serve.jobs import JobRules, plan_job
 from camrender.serve.progress import JobProgress, JobStopped
 from camrender.serve.store import Job, JobStore
 
-MAX_ATTEMPTS = 3  # renders started for one job: a job that brings the server down every time fails after these
+MAX_ATTEMPTS = 3  # renders of one job a kill ended: a job that brings the server down every time fails after these
 IDLE_CHECK_S = 1.0  # an idle slot looks at the queue at least this often (besides `wake`)
 
 
@@ -189,7 +189,7 @@ class Dispatcher:
         try:
             self.renderer.render(PlannedJob(job.id, request, resume, self.checkpoint_every), progress)
         except JobStopped as stopped:
-            if stopped.reason == "stopping" and self.store.requeue(job.id):
+            if stopped.reason == "stopping" and self.store.requeue(job.id, attempted=False):
                 self.log(f"job {job.id}: stopped with the server; it goes on when the server starts again")
                 return
             shutil.rmtree(folder, ignore_errors=True)

@@ -67,6 +67,7 @@ def test_sigkill_mid_job_then_restart_completes_every_job(tmp_path):
     kept = JobStore(store)
     try:
         assert kept.get(stopped).status == "queued" and kept.counts()["completed"] == 4
+        assert kept.get(stopped).attempts == 0  # a stop on purpose is not an attempt that failed
         assert (partial_folder(kept.folder_of(stopped) / VIDEO) / CHECKPOINT_NAME).is_file()
     finally:
         kept.close()
