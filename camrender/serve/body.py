@@ -1,5 +1,5 @@
 """A `POST /v1/videos` body as {field: value}: JSON (`Content-Type: application/json`), or a form (multipart, whose
-file parts become `camrender.serve.values.Upload`; or urlencoded). The server's body limit (aiohttp's
+file parts become `camrender.serve.values.Upload`, the `trajectory` field's a list of them; or urlencoded). The server's body limit (aiohttp's
 `client_max_size`) bounds what is read; anything else malformed is a 4xx naming what is wrong."""
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from camrender.serve.errors import ServeError
 from camrender.serve.values import Upload
 
 FORMS = ("multipart/form-data", "application/x-www-form-urlencoded")
+REPEATED = "trajectory"  # its file parts: the path, then the files its format reads beside it (cameras.txt, ...)
 
 
 async def read_body(request: web.Request) -> dict:
@@ -28,9 +29,13 @@ async def read_body(request: web.Request) -> dict:
         raise ServeError(400, f"the form cannot be read ({type(error).__name__})", code="invalid_body") from None
     fields = {}
     for name, value in form.items():
+        value = Upload(value.filename, value.file.read()) if isinstance(value, web.FileField) else value
+        if name == REPEATED and isinstance(value, Upload):
+            fields.setdefault(name, []).append(value)
+            continue
         if name in fields:
             raise ServeError(400, "given twice", param=name)
-        fields[name] = Upload(value.filename, value.file.read()) if isinstance(value, web.FileField) else value
+        fields[name] = value
     return fields
 
 

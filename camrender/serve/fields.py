@@ -58,7 +58,8 @@ TOP = (
           "are refused."),
     Field("trajectory", "document", None, OWN, "Any path camrender reads: a file part (its name tells the format: "
           "v1 `.json`, nerfstudio, `transforms.json`, RealEstate10K `.txt`, COLMAP `images.txt`, `NAME_pose.npy`, "
-          "`.actions`), a JSON document, or a text (an action string, a RealEstate10K or COLMAP file's text)."),
+          "`.actions`; further `trajectory` parts are the files read beside it: `cameras.txt`, "
+          "`NAME_intrinsics.npy`), a JSON document, or a text (an action string, a RealEstate10K file's text)."),
     Field("mode", "text", "mode", OWN, f"{' or '.join(MODE.values)} (`--mode`; default: the recipe's)."),
     Field("segment_frames", "int", "segment_frames", OWN, "Latent frames per segment (`--segment-frames`)."),
     Field("cached_segments", "int", "cached_segments", OWN, "Recent segments attended (`--cached-segments`)."),

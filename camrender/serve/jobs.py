@@ -119,7 +119,8 @@ def accept(body: dict, folder: Path, rules: JobRules) -> Accepted:
                          param=path_field)
     summary = {"size": f"{request.width}x{request.height}", "num_frames": request.num_frames, "fps": request.fps,
                "seconds": f"{(request.num_frames - 1) / request.fps:.3f}".rstrip("0").rstrip("."),
-               "prompt": request.prompt, "seed": request.seed, "mode": request.mode, "notes": notes,
+               "prompt": request.prompt, "seed": request.seed, "mode": request.mode,
+               "notes": [_without_folder(note, folder) for note in notes],
                "user": values.text(body["user"], "user") if "user" in body else None}
     return Accepted(spec, summary)
 
@@ -226,23 +227,17 @@ def _write_path(body: dict, sana: dict, inputs: Path) -> tuple:
 
 
 def _write_document(value, folder: Path) -> Path:
-    """A `trajectory` field as a file the format readers tell apart: a file part keeps its name (the suffix, and
-    names such as images.txt, say the format); a JSON object is a .json; a text is a .json when it parses as a
-    JSON object, else a .txt (an action string, a RealEstate10K or COLMAP file's text)."""
+    """A `trajectory` field as a file the format readers tell apart: file parts keep their names (the suffix, and
+    names such as images.txt, say the format; the parts after the first are files its reader takes from beside it:
+    COLMAP's cameras.txt, a pose file's NAME_intrinsics.npy); a JSON object is a .json; a text is a .json when it
+    parses as a JSON object, else a .txt (an action string, a RealEstate10K or COLMAP file's text)."""
     if isinstance(value, values.Upload):
-        name = Path(value.filename or "").name
-        suffix = Path(name).suffix.lower()
-        if suffix not in PATH_SUFFIXES:
-            raise ServeError(400, f"cannot tell the format from the file name {name!r} (suffixes: "
-                                  f"{', '.join(PATH_SUFFIXES)})", param="trajectory")
-        if suffix == ".json":
-            try:
-                parsed = json.loads(value.data)
-            except (ValueError, RecursionError):
-                parsed = None  # its reader says what is wrong with it
-            if isinstance(parsed, dict):
-                _refuse_image_path(parsed)
-        return _write(folder / (name if SAFE_NAME.match(name) else f"trajectory{suffix}"), value.data)
+        value = [value]
+    if isinstance(value, list) and value and all(isinstance(part, values.Upload) for part in value):
+        written = [_write_part(part, folder) for part in value]
+        if len({path.name for path in written}) < len(written):
+            raise ServeError(400, "two files of the same name", param="trajectory")
+        return written[0]
     if isinstance(value, dict):
         _refuse_image_path(value)
         return _write(folder / "trajectory.json", json.dumps(value).encode())
@@ -255,6 +250,23 @@ def _write_document(value, folder: Path) -> Path:
         _refuse_image_path(parsed)
     name = "trajectory.json" if isinstance(parsed, dict) else "trajectory.txt"
     return _write(folder / name, content.encode())
+
+
+def _write_part(part: values.Upload, folder: Path) -> Path:
+    """One file part of `trajectory`, under its own name (or trajectory.SUFFIX when that is no plain file name)."""
+    name = Path(part.filename or "").name
+    suffix = Path(name).suffix.lower()
+    if suffix not in PATH_SUFFIXES:
+        raise ServeError(400, f"cannot tell the format from the file name {name!r} (suffixes: "
+                              f"{', '.join(PATH_SUFFIXES)})", param="trajectory")
+    if suffix == ".json":
+        try:
+            parsed = json.loads(part.data)
+        except (ValueError, RecursionError):
+            parsed = None  # its reader says what is wrong with it
+        if isinstance(parsed, dict):
+            _refuse_image_path(parsed)
+    return _write(folder / (name if SAFE_NAME.match(name) else f"trajectory{suffix}"), part.data)
 
 
 def _refuse_image_path(document: dict) -> None:
@@ -345,5 +357,9 @@ def _refusal(error: CamrenderError, folder: Path, fields_of: dict) -> ServeError
     parts = [] if error.frame is None else [f"frame {error.frame}"]
     if error.field and where not in fields_of and where != param:  # a field inside a file: c2w, fx, ...
         parts.append(error.field)
-    message = ": ".join(parts + [error.detail]).replace(f"{folder.resolve()}/", "").replace(f"{folder}/", "")
-    return ServeError(400, message, param=param)
+    return ServeError(400, _without_folder(": ".join(parts + [error.detail]), folder), param=param)
+
+
+def _without_folder(text: str, folder: Path) -> str:
+    """`text` with the job folder's path left out (the server's paths stay on the server)."""
+    return text.replace(f"{folder.resolve()}/", "").replace(f"{folder}/", "")

@@ -12,6 +12,7 @@ import re
 from typing import Optional
 
 from camrender.serve.errors import ServeError
+from camrender.trajectory.fields import type_name
 
 SIZE = re.compile(r"^\s*(\d{1,6})\s*[xX]\s*(\d{1,6})\s*$")
 TRUE, FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
@@ -139,15 +140,8 @@ def _decode_base64(encoded: str, name: str, max_bytes: int) -> bytes:
 
 
 def _kind(value) -> str:
-    """A JSON value's kind in words, for messages."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, (int, float)):
-        return f"the number {value!r}"[:60]
-    if isinstance(value, str):
-        return f"the string {value[:40]!r}"
+    """A JSON value's kind in words for messages (`type_name`), with a number's or a string's value."""
     if isinstance(value, Upload):
         return "a file"
-    return "an array" if isinstance(value, list) else "an object"
+    shown = repr(value)[:40] if isinstance(value, (int, float, str)) and not isinstance(value, bool) else ""
+    return f"{type_name(value)} {shown}".strip()

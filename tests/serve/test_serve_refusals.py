@@ -251,3 +251,30 @@ def test_without_a_token_only_loopback_and_no_other_site(rules, tmp_path):
         assert running.store.counts()["queued"] == 0
     finally:
         running.stop()
+
+
+@pytest.mark.parametrize("fmt, names", [("colmap", ["images.txt", "cameras.txt"]),
+                                        ("npy", ["path_pose.npy", "path_intrinsics.npy"])])
+def test_a_path_file_and_the_files_read_beside_it(server, tmp_path, fmt, names):
+    from camrender.trajectory.formats import export_file
+
+    c2w = np.tile(np.eye(4), (25, 1, 1))
+    c2w[:, 2, 3] = np.linspace(0, 1, 25)
+    export_file(Trajectory(c2w, np.tile([50.0, 50.0, 32.0, 18.0], (25, 1)), 64, 36, 16.0), tmp_path / names[0], fmt)
+    form = aiohttp.FormData()
+    form.add_field("input_reference", base64.b64decode(image_url().split(",")[1]), filename="first.png")
+    for name in names:
+        form.add_field("trajectory", (tmp_path / name).read_bytes(), filename=name)
+    status, job, _ = request("POST", f"{server.url}/v1/videos", data=form, headers=AUTH)
+    assert status == 202 and job["num_frames"] == 25, job
+    assert request("DELETE", f"{server.url}/v1/videos/{job['id']}", headers=AUTH)[1]["status"] == "cancelled"
+    form = aiohttp.FormData()  # without the second file: as its reader reads a file alone
+    form.add_field("input_reference", base64.b64decode(image_url().split(",")[1]), filename="first.png")
+    form.add_field("trajectory", (tmp_path / names[0]).read_bytes(), filename=names[0])
+    status, answer, _ = request("POST", f"{server.url}/v1/videos", data=form, headers=AUTH)
+    if fmt == "colmap":  # COLMAP's intrinsics are in cameras.txt
+        assert (status, answer["error"]["param"]) == (400, "trajectory") and "cameras.txt" in str(answer), answer
+    else:  # a pose file without intrinsics: the default field of view, said in a note
+        assert status == 202 and "field of view" in " ".join(answer["notes"]), answer
+        assert "/jobs/" not in " ".join(answer["notes"])
+        assert request("DELETE", f"{server.url}/v1/videos/{answer['id']}", headers=AUTH)[0] == 200
