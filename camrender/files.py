@@ -1,15 +1,88 @@
-"""Writing files, for every layer: checking an output path, and the one atomic writer (`atomic_path`: a
-temporary file beside the target, renamed into place only when it is complete; `atomic_output` opens it
-as a file). Reading trajectory files is `camrender.trajectory.formats.fileio`'s."""
+"""Files, for every layer: checking an output path (`check_suffix`, `check_output_path`, `probe_writable`), the
+one atomic writer (`atomic_path`: a temporary file beside the target, renamed into place only when it is
+complete; `atomic_output` opens it as a file), and the one bounded reader of user files (`read_bounded`:
+regular files only, never more than a limit read). Parsing trajectory files is
+`camrender.trajectory.formats.fileio`'s."""
 from __future__ import annotations
 
 import contextlib
 import os
 import secrets
-import tempfile
+import stat
 from pathlib import Path
 
 from camrender.errors import CamrenderError
+
+# The longest file name most file systems take (bytes); `name_limit` asks the folder's own.
+NAME_MAX = 255
+
+
+def name_limit(folder) -> int:
+    """The longest file name (bytes) `folder` takes."""
+    try:
+        return int(os.pathconf(folder or ".", "PC_NAME_MAX"))
+    except (OSError, ValueError, AttributeError):
+        return NAME_MAX
+
+
+def check_names_fit(path, names=()) -> None:
+    """CamrenderError (naming `path`) unless `path`'s file name and each of `names` (files to be made beside
+    it) fit the folder's file-name limit: found now, not when the last of them is written."""
+    path = Path(path)
+    limit = name_limit(path.parent if str(path.parent) else ".")
+    for name in (path.name, *names):
+        size = len(os.fsencode(name))
+        if size > limit:
+            shown = name if len(name) <= 40 else f"{name[:12]}...{name[-24:]}"
+            what = "the file name" if name == path.name else f"the name of {shown} beside it"
+            raise CamrenderError(f"{what} is {size} bytes, longer than the {limit} the folder allows (use a shorter "
+                                 f"name)", path=path)
+
+
+def open_regular(path, kind: str = "file"):
+    """`path` opened for reading in binary; CamrenderError naming it when it is missing, a folder, or not a
+    regular file (a FIFO, a device such as /dev/zero, a socket: they could block or never end). A FIFO is
+    opened without waiting for a writer."""
+    shown = os.fspath(path)
+    if not shown:
+        raise CamrenderError("no file given (the path is an empty string)")
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0) \
+        | getattr(os, "O_BINARY", 0)
+    try:
+        descriptor = os.open(shown, flags)
+    except FileNotFoundError:
+        raise CamrenderError("file not found", path=shown) from None
+    except IsADirectoryError:
+        raise CamrenderError(f"is a directory, not a {kind}", path=shown) from None
+    except (OSError, ValueError) as error:  # ValueError: an embedded NUL byte
+        raise CamrenderError(f"cannot read file: {getattr(error, 'strerror', None) or error}", path=shown) from None
+    mode = os.fstat(descriptor).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(descriptor)
+        if stat.S_ISDIR(mode):
+            raise CamrenderError(f"is a directory, not a {kind}", path=shown)
+        raise CamrenderError(f"is not a regular file (a FIFO, device or socket), expected a {kind}", path=shown)
+    return os.fdopen(descriptor, "rb")
+
+
+def read_bounded(path, max_bytes: int, what: str = "a file") -> bytes:
+    """The bytes of the regular file `path` (`open_regular`; `what` it is, with its article, for messages);
+    CamrenderError naming it when it holds more than `max_bytes`: its size is checked first, and the read
+    itself stops past the limit (a file that grows)."""
+    kind = what.split(" ", 1)[1] if what.split(" ", 1)[0] in ("a", "an") else what
+    with open_regular(path, kind) as handle:
+        size = os.fstat(handle.fileno()).st_size
+        data = b"" if size > max_bytes else handle.read(max_bytes + 1)
+    if size > max_bytes or len(data) > max_bytes:
+        shown = max(size, len(data))
+        raise CamrenderError(f"file is {_size_words(shown)}, larger than the {_size_words(max_bytes)} {what} may "
+                             f"be", path=os.fspath(path))
+    return data
+
+
+def _size_words(size: int) -> str:
+    return f"{size / 2**20:.0f} MiB" if size >= 2**20 else f"{size} bytes"
+
 
 VIDEO_SUFFIXES = (".mp4",)
 
@@ -29,6 +102,7 @@ def check_output_path(path) -> Path:
     writable.
     """
     path = Path(path)
+    check_names_fit(path)
     if path.is_dir():
         raise CamrenderError("output path is a directory, expected a file name", path=path)
     parent = path.parent if str(path.parent) else Path(".")
@@ -41,14 +115,9 @@ def check_output_path(path) -> Path:
 
 def probe_writable(path) -> None:
     """Create and delete a file next to `path`: some folders pass the permission bits and still refuse new files
-    (/sys, read-only mounts), which would only show after the model has loaded."""
-    parent = Path(path).parent if str(Path(path).parent) else Path(".")
-    try:
-        handle, name = tempfile.mkstemp(dir=parent, prefix=f".{Path(path).name}.", suffix=".probe")
-    except OSError as error:
-        raise CamrenderError(f"cannot create a file in {str(parent)!r}: {error.strerror or error}", path=path) from None
-    os.close(handle)
-    os.unlink(name)
+    (/sys, read-only mounts), which would only show after the model has loaded. (Its name fits the folder, as
+    every temporary name does: `temp_name_beside`.)"""
+    remove_quietly(temp_beside(path, ".probe", prefix=f".{Path(path).name}."))
 
 
 def temp_beside(path, suffix: str = "", prefix: str = ".tmp-") -> str:
@@ -60,9 +129,15 @@ def temp_beside(path, suffix: str = "", prefix: str = ".tmp-") -> str:
 
 def temp_name_beside(path, suffix: str = "", prefix: str = ".tmp-") -> str:
     """A fresh random name for a temporary file in `path`'s folder; nothing is created (`create_new` does).
-    A writer that holds the name before the file exists can remove the file whenever an interrupt lands."""
+    A writer that holds the name before the file exists can remove the file whenever an interrupt lands.
+    A prefix that would make the name longer than the folder allows (it often holds the target's name) is
+    cut short."""
     folder = os.path.dirname(os.path.abspath(path))
-    return os.path.join(folder, f"{prefix}{secrets.token_hex(6)}{suffix}")
+    token = secrets.token_hex(6)
+    room = name_limit(folder) - len(os.fsencode(token + suffix))
+    while len(os.fsencode(prefix)) > room and len(prefix) > 1:
+        prefix = prefix[:-1]
+    return os.path.join(folder, f"{prefix}{token}{suffix}")
 
 
 def create_new(temp, path) -> None:

@@ -104,6 +104,13 @@ REFINER_WINDOW_HELP = ("The refiner's KV window in latent frames: the sink plus 
                        "--refiner_kv_max_frames; 2 is faster and smaller, at a quality cost).")
 MAX_REFINER_WINDOW = 1024  # the RoPE table's latent frames: a longer window holds nothing more
 
+PRESET = Words(
+    "preset", ("sana-wm-bench",), None,
+    "Render settings of a benchmark, for the options not given.",
+    (("sana-wm-bench", "NVlabs' SANA-WM-Bench: 961 frames at 16 fps, 60 steps, guidance 5, flow shift 8.0, seed 42 "
+                       "(the refiner's noise too); add --refiner as the benchmark runs it"),))
+PRESETS = {"sana-wm-bench": {"frames": 961, "fps": 16.0, "steps": 60, "guidance": 5.0, "flow_shift": 8.0, "seed": 42}}
+
 NO_REFINER = "none"
 TINY = "tiny"  # the offline random-weight model (and refiner), built in code
 DEFAULT_MODEL = "Efficient-Large-Model/SANA-WM_bidirectional-diffusers"

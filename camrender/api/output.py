@@ -5,23 +5,19 @@ from __future__ import annotations
 
 import itertools
 import sys
-from pathlib import Path
 from typing import Callable, Optional
 
 from camrender import trajectory
 from camrender.api.requests import PreparedOutput
+from camrender.errors import CamrenderError
 from camrender.render.loop import render_frames
 from camrender.render.pipeline import loaded_with, pipeline_settings
 from camrender.render.request import check_request
 from camrender.render.resume import Checkpointer, partial_folder
 from camrender.output.segment_video import SegmentVideoWriter
+from camrender.output.targets import claim_output, companion_path
 from camrender.render.settings_file import checkpoint_settings, write_render_json
 from camrender.output.video import VideoWriter
-
-
-def companion_path(video: Path, suffix: str) -> Path:
-    """`out/orbit.mp4` -> `out/orbit<suffix>` (e.g. ".traj.json", ".path.png")."""
-    return video.with_name(video.stem + suffix) if video.suffix else video.with_name(video.name + suffix)
 
 
 def write_companions(request, ran: Optional[dict] = None) -> list:
@@ -29,8 +25,11 @@ def write_companions(request, ran: Optional[dict] = None) -> list:
     `--from-render` renders the same video; `ran`: what ran, `RenderSettings.record()`) and `VIDEO.path.png` (a
     plot that fails is a warning on stderr, not a failed render); returns the paths written."""
     written = [companion_path(request.out, ".traj.json"), companion_path(request.out, ".render.json")]
-    trajectory.save(request.traj, written[0])
-    write_render_json(request, written[1], ran)
+    try:
+        trajectory.save(request.traj, written[0])
+        write_render_json(request, written[1], ran)
+    except CamrenderError as error:  # (a full disk) the video is whole: say so, and what is missing
+        raise CamrenderError(f"wrote the video, but not its side files: {error}", path=request.out) from None
     try:  # lazy: matplotlib is optional, and the plot module imports it at its top
         from camrender.views.plot import plot_trajectory
     except ImportError:
@@ -60,6 +59,12 @@ def write_video(pipe, request, prepared: PreparedOutput, progress=None, *, log=N
         for _ in render_frames(pipe, request, progress):
             pass
         return 0, []
+    with claim_output(request.out):  # (nests in `prepared`'s claim: held since before the model loaded)
+        return _write_as_leader(pipe, request, prepared, settings, progress, log, side_files, check)
+
+
+def _write_as_leader(pipe, request, prepared, settings, progress, log, side_files, check) -> tuple:
+    """`write_video`'s work on the rank that writes the files."""
     video, checkpoints = video_output(request, prepared.resume_info, prepared.checkpoint_every)
     chunks = render_frames(pipe, request, progress, checkpoints=checkpoints)
     if settings.shares_video:

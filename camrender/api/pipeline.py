@@ -101,9 +101,11 @@ class CamrenderPipeline:
 
     def write(self, out, trajectory=None, image=None, prompt: Optional[str] = None, *, progress=None,
               side_files: bool = True, resume: bool = False, checkpoint_every: float = DEFAULT_CHECKPOINT_EVERY,
-              check: Optional[Callable[[], None]] = None, prepared=None, **options) -> "RenderResult":
+              overwrite: bool = True, check: Optional[Callable[[], None]] = None, prepared=None,
+              **options) -> "RenderResult":
         """Render into the mp4 `out` (written to a temporary name and renamed; segment mode with checkpoints every
-        `checkpoint_every` seconds, continued from the last with `resume`) and, with `side_files`,
+        `checkpoint_every` seconds, continued from the last with `resume`; an existing video replaced only with
+        `overwrite`) and, with `side_files`,
         `NAME.traj.json`, `NAME.render.json` and `NAME.path.png` (a camera stream writes none: there is no whole
         path to save). out: the path, or a `RenderRequest` planned with its `out` (then no trajectory or options).
         check: called before each chunk is written (raise there to stop); prepared: `prepare_output`'s result
@@ -112,11 +114,17 @@ class CamrenderPipeline:
             request = self._request(out, image, prompt, options)
         else:
             request = self._request(trajectory, image, prompt, {**options, "out": Path(out)})
-        if prepared is None:
-            prepared = prepare_output(request, resume=resume, checkpoint_every=checkpoint_every, log=self._say,
+        own = prepared is None  # (then its claim on the output is this call's to give back)
+        if own:
+            prepared = prepare_output(request, resume=resume, checkpoint_every=checkpoint_every, overwrite=overwrite,
+                                      log=self._say,
                                       leader=self.ranks is None or self.ranks.is_leader)
-        frames, files = write_video(self.pipe, request, prepared, progress, log=self._say,
-                                    side_files=side_files and request.traj is not None, check=check)
+        try:
+            frames, files = write_video(self.pipe, request, prepared, progress, log=self._say,
+                                        side_files=side_files and request.traj is not None, check=check)
+        finally:
+            if own:
+                prepared.release()
         return RenderResult(Path(request.out), frames, files)
 
     def _request(self, trajectory, image, prompt, options: dict) -> RenderRequest:

@@ -15,7 +15,8 @@ from camrender import trajectory as trajectories
 from camrender import vocabulary as words
 from camrender.errors import CamrenderError
 from camrender.files import VIDEO_SUFFIXES, check_output_path, check_suffix, probe_writable
-from camrender.limits import MAX_STEPS, TIME_STRIDE, check_finite, check_fps, check_frames, check_seed, check_size
+from camrender.limits import (MAX_STEPS, TIME_STRIDE, check_finite, check_fps, check_frames, check_latent_frames,
+                              check_seed, check_size)
 from camrender.render.load_settings import FIELDS as LOAD_FIELDS
 from camrender.render.load_settings import LoadSettings, unknown_keyword
 from camrender.model.stage1.recipes import get_recipe
@@ -23,7 +24,9 @@ from camrender.parallel.cfg import check_split, head_split_size
 from camrender.render.inputs import image_size_of, open_image
 from camrender.render.prompt_cache import OFF as NO_CACHE
 from camrender.render.request import RenderRequest
-from camrender.render.resume import DEFAULT_CHECKPOINT_EVERY, check_partials
+from camrender.output.resume_check import check_resume
+from camrender.output.targets import OutputClaim, check_output_names, claim_output
+from camrender.render.resume import DEFAULT_CHECKPOINT_EVERY
 from camrender.trajectory.formats import read_path
 from camrender.trajectory.resample import frames_note, to_model_frames
 
@@ -32,7 +35,7 @@ RELEASE_GUIDANCE = get_recipe(words.DEFAULT_RECIPE).guidance
 RELEASE_STEPS = get_recipe(words.DEFAULT_RECIPE).steps
 TINY_STEPS = 10  # full mode with the tiny model (its frames are noise anyway)
 PATH_OPTIONS = ("action_scheme", "translation_speed", "rotation_speed", "pitch_limit", "smooth", "intrinsics")
-RENDER_OPTIONS = ("image", "prompt", "negative_prompt", "frames", "mode", "steps", "guidance", "seed", "fps",
+RENDER_OPTIONS = ("preset", "image", "prompt", "negative_prompt", "frames", "mode", "steps", "guidance", "seed", "fps",
                   "height", "width", "segment_frames", "cached_segments", "prompt_cache", "out", "noise_frames",
                   "flow_shift", "controls", *PATH_OPTIONS)
 
@@ -74,13 +77,23 @@ def check_options(options: dict) -> None:
             raise unknown_keyword(name, RENDER_OPTIONS)
 
 
-def plan_request(load: LoadSettings, trajectory=None, *, image=None, prompt: Optional[str] = None,
-                 negative_prompt: Optional[str] = None, frames: Optional[int] = None, mode: Optional[str] = None,
-                 steps: Optional[int] = None, guidance: Optional[float] = None, seed: Optional[int] = None,
-                 fps: Optional[float] = None, height: Optional[int] = None, width: Optional[int] = None,
-                 segment_frames: Optional[int] = None, cached_segments: Optional[int] = None, prompt_cache=None,
-                 out=None, noise_frames: Optional[int] = None, flow_shift: Optional[float] = None,
-                 controls: Optional[dict] = None, notes: Optional[list] = None, **path_options) -> RenderRequest:
+def plan_request(load: LoadSettings, trajectory=None, *, preset: Optional[str] = None, **options) -> RenderRequest:
+    """The request of one render on a pipeline of `load`, every default decided and every value checked
+    (`_plan`'s arguments); `preset` (`camrender.vocabulary.PRESET`, e.g. "sana-wm-bench") gives its settings to the
+    options left None."""
+    if preset is not None:
+        given = {name: value for name, value in options.items() if value is not None}
+        options = {**words.PRESETS[words.check_word(words.PRESET, preset)], **given}
+    return _plan(load, trajectory, **options)
+
+
+def _plan(load: LoadSettings, trajectory=None, *, image=None, prompt: Optional[str] = None,
+          negative_prompt: Optional[str] = None, frames: Optional[int] = None, mode: Optional[str] = None,
+          steps: Optional[int] = None, guidance: Optional[float] = None, seed: Optional[int] = None,
+          fps: Optional[float] = None, height: Optional[int] = None, width: Optional[int] = None,
+          segment_frames: Optional[int] = None, cached_segments: Optional[int] = None, prompt_cache=None,
+          out=None, noise_frames: Optional[int] = None, flow_shift: Optional[float] = None,
+          controls: Optional[dict] = None, notes: Optional[list] = None, **path_options) -> RenderRequest:
     """The request of one render on a pipeline of `load`, every default decided and every value checked.
 
     trajectory: a `camrender.trajectory.Trajectory`, a path to any trajectory file camrender reads (v1 JSON,
@@ -169,9 +182,11 @@ def _check_numbers(steps, guidance, seed, fps, segment_frames, cached_segments) 
 
 
 def _checked_out(out) -> Path:
-    """The output video: an .mp4 in a folder that takes new files (checked now, not after the model loaded)."""
+    """The output video: an .mp4 in a folder that takes new files, whose name and side files' names fit it
+    (checked now, not after the model loaded)."""
     check_suffix(out, VIDEO_SUFFIXES, "the output video")
     out = check_output_path(out)
+    check_output_names(out)
     probe_writable(out)
     return out
 
@@ -210,23 +225,32 @@ def _check_noise_frames(drawn, frames: int) -> None:
     latent = (frames - 1) // TIME_STRIDE + 1
     if drawn is not None and drawn < latent:
         raise CamrenderError(f"must be at least the clip's {latent} latent frames, got {drawn}", field="noise-frames")
+    check_latent_frames(drawn, "noise-frames")
 
 
 @dataclasses.dataclass(frozen=True)
 class PreparedOutput:
     """What `prepare_output` decided before the model loads: the checkpoint to resume from (None: from the
-    start) and the seconds between checkpoints (inf: the render keeps none)."""
+    start), the seconds between checkpoints (inf: the render keeps none) and the claim on the output its
+    leader holds (`camrender.output.targets.claim_output`; None on the other ranks) until `release`."""
 
     resume_info: Optional[dict]
     checkpoint_every: float
+    claim: Optional[OutputClaim] = None
+
+    def release(self) -> None:
+        """Give the output's claim back (again: nothing)."""
+        if self.claim is not None:
+            self.claim.release()
 
 
 def prepare_output(request, *, resume: bool = False, checkpoint_every: float = DEFAULT_CHECKPOINT_EVERY,
-                   log=None, leader: bool = True) -> PreparedOutput:
+                   overwrite: bool = True, log=None, leader: bool = True) -> PreparedOutput:
     """Check how `request` is written and what earlier runs left at its output, before anything loads:
     `resume` continues an interrupted segment-mode render from its checkpoint (not with the refiner, the
     chunk-causal recipe or a head split: their state is not checkpointed), `checkpoint_every` seconds between
-    checkpoints (0: every segment). Only the `leader` of a video group looks at the output.
+    checkpoints (0: every segment); an existing video at the output is replaced (with a note) only with
+    `overwrite`. Only the `leader` of a video group looks at the output.
     Raises CamrenderError (one line) for what does not fit."""
     if math.isnan(checkpoint_every) or checkpoint_every < 0:
         raise CamrenderError(f"must be a number of seconds (0: every segment), got {checkpoint_every}",
@@ -243,8 +267,20 @@ def prepare_output(request, *, resume: bool = False, checkpoint_every: float = D
     # the refiner's window is not part of a checkpoint, nor the other ranks' heads of a split segment render:
     # with either, the render keeps none
     keeps = request.settings.refiner is None and not (request.mode == "segments" and request.settings.head_split > 1)
-    info = check_partials(request, resume, log or (lambda line: None)) if leader else None
-    return PreparedOutput(info, checkpoint_every if keeps else float("inf"))
+    if not leader:
+        return PreparedOutput(None, checkpoint_every if keeps else float("inf"))
+    claim = claim_output(request.out)  # before anything looks at the output: a second render refuses here
+    try:
+        if Path(request.out).exists():
+            if not overwrite:
+                raise CamrenderError("exists: pass --overwrite to replace it, or remove it", path=request.out,
+                                     field="overwrite")
+            (log or (lambda line: None))(f"replacing {request.out} (--no-overwrite keeps it)")
+        info = check_resume(request, resume, log or (lambda line: None))
+    except BaseException:
+        claim.release()
+        raise
+    return PreparedOutput(info, checkpoint_every if keeps else float("inf"), claim)
 
 
 def on_video_group(request: RenderRequest, per_video: int, device: Optional[str] = None) -> RenderRequest:

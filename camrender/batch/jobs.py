@@ -4,7 +4,9 @@
   "options": {"steps": 30, ...}}; any `camrender render` option may stand at the top level or under "options"
   (dashes or underscores), relative paths are relative to the file's folder;
 - a folder of trajectory files: each one renders to OUT_DIR/<name>.mp4 (OUT_DIR defaults to the folder; the
-  `*.traj.json` side files of earlier renders and the `*_intrinsics.npy` beside pose files are not jobs).
+  `*.traj.json` side files of earlier renders and the `*_intrinsics.npy` beside pose files are not jobs);
+- a SANA-WM-Bench split folder (or its `run_manifest.jsonl`): each scene renders its camera `.npz` from its image
+  and prompt to OUT_DIR/<scene_id>_generated.mp4 (`camrender.trajectory.formats.sana_wm_bench`).
 
 A job's values are checked when it is planned (`camrender.batch.plan`).
 """
@@ -17,7 +19,8 @@ from typing import Optional
 
 from camrender.errors import CamrenderError
 from camrender.trajectory.formats import FORMAT_MODULES, looks_like_actions
-from camrender.trajectory.formats.fileio import read_text
+from camrender.trajectory.formats import sana_wm_bench as bench
+from camrender.trajectory.formats.fileio import json_lines, read_text
 
 ALIASES = {"trajectory": "traj", "output": "out"}
 
@@ -35,7 +38,8 @@ class Job:
 
 # ----------------------------------------------------------------------------- reading JOBS
 def read_jobs(source: Path, keys: dict, out_dir: Optional[Path] = None) -> list:
-    """The jobs of a JSON-lines file or a folder of trajectory files (see the module docstring). keys: {name:
+    """The jobs of a JSON-lines file, a folder of trajectory files or a SANA-WM-Bench split (see the module
+    docstring). keys: {name:
     whether its value is a file path} of the keys a job may have (a render's options: `camrender render`'s).
 
     Raises CamrenderError when JOBS itself cannot be read (no such file, an empty folder). A line
@@ -44,15 +48,17 @@ def read_jobs(source: Path, keys: dict, out_dir: Optional[Path] = None) -> list:
     is planned.
     """
     source = Path(source)
+    if is_bench_source(source):
+        return _bench_jobs(source, out_dir)
     if source.is_dir():
         return _folder_jobs(source, out_dir or source)
     if out_dir is not None:
         raise CamrenderError("--out-dir is for a folder of trajectories; a jobs file names each output",
                              path=source, field="out-dir")
     jobs = []
-    text = read_text(source)
+    text = read_text(source, what="a jobs file")
     _refuse_one_document(text, source)
-    for number, line in enumerate(text.splitlines(), start=1):
+    for number, line in enumerate(json_lines(text), start=1):
         if not line.strip():
             continue
         where = f"{source} line {number}"
@@ -68,7 +74,7 @@ def _refuse_one_document(text: str, source: Path) -> None:
     if text.count("\n") < 2 or text.lstrip()[:1] not in "{[":
         return
     try:
-        json.loads(text.splitlines()[0])
+        json.loads(json_lines(text)[0])
     except ValueError:
         try:
             json.loads(text)
@@ -116,3 +122,20 @@ def _folder_jobs(folder: Path, out_dir: Path) -> list:
     if not files:
         raise CamrenderError(f"no trajectory files ({', '.join(sorted(suffixes))}) in this folder", path=folder)
     return [Job(str(path), {"traj": str(path), "out": str(out_dir / (path.stem + ".mp4"))}) for path in files]
+
+
+def is_bench_source(source: Path) -> bool:
+    """Whether `source` is a SANA-WM-Bench split folder, its export folder or its `run_manifest.jsonl`."""
+    if source.is_dir():
+        return (source / bench.EXPORT_DIR / bench.MANIFEST_NAME).is_file() or (source / bench.MANIFEST_NAME).is_file()
+    return source.name == bench.MANIFEST_NAME
+
+
+def _bench_jobs(source: Path, out_dir: Optional[Path]) -> list:
+    """One job a scene: its camera `.npz`, image and prompt, rendered to OUT_DIR/<scene_id>_generated.mp4 (the
+    benchmark's results layout, e.g. results/METHOD/SPLIT); a bad manifest is refused whole, naming its line."""
+    if out_dir is None:
+        raise CamrenderError("a SANA-WM-Bench split writes <scene_id>_generated.mp4 into a results folder: give "
+                             "--out-dir (e.g. results/METHOD/SPLIT)", path=source, field="out-dir")
+    return [Job(row.where, {"traj": row.camera, "image": row.image, "prompt": row.prompt,
+                            "out": str(Path(out_dir) / row.output_name)}) for row in bench.read_manifest(source)]

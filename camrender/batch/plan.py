@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from camrender.errors import CamrenderError
+from camrender.output.targets import check_batch_output
 from camrender.render.request import RenderRequest
 from camrender.render.resume import DEFAULT_CHECKPOINT_EVERY, partial_folder
 
@@ -25,12 +26,14 @@ class Planned:
     request: Optional[RenderRequest] = None
     resume: bool = False
     checkpoint_every: float = DEFAULT_CHECKPOINT_EVERY
+    overwrite: bool = False
 
 
-def plan_jobs(jobs: list, resolve: Callable, created: Optional[list] = None) -> list:
+def plan_jobs(jobs: list, resolve: Callable, created: Optional[list] = None, overwrite: bool = False) -> list:
     """Plan `jobs` (`camrender.batch.jobs.Job`s): `resolve(job) -> (RenderRequest, {"resume", "checkpoint_every"})`
     checks a job's values (raising CamrenderError); a job whose output exists is skipped, one whose output another
-    job already has, or that an interrupted render's checkpoint holds (unless it resumes), fails. Output folders made for the jobs are appended to `created`
+    job already has, or that an interrupted render's checkpoint holds (unless it resumes), fails; with `overwrite`
+    a job whose output exists renders again, replacing it. Output folders made for the jobs are appended to `created`
     (when given), deepest first, so that a refused batch can take them away again (`remove_created`)."""
     planned, outputs = [], {}
     for index, job in enumerate(jobs):
@@ -41,10 +44,8 @@ def plan_jobs(jobs: list, resolve: Callable, created: Optional[list] = None) -> 
         try:
             if out:  # checked before the job's values: a finished job is skipped unplanned (a re-run resumes)
                 out = str(Path(out).resolve())
-                if out in outputs:
-                    raise CamrenderError(f"same output as {outputs[out]}", path=job.where, field="output")
-                outputs[out] = job.where
-                if Path(out).exists():
+                check_batch_output(out, outputs, job.where)
+                if Path(out).exists() and not overwrite:
                     planned.append(Planned(index, job.where, out, "skipped", "output exists"))
                     continue
                 missing = [folder for folder in [Path(out).parent, *Path(out).parent.parents] if not folder.exists()]
@@ -55,7 +56,7 @@ def plan_jobs(jobs: list, resolve: Callable, created: Optional[list] = None) -> 
             if partial_folder(out).exists() and not writing["resume"]:  # an interrupted render: never overwritten
                 raise CamrenderError(f"{partial_folder(out)} holds an interrupted render: continue it with "
                                      f"`camrender render ... --resume` or remove it", path=job.where, field="output")
-            planned.append(Planned(index, job.where, out, "render", request=request, **writing))
+            planned.append(Planned(index, job.where, out, "render", request=request, overwrite=overwrite, **writing))
         except CamrenderError as error:
             message = str(error) if str(error).startswith(job.where) else f"{job.where}: {error}"
             planned.append(Planned(index, job.where, out, "failed", message))

@@ -17,15 +17,17 @@ from camrender.batch.plan import plan_jobs, refuse_bad_jobs, remove_created
 from camrender.batch.summary import summarize, summary_lines
 from camrender.cli import launch as cli_launch
 from camrender.cli.launch import options_to_argv
+from camrender.cli.options import overwrite_option
 from camrender.cli.progress import count, make_progress
 from camrender.cli.render import plan_from_options, quiet_libraries, render
 from camrender.cli.signals import raise_if_signalled
 from camrender.errors import CamrenderError
 from camrender.files import atomic_write_text, check_output_path, probe_writable
+from camrender.output.targets import check_summary_target
 from camrender.parallel import distributed
 
-_RUN_OPTIONS = {"traj", "out", "gpus", "from_render"}  # render options a batch does not take as defaults
-NOT_JOB_OPTIONS = {"gpus", "progress", "quiet", "from_render"}  # options of the run, not of one render
+_RUN_OPTIONS = {"traj", "out", "gpus", "from_render", "overwrite"}  # render options a batch does not take as defaults
+NOT_JOB_OPTIONS = {"gpus", "progress", "quiet", "from_render", "overwrite"}  # options of the run, not of one render
 ALIASES = {"trajectory": "traj", "output": "out"}
 
 
@@ -69,20 +71,25 @@ def resolver(defaults: dict, log=None):
 @click.command()
 @click.argument("jobs", type=click.Path(path_type=Path))
 @click.option("--out-dir", default=None, type=click.Path(file_okay=False, path_type=Path),
-              help="Where the videos of a folder of trajectories go (default: that folder).")
+              help="Where the videos of a folder of trajectories go (default: that folder), or those of a "
+                   "SANA-WM-Bench split (<scene_id>_generated.mp4; needed).")
 @cli_launch.gpus_option("GPUs of this host, one torchrun worker each.")
 @click.option("--gpus-per-video", default=1, show_default=True, type=click.IntRange(min=1),
               help="GPUs rendering each video together (2: the guidance branches of full mode on a GPU each).")
 @click.option("--summary", "summary_path", default=None, type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the summary as JSON to this file.")
+@overwrite_option(False, "Render the jobs whose output exists again, replacing it (default: skip them, so a re-run "
+                        "resumes the batch).")
 @click.option("--skip-bad-jobs", is_flag=True,
               help="Render the good jobs of a jobs file with errors and report the rest (default: refuse it whole).")
-def batch(jobs, out_dir, gpus, gpus_per_video, summary_path, skip_bad_jobs, **defaults):
-    """Render many videos: JOBS is a JSON-lines file (one render per line) or a folder of trajectories.
+def batch(jobs, out_dir, gpus, gpus_per_video, summary_path, overwrite, skip_bad_jobs, **defaults):
+    """Render many videos: JOBS is a JSON-lines file (one render per line), a folder of trajectories or a
+    SANA-WM-Bench split folder (its sanawm_export_v2/run_manifest.jsonl).
 
     \b
     camrender batch jobs.jsonl --gpus 8 --model PATH
     torchrun --nproc-per-node 8 -m camrender batch paths/ --out-dir renders/ --steps 30
+    camrender batch SANA-WM-Bench/SPLIT --preset sana-wm-bench --refiner REFINER --out-dir results/METHOD/SPLIT
     {"trajectory": "a.json", "image": "a.png", "prompt": "...", "output": "a.mp4", "options": {"seed": 1}}
 
     Every job is checked before the first renders: a jobs file with errors (malformed lines, missing
@@ -99,13 +106,14 @@ def batch(jobs, out_dir, gpus, gpus_per_video, summary_path, skip_bad_jobs, **de
     if summary_path is not None:  # before any job: a summary that cannot be written used to fail after them all
         probe_writable(check_output_path(summary_path))
     job_list = read_jobs(jobs, job_keys(), out_dir)
+    check_summary_target(summary_path, jobs, [{**given, **job.values} for job in job_list])
     log = lambda line: click.echo(f"camrender: {line}", err=True)  # noqa: E731
     resolve = resolver(given, log if distributed.is_main_process() else None)
     if cli_launch.wants_launch(gpus):
         if not skip_bad_jobs:  # a bad jobs file is refused here, before any worker starts (they plan again)
             created = []
             with cli_launch.quiet_checks(gpus):
-                planned = plan_jobs(job_list, resolve, created)
+                planned = plan_jobs(job_list, resolve, created, overwrite=overwrite)
             remove_created(created)
             refuse_bad_jobs(planned, jobs, lambda line: click.echo(f"camrender: {line}", err=True))
         if gpus % gpus_per_video:
@@ -123,7 +131,7 @@ def batch(jobs, out_dir, gpus, gpus_per_video, summary_path, skip_bad_jobs, **de
         main = ranks is None or ranks.is_main
         planned, created = None, []
         if main:
-            planned = plan_jobs(job_list, resolve, created)
+            planned = plan_jobs(job_list, resolve, created, overwrite=overwrite)
         planned = distributed.broadcast_object(planned, ranks)
         if not skip_bad_jobs and any(job.status == "failed" for job in planned):
             remove_created(created)
@@ -173,7 +181,7 @@ def _runner(ranks, progress_style: str, quiet: bool) -> JobRunner:
                                  "step" if request.mode == "full" else "segment", quiet=quiet)
         try:
             return pipe.write(request, progress=progress, resume=job.resume, checkpoint_every=job.checkpoint_every,
-                              check=raise_if_signalled).frames
+                              overwrite=job.overwrite, check=raise_if_signalled).frames
         finally:
             progress.close()
 

@@ -16,6 +16,7 @@ import click
 from camrender.allocator import use_expandable_segments
 from camrender.cli import encode_prompt, selftest
 from camrender.cli import batch as cli_batch
+from camrender.cli import eval as cli_eval
 from camrender.cli import play as cli_play
 from camrender.cli import render as cli_render
 from camrender.cli import serve as cli_serve
@@ -60,6 +61,7 @@ def _register():
     cli.add_command(encode_prompt.command)
     cli.add_command(cli_batch.batch)
     cli.add_command(cli_play.play)
+    cli.add_command(cli_eval.command)
     cli.add_command(cli_serve.serve)
 
 

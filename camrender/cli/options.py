@@ -74,6 +74,7 @@ OPTIONS = {
     "refiner_window": click.option("--refiner-window", default=None, type=click.IntRange(1, words.MAX_REFINER_WINDOW),
                                    show_default=str(words.REFINER_WINDOW), help=words.REFINER_WINDOW_HELP),
     # ---------------------------------------------------------------- render: plan_request
+    "preset": _choice(words.PRESET),
     "prompt": click.option("--prompt", default=None, help="Text prompt (default: the trajectory's, else empty)."),
     "prompt_file": click.option("--prompt-file", default=None, type=_FILE,
                                 help="UTF-8 text file holding the prompt (stripped; as the official --prompt FILE)."),
@@ -148,10 +149,15 @@ LOAD = ("model", "transformer_weights", "vae", "recipe", "allow_missing_weights"
         "offload", "cuda_graphs", "refiner", "refiner_offload", "precision", "stage1_precision", "refiner_precision",
         "refiner_window")
 PATH = ("intrinsics", "action_scheme", "translation_speed", "rotation_speed", "pitch_limit", "smooth")
-RENDER = ("prompt", "negative_prompt", "image", *PATH, "frames", "mode", "steps", "guidance",
+RENDER = ("preset", "prompt", "negative_prompt", "image", *PATH, "frames", "mode", "steps", "guidance",
           "flow_shift", "seed", "fps", "height", "width", "segment_frames", "cached_segments", "prompt_cache",
           "noise_frames")
 RUN = ("progress", "quiet")
+
+
+def overwrite_option(default: bool, help_text: str):
+    """--overwrite/--no-overwrite: whether a command replaces a video that exists (each command says its default)."""
+    return click.option("--overwrite/--no-overwrite", default=default, show_default=True, help=help_text)
 
 
 def declare(*names):

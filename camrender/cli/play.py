@@ -92,8 +92,10 @@ def play(**options):
     import asyncio
 
     from camrender.api.pipeline import CamrenderPipeline
+    from camrender.play.listen import check_listen
     from camrender.play.server import PlayServer, is_loopback, serve
 
+    check_listen(options["host"], options["port"])
     template, stem, rest = resolve_template(options)
     token = None if is_loopback(rest["host"]) else secrets.token_urlsafe(16)
     log = lambda line: click.echo(f"camrender: {line}", err=True)  # noqa: E731

@@ -11,7 +11,7 @@ from click.core import ParameterSource
 
 from camrender.api.requests import for_ranks, on_video_group, plan_request, prepare_output
 from camrender.cli import launch as cli_launch
-from camrender.cli.options import LOAD, RENDER, RUN, declare, split_options
+from camrender.cli.options import LOAD, RENDER, RUN, declare, overwrite_option, split_options
 from camrender.cli.path_options import read_prompt_option
 from camrender.cli.progress import count, make_progress
 from camrender.cli.signals import raise_if_signalled
@@ -91,6 +91,7 @@ def quiet_libraries() -> None:
                    "options given here win).")
 @click.option("--out", "out", required=True, type=click.Path(path_type=Path), help="Output video (.mp4).")
 @declare(*RENDER, "prompt_file", *LOAD, "resume", "checkpoint_every", *RUN)
+@overwrite_option(True, "Replace an existing --out (with a note); --no-overwrite refuses it, as batch does by default.")
 @cli_launch.gpus_option("GPUs for this video, started as torchrun workers: full mode with guidance runs its two "
                         "branches on half each; every block's heads split over the GPUs of a branch (segment mode: "
                         "over all).")
@@ -121,7 +122,8 @@ def render(**options):
     leader = ranks is None or ranks.is_leader
     quiet = rest["quiet"]
     log = lambda line: click.echo(f"camrender: {line}", err=True) if leader and not quiet else None  # noqa: E731
-    prepared = prepare_output(request, resume=rest["resume"], checkpoint_every=rest["checkpoint_every"], log=log,
+    prepared = prepare_output(request, resume=rest["resume"], checkpoint_every=rest["checkpoint_every"],
+                              overwrite=rest["overwrite"], log=log,
                               leader=leader)
     for note in notes:
         log(note)
@@ -139,6 +141,7 @@ def render(**options):
     finally:
         if bar is not None:
             bar.close()
+        prepared.release()  # the output's claim, held since before the model loaded
         distributed.stop()
     log(f"wrote {request.out} ({count(result.frames, 'frame')}, {request.width}x{request.height}, {request.fps:g} fps) "
         f"and {', '.join(str(p) for p in result.side_files)}")

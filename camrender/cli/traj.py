@@ -8,6 +8,7 @@ from camrender.cli import traj_view as cli_traj_view
 from camrender.cli.progress import count
 from camrender.errors import CamrenderError
 from camrender.files import atomic_write_text
+from camrender.limits import MAX_IMAGE_SIDE
 from camrender.trajectory import is_model_length, nearest_model_length, presets, v1
 from camrender.trajectory.crop import crop_intrinsics
 from camrender.trajectory.formats import export_file, get, help_text
@@ -131,8 +132,9 @@ def check_command(file, fmt, image, **options):
 @click.option("--image", default=None, type=click.Path(dir_okay=False),
               help="First-frame image: the intrinsics are mapped through its resize-to-cover and centre crop to "
                    "--width x --height, as a render maps them (and the file names the image).")
-@click.option("--width", type=click.IntRange(min=1), default=1280, show_default=True, help="Render width (with --image).")
-@click.option("--height", type=click.IntRange(min=1), default=704, show_default=True,
+@click.option("--width", type=click.IntRange(min=1, max=MAX_IMAGE_SIDE), default=1280, show_default=True,
+              help="Render width (with --image).")
+@click.option("--height", type=click.IntRange(min=1, max=MAX_IMAGE_SIDE), default=704, show_default=True,
               help="Render height (with --image).")
 @path_options.scheme_options
 def convert_command(source, out, from_fmt, to_fmt, image, width, height, **options):

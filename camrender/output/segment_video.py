@@ -11,6 +11,8 @@ same frame for frame. Layout (`camrender.render.resume` owns the folder):
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -18,14 +20,23 @@ import imageio_ffmpeg
 
 from camrender.errors import CamrenderError
 from camrender.files import atomic_path, fsync_path, remove_quietly, temp_beside
-from camrender.output.video import VideoWriter
+from camrender.output.mp4_check import check_whole
+from camrender.output.video import STDERR_SHOWN, VideoWriter, exit_words
 
 SEGMENT_PATTERN = "segment-{:05d}.mp4"
+SEGMENT_NAME = re.compile(r"segment-(\d{5})\.mp4")
 
 
 def segment_files(folder: Path) -> list[Path]:
-    """The segment files in `folder`, in order."""
-    return sorted(folder.glob("segment-*.mp4")) if folder.is_dir() else []
+    """The entries of `folder` named as segment files (`SEGMENT_PATTERN`, nothing else), in order."""
+    if not folder.is_dir():
+        return []
+    return sorted((path for path in folder.iterdir() if SEGMENT_NAME.fullmatch(path.name)), key=lambda p: p.name)
+
+
+def segment_path(folder: Path, index: int) -> Path:
+    """Segment `index`'s file in `folder`."""
+    return Path(folder) / SEGMENT_PATTERN.format(index)
 
 
 class SegmentVideoWriter:
@@ -47,18 +58,19 @@ class SegmentVideoWriter:
 
     def __enter__(self) -> "SegmentVideoWriter":
         self.folder.mkdir(exist_ok=True)
-        present = segment_files(self.folder)
-        if len(present) < self.next_segment:
-            raise CamrenderError(f"the checkpoint is at segment {self.next_segment} but only {len(present)} "
-                                 f"segment files are in {self.folder}", path=self.path)
-        for stale in present[self.next_segment:]:  # rendered after the checkpoint: they are rendered again
-            stale.unlink()
+        missing = [index for index in range(self.next_segment) if not segment_path(self.folder, index).is_file()]
+        if missing:
+            raise CamrenderError(f"the checkpoint is at segment {self.next_segment} but segment file {missing[0]} "
+                                 f"is not in {self.folder}", path=self.path)
+        for stale in segment_files(self.folder):  # rendered after the checkpoint: they are rendered again
+            if int(SEGMENT_NAME.fullmatch(stale.name).group(1)) >= self.next_segment:
+                remove_entry(stale)
         return self
 
     def append(self, frames) -> None:
         """Write one segment's uint8 frames (F, H, W, 3) as the next segment file."""
-        target = self.folder / SEGMENT_PATTERN.format(self.next_segment)
-        with VideoWriter(target, fps=self.fps, fragmented=False) as video:
+        target = segment_path(self.folder, self.next_segment)
+        with VideoWriter(target, fps=self.fps) as video:
             video.append(frames)
         fsync_path(target)  # a checkpoint written after it may refer to it (its rename: `save_tree`)
         self.next_segment += 1
@@ -66,27 +78,54 @@ class SegmentVideoWriter:
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         if exc_type is None:
-            join_segments(segment_files(self.folder), self.path)
+            parts = [segment_path(self.folder, index) for index in range(self.next_segment)]
+            join_segments(parts, self.path, frames=self.frames_written)
         return False
 
 
-def join_segments(parts: list, path: Path) -> None:
-    """Join mp4 files of one stream settings into `path` by stream copy (ffmpeg's concat demuxer),
-    through a temporary file renamed into place."""
+def concat_listing(parts: list) -> str:
+    """ffmpeg's concat list of `parts` (files of one folder, where the list is written): names relative to
+    that folder, quoted for the concat demuxer, so the folder's own name (a quote, a newline) never meets
+    its parser."""
+    lines = []
+    for part in parts:
+        name = Path(part).name
+        if "\n" in name or "\r" in name:
+            raise CamrenderError("a segment file name holds a line break", path=part)
+        lines.append("file '" + name.replace("'", "'\\''") + "'\n")
+    return "".join(lines)
+
+
+def join_segments(parts: list, path: Path, frames: int | None = None) -> None:
+    """Join mp4 files of one folder and one stream settings into `path` by stream copy (ffmpeg's concat
+    demuxer), through a temporary file renamed into place once ffmpeg succeeded and the file is whole
+    (holding `frames` frames when given); any failure is one CamrenderError and leaves nothing at `path`."""
     if not parts:
         raise CamrenderError("no frames were rendered", path=path)
-    listing = temp_beside(path, ".list.txt", prefix=f".{path.name}.")
-    with open(listing, "w") as out:
-        out.writelines(f"file '{os.path.abspath(part)}'\n" for part in parts)
+    folders = {os.path.dirname(os.path.abspath(part)) for part in parts}
+    if len(folders) != 1:
+        raise ValueError("join_segments joins the files of one folder")
+    listing = temp_beside(parts[0], ".list.txt", prefix=".join.")
     try:
+        with open(listing, "w", encoding="utf-8") as out:
+            out.write(concat_listing(parts))
         with atomic_path(path, prefix=f".{path.name}.", suffix=".part.mp4") as temp:
-            command = [imageio_ffmpeg.get_ffmpeg_exe(), "-y", "-loglevel", "error", "-f", "concat", "-safe", "0",
-                       "-i", listing, "-c", "copy", "-movflags", "+faststart", temp]
-            result = subprocess.run(command, capture_output=True, text=True)
+            command = [imageio_ffmpeg.get_ffmpeg_exe(), "-y", "-nostdin", "-loglevel", "error", "-f", "concat",
+                       "-safe", "0", "-i", listing, "-c", "copy", "-movflags", "+faststart", temp]
+            result = subprocess.run(command, capture_output=True, text=True, errors="replace")
             if result.returncode != 0:
-                raise CamrenderError(f"joining the segments failed: {' '.join(result.stderr.split())[:200]}",
-                                     path=path)
+                said = " ".join(result.stderr.split())[:STDERR_SHOWN] or exit_words(result.returncode)
+                raise CamrenderError(f"joining the segments failed: {said}", path=path)
+            check_whole(temp, frames, path)
+    except OSError as error:
+        raise CamrenderError(f"joining the segments failed: {error.strerror or error}", path=path) from None
     finally:
         remove_quietly(listing)
 
 
+def remove_entry(path: Path) -> None:
+    """Remove a file, a link or a folder (a stale entry of the partial folder, whatever it became)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)

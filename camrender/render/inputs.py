@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 
 from camrender.errors import CamrenderError
+from camrender.files import open_regular
+from camrender.limits import check_latent_frames
 from camrender.render.prompt_cache import cached_pair, stage_one_key
 from camrender.render.request import MAX_SEQUENCE_LENGTH, RenderRequest, latent_shape
 from camrender.vocabulary import TINY
@@ -34,6 +36,7 @@ def open_image(image):
         raise CamrenderError("first-frame image not found", path=path, field="image")
     if path.is_dir():
         raise CamrenderError("first-frame image is a directory", path=path, field="image")
+    open_regular(path, "first-frame image").close()  # a FIFO or a device: refused before PIL waits on it
     try:
         with PIL.Image.open(path) as handle:
             handle.load()
@@ -226,7 +229,7 @@ def initial_latents(first_latent, num_latent_frames: int, height: int, width: in
     # lazy: keeps `camrender --help` free of torch
     import torch
 
-    drawn = num_latent_frames if drawn_frames is None else int(drawn_frames)
+    drawn = num_latent_frames if drawn_frames is None else check_latent_frames(int(drawn_frames), "noise_frames")
     if drawn < num_latent_frames:
         raise CamrenderError(f"the noise draw of {drawn} latent frames is shorter than the clip's {num_latent_frames}",
                              field="noise_frames")

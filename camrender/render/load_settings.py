@@ -164,7 +164,8 @@ def _checked_path(name: str, path) -> Path:
             raise CamrenderError(problem, path=path, field=field)
         return path.resolve()
     if not path.is_file():
-        problem = "is a directory, expected a .safetensors or .pt file" if path.is_dir() else "file not found"
+        problem = ("is a directory, expected a .safetensors or .pt file" if path.is_dir() else
+                   "is not a regular file (a FIFO, device or socket)" if path.exists() else "file not found")
         raise CamrenderError(problem, path=path, field=field)
     if path.suffix.lower() not in WEIGHT_SUFFIXES:
         raise CamrenderError(f"--transformer-weights (original-format DiT weights) must end with "

@@ -24,9 +24,12 @@ from typing import Callable, Optional
 
 from safetensors import safe_open
 
+from camrender.errors import CamrenderError
+from camrender.files import atomic_path
 from camrender.model.device import resolve_device, resolve_dtype
 from camrender.model.refiner.loading import STREAMING_GEMMA, _refiner_root, _text_encoder_folder
 from camrender.render.request import MAX_SEQUENCE_LENGTH
+from camrender.render.safetensors_header import read_header
 from camrender.vocabulary import TINY
 
 LAYOUT_VERSION = 1
@@ -124,21 +127,28 @@ class PromptCache:
         return [dtype for dtype in DTYPES if dtype != key["dtype"] and self.path({**key, "dtype": dtype}).is_file()]
 
     def put(self, key: dict, tensors: dict) -> Path:
-        """Store `tensors` under `key` (temporary file + rename: never a partial entry)."""
+        """Store `tensors` under `key`: a temporary file, checked whole and renamed into place, so an entry is
+        never partial. CamrenderError (naming the entry) when it cannot be written (a full disk)."""
         # lazy: keeps `camrender --help` free of torch (safetensors.torch imports it)
         from safetensors.torch import save_file
 
         path = self.path(key)
-        self.folder.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        save_file({name: tensor.detach().cpu().contiguous() for name, tensor in tensors.items()}, str(temporary),
-                  metadata={"key": _canonical(key)})
-        os.replace(temporary, path)
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            with atomic_path(path, prefix=f".{path.name}.", suffix=".tmp") as temporary:
+                save_file({name: tensor.detach().cpu().contiguous() for name, tensor in tensors.items()},
+                          temporary, metadata={"key": _canonical(key)})
+                read_header(temporary)  # whole (a short write can pass without an error)
+        except CamrenderError:
+            raise
+        except Exception as error:  # noqa: BLE001 - safetensors reports a failed write as its own error type
+            reason = " ".join(str(getattr(error, "strerror", None) or error).split())[:160]
+            raise CamrenderError(f"cannot write the prompt cache entry: {reason}", path=path) from None
         return path
 
     def fetch(self, key: dict, compute: Callable[[], dict]) -> dict:
         """The entry under `key`, else `compute()` stored there and returned (noted when the prompt is cached
-        in another dtype only)."""
+        in another dtype only; an entry that cannot be stored is a note too: the render goes on)."""
         found = self.get(key)
         if found is not None:
             return found
@@ -151,8 +161,8 @@ class PromptCache:
         tensors = compute()
         try:
             self.put(key, tensors)
-        except OSError as error:
-            self.log(f"cannot write the prompt cache in {self.folder} ({error.strerror or error}); continuing")
+        except CamrenderError as error:
+            self.log(f"{error}; continuing without caching it")
         return tensors
 
 

@@ -24,9 +24,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from safetensors import safe_open
-
 from camrender.errors import CamrenderError
+from camrender.render.safetensors_header import read_header
 from camrender.render.settings_file import checkpoint_settings, settings_differences
 
 CHECKPOINT_NAME = "checkpoint.safetensors"
@@ -78,18 +77,18 @@ def _owner_alive(folder: Path) -> Optional[int]:
 
 
 def read_checkpoint_info(path: Path) -> dict:
-    """The checkpoint's JSON metadata (settings, position) without loading its tensors."""
+    """The checkpoint's JSON metadata (settings, position) from its header, without loading a tensor (the
+    header is checked whole: `camrender.render.safetensors_header`)."""
     try:
-        with safe_open(os.fspath(path), framework="pt") as handle:
-            metadata = handle.metadata() or {}
+        _, metadata = read_header(path)
         info = json.loads(metadata["camrender.checkpoint"])
         for key, kind in (("next_segment", int), ("segments", int), ("frames_written", int), ("settings", dict)):
-            if not isinstance(info[key], kind):
-                raise TypeError(key)
+            if isinstance(info[key], bool) or not isinstance(info[key], kind):
+                raise TypeError(f"{key} is not {'an integer' if kind is int else 'an object'}")
         return info
     except Exception as error:  # a torn or foreign file: report it, never load it
-        raise CamrenderError(f"unreadable checkpoint ({type(error).__name__}); remove it: "
-                             f"rm -r -- {shlex.quote(str(path.parent))}", path=path) from None
+        reason = " ".join(str(getattr(error, "detail", error)).split())[:120]
+        raise CamrenderError(f"unreadable checkpoint ({type(error).__name__}: {reason})", path=path) from None
 
 
 NO_CHECKPOINT = "no checkpoint: the render stopped before its first, nothing to resume"
@@ -118,7 +117,8 @@ def check_partials(request, resume: bool, log) -> Optional[dict]:
 
     Returns the checkpoint info to resume from (with `resume` and a checkpoint whose settings
     match), else None (start from the beginning). Raises CamrenderError (one line, with the
-    commands to run) when a partial folder is in the way or does not match.
+    commands to run) when a partial folder is in the way or does not match. The caller holds the output's
+    claim (`camrender.output.targets.claim_output`): no other render writes the folder meanwhile.
     """
     out = Path(request.out)
     for leftover in leftover_part_files(out):
@@ -135,15 +135,25 @@ def check_partials(request, resume: bool, log) -> Optional[dict]:
     folder = partial_folder(out)
     if resume and request.mode != "segments":
         raise CamrenderError("--resume continues segment-mode renders (--mode segments)", field="resume")
-    if not folder.exists():
+    if not os.path.lexists(folder):
         if resume:
             log(f"nothing to resume for {out}: rendering from the start")
         return None
+    if folder.is_symlink() or not folder.is_dir():  # never ours: camrender makes it a plain folder
+        kind = "a symbolic link" if folder.is_symlink() else "a file"
+        raise CamrenderError(f"{folder} is {kind}, where this video's segment-mode work goes; remove it: "
+                             f"rm -- {shlex.quote(str(folder))}", path=out)
     remove = f"rm -r -- {shlex.quote(str(folder))}"
-    pid = _owner_alive(folder)
-    if pid is not None:
-        raise CamrenderError(f"another camrender (pid {pid}) is rendering this video in {folder}", path=out)
-    info, where = partial_state(folder)
+    # (no other render writes it: the caller holds the output's claim, `camrender.output.targets`; the pid in
+    # its owner.json may be a dead render's, reused since by another program)
+    try:
+        info, where = partial_state(folder)
+    except CamrenderError as error:
+        if not resume:
+            raise CamrenderError(f"{error.detail}; --resume renders it again from the start, or remove it: {remove}",
+                                 path=folder / CHECKPOINT_NAME) from None
+        start_over(folder, error.detail, log)
+        return None
     if not resume:
         raise CamrenderError(f"an interrupted render of this video left {folder} ({where}); "
                              f"{partial_advice(info, folder, 'add --resume')}", path=out)
@@ -161,6 +171,13 @@ def check_partials(request, resume: bool, log) -> Optional[dict]:
     return info
 
 
+def start_over(folder: Path, reason: str, log) -> None:
+    """--resume found an interrupted render in `folder` it cannot continue (`reason`): say so and remove it,
+    so that the render starts from the beginning."""
+    log(f"cannot resume from {folder} ({reason}): rendering from the start")
+    shutil.rmtree(folder, ignore_errors=True)  # (what stays is replaced as the render writes it again)
+
+
 class Checkpointer:
     """Writes the render state of segment mode to `folder/checkpoint.safetensors` at segment
     boundaries, at most every `every` seconds, and restores it.
@@ -176,9 +193,12 @@ class Checkpointer:
         self.resume_info = resume_info
         self.last_save = time.monotonic()
         self.saved = resume_info is not None  # whether the folder holds a checkpoint
-        self.folder.mkdir(exist_ok=True)
         owner = {"pid": os.getpid(), "host": socket.gethostname()}
-        (self.folder / OWNER_NAME).write_text(json.dumps(owner))
+        try:
+            self.folder.mkdir(exist_ok=True)
+            (self.folder / OWNER_NAME).write_text(json.dumps(owner))
+        except OSError as error:
+            raise CamrenderError(f"cannot write: {error.strerror or error}", path=self.folder) from None
 
     @property
     def path(self) -> Path:
@@ -203,21 +223,21 @@ class Checkpointer:
 
         if self.resume_info is None:
             return cache, 0
-        try:
+        remove = f"remove it: rm -r -- {shlex.quote(str(self.folder))}"
+        try:  # verified before the model loaded (`camrender.output.resume_check`); this is the last guard
             tree, _ = load_tree(self.path, device=device)
-        except ValueError as error:  # a class the checkpoint names is refused or gone
-            raise CamrenderError(f"the checkpoint cannot be rebuilt ({error}; another camrender version?); "
-                                 f"remove it: rm -r -- {shlex.quote(str(self.folder))}", path=self.path) from None
-        if bounds is not None and [list(b) for b in tree["bounds"]] != [list(b) for b in bounds]:
-            raise CamrenderError("the checkpoint was made with another segment layout (another camrender "
-                                 f"version?); remove it: rm -r -- {shlex.quote(str(self.folder))}", path=self.path)
-        if len(tree["cache"].blocks) != len(cache.blocks):
-            raise CamrenderError(f"the checkpoint has {len(tree['cache'].blocks)} block caches, the model "
-                                 f"{len(cache.blocks)}", path=self.path)
-        decoder.load_state(tree["decoder"])
-        torch.set_rng_state(tree["rng"]["cpu"].cpu())  # load_tree moved every tensor to `device`
-        if tree["rng"]["cuda"] is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all([state.cpu() for state in tree["rng"]["cuda"]])
+            if bounds is not None and [list(b) for b in tree["bounds"]] != [list(b) for b in bounds]:
+                raise ValueError("another segment layout")
+            if len(tree["cache"].blocks) != len(cache.blocks):
+                raise ValueError(f"{len(tree['cache'].blocks)} block caches, the model has {len(cache.blocks)}")
+            decoder.load_state(tree["decoder"])
+            torch.set_rng_state(tree["rng"]["cpu"].cpu())  # load_tree moved every tensor to `device`
+            if tree["rng"]["cuda"] is not None and torch.cuda.is_available():
+                torch.cuda.set_rng_state_all([state.cpu() for state in tree["rng"]["cuda"]])
+        except Exception as error:  # noqa: BLE001 - whatever does not fit, one line (and the folder named)
+            reason = " ".join(f"{type(error).__name__}: {error}".split())[:160]
+            raise CamrenderError(f"the checkpoint does not fit this render ({reason}; another camrender "
+                                 f"version?); {remove}", path=self.path) from None
         return tree["cache"], tree["next_segment"]
 
     def due(self) -> bool:

@@ -10,16 +10,14 @@ stored as a per-frame v1 document (in `NAME.render.json`) or as a digest (in che
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 from pathlib import Path
 from typing import Optional
 
-import numpy as np
-
 from camrender.errors import CamrenderError
 from camrender.files import atomic_write_text
 from camrender.trajectory import v1
+from camrender.trajectory.model import trajectory_digest
 from camrender.trajectory.formats.fileio import read_json
 
 RENDER_JSON_VERSION = 1
@@ -50,15 +48,6 @@ def settings_record(request) -> dict:
     record["recipe"] = request.recipe.name
     record["flow_shift"] = request.recipe.flow_shift
     return {**record, **_jsonable(request.settings.record())}
-
-
-def trajectory_digest(traj) -> str:
-    """sha256 of the path a render follows: poses, intrinsics, image size and fps."""
-    digest = hashlib.sha256()
-    for array in (traj.c2w, traj.intrinsics):
-        digest.update(np.ascontiguousarray(array, dtype=np.float64).tobytes())
-    digest.update(json.dumps([traj.width, traj.height, float(traj.fps)]).encode())
-    return digest.hexdigest()
 
 
 def file_identity(path) -> str:
@@ -97,7 +86,7 @@ def write_render_json(request, path, ran: Optional[dict] = None) -> None:
 
 def read_render_json(path) -> tuple:
     """(settings dict, Trajectory) of a `NAME.render.json`; CamrenderError naming the file otherwise."""
-    doc = read_json(path)
+    doc = read_json(path, what="a render file")
     if not isinstance(doc, dict) or doc.get("camrender_render") != RENDER_JSON_VERSION:
         raise CamrenderError(f"not a camrender render file (expected \"camrender_render\": {RENDER_JSON_VERSION})",
                              path=path)

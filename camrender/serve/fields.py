@@ -12,7 +12,7 @@ import dataclasses
 from typing import Optional
 
 from camrender.trajectory import controls
-from camrender.vocabulary import MODE
+from camrender.vocabulary import MODE, PRESET
 
 ALL = "OpenAI, vLLM-Omni, SGLang"
 ENGINES = "vLLM-Omni, SGLang"
@@ -60,6 +60,8 @@ TOP = (
           "v1 `.json`, nerfstudio, `transforms.json`, RealEstate10K `.txt`, COLMAP `images.txt`, `NAME_pose.npy`, "
           "`.actions`; further `trajectory` parts are the files read beside it: `cameras.txt`, "
           "`NAME_intrinsics.npy`), a JSON document, or a text (an action string, a RealEstate10K file's text)."),
+    Field("preset", "text", "preset", OWN, f"Render settings of a benchmark for the fields not given: "
+          f"{' or '.join(PRESET.values)} (`--preset`)."),
     Field("mode", "text", "mode", OWN, f"{' or '.join(MODE.values)} (`--mode`; default: the recipe's)."),
     Field("segment_frames", "int", "segment_frames", OWN, "Latent frames per segment (`--segment-frames`)."),
     Field("cached_segments", "int", "cached_segments", OWN, "Recent segments attended (`--cached-segments`)."),

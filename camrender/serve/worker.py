@@ -80,8 +80,8 @@ class InProcessRenderer:
 
 def rerun_state(request: RenderRequest, checkpoint_every: float) -> bool:
     """Whether the render of `request` continues from the checkpoint an interrupted attempt left in its partial
-    folder (segment mode, a render that can resume, the same settings); what an attempt left is removed
-    otherwise, so the render starts over."""
+    folder (segment mode, a render that can resume, the same settings, a checkpoint and segment files that
+    verify); what an attempt left is removed otherwise, so the render starts over."""
     for leftover in leftover_part_files(request.out):
         remove_quietly(leftover)
     folder = partial_folder(request.out)
@@ -89,9 +89,13 @@ def rerun_state(request: RenderRequest, checkpoint_every: float) -> bool:
         return False
     if request.mode == "segments" and (folder / CHECKPOINT_NAME).exists():
         try:
-            return prepare_output(request, resume=True, checkpoint_every=checkpoint_every).resume_info is not None
+            prepared = prepare_output(request, resume=True, checkpoint_every=checkpoint_every)
         except CamrenderError:  # the refiner, another recipe, other settings: not resumable
             pass
+        else:
+            prepared.release()  # (the render claims the output again when it starts)
+            if prepared.resume_info is not None:
+                return True
     shutil.rmtree(folder, ignore_errors=True)
     return False
 

@@ -31,6 +31,7 @@ import math
 import numpy as np
 
 from camrender.errors import CamrenderError
+from camrender.limits import MAX_POSITION
 from camrender.trajectory.rotations import rot_x, rot_y
 
 SCHEME_NAMES = ("sana-wm", "diffusers")
@@ -100,6 +101,9 @@ def make_scheme(name: str | None = "sana-wm", *, translation_speed=None, rotatio
     if values["translation-speed"] < 0 or values["rotation-speed"] < 0:
         raise CamrenderError("speeds must not be negative", field="translation-speed"
                              if values["translation-speed"] < 0 else "rotation-speed")
+    for field, most, unit in (("translation-speed", MAX_POSITION, "units"), ("rotation-speed", 180.0, "degrees")):
+        if values[field] > most:  # (more than half a turn a frame is no motion a video shows)
+            raise CamrenderError(f"must be at most {most:g} {unit} per frame, got {values[field]:g}", field=field)
     if not 0 <= values["pitch-limit"] <= 90:
         raise CamrenderError(f"must be within 0-90 degrees, got {values['pitch-limit']:g}", field="pitch-limit")
     if values["fps"] <= 0:

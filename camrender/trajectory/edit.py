@@ -84,12 +84,12 @@ def retime(traj: Trajectory, *, fps: float | None = None, seconds: float | None 
         seconds = traj.duration
     elif not (math.isfinite(seconds) and seconds > 0):
         raise CamrenderError(f"must be a positive number, got {seconds}", path=traj.source, field="seconds")
-    count = int(round(seconds * new_fps)) + 1
+    span = seconds * new_fps  # frame steps; checked as a float first (1e308 s is no frame count)
+    if not span + 1 <= MAX_FRAMES:
+        raise CamrenderError(f"{seconds:g} s at {new_fps:g} fps is {span + 1:.4g} frames (at most {MAX_FRAMES})",
+                             path=traj.source, field="seconds")
+    count = int(round(span)) + 1
     if count < 2 and seconds > 0:  # a duration asked for must keep at least one frame step
         raise CamrenderError(f"{seconds:g} s at {new_fps:g} fps is less than one frame step (at least "
                              f"{0.5 / new_fps:.3g} s)", path=traj.source, field="seconds")
-    if count > MAX_FRAMES:
-        raise CamrenderError(
-            f"{seconds:g} s at {new_fps:g} fps is {count} frames (at most {MAX_FRAMES})", path=traj.source, field="seconds"
-        )
     return resample_frames(traj, count, position).replace(fps=float(new_fps), source=None)

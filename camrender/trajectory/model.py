@@ -6,21 +6,22 @@ in pixels of ``width`` x ``height``, time in frames at ``fps`` frames per second
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from camrender.errors import CamrenderError
-from camrender.limits import MAX_FOV_DEG, MAX_POSITION, PRINCIPAL_POINT_MARGIN, check_fps, check_seed
+from camrender.limits import MAX_IMAGE_SIDE  # noqa: F401 (the format modules import it from here)
+from camrender.limits import (MAX_FOV_DEG, MAX_PATH_FRAMES, MAX_POSITION, MIN_FOV_DEG, PRINCIPAL_POINT_MARGIN,
+                              check_count, check_fps, check_image_side, check_seed)
 
 # Tolerances for accepting a 4x4 pose matrix (values typed by hand or stored as float32).
 ORTHONORMAL_TOL = 1e-3
 BOTTOM_ROW_TOL = 1e-6
-# Input guards shared by every format: about 52 minutes at 16 fps (six times the longest render,
-# `camrender.limits.max_frames`), and a generous image side.
-MAX_FRAMES = 50_000
-MAX_IMAGE_SIDE = 1_000_000
+MAX_FRAMES = MAX_PATH_FRAMES  # every format's longest path (`camrender.limits`, the one place of the numbers)
 DEFAULT_FPS = 16.0  # frame rate assumed when a file stores none
 
 
@@ -73,6 +74,8 @@ class Trajectory:
         where = dict(path=self.source)
         if self.width <= 0 or self.height <= 0:
             raise CamrenderError(f"image size must be positive, got {self.width}x{self.height}", field="width", **where)
+        check_image_side(self.width, "width", path=self.source)
+        check_image_side(self.height, "height", path=self.source)
         if not np.isfinite(self.fps) or self.fps <= 0:
             raise CamrenderError(f"must be a positive number, got {self.fps}", field="fps", **where)
         check_fps(self.fps, path=self.source)
@@ -123,16 +126,23 @@ def validate_intrinsics(values: np.ndarray, *, path=None, frame=None) -> None:
 
 def check_principal_points(intrinsics: np.ndarray, width: int, height: int, *, path=None) -> None:
     """Raise CamrenderError (naming the frame) unless every (cx, cy) of (F, 4) `intrinsics` lies within
-    PRINCIPAL_POINT_MARGIN image sizes of a `width` x `height` image and no focal length gives a
-    field of view wider than MAX_FOV_DEG."""
+    PRINCIPAL_POINT_MARGIN image sizes of a `width` x `height` image and every focal length gives a
+    field of view from MIN_FOV_DEG to MAX_FOV_DEG."""
     k = np.asarray(intrinsics, dtype=np.float64)
     for name, column, size in (("fx", 0, width), ("fy", 1, height)):
         shortest = size / (2 * math.tan(math.radians(MAX_FOV_DEG) / 2))
+        longest = size / (2 * math.tan(math.radians(MIN_FOV_DEG) / 2))
         short = np.flatnonzero(k[:, column] < shortest)
         if len(short):
             frame = int(short[0])
             raise CamrenderError(f"focal length {k[frame, column]:g} gives a field of view over {MAX_FOV_DEG:g} "
                                  f"degrees on {size} pixels (at least {shortest:.3g})", path=path, frame=frame,
+                                 field=name)
+        long = np.flatnonzero(k[:, column] > longest)
+        if len(long):
+            frame = int(long[0])
+            raise CamrenderError(f"focal length {k[frame, column]:g} gives a field of view under {MIN_FOV_DEG:g} "
+                                 f"degrees on {size} pixels (at most {longest:.3g})", path=path, frame=frame,
                                  field=name)
     for name, column, size in (("cx", 2, width), ("cy", 3, height)):
         low, high = -PRINCIPAL_POINT_MARGIN * size, (1 + PRINCIPAL_POINT_MARGIN) * size
@@ -155,6 +165,16 @@ def validate_arrays(c2w: np.ndarray, intrinsics: np.ndarray, *, path=None) -> No
         )
     if c2w.shape[0] == 0:
         raise CamrenderError("trajectory has no frames", path=path, field="frames")
+    check_count(c2w.shape[0], MAX_PATH_FRAMES, "frames", path=path, field="frames")
     for index in range(c2w.shape[0]):
         validate_pose(c2w[index], path=path, frame=index)
         validate_intrinsics(intrinsics[index], path=path, frame=index)
+
+
+def trajectory_digest(traj) -> str:
+    """sha256 of the path a render follows (and a score is measured against): poses, intrinsics, image size, fps."""
+    digest = hashlib.sha256()
+    for array in (traj.c2w, traj.intrinsics):
+        digest.update(np.ascontiguousarray(array, dtype=np.float64).tobytes())
+    digest.update(json.dumps([traj.width, traj.height, float(traj.fps)]).encode())
+    return digest.hexdigest()

@@ -19,6 +19,7 @@ import math
 
 import numpy as np
 
+from camrender.limits import check_fov, focal_for_fov
 from camrender.trajectory import rotations
 from camrender.trajectory.fields import Where, integer, number
 from camrender.trajectory.model import DEFAULT_FPS, MAX_FRAMES, MAX_IMAGE_SIDE
@@ -67,6 +68,9 @@ PRESETS = {
 # Largest angle between consecutive keyframes of curved moves (keeps slerp on the intended
 # arc and the position spline close to a circle).
 MAX_KEY_STEP_DEG = 15.0
+# Most turns a preset makes (`degrees` / 360, or `turns`): 2400 keyframes at most, expanded at once (1e7 degrees
+# took 16 s and 630 MB before the path was refused for its length).
+MAX_TURNS = 100
 
 
 def describe() -> list[tuple[str, str, dict]]:
@@ -74,13 +78,19 @@ def describe() -> list[tuple[str, str, dict]]:
     return [(name, summary, dict(params)) for name, (summary, params) in PRESETS.items()]
 
 
-def make(name: str, _where: Where | None = None, **params) -> dict:
+def make(name: str, **params) -> dict:
     """Expand preset ``name`` to a v1 keyframe document (dict).
 
     Parameters: the common ones (num_frames, fps, width, height, fov) and the preset's own
     (see PRESETS); unknown names or bad values raise CamrenderError.
     """
-    where = _where or Where(field="preset")
+    return expand(name, params)
+
+
+def expand(name: str, params: dict, where: Where | None = None) -> dict:
+    """`make` with the parameters as a dict (any key, even one named like an argument, is a parameter);
+    errors name `where` (default: the field "preset")."""
+    where = where or Where(field="preset")
     if name not in PRESETS:
         raise where.at("name").error(f"unknown preset {name!r} (known: {', '.join(PRESETS)})")
     own = PRESETS[name][1]
@@ -99,8 +109,10 @@ def make(name: str, _where: Where | None = None, **params) -> dict:
             values[key] = number(value, at, positive=True)
         else:
             values[key] = number(value, at)
-    if not 0 < values["fov"] < 180:
-        raise where.at("fov").error(f"must be between 0 and 180 degrees, got {values['fov']:g}")
+        turns = {"degrees": 360.0, "turns": 1.0}.get(key)
+        if turns is not None and abs(values[key]) > MAX_TURNS * turns:
+            raise at.error(f"must be within +-{MAX_TURNS * turns:g} ({MAX_TURNS} turns), got {values[key]:g}")
+    check_fov(values["fov"], where.at("fov").field, path=where.path)
     if name == "dolly_zoom" and values["distance"] >= values["subject_distance"]:
         raise where.at("distance").error("must be smaller than subject_distance (the camera would pass the subject)")
     return _BUILDERS[name](values)
@@ -120,7 +132,7 @@ def _document(v: dict, keys: list[dict], name: str, position="spline", rotation=
 
 
 def _focal(v: dict) -> float:
-    return 0.5 * v["width"] / math.tan(math.radians(v["fov"]) / 2)
+    return focal_for_fov(v["width"], v["fov"])
 
 
 def _key(v: dict, fraction: float, rotation=None, position=(0.0, 0.0, 0.0), lens=None, first=False) -> dict:

@@ -22,7 +22,7 @@ from camrender.trajectory.fields import (
     string,
     vector,
 )
-from camrender.limits import MAX_SEED, MIN_SEED
+from camrender.limits import MAX_SEED, MIN_SEED, check_fov, focal_for_fov
 from camrender.trajectory import presets
 from camrender.trajectory.model import MAX_FRAMES, MAX_IMAGE_SIDE, Trajectory, validate_intrinsics, validate_pose
 
@@ -86,7 +86,8 @@ def _metadata(doc: dict, where: Where) -> dict:
         except ValueError as error:  # e.g. an embedded NUL byte
             raise where.at("image").error(f"invalid path: {error}") from None
         if not os.path.isfile(image):
-            raise where.at("image").error(f"file not found: {image}")
+            problem = "not a regular file" if os.path.exists(image) else "file not found"
+            raise where.at("image").error(f"{problem}: {image}")
         out["image"] = image
     if "seed" in doc:
         out["seed"] = integer(doc["seed"], where.at("seed"), minimum=MIN_SEED, maximum=MAX_SEED)
@@ -202,11 +203,10 @@ def _key_lens(entry: dict, at: Where, width: int, height: int) -> np.ndarray | N
             if key not in entry:
                 raise at.at(key).error("missing required field (fov needs an explicit fov_axis: horizontal or vertical)")
         degrees = number(entry["fov"], at.at("fov"), positive=True)
-        if degrees >= 180:
-            raise at.at("fov").error(f"must be below 180 degrees, got {degrees:g}")
+        check_fov(degrees, at.at("fov").field, path=at.path, frame=at.frame)
         axis = string(entry["fov_axis"], at.at("fov_axis"), choices=FOV_AXES)
         size = width if axis == "horizontal" else height
-        fx = fy = 0.5 * size / math.tan(math.radians(degrees) / 2)
+        fx = fy = focal_for_fov(size, degrees)
     else:
         if "fx" not in entry:
             raise at.at("fx").error("missing required field (fy alone is not enough)")
@@ -319,7 +319,7 @@ def _parse_preset(doc: dict, where: Where) -> Trajectory:
     convention = _convention(doc, where)
     if (convention.axes, convention.pose) != ("opencv", "c2w"):
         raise where.at("convention").error("presets are defined in OpenCV c2w; remove the convention block")
-    expanded = presets.make(name, _where=at, **params)
+    expanded = presets.expand(name, params, at)
     for key in ("prompt", "negative_prompt", "image", "seed", "comment"):
         if key in doc:
             expanded[key] = doc[key]

@@ -5,6 +5,8 @@ The proxy scene lives in the OpenCV world frame the trajectory uses (+x right, +
 
 * ground: the plane y = +1.5 (1.5 units below the origin), a 1-unit checker with grid
   lines; the world x axis (z = 0) is drawn red, the z axis (x = 0) blue;
+* a fixed grain over the ground and the landmarks (`camrender.views.grain`), features for
+  pose estimators;
 * sky: a gradient from a pale horizon to a deep blue zenith, with fog over the ground
   so the horizon line is visible;
 * landmarks standing on the ground (see `LANDMARKS`): red ahead (+z), magenta right

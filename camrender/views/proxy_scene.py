@@ -10,6 +10,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from camrender.errors import CamrenderError
+from camrender.limits import MAX_POSITION
+from camrender.views.grain import grain, surface_grain
 
 GROUND_Y = 1.5
 """World y of the ground plane for scale 1 (OpenCV +y is down: the ground is 1.5 units below the origin)."""
@@ -81,8 +83,9 @@ class ProxyScene:
     """The synthetic scene, scaled by `scale` (world units per scene unit) about the origin."""
 
     def __init__(self, scale: float = 1.0, landmarks: tuple[Landmark, ...] = LANDMARKS):
-        if not (math.isfinite(scale) and scale > 0):
-            raise CamrenderError(f"must be a positive number, got {scale}", field="scene-scale")
+        if not (math.isfinite(scale) and 1 / MAX_POSITION <= scale <= MAX_POSITION):
+            raise CamrenderError(f"must be a number from {1 / MAX_POSITION:g} to {MAX_POSITION:g} (the range of camera "
+                                 f"positions), got {scale:g}", field="scene-scale")
         self.scale = float(scale)
         self.ground_y = GROUND_Y * self.scale
         self.landmarks = landmarks
@@ -255,6 +258,7 @@ class ProxyScene:
         dist = np.minimum(np.abs(gx - np.rint(gx)), np.abs(gz - np.rint(gz)))
         grid = _cover(dist, _GRID_WIDTH * 0.5, inv_fp)
         lum = _GROUND_LIGHT_L + checker * np.float32(_GROUND_DARK_L - _GROUND_LIGHT_L)
+        lum *= grain(gx, gz, inv_fp)  # blotches for feature detectors (camrender.views.grain)
         lum += grid * (np.float32(_GRID_LINE_L) - lum)
         # axis lines (world x axis at z = 0, z axis at x = 0), blended only in bands that show them
         axis_half = _AXIS_WIDTH * 0.5 * self.scale * s_inv
@@ -326,9 +330,13 @@ class ProxyScene:
                 nz = np.where(face == 2, -np.sign(dz), 0).astype(np.float32)
         lx, ly, lz = _LIGHT_DIR.astype(np.float32)
         shade = np.float32(0.45) + np.float32(0.55) * np.maximum(nx * lx + ny * ly + nz * lz, 0)
-        fog = 1 / (1 + t * norm * np.float32(1.0 / (_FOG_DISTANCE * self.scale)))
+        s_inv, distance = np.float32(1.0 / self.scale), t * norm
+        with np.errstate(invalid="ignore", over="ignore"):  # pixels the object misses hold t = +-inf: masked below
+            shade *= surface_grain((ox + t * dx) * s_inv, (oy + t * dy) * s_inv, (oz + t * dz) * s_inv, (nx, ny, nz),
+                                   np.float32(self.scale / frame.pixel_angle) / distance)
+        fog = 1 / (1 + distance * np.float32(1.0 / (_FOG_DISTANCE * self.scale)))
         for c in range(3):
-            value = _SKY_HORIZON[c] + fog * (obj.colour[c] * 255.0 * shade + 0.5 - _SKY_HORIZON[c])
+            value = _SKY_HORIZON[c] + fog * (np.minimum(obj.colour[c] * 255.0 * shade, 255.0) + 0.5 - _SKY_HORIZON[c])
             np.copyto(planes[c], value, where=hit)
         np.copyto(depth, t, where=hit)
 

@@ -2,7 +2,6 @@
 the model loads, and messages that name the real problem."""
 import json
 import os
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -66,14 +65,14 @@ def test_cuda_without_a_gpu_fails_before_loading(tmp_path, capsys, monkeypatch):
 def test_output_suffix_and_unwritable_folder(tmp_path, capsys, monkeypatch):
     assert "must end with .mp4, got '.txt'" in one_error(RENDER + ["--out", tmp_path / "a.txt"], capsys, tmp_path)
     # a folder whose permission bits allow writing but which refuses new files (/sys, read-only mounts)
-    real = tempfile.mkstemp
+    real = os.open
 
-    def refuse(*args, dir=None, **kwargs):
-        if Path(dir) == tmp_path:
+    def refuse(path, flags, *args, **kwargs):
+        if os.path.dirname(os.path.abspath(path)) == str(tmp_path) and flags & os.O_CREAT:
             raise PermissionError(13, "Permission denied")
-        return real(*args, dir=dir, **kwargs)
+        return real(path, flags, *args, **kwargs)
 
-    monkeypatch.setattr(tempfile, "mkstemp", refuse)
+    monkeypatch.setattr(os, "open", refuse)
     assert "cannot create a file in" in one_error(RENDER + ["--out", tmp_path / "a.mp4"], capsys, tmp_path)
 
 

@@ -199,5 +199,5 @@ def test_a_json_trajectory_is_parsed_once(tmp_path, monkeypatch):
 @pytest.mark.parametrize("scale", ["nan", "0", "-1"])
 def test_preview_scene_scale_is_checked_before_the_progress_bar(tmp_path, capsys, scale):
     line = one_error(["traj", "preview", ORBIT, "-o", tmp_path / "p.mp4", "--scene-scale", scale], capsys, tmp_path)
-    assert "scene-scale: must be a positive number" in line
+    assert "scene-scale: must be a number from" in line
 

@@ -54,3 +54,5 @@ def test_the_load_options_are_the_load_settings():
     names = {param.name for param in render.params}
     assert set(FIELDS) - {"head_split"} <= names
     assert LoadSettings().refiner_window == words.REFINER_WINDOW and LoadSettings().model == words.DEFAULT_MODEL
+    # one frozen, hashable value: equal settings are one key of a batch's pipeline cache, any field apart another
+    assert len({LoadSettings(), LoadSettings(), LoadSettings(refiner_window=2), LoadSettings(cuda_graphs=False)}) == 3

@@ -1,4 +1,4 @@
-"""VideoWriter: atomic, fragmented H.264 mp4 through imageio-ffmpeg, read back with imageio."""
+"""VideoWriter: atomic, unfragmented H.264 mp4 through imageio-ffmpeg's ffmpeg, read back with imageio."""
 import os
 import stat
 import subprocess
@@ -19,7 +19,6 @@ def solid_frames(count, height, width, value):
 def read_back(path):
     reader = imageio.get_reader(str(path), "ffmpeg")
     try:
-        # iterate: len() of a fragmented mp4 reader is inf, so list(reader) cannot be used
         return np.stack([frame for frame in reader]), reader.get_meta_data()
     finally:
         reader.close()
@@ -40,15 +39,18 @@ def test_appended_chunks_read_back_in_order(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["clip.mp4"]  # no temp file left
 
 
-def test_output_is_fragmented_mp4(tmp_path):
-    out = tmp_path / "frag.mp4"
+def test_output_is_an_unfragmented_faststart_mp4(tmp_path):
+    """Index first (+faststart), no movie fragments: players seek at once and tools read the frame count."""
+    from camrender.output.mp4_check import read_summary
+
+    out = tmp_path / "plain.mp4"
     with VideoWriter(out, fps=8) as video:
         video.append(solid_frames(3, 16, 16, 90))
     data = out.read_bytes()
-    assert b"moof" in data and b"mvex" in data  # movie fragments, playable while written
-    with VideoWriter(tmp_path / "plain.mp4", fps=8, fragmented=False) as video:
-        video.append(solid_frames(3, 16, 16, 90))
-    assert b"moof" not in (tmp_path / "plain.mp4").read_bytes()
+    assert b"moof" not in data and b"mvex" not in data
+    assert data[4:8] == b"ftyp" and data.index(b"moov") < data.index(b"mdat")
+    summary = read_summary(out)
+    assert (summary.frames, summary.width, summary.height, summary.fragmented) == (3, 16, 16, False)
 
 
 def test_target_only_appears_on_clean_exit(tmp_path):

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from camrender.cli.main import main
+from camrender.views import grain
 from camrender.views.preview import (
     LANDMARKS,
     overlay_lines,
@@ -125,9 +126,10 @@ def test_level_camera_sees_sky_above_and_ground_below_the_horizon():
     assert not np.all(ground[..., 2] > ground[..., 0] + 20)
 
 
-def test_ground_grid_and_axis_lines_sit_where_projection_puts_them():
+def test_ground_grid_and_axis_lines_sit_where_projection_puts_them(monkeypatch):
     # looking straight down from 1 unit above the ground at (x, z) = (0.5, 0.5), fx = fy = 200:
     # column u shows world x = 0.5 + (u - 200) / 200, row v shows world z = 0.5 - (v - 200) / 200
+    monkeypatch.setattr(grain, "AMPLITUDE", 0.0)  # the lines alone: the grain's dark blotches are no lines
     c2w = np.eye(4)
     c2w[:3, :3] = rot_x(-np.pi / 2)  # camera x = world x, camera y = world -z, camera z = world +y (down)
     c2w[:3, 3] = [0.5, 1.5 - 1.0, 0.5]
@@ -141,6 +143,25 @@ def test_ground_grid_and_axis_lines_sit_where_projection_puts_them():
     assert b > r + 60 and b > g + 40
     r, g, b = image[300, 250]  # world z = 0: the x axis, drawn red
     assert r > g + 60 and r > b + 60
+
+
+def test_grain_is_fixed_to_the_world(monkeypatch):
+    # looking straight down from 1 unit above the ground with fx = fy = 200, a camera moved 0.25 units along
+    # +x sees the same ground 50 pixels to the left: the grain moves with the world, as the features a pose
+    # estimator tracks must; inside a checker cell it is what gives the picture texture
+    c2w = np.eye(4)
+    c2w[:3, :3] = rot_x(-np.pi / 2)
+    c2w[:3, 3] = [0.3, 0.5, 0.4]
+    moved = c2w.copy()
+    moved[0, 3] += 0.25
+    intr = (200.0, 200.0, 100.0, 100.0)
+    first = ProxyScene().render(c2w, intr, 201, 201).astype(int)
+    second = ProxyScene().render(moved, intr, 201, 201).astype(int)
+    assert np.abs(first[:, 50:] - second[:, :-50]).max() <= 2
+    patch = (slice(110, 140), slice(110, 140))  # world x 0.35 .. 0.5, z 0.2 .. 0.35: one cell, no grid line
+    monkeypatch.setattr(grain, "AMPLITUDE", 0.0)
+    plain = ProxyScene().render(c2w, intr, 201, 201).astype(int)
+    assert plain[patch].std(axis=(0, 1)).max() < 1 and first[patch].std(axis=(0, 1)).min() > 8
 
 
 def test_relative_preview_ignores_where_the_path_starts():

@@ -20,10 +20,11 @@ import os
 
 from camrender.errors import CamrenderError
 from camrender.trajectory import controls
-from camrender.trajectory.formats import actions, colmap, nerfstudio, npy, realestate10k, transforms_json, v1
+from camrender.trajectory.formats import (actions, bench_npz, colmap, nerfstudio, npy, realestate10k, transforms_json,
+                                          v1)
 from camrender.trajectory.formats.fileio import MAX_COLMAP_BYTES, MAX_FILE_BYTES, read_json, read_text
 
-FORMAT_MODULES = [v1, realestate10k, nerfstudio, actions, colmap, transforms_json, npy]
+FORMAT_MODULES = [v1, realestate10k, nerfstudio, actions, colmap, transforms_json, npy, bench_npz]
 
 
 def names(exportable: bool = False) -> list[str]:
@@ -124,6 +125,8 @@ def import_file(path, fmt: str | None = None, *, scheme=None, intrinsics=None, i
     module = module or detect(path)
     if module is npy:
         return npy.read(path, intrinsics=intrinsics, image_size=image_size, notes=notes)
+    if module is bench_npz and intrinsics is None:  # its intrinsics are in pixels of the first-frame image
+        return bench_npz.read(path, image_size=image_size, notes=notes)
     traj = module.read(path, scheme=scheme) if module is actions else module.read(path)
     return _replace_intrinsics(traj, intrinsics, image_size)
 

@@ -31,9 +31,10 @@ import click
 import numpy as np
 
 from camrender.errors import CamrenderError
-from camrender.trajectory.formats.fileio import MAX_COLMAP_BYTES, atomic_write_text, read_text
+from camrender.trajectory.formats.fileio import MAX_COLMAP_BYTES, atomic_output, read_text
 from camrender.trajectory import rotations
-from camrender.trajectory.model import DEFAULT_FPS, Trajectory
+from camrender.limits import check_count, check_image_side
+from camrender.trajectory.model import DEFAULT_FPS, MAX_FRAMES, Trajectory
 
 NAME = "colmap"
 FILENAMES = ("images.txt",)  # the names this format's files have by convention
@@ -110,15 +111,24 @@ def _float(token: str, path, line: int, field: str) -> float:
     try:
         value = float(token)
     except ValueError:
-        raise CamrenderError(f"expected a number, got {token!r}", path=path, field=f"line {line}: {field}") from None
+        shown = token if len(token) <= 24 else token[:21] + "..."
+        raise CamrenderError(f"expected a number, got {shown!r}", path=path, field=f"line {line}: {field}") from None
     if not np.isfinite(value):
-        raise CamrenderError(f"must be a finite number, got {token}", path=path, field=f"line {line}: {field}")
+        shown = token if len(token) <= 24 else token[:21] + "..."
+        raise CamrenderError(f"must be a finite number, got {shown}", path=path, field=f"line {line}: {field}")
     return value
 
 
+MAX_ID_DIGITS = 18  # ids and sizes fit an int64; a 5000-digit id is not one (Python's int() refuses past 4300)
+
+
 def _int(token: str, path, line: int, field: str) -> int:
+    shown = token if len(token) <= 24 else token[:21] + "..."
     if not _is_int(token):
-        raise CamrenderError(f"expected an integer, got {token!r}", path=path, field=f"line {line}: {field}")
+        raise CamrenderError(f"expected an integer, got {shown!r}", path=path, field=f"line {line}: {field}")
+    if len(token.lstrip("+-")) > MAX_ID_DIGITS:
+        raise CamrenderError(f"integer of {len(token.lstrip('+-'))} digits, at most {MAX_ID_DIGITS}: {shown!r}",
+                             path=path, field=f"line {line}: {field}")
     return int(token)
 
 
@@ -145,10 +155,8 @@ def read_cameras(path) -> dict[int, tuple[str, int, int, np.ndarray, int]]:
                 f"supported: {', '.join(_PERSPECTIVE_MODELS)}",
                 path=path, field=f"line {number}: MODEL",
             )
-        width = _int(tokens[2], path, number, "WIDTH")
-        height = _int(tokens[3], path, number, "HEIGHT")
-        if width <= 0 or height <= 0:
-            raise CamrenderError(f"image size must be positive, got {width}x{height}", path=path, field=f"line {number}: WIDTH")
+        width = check_image_side(_int(tokens[2], path, number, "WIDTH"), f"line {number}: WIDTH", path=path)
+        height = check_image_side(_int(tokens[3], path, number, "HEIGHT"), f"line {number}: HEIGHT", path=path)
         count, unpack = _PERSPECTIVE_MODELS[model]
         params = [_float(t, path, number, f"PARAMS[{i}]") for i, t in enumerate(tokens[4:])]
         if len(params) != count:
@@ -163,6 +171,8 @@ def read_cameras(path) -> dict[int, tuple[str, int, int, np.ndarray, int]]:
         if any(abs(k) > 0 for k in distortion):
             distorted.append(camera_id)
         cameras[camera_id] = (model, width, height, np.array([fx, fy, cx, cy]), number)
+        if len(cameras) > MAX_FRAMES:  # (one camera per image at most is of use)
+            check_count(len(cameras), MAX_FRAMES, "cameras", path=path, field=f"line {number}")
     if not cameras:
         raise CamrenderError("no cameras found", path=path)
     if distorted:
@@ -198,6 +208,8 @@ def read_images(path) -> list[tuple[str, np.ndarray, int, int]]:
         w2c[:3, :3] = rotations.quat_to_matrix(q / norm)
         w2c[:3, 3] = t
         images.append((" ".join(tokens[9:]), w2c, camera_id, number))
+        if len(images) > MAX_FRAMES:
+            check_count(len(images), MAX_FRAMES, "images", path=path, field=f"line {number}")
         index += 1  # the 2-D points line that follows every image line (possibly empty)
     if not images:
         raise CamrenderError("no images found", path=path)
@@ -257,6 +269,8 @@ def write(traj: Trajectory, path) -> list:
         image_lines.append(f"{frame + 1} " + " ".join(repr(float(v)) for v in values)
                            + f" {camera_ids[key]} frame_{frame:05d}.png")
         image_lines.append("")
-    atomic_write_text(cameras_path, "\n".join(camera_lines) + "\n")
-    atomic_write_text(images_path, "\n".join(image_lines) + "\n")
+    # both from temporary files, renamed once both are written: a full disk leaves neither, not half a model
+    with atomic_output(images_path) as images, atomic_output(cameras_path) as cameras:
+        cameras.write("\n".join(camera_lines) + "\n")
+        images.write("\n".join(image_lines) + "\n")
     return [images_path, cameras_path]

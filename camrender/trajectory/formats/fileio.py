@@ -12,6 +12,7 @@ from camrender.files import (  # noqa: F401 (the format modules import them from
     atomic_write_text,
     check_output_path,
     output_file_mode,
+    read_bounded,
 )
 
 # Checked before a byte is parsed: MAX_FRAMES frames fit with up to 670 bytes a frame (camrender's v1
@@ -24,28 +25,21 @@ MAX_COLMAP_BYTES = 1024 * 1024 * 1024
 
 
 def read_text(path, max_bytes: int = MAX_FILE_BYTES, what: str = "a trajectory file") -> str:
-    """The file's UTF-8 text; CamrenderError naming the file (`what` it is, for the size message) if it
-    cannot be read or holds more than `max_bytes` (checked before reading)."""
+    """The file's UTF-8 text; CamrenderError naming the file (`what` it is) if it cannot be read, is not a
+    regular file (a FIFO or a device would block or never end) or holds more than `max_bytes` (checked before
+    reading, and the read stops there: `camrender.files.read_bounded`)."""
     path = os.fspath(path)
-    if not path:
-        raise CamrenderError("no file given (the path is an empty string)")
-    try:
-        if os.path.isdir(path):
-            raise CamrenderError("is a directory, not a trajectory file", path=path)
-        size = os.path.getsize(path)
-        if size > max_bytes:
-            raise CamrenderError(f"file is {size / 2**20:.0f} MiB, larger than the {max_bytes >> 20} MiB {what} may be",
-                                 path=path)
-        with open(path, "rb") as handle:
-            data = handle.read()
-    except FileNotFoundError:
-        raise CamrenderError("file not found", path=path) from None
-    except OSError as error:
-        raise CamrenderError(f"cannot read file: {error.strerror or error}", path=path) from None
+    data = read_bounded(path, max_bytes, what)
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as error:
         raise CamrenderError(f"not UTF-8 text (byte {error.start})", path=path) from None
+
+
+def json_lines(text: str) -> list:
+    """The lines of a JSON-lines text: split at "\n" alone ("\r\n" too), never inside a JSON string, where
+    str.splitlines would also split at U+2028, U+0085, form feeds and the like."""
+    return [line.removesuffix("\r") for line in text.split("\n")]
 
 
 def parse_json(text: str, path) -> object:
@@ -70,16 +64,16 @@ def _file_key(path) -> tuple:
     return os.path.realpath(path), stat.st_size, stat.st_mtime_ns
 
 
-def read_json(path, *, keep: bool = False) -> object:
-    """The parsed JSON of the file `path` (CamrenderError naming it otherwise). keep: also hold the
-    document for the next read_json of the same unchanged file (which takes it)."""
+def read_json(path, *, keep: bool = False, what: str = "a trajectory file") -> object:
+    """The parsed JSON of the file `path` (`what` it is; CamrenderError naming it otherwise). keep: also hold
+    the document for the next read_json of the same unchanged file (which takes it)."""
     try:
         key = _file_key(path)
     except OSError:
         key = None  # read_text says what is wrong
     if key is not None and key in _SNIFFED:
         return _SNIFFED.pop(key)
-    doc = parse_json(read_text(path), os.fspath(path))
+    doc = parse_json(read_text(path, what=what), os.fspath(path))
     if keep and key is not None:
         _SNIFFED.clear()
         _SNIFFED[key] = doc

@@ -15,10 +15,11 @@ import os
 
 import numpy as np
 
+from camrender.limits import check_count, check_fov, focal_for_fov
 from camrender.trajectory.formats.fileio import atomic_write_text, dump_json, read_json
 from camrender.trajectory import rotations
 from camrender.trajectory.fields import Where, integer, number, require_object, string, type_name
-from camrender.trajectory.model import MAX_IMAGE_SIDE, Trajectory, validate_pose
+from camrender.trajectory.model import MAX_FRAMES, MAX_IMAGE_SIDE, Trajectory, validate_pose
 
 NAME = "nerfstudio"
 SUFFIXES = (".json",)
@@ -59,6 +60,7 @@ def read(path) -> Trajectory:
     frames = doc["camera_path"]
     if not isinstance(frames, list) or not frames:
         raise where.at("camera_path").error("must be a non-empty list of cameras")
+    check_count(len(frames), MAX_FRAMES, "cameras", path=path, field="camera_path")
     if "fps" in doc:
         fps = number(doc["fps"], where.at("fps"), positive=True)
     elif "seconds" in doc:
@@ -76,10 +78,8 @@ def read(path) -> Trajectory:
         gl = _matrix(camera["camera_to_world"], at.at("camera_to_world"))
         validate_pose(gl, path=path, frame=i, field="camera_to_world")
         c2w[i] = rotations.flip_camera_axes(gl)
-        fov = number(camera["fov"], at.at("fov"), positive=True)
-        if fov >= 180:
-            raise at.at("fov").error(f"must be below 180 degrees, got {fov:g}")
-        focal = 0.5 * height / math.tan(math.radians(fov) / 2)
+        fov = check_fov(number(camera["fov"], at.at("fov"), positive=True), "fov", path=path, frame=i)
+        focal = focal_for_fov(height, fov)
         intrinsics[i] = [focal, focal, width / 2, height / 2]
     return Trajectory(c2w, intrinsics, width, height, fps, source=path).validate()
 

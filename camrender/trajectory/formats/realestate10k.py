@@ -19,7 +19,8 @@ import numpy as np
 from camrender.errors import CamrenderError
 from camrender.trajectory.formats.fileio import atomic_write_text, read_text
 from camrender.trajectory import rotations
-from camrender.trajectory.model import DEFAULT_FPS, Trajectory, validate_pose
+from camrender.limits import check_count, check_image_side
+from camrender.trajectory.model import DEFAULT_FPS, MAX_FRAMES, Trajectory, validate_pose
 
 NAME = "realestate10k"
 SUFFIXES = (".txt",)
@@ -54,8 +55,9 @@ def read(path, width: int | None = None, height: int | None = None) -> Trajector
         values = _numbers(line)
         if number == 1 and (values is None or len(values) != 19):
             match = _HEADER.match(line.strip())
-            if match and int(match.group(1)) > 0 and int(match.group(2)) > 0:
-                size = (int(match.group(1)), int(match.group(2)))
+            if match:
+                size = tuple(check_image_side(int(match.group(i)), f"line 1: {name}", path=path)
+                             for i, name in ((1, "width"), (2, "height")))
             continue  # the URL line
         field = f"line {number}"
         if values is None or len(values) != 19:
@@ -66,6 +68,8 @@ def read(path, width: int | None = None, height: int | None = None) -> Trajector
             raise CamrenderError("contains a non-finite number", path=path, frame=len(rows), field=field)
         rows.append(values)
         line_numbers.append(number)
+        if len(rows) > MAX_FRAMES:
+            check_count(len(rows), MAX_FRAMES, "camera lines", path=path, field=field)
     if not rows:
         raise CamrenderError("no camera lines found", path=path)
     width, height = width or size[0], height or size[1]

@@ -28,10 +28,11 @@ import os
 
 import numpy as np
 
+from camrender.limits import check_count, check_fov, check_image_side, focal_for_fov
 from camrender.trajectory.formats.colmap import _warn, natural_key
 from camrender.trajectory.formats.fileio import atomic_write_text, dump_json, read_json
 from camrender.trajectory.fields import Where, matrix4, number, string
-from camrender.trajectory.model import DEFAULT_FPS, Trajectory, validate_pose
+from camrender.trajectory.model import DEFAULT_FPS, MAX_FRAMES, Trajectory, validate_pose
 from camrender.trajectory.rotations import flip_camera_axes
 
 NAME = "transforms_json"
@@ -84,6 +85,15 @@ def _value(frame: dict, doc: dict, key: str, where: Where, frame_where: Where, *
     return None
 
 
+def _side(frame: dict, doc: dict, key: str, where: Where, frame_where: Where):
+    """The image width or height `key` ("w", "h") of a frame (its own, else the top level's), or None."""
+    value = _value(frame, doc, key, where, frame_where, positive=True)
+    if value is not None:
+        at = (frame_where if key in frame else where).at(key)
+        check_image_side(value, at.field, path=at.path, frame=at.frame)
+    return value
+
+
 def read(path) -> Trajectory:
     path = os.fspath(path)
     doc = read_json(path)
@@ -93,6 +103,7 @@ def read(path) -> Trajectory:
     frames = doc.get("frames")
     if not isinstance(frames, list) or not frames:
         raise where.at("frames").error("missing or empty: expected a list of frames with 'transform_matrix'")
+    check_count(len(frames), MAX_FRAMES, "frames", path=path, field="frames")
     model = doc.get("camera_model")
     if model is not None:
         string(model, where.at("camera_model"))
@@ -129,8 +140,8 @@ def read(path) -> Trajectory:
     c2w = np.empty((len(entries), 4, 4))
     intrinsics = np.empty((len(entries), 4))
     for out, (index, frame, frame_where) in enumerate(entries):
-        w = _value(frame, doc, "w", where, frame_where, positive=True)
-        h = _value(frame, doc, "h", where, frame_where, positive=True)
+        w = _side(frame, doc, "w", where, frame_where)
+        h = _side(frame, doc, "h", where, frame_where)
         if w is None or h is None:
             found = file_size()
             if found is None:
@@ -150,11 +161,11 @@ def read(path) -> Trajectory:
             if current is None:
                 angle = _value(frame, doc, key, where, frame_where, positive=True)
                 if angle is not None:
+                    at = (frame_where if key in frame else where).at(key)
                     if angle >= math.pi:
-                        raise (frame_where if key in frame else where).at(key).error(
-                            f"field of view must be below pi radians, got {angle:g} (is it in degrees?)"
-                        )
-                    value = 0.5 * extent / math.tan(0.5 * angle)
+                        raise at.error(f"field of view must be below pi radians, got {angle:g} (is it in degrees?)")
+                    check_fov(angle, at.field, path=at.path, frame=at.frame, unit="radians")
+                    value = focal_for_fov(extent, math.degrees(angle))
                     fx, fy = (value, fy) if key == "camera_angle_x" else (fx, value)
         if fx is None and fy is None:
             raise frame_where.at("fl_x").error("focal length missing: give 'fl_x' (pixels) or 'camera_angle_x' (radians)")
