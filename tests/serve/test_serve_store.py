@@ -121,6 +121,13 @@ def test_a_store_that_cannot_be_used_is_one_line_exit_2_before_loading(tmp_path,
     assert words in err and "store" in err and "loading" not in err and "Traceback" not in err
 
 
+@pytest.mark.skipif(not Path("/sys/kernel").is_dir(), reason="needs a folder that refuses new files (/sys)")
+def test_a_store_that_refuses_new_files_is_one_line_exit_2(capsys):
+    code, out, err = run_cli(["serve", "--model", "tiny", "--store", "/sys/kernel"], capsys)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert "store: cannot create the store" in err and "loading" not in err
+
+
 def _sqlite(path, application, version):
     db = sqlite3.connect(path)
     db.execute("CREATE TABLE other (x)")
@@ -208,6 +215,9 @@ def test_a_job_is_planned_again_identically_and_only_on_its_settings(tmp_path):
     assert first.traj.intrinsics[0].tolist() == [20.0, 20.0, 16.0, 16.0]
     again = plan_job(accepted.spec, tmp_path / "job", rules)
     assert again.traj.c2w.tolist() == first.traj.c2w.tolist() and again.out == first.out == tmp_path / "job" / "video.mp4"
+    bench = accept({"trajectory": "w-16", "size": "32x32", "preset": "sana-wm-bench"}, tmp_path / "bench", rules)
+    assert bench.summary["seed"] == 42  # the preset's, for what is not given; its 961 frames, of a 17-frame path:
+    assert bench.summary["num_frames"] == 17 and "fewer than the 961 asked" in bench.summary["notes"][0]
     other = JobRules(LoadSettings.create("tiny", kernels="torch"), None, 1 << 20)
     with pytest.raises(CamrenderError, match="kernels: 'fused' then, 'torch' now") as refused:
         plan_job(accepted.spec, tmp_path / "job", other)
