@@ -99,11 +99,13 @@ def serve(**options):
     # lazy: keeps `camrender --help` free of torch, diffusers and aiohttp
     import asyncio
 
+    from camrender.play.listen import check_listen
     from camrender.play.server import is_loopback
     from camrender.serve.app import ServerConfig, VideoServer, serve as run_server
     from camrender.serve.jobs import JobRules
     from camrender.serve.store import JobStore
 
+    check_listen(rest["host"], rest["port"])  # an address or a port it cannot have: now, not after the model loads
     token = None if rest["token_file"] is None else read_token(rest["token_file"])
     generated = token is None and not is_loopback(rest["host"])
     token = secrets.token_urlsafe(32) if generated else token

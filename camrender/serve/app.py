@@ -85,7 +85,9 @@ class VideoServer:
         except web.HTTPException as error:
             if error.status < 400:
                 raise
-            return web.json_response(error_body(error.status, error.reason), status=error.status,
+            message = error.reason if error.status != 413 else \
+                f"the body is larger than the server's limit of {self.config.max_body_bytes} bytes (--max-body-mb)"
+            return web.json_response(error_body(error.status, message), status=error.status,
                                      headers={name: value for name, value in error.headers.items()
                                               if name in ("Allow", "WWW-Authenticate")})
         except asyncio.CancelledError:

@@ -143,6 +143,8 @@ def test_a_bad_body_is_a_4xx_naming_the_field(server, body, param):
     assert error["error"]["param"] == param, error
     assert error["error"]["message"] and "Traceback" not in error["error"]["message"]
     assert "/jobs/" not in error["error"]["message"]  # the server's paths stay on the server
+    if status == 413:
+        assert "limit of" in error["error"]["message"], error
     assert (server.store.counts(), jobs_on_disk(server)) == before
     assert request("GET", f"{server.url}/health")[0] == 200
 

@@ -3,6 +3,7 @@ a job's progress, what a rerun keeps, the compatibility table of docs/serve.md, 
 (one line, exit 2, before loading)."""
 import os
 import re
+import socket
 import sqlite3
 import time
 from pathlib import Path
@@ -148,6 +149,18 @@ def test_bad_options_are_one_line_exit_2_before_loading(tmp_path, capsys, monkey
     code, out, err = run_cli(["serve", "--model", "tiny", "--store", tmp_path / "store", *args], capsys)
     assert code == 2 and len(err.strip().splitlines()) == 1 and words in err, err
     assert "loading" not in err and "Traceback" not in err and not (tmp_path / "store").exists()
+
+
+def test_an_address_or_port_it_cannot_listen_on_is_refused_before_loading(tmp_path, capsys):
+    for args, words in ((["--host", "192.0.2.1"], "no interface"), (["--host", "no-such-host.invalid"], "host")):
+        code, _, err = run_cli(["serve", "--model", "tiny", "--store", tmp_path / "store", *args], capsys)
+        assert code == 2 and words in err and "loading" not in err, err
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        code, _, err = run_cli(["serve", "--model", "tiny", "--store", tmp_path / "store", "--port",
+                                taken.getsockname()[1]], capsys)
+        assert code == 2 and "in use" in err and "loading" not in err, err
 
 
 def test_a_short_token_file_is_refused(tmp_path, capsys):
