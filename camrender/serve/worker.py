@@ -176,8 +176,8 @@ class Dispatcher:
         folder = self.store.folder_of(job.id)
         try:
             if job.attempts >= MAX_ATTEMPTS:
-                raise CamrenderError(f"its render was interrupted {job.attempts} times (the server stopped while it "
-                                     "rendered)")
+                raise CamrenderError(f"the server was killed while it rendered this job, {job.attempts} times: it is "
+                                     "not tried again")
             request = plan_job(job.spec, folder, self.rules)
             resume = rerun_state(request, self.checkpoint_every)
         except CamrenderError as error:

@@ -235,3 +235,35 @@ def test_a_job_is_planned_again_identically_and_only_on_its_settings(tmp_path):
     with pytest.raises(CamrenderError, match="kernels: 'fused' then, 'torch' now") as refused:
         plan_job(accepted.spec, tmp_path / "job", other)
     assert refused.value.field == "kernels"
+
+
+def test_a_job_a_kill_ended_three_times_fails_without_a_fourth_render(tmp_path):
+    from camrender.serve.jobs import JobRules, accept
+    from camrender.serve.worker import Dispatcher, InProcessRenderer
+
+    rules = JobRules(LoadSettings.create("tiny"), None, 1 << 20)
+    store = JobStore(tmp_path / "store")
+    try:
+        accepted = accept({"trajectory": "w-8", "size": "32x32"}, store.folder_of("video_" + "1" * 32), rules)
+        store.add("video_" + "1" * 32, accepted.spec, accepted.summary, time.time(), 10)
+        for _ in range(3):  # three renders started, each ended by a kill (the next start requeues it)
+            assert store.start("video_" + "1" * 32, time.time())
+            store.requeue_interrupted()
+        rendered = []
+
+        class Recording(InProcessRenderer):
+            def render(self, job, progress):
+                rendered.append(job.id)
+                return 0
+
+        dispatcher = Dispatcher(store, Recording(None), rules, checkpoint_every=0.0, log=lambda line: None)
+        dispatcher.start()
+        deadline = time.monotonic() + 30
+        while store.get("video_" + "1" * 32).status == "queued" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        dispatcher.stop(5.0)
+        failed = store.get("video_" + "1" * 32)
+        assert failed.status == "failed" and "killed while it rendered this job, 3 times" in failed.error["message"]
+        assert rendered == []
+    finally:
+        store.close()
