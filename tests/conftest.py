@@ -76,7 +76,7 @@ def pytest_configure(config):
 # PyTorch references, as on a user's CPU (no TRITON_INTERPRET), about 60x faster than the interpreter on
 # the tiny model. The kernels' own tests, the model's parity tests and the golden replays (tests/kernels,
 # tests/model) keep the interpreter; a test up here that needs it is marked `interpreter`.
-REFERENCE_PATH_FOLDERS = frozenset({"api", "bench", "cli", "eval", "output", "parallel", "play", "render",
+REFERENCE_PATH_FOLDERS = frozenset({"api", "bench", "cli", "eval", "output", "parallel", "play", "render", "serve",
                                     "trajectory", "views"})
 
 

@@ -3,7 +3,7 @@ and no two modules import each other, directly or around a circle (lazy imports 
 count: they are import edges all the same).
 
 Layers, bottom to top: errors, vocabulary, limits, files, allocator; trajectory (no torch) and kernels; model and
-parallel; render; output (the video writers); views, play and eval; api (the Python API); batch; cli. `camrender/__init__.py` is the public facade and may reach any layer lazily.
+parallel; render; output (the video writers); views, play and eval; api (the Python API); batch; serve (the render service); cli. `camrender/__init__.py` is the public facade and may reach any layer lazily.
 """
 import ast
 from pathlib import Path
@@ -18,7 +18,7 @@ LAYERS = {
     "render": 3,
     "output": 3.5,
     "views": 4, "play": 4, "eval": 4,
-    "api": 4.5, "batch": 4.6,
+    "api": 4.5, "batch": 4.6, "serve": 4.7,
     "cli": 5, "__main__": 6,
 }
 NO_TORCH = ("trajectory",)

@@ -1,5 +1,5 @@
 """Command-line entry point: `camrender [render] --traj FILE --out VIDEO.mp4`, `camrender traj ...`,
-`camrender batch JOBS`, `camrender selftest`.
+`camrender batch JOBS`, `camrender serve`, `camrender selftest`.
 
 Subcommands live in their own modules (`render`, `traj`, `batch`, `selftest`); this module only
 assembles them and turns a user error into one line on stderr with exit code 2 (said once, by rank 0,
@@ -19,6 +19,7 @@ from camrender.cli import batch as cli_batch
 from camrender.cli import eval as cli_eval
 from camrender.cli import play as cli_play
 from camrender.cli import render as cli_render
+from camrender.cli import serve as cli_serve
 from camrender.cli import traj as cli_traj
 from camrender.cli import memory_advice
 from camrender.cli.signals import forget_interrupted_exec, handled_signals, terminated
@@ -61,6 +62,7 @@ def _register():
     cli.add_command(cli_batch.batch)
     cli.add_command(cli_play.play)
     cli.add_command(cli_eval.command)
+    cli.add_command(cli_serve.serve)
 
 
 _register()

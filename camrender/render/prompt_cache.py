@@ -215,10 +215,11 @@ def cache_of(request, quiet: bool = False) -> Optional[PromptCache]:
 
 
 def cached_pair(request, key: dict, compute: Callable[[], tuple], device) -> tuple:
-    """(embeds, mask) under `key` in the request's cache (either may be None), else `compute()`'s, stored."""
+    """(embeds, mask) under `key` in the request's cache (either may be None), else `compute()`'s, stored; each in
+    storage of its own whichever way it came (`_owned`)."""
     cache = cache_of(request)
     if cache is None:
-        return compute()
+        return _owned(*compute())
 
     def as_tensors():
         embeds, mask = compute()
@@ -226,7 +227,15 @@ def cached_pair(request, key: dict, compute: Callable[[], tuple], device) -> tup
 
     found = cache.fetch(key, as_tensors)
     mask = found.get("mask")
-    return found["embeds"].to(device), None if mask is None else mask.to(device)
+    return _owned(found["embeds"].to(device), None if mask is None else mask.to(device))
+
+
+def _owned(embeds, mask) -> tuple:
+    """Copies of an encoded prompt in storage of their own. An encoder hands views into its padded output, a cache
+    entry tensors of their own: with equal values the kernels reading them still round differently (1e-6), so a
+    render that resumes from a checkpoint made while it encoded the prompt, then reads it from the cache, would
+    drift from the uninterrupted render."""
+    return tuple(None if tensor is None else tensor.clone() for tensor in (embeds, mask))
 
 
 def cached_stages(request) -> dict:

@@ -149,3 +149,35 @@ def test_encode_prompt_command_fills_the_cache_for_a_render(tmp_path, capsys, mo
     monkeypatch.undo()
     uncached, _ = frames_of(request_for(None))
     assert np.array_equal(cached, uncached)
+
+
+def test_a_render_that_encoded_its_prompt_resumes_from_the_cache_bit_for_bit(tmp_path):
+    """A first run encodes the prompt (and caches it), is stopped after a checkpoint; the resumed run reads the
+    prompt from the cache: its checkpoints and video are those of a run that read it from the cache throughout."""
+    from safetensors import safe_open
+
+    from camrender.api.pipeline import CamrenderPipeline
+    from camrender.render.resume import CHECKPOINT_NAME, partial_folder
+
+    pipe = CamrenderPipeline.from_pretrained("tiny", kernels="torch", device="cpu")
+    options = dict(steps=2, width=SIZE, height=SIZE, frames=41, mode="segments", segment_frames=1, seed=3,
+                   checkpoint_every=0, prompt_cache=str(tmp_path / "cache"))
+
+    class Stop(Exception):
+        pass
+
+    def stop_after_three(done, total, info="", stage="", unit=""):
+        if done == 3:
+            raise Stop
+
+    states = []
+    for name in ("encoded", "cached"):  # the first run encodes the prompt, the second finds it cached
+        with pytest.raises(Stop):
+            pipe.write(tmp_path / f"{name}.mp4", "w-40", progress=stop_after_three, **options)
+        with safe_open(str(partial_folder(tmp_path / f"{name}.mp4") / CHECKPOINT_NAME), "pt") as handle:
+            states.append({key: handle.get_tensor(key) for key in handle.keys()})
+    assert states[0].keys() == states[1].keys()
+    assert all(torch.equal(states[0][key], states[1][key]) for key in states[0])
+    pipe.write(tmp_path / "encoded.mp4", "w-40", resume=True, **options)
+    pipe.write(tmp_path / "whole.mp4", "w-40", **options)
+    assert (tmp_path / "encoded.mp4").read_bytes() == (tmp_path / "whole.mp4").read_bytes()

@@ -1,0 +1,267 @@
+"""The HTTP side of `camrender serve` (aiohttp): the OpenAI-style video job API that SGLang-diffusion and vLLM-Omni
+speak, on the job store (`camrender.serve.store`) and the dispatcher of renders (`camrender.serve.worker`).
+
+    POST   /v1/videos                      submit (JSON or multipart) -> 202, the job object
+    POST   /v1/videos/sync                 submit, wait, answer the mp4
+    GET    /v1/videos?after=&limit=&order= a page of jobs, newest first
+    GET    /v1/videos/{id}                 the job object: status, progress, segments, ETA
+    GET    /v1/videos/{id}/content         the mp4 (HTTP range requests: a player seeks)
+    GET    /v1/videos/{id}/render.json     the render file (`camrender render --from-render` renders it again)
+    DELETE /v1/videos/{id}                 cancel a queued or running job; delete a finished one
+    GET    /health                         {"status": "ok", "model": ...} (no token needed)
+    GET    /metrics                        Prometheus text
+
+With a token (any host but loopback needs one) every request but /health carries `Authorization: Bearer TOKEN`
+(401 otherwise). Without one, a request must name this machine in its Host header and come from no other site
+(`Origin`): 403 otherwise (a web page cannot drive the user's local server). Every refusal is a JSON error with a
+4xx status naming the field (`camrender.serve.errors`).
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hmac
+import shutil
+import signal
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Optional
+from urllib.parse import urlsplit
+
+from aiohttp import web
+
+from camrender.play.server import host_name, is_loopback
+from camrender.serve.body import read_body
+from camrender.serve.errors import ServeError, error_body
+from camrender.serve.jobs import VIDEO, JobRules, accept, check_id, new_id
+from camrender.serve.responses import job_list, job_object, metrics_text
+from camrender.serve.store import FINISHED, JobStore, QueueFull
+from camrender.serve.values import integer
+from camrender.serve.worker import Dispatcher
+
+SYNC_POLL_S = 0.05  # how often /v1/videos/sync looks at its job
+DEFAULT_PAGE, MAX_PAGE = 20, 100
+RENDER_JSON = "video.render.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerConfig:
+    """token: None, or the bearer token every request carries; keep_s: seconds a finished job stays; max_queue:
+    queued jobs at most (429 beyond); max_body_bytes: the largest request body."""
+
+    token: Optional[str]
+    keep_s: float
+    max_queue: int
+    max_body_bytes: int
+
+
+class VideoServer:
+    """The aiohttp application (`app`) of the job API over `store` and `dispatcher`."""
+
+    def __init__(self, store: JobStore, dispatcher: Dispatcher, rules: JobRules, config: ServerConfig,
+                 log: Callable[[str], None] = lambda line: None):
+        self.store, self.dispatcher, self.rules, self.config, self.log = store, dispatcher, rules, config, log
+        self.model = rules.load.model
+        self._threads = ThreadPoolExecutor(4, thread_name_prefix="camrender-serve")  # uploads, planning, fsync
+        self.app = web.Application(client_max_size=config.max_body_bytes, middlewares=[self._errors, self._guard])
+        self.app.router.add_post("/v1/videos", self._create)
+        self.app.router.add_post("/v1/videos/sync", self._sync)
+        self.app.router.add_get("/v1/videos", self._list)
+        self.app.router.add_get("/v1/videos/{video_id}", self._retrieve)
+        self.app.router.add_delete("/v1/videos/{video_id}", self._delete)
+        self.app.router.add_get("/v1/videos/{video_id}/content", self._content)
+        self.app.router.add_get("/v1/videos/{video_id}/render.json", self._render_json)
+        self.app.router.add_get("/health", self._health)
+        self.app.router.add_get("/metrics", self._metrics)
+
+    # --- middlewares --------------------------------------------------------------------------------
+    @web.middleware
+    async def _errors(self, request, handler):
+        try:
+            return await handler(request)
+        except ServeError as error:
+            return web.json_response(error.body(), status=error.status)
+        except web.HTTPException as error:
+            if error.status < 400:
+                raise
+            message = error.reason if error.status != 413 else \
+                f"the body is larger than the server's limit of {self.config.max_body_bytes} bytes (--max-body-mb)"
+            return web.json_response(error_body(error.status, message), status=error.status,
+                                     headers={name: value for name, value in error.headers.items()
+                                              if name in ("Allow", "WWW-Authenticate")})
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - a bug answers 500 and the server goes on
+            self.log(f"{request.method} {request.path}: {traceback.format_exc().strip()}")
+            return web.json_response(error_body(500, "internal server error"), status=500)
+
+    @web.middleware
+    async def _guard(self, request, handler):
+        if request.path == "/health":
+            return await handler(request)
+        if self.config.token is not None:
+            given = request.headers.get("Authorization", "")
+            expected = f"Bearer {self.config.token}"
+            if not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), expected.encode()):
+                raise ServeError(401, "a valid bearer token is needed (Authorization: Bearer TOKEN)",
+                                 param="Authorization", code="invalid_token")
+            return await handler(request)
+        if not is_loopback(host_name(request.headers.get("Host", ""))):
+            raise ServeError(403, "this server answers only to localhost and loopback addresses", param="Host",
+                             code="forbidden_host")
+        origin = request.headers.get("Origin")
+        if origin is not None and not is_loopback(urlsplit(origin).hostname or ""):
+            raise ServeError(403, "requests from web pages of other sites are refused", param="Origin",
+                             code="forbidden_origin")
+        return await handler(request)
+
+    # --- jobs ------------------------------------------------------------------------------------------
+    def _job(self, request):
+        job = self.store.get(check_id(request.match_info["video_id"]))
+        if job is None:
+            raise ServeError(404, "no such video", param="video_id", code="not_found")
+        return job
+
+    def _object(self, job) -> dict:
+        return job_object(job, self.model, self.config.keep_s)
+
+    async def _submit(self, request):
+        """Read, check and store a job (queued, on disk) and wake the dispatcher: the stored `Job`."""
+        created = time.time()
+        if self.store.counts()["queued"] >= self.config.max_queue:
+            raise ServeError(429, f"the queue is full ({self.config.max_queue} jobs wait); try again later",
+                             code="queue_full")
+        body = await read_body(request)
+        job_id = new_id()
+        folder = self.store.folder_of(job_id)
+        loop = asyncio.get_running_loop()
+        try:
+            accepted = await loop.run_in_executor(self._threads, accept, body, folder, self.rules)
+            job = await loop.run_in_executor(self._threads, self.store.add, job_id, accepted.spec, accepted.summary,
+                                             created, self.config.max_queue)
+        except QueueFull:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise ServeError(429, f"the queue is full ({self.config.max_queue} jobs wait); try again later",
+                             code="queue_full") from None
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        self.dispatcher.wake()
+        return job
+
+    async def _create(self, request):
+        job = await self._submit(request)
+        return web.json_response(self._object(job), status=202)
+
+    async def _sync(self, request):
+        job = await self._submit(request)
+        while job is not None and job.status not in FINISHED:
+            await asyncio.sleep(SYNC_POLL_S)
+            job = self.store.get(job.id)
+        if job is None or job.status == "cancelled":
+            raise ServeError(409, "the job was cancelled", param="video_id", code="cancelled")
+        if job.status == "failed":
+            raise ServeError(422, job.error["message"], param=job.error.get("param"), code=job.error["code"])
+        return self._file(job, VIDEO, "video/mp4")
+
+    async def _list(self, request):
+        query = request.query
+        limit = integer(query.get("limit", str(DEFAULT_PAGE)), "limit")
+        if not 1 <= limit <= MAX_PAGE:
+            raise ServeError(400, f"must be 1 to {MAX_PAGE}, got {limit}", param="limit")
+        order = query.get("order", "desc")
+        if order not in ("asc", "desc"):
+            raise ServeError(400, f"must be asc or desc, got {order[:20]!r}", param="order")
+        after = query.get("after")
+        try:
+            jobs, more = self.store.page(None if after is None else check_id(after), limit, order == "desc")
+        except KeyError:
+            raise ServeError(400, "no such video", param="after") from None
+        return web.json_response(job_list(jobs, more, self.model, self.config.keep_s))
+
+    async def _retrieve(self, request):
+        return web.json_response(self._object(self._job(request)))
+
+    async def _delete(self, request):
+        job = self._job(request)
+        if job.status not in FINISHED:
+            before = self.store.cancel(job.id)
+            self.dispatcher.cancel(job.id)
+            if before == "queued" and job.id not in self.dispatcher.busy():
+                shutil.rmtree(self.store.folder_of(job.id), ignore_errors=True)
+            return web.json_response(self._object(self.store.get(job.id) or job))
+        busy = job.id in self.dispatcher.busy()  # a cancelled render still stopping: its thread removes the folder
+        self.store.delete(job.id, files=not busy)
+        return web.json_response({"id": job.id, "object": "video.deleted", "deleted": True})
+
+    def _file(self, job, name: str, kind: str):
+        if job.status != "completed":
+            raise ServeError(409, f"the video is not ready (status {job.status})", param="video_id", code="not_ready")
+        path = self.store.folder_of(job.id) / name
+        if not path.is_file():
+            raise ServeError(404, f"the job has no {name}", param="video_id", code="not_found")
+        return web.FileResponse(path, headers={"Content-Type": kind, "X-Video-Id": job.id, "Content-Disposition":
+                                               f'attachment; filename="{job.id}{name[len("video"):]}"'})
+
+    async def _content(self, request):
+        job = self._job(request)
+        if request.query.get("variant", "video") != "video":
+            raise ServeError(400, "only the video variant exists", param="variant")
+        return self._file(job, VIDEO, "video/mp4")
+
+    async def _render_json(self, request):
+        return self._file(self._job(request), RENDER_JSON, "application/json")
+
+    async def _health(self, request):
+        return web.json_response({"status": "ok", "model": self.model})
+
+    async def _metrics(self, request):
+        text = metrics_text(self.store.counts(), self.store.render_seconds(), len(self.dispatcher.busy()),
+                            self.dispatcher.renderer.slots)
+        return web.Response(text=text, content_type="text/plain", charset="utf-8",
+                            headers={"X-Content-Type-Options": "nosniff"})
+
+    def close(self) -> None:
+        self._threads.shutdown(wait=True)
+
+
+def base_url(host: str, port: int) -> str:
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}"
+
+
+async def listen(server: VideoServer, host: str, port: int) -> tuple:
+    """(the aiohttp runner, the base URL) of `server` listening on host:port (0: a free port); stop it with
+    `runner.cleanup()`."""
+    runner = web.AppRunner(server.app, handle_signals=False, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    return runner, base_url(host, runner.addresses[0][1])
+
+
+async def serve(server: VideoServer, host: str, port: int, on_ready: Callable[[str], None]) -> None:
+    """Run `server` on host:port until SIGINT or SIGTERM, purging the jobs that finished more than `keep_s` ago
+    now and then; `on_ready(base url)` once it listens."""
+    runner, url = await listen(server, host, port)
+    done = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, done.set)
+    purging = asyncio.create_task(_purge_now_and_then(server))
+    try:
+        on_ready(url)
+        await done.wait()
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
+        purging.cancel()
+        await runner.cleanup()
+
+
+async def _purge_now_and_then(server: VideoServer) -> None:
+    keep = server.config.keep_s
+    while True:
+        gone = server.store.purge(time.time() - keep, busy=server.dispatcher.busy())
+        if gone:
+            server.log(f"purged {len(gone)} job{'' if len(gone) == 1 else 's'} finished over {keep:g} s ago")
+        await asyncio.sleep(min(max(keep / 2, 1.0), 3600.0))
