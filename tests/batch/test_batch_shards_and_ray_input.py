@@ -60,7 +60,8 @@ def test_a_slurm_array_task_takes_its_shard_and_a_bad_line_refuses_every_shard(t
     (["--shard", "1/0"], {}, "N must be at least 1"),
     (["--shard", "two/3"], {}, "'two/3' is not K/N"),
     (["--shard", "-1/3"], {}, "is not K/N"),
-    ([], {"SLURM_ARRAY_TASK_ID": "5", "SLURM_ARRAY_TASK_COUNT": "4"}, "SLURM_ARRAY_TASK_ID=5 of SLURM_ARRAY_TASK_COUNT=4"),
+    ([], {"SLURM_ARRAY_TASK_ID": "5", "SLURM_ARRAY_TASK_COUNT": "4"},
+     "SLURM_ARRAY_TASK_ID=5 of SLURM_ARRAY_TASK_COUNT=4"),
 ])
 def test_a_bad_shard_is_one_line(tmp_path, capsys, monkeypatch, given, environment, message):
     for name, value in environment.items():

@@ -49,7 +49,8 @@ def assert_same_as_alone(tmp_path, capsys, jobs):
         code, _, err = run_cli(["--traj", traj, "--out", tmp_path / "alone" / f"{name}.mp4", *BASE,
                                 *options_argv(options), "--progress", "none"], capsys)
         assert code == 0, err[-2000:]
-        assert (tmp_path / "out" / f"{name}.mp4").read_bytes() == (tmp_path / "alone" / f"{name}.mp4").read_bytes(), name
+        together, alone = (tmp_path / folder / f"{name}.mp4" for folder in ("out", "alone"))
+        assert together.read_bytes() == alone.read_bytes(), name
 
 
 def assert_nothing_partial(folder: Path, names):
@@ -123,12 +124,14 @@ def test_a_worker_killed_in_the_middle_of_a_job_costs_one_retry(cluster, tmp_pat
 def test_a_video_group_of_two_workers_renders_each_video_as_one_process(cluster, tmp_path, capsys):
     from test_render_cli import read_video
 
-    jobs = [(f"g{index}", "w-16,dw-16", {"seed": index, "frames": 9, "steps": 1, "guidance": 5.0}) for index in range(2)]
+    jobs = [(f"g{index}", "w-16,dw-16", {"seed": index, "frames": 9, "steps": 1, "guidance": 5.0})
+            for index in range(2)]
     code, _, err = run_cli(["batch", write_jobs(tmp_path, jobs), *BASE, "--executor", "ray", "--gpus-per-video", "2",
                             "--progress", "none", "--summary", tmp_path / "summary.json"], capsys)
     assert code == 0, err[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert (summary["done"], summary["ranks"], summary["gpus_per_video"], summary["model_loads_per_rank"]) == (2, 2, 2, [1])
+    assert (summary["done"], summary["ranks"], summary["gpus_per_video"]) == (2, 2, 2)
+    assert summary["model_loads_per_rank"] == [1]
     assert "2 to render on 1 group of 2 CPUs" in err
     assert_nothing_partial(tmp_path / "out", ["g0", "g1"])
     (tmp_path / "alone").mkdir()
@@ -136,7 +139,8 @@ def test_a_video_group_of_two_workers_renders_each_video_as_one_process(cluster,
         code, _, err = run_cli(["--traj", traj, "--out", tmp_path / "alone" / f"{name}.mp4", *BASE,
                                 *options_argv(options), "--progress", "none"], capsys)
         assert code == 0, err[-2000:]
-        together, alone = (read_video(tmp_path / folder / f"{name}.mp4")[0].astype(float) for folder in ("out", "alone"))
+        together, alone = (read_video(tmp_path / folder / f"{name}.mp4")[0].astype(float)
+                           for folder in ("out", "alone"))
         assert together.shape == alone.shape and abs(together - alone).mean() < 1.0, name
 
 
