@@ -80,7 +80,7 @@ def test_refiner_window_reaches_the_stream(window):
     traj = Trajectory(c2w=np.tile(np.eye(4), (frames, 1, 1)), intrinsics=np.tile([28.0, 28.0, 16.0, 16.0], (frames, 1)),
                       width=32, height=32, fps=16)
     request = render_request(traj=traj, prompt="x", refiner="tiny", refiner_window=window, kernels="torch",
-                            model="tiny", num_frames=frames)
+                             model="tiny", num_frames=frames)
     stream = stage_two(pipe, request, torch.device("cpu"))
     assert stream.max_history == window - 1
 

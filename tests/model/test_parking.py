@@ -101,8 +101,8 @@ def test_stage_one_parks_its_text_projections(parking_on_cpu, monkeypatch):
     traj = Trajectory(c2w=c2w, intrinsics=np.tile([32.0, 32.0, 32.0, 16.0], (frames, 1)), width=64, height=32,
                       fps=16)
     request = render_request(traj=traj, prompt="a quiet street", guidance=1.0, num_frames=frames, height=32,
-                            width=64, model="tiny", device="cpu", kernels="fused", mode="segments",
-                            recipe="streaming")
+                             width=64, model="tiny", device="cpu", kernels="fused", mode="segments",
+                             recipe="streaming")
     inputs = prepare_inputs(pipe, request, torch.device("cpu"))
     bounds = segment_bounds(inputs.noise.shape[2])
 
@@ -135,7 +135,7 @@ def test_the_loaders_park_what_the_renders_call_once(parking_on_cpu):
     traj = Trajectory(c2w=np.tile(np.eye(4), (frames, 1, 1)), intrinsics=np.tile([16.0, 16.0, 16.0, 16.0], (frames, 1)),
                       width=32, height=32, fps=16)
     request = render_request(traj=traj, prompt=PROMPT, guidance=1.0, num_frames=frames, height=32, width=32,
-                            model="tiny", device="cpu", kernels="fused", mode="segments", refiner="tiny")
+                             model="tiny", device="cpu", kernels="fused", mode="segments", refiner="tiny")
     pipe = load_patched_pipeline(request.settings, prepare=request)
     stage_one = pipe.transformer.blocks[0].cross_attn
     assert parking.is_parked(stage_one.kv_linear) and not parking.is_parked(stage_one.q_linear)

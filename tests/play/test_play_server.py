@@ -26,8 +26,8 @@ from camrender.trajectory.controls import make_scheme
 @pytest.fixture(scope="module")
 def template():
     return render_request(traj=None, prompt="a street", steps=None, guidance=None, seed=5,
-                         num_frames=longest_clip(4.0, 16.0, 3), height=32, width=48, model="tiny", device="cpu",
-                         mode="segments", recipe="streaming")
+                          num_frames=longest_clip(4.0, 16.0, 3), height=32, width=48, model="tiny", device="cpu",
+                          mode="segments", recipe="streaming")
 
 
 @pytest.fixture(scope="module")

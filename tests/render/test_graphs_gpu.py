@@ -38,9 +38,9 @@ def test_graphed_forward_replay_equals_eager():
     assert torch.equal(graphs(x, scale), forward(x, scale))
 
 
-def _request(mode, frames=FRAMES):
-    from helpers import render_request
+def _request(mode, frames=FRAMES, refiner=None):
     from camrender.trajectory import Trajectory
+    from helpers import render_request
 
     c2w = np.tile(np.eye(4), (frames, 1, 1))
     c2w[:, 0, 3] = np.linspace(0.0, 1.0, frames)  # truck right
@@ -48,8 +48,8 @@ def _request(mode, frames=FRAMES):
     traj = Trajectory(c2w=c2w, intrinsics=np.tile([56.0, 56.0, 56.0, 32.0], (frames, 1)), width=112, height=64,
                       fps=16)
     return render_request(traj=traj, prompt="a quiet street", steps=6 if mode == "full" else None, guidance=5.0,
-                         num_frames=frames, height=64, width=112, model="tiny", device="cuda", kernels="fused",
-                         mode=mode, recipe="streaming" if mode == "segments" else "bidirectional")
+                          num_frames=frames, height=64, width=112, model="tiny", device="cuda", kernels="fused",
+                          mode=mode, recipe="streaming" if mode == "segments" else "bidirectional", refiner=refiner)
 
 
 @pytest.fixture(scope="module")
@@ -165,7 +165,7 @@ def test_overlapped_stage_two_equals_sequential(pipe):
     from camrender.render.stage_two import Schedule, attach_refiner, refined_frames, stage_two
 
     device = torch.device("cuda")
-    request = dataclasses.replace(_request("segments", frames=121), refiner="tiny")  # 16 latent frames
+    request = _request("segments", frames=121, refiner="tiny")  # 16 latent frames
     inputs = prepare_inputs(pipe, request, device)
     bounds = segment_bounds(inputs.noise.shape[2], 3)
     attach_refiner(pipe, build_tiny_refiner(seed=1).to(device))
@@ -205,7 +205,7 @@ def test_overlapped_renders_reuse_their_streams_cached_memory(pipe):
     from camrender.render.stage_two import attach_refiner, refined_frames, stage_two
 
     device = torch.device("cuda")
-    request = dataclasses.replace(_request("segments", frames=121), refiner="tiny")
+    request = _request("segments", frames=121, refiner="tiny")
     inputs = prepare_inputs(pipe, request, device)
     bounds = segment_bounds(inputs.noise.shape[2], 3)
     attach_refiner(pipe, build_tiny_refiner(seed=1).to(device))

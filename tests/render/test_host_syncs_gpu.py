@@ -105,7 +105,7 @@ def test_segment_mode_stage_one_makes_no_sync_after_its_first_segment(monkeypatc
     c2w[:, 0, 3] = np.linspace(0.0, 1.0, frames)
     traj = Trajectory(c2w=c2w, intrinsics=np.tile([56.0, 56.0, 56.0, 32.0], (frames, 1)), width=112, height=64, fps=16)
     request = render_request(traj=traj, prompt="a quiet street", guidance=5.0, num_frames=frames, height=64, width=112,
-                            model="tiny", device="cuda", kernels="fused", mode="segments", recipe="streaming")
+                             model="tiny", device="cuda", kernels="fused", mode="segments", recipe="streaming")
     device = torch.device("cuda")
     latents = {}
     for checked in (False, True):

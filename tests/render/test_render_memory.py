@@ -52,8 +52,8 @@ def request_for(mode):
     traj = Trajectory(c2w=c2w, intrinsics=np.tile([28.0, 28.0, 16.0, 16.0], (FRAMES, 1)), width=SIZE,
                       height=SIZE, fps=16)
     return render_request(traj=traj, prompt="a quiet street", steps=2 if mode == "full" else None, guidance=1.0,
-                         num_frames=FRAMES, height=SIZE, width=SIZE, model="tiny", dtype="float32",
-                         kernels="torch", mode=mode, recipe="streaming")
+                          num_frames=FRAMES, height=SIZE, width=SIZE, model="tiny", dtype="float32",
+                          kernels="torch", mode=mode, recipe="streaming")
 
 
 def live_tensor_bytes() -> int:
