@@ -15,7 +15,7 @@ import threading
 from typing import Callable, Optional
 
 from camrender.batch.progress import JobLines
-from camrender.batch.ray_workers import RayWorkers
+from camrender.batch.ray_workers import RayWorkers, first_line
 from camrender.errors import CamrenderError
 
 EXTRA = 'pip install "camrender[ray]"'
@@ -64,6 +64,8 @@ def _start_local(ray, num_cpus: Optional[int], num_gpus: Optional[int]) -> None:
     try:
         ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), num_gpus=num_gpus, include_dashboard=False,
                  _node_ip_address="127.0.0.1", object_store_memory=OBJECT_STORE_BYTES, logging_level=logging.WARNING)
+    except Exception as error:  # noqa: BLE001 - Ray's processes could not start (memory, /tmp, its token)
+        raise CamrenderError(f"cannot start a local Ray: {first_line(error)}", field="executor") from None
     finally:
         ray_constants.ENABLE_RAY_CLUSTER = cluster_mode
 
@@ -84,9 +86,9 @@ def _join(ray, address: str) -> None:
     try:
         ray.init(address=address, logging_level=logging.WARNING)
     except Exception as error:  # noqa: BLE001 - Ray raises ConnectionError, RuntimeError, ValueError, ...
-        lines = str(error).strip().splitlines()
-        raise CamrenderError(f"cannot join the Ray cluster at {target}: {lines[0] if lines else type(error).__name__}",
+        raise CamrenderError(f"cannot join the Ray cluster at {target}: {first_line(error)}",
                              field="address") from None
+
 
 
 @contextlib.contextmanager

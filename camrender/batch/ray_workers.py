@@ -174,10 +174,10 @@ class RayWorkers:
         try:
             value = self.ray.get(ref)
         except self.ray.exceptions.RayTaskError as error:  # raised inside the actor: the job's, not a loss
-            self._broken(worker, _first_line(error.cause if error.cause is not None else error))
+            self._broken(worker, first_line(error.cause if error.cause is not None else error))
             return
         except self.ray.exceptions.RayError as error:  # the actor's process or node is gone
-            self._lose(worker, _first_line(error))
+            self._lose(worker, first_line(error))
             return
         if worker.stage == "placing":
             worker.places[rank] = value
@@ -308,7 +308,7 @@ def _written_since(out, since: float) -> bool:
         return False
 
 
-def _first_line(error: BaseException) -> str:
+def first_line(error: BaseException) -> str:
     """An error in a few words: its type and its message's first line (Ray's go on for many)."""
     text = str(error).strip().splitlines()
     return f"{type(error).__name__}: {text[0] if text else ''}"[:300]

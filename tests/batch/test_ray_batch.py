@@ -31,6 +31,12 @@ def cluster():
     assert not ray.is_initialized()
 
 
+def test_the_local_ray_listens_on_loopback_only(cluster):
+    [node] = ray.nodes()
+    assert node["NodeManagerAddress"] == "127.0.0.1" and node["Resources"]["CPU"] == 2
+    assert ray.get_runtime_context().gcs_address.startswith("127.0.0.1:")
+
+
 def options_argv(options: dict) -> list:
     return [part for name, value in options.items() for part in (f"--{name.replace('_', '-')}", str(value))]
 
