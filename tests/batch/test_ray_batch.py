@@ -15,6 +15,7 @@ import pytest
 from helpers import run_cli
 
 ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.xdist_group("ray")  # one local Ray for the module: its tests stay on one xdist worker
 
 BASE = ["--model", "tiny", "--device", "cpu", "--height", "32", "--width", "32", "--prompt-cache", "off"]
 GROUPS = ({}, {"kernels": "torch"})  # two load settings: each worker keeps a pipeline per group
