@@ -16,8 +16,8 @@ from camrender.cli.path_options import read_prompt_option
 from camrender.cli.progress import count, make_progress
 from camrender.cli.signals import raise_if_signalled
 from camrender.errors import CamrenderError
-from camrender.render.load_settings import REFINER_FIELDS, LoadSettings
 from camrender.parallel import distributed
+from camrender.render.load_settings import REFINER_FIELDS, LoadSettings
 from camrender.render.prompt_cache import resolve_cache_dir
 from camrender.render.settings_file import read_render_json
 
@@ -123,8 +123,7 @@ def render(**options):
     quiet = rest["quiet"]
     log = lambda line: click.echo(f"camrender: {line}", err=True) if leader and not quiet else None  # noqa: E731
     prepared = prepare_output(request, resume=rest["resume"], checkpoint_every=rest["checkpoint_every"],
-                              overwrite=rest["overwrite"], log=log,
-                              leader=leader)
+                              overwrite=rest["overwrite"], log=log, leader=leader)
     for note in notes:
         log(note)
     bar = None
