@@ -28,8 +28,8 @@ class JobRunner:
     """Renders planned jobs on one worker (a process, or a video group's rank), keeping its pipeline between them.
 
     load(settings) -> pipeline; write(pipeline, job) -> frames written (the planned job: its request and how it is
-    written); strict: an error other than bad input
-    stops the worker instead of failing the job (a video group whose partners may wait in a collective)."""
+    written); strict: an error other than bad input stops the worker instead of failing the job (a video group
+    whose partners may wait in a collective)."""
 
     def __init__(self, load: Callable, write: Callable, strict: bool = False):
         self.pipelines = PipelineCache(load)
@@ -44,8 +44,7 @@ class JobRunner:
         "seconds", or "failed" with "reason")}."""
         result = {"index": job.index, "where": job.where, "out": job.out}
         try:
-            pipe = None  # on a settings change the previous pipeline goes before the next one loads
-            pipe = self.pipelines.get(job.request.settings)
+            pipe = self.pipelines.get(job.request.settings)  # on a change, the previous goes before the next loads
             started = time.perf_counter()  # a video's seconds leave out the model load it may have waited for
             frames = self.write(pipe, job)
             result.update(status="done", frames=frames, seconds=round(time.perf_counter() - started, 3))
