@@ -25,6 +25,9 @@ import pytest
 
 from camrender import trajectory
 
+# the tests fly one module-scoped server's flights in order (flight 1, 2, 3): one xdist worker runs them all
+pytestmark = pytest.mark.xdist_group("play_browser")
+
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium") or "/usr/bin/chromium", shutil.which("chromedriver")
 
