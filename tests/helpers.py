@@ -40,3 +40,20 @@ def render_request(**fields):
     if "recipe" in fields:
         load["recipe"] = getattr(fields["recipe"], "name", fields["recipe"])
     return RenderRequest(**fields, settings=LoadSettings(**load))
+
+
+def assert_process_ends(pid: int, timeout: float = 10.0) -> None:
+    """The process `pid` ends (or is a zombie waiting to be reaped) within `timeout` seconds (Linux: /proc)."""
+    import time
+    from pathlib import Path
+
+    deadline = time.monotonic() + timeout
+    status = Path(f"/proc/{pid}/status")
+    while status.exists():
+        try:
+            if "State:\tZ" in status.read_text():
+                return
+        except OSError:  # gone meanwhile
+            return
+        assert time.monotonic() < deadline, f"process {pid} still runs"
+        time.sleep(0.05)

@@ -102,6 +102,20 @@ def _sigterm_kept():
             signal.signal(signal.SIGTERM, handler)
 
 
+def cluster_workers(per_video: int, wants_gpus: bool, workers: Optional[int] = None) -> tuple:
+    """(gpus, unit, count) of the workers the Ray cluster this process is connected to holds: on its GPUs when
+    `wants_gpus` and it has `per_video` of them (gpus True, unit "GPU"), else on its CPUs (unit "CPU"); one worker
+    per `per_video` units, at most `workers` (None: as many as it holds). CamrenderError when it holds none."""
+    resources = import_ray().cluster_resources()
+    gpus = wants_gpus and resources.get("GPU", 0) >= per_video
+    unit = "GPU" if gpus else "CPU"
+    capacity = int(resources.get(unit, 0)) // per_video
+    if capacity < 1:
+        raise CamrenderError(f"the Ray cluster has no {per_video} {unit}(s) for a worker",
+                             field="gpus-per-video" if per_video > 1 else "executor")
+    return gpus, unit, min(capacity, workers or capacity)
+
+
 class RayExecutor:
     """The actors of the Ray cluster this process is connected to (`ray_cluster`): one worker per GPU, or per
     `per_video` GPUs rendering each video together; on the cluster's CPUs when every job renders on the CPU or the
@@ -110,16 +124,9 @@ class RayExecutor:
 
     def __init__(self, jobs: list, log: Callable[[str], None], *, per_video: int = 1, workers: Optional[int] = None,
                  retries: int = 2):
-        ray = import_ray()
-        resources = ray.cluster_resources()
-        self.gpus = (resources.get("GPU", 0) >= per_video
-                     and any(job.request.settings.device != "cpu" for job in jobs))
-        self.unit = "GPU" if self.gpus else "CPU"
-        capacity = int(resources.get(self.unit, 0)) // per_video
-        if capacity < 1:
-            raise CamrenderError(f"the Ray cluster has no {per_video} {self.unit}(s) for a worker",
-                                 field="gpus-per-video" if per_video > 1 else "executor")
-        self.workers = max(1, min(capacity, workers or capacity, len(jobs)))
+        wants_gpus = any(job.request.settings.device != "cpu" for job in jobs)
+        self.gpus, self.unit, count = cluster_workers(per_video, wants_gpus, workers)
+        self.workers = max(1, min(count, len(jobs)))
         self.per_video, self.retries, self.log = per_video, retries, log
 
     def run(self, jobs: list, make_runner: Callable) -> tuple:

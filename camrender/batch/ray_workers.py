@@ -3,6 +3,7 @@
     with RayWorkers(make_runner, workers=4) as pool:      # Ray initialized already (ray.init / ray_cluster)
         pool.submit(job)                                  # a planned job (`camrender.batch.plan.Planned`), any time
         for result in pool.results(): ...                 # each job's result as it finishes
+        pool.cancel(job.index)                            # a job stopped: its worker killed and replaced
 
 A worker is one actor (`camrender.batch.ray_actor.RenderWorker`: one GPU, or one CPU) or a video group of
 `per_video` actors packed on one node. A worker that frees up takes the first queued job of the load settings it
@@ -25,6 +26,7 @@ from camrender.batch.ray_actor import RenderWorker
 from camrender.errors import CamrenderError
 
 CLOSE_WAIT_S = 10.0  # how long a killed worker's calls in flight may take to end (its processes to be gone)
+CLAIM_POLL_S = 0.05  # how often a killed render's output is looked at until its process lets it go
 
 
 @dataclasses.dataclass
@@ -104,6 +106,30 @@ class RayWorkers:
                 return None
             self._settle(ready[0])
         return self.finished.popleft()
+
+    def cancel(self, index) -> Optional[str]:
+        """Stop job `index` (the `index` it was submitted with); no result comes for it. A queued job leaves the
+        queue; a job rendering has its worker killed (what the render left is cleared as after a loss, a segment-mode
+        checkpoint kept) and the worker replaced. Where the job was: "queued", "rendering", "finished" (its result
+        not handed out yet: dropped), or None (not here)."""
+        job = next((job for job in self.queue if job.index == index), None)
+        if job is not None:
+            self.queue.remove(job)
+            return "queued"
+        result = next((result for result in self.finished if result["index"] == index), None)
+        if result is not None:
+            self.finished.remove(result)
+            return "finished"
+        worker = next((worker for worker in self.workers if worker.job is not None and worker.job.index == index),
+                      None)
+        if worker is None:
+            return None
+        self._remove(worker)
+        with contextlib.suppress(CamrenderError):  # a render still writing it is left be
+            clear_killed_render(worker.job, self.per_video)
+        self.lost.pop(index, None)
+        self._add_worker()
+        return "rendering"
 
     def wait_started(self, timeout: Optional[float] = None) -> int:
         """Wait until every worker has started (its runner made; a model loads with its first job), at most
@@ -287,7 +313,9 @@ class RayWorkers:
 
 def clear_killed_render(job, per_video: int) -> bool:
     """`camrender.output.targets.clear_killed_render` for `job`, its checkpoint kept where its request, as a video
-    group of `per_video` renders it, can resume from one: whether it is kept."""
+    group of `per_video` renders it, can resume from one: whether it is kept. A killed actor's process may outlive
+    the kill by a moment (Ray reports it dead first): its claim on the output is waited for, at most CLOSE_WAIT_S,
+    so that nothing is cleared while it can still write (CamrenderError when it holds the output still)."""
     # lazy: keeps `camrender --help` free of torch
     from camrender.api.requests import on_video_group, resume_refusal
     from camrender.output import targets
@@ -296,7 +324,15 @@ def clear_killed_render(job, per_video: int) -> bool:
         request = on_video_group(job.request, per_video) if per_video > 1 else job.request
     except CamrenderError:  # a layout the group cannot split: the job never rendered
         request = job.request
-    return targets.clear_killed_render(job.out, request.mode == "segments" and resume_refusal(request) is None)
+    keep = request.mode == "segments" and resume_refusal(request) is None
+    deadline = time.monotonic() + CLOSE_WAIT_S
+    while True:
+        try:
+            return targets.clear_killed_render(job.out, keep)
+        except CamrenderError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(CLAIM_POLL_S)
 
 
 def _written_since(out, since: float) -> bool:

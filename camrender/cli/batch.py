@@ -20,7 +20,7 @@ from camrender.batch.shards import choose_shard
 from camrender.batch.summary import summarize, summary_lines
 from camrender.cli import launch as cli_launch
 from camrender.cli.launch import options_to_argv
-from camrender.cli.options import overwrite_option
+from camrender.cli.options import RAY, declare, overwrite_option, refuse_ray_options
 from camrender.cli.progress import count, make_progress
 from camrender.cli.render import plan_from_options, quiet_libraries, render
 from camrender.cli.signals import raise_if_signalled
@@ -92,14 +92,7 @@ def resolver(defaults: dict, log=None):
               help="local: this process, or the ranks of --gpus / torchrun; ray: the workers of a Ray cluster (one "
                    "per GPU, or per --gpus-per-video GPUs), each taking the next job as it frees up (needs the ray "
                    "extra).")
-@click.option("--address", default=None,
-              help="Ray: the cluster to join (auto: the one `ray start` made here, or RAY_ADDRESS; or HOST:PORT). "
-                   "Default: a Ray instance on this machine for this batch, listening on 127.0.0.1 only.")
-@click.option("--workers", default=None, type=click.IntRange(min=1),
-              help="Ray: at most N workers (default: one per GPU of the cluster; per CPU for CPU renders).")
-@click.option("--retries", default=2, show_default=True, type=click.IntRange(min=0),
-              help="Ray: times a job whose worker was lost (killed, out of memory, its node gone) renders again, "
-                   "segment mode from its checkpoint.")
+@declare(*RAY)
 def batch(jobs, out_dir, gpus, gpus_per_video, summary_path, overwrite, skip_bad_jobs, shard, executor, address,
           workers, retries, **defaults):
     """Render many videos: JOBS is a JSON-lines file (one render per line), a folder of trajectories or a
@@ -122,9 +115,7 @@ def batch(jobs, out_dir, gpus, gpus_per_video, summary_path, overwrite, skip_bad
         import_ray()  # the extra to install, before anything else
         if gpus is not None or distributed.world_size() > 1:
             raise CamrenderError("--executor ray starts its own workers: without --gpus or torchrun", field="executor")
-    for name in ("address", "workers", "retries"):
-        if executor != "ray" and ctx.get_parameter_source(name) != click.core.ParameterSource.DEFAULT:
-            raise CamrenderError(f"--{name} is for the Ray executor: add --executor ray", field=name)
+    refuse_ray_options(executor)
     shard = choose_shard(shard)
     given = {name: value for name, value in defaults.items()
              if ctx.get_parameter_source(name) != click.core.ParameterSource.DEFAULT}

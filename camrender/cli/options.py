@@ -140,6 +140,17 @@ OPTIONS = {
     "checkpoint_every": click.option("--checkpoint-every", default=DEFAULT_CHECKPOINT_EVERY, show_default=True,
                                      type=float, help="Segment mode: seconds between checkpoints (0: every "
                                                       "segment; inf: none)."),
+    # ---------------------------------------------------------------- Ray: the workers of --executor ray
+    "address": click.option("--address", default=None,
+                            help="Ray: the cluster to join (auto: the one `ray start` made here, or RAY_ADDRESS; or "
+                                 "HOST:PORT). Default: a Ray instance on this machine for this command, listening on "
+                                 "127.0.0.1 only."),
+    "workers": click.option("--workers", default=None, type=click.IntRange(min=1),
+                            help="Ray: at most N workers (default: one per GPU of the cluster; per CPU for CPU "
+                                 "renders)."),
+    "retries": click.option("--retries", default=2, show_default=True, type=click.IntRange(min=0),
+                            help="Ray: times a job whose worker was lost (killed, out of memory, its node gone) "
+                                 "renders again, segment mode from its checkpoint."),
     "progress": _choice(words.PROGRESS),
     "quiet": click.option("--quiet", "-q", is_flag=True,
                           help="Only warnings and errors: no progress, no loading or done lines."),
@@ -153,6 +164,16 @@ RENDER = ("preset", "prompt", "negative_prompt", "image", *PATH, "frames", "mode
           "flow_shift", "seed", "fps", "height", "width", "segment_frames", "cached_segments", "prompt_cache",
           "noise_frames")
 RUN = ("progress", "quiet")
+RAY = ("address", "workers", "retries")
+
+
+def refuse_ray_options(executor: str) -> None:
+    """The Ray options (`RAY`) given to the running command without `--executor ray`: CamrenderError naming the
+    first."""
+    context = click.get_current_context()
+    for name in RAY:
+        if executor != "ray" and context.get_parameter_source(name) != click.core.ParameterSource.DEFAULT:
+            raise CamrenderError(f"{spelling(name)} is for the Ray executor: add --executor ray", field=name)
 
 
 def overwrite_option(default: bool, help_text: str):

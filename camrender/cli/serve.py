@@ -3,6 +3,7 @@ pipeline loaded once, and the video job API served (`camrender.serve`; torch, di
 inside the command)."""
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import math
 import re
@@ -12,7 +13,8 @@ from pathlib import Path
 
 import click
 
-from camrender.cli.options import LOAD, declare, split_options
+from camrender.batch.ray_executor import import_ray
+from camrender.cli.options import LOAD, RAY, declare, refuse_ray_options, split_options
 from camrender.cli.render import quiet_libraries
 from camrender.errors import CamrenderError
 from camrender.render.load_settings import LoadSettings
@@ -70,7 +72,10 @@ def _positive(name: str, value: float) -> float:
               help="Largest request body in MiB (uploads included).")
 @click.option("--max-image-mb", default=32.0, show_default=True, type=float,
               help="Largest first-frame image in MiB.")
-@declare("prompt_cache", "checkpoint_every")
+@click.option("--executor", default="local", show_default=True, type=click.Choice(["local", "ray"]),
+              help="local: jobs render one at a time on this process's pipeline; ray: on the workers of a Ray "
+                   "cluster (one per GPU), each taking the next queued job as it frees up (needs the ray extra).")
+@declare(*RAY, "prompt_cache", "checkpoint_every")
 def serve(**options):
     """Serve renders over HTTP: the video job API of SGLang-diffusion and vLLM-Omni (/v1/videos), jobs kept in a
     store that outlives the server.
@@ -80,11 +85,17 @@ def serve(**options):
     curl -s localhost:8000/v1/videos -H 'Content-Type: application/json' \\
       -d '{"prompt": "a street", "extra_params": {"sana_wm": {"action": "w-16"}}, "size": "112x64"}'
 
-    The pipeline loads once; jobs render one at a time on its device. A server killed and started
+    The pipeline loads once; jobs render one at a time on its device (--executor ray: on a Ray
+    cluster's workers, each loading its own). A server killed and started
     again on the same --store keeps every accepted job: finished ones are served, queued ones run,
     the one in progress continues from its segment-mode checkpoint (full mode starts it again).
     API, fields and limits: docs/serve.md.
     """
+    executor = options.pop("executor")
+    if executor == "ray":
+        import_ray()  # the extra to install, before anything else
+    refuse_ray_options(executor)
+    ray_options = {name: options.pop(name) for name in RAY}
     if importlib.util.find_spec("aiohttp") is None:
         raise CamrenderError("camrender serve needs aiohttp: pip install 'camrender[play]'", field="serve")
     keep = duration_seconds(options.pop("keep"))
@@ -114,31 +125,49 @@ def serve(**options):
     try:
         rules = JobRules(settings, resolve_cache_dir(render.get("prompt_cache")), max_image)
         quiet_libraries()
-        log(f"loading {settings.model}")
-        from camrender.api.pipeline import CamrenderPipeline
-        from camrender.serve.worker import Dispatcher, InProcessRenderer
+        from camrender.serve.worker import Dispatcher
 
-        pipe = CamrenderPipeline.from_pretrained(settings=settings, log=log)
-        interrupted = store.requeue_interrupted()
-        if interrupted:
-            log(f"{len(interrupted)} job{'' if len(interrupted) == 1 else 's'} in progress when the server stopped: "
-                "queued again (segment mode continues from its checkpoint)")
-        dispatcher = Dispatcher(store, InProcessRenderer(pipe), rules, checkpoint_every=checkpoint_every, log=log)
-        server = VideoServer(store, dispatcher, rules, ServerConfig(token, keep, rest["max_queue"], max_body), log)
-        dispatcher.start()
+        with _renderer(executor, settings, ray_options, log) as renderer:
+            interrupted = store.requeue_interrupted()
+            if interrupted:
+                log(f"{len(interrupted)} job{'' if len(interrupted) == 1 else 's'} in progress when the server "
+                    "stopped: queued again (segment mode continues from its checkpoint)")
+            dispatcher = Dispatcher(store, renderer, rules, checkpoint_every=checkpoint_every, log=log)
+            server = VideoServer(store, dispatcher, rules, ServerConfig(token, keep, rest["max_queue"], max_body),
+                                 log)
+            dispatcher.start()
 
-        def ready(url: str) -> None:
-            click.echo(url)
-            if generated:
-                click.echo(f"token {token}")
-            sys.stdout.flush()
-            log(f"serving {settings.model} at {url} (store {store.folder}); Ctrl-C stops")
+            def ready(url: str) -> None:
+                click.echo(url)
+                if generated:
+                    click.echo(f"token {token}")
+                sys.stdout.flush()
+                log(f"serving {settings.model} at {url} (store {store.folder}); Ctrl-C stops")
 
-        try:
-            asyncio.run(run_server(server, rest["host"], rest["port"], ready))
-        finally:
-            dispatcher.stop(STOP_GRACE_S)
-            server.close()
+            try:
+                asyncio.run(run_server(server, rest["host"], rest["port"], ready))
+            finally:
+                dispatcher.stop(STOP_GRACE_S)
+                server.close()
     finally:
         store.close()
     log("stopped")
+
+
+@contextlib.contextmanager
+def _renderer(executor: str, settings: LoadSettings, ray_options: dict, log):
+    """What renders the jobs: this process's pipeline, loaded now ("local"), or the workers of a Ray cluster
+    (`camrender.serve.ray_renderer`: the server loads no pipeline), for the duration of the block."""
+    if executor == "ray":
+        # lazy: Ray is an optional extra
+        from camrender.serve.ray_renderer import ray_renderer
+
+        with ray_renderer(settings, log=log, **ray_options) as renderer:
+            yield renderer
+        return
+    # lazy: keeps `camrender --help` free of torch and diffusers
+    from camrender.api.pipeline import CamrenderPipeline
+    from camrender.serve.worker import InProcessRenderer
+
+    log(f"loading {settings.model}")
+    yield InProcessRenderer(CamrenderPipeline.from_pretrained(settings=settings, log=log))

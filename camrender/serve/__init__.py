@@ -7,6 +7,7 @@
 - `jobs`: a request -> a checked job, through `camrender.api.requests.plan_request` (the CLI's checks);
 - `progress`: a render's progress -> the job's status, and the stop check of a cancel;
 - `worker`: the `Renderer` protocol (`InProcessRenderer`) and the `Dispatcher` of queued jobs;
+- `ray_renderer`: `RayRenderer`, the jobs rendered by the Ray workers of `camrender batch --executor ray`;
 - `responses`, `errors`: the job object, pages, metrics and JSON errors;
 - `app`: the aiohttp routes, the token and Host checks, and `serve`.
 

@@ -6,8 +6,8 @@
     dispatcher.cancel(job_id); dispatcher.stop()
 
 The store stays with the dispatcher (the server's process): a renderer only renders and reports through the
-`JobProgress` it is handed. `InProcessRenderer` renders on this process's loaded pipeline; another engine (Ray
-actors, one per GPU) is one more class with `slots` and `render` (docs/serve.md, "Workers").
+`JobProgress` it is handed. `InProcessRenderer` renders on this process's loaded pipeline;
+`camrender.serve.ray_renderer.RayRenderer` on the workers of a Ray cluster (docs/serve.md, "Workers").
 
 A job whose folder holds what an interrupted attempt left (the server was killed or stopped) continues from its
 segment-mode checkpoint when it has one and the render can resume (`rerun_state`), else starts over.

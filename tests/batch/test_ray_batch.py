@@ -2,7 +2,8 @@
 processes of one CPU each) with the tiny model: every video is the one the same render gives alone, byte for byte;
 a worker whose process is SIGKILLed in the middle of a job costs a retry of that job only (resumed from its
 checkpoint), with nothing partial left; a job whose worker keeps dying fails after its retries while the others
-render; the pool works from Python without the CLI."""
+render; the pool works from Python without the CLI; a cancelled job's worker is killed (its output let go and
+cleared before `cancel` returns) and replaced."""
 import json
 import os
 import signal
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import run_cli
+from helpers import assert_process_ends, run_cli
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.xdist_group("ray")  # one local Ray for the module: its tests stay on one xdist worker
@@ -151,15 +152,18 @@ def test_a_video_group_of_two_workers_renders_each_video_as_one_process(cluster,
         assert together.shape == alone.shape and abs(together - alone).mean() < 1.0, name
 
 
-def test_a_job_whose_worker_keeps_dying_fails_after_its_retries(cluster, tmp_path):
+def planned(folder: Path, index: int):
+    """Job `index` planned for the pool (a tiny render into folder/INDEX.mp4)."""
     from camrender.api.requests import plan_request
     from camrender.batch.plan import Planned
-    from camrender.batch.ray_workers import RayWorkers
     from camrender.render.load_settings import LoadSettings
 
-    def planned(index: int) -> Planned:
-        request = plan_request(LoadSettings(model="tiny", device="cpu"), "w-8", out=tmp_path / f"{index}.mp4")
-        return Planned(index, f"job {index}", str(tmp_path / f"{index}.mp4"), "render", request=request)
+    request = plan_request(LoadSettings(model="tiny", device="cpu"), "w-8", out=folder / f"{index}.mp4")
+    return Planned(index, f"job {index}", str(folder / f"{index}.mp4"), "render", request=request)
+
+
+def test_a_job_whose_worker_keeps_dying_fails_after_its_retries(cluster, tmp_path):
+    from camrender.batch.ray_workers import RayWorkers
 
     def make_dying_runner(ranks):  # pickled by value to the workers: no model; job 1's process dies (SIGKILL)
         from camrender.batch.executors import JobRunner
@@ -174,7 +178,7 @@ def test_a_job_whose_worker_keeps_dying_fails_after_its_retries(cluster, tmp_pat
     with RayWorkers(make_dying_runner, workers=2, retries=1, log=lambda line: None) as pool:
         assert pool.next_result(timeout=0.1) is None and pool.pending == 0  # nothing submitted
         for index in range(3):
-            pool.submit(planned(index))
+            pool.submit(planned(tmp_path, index))
         assert pool.pending == 3
         results = {result["index"]: result for result in pool.results()}
         assert pool.pending == 0
@@ -182,3 +186,34 @@ def test_a_job_whose_worker_keeps_dying_fails_after_its_retries(cluster, tmp_pat
     assert [result["frames"] for result in (results[0], results[2])] == [7, 7]
     assert "its worker was lost 2 times" in results[1]["reason"] and len(results[1]["retries"]) == 2
     assert len({attempt["worker"] for attempt in results[1]["retries"]}) == 2  # each time on another worker
+
+
+def test_a_cancelled_job_stops_on_its_worker_which_is_replaced(cluster, tmp_path):
+    from camrender.batch.ray_workers import RayWorkers
+    from camrender.output.targets import claim_output, lock_path
+
+    def make_slow_runner(ranks):  # pickled by value: no model; job 0 holds its output until its process is killed
+        from camrender.batch.executors import JobRunner
+
+        def write(pipe, job):
+            if job.index == 0:
+                with claim_output(job.out):  # as a render writing it
+                    Path(f"{job.out}.pid").write_text(str(os.getpid()))
+                    time.sleep(120)
+            return 7
+
+        return JobRunner(lambda settings: "pipeline", write)
+
+    with RayWorkers(make_slow_runner, workers=1) as pool:
+        for index in range(3):
+            pool.submit(planned(tmp_path, index))
+        started = tmp_path / "0.mp4.pid"
+        while not started.exists():
+            assert pool.next_result(timeout=0.1) is None  # hands job 0 to the worker; nothing finishes
+        assert pool.cancel(2) == "queued" and pool.pending == 2
+        assert pool.cancel(0) == "rendering" and pool.pending == 1
+        assert not Path(lock_path(tmp_path / "0.mp4")).exists()  # its claim was let go and cleared: no writer left
+        assert_process_ends(int(started.read_text()))
+        assert [(result["index"], result["worker"]) for result in pool.results()] == [(1, "w2")]  # the new worker
+        assert pool.cancel(1) is None and pool.cancel(0) is None
+
