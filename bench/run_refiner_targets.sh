@@ -13,6 +13,7 @@
 # SKIP_OFFICIAL=1 leaves out the official stage 2. QUALITY=1 adds FP8's quality at the release size (bench_fp8.py,
 # about a minute).
 set -u
+source "$(dirname "$0")/steps.sh"
 OUT=${OUT:-bench/results}
 DEADLINE=${DEADLINE:-580}
 mkdir -p "$OUT"
@@ -31,14 +32,7 @@ PY
 step() {  # step SECONDS NAME COMMAND... (the command writes its JSON to $parts/NAME.json)
   local limit=$1 name=$2
   shift 2
-  local left=$((DEADLINE - SECONDS))
-  if [ "$left" -lt 30 ]; then echo "$name skipped: the deadline"; return; fi
-  if [ "$limit" -gt "$left" ]; then limit=$left; fi
-  local began=$SECONDS
-  echo "== $name" >> "$OUT/refiner_targets.log"
-  timeout "$limit" "$@" > /dev/null 2>> "$OUT/refiner_targets.log"
-  echo "$name rc=$? $((SECONDS - began)) s"
-  merge
+  timed_step "$OUT/refiner_targets.log" "$name" 30 "$limit" . "$@"
 }
 for setting in ${SETTINGS:-bf16 fp8 fp8-22gib-stream} ${EXTRA_SETTINGS:-}; do
   step 150 "$setting" python3 bench/bench_refiner.py --setting "$setting" --segments 12 --skip-layers \

@@ -19,6 +19,7 @@
 # DEADLINE (seconds, default 540): a step that would start later is skipped, and each step's limit is cut to what
 # is left, so a device call's time limit never takes the document: segment_targets.json is rewritten after every step.
 set -u
+source "$(dirname "$0")/steps.sh"
 OUT=${OUT:-bench/results}
 SEGMENTS=${SEGMENTS:-30}
 KIT=${KIT:-.kit/nvlabs-sana-wm}
@@ -55,15 +56,8 @@ run_script() {  # run_script NAME LEAST LIMIT DIR SCRIPT ARGS...: python3 SCRIPT
   local name=$1 least=$2 limit=$3 dir=$4 script=$5
   shift 5
   if ! wanted "$name"; then return; fi
-  local left=$((DEADLINE - SECONDS))
-  if [ "$left" -lt "$least" ]; then echo "$name skipped: the deadline"; return; fi
-  if [ "$limit" -gt "$left" ]; then limit=$left; fi
-  local began=$SECONDS
-  echo "== $name" >> "$OUT/segment_targets.log"
-  (cd "$dir" && PYTHONPATH="${SITE:-/tmp/site}:$PWD" timeout "$limit" python3 "$script" "$@" \
-     --out "$parts/$name.json" > /dev/null 2>> "$OUT/segment_targets.log")
-  echo "$name rc=$? $((SECONDS - began)) s"
-  merge
+  timed_step "$OUT/segment_targets.log" "$name" "$least" "$limit" "$dir" python3 "$script" "$@" \
+    --out "$parts/$name.json"
 }
 step() {  # step SECONDS NAME DIR ARGS...: bench_segments in DIR
   local limit=$1 name=$2 dir=$3

@@ -11,6 +11,7 @@
 # kernels bench pyproject.toml | tar -x -C .gpu_old`). ARGS_TRANSFORMER / ARGS_SEGMENTS / ARGS_REFINER: more arguments
 # of each script (the CPU check of this script: ARGS_TRANSFORMER=--tiny ARGS_SEGMENTS=--cpu-smoke ARGS_REFINER=--tiny).
 set -u
+source "$(dirname "$0")/steps.sh"
 OUT=${OUT:-bench/results}
 SEGMENTS=${SEGMENTS:-12}
 REFINER_SEGMENTS=${REFINER_SEGMENTS:-10}
@@ -45,15 +46,7 @@ PY
 step() {  # step NAME LIMIT DIR SCRIPT ARGS...: python3 SCRIPT in DIR, writing $parts/NAME.json
   local name=$1 limit=$2 dir=$3 script=$4
   shift 4
-  local left=$((DEADLINE - SECONDS))
-  if [ "$left" -lt 30 ]; then echo "$name skipped: the deadline"; return; fi
-  if [ "$limit" -gt "$left" ]; then limit=$left; fi
-  local began=$SECONDS
-  echo "== $name" >> "$OUT/tree_comparison.log"
-  (cd "$dir" && PYTHONPATH="${SITE:-/tmp/site}:$PWD" timeout "$limit" python3 "$script" "$@" --out "$parts/$name.json" \
-     > /dev/null 2>> "$OUT/tree_comparison.log")
-  echo "$name rc=$? $((SECONDS - began)) s"
-  merge
+  timed_step "$OUT/tree_comparison.log" "$name" 30 "$limit" "$dir" python3 "$script" "$@" --out "$parts/$name.json"
 }
 for tree in new old; do
   dir=$PWD; [ "$tree" = old ] && dir=$OLD
