@@ -194,6 +194,12 @@ def test_multipart_and_other_bodies(server):
     status, error, _ = request("POST", f"{server.url}/v1/videos", data="prompt", headers={**AUTH,
                                                                                           "Content-Type": "text/plain"})
     assert status == 415
+    for first, then in (("text", "file"), ("file", "text")):  # a path as a text and as a file: refused either way
+        form = aiohttp.FormData()
+        for kind in (first, then):
+            form.add_field("trajectory", "w-16", **({} if kind == "text" else {"filename": "path.actions"}))
+        status, error, _ = request("POST", f"{server.url}/v1/videos", data=form, headers=AUTH)
+        assert (status, error["error"]["param"]) == (400, "trajectory") and "given twice" in str(error), error
 
 
 @pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN},
