@@ -13,6 +13,7 @@ from pathlib import Path
 
 import click
 
+from camrender.api.requests import check_checkpoint_every
 from camrender.batch.ray_executor import import_ray
 from camrender.cli.options import LOAD, RAY, declare, refuse_ray_options, split_options
 from camrender.cli.render import quiet_libraries
@@ -102,9 +103,7 @@ def serve(**options):
     load, render, rest = split_options(options)
     settings = LoadSettings.create(**load)
     checkpoint_every = rest["checkpoint_every"]
-    if math.isnan(checkpoint_every) or checkpoint_every < 0:
-        raise CamrenderError(f"must be a number of seconds (0: every segment), got {checkpoint_every}",
-                             field="checkpoint-every")
+    check_checkpoint_every(checkpoint_every)
     max_body = int(_positive("max-body-mb", rest["max_body_mb"]) * MIB)
     max_image = int(_positive("max-image-mb", rest["max_image_mb"]) * MIB)
     # lazy: keeps `camrender --help` free of torch, diffusers and aiohttp
