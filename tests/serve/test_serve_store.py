@@ -107,6 +107,19 @@ def test_purge_removes_old_finished_jobs_and_stray_folders(store):
     assert store.get(recent) and store.get(waiting) and not stray.exists() and fresh_stray.exists()
 
 
+def test_a_job_is_on_disk_with_its_folders_before_it_is_stored(tmp_path, monkeypatch):
+    from camrender import files
+    from camrender.serve.jobs import JobRules, accept
+
+    flushed = []
+    flush = files.fsync_path
+    monkeypatch.setattr(files, "fsync_path", lambda path: (flushed.append(Path(path)), flush(path)))
+    folder = tmp_path / "jobs" / ("video_" + "1" * 32)
+    accept({"trajectory": "w-8", "size": "32x32"}, folder, JobRules(LoadSettings.create("tiny"), None, 1 << 20))
+    folders = {path for path in flushed if path.is_dir()}  # each holds a new entry: a folder, or a renamed upload
+    assert {tmp_path / "jobs", folder, folder / "input", folder / "input" / "path"} <= folders
+
+
 @pytest.mark.parametrize("make, words", [
     (lambda path: path.write_text("not a folder"), "is not a folder"),
     (lambda path: (path.mkdir(), (path / DATABASE).write_bytes(b"garbage" * 200)), "not a database"),
