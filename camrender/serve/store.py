@@ -254,12 +254,14 @@ class JobStore:
         self._update(job_id, fields, ("in_progress",))
 
     def finish(self, job_id: str, status: str, *, error: Optional[dict] = None,
-               inference_s: Optional[float] = None) -> bool:
-        """in_progress -> completed, failed or cancelled (False: the job was cancelled or deleted meanwhile)."""
+               inference_s: Optional[float] = None, queued_too: bool = False) -> bool:
+        """in_progress -> completed, failed or cancelled; with `queued_too` a queued job as well (it failed before
+        its render started, or its video was written before a kill). False: the job was cancelled or deleted
+        meanwhile."""
         changes = {"status": status, "completed_at": time.time(), "error": error, "eta_s": None}
         if status == "completed":
             changes.update(progress=100, inference_s=inference_s)
-        return self._update(job_id, changes, ("in_progress",))
+        return self._update(job_id, changes, ("queued", "in_progress") if queued_too else ("in_progress",))
 
     def requeue(self, job_id: str, attempted: bool = True) -> bool:
         """in_progress -> queued: a render the server stopped goes on when it starts again. attempted False: the

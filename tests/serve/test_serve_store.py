@@ -210,9 +210,11 @@ def test_progress_percent_segments_eta_and_stops():
 def test_a_rerun_keeps_a_checkpoint_and_nothing_else(tmp_path):
     load = LoadSettings.create("tiny")
     full = plan_request(load, "w-16", out=tmp_path / "video.mp4", frames=17, width=32, height=32)
-    left = tmp_path / ".video.mp4.0123abcd.part.mp4"  # a full-mode render killed while it wrote
-    left.write_bytes(b"partial")
-    assert rerun_state(full, 0.0) is False and not left.exists()
+    left = [tmp_path / ".video.mp4.0123456789ab.part.mp4",  # a full-mode render killed while it wrote
+            tmp_path / ".tmp-0123456789abvideo.render.json", tmp_path / ".video.mp4.lock"]  # ... its side files
+    for path in left:
+        path.write_bytes(b"partial")
+    assert rerun_state(full, 0.0) is False and not any(path.exists() for path in left)
     segments = plan_request(load, "w-16", out=tmp_path / "video.mp4", frames=17, width=32, height=32,
                             mode="segments")
     folder = partial_folder(segments.out)
