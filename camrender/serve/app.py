@@ -12,9 +12,10 @@ speak, on the job store (`camrender.serve.store`) and the dispatcher of renders 
     GET    /metrics                        Prometheus text
 
 With a token (any host but loopback needs one) every request but /health carries `Authorization: Bearer TOKEN`
-(401 otherwise). Without one, a request must name this machine in its Host header and come from no other site
-(`Origin`): 403 otherwise (a web page cannot drive the user's local server). Every refusal is a JSON error with a
-4xx status naming the field (`camrender.serve.errors`).
+(401 with `WWW-Authenticate: Bearer` otherwise). Without one, a request must name this machine in its Host header
+and come from no other site (`Origin`): 403 otherwise (a web page cannot drive the user's local server). Every
+refusal is a JSON error with a 4xx status naming the field (`camrender.serve.errors`); a full queue (429) says when
+to try again (`Retry-After`).
 """
 from __future__ import annotations
 
@@ -36,13 +37,14 @@ from camrender.serve.body import read_body
 from camrender.serve.errors import ServeError, error_body
 from camrender.serve.jobs import VIDEO, JobRules, accept, check_id, new_id
 from camrender.serve.responses import job_list, job_object, metrics_text
-from camrender.serve.store import FINISHED, JobStore, QueueFull
+from camrender.serve.store import FINISHED, Job, JobStore, QueueFull
 from camrender.serve.values import integer
 from camrender.serve.worker import Dispatcher
 
 SYNC_POLL_S = 0.05  # how often /v1/videos/sync looks at its job
 DEFAULT_PAGE, MAX_PAGE = 20, 100
 RENDER_JSON = "video.render.json"
+RETRY_AFTER_S = 10  # what a 429 (queue full) tells a client to wait before it tries again
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,7 +83,7 @@ class VideoServer:
         try:
             return await handler(request)
         except ServeError as error:
-            return web.json_response(error.body(), status=error.status)
+            return web.json_response(error.body(), status=error.status, headers=error.headers)
         except web.HTTPException as error:
             if error.status < 400:
                 raise
@@ -101,11 +103,11 @@ class VideoServer:
         if request.path == "/health":
             return await handler(request)
         if self.config.token is not None:
-            given = request.headers.get("Authorization", "")
-            expected = f"Bearer {self.config.token}"
-            if not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), expected.encode()):
+            scheme, _, given = request.headers.get("Authorization", "").strip().partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(
+                    given.strip().encode("utf-8", "surrogateescape"), self.config.token.encode()):
                 raise ServeError(401, "a valid bearer token is needed (Authorization: Bearer TOKEN)",
-                                 param="Authorization", code="invalid_token")
+                                 param="Authorization", code="invalid_token", headers={"WWW-Authenticate": "Bearer"})
             return await handler(request)
         if not is_loopback(host_name(request.headers.get("Host", ""))):
             raise ServeError(403, "this server answers only to localhost and loopback addresses", param="Host",
@@ -126,29 +128,35 @@ class VideoServer:
     def _object(self, job) -> dict:
         return job_object(job, self.model, self.config.keep_s)
 
+    def _queue_full(self) -> ServeError:
+        return ServeError(429, f"the queue is full ({self.config.max_queue} jobs wait); try again later",
+                          code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)})
+
     async def _submit(self, request):
         """Read, check and store a job (queued, on disk) and wake the dispatcher: the stored `Job`."""
         created = time.time()
         if self.store.counts()["queued"] >= self.config.max_queue:
-            raise ServeError(429, f"the queue is full ({self.config.max_queue} jobs wait); try again later",
-                             code="queue_full")
+            raise self._queue_full()
         body = await read_body(request)
+        try:
+            job = await asyncio.get_running_loop().run_in_executor(self._threads, self._store_job, body, created)
+        except QueueFull:
+            raise self._queue_full() from None
+        self.dispatcher.wake()
+        return job
+
+    def _store_job(self, body: dict, created: float) -> Job:
+        """(In a thread.) Check `body`, write its uploads into a new job's folder and store the job; the folder
+        goes when any of it fails. All in the thread, which a request cancelled meanwhile does not stop: a job is
+        stored with its inputs, or neither is kept."""
         job_id = new_id()
         folder = self.store.folder_of(job_id)
-        loop = asyncio.get_running_loop()
         try:
-            accepted = await loop.run_in_executor(self._threads, accept, body, folder, self.rules)
-            job = await loop.run_in_executor(self._threads, self.store.add, job_id, accepted.spec, accepted.summary,
-                                             created, self.config.max_queue)
-        except QueueFull:
-            shutil.rmtree(folder, ignore_errors=True)
-            raise ServeError(429, f"the queue is full ({self.config.max_queue} jobs wait); try again later",
-                             code="queue_full") from None
+            accepted = accept(body, folder, self.rules)
+            return self.store.add(job_id, accepted.spec, accepted.summary, created, self.config.max_queue)
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
             raise
-        self.dispatcher.wake()
-        return job
 
     async def _create(self, request):
         job = await self._submit(request)

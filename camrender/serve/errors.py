@@ -13,11 +13,13 @@ TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permis
 
 
 class ServeError(Exception):
-    """A request the server refuses: `status` (4xx), one-line `message`, the request field `param` it is about
-    (None: the request as a whole), and a machine-readable `code`."""
+    """A request the server refuses: `status` (4xx), one-line `message`, the request field
+    `param` it is about (None: the request as a whole), a machine-readable `code` and the answer's `headers`
+    (`Retry-After`, `WWW-Authenticate`)."""
 
-    def __init__(self, status: int, message: str, param: Optional[str] = None, code: str = "invalid_value"):
-        self.status, self.param, self.code = status, param, code
+    def __init__(self, status: int, message: str, param: Optional[str] = None, code: str = "invalid_value",
+                 headers: Optional[dict] = None):
+        self.status, self.param, self.code, self.headers = status, param, code, dict(headers or {})
         named = param is None or message.startswith(f"{param}:")
         self.message = " ".join((message if named else f"{param}: {message}").split())
         super().__init__(self.message)
