@@ -23,7 +23,9 @@ from camrender.render.prompt_cache import resolve_cache_dir
 
 DEFAULT_PORT = 8000
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-STOP_GRACE_S = 10.0  # seconds a render gets to reach its next step when the server stops (then it is killed)
+# seconds the renders get to reach their next step when the server stops; then their jobs are queued again all the
+# same and the process exits
+STOP_GRACE_S = 10.0
 MIB = 1 << 20
 
 
@@ -144,9 +146,9 @@ def serve(**options):
                 log(f"serving {settings.model} at {url} (store {store.folder}); Ctrl-C stops")
 
             try:
-                asyncio.run(run_server(server, rest["host"], rest["port"], ready))
+                asyncio.run(run_server(server, rest["host"], rest["port"], ready, STOP_GRACE_S))
             finally:
-                dispatcher.stop(STOP_GRACE_S)
+                dispatcher.stop(STOP_GRACE_S)  # (done already, unless the server failed)
                 server.close()
     finally:
         store.close()

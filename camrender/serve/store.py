@@ -312,7 +312,13 @@ class JobStore:
             self.delete(job_id, files=job_id not in busy)
         known = {row[0] for row in db.execute("SELECT id FROM jobs")}
         for folder in (self.folder / JOBS).iterdir():
-            if folder.name not in known and folder.name not in busy and folder.stat().st_mtime < finished_before:
+            if folder.name in known or folder.name in busy:
+                continue
+            try:
+                modified = folder.stat().st_mtime
+            except FileNotFoundError:  # removed meanwhile (a render thread letting a deleted job's folder go)
+                continue
+            if modified < finished_before:
                 shutil.rmtree(folder, ignore_errors=True)
         return old
 

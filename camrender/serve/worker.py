@@ -130,6 +130,7 @@ class Dispatcher:
         self._wake = threading.Condition()
         self._running: dict = {}  # job id -> None, or why it should stop ("cancelled")
         self._stopping = False
+        self._stopped = False
         self._threads = []
 
     def start(self) -> None:
@@ -154,15 +155,34 @@ class Dispatcher:
             if job_id in self._running:
                 self._running[job_id] = "cancelled"
 
-    def stop(self, grace: float) -> None:
-        """Renders stop at their next step or segment (their jobs go back to the queue); waits up to `grace`
-        seconds for them. A render still running then is continued by the next start, as after a kill."""
+    @property
+    def stopping(self) -> bool:
+        """Whether the server is stopping (`begin_stop`)."""
+        return self._stopping
+
+    def begin_stop(self) -> None:
+        """No job starts from now; the renders stop at their next step or segment, their jobs back in the queue."""
         with self._wake:
             self._stopping = True
             self._wake.notify_all()
+
+    def stop(self, grace: float) -> None:
+        """`begin_stop`, and wait up to `grace` seconds for the renders to stop. A job still rendering then goes
+        back to the queue all the same (the next start continues it, as after a kill); a stop counts as no
+        attempt of a job. Again: nothing."""
+        if self._stopped:
+            return
+        self.begin_stop()
         deadline = time.monotonic() + grace
-        for thread in self._threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
+        try:
+            for thread in self._threads:
+                thread.join(max(0.0, deadline - time.monotonic()))
+        finally:  # (also when a second Ctrl-C cuts the wait short)
+            self._stopped = True
+            for job_id in sorted(self.busy()):
+                if self.store.requeue(job_id, attempted=False):
+                    self.log(f"job {job_id}: still rendering {grace:g} s after the stop; queued again, it goes on "
+                             "when the server starts again")
 
     def _stop_reason(self, job_id: str) -> Optional[str]:
         return "stopping" if self._stopping else self._running.get(job_id)

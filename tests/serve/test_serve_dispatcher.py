@@ -1,6 +1,8 @@
 """The dispatcher of `camrender serve` (`camrender.serve.worker.Dispatcher`) on a store, with renderers the tests
-write (no pipeline): a job that cannot be planned fails once and the slot goes on, a failed or cancelled job
-leaves nothing its render made, a video written whole before a kill is not rendered again."""
+write (no pipeline): a job that cannot be planned fails once and the slot goes on, a stop leaves no job in
+progress, a failed or cancelled job leaves nothing its render made, a video written whole before a kill is not
+rendered again."""
+import threading
 import time
 
 import numpy as np
@@ -88,6 +90,31 @@ def test_a_job_that_cannot_be_planned_fails_once_and_the_next_job_runs(store, mo
     assert failed.status == "failed" and failed.error["message"].startswith(type(error).__name__), failed.error
     assert rendered == [good]
     assert sum("Traceback" in line for line in log) == 1
+
+
+@pytest.mark.parametrize("then", ["check", "finish"])
+def test_a_render_still_running_after_the_grace_goes_back_to_the_queue_uncounted(store, then):
+    job_id = queue(store)
+    started, release = threading.Event(), threading.Event()
+
+    def render(job, progress):
+        started.set()
+        release.wait(30)
+        if then == "check":
+            progress.check()  # the stop lands: JobStopped
+        return 0  # else the render ends as if it wrote its video
+
+    running = dispatcher(store, render)
+    running.start()
+    assert started.wait(30)
+    running.stop(0.1)  # the render does not reach its next check in time
+    job = store.get(job_id)
+    assert (job.status, job.attempts) == ("queued", 0)
+    release.set()
+    wait_until(lambda: not running.busy())
+    job = store.get(job_id)
+    assert (job.status, job.attempts) == ("queued", 0)
+    assert (store.folder_of(job_id) / job.spec["trajectory"]).is_file()  # its inputs stay for the next start
 
 
 def test_a_failed_job_keeps_its_inputs_and_nothing_its_render_left(store):

@@ -107,6 +107,16 @@ def test_purge_removes_old_finished_jobs_and_stray_folders(store):
     assert store.get(recent) and store.get(waiting) and not stray.exists() and fresh_stray.exists()
 
 
+def test_purge_goes_on_past_a_folder_removed_meanwhile(store, monkeypatch):
+    stray = store.folder_of("video_" + "9" * 32)
+    stray.mkdir()
+    os.utime(stray, (time.time() - 8 * 86400,) * 2)
+    gone = store.folder_of("video_" + "7" * 32)  # listed, then removed (a render letting a deleted job's folder go)
+    listed = Path.iterdir
+    monkeypatch.setattr(Path, "iterdir", lambda folder: iter([gone, *listed(folder)]))
+    assert store.purge(time.time() - 7 * 86400) == [] and not stray.exists()
+
+
 def test_a_job_is_on_disk_with_its_folders_before_it_is_stored(tmp_path, monkeypatch):
     from camrender import files
     from camrender.serve.jobs import JobRules, accept
