@@ -6,7 +6,7 @@ speak, on the job store (`camrender.serve.store`) and the dispatcher of renders 
     GET    /v1/videos?after=&limit=&order= a page of jobs, newest first
     GET    /v1/videos/{id}                 the job object: status, progress, segments, ETA
     GET    /v1/videos/{id}/content         the mp4 (HTTP range requests: a player seeks)
-    GET    /v1/videos/{id}/render.json     the render file (`camrender render --from-render` renders it again)
+    GET    /v1/videos/{id}/render.json     the render file as written (its paths are the server's: docs/serve.md)
     DELETE /v1/videos/{id}                 cancel a queued or running job; delete a finished one
     GET    /health                         {"status": "ok", "model": ...} (no token needed)
     GET    /metrics                        Prometheus text

@@ -362,5 +362,7 @@ def _refusal(error: CamrenderError, folder: Path, fields_of: dict) -> ServeError
 
 
 def _without_folder(text: str, folder: Path) -> str:
-    """`text` with the job folder's path left out (the server's paths stay on the server)."""
+    """`text` with the job folder's path left out: a refusal or a note names the job's files by their place in its
+    folder. (The job's render file, `GET /v1/videos/{id}/render.json`, is served as written: it names the server's
+    model, weights and store paths, for `camrender render --from-render` on the server; docs/serve.md.)"""
     return text.replace(f"{folder.resolve()}/", "").replace(f"{folder}/", "")
