@@ -211,13 +211,13 @@ def atomic_path(path, *, suffix: str = "", prefix: str = ".tmp-", durable: bool 
 
 
 @contextlib.contextmanager
-def atomic_output(path, mode: str = "w"):
-    """`atomic_path` as an open file (text: UTF-8, newline "\\n"); flushed to disk before the rename.
-    OSErrors become CamrenderError naming the file."""
+def atomic_output(path, mode: str = "w", *, durable: bool = False):
+    """`atomic_path` as an open file (text: UTF-8, newline "\\n"); flushed to disk before the rename (durable:
+    the rename too, `place`). OSErrors become CamrenderError naming the file."""
     path = os.fspath(check_output_path(path))
     text_options = {} if "b" in mode else {"encoding": "utf-8", "newline": "\n"}
     try:
-        with atomic_path(path, suffix=os.path.basename(path)[-32:]) as temp:
+        with atomic_path(path, suffix=os.path.basename(path)[-32:], durable=durable) as temp:
             with open(temp, mode, **text_options) as out:
                 yield out
                 out.flush()
@@ -240,6 +240,17 @@ def output_file_mode(path) -> int:
         mask = os.umask(0)
         os.umask(mask)
         return 0o666 & ~mask
+
+
+def make_folders(path, *, durable: bool = False) -> None:
+    """Create the folder `path` and those missing above it; durable: each new folder's entry flushed to disk in
+    the folder holding it (a file placed durably in `path` is then found after a crash)."""
+    path = Path(path)
+    missing = [folder for folder in (path, *path.parents) if not folder.exists()]
+    path.mkdir(parents=True, exist_ok=True)
+    if durable:
+        for folder in reversed(missing):
+            fsync_path(folder.parent)
 
 
 def fsync_path(path) -> None:

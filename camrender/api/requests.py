@@ -256,6 +256,12 @@ def resume_refusal(request) -> Optional[str]:
     return None
 
 
+def check_checkpoint_every(seconds: float) -> None:
+    """CamrenderError (field checkpoint-every) unless `seconds` between checkpoints is 0 (every segment) or more."""
+    if math.isnan(seconds) or seconds < 0:
+        raise CamrenderError(f"must be a number of seconds (0: every segment), got {seconds}", field="checkpoint-every")
+
+
 def prepare_output(request, *, resume: bool = False, checkpoint_every: float = DEFAULT_CHECKPOINT_EVERY,
                    overwrite: bool = True, log=None, leader: bool = True) -> PreparedOutput:
     """Check how `request` is written and what earlier runs left at its output, before anything loads:
@@ -264,9 +270,7 @@ def prepare_output(request, *, resume: bool = False, checkpoint_every: float = D
     checkpoints (0: every segment); an existing video at the output is replaced (with a note) only with
     `overwrite`. Only the `leader` of a video group looks at the output.
     Raises CamrenderError (one line) for what does not fit."""
-    if math.isnan(checkpoint_every) or checkpoint_every < 0:
-        raise CamrenderError(f"must be a number of seconds (0: every segment), got {checkpoint_every}",
-                             field="checkpoint-every")
+    check_checkpoint_every(checkpoint_every)
     refusal = resume_refusal(request) if resume else None
     if refusal is not None:
         raise CamrenderError(refusal, field="resume")

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import click
 
+from camrender.api.requests import check_checkpoint_every
 from camrender.batch.ray_executor import import_ray
 from camrender.cli.options import LOAD, RAY, declare, refuse_ray_options, split_options
 from camrender.cli.render import quiet_libraries
@@ -22,7 +23,9 @@ from camrender.render.prompt_cache import resolve_cache_dir
 
 DEFAULT_PORT = 8000
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-STOP_GRACE_S = 10.0  # seconds a render gets to reach its next step when the server stops (then it is killed)
+# seconds the renders get to reach their next step when the server stops; then their jobs are queued again all the
+# same and the process exits
+STOP_GRACE_S = 10.0
 MIB = 1 << 20
 
 
@@ -102,9 +105,7 @@ def serve(**options):
     load, render, rest = split_options(options)
     settings = LoadSettings.create(**load)
     checkpoint_every = rest["checkpoint_every"]
-    if math.isnan(checkpoint_every) or checkpoint_every < 0:
-        raise CamrenderError(f"must be a number of seconds (0: every segment), got {checkpoint_every}",
-                             field="checkpoint-every")
+    check_checkpoint_every(checkpoint_every)
     max_body = int(_positive("max-body-mb", rest["max_body_mb"]) * MIB)
     max_image = int(_positive("max-image-mb", rest["max_image_mb"]) * MIB)
     # lazy: keeps `camrender --help` free of torch, diffusers and aiohttp
@@ -145,9 +146,9 @@ def serve(**options):
                 log(f"serving {settings.model} at {url} (store {store.folder}); Ctrl-C stops")
 
             try:
-                asyncio.run(run_server(server, rest["host"], rest["port"], ready))
+                asyncio.run(run_server(server, rest["host"], rest["port"], ready, STOP_GRACE_S))
             finally:
-                dispatcher.stop(STOP_GRACE_S)
+                dispatcher.stop(STOP_GRACE_S)  # (done already, unless the server failed)
                 server.close()
     finally:
         store.close()

@@ -30,7 +30,6 @@ import io
 import ipaddress
 import json
 import random
-import signal
 import struct
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -41,6 +40,7 @@ import numpy as np
 from aiohttp import WSMsgType, web
 from PIL import Image
 
+from camrender.play.serving import base_url, run_until_signal
 from camrender.play.session import Flight, Segment
 from camrender.play.steering import KeyTimeline, scheme_letter
 
@@ -361,27 +361,11 @@ def is_loopback(host: str) -> bool:
 
 
 def page_url(host: str, port: int, token: Optional[str]) -> str:
-    shown = f"[{host}]" if ":" in host else host
-    return f"http://{shown}:{port}/" + (f"?token={token}" if token else "")
+    return f"{base_url(host, port)}/" + (f"?token={token}" if token else "")
 
 
 async def serve(server: PlayServer, host: str, port: int, on_ready: Callable[[str], None]) -> None:
     """Run `server` on host:port (0: any free port) until SIGINT or SIGTERM; `on_ready(url)` once it listens.
-    On the signal the flight stops and is saved before this returns."""
-    runner = web.AppRunner(server.app, handle_signals=False, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
-    port = runner.addresses[0][1]
-    done = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, done.set)
-    try:
-        on_ready(page_url(host, port, server.token))
-        await done.wait()
-    finally:
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(signum)
-        await server.close()
-        await runner.cleanup()
+    On the signal the flight stops and is saved before the web server closes and this returns."""
+    await run_until_signal(server.app, host, port, lambda bound: on_ready(page_url(host, bound, server.token)),
+                           stopping=server.close)

@@ -6,15 +6,20 @@ speak, on the job store (`camrender.serve.store`) and the dispatcher of renders 
     GET    /v1/videos?after=&limit=&order= a page of jobs, newest first
     GET    /v1/videos/{id}                 the job object: status, progress, segments, ETA
     GET    /v1/videos/{id}/content         the mp4 (HTTP range requests: a player seeks)
-    GET    /v1/videos/{id}/render.json     the render file (`camrender render --from-render` renders it again)
+    GET    /v1/videos/{id}/render.json     the render file as written (its paths are the server's: docs/serve.md)
     DELETE /v1/videos/{id}                 cancel a queued or running job; delete a finished one
     GET    /health                         {"status": "ok", "model": ...} (no token needed)
     GET    /metrics                        Prometheus text
 
 With a token (any host but loopback needs one) every request but /health carries `Authorization: Bearer TOKEN`
-(401 otherwise). Without one, a request must name this machine in its Host header and come from no other site
-(`Origin`): 403 otherwise (a web page cannot drive the user's local server). Every refusal is a JSON error with a
-4xx status naming the field (`camrender.serve.errors`).
+(401 with `WWW-Authenticate: Bearer` otherwise). Without one, a request must name this machine in its Host header
+and come from no other site (`Origin`): 403 otherwise (a web page cannot drive the user's local server). Every
+refusal is a JSON error with a 4xx status naming the field (`camrender.serve.errors`); a full queue (429) and a
+server stopping (503, to a /v1/videos/sync request) say when to try again (`Retry-After`).
+
+`serve` runs the server until SIGINT or SIGTERM, which the dispatcher hears first (no job starts, the renders stop
+at their next step or segment, /v1/videos/sync answers 503); then the web server closes and the renders get a
+grace period, after which a job still rendering goes back to the queue all the same.
 """
 from __future__ import annotations
 
@@ -22,7 +27,6 @@ import asyncio
 import dataclasses
 import hmac
 import shutil
-import signal
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
@@ -32,17 +36,19 @@ from urllib.parse import urlsplit
 from aiohttp import web
 
 from camrender.play.server import host_name, is_loopback
+from camrender.play.serving import base_url, run_until_signal
 from camrender.serve.body import read_body
 from camrender.serve.errors import ServeError, error_body
 from camrender.serve.jobs import VIDEO, JobRules, accept, check_id, new_id
 from camrender.serve.responses import job_list, job_object, metrics_text
-from camrender.serve.store import FINISHED, JobStore, QueueFull
+from camrender.serve.store import FINISHED, Job, JobStore, QueueFull
 from camrender.serve.values import integer
 from camrender.serve.worker import Dispatcher
 
 SYNC_POLL_S = 0.05  # how often /v1/videos/sync looks at its job
 DEFAULT_PAGE, MAX_PAGE = 20, 100
 RENDER_JSON = "video.render.json"
+RETRY_AFTER_S = 10  # what a 429 (queue full) and a 503 (stopping) tell a client to wait before it tries again
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,7 +87,7 @@ class VideoServer:
         try:
             return await handler(request)
         except ServeError as error:
-            return web.json_response(error.body(), status=error.status)
+            return web.json_response(error.body(), status=error.status, headers=error.headers)
         except web.HTTPException as error:
             if error.status < 400:
                 raise
@@ -101,11 +107,11 @@ class VideoServer:
         if request.path == "/health":
             return await handler(request)
         if self.config.token is not None:
-            given = request.headers.get("Authorization", "")
-            expected = f"Bearer {self.config.token}"
-            if not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), expected.encode()):
+            scheme, _, given = request.headers.get("Authorization", "").strip().partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(
+                    given.strip().encode("utf-8", "surrogateescape"), self.config.token.encode()):
                 raise ServeError(401, "a valid bearer token is needed (Authorization: Bearer TOKEN)",
-                                 param="Authorization", code="invalid_token")
+                                 param="Authorization", code="invalid_token", headers={"WWW-Authenticate": "Bearer"})
             return await handler(request)
         if not is_loopback(host_name(request.headers.get("Host", ""))):
             raise ServeError(403, "this server answers only to localhost and loopback addresses", param="Host",
@@ -126,37 +132,52 @@ class VideoServer:
     def _object(self, job) -> dict:
         return job_object(job, self.model, self.config.keep_s)
 
+    def _queue_full(self) -> ServeError:
+        return ServeError(429, f"the queue is full ({self.config.max_queue} jobs wait); try again later",
+                          code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)})
+
     async def _submit(self, request):
         """Read, check and store a job (queued, on disk) and wake the dispatcher: the stored `Job`."""
         created = time.time()
         if self.store.counts()["queued"] >= self.config.max_queue:
-            raise ServeError(429, f"the queue is full ({self.config.max_queue} jobs wait); try again later",
-                             code="queue_full")
+            raise self._queue_full()
         body = await read_body(request)
+        try:
+            job = await asyncio.get_running_loop().run_in_executor(self._threads, self._store_job, body, created)
+        except QueueFull:
+            raise self._queue_full() from None
+        self.dispatcher.wake()
+        return job
+
+    def _store_job(self, body: dict, created: float) -> Job:
+        """(In a thread.) Check `body`, write its uploads into a new job's folder and store the job; the folder
+        goes when any of it fails. All in the thread, which a request cancelled meanwhile does not stop: a job is
+        stored with its inputs, or neither is kept."""
         job_id = new_id()
         folder = self.store.folder_of(job_id)
-        loop = asyncio.get_running_loop()
         try:
-            accepted = await loop.run_in_executor(self._threads, accept, body, folder, self.rules)
-            job = await loop.run_in_executor(self._threads, self.store.add, job_id, accepted.spec, accepted.summary,
-                                             created, self.config.max_queue)
-        except QueueFull:
-            shutil.rmtree(folder, ignore_errors=True)
-            raise ServeError(429, f"the queue is full ({self.config.max_queue} jobs wait); try again later",
-                             code="queue_full") from None
+            accepted = accept(body, folder, self.rules)
+            return self.store.add(job_id, accepted.spec, accepted.summary, created, self.config.max_queue)
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
             raise
-        self.dispatcher.wake()
-        return job
 
     async def _create(self, request):
         job = await self._submit(request)
         return web.json_response(self._object(job), status=202)
 
+    def _refuse_while_stopping(self, job: Optional[Job] = None) -> None:
+        if self.dispatcher.stopping:
+            kept = "" if job is None else "; the job stays queued and renders when the server starts again"
+            raise ServeError(503, f"the server is stopping{kept}", param=None if job is None else "video_id",
+                             code="stopping", headers={"Retry-After": str(RETRY_AFTER_S),
+                                                       **({} if job is None else {"X-Video-Id": job.id})})
+
     async def _sync(self, request):
+        self._refuse_while_stopping()
         job = await self._submit(request)
         while job is not None and job.status not in FINISHED:
+            self._refuse_while_stopping(job)
             await asyncio.sleep(SYNC_POLL_S)
             job = self.store.get(job.id)
         if job is None or job.status == "cancelled":
@@ -222,46 +243,46 @@ class VideoServer:
         return web.Response(text=text, content_type="text/plain", charset="utf-8",
                             headers={"X-Content-Type-Options": "nosniff"})
 
+    async def purge_now_and_then(self) -> None:
+        """Every min(keep / 2, 1 h), from now: the store's purge (`JobStore.purge`), in a thread (SQLite and
+        removing folders would stall every request on the event loop); an error is logged and the next purge comes
+        all the same."""
+        keep = self.config.keep_s
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                gone = await loop.run_in_executor(self._threads, self._purge)
+            except Exception:  # noqa: BLE001 - a locked database, a full disk: the next purge tries again
+                self.log(f"purging the store failed: {traceback.format_exc().strip()}")
+            else:
+                if gone:
+                    self.log(f"purged {len(gone)} job{'' if len(gone) == 1 else 's'} finished over {keep:g} s ago")
+            await asyncio.sleep(min(max(keep / 2, 1.0), 3600.0))
+
+    def _purge(self) -> list:
+        return self.store.purge(time.time() - self.config.keep_s, busy=self.dispatcher.busy())
+
     def close(self) -> None:
         self._threads.shutdown(wait=True)
 
 
-def base_url(host: str, port: int) -> str:
-    return f"http://{f'[{host}]' if ':' in host else host}:{port}"
-
-
-async def listen(server: VideoServer, host: str, port: int) -> tuple:
-    """(the aiohttp runner, the base URL) of `server` listening on host:port (0: a free port); stop it with
-    `runner.cleanup()`."""
-    runner = web.AppRunner(server.app, handle_signals=False, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, host, port).start()
-    return runner, base_url(host, runner.addresses[0][1])
-
-
-async def serve(server: VideoServer, host: str, port: int, on_ready: Callable[[str], None]) -> None:
+async def serve(server: VideoServer, host: str, port: int, on_ready: Callable[[str], None], grace: float) -> None:
     """Run `server` on host:port until SIGINT or SIGTERM, purging the jobs that finished more than `keep_s` ago
-    now and then; `on_ready(base url)` once it listens."""
-    runner, url = await listen(server, host, port)
-    done = asyncio.Event()
+    now and then; `on_ready(base url)` once it listens. On the signal the dispatcher stops first, then the web
+    server closes, then the renders get `grace` seconds to stop (`Dispatcher.stop`)."""
     loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, done.set)
-    purging = asyncio.create_task(_purge_now_and_then(server))
-    try:
-        on_ready(url)
-        await done.wait()
-    finally:
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(signum)
-        purging.cancel()
-        await runner.cleanup()
+    purging = []
 
+    def ready(bound: int) -> None:
+        purging.append(asyncio.create_task(server.purge_now_and_then()))
+        on_ready(base_url(host, bound))
 
-async def _purge_now_and_then(server: VideoServer) -> None:
-    keep = server.config.keep_s
-    while True:
-        gone = server.store.purge(time.time() - keep, busy=server.dispatcher.busy())
-        if gone:
-            server.log(f"purged {len(gone)} job{'' if len(gone) == 1 else 's'} finished over {keep:g} s ago")
-        await asyncio.sleep(min(max(keep / 2, 1.0), 3600.0))
+    async def stopping() -> None:
+        server.dispatcher.begin_stop()
+        for task in purging:
+            task.cancel()
+
+    async def stopped() -> None:
+        await loop.run_in_executor(None, server.dispatcher.stop, grace)
+
+    await run_until_signal(server.app, host, port, ready, stopping=stopping, stopped=stopped)

@@ -30,12 +30,13 @@ async def read_body(request: web.Request) -> dict:
     fields = {}
     for name, value in form.items():
         value = Upload(value.filename, value.file.read()) if isinstance(value, web.FileField) else value
-        if name == REPEATED and isinstance(value, Upload):
-            fields.setdefault(name, []).append(value)
-            continue
-        if name in fields:
+        repeated = name == REPEATED and isinstance(value, Upload)  # one more file part of the path
+        if name in fields and not (repeated and isinstance(fields[name], list)):
             raise ServeError(400, "given twice", param=name)
-        fields[name] = value
+        if repeated:
+            fields.setdefault(name, []).append(value)
+        else:
+            fields[name] = value
     return fields
 
 

@@ -9,15 +9,17 @@ from typing import Optional
 
 TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
          405: "invalid_request_error", 409: "conflict_error", 413: "request_too_large", 415: "invalid_request_error",
-         422: "render_error", 429: "rate_limit_error"}
+         422: "render_error", 429: "rate_limit_error", 503: "server_error"}
 
 
 class ServeError(Exception):
-    """A request the server refuses: `status` (4xx), one-line `message`, the request field `param` it is about
-    (None: the request as a whole), and a machine-readable `code`."""
+    """A request the server refuses: `status` (4xx; 503 while it stops), one-line `message`, the request field
+    `param` it is about (None: the request as a whole), a machine-readable `code` and the answer's `headers`
+    (`Retry-After`, `WWW-Authenticate`)."""
 
-    def __init__(self, status: int, message: str, param: Optional[str] = None, code: str = "invalid_value"):
-        self.status, self.param, self.code = status, param, code
+    def __init__(self, status: int, message: str, param: Optional[str] = None, code: str = "invalid_value",
+                 headers: Optional[dict] = None):
+        self.status, self.param, self.code, self.headers = status, param, code, dict(headers or {})
         named = param is None or message.startswith(f"{param}:")
         self.message = " ".join((message if named else f"{param}: {message}").split())
         super().__init__(self.message)

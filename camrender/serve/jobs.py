@@ -20,7 +20,7 @@ import numpy as np
 
 from camrender.api.requests import plan_request
 from camrender.errors import CamrenderError
-from camrender.files import atomic_output
+from camrender.files import atomic_output, make_folders
 from camrender.limits import max_frames
 from camrender.render.load_settings import FIELDS as LOAD_FIELDS
 from camrender.render.load_settings import LoadSettings, unknown_keyword
@@ -90,13 +90,14 @@ def plan_job(spec: dict, folder: Path, rules: JobRules, notes: Optional[list] = 
 
 def accept(body: dict, folder: Path, rules: JobRules) -> Accepted:
     """Check the request `body` ({field: value}; a multipart body's files as `values.Upload`), write its uploads
-    under `folder`/input and plan its render. ServeError (4xx) naming the field for anything refused."""
+    under `folder`/input, on disk with the folders that hold them (the job survives a crash once it is stored),
+    and plan its render. ServeError (4xx) naming the field for anything refused."""
     _check_names(body, rules.load)
     sana = _sana_wm(body)
     options = _options(body, sana)
     folder = Path(folder)
     inputs = folder / INPUT
-    (inputs / "path").mkdir(parents=True, exist_ok=True)
+    make_folders(inputs / "path", durable=True)
     given = {name for name in body} | {f"{SANA_WM}.{name}" for name in sana}
     spec = {"options": options, "image": _write_image(body, inputs, rules.max_image_bytes),
             "load": json.loads(json.dumps(rules.load.record()))}
@@ -306,14 +307,14 @@ def _write_intrinsics(value, inputs: Path) -> str:
 
 
 def _write_array(path: Path, array: np.ndarray) -> Path:
-    with atomic_output(path, "wb") as out:
+    with atomic_output(path, "wb", durable=True) as out:
         np.save(out, array, allow_pickle=False)
     return path
 
 
 def _write(path: Path, data: bytes) -> Path:
-    """`data` into `path`, on disk (fsync) before the job is stored."""
-    with atomic_output(path, "wb") as out:
+    """`data` into `path`, on disk (its data and its name) before the job is stored."""
+    with atomic_output(path, "wb", durable=True) as out:
         out.write(data)
     return path
 
@@ -361,5 +362,7 @@ def _refusal(error: CamrenderError, folder: Path, fields_of: dict) -> ServeError
 
 
 def _without_folder(text: str, folder: Path) -> str:
-    """`text` with the job folder's path left out (the server's paths stay on the server)."""
+    """`text` with the job folder's path left out: a refusal or a note names the job's files by their place in its
+    folder. (The job's render file, `GET /v1/videos/{id}/render.json`, is served as written: it names the server's
+    model, weights and store paths, for `camrender render --from-render` on the server; docs/serve.md.)"""
     return text.replace(f"{folder.resolve()}/", "").replace(f"{folder}/", "")

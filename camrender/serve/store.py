@@ -254,12 +254,14 @@ class JobStore:
         self._update(job_id, fields, ("in_progress",))
 
     def finish(self, job_id: str, status: str, *, error: Optional[dict] = None,
-               inference_s: Optional[float] = None) -> bool:
-        """in_progress -> completed, failed or cancelled (False: the job was cancelled or deleted meanwhile)."""
+               inference_s: Optional[float] = None, queued_too: bool = False) -> bool:
+        """in_progress -> completed, failed or cancelled; with `queued_too` a queued job as well (it failed before
+        its render started, or its video was written before a kill). False: the job was cancelled or deleted
+        meanwhile."""
         changes = {"status": status, "completed_at": time.time(), "error": error, "eta_s": None}
         if status == "completed":
             changes.update(progress=100, inference_s=inference_s)
-        return self._update(job_id, changes, ("in_progress",))
+        return self._update(job_id, changes, ("queued", "in_progress") if queued_too else ("in_progress",))
 
     def requeue(self, job_id: str, attempted: bool = True) -> bool:
         """in_progress -> queued: a render the server stopped goes on when it starts again. attempted False: the
@@ -310,7 +312,13 @@ class JobStore:
             self.delete(job_id, files=job_id not in busy)
         known = {row[0] for row in db.execute("SELECT id FROM jobs")}
         for folder in (self.folder / JOBS).iterdir():
-            if folder.name not in known and folder.name not in busy and folder.stat().st_mtime < finished_before:
+            if folder.name in known or folder.name in busy:
+                continue
+            try:
+                modified = folder.stat().st_mtime
+            except FileNotFoundError:  # removed meanwhile (a render thread letting a deleted job's folder go)
+                continue
+            if modified < finished_before:
                 shutil.rmtree(folder, ignore_errors=True)
         return old
 

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import aiohttp
 
-from camrender.serve.app import ServerConfig, VideoServer, listen
+from camrender.play.serving import base_url, listen
+from camrender.serve.app import ServerConfig, VideoServer
 from camrender.serve.jobs import JobRules
 from camrender.serve.store import JobStore
 from camrender.serve.worker import Dispatcher, InProcessRenderer
@@ -42,8 +43,9 @@ class ThreadServer:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="test-server", daemon=True)
         self.thread.start()
-        self.runner, self.url = asyncio.run_coroutine_threadsafe(
-            listen(self.server, "127.0.0.1", 0), self.loop).result(30)
+        self.runner, port = asyncio.run_coroutine_threadsafe(
+            listen(self.server.app, "127.0.0.1", 0), self.loop).result(30)
+        self.url = base_url("127.0.0.1", port)
         if start_worker:
             self.dispatcher.start()
 

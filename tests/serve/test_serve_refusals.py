@@ -194,6 +194,12 @@ def test_multipart_and_other_bodies(server):
     status, error, _ = request("POST", f"{server.url}/v1/videos", data="prompt", headers={**AUTH,
                                                                                           "Content-Type": "text/plain"})
     assert status == 415
+    for first, then in (("text", "file"), ("file", "text")):  # a path as a text and as a file: refused either way
+        form = aiohttp.FormData()
+        for kind in (first, then):
+            form.add_field("trajectory", "w-16", **({} if kind == "text" else {"filename": "path.actions"}))
+        status, error, _ = request("POST", f"{server.url}/v1/videos", data=form, headers=AUTH)
+        assert (status, error["error"]["param"]) == (400, "trajectory") and "given twice" in str(error), error
 
 
 @pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN},
@@ -201,8 +207,14 @@ def test_multipart_and_other_bodies(server):
 def test_a_missing_or_wrong_token_is_401(server, headers):
     for method, path in (("POST", "/v1/videos"), ("GET", "/v1/videos"), ("GET", "/metrics"),
                          ("GET", "/v1/videos/video_" + "0" * 32)):
-        status, error, _ = request(method, f"{server.url}{path}", json=GOOD, headers=headers)
+        status, error, answer = request(method, f"{server.url}{path}", json=GOOD, headers=headers)
         assert (status, error["error"]["param"]) == (401, "Authorization"), (method, path)
+        assert answer["WWW-Authenticate"] == "Bearer"
+
+
+def test_the_auth_scheme_is_case_insensitive(server):
+    for scheme in ("bearer", "BEARER"):
+        assert request("GET", f"{server.url}/v1/videos", headers={"Authorization": f"{scheme} {TOKEN}"})[0] == 200
 
 
 @pytest.mark.parametrize("path, param", [
@@ -230,7 +242,7 @@ def test_the_queue_limit_then_cancel(server):
         assert status == 202 and job["status"] == "queued" and job["size"] == "1280x704", job
         ids.append(job["id"])
     status, error, headers = request("POST", f"{server.url}/v1/videos", json=GOOD, headers=AUTH)
-    assert status == 429 and error["error"]["code"] == "queue_full"
+    assert status == 429 and error["error"]["code"] == "queue_full" and int(headers["Retry-After"]) > 0
     assert request("GET", f"{server.url}/v1/videos/{ids[0]}", headers=AUTH)[1]["status"] == "queued"
     for job_id in ids:
         status, job, _ = request("DELETE", f"{server.url}/v1/videos/{job_id}", headers=AUTH)

@@ -1,7 +1,9 @@
 """`camrender serve` as a subprocess, killed with SIGKILL mid-job and started again on its store: every accepted job
 completes, the one in progress continues from its segment-mode checkpoint and its video is the same file as an
-uninterrupted render's; SIGTERM stops the server with its running job queued again."""
+uninterrupted render's; SIGTERM stops the server with its running job queued again and a waiting
+/v1/videos/sync request answered 503."""
 import asyncio
+import threading
 import time
 
 from camrender.render.resume import CHECKPOINT_NAME, partial_folder
@@ -57,9 +59,18 @@ def test_sigkill_mid_job_then_restart_completes_every_job(tmp_path):
 
         stopped = submit(server.url, LONG)
         wait_for_segments(server.url, stopped, 2)
+        answers = []
+        waiting = threading.Thread(target=lambda: answers.append(
+            request("POST", f"{server.url}/v1/videos/sync", json={**ACTION, **SMALL})))
+        waiting.start()
+        while request("GET", f"{server.url}/v1/videos?limit=1")[1]["data"][0]["id"] == stopped:
+            time.sleep(0.02)  # until the sync request's job is stored, queued behind `stopped`
         assert server.stop() == 0  # SIGTERM: the render stops at its next segment, its job goes back to the queue
+        waiting.join(30)
     finally:
         server.stop()
+    status, error, headers = answers[0]
+    assert (status, error["error"]["code"]) == (503, "stopping") and int(headers["Retry-After"]) > 0
     log = server.log.read_text()
     assert f"job {resumed}: rendering (resumed from its checkpoint)" in log
     assert "1 job in progress when the server stopped: queued again" in log
@@ -67,6 +78,7 @@ def test_sigkill_mid_job_then_restart_completes_every_job(tmp_path):
     kept = JobStore(store)
     try:
         assert kept.get(stopped).status == "queued" and kept.counts()["completed"] == 4
+        assert kept.get(headers["X-Video-Id"]).status == "queued"
         assert kept.get(stopped).attempts == 0  # a stop on purpose is not an attempt that failed
         assert (partial_folder(kept.folder_of(stopped) / VIDEO) / CHECKPOINT_NAME).is_file()
     finally:

@@ -107,6 +107,29 @@ def test_purge_removes_old_finished_jobs_and_stray_folders(store):
     assert store.get(recent) and store.get(waiting) and not stray.exists() and fresh_stray.exists()
 
 
+def test_purge_goes_on_past_a_folder_removed_meanwhile(store, monkeypatch):
+    stray = store.folder_of("video_" + "9" * 32)
+    stray.mkdir()
+    os.utime(stray, (time.time() - 8 * 86400,) * 2)
+    gone = store.folder_of("video_" + "7" * 32)  # listed, then removed (a render letting a deleted job's folder go)
+    listed = Path.iterdir
+    monkeypatch.setattr(Path, "iterdir", lambda folder: iter([gone, *listed(folder)]))
+    assert store.purge(time.time() - 7 * 86400) == [] and not stray.exists()
+
+
+def test_a_job_is_on_disk_with_its_folders_before_it_is_stored(tmp_path, monkeypatch):
+    from camrender import files
+    from camrender.serve.jobs import JobRules, accept
+
+    flushed = []
+    flush = files.fsync_path
+    monkeypatch.setattr(files, "fsync_path", lambda path: (flushed.append(Path(path)), flush(path)))
+    folder = tmp_path / "jobs" / ("video_" + "1" * 32)
+    accept({"trajectory": "w-8", "size": "32x32"}, folder, JobRules(LoadSettings.create("tiny"), None, 1 << 20))
+    folders = {path for path in flushed if path.is_dir()}  # each holds a new entry: a folder, or a renamed upload
+    assert {tmp_path / "jobs", folder, folder / "input", folder / "input" / "path"} <= folders
+
+
 @pytest.mark.parametrize("make, words", [
     (lambda path: path.write_text("not a folder"), "is not a folder"),
     (lambda path: (path.mkdir(), (path / DATABASE).write_bytes(b"garbage" * 200)), "not a database"),
@@ -197,9 +220,11 @@ def test_progress_percent_segments_eta_and_stops():
 def test_a_rerun_keeps_a_checkpoint_and_nothing_else(tmp_path):
     load = LoadSettings.create("tiny")
     full = plan_request(load, "w-16", out=tmp_path / "video.mp4", frames=17, width=32, height=32)
-    left = tmp_path / ".video.mp4.0123abcd.part.mp4"  # a full-mode render killed while it wrote
-    left.write_bytes(b"partial")
-    assert rerun_state(full, 0.0) is False and not left.exists()
+    left = [tmp_path / ".video.mp4.0123456789ab.part.mp4",  # a full-mode render killed while it wrote
+            tmp_path / ".tmp-0123456789abvideo.render.json", tmp_path / ".video.mp4.lock"]  # ... its side files
+    for path in left:
+        path.write_bytes(b"partial")
+    assert rerun_state(full, 0.0) is False and not any(path.exists() for path in left)
     segments = plan_request(load, "w-16", out=tmp_path / "video.mp4", frames=17, width=32, height=32,
                             mode="segments")
     folder = partial_folder(segments.out)
