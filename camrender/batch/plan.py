@@ -35,8 +35,9 @@ def plan_jobs(jobs: list, resolve: Callable, created: Optional[list] = None, ove
     """Plan `jobs` (`camrender.batch.jobs.Job`s): `resolve(job) -> (RenderRequest, {"resume", "checkpoint_every"})`
     checks a job's values (raising CamrenderError); a job whose output exists is skipped, one whose output another
     job already has, or that an interrupted render's checkpoint holds (unless it resumes), fails; with `overwrite`
-    a job whose output exists renders again, replacing it. Output folders made for the jobs are appended to `created`
-    (when given), deepest first, so that a refused batch can take them away again (`remove_created`). shard: every
+    a job whose output exists renders again, replacing it. The output folders of this shard's jobs are made, and
+    appended to `created` (when given), deepest first, so that a refused batch can take them away again
+    (`remove_created`); one that cannot be made fails its job. shard: every
     job is checked (a jobs file with errors is refused whole in every shard), those of other shards that pass are
     left out of the plan (their interrupted renders unchecked: another process may be rendering them now)."""
     planned, outputs = [], {}
@@ -54,10 +55,8 @@ def plan_jobs(jobs: list, resolve: Callable, created: Optional[list] = None, ove
                     if mine:
                         planned.append(Planned(index, job.where, out, "skipped", "output exists"))
                     continue
-                missing = [folder for folder in [Path(out).parent, *Path(out).parent.parents] if not folder.exists()]
-                Path(out).parent.mkdir(parents=True, exist_ok=True)
-                if created is not None:
-                    created.extend(missing)
+                if mine:
+                    _make_folder(Path(out).parent, created, job.where)
             request, writing = resolve(job)
             if not mine:
                 continue
@@ -69,6 +68,22 @@ def plan_jobs(jobs: list, resolve: Callable, created: Optional[list] = None, ove
             message = str(error) if str(error).startswith(job.where) else f"{job.where}: {error}"
             planned.append(Planned(index, job.where, out, "failed", message))
     return planned
+
+
+def _make_folder(folder: Path, created: Optional[list], where: str) -> None:
+    """Make an output's folder, appending the folders made to `created` (deepest first); one that cannot be made
+    (a file in its way, no permission): CamrenderError naming the job."""
+    missing = [path for path in [folder, *folder.parents] if not path.exists()]
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        reason = ("a file is in the way" if isinstance(error, (FileExistsError, NotADirectoryError))
+                  else error.strerror or str(error))
+        raise CamrenderError(f"cannot make the output's folder {folder}: {reason}", path=where,
+                             field="output") from None
+    finally:
+        if created is not None:
+            created.extend(path for path in missing if path.is_dir())
 
 
 def remove_created(folders: list) -> None:

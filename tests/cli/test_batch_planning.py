@@ -26,6 +26,7 @@ BAD_LINES = [
     {"trajectory": "missing.json", "output": "out/c.mp4"},
     {"trajectory": "a.json", "output": "out/d.mp4", "colour": 2},
     {"trajectory": "a.json", "output": "out/e.mp4", "seed": -1},
+    {"trajectory": "a.json", "output": "a.json/f.mp4"},  # its folder is a file
 ]
 
 
@@ -35,9 +36,9 @@ def test_a_jobs_file_with_errors_is_refused_whole(tmp_path, capsys):
     errors = [line for line in err.splitlines() if line.startswith("camrender: error:")]
     assert code == 2 and "Traceback" not in err
     for number, needle in ((2, "invalid JSON"), (3, "same output as"), (4, "file not found"), (5, "colour"),
-                           (6, "seed")):
+                           (6, "seed"), (7, "cannot make the output's folder")):
         assert sum(f"line {number}:" in line and needle in line for line in errors) == 1, (number, err)
-    assert "5 of 6 jobs cannot render" in errors[-1] and "--skip-bad-jobs" in errors[-1]
+    assert "6 of 7 jobs cannot render" in errors[-1] and "--skip-bad-jobs" in errors[-1]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "jobs.jsonl"]  # no out/, no video
 
 
@@ -75,5 +76,5 @@ def test_a_bad_jobs_file_is_refused_before_workers_start(tmp_path, capsys, monke
     jobs = jobs_file(tmp_path, BAD_LINES)
     code, _, err = helpers.run_cli(["batch", jobs, *FAST, "--gpus", "2", "--device", "cpu"], capsys)
     errors = [line for line in err.splitlines() if line.startswith("camrender: error:")]
-    assert code == 2 and started == [] and len(errors) == 6 and "re-timed" not in err, err
+    assert code == 2 and started == [] and len(errors) == len(BAD_LINES) and "re-timed" not in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "jobs.jsonl"]
