@@ -97,7 +97,10 @@ class RayRenderer:
                  log: Callable[[str], None] = lambda line: None):
         self.ray, self.log = import_ray(), log
         gpus, self.unit, self.slots = cluster_workers(1, settings.device != "cpu", workers)
-        self.board = self.ray.remote(ProgressBoard).options(num_cpus=0).remote()
+        # on this process's node: a board on a node that leaves would take every later job's progress with it
+        here = self.ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(
+            node_id=self.ray.get_runtime_context().get_node_id(), soft=False)
+        self.board = self.ray.remote(ProgressBoard).options(num_cpus=0, scheduling_strategy=here).remote()
         self.pool = RayWorkers(functools.partial(actor_runner, self.board), self.slots, gpus=gpus, retries=retries,
                                log=log)
         self._inbox = queue.SimpleQueue()  # ("render" | "cancel", ticket), ("close", None): to the owner thread
@@ -164,9 +167,11 @@ class RayRenderer:
                     if result is not None:
                         self._end(self._tickets.pop(result["index"], None), result)
                     self._pass_progress()
-            except Exception as error:  # noqa: BLE001 - the cluster failing: the jobs in flight fail, the thread goes on
+            except Exception as error:  # noqa: BLE001 - the cluster failing: its jobs in flight fail, the thread lives
                 self.log(f"Ray workers: {traceback.format_exc().strip()}")
                 for ticket in list(self._tickets.values()):
+                    with contextlib.suppress(Exception):  # its render stopped: nothing writes for a failed job
+                        self.pool.cancel(ticket.job.index)
                     self._end(ticket, {"status": "failed", "reason": f"the Ray workers failed: {first_line(error)}"})
                 self._tickets.clear()
                 time.sleep(POLL_S)

@@ -117,3 +117,43 @@ def test_without_ray_serve_executor_ray_is_one_line_before_loading(tmp_path, cap
         assert code == 2 and err.count("\n") == 1, err
         assert f"{option} is for the Ray executor: add --executor ray" in err
     assert not (tmp_path / "store").exists()
+
+
+def test_a_failure_of_the_ray_workers_stops_the_renders_of_the_jobs_it_fails(tmp_path, monkeypatch):
+    """In-process: the pool failing under the owner thread fails the job in flight and stops its render on its
+    worker (cancelled on the pool, its worker killed), so nothing keeps writing into a failed job's folder."""
+    pytest.importorskip("ray")
+    from camrender.api.requests import plan_request
+    from camrender.batch.ray_executor import ray_cluster
+    from camrender.errors import CamrenderError
+    from camrender.render.load_settings import LoadSettings
+    from camrender.serve.progress import JobProgress
+    from camrender.serve.ray_renderer import RayRenderer
+    from camrender.serve.worker import PlannedJob
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    settings = LoadSettings.create("tiny", device="cpu")
+    request = plan_request(settings, "w-320", frames=321, steps=4, height=32, width=32, mode="segments",
+                           segment_frames=1, out=tmp_path / "long.mp4", prompt_cache=None)
+    with ray_cluster(num_cpus=1):
+        renderer = RayRenderer(settings, workers=1)
+        assert renderer.start() == 1
+        reported, cancelled = [], []
+        progress = JobProgress(lambda **fields: reported.append(fields), lambda: None, refiner=False)
+        cancel = renderer.pool.cancel
+        monkeypatch.setattr(renderer.pool, "cancel", lambda index: cancelled.append(cancel(index)))
+        next_result = renderer.pool.next_result
+
+        def fail_once_rendering(timeout=None):
+            if reported and not cancelled:  # the render is under way: the cluster fails now
+                raise RuntimeError("the cluster went away")
+            return next_result(timeout=timeout)
+
+        monkeypatch.setattr(renderer.pool, "next_result", fail_once_rendering)
+        try:
+            with pytest.raises(CamrenderError, match="the Ray workers failed: RuntimeError: the cluster went away"):
+                renderer.render(PlannedJob("job1", request, False, 0.0), progress)
+            assert cancelled == ["rendering"]
+        finally:
+            renderer.close()
+    assert not (tmp_path / "long.mp4").exists()
