@@ -144,7 +144,6 @@ def batch(jobs, out_dir, gpus, gpus_per_video, summary_path, overwrite, skip_bad
         raise CamrenderError(f"{gpus_per_video} GPUs per video need that many processes (--gpus or torchrun)",
                              field="gpus-per-video")
     try:
-        quiet_libraries()
         started = time.perf_counter()
         main = ranks is None or ranks.is_main
         planned, created = None, []
@@ -199,7 +198,10 @@ def _unit(device) -> str:
 
 def _runner(ranks, progress_style: str, quiet: bool) -> JobRunner:
     """This process's `JobRunner`: pipelines loaded through the API, each job written with the batch's progress
-    display (the leader of a video group shows it) and Ctrl-C / SIGTERM checked between chunks."""
+    display (the leader of a video group shows it) and Ctrl-C / SIGTERM checked between chunks. Called where the
+    jobs render (this process, a torchrun rank, a Ray worker): a driver that only hands jobs to Ray workers never
+    imports torch or diffusers."""
+    quiet_libraries()
     # lazy: keeps `camrender --help` free of torch, diffusers
     from camrender.api.pipeline import CamrenderPipeline
 
