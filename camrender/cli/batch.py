@@ -164,15 +164,17 @@ def batch(jobs, out_dir, gpus, gpus_per_video, summary_path, overwrite, skip_bad
                 log(f"batch{'' if shard is None else f' (shard {shard})'}: {count(len(planned), 'job')}, "
                     f"{len(pending)} to render on {count(chosen.workers, 'group')} of {count(chosen.per_video, unit)}")
             ran = chosen.run(pending, lambda group: _runner(group, style, quiet))
-        if ran is None:
-            return
-        summary = summarize(planned, ran[0], time.perf_counter() - started, chosen.workers, chosen.per_video, ran[1])
+            if ran is None:
+                return
+            summary = summarize(planned, ran[0], time.perf_counter() - started, chosen.workers, chosen.per_video,
+                                ran[1])
+            # said and written before the executor stops: the output is complete while a Ray instance shuts down
+            for line in summary_lines(summary):
+                log(line)
+            if summary_path is not None:
+                atomic_write_text(summary_path, json.dumps(summary, indent=1) + "\n")
     finally:
         distributed.stop()
-    for line in summary_lines(summary):
-        log(line)
-    if summary_path is not None:
-        atomic_write_text(summary_path, json.dumps(summary, indent=1) + "\n")
     if summary["failed"]:
         sys.exit(distributed.FAILED_JOBS_EXIT_CODE)
 
