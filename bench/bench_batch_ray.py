@@ -12,7 +12,8 @@ one job costs on the warm 1-worker pool beyond the same job in this process (med
 workers can do on this machine at the time (its other load included). `cold_one_job`: `camrender batch` with one job
 from the command line in a fresh process: in-process and --executor ray starting its own Ray (started and stopped,
 its worker started, the model loaded) in turn, then --executor ray joining a Ray head started beforehand (`ray start
---head`, as a cluster user has one: connecting, the worker started, the model loaded): the best of `--repeats` each.
+--head`, as a cluster user has one: connecting, the worker started, the model loaded): the best of `--repeats` each;
+`ray_start_s` / `ray_stop_s`: Ray alone started and stopped as --executor ray does it, each in a fresh process.
 
     python3 bench/bench_batch_ray.py --out bench/results/DATE_batch_ray_cpu.json
     python3 bench/bench_batch_ray.py --jobs 2 --rounds 1 --repeats 1 --steps 1      # checks the script
@@ -200,6 +201,16 @@ def ray_head(env: dict):
         shutil.rmtree(temp, ignore_errors=True)
 
 
+# Ray started and stopped alone, as `camrender batch --executor ray` starts and stops it, in a fresh process
+START_STOP = """import json, time
+from camrender.batch.ray_executor import ray_cluster
+started = time.perf_counter()
+with ray_cluster():
+    up = time.perf_counter()
+print(json.dumps([up - started, time.perf_counter() - up]))
+"""
+
+
 def cold_one_job(args, folder: Path) -> dict:
     """`camrender batch` with one job, each run in a fresh process: in-process and --executor ray starting its own
     Ray, in turn; then --executor ray --address HOST:PORT joining the Ray head `ray_head` started, both with Ray's
@@ -221,14 +232,18 @@ def cold_one_job(args, folder: Path) -> dict:
         subprocess.run(command, env=run_env, check=True, capture_output=True)
         walls[name].append(round(time.perf_counter() - started, 2))
 
+    start_stop = []
     for repeat in range(args.repeats):
         run("local", repeat)
         run("ray", repeat)
+        probe = subprocess.run([sys.executable, "-c", START_STOP], env=env, check=True, capture_output=True, text=True)
+        start_stop.append([round(seconds, 2) for seconds in json.loads(probe.stdout)])
     cluster_env = {**env, "RAY_AUTH_MODE": env.get("RAY_AUTH_MODE", "token")}
     with ray_head(cluster_env) as address:
         for repeat in range(args.repeats):
             run("ray_address", repeat, ["--address", address], cluster_env)
     return {"in_process_s": walls["local"], "ray_s": walls["ray"], "ray_address_s": walls["ray_address"],
+            "ray_start_s": [start for start, _ in start_stop], "ray_stop_s": [stop for _, stop in start_stop],
             "overhead_best_s": round(min(walls["ray"]) - min(walls["local"]), 2),
             "overhead_address_best_s": round(min(walls["ray_address"]) - min(walls["local"]), 2)}
 
