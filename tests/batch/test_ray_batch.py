@@ -3,7 +3,8 @@ processes of one CPU each) with the tiny model: every video is the one the same 
 a worker whose process is SIGKILLed in the middle of a job costs a retry of that job only (resumed from its
 checkpoint), with nothing partial left; a job whose worker keeps dying fails after its retries while the others
 render; the pool works from Python without the CLI; a cancelled job's worker is killed (its output let go and
-cleared before `cancel` returns) and replaced."""
+cleared before `cancel` returns) and replaced; a driver started apart joins this Ray by its address and hands its
+job to a worker without importing torch or diffusers itself."""
 import json
 import os
 import signal
