@@ -215,8 +215,8 @@ def cold_one_job(args, folder: Path) -> dict:
     """`camrender batch` with one job, each run in a fresh process: in-process and --executor ray starting its own
     Ray, in turn; then --executor ray --address HOST:PORT joining the Ray head `ray_head` started, both with Ray's
     token authentication (RAY_AUTH_MODE=token unless set otherwise: Ray asks it of a client that names an address; the
-    local Rays started before made the token). The head runs only for the latter: a second Ray on the machine would
-    slow the start of the one --executor ray starts (their ports collide)."""
+    local Rays started before made the token). The head runs only for the latter, so that the Ray --executor ray
+    starts is the machine's only one."""
     line = {"trajectory": "w-40,dw-40", "frames": args.frames, "steps": args.steps, "height": args.height,
             "width": args.width}
     env = {**os.environ, "TRITON_INTERPRET": "0", "OMP_NUM_THREADS": "1"}
