@@ -45,7 +45,7 @@ def check_device(device, offload: bool = False, dtype: str = "auto") -> None:
 
 
 def _existing_device_type(device) -> str:
-    """"cpu" or "cuda" for a device this machine has; CamrenderError otherwise."""
+    """The type of `device` ("cpu" or "cuda"), a device this machine has; CamrenderError otherwise."""
     # lazy: keeps `camrender --help` free of torch
     import torch
 
