@@ -10,8 +10,10 @@ round of each gives `jobs_per_hour_best` (the median round `jobs_per_hour_median
 one job costs on the warm 1-worker pool beyond the same job in this process (medians of `--repeats`).
 `two_processes_without_ray`: the same batch split over two plain processes (no Ray), each on one thread: what two
 workers can do on this machine at the time (its other load included). `cold_one_job`: `camrender batch` with one job
-from the command line in a fresh process, in-process against --executor ray (Ray started and stopped, its worker
-started, the model loaded): the best of `--repeats` each.
+from the command line in a fresh process: in-process and --executor ray starting its own Ray (started and stopped,
+its worker started, the model loaded) in turn, then --executor ray joining a Ray head started beforehand (`ray start
+--head`, as a cluster user has one: connecting, the worker started, the model loaded): the best of `--repeats` each;
+`ray_start_s` / `ray_stop_s`: Ray alone started and stopped as --executor ray does it, each in a fresh process.
 
     python3 bench/bench_batch_ray.py --out bench/results/DATE_batch_ray_cpu.json
     python3 bench/bench_batch_ray.py --jobs 2 --rounds 1 --repeats 1 --steps 1      # checks the script
@@ -19,10 +21,13 @@ started, the model loaded): the best of `--repeats` each.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
 import shutil
+import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -166,24 +171,81 @@ def two_processes(args, folder: Path) -> dict:
             "jobs_per_hour_median": round(3600 * args.jobs / statistics.median(walls), 1)}
 
 
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@contextlib.contextmanager
+def ray_head(env: dict):
+    """A Ray head on this machine, as `ray start --head` makes one (on free ports, its own temporary folder), stopped
+    at the end (SIGTERM to its `--block`ing process, which stops the others): its address, HOST:PORT."""
+    port, temp = _free_port(), Path(tempfile.mkdtemp(prefix="bench-ray-head-"))
+    log = temp / "start.log"
+    with log.open("w") as output:
+        head = subprocess.Popen([sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
+                                 "--node-ip-address", "127.0.0.1", "--num-cpus", str(os.cpu_count()), "--port",
+                                 str(port), "--ray-client-server-port", str(_free_port()), "--include-dashboard",
+                                 "false", "--disable-usage-stats", "--temp-dir", str(temp)],
+                                env=env, stdout=output, stderr=subprocess.STDOUT)
+    try:
+        while "block forever" not in log.read_text():
+            if head.poll() is not None:
+                raise RuntimeError(f"ray start --head failed:\n{log.read_text()[-2000:]}")
+            time.sleep(0.2)
+        yield f"127.0.0.1:{port}"
+    finally:
+        head.send_signal(signal.SIGTERM)
+        head.wait(60)
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+# Ray started and stopped alone, as `camrender batch --executor ray` starts and stops it, in a fresh process
+START_STOP = """import json, time
+from camrender.batch.ray_executor import ray_cluster
+started = time.perf_counter()
+with ray_cluster():
+    up = time.perf_counter()
+print(json.dumps([up - started, time.perf_counter() - up]))
+"""
+
+
 def cold_one_job(args, folder: Path) -> dict:
-    """`camrender batch` with one job, each run in a fresh process: in-process against --executor ray, in turn."""
+    """`camrender batch` with one job, each run in a fresh process: in-process and --executor ray starting its own
+    Ray, in turn; then --executor ray --address HOST:PORT joining the Ray head `ray_head` started, both with Ray's
+    token authentication (RAY_AUTH_MODE=token unless set otherwise: Ray asks it of a client that names an address; the
+    local Rays started before made the token). The head runs only for the latter, so that the Ray --executor ray
+    starts is the machine's only one."""
     line = {"trajectory": "w-40,dw-40", "frames": args.frames, "steps": args.steps, "height": args.height,
             "width": args.width}
     env = {**os.environ, "TRITON_INTERPRET": "0", "OMP_NUM_THREADS": "1"}
-    walls = {"local": [], "ray": []}
+    options = [part for name, value in OPTIONS.items() for part in (f"--{name.replace('_', '-')}", value)]
+    walls = {"local": [], "ray": [], "ray_address": []}
+
+    def run(name: str, repeat: int, extra=(), run_env=env) -> None:
+        jobs = folder / f"cold_{name}_{repeat}.jsonl"
+        jobs.write_text(json.dumps({**line, "output": str(folder / f"cold_{name}_{repeat}.mp4")}) + "\n")
+        command = [sys.executable, "-m", "camrender", "batch", str(jobs), "--executor",
+                   "local" if name == "local" else "ray", "--progress", "none", *options, *extra]
+        started = time.perf_counter()
+        subprocess.run(command, env=run_env, check=True, capture_output=True)
+        walls[name].append(round(time.perf_counter() - started, 2))
+
+    start_stop = []
     for repeat in range(args.repeats):
-        for executor in walls:
-            jobs = folder / f"cold_{executor}_{repeat}.jsonl"
-            jobs.write_text(json.dumps({**line, "output": str(folder / f"cold_{executor}_{repeat}.mp4")}) + "\n")
-            command = [sys.executable, "-m", "camrender", "batch", str(jobs), "--executor", executor, "--progress",
-                       "none", *[part for name, value in OPTIONS.items() for part in (f"--{name.replace('_', '-')}",
-                                                                                       value)]]
-            started = time.perf_counter()
-            subprocess.run(command, env=env, check=True, capture_output=True)
-            walls[executor].append(round(time.perf_counter() - started, 2))
-    return {"in_process_s": walls["local"], "ray_s": walls["ray"],
-            "overhead_best_s": round(min(walls["ray"]) - min(walls["local"]), 2)}
+        run("local", repeat)
+        run("ray", repeat)
+        probe = subprocess.run([sys.executable, "-c", START_STOP], env=env, check=True, capture_output=True, text=True)
+        start_stop.append([round(seconds, 2) for seconds in json.loads(probe.stdout)])
+    cluster_env = {**env, "RAY_AUTH_MODE": env.get("RAY_AUTH_MODE", "token")}
+    with ray_head(cluster_env) as address:
+        for repeat in range(args.repeats):
+            run("ray_address", repeat, ["--address", address], cluster_env)
+    return {"in_process_s": walls["local"], "ray_s": walls["ray"], "ray_address_s": walls["ray_address"],
+            "ray_start_s": [start for start, _ in start_stop], "ray_stop_s": [stop for _, stop in start_stop],
+            "overhead_best_s": round(min(walls["ray"]) - min(walls["local"]), 2),
+            "overhead_address_best_s": round(min(walls["ray_address"]) - min(walls["local"]), 2)}
 
 
 def main(argv=None) -> dict:

@@ -50,6 +50,8 @@ def ray_cluster(address: Optional[str] = None, *, num_cpus: Optional[int] = None
     try:
         yield ray
     finally:
+        if address is None:
+            _stop_monitor()
         ray.shutdown()
 
 
@@ -68,6 +70,19 @@ def _start_local(ray, num_cpus: Optional[int], num_gpus: Optional[int]) -> None:
         raise CamrenderError(f"cannot start a local Ray: {first_line(error)}", field="executor") from None
     finally:
         ray_constants.ENABLE_RAY_CLUSTER = cluster_mode
+
+
+def _stop_monitor() -> None:
+    """Kill the autoscaler monitor of the local instance this process started, before `ray.shutdown`: shutdown
+    stops it after the GCS, and its SIGTERM handler then waits a second on the gone GCS until Ray kills it. On one
+    machine it has nothing to scale, nothing to save."""
+    # lazy: Ray's own (private: node.py's) names, only where Ray is installed
+    from ray._private import ray_constants, worker
+
+    node = getattr(worker, "_global_node", None)
+    for started in getattr(node, "all_processes", {}).get(ray_constants.PROCESS_TYPE_MONITOR, ()):
+        started.process.kill()
+        started.process.wait()
 
 
 def _join(ray, address: str) -> None:

@@ -144,7 +144,6 @@ def batch(jobs, out_dir, gpus, gpus_per_video, summary_path, overwrite, skip_bad
         raise CamrenderError(f"{gpus_per_video} GPUs per video need that many processes (--gpus or torchrun)",
                              field="gpus-per-video")
     try:
-        quiet_libraries()
         started = time.perf_counter()
         main = ranks is None or ranks.is_main
         planned, created = None, []
@@ -165,15 +164,17 @@ def batch(jobs, out_dir, gpus, gpus_per_video, summary_path, overwrite, skip_bad
                 log(f"batch{'' if shard is None else f' (shard {shard})'}: {count(len(planned), 'job')}, "
                     f"{len(pending)} to render on {count(chosen.workers, 'group')} of {count(chosen.per_video, unit)}")
             ran = chosen.run(pending, lambda group: _runner(group, style, quiet))
-        if ran is None:
-            return
-        summary = summarize(planned, ran[0], time.perf_counter() - started, chosen.workers, chosen.per_video, ran[1])
+            if ran is None:
+                return
+            summary = summarize(planned, ran[0], time.perf_counter() - started, chosen.workers, chosen.per_video,
+                                ran[1])
+            # said and written before the executor stops: the output is complete while a Ray instance shuts down
+            for line in summary_lines(summary):
+                log(line)
+            if summary_path is not None:
+                atomic_write_text(summary_path, json.dumps(summary, indent=1) + "\n")
     finally:
         distributed.stop()
-    for line in summary_lines(summary):
-        log(line)
-    if summary_path is not None:
-        atomic_write_text(summary_path, json.dumps(summary, indent=1) + "\n")
     if summary["failed"]:
         sys.exit(distributed.FAILED_JOBS_EXIT_CODE)
 
@@ -199,7 +200,10 @@ def _unit(device) -> str:
 
 def _runner(ranks, progress_style: str, quiet: bool) -> JobRunner:
     """This process's `JobRunner`: pipelines loaded through the API, each job written with the batch's progress
-    display (the leader of a video group shows it) and Ctrl-C / SIGTERM checked between chunks."""
+    display (the leader of a video group shows it) and Ctrl-C / SIGTERM checked between chunks. Called where the
+    jobs render (this process, a torchrun rank, a Ray worker): a driver that only hands jobs to Ray workers never
+    imports torch or diffusers."""
+    quiet_libraries()
     # lazy: keeps `camrender --help` free of torch, diffusers
     from camrender.api.pipeline import CamrenderPipeline
 

@@ -28,7 +28,24 @@ def resolve_device(device=None):
 
 def check_device(device, offload: bool = False, dtype: str = "auto") -> None:
     """The device exists here (a CUDA index below the GPU count); offload has a GPU and accelerate; half
-    precision (dtype float16/bfloat16) has a GPU (the CPU kernels of the pipeline refuse it)."""
+    precision (dtype float16/bfloat16) has a GPU (the CPU kernels of the pipeline refuse it). "cpu" is checked
+    without importing torch (a driver that only plans, as the Ray executor's, never needs it)."""
+    kind = "cpu" if device == "cpu" else _existing_device_type(device)
+    if dtype in HALF_DTYPES and kind != "cuda":
+        raise CamrenderError(f"{dtype} needs a CUDA device; on the CPU use --dtype float32 (or auto)", field="dtype")
+    if offload and kind != "cuda":
+        raise CamrenderError("--offload moves components to a GPU while they run; it needs a CUDA device",
+                             field="offload")
+    if offload:
+        try:
+            import accelerate  # noqa: F401
+        except ImportError:
+            raise CamrenderError("--offload needs the accelerate package (pip install accelerate)",
+                                 field="offload") from None
+
+
+def _existing_device_type(device) -> str:
+    """The type of `device` ("cpu" or "cuda"), a device this machine has; CamrenderError otherwise."""
     # lazy: keeps `camrender --help` free of torch
     import torch
 
@@ -38,17 +55,7 @@ def check_device(device, offload: bool = False, dtype: str = "auto") -> None:
     if resolved.type == "cuda" and resolved.index is not None and resolved.index >= torch.cuda.device_count():
         raise CamrenderError(f"there is no GPU {resolved.index} (this machine has {torch.cuda.device_count()})",
                              field="device")
-    if dtype in HALF_DTYPES and resolved.type != "cuda":
-        raise CamrenderError(f"{dtype} needs a CUDA device; on the CPU use --dtype float32 (or auto)", field="dtype")
-    if offload and resolved.type != "cuda":
-        raise CamrenderError("--offload moves components to a GPU while they run; it needs a CUDA device",
-                             field="offload")
-    if offload:
-        try:
-            import accelerate  # noqa: F401
-        except ImportError:
-            raise CamrenderError("--offload needs the accelerate package (pip install accelerate)",
-                                 field="offload") from None
+    return resolved.type
 
 
 def resolve_dtype(dtype, device):

@@ -3,10 +3,13 @@ processes of one CPU each) with the tiny model: every video is the one the same 
 a worker whose process is SIGKILLed in the middle of a job costs a retry of that job only (resumed from its
 checkpoint), with nothing partial left; a job whose worker keeps dying fails after its retries while the others
 render; the pool works from Python without the CLI; a cancelled job's worker is killed (its output let go and
-cleared before `cancel` returns) and replaced."""
+cleared before `cancel` returns) and replaced; a driver started apart joins this Ray by its address and hands its
+job to a worker without importing torch or diffusers itself."""
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -84,6 +87,24 @@ def test_every_video_is_the_render_alone_and_bad_lines_are_reported(cluster, tmp
     assert len(finished) == 6 and "; 5 left, ETA " in finished[0] and " on w" in finished[0], err[-3000:]
     assert_nothing_partial(tmp_path / "out", [name for name, _, _ in jobs])
     assert_same_as_alone(tmp_path, capsys, jobs)
+
+
+def test_a_driver_joining_by_address_imports_neither_torch_nor_diffusers(cluster, tmp_path):
+    # a fresh process joins this module's Ray at its address (inheriting the token auth the local Ray turned on);
+    # Ray's single-machine mode there too, else Ray swaps the loopback address this Ray listens on for a public one
+    code = ("import sys\nfrom camrender.cli.main import main\n"
+            "try:\n    main(sys.argv[1:])\nexcept SystemExit as done:\n    assert done.code == 0, done.code\n"
+            "print(sorted(name for name in ('torch', 'diffusers', 'transformers') if name in sys.modules))\n")
+    jobs_file = write_jobs(tmp_path, [("a", "w-8", {"frames": 9, "steps": 1})])
+    address = ray.get_runtime_context().gcs_address
+    result = subprocess.run([sys.executable, "-c", code, "batch", str(jobs_file), *BASE, "--executor", "ray",
+                             "--address", address, "--progress", "none", "--summary", str(tmp_path / "summary.json")],
+                            capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == "[]", result.stdout  # the driver planned and handed out; a worker rendered
+    assert json.loads((tmp_path / "summary.json").read_text())["done"] == 1
+    assert_nothing_partial(tmp_path / "out", ["a"])
 
 
 def kill_at_first_checkpoint(folder: Path, killed: list, stop: threading.Event) -> None:
