@@ -31,7 +31,6 @@ from camrender.parallel import distributed
 
 _RUN_OPTIONS = {"traj", "out", "gpus", "from_render", "overwrite"}  # render options a batch does not take as defaults
 NOT_JOB_OPTIONS = {"gpus", "progress", "quiet", "from_render", "overwrite"}  # options of the run, not of one render
-ALIASES = {"trajectory": "traj", "output": "out"}
 
 
 def _render_defaults(command):
