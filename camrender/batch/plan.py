@@ -35,9 +35,9 @@ def plan_jobs(jobs: list, resolve: Callable, created: Optional[list] = None, ove
     """Plan `jobs` (`camrender.batch.jobs.Job`s): `resolve(job) -> (RenderRequest, {"resume", "checkpoint_every"})`
     checks a job's values (raising CamrenderError); a job whose output exists is skipped, one whose output another
     job already has, or that an interrupted render's checkpoint holds (unless it resumes), fails; with `overwrite`
-    a job whose output exists renders again, replacing it. The output folders of this shard's jobs are made, and
-    appended to `created` (when given), deepest first, so that a refused batch can take them away again
-    (`remove_created`); one that cannot be made fails its job. shard: every
+    a job whose output exists renders again, replacing it. Output folders made for the jobs are appended to `created`
+    (when given), deepest first, so that a refused batch can take them away again (`remove_created`); one that
+    cannot be made fails its job. shard: every
     job is checked (a jobs file with errors is refused whole in every shard), those of other shards that pass are
     left out of the plan (their interrupted renders unchecked: another process may be rendering them now)."""
     planned, outputs = [], {}
@@ -55,8 +55,7 @@ def plan_jobs(jobs: list, resolve: Callable, created: Optional[list] = None, ove
                     if mine:
                         planned.append(Planned(index, job.where, out, "skipped", "output exists"))
                     continue
-                if mine:
-                    _make_folder(Path(out).parent, created, job.where)
+                _make_folder(Path(out).parent, created, job.where)  # (every shard's: `resolve` checks it)
             request, writing = resolve(job)
             if not mine:
                 continue
