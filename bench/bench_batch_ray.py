@@ -14,8 +14,12 @@ from the command line in a fresh process: in-process and --executor ray starting
 its worker started, the model loaded) in turn, then --executor ray joining a Ray head started beforehand (`ray start
 --head`, as a cluster user has one: connecting, the worker started, the model loaded): the best of `--repeats` each;
 `ray_start_s` / `ray_stop_s`: Ray alone started and stopped as --executor ray does it, each in a fresh process.
+With `--old TREE` (a folder holding another tree's camrender/, kernels/ and pyproject.toml: `git archive REV camrender
+kernels pyproject.toml | tar -x -C TREE`) that tree's in-process and --executor ray runs take turns with this tree's
+(`cold_one_job` "old_tree"); `--cold-only` measures `cold_one_job` alone.
 
     python3 bench/bench_batch_ray.py --out bench/results/DATE_batch_ray_cpu.json
+    python3 bench/bench_batch_ray.py --cold-only --old /tmp/before --out bench/results/DATE_batch_ray_cold_trees.json
     python3 bench/bench_batch_ray.py --jobs 2 --rounds 1 --repeats 1 --steps 1      # checks the script
 """
 from __future__ import annotations
@@ -35,7 +39,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this tree
+sys.path.insert(0, ROOT)
 
 from common import emit  # noqa: E402
 
@@ -52,6 +57,8 @@ def parse_args(argv=None):
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--height", type=int, default=64)
     parser.add_argument("--width", type=int, default=112)
+    parser.add_argument("--cold-only", action="store_true", help="only `camrender batch` of one job, cold")
+    parser.add_argument("--old", default=None, help="another tree, its cold runs in turn with this one's")
     parser.add_argument("--out", default=None, help="also write the JSON document here")
     return parser.parse_args(argv)
 
@@ -213,39 +220,51 @@ print(json.dumps([up - started, time.perf_counter() - up]))
 
 def cold_one_job(args, folder: Path) -> dict:
     """`camrender batch` with one job, each run in a fresh process: in-process and --executor ray starting its own
-    Ray, in turn; then --executor ray --address HOST:PORT joining the Ray head `ray_head` started, both with Ray's
-    token authentication (RAY_AUTH_MODE=token unless set otherwise: Ray asks it of a client that names an address; the
-    local Rays started before made the token). The head runs only for the latter, so that the Ray --executor ray
-    starts is the machine's only one."""
+    Ray, in turn (and the same of the `--old` tree); then --executor ray --address HOST:PORT joining the Ray head
+    `ray_head` started, both with Ray's token authentication (RAY_AUTH_MODE=token unless set otherwise: Ray asks it of
+    a client that names an address; the local Rays started before made the token). The head runs only for the latter,
+    so that the Ray --executor ray starts is the machine's only one. Every run imports camrender from its tree only
+    (PYTHONPATH, run in `folder`)."""
     line = {"trajectory": "w-40,dw-40", "frames": args.frames, "steps": args.steps, "height": args.height,
             "width": args.width}
-    env = {**os.environ, "TRITON_INTERPRET": "0", "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "TRITON_INTERPRET": "0", "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
     options = [part for name, value in OPTIONS.items() for part in (f"--{name.replace('_', '-')}", value)]
-    walls = {"local": [], "ray": [], "ray_address": []}
+    trees = {"": ROOT, **({"old_": os.path.abspath(args.old)} if args.old else {})}
+    walls = {f"{prefix}{name}": [] for prefix in trees for name in ("local", "ray")}
+    walls["ray_address"] = []
 
     def run(name: str, repeat: int, extra=(), run_env=env) -> None:
         jobs = folder / f"cold_{name}_{repeat}.jsonl"
         jobs.write_text(json.dumps({**line, "output": str(folder / f"cold_{name}_{repeat}.mp4")}) + "\n")
         command = [sys.executable, "-m", "camrender", "batch", str(jobs), "--executor",
-                   "local" if name == "local" else "ray", "--progress", "none", *options, *extra]
+                   "local" if name.endswith("local") else "ray", "--progress", "none", *options, *extra]
         started = time.perf_counter()
-        subprocess.run(command, env=run_env, check=True, capture_output=True)
+        subprocess.run(command, env=run_env, cwd=folder, check=True, capture_output=True)
         walls[name].append(round(time.perf_counter() - started, 2))
 
     start_stop = []
     for repeat in range(args.repeats):
-        run("local", repeat)
-        run("ray", repeat)
-        probe = subprocess.run([sys.executable, "-c", START_STOP], env=env, check=True, capture_output=True, text=True)
+        for prefix, tree in trees.items():
+            for name in ("local", "ray"):
+                run(prefix + name, repeat, run_env={**env, "PYTHONPATH": tree})
+        probe = subprocess.run([sys.executable, "-c", START_STOP], env=env, cwd=folder, check=True,
+                               capture_output=True, text=True)
         start_stop.append([round(seconds, 2) for seconds in json.loads(probe.stdout)])
     cluster_env = {**env, "RAY_AUTH_MODE": env.get("RAY_AUTH_MODE", "token")}
     with ray_head(cluster_env) as address:
         for repeat in range(args.repeats):
             run("ray_address", repeat, ["--address", address], cluster_env)
-    return {"in_process_s": walls["local"], "ray_s": walls["ray"], "ray_address_s": walls["ray_address"],
-            "ray_start_s": [start for start, _ in start_stop], "ray_stop_s": [stop for _, stop in start_stop],
-            "overhead_best_s": round(min(walls["ray"]) - min(walls["local"]), 2),
-            "overhead_address_best_s": round(min(walls["ray_address"]) - min(walls["local"]), 2)}
+    figures = {"in_process_s": walls["local"], "ray_s": walls["ray"], "ray_address_s": walls["ray_address"],
+               "ray_start_s": [start for start, _ in start_stop], "ray_stop_s": [stop for _, stop in start_stop],
+               "overhead_best_s": round(min(walls["ray"]) - min(walls["local"]), 2),
+               "overhead_median_s": round(statistics.median(walls["ray"]) - statistics.median(walls["local"]), 2),
+               "overhead_address_best_s": round(min(walls["ray_address"]) - min(walls["local"]), 2)}
+    if args.old:
+        figures["old_tree"] = {
+            "tree": os.path.abspath(args.old), "in_process_s": walls["old_local"], "ray_s": walls["old_ray"],
+            "overhead_best_s": round(min(walls["old_ray"]) - min(walls["old_local"]), 2),
+            "overhead_median_s": round(statistics.median(walls["old_ray"]) - statistics.median(walls["old_local"]), 2)}
+    return figures
 
 
 def main(argv=None) -> dict:
@@ -261,12 +280,14 @@ def main(argv=None) -> dict:
               "job": {"model": "tiny", "device": "cpu", "frames": args.frames, "steps": args.steps,
                       "height": args.height, "width": args.width, "threads_per_worker": 1, "jobs": args.jobs}}
     try:
-        with ray_cluster(num_cpus=3):  # logical CPUs: the 1- and 2-worker pools both placed, one of them idle
-            result.update(compare(args, folder))
-        result["two_processes_without_ray"] = two_processes(args, folder)
-        for measure in ("best", "median"):
-            per_hour = [result[name][f"jobs_per_hour_{measure}"] for name in ("ray_2", "two_processes_without_ray")]
-            result[f"ray_2_over_two_processes_{measure}"] = round(per_hour[0] / per_hour[1], 2)
+        if not args.cold_only:
+            with ray_cluster(num_cpus=3):  # logical CPUs: the 1- and 2-worker pools both placed, one of them idle
+                result.update(compare(args, folder))
+            result["two_processes_without_ray"] = two_processes(args, folder)
+            for measure in ("best", "median"):
+                per_hour = [result[name][f"jobs_per_hour_{measure}"] for name in ("ray_2",
+                                                                                     "two_processes_without_ray")]
+                result[f"ray_2_over_two_processes_{measure}"] = round(per_hour[0] / per_hour[1], 2)
         result["cold_one_job"] = cold_one_job(args, folder)
     finally:
         shutil.rmtree(folder, ignore_errors=True)

@@ -50,9 +50,15 @@ def ray_cluster(address: Optional[str] = None, *, num_cpus: Optional[int] = None
     try:
         yield ray
     finally:
-        if address is None:
-            _stop_monitor()
         ray.shutdown()
+
+
+def local_cpus(actors: Optional[int]) -> int:
+    """The logical CPUs of a Ray started on this machine for at most `actors` actors (one CPU each; None: as many as
+    it has cores): Ray starts a Python worker process per logical CPU at once, which on a many-core GPU node would be
+    as many idle processes as it has cores."""
+    cores = os.cpu_count() or 1
+    return min(cores, actors) if actors else cores
 
 
 def _start_local(ray, num_cpus: Optional[int], num_gpus: Optional[int]) -> None:
@@ -64,25 +70,38 @@ def _start_local(ray, num_cpus: Optional[int], num_gpus: Optional[int]) -> None:
     cluster_mode = ray_constants.ENABLE_RAY_CLUSTER
     ray_constants.ENABLE_RAY_CLUSTER = False
     try:
-        ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), num_gpus=num_gpus, include_dashboard=False,
-                 _node_ip_address="127.0.0.1", object_store_memory=OBJECT_STORE_BYTES, logging_level=logging.WARNING)
+        with _only_what_one_run_uses():
+            ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), num_gpus=num_gpus, include_dashboard=False,
+                     _node_ip_address="127.0.0.1", object_store_memory=OBJECT_STORE_BYTES,
+                     logging_level=logging.WARNING)
     except Exception as error:  # noqa: BLE001 - Ray's processes could not start (memory, /tmp, its token)
         raise CamrenderError(f"cannot start a local Ray: {first_line(error)}", field="executor") from None
     finally:
         ray_constants.ENABLE_RAY_CLUSTER = cluster_mode
 
 
-def _stop_monitor() -> None:
-    """Kill the autoscaler monitor of the local instance this process started, before `ray.shutdown`: shutdown
-    stops it after the GCS, and its SIGTERM handler then waits a second on the gone GCS until Ray kills it. On one
-    machine it has nothing to scale, nothing to save."""
-    # lazy: Ray's own (private: node.py's) names, only where Ray is installed
-    from ray._private import ray_constants, worker
+@contextlib.contextmanager
+def _only_what_one_run_uses():
+    """While `ray.init` starts a local Ray for one run: without its autoscaler monitor (one machine has nothing to
+    scale; `ray start --no-monitor` leaves it out too) and without its dashboard API server, which Ray starts and
+    waits for even with include_dashboard=False (a stub that reports usage statistics): together 1 to 2 s of a 3 to
+    4.5 s start on a 2-core machine. Through Ray's private `Node` class: where a Ray release lacks these methods,
+    its Ray starts whole."""
+    # lazy: Ray's own (private: node.py's) class, only where Ray is installed
+    from ray._private.node import Node
 
-    node = getattr(worker, "_global_node", None)
-    for started in getattr(node, "all_processes", {}).get(ray_constants.PROCESS_TYPE_MONITOR, ()):
-        started.process.kill()
-        started.process.wait()
+    left_out = {name: getattr(Node, name) for name in ("start_monitor", "start_api_server") if hasattr(Node, name)}
+    for name in left_out:
+        setattr(Node, name, _not_started)
+    try:
+        yield
+    finally:
+        for name, method in left_out.items():
+            setattr(Node, name, method)
+
+
+def _not_started(node, *args, **kwargs) -> None:
+    """A process of Ray's that a local Ray for one run goes without."""
 
 
 def _join(ray, address: str) -> None:

@@ -15,7 +15,7 @@ import click
 from camrender.batch.executors import InProcessExecutor, JobRunner, TorchrunExecutor
 from camrender.batch.jobs import read_jobs
 from camrender.batch.plan import plan_jobs, refuse_bad_jobs, remove_created
-from camrender.batch.ray_executor import RayExecutor, import_ray, ray_cluster
+from camrender.batch.ray_executor import RayExecutor, import_ray, local_cpus, ray_cluster
 from camrender.batch.shards import choose_shard
 from camrender.batch.summary import summarize, summary_lines
 from camrender.cli import launch as cli_launch
@@ -185,7 +185,8 @@ def _executor(name: str, pending: list, ranks, log, *, address, workers, per_vid
     if name != "ray" or not pending:
         yield InProcessExecutor(log) if ranks is None else TorchrunExecutor(ranks, log)
         return
-    with ray_cluster(address):
+    actors = per_video * min(len(pending), workers or len(pending))
+    with ray_cluster(address, num_cpus=local_cpus(actors)):
         yield RayExecutor(pending, log, per_video=per_video, workers=workers, retries=retries)
 
 

@@ -31,7 +31,7 @@ from typing import Callable, Optional
 
 from camrender.batch.executors import JobRunner
 from camrender.batch.plan import Planned
-from camrender.batch.ray_executor import cluster_workers, import_ray, ray_cluster
+from camrender.batch.ray_executor import cluster_workers, import_ray, local_cpus, ray_cluster
 from camrender.batch.ray_workers import RayWorkers, first_line
 from camrender.errors import CamrenderError
 from camrender.render.load_settings import LoadSettings
@@ -219,7 +219,7 @@ def ray_renderer(settings: LoadSettings, *, address: Optional[str], workers: Opt
                  log: Callable[[str], None]):
     """A started `RayRenderer` on the cluster at `address` (None: a Ray started on this machine for the server,
     on 127.0.0.1; see `ray_cluster`), closed with the block (and the Ray it started stopped)."""
-    with ray_cluster(address):
+    with ray_cluster(address, num_cpus=local_cpus(workers)):
         renderer = RayRenderer(settings, workers=workers, retries=retries, log=log)
         try:
             started = renderer.start()

@@ -4,7 +4,8 @@ a worker whose process is SIGKILLed in the middle of a job costs a retry of that
 checkpoint), with nothing partial left; a job whose worker keeps dying fails after its retries while the others
 render; the pool works from Python without the CLI; a cancelled job's worker is killed (its output let go and
 cleared before `cancel` returns) and replaced; a driver started apart joins this Ray by its address and hands its
-job to a worker without importing torch or diffusers itself."""
+job to a worker without importing torch or diffusers itself; a batch that starts a Ray of its own gives it a logical
+CPU per worker it can use and neither the autoscaler nor the dashboard, and stops all of it."""
 import json
 import os
 import signal
@@ -104,6 +105,57 @@ def test_a_driver_joining_by_address_imports_neither_torch_nor_diffusers(cluster
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip() == "[]", result.stdout  # the driver planned and handed out; a worker rendered
     assert json.loads((tmp_path / "summary.json").read_text())["done"] == 1
+    assert_nothing_partial(tmp_path / "out", ["a"])
+
+
+# a driver that records, once its own Ray has started, Ray's logical CPUs and the processes under it (Linux /proc)
+WATCHED_DRIVER = """import json, os, sys
+from pathlib import Path
+import camrender.cli.batch as batch
+from camrender.cli.main import main
+
+def descendants(root):
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parents[int(stat.parent.name)] = int(stat.read_text().rpartition(")")[2].split()[1])
+        except (OSError, ValueError):
+            pass
+    found, frontier = {}, {root}
+    while frontier:
+        frontier = {pid for pid, parent in parents.items() if parent in frontier}
+        for pid in frontier:
+            found[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\\0", b" ").decode()
+    return found
+
+seen = {}
+made = batch.RayExecutor.__init__
+def watched(self, *args, **kwargs):
+    import ray
+    seen.update(cpus=ray.cluster_resources()["CPU"], processes=descendants(os.getpid()))
+    made(self, *args, **kwargs)
+batch.RayExecutor.__init__ = watched
+try:
+    main(sys.argv[1:])
+except SystemExit as done:
+    assert done.code == 0, done.code
+print(json.dumps(seen))
+"""
+
+
+def test_a_batch_starting_its_own_ray_starts_only_what_it_uses_and_stops_it(tmp_path):
+    jobs_file = write_jobs(tmp_path, [("a", "w-8", {"frames": 9, "steps": 1})])
+    result = subprocess.run([sys.executable, "-c", WATCHED_DRIVER, "batch", str(jobs_file), *BASE, "--executor", "ray",
+                             "--progress", "none"], capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "TRITON_INTERPRET": "0"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    assert seen["cpus"] == 1  # one job: one logical CPU, so Ray starts one Python worker, not one per core
+    commands = list(seen["processes"].values())
+    assert any("gcs_server" in command for command in commands) and any("raylet" in command for command in commands)
+    assert not [command for command in commands if "autoscaler" in command or "dashboard/dashboard.py" in command]
+    for pid in seen["processes"]:  # Ray stopped whole with the batch
+        assert_process_ends(int(pid))
     assert_nothing_partial(tmp_path / "out", ["a"])
 
 
