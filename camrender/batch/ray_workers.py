@@ -11,7 +11,9 @@ has loaded (its pipeline is kept), else the queue's first. A worker lost while r
 memory, its node gone) costs only that job: what the killed render left is removed
 (`camrender.output.targets.clear_killed_render`), the job goes back to the front of the queue (a segment-mode job
 resuming from its checkpoint) at most `retries` times, then it fails; the worker is replaced. Every lost attempt is
-named in the job's result ("retries").
+named in the job's result ("retries"). A worker lost while it starts (its node leaving, its process killed) is
+replaced too, at most `retries` times in a row until one starts (a worker that cannot start is not started forever);
+one whose start raises is not replaced (it would fail again).
 """
 from __future__ import annotations
 
@@ -68,6 +70,7 @@ class RayWorkers:
         self.lost = {}  # job index -> its lost attempts
         self.workers, self.loads, self.last_loss = [], {}, ""
         self.made = 0
+        self.lost_starting = 0  # workers lost while starting since one last started
         for _ in range(workers):
             self._add_worker()
 
@@ -211,7 +214,7 @@ class RayWorkers:
                 self._start(worker)
         elif worker.stage == "starting":
             if not worker.calls:
-                worker.stage = "ready"
+                worker.stage, self.lost_starting = "ready", 0
         elif worker.stage == "busy":
             if value is not None:
                 worker.result = value
@@ -249,16 +252,19 @@ class RayWorkers:
             self.log(self.last_loss)
 
     def _lose(self, worker: _Worker, reason: str) -> None:
-        """The worker's process (or node) is gone: its job is rendered again elsewhere; a worker that had started
-        is replaced (one that never started is not: it would likely fail again)."""
+        """The worker's process (or node) is gone: its job is rendered again elsewhere, and the worker replaced (one
+        lost while starting: at most `retries` times in a row)."""
         job, started = worker.job, worker.stage in ("ready", "busy")
         self._remove(worker)
         self.last_loss = f"{worker.name} lost: {reason}"
+        replaced = started or self.lost_starting < self.retries
         if job is not None:
             self._render_again(job, worker, reason)
         else:
-            self.log(self.last_loss)
-        if started:
+            self.log(f"{self.last_loss}{'; starting another' if replaced else ''}")
+        if not started and replaced:
+            self.lost_starting += 1
+        if replaced:
             self._add_worker()
 
     def _remove(self, worker: _Worker) -> None:

@@ -1,11 +1,12 @@
-"""`camrender batch --executor ray` on a real local Ray started once for this module (127.0.0.1, two worker
-processes of one CPU each) with the tiny model: every video is the one the same render gives alone, byte for byte;
-a worker whose process is SIGKILLed in the middle of a job costs a retry of that job only (resumed from its
-checkpoint), with nothing partial left; a job whose worker keeps dying fails after its retries while the others
-render; the pool works from Python without the CLI; a cancelled job's worker is killed (its output let go and
-cleared before `cancel` returns) and replaced; a driver started apart joins this Ray by its address and hands its
-job to a worker without importing torch or diffusers itself; a batch that starts a Ray of its own gives it a logical
-CPU per worker it can use and neither the autoscaler nor the dashboard, and stops all of it."""
+"""`camrender batch --executor ray` on a real local Ray started once for this module (127.0.0.1, two worker processes of
+one CPU each) with the tiny model: every video is the one the same render gives alone, byte for byte; a worker whose
+process is SIGKILLed in the middle of a job costs a retry of that job only (resumed from its checkpoint), with
+nothing partial left; a job whose worker keeps dying fails after its retries while the others render; a worker lost
+while it starts is replaced, a few times in a row; the pool works from Python without the CLI; a cancelled job's
+worker is killed (its output let go and cleared before `cancel` returns) and replaced; a driver started apart joins
+this Ray by its address and hands its job to a worker without importing torch or diffusers itself; a batch that
+starts a Ray of its own gives it a logical CPU per worker it can use and neither the autoscaler nor the dashboard,
+and stops all of it."""
 import json
 import os
 import signal
@@ -259,6 +260,42 @@ def test_a_job_whose_worker_keeps_dying_fails_after_its_retries(cluster, tmp_pat
     assert [result["frames"] for result in (results[0], results[2])] == [7, 7]
     assert "its worker was lost 2 times" in results[1]["reason"] and len(results[1]["retries"]) == 2
     assert len({attempt["worker"] for attempt in results[1]["retries"]}) == 2  # each time on another worker
+
+
+def make_runner_dying_at_start(marker: Path, times: int):
+    """A runner maker (pickled by value to the workers) whose first `times` calls kill their own process (SIGKILL),
+    as a worker lost while it starts; later ones make a runner without a model that returns 7 frames."""
+
+    def make(ranks):
+        from camrender.batch.executors import JobRunner
+
+        deaths = int(marker.read_text()) if marker.exists() else 0
+        if deaths < times:
+            marker.write_text(str(deaths + 1))
+            os.kill(os.getpid(), signal.SIGKILL)
+        return JobRunner(lambda settings: "pipeline", lambda pipe, job: 7)
+
+    return make
+
+
+def test_a_worker_lost_while_starting_is_replaced_a_few_times_in_a_row(cluster, tmp_path):
+    from camrender.batch.ray_workers import RayWorkers
+
+    lines = []
+    with RayWorkers(make_runner_dying_at_start(tmp_path / "deaths", 2), workers=1, retries=2, log=lines.append) as pool:
+        for index in range(2):
+            pool.submit(planned(tmp_path, index))
+        results = list(pool.results())
+    assert [(result["status"], result["worker"]) for result in results] == [("done", "w3"), ("done", "w3")]
+    assert [line.split(":")[0] for line in lines] == ["w1 lost", "w2 lost"] and "starting another" in lines[1]
+
+    lines.clear()  # a worker that can never start: replaced `retries` times, then the queue fails, nothing loops
+    with RayWorkers(make_runner_dying_at_start(tmp_path / "always", 99), workers=1, retries=1,
+                    log=lines.append) as pool:
+        pool.submit(planned(tmp_path, 2))
+        [result] = list(pool.results())
+    assert result["status"] == "failed" and "no worker left to render it (w2 lost" in result["reason"]
+    assert len(lines) == 2 and "starting another" in lines[0] and "starting another" not in lines[1]
 
 
 def test_a_cancelled_job_stops_on_its_worker_which_is_replaced(cluster, tmp_path):
