@@ -12,6 +12,7 @@ import os
 import signal
 import socket
 import threading
+from pathlib import Path
 from typing import Callable, Optional
 
 from camrender.batch.progress import JobLines
@@ -69,15 +70,53 @@ def _start_local(ray, num_cpus: Optional[int], num_gpus: Optional[int]) -> None:
     # Linux Ray swaps for the host's public one, and every Ray server then listens on loopback only.
     cluster_mode = ray_constants.ENABLE_RAY_CLUSTER
     ray_constants.ENABLE_RAY_CLUSTER = False
+    running = _descendants(os.getpid())
     try:
         with _only_what_one_run_uses():
             ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), num_gpus=num_gpus, include_dashboard=False,
                      _node_ip_address="127.0.0.1", object_store_memory=OBJECT_STORE_BYTES,
                      logging_level=logging.WARNING)
-    except Exception as error:  # noqa: BLE001 - Ray's processes could not start (memory, /tmp, its token)
-        raise CamrenderError(f"cannot start a local Ray: {first_line(error)}", field="executor") from None
+    except BaseException as error:
+        # Ctrl-C, a stop or a failure while Ray starts: what it started so far goes too (Ray's agents would outlive
+        # this process by minutes, waiting on a GCS that is gone)
+        _stop_started(ray, running)
+        if isinstance(error, Exception):  # Ray's processes could not start (memory, /tmp, its token)
+            raise CamrenderError(f"cannot start a local Ray: {first_line(error)}", field="executor") from None
+        raise
     finally:
         ray_constants.ENABLE_RAY_CLUSTER = cluster_mode
+
+
+def _stop_started(ray, running: set) -> None:
+    """Stop a local Ray whose start was cut short: whatever Ray knows of, then every process under this one that
+    was not `running` before (the processes Ray started, its raylet's agents included)."""
+    with contextlib.suppress(Exception):  # Ray's state may be half made
+        ray.shutdown()
+    started = set()
+    while fresh := _descendants(os.getpid()) - running - started:  # frozen first, so that none starts another
+        for pid in fresh:
+            with contextlib.suppress(OSError):  # gone meanwhile
+                os.kill(pid, signal.SIGSTOP)
+        started |= fresh
+    for pid in started:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    for pid in started:  # this process's own children, reaped (the others' parents reap theirs)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+
+
+def _descendants(root: int) -> set:
+    """The processes under `root` (its children, theirs, ...) from Linux's /proc; empty where there is none."""
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):  # a process that ended while this looked
+            parents[int(stat.parent.name)] = int(stat.read_text().rpartition(")")[2].split()[1])
+    found, frontier = set(), {root}
+    while frontier:
+        frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
 
 
 @contextlib.contextmanager

@@ -6,7 +6,7 @@ while it starts is replaced, a few times in a row; the pool works from Python wi
 worker is killed (its output let go and cleared before `cancel` returns) and replaced; a driver started apart joins
 this Ray by its address and hands its job to a worker without importing torch or diffusers itself; a batch that
 starts a Ray of its own gives it a logical CPU per worker it can use and neither the autoscaler nor the dashboard,
-and stops all of it."""
+and stops all of it, also when Ctrl-C cuts its start short."""
 import json
 import os
 import signal
@@ -109,11 +109,9 @@ def test_a_driver_joining_by_address_imports_neither_torch_nor_diffusers(cluster
     assert_nothing_partial(tmp_path / "out", ["a"])
 
 
-# a driver that records, once its own Ray has started, Ray's logical CPUs and the processes under it (Linux /proc)
-WATCHED_DRIVER = """import json, os, sys
+# the processes under `root` (children, theirs, ...) with their command lines (Linux /proc), in a driver's source
+DESCENDANTS = """import json, os, sys
 from pathlib import Path
-import camrender.cli.batch as batch
-from camrender.cli.main import main
 
 def descendants(root):
     parents = {}
@@ -128,6 +126,12 @@ def descendants(root):
         for pid in frontier:
             found[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\\0", b" ").decode()
     return found
+"""
+
+# a driver that records, once its own Ray has started, Ray's logical CPUs and the processes under it
+WATCHED_DRIVER = DESCENDANTS + """
+import camrender.cli.batch as batch
+from camrender.cli.main import main
 
 seen = {}
 made = batch.RayExecutor.__init__
@@ -158,6 +162,41 @@ def test_a_batch_starting_its_own_ray_starts_only_what_it_uses_and_stops_it(tmp_
     for pid in seen["processes"]:  # Ray stopped whole with the batch
         assert_process_ends(int(pid))
     assert_nothing_partial(tmp_path / "out", ["a"])
+
+
+# a driver whose Ray start is cut short by Ctrl-C once Ray's raylet and the rest have started; it prints the processes
+# it had then and those still under it afterwards
+INTERRUPTED_DRIVER = DESCENDANTS + """
+import time
+from ray._private.node import Node
+from camrender.batch.ray_executor import ray_cluster
+
+started = Node.start_ray_processes
+seen = {}
+def cut_short(node):
+    started(node)
+    time.sleep(1.0)  # the raylet's agents starting
+    seen["started"] = descendants(os.getpid())
+    raise KeyboardInterrupt
+Node.start_ray_processes = cut_short
+try:
+    with ray_cluster(num_cpus=1):
+        pass
+except KeyboardInterrupt:
+    seen["left"] = descendants(os.getpid())
+print(json.dumps(seen))
+"""
+
+
+def test_ctrl_c_while_ray_starts_stops_what_it_started(tmp_path):
+    result = subprocess.run([sys.executable, "-c", INTERRUPTED_DRIVER], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    commands = list(seen["started"].values())
+    assert any("raylet" in command for command in commands) and any("gcs_server" in command for command in commands)
+    assert seen["left"] == {}
+    for pid in seen["started"]:  # its agents too, which the raylet started and which outlive it
+        assert_process_ends(int(pid))
 
 
 def kill_at_first_checkpoint(folder: Path, killed: list, stop: threading.Event) -> None:
