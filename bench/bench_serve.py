@@ -9,15 +9,19 @@ folder; the clients (aiohttp) run here. After one warm-up job:
 - submit_to_start: `--latency-jobs` jobs submitted one at a time, each after the one before completed (the worker
   idle): the server's own figure per job, from the request's arrival to the renderer being handed the job
   (`wait_seconds` of the job object), median, p95 and max; beside it the client's POST round trip;
-- throughput: `--jobs` jobs submitted at once, the wall time from the first submission to the last completion,
-  per job; and `camrender batch` on a JSON-lines file of the same jobs (after the server stopped: one model in
-  memory at a time), the wall time of `--jobs` jobs less that of one job (model load and warm-up cancel out), per
-  job. `serve_vs_batch_percent` = how much longer a job takes through the server (target: within 3 % on one GPU).
-  Beside it, each side's render seconds per job (the job's `inference_time_s`; the batch summary's `seconds`)
-  and what the wall time adds to them per job (`overhead_s_per_job`: hand-offs, planning, the store), which
-  stays comparable where the render times themselves wander (a CPU shared with other work).
+- throughput: `--jobs` jobs submitted at once, each by a client that waits for its video (`POST /v1/videos/sync`), the
+  wall time from the first submission to the last video, per job (`serve`); the same with clients that submit (`POST
+  /v1/videos`) and poll each job's status every 20 ms (`serve_polled`: 50 requests a second per job in flight, which
+  the server answers in the process that renders); and `camrender batch` on a JSON-lines file of a warm-up job and the
+  same jobs (after the server stopped: one model in memory at a time), the time from the warm-up job's end to the last
+  job's end (each job's line timed as the batch prints it), per job. `serve_vs_batch_percent` = how much longer a job
+  takes through the server (target: within 3 % on one GPU). Beside it, each side's render seconds per job (the job's
+  `inference_time_s`; the batch summary's `seconds`) and what the wall time adds to them per job
+  (`overhead_s_per_job`: hand-offs, planning, the store), which stays comparable where the render times themselves
+  wander (a CPU shared with other work).
 
     python3 bench/bench_serve.py --model tiny --device cpu                                  # this machine's CPU
+    python3 bench/bench_serve.py --model tiny --device cuda --jobs 8 --frames 81 --size 640x352 --steps 8
     python3 bench/bench_serve.py --model PIPELINE --device cuda --image first.png --out $OUT/bench_serve.json
 
 Prints JSON (and writes it to --out).
@@ -126,6 +130,23 @@ async def finished(client, url: str, job_id: str, every: float = 0.01) -> dict:
         await asyncio.sleep(every)
 
 
+async def synced(client, url: str, body: dict) -> dict:
+    """Submit `body` through /v1/videos/sync (waits for the video, no status polls): the finished job object."""
+    async with client.post(f"{url}/v1/videos/sync", json=body) as answer:
+        await answer.read()
+        if answer.status != 200:
+            raise SystemExit(f"sync submission answered {answer.status}")
+        video_id = answer.headers["X-Video-Id"]
+    async with client.get(f"{url}/v1/videos/{video_id}") as answer:
+        return await answer.json()
+
+
+def throughput(wall: float, done: list, jobs: int) -> dict:
+    render = statistics.mean(job["inference_time_s"] for job in done)
+    return {"wall_s": round(wall, 3), "seconds_per_job": round(wall / jobs, 3), "render_s_per_job": round(render, 3),
+            "overhead_s_per_job": round(wall / jobs - render, 3)}
+
+
 def percentile(values, share: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(share * (len(ordered) - 1))))]
@@ -164,25 +185,34 @@ async def measure_server(url: str, args) -> dict:
                  "post_round_trip_ms_median": round(1e3 * statistics.median(round_trips), 1)}
 
         began = time.perf_counter()
-        jobs = [await submit(client, url, job_body(args, 1000 + seed)) for seed in range(args.jobs)]
+        done = await asyncio.gather(*(synced(client, url, job_body(args, 1000 + seed)) for seed in range(args.jobs)))
+        serve = throughput(time.perf_counter() - began, done, args.jobs)
+
+        began = time.perf_counter()
+        jobs = [await submit(client, url, job_body(args, 2000 + seed)) for seed in range(args.jobs)]
         done = await asyncio.gather(*(finished(client, url, job["id"], every=0.02) for job in jobs))
-        wall = time.perf_counter() - began
-        render = statistics.mean(job["inference_time_s"] for job in done)
-    return {"polls": polls, "submit_to_start": start,
-            "serve": {"wall_s": round(wall, 3), "seconds_per_job": round(wall / args.jobs, 3),
-                      "render_s_per_job": round(render, 3), "overhead_s_per_job": round(wall / args.jobs - render, 3)}}
+        polled = throughput(time.perf_counter() - began, done, args.jobs)
+    return {"polls": polls, "submit_to_start": start, "serve": serve, "serve_polled": polled}
 
 
-def run_batch(args, folder: Path, count: int) -> tuple:
-    """(wall seconds, each job's render seconds) of `camrender batch` on `count` of the throughput jobs."""
-    jobs, summary = folder / f"jobs-{count}.jsonl", folder / f"summary-{count}.json"
-    jobs.write_text("".join(json.dumps(batch_job(args, 1000 + seed, folder / f"b{count}-{seed}.mp4")) + "\n"
+def run_batch(args, folder: Path) -> dict:
+    """`camrender batch` on a warm-up job and the `--jobs` throughput jobs: the seconds from the end of the warm-up
+    job to the end of the last one (the batch's line for each job, timed as it is printed), per job, and the jobs'
+    render seconds (the summary's)."""
+    count = args.jobs + 1
+    jobs, summary = folder / "jobs.jsonl", folder / "summary.json"
+    jobs.write_text("".join(json.dumps(batch_job(args, 1000 + seed, folder / f"b{seed}.mp4")) + "\n"
                             for seed in range(count)))
-    began = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "camrender", "batch", str(jobs), *load_args(args), "--progress", "none",
-                    "--summary", str(summary)], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wall = time.perf_counter() - began
-    return wall, [result["seconds"] for result in json.loads(summary.read_text())["results"]]
+    process = subprocess.Popen([sys.executable, "-m", "camrender", "batch", str(jobs), *load_args(args), "--progress",
+                                "none", "--summary", str(summary)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               text=True)
+    ended = [time.perf_counter() for line in process.stderr if line.startswith("camrender: job ")]
+    if process.wait() != 0 or len(ended) != count:
+        raise SystemExit(f"camrender batch failed ({len(ended)} of {count} jobs done)")
+    render = statistics.mean(result["seconds"] for result in json.loads(summary.read_text())["results"][1:])
+    wall = ended[-1] - ended[0]
+    return {"jobs": args.jobs, "wall_s": round(wall, 3), "seconds_per_job": round(wall / args.jobs, 3),
+            "render_s_per_job": round(render, 3), "overhead_s_per_job": round(wall / args.jobs - render, 3)}
 
 
 def main(argv=None) -> dict:
@@ -194,13 +224,10 @@ def main(argv=None) -> dict:
             result = asyncio.run(measure_server(server.url, args))
         finally:
             server.stop()
-        (one, _), (many, renders) = run_batch(args, folder, 1), run_batch(args, folder, args.jobs)
-    per_job = (many - one) / (args.jobs - 1)
-    render = statistics.mean(renders[1:])  # the jobs the difference of the two walls counts
-    result["batch"] = {"wall_s_1_job": round(one, 3), f"wall_s_{args.jobs}_jobs": round(many, 3),
-                       "seconds_per_job": round(per_job, 3), "render_s_per_job": round(render, 3),
-                       "overhead_s_per_job": round(per_job - render, 3)}
-    result["serve_vs_batch_percent"] = round(100 * (result["serve"]["seconds_per_job"] / per_job - 1), 1)
+        result["batch"] = run_batch(args, folder)
+    for name in ("serve", "serve_polled"):
+        result[f"{name}_vs_batch_percent"] = round(
+            100 * (result[name]["seconds_per_job"] / result["batch"]["seconds_per_job"] - 1), 1)
     result["setup"] = {"model": args.model, "device": args.device or "default", "size": args.size or "model's",
                        "frames": args.frames, "steps": args.steps, "jobs": args.jobs, "cpus": os.cpu_count(),
                        "machine": platform.machine(), "python": platform.python_version()}
