@@ -123,8 +123,8 @@ def _descendants(root: int) -> set:
 def _only_what_one_run_uses():
     """While `ray.init` starts a local Ray for one run: without its autoscaler monitor (one machine has nothing to
     scale; `ray start --no-monitor` leaves it out too) and without its dashboard API server, which Ray starts and
-    waits for even with include_dashboard=False (a stub that reports usage statistics): together 1 to 2 s of a 3 to
-    4.5 s start on a 2-core machine. Through Ray's private `Node` class: where a Ray release lacks these methods,
+    waits for even with include_dashboard=False (a stub that reports usage statistics): together about 1 s of a 3
+    to 4.5 s start on a 2-core machine. Through Ray's private `Node` class: where a Ray release lacks these methods,
     its Ray starts whole."""
     # lazy: Ray's own (private: node.py's) class, only where Ray is installed
     from ray._private.node import Node
