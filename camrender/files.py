@@ -11,6 +11,7 @@ import re
 import secrets
 import stat
 from pathlib import Path
+from typing import Optional
 
 from camrender.errors import CamrenderError
 
@@ -242,12 +243,17 @@ def output_file_mode(path) -> int:
         return 0o666 & ~mask
 
 
-def make_folders(path, *, durable: bool = False) -> None:
+def make_folders(path, *, durable: bool = False, made: Optional[list] = None) -> None:
     """Create the folder `path` and those missing above it; durable: each new folder's entry flushed to disk in
-    the folder holding it (a file placed durably in `path` is then found after a crash)."""
+    the folder holding it (a file placed durably in `path` is then found after a crash); made: the folders it
+    made are appended to it, deepest first (also those made before an OSError)."""
     path = Path(path)
     missing = [folder for folder in (path, *path.parents) if not folder.exists()]
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    finally:
+        if made is not None:
+            made.extend(folder for folder in missing if folder.is_dir())
     if durable:
         for folder in reversed(missing):
             fsync_path(folder.parent)

@@ -8,6 +8,7 @@ from typing import Callable, Optional
 
 from camrender.batch.shards import Shard
 from camrender.errors import CamrenderError
+from camrender.files import make_folders
 from camrender.output.targets import check_batch_output
 from camrender.render.request import RenderRequest
 from camrender.render.resume import DEFAULT_CHECKPOINT_EVERY, partial_folder
@@ -72,17 +73,13 @@ def plan_jobs(jobs: list, resolve: Callable, created: Optional[list] = None, ove
 def _make_folder(folder: Path, created: Optional[list], where: str) -> None:
     """Make an output's folder, appending the folders made to `created` (deepest first); one that cannot be made
     (a file in its way, no permission): CamrenderError naming the job."""
-    missing = [path for path in [folder, *folder.parents] if not path.exists()]
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        make_folders(folder, made=created)
     except OSError as error:
         reason = ("a file is in the way" if isinstance(error, (FileExistsError, NotADirectoryError))
                   else error.strerror or str(error))
         raise CamrenderError(f"cannot make the output's folder {folder}: {reason}", path=where,
                              field="output") from None
-    finally:
-        if created is not None:
-            created.extend(path for path in missing if path.is_dir())
 
 
 def remove_created(folders: list) -> None:
