@@ -202,6 +202,9 @@ class Dispatcher:
             try:
                 self._run(job, folder)
             except Exception as error:  # noqa: BLE001 - a slot never dies: the job fails, the next one runs
+                if self._stopped:  # a render that outlived the stop's grace: `stop` queued it again, checkpoint kept
+                    self.log(f"job {job.id}: {type(error).__name__} after the stop; it stays queued")
+                    continue
                 try:
                     self._failed(job.id, folder, error)
                 except Exception:  # noqa: BLE001 - the store itself fails (a full disk): said, and a pause

@@ -92,16 +92,21 @@ def test_a_job_that_cannot_be_planned_fails_once_and_the_next_job_runs(store, mo
     assert sum("Traceback" in line for line in log) == 1
 
 
-@pytest.mark.parametrize("then", ["check", "finish"])
+@pytest.mark.parametrize("then", ["check", "finish", "raise"])
 def test_a_render_still_running_after_the_grace_goes_back_to_the_queue_uncounted(store, then):
     job_id = queue(store)
     started, release = threading.Event(), threading.Event()
+    checkpoint = partial_folder(store.folder_of(job_id) / VIDEO) / CHECKPOINT_NAME
 
     def render(job, progress):
+        checkpoint.parent.mkdir(parents=True, exist_ok=True)
+        checkpoint.write_bytes(b"a segment-mode checkpoint")
         started.set()
         release.wait(30)
         if then == "check":
             progress.check()  # the stop lands: JobStopped
+        if then == "raise":
+            raise RuntimeError("CUDA error: the process is shutting down")  # neither fails the job nor clears
         return 0  # else the render ends as if it wrote its video
 
     running = dispatcher(store, render)
@@ -115,6 +120,7 @@ def test_a_render_still_running_after_the_grace_goes_back_to_the_queue_uncounted
     job = store.get(job_id)
     assert (job.status, job.attempts) == ("queued", 0)
     assert (store.folder_of(job_id) / job.spec["trajectory"]).is_file()  # its inputs stay for the next start
+    assert checkpoint.is_file()  # and what the next start resumes from
 
 
 def test_a_failed_job_keeps_its_inputs_and_nothing_its_render_left(store):
