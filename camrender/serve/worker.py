@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import shutil
 import threading
 import time
@@ -114,7 +113,7 @@ def written_whole(request: RenderRequest) -> bool:
         saved, _ = read_render_json(render_file)
     except CamrenderError:
         return False
-    return not settings_differences(saved, json.loads(json.dumps(settings_record(request))))
+    return not settings_differences(saved, settings_record(request))
 
 
 class Dispatcher:
